@@ -1,0 +1,62 @@
+"""sequence-ai: deploy a robot policy and drive a robot with it.
+
+One repository, two shapes: a normal Python distribution (``pip install sequence-ai``) and a
+ROS 2 ament_python package (``colcon build``), the latter described by ``package.xml``.
+The interface package ``sequence_ai_msgs`` lives in ``msg/`` (ament_cmake) and is built apart.
+"""
+from glob import glob
+
+from setuptools import setup
+
+ROS_PACKAGE = "sequence_ai"
+
+setup(
+    name="sequence-ai",
+    version="0.1.0",
+    description="Self-hosted action-chunk policy serving and a robot client with ROS 2 nodes",
+    long_description=open("README.md", encoding="utf-8").read() if __import__("os").path.exists("README.md") else "",
+    long_description_content_type="text/markdown",
+    python_requires=">=3.10",
+    packages=[
+        "sequence_ai_core",
+        "sequence_ai",
+        "seq",
+        "sequence_ai_server",
+        "sequence_ai_ros",
+    ],
+    package_dir={"sequence_ai_server": "server/sequence_ai_server"},
+    # The robot client is deliberately small: httpx (which brings anyio) and nothing else.
+    install_requires=["httpx>=0.27"],
+    extras_require={
+        "image": ["pillow>=10", "numpy>=1.24"],
+        "server": [
+            "fastapi>=0.110",
+            "uvicorn>=0.29",
+            "pydantic>=2.5",
+            "numpy>=1.24",
+            "pillow>=10",
+            "typer>=0.12",
+            "rich>=13",
+        ],
+        "sim": ["mujoco>=3.1", "numpy>=1.24", "pillow>=10"],
+        "demo": ["matplotlib>=3.7"],
+        "test": ["pytest>=8", "pytest-timeout>=2.3"],
+    },
+    data_files=[
+        ("share/ament_index/resource_index/packages", [f"resource/{ROS_PACKAGE}"]),
+        (f"share/{ROS_PACKAGE}", ["package.xml"]),
+        (f"share/{ROS_PACKAGE}/launch", glob("launch/*.launch.py")),
+        (f"share/{ROS_PACKAGE}/config", glob("config/*.yaml")),
+    ],
+    entry_points={
+        "console_scripts": [
+            "seq = seq.cli:main",
+            "sequence-ai = sequence_ai.cli:main",
+            "seqai = sequence_ai.cli:main",
+            # ROS 2 executables (ros2 run sequence_ai <name>)
+            "sim_robot = sequence_ai_ros.sim_node:main",
+            "policy_driver = sequence_ai_ros.driver_node:main",
+        ]
+    },
+    zip_safe=False,
+)
