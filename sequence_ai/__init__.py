@@ -1,0 +1,62 @@
+"""sequence_ai: drive a robot with a deployed action-chunk policy.
+
+    import sequence_ai
+
+    with sequence_ai.connect("my-policy") as policy:
+        out = policy.run(observe=robot.observe, act=robot.apply, max_actions=250,
+                         validate=robot.is_safe, hold=robot.hold)
+    print(out)   # RunOutcome(250 actions over 32 chunks in 16.8s, completed)
+
+Everything public is importable from here; the modules behind it are private. The engine is
+``sequence_ai_core`` (asyncio); ``Policy`` is its synchronous face, ``AsyncPolicy`` the engine.
+"""
+from sequence_ai_core import (
+    ActionChunk,
+    AsyncPolicy,
+    AuthError,
+    ChunkExhausted,
+    ConnectionLost,
+    ContractMismatch,
+    ImageFrame,
+    InvalidRequest,
+    ModelInfo,
+    Observation,
+    PolicyError,
+    Prediction,
+    Proprioception,
+    RunOutcome,
+    SequencesError,
+    TransportError,
+    Unavailable,
+)
+
+from ._connect import aconnect, connect, models
+from ._image import encode_jpeg
+from ._sync import Policy
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "connect",
+    "aconnect",
+    "models",
+    "encode_jpeg",
+    "Policy",
+    "AsyncPolicy",
+    "Observation",
+    "ImageFrame",
+    "Proprioception",
+    "ActionChunk",
+    "Prediction",
+    "RunOutcome",
+    "ModelInfo",
+    "SequencesError",
+    "AuthError",
+    "InvalidRequest",
+    "ContractMismatch",
+    "Unavailable",
+    "PolicyError",
+    "ChunkExhausted",
+    "TransportError",
+    "ConnectionLost",
+]

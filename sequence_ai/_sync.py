@@ -1,0 +1,178 @@
+"""Policy: the synchronous face of the engine. Not a second implementation.
+
+A Policy owns a private asyncio event loop and drives ``sequence_ai_core.AsyncPolicy`` with
+``loop.run_until_complete`` on the *calling* thread. So observe, act, validate, until and hold
+run on the thread that called ``run()``; the HTTP call is a task on that same loop and makes
+progress while the loop sleeps between actions.
+
+One thread drives a Policy at a time: a call from a second thread while one is active raises
+``SequencesError`` (code ``busy``) instead of interleaving two robots' plans. ``interrupt()`` and
+``set_instruction()`` are the exceptions: they are safe from any thread at any time.
+"""
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Any, Awaitable, Callable, Dict, List, Optional, Tuple
+
+from sequence_ai_core._policy import warn_if_no_validate
+from sequence_ai_core import (
+    AsyncPolicy,
+    ModelInfo,
+    Prediction,
+    RunOutcome,
+    SequencesError,
+)
+
+__all__ = ["Policy"]
+
+
+class Policy:
+    """A connection to one deployed model; drives one control loop. Use ``sequence_ai.connect()``.
+
+    A context manager: ``with sequence_ai.connect("my-model") as policy: ...`` closes it even
+    when the loop raises.
+    """
+
+    def __init__(self, engine: AsyncPolicy) -> None:
+        self._engine = engine
+        self._loop = asyncio.new_event_loop()
+        self._busy = threading.Lock()
+        self._closed = False
+
+    def _call(self, coro: Awaitable[Any]) -> Any:
+        if self._closed:
+            coro.close()  # type: ignore[union-attr]
+            raise SequencesError("this Policy is closed", code="closed")
+        if not self._busy.acquire(blocking=False):
+            coro.close()  # type: ignore[union-attr]
+            raise SequencesError(
+                "this Policy is already driving on another thread (or re-entered from a callback)",
+                code="busy", hint="one Policy per control loop: connect() once per robot")
+        try:
+            task = self._loop.create_task(coro)  # type: ignore[arg-type]
+            try:
+                return self._loop.run_until_complete(task)
+            except KeyboardInterrupt:
+                # Ctrl-C landed in the event loop itself: unwind the run through its finally
+                # (hold) before letting the KeyboardInterrupt through.
+                if not task.done():
+                    task.cancel()
+                    try:
+                        self._loop.run_until_complete(task)
+                    except BaseException:  # noqa: BLE001
+                        pass
+                raise
+        finally:
+            self._busy.release()
+
+    # ------------------------------------------------------------ lifecycle
+
+    def _connect(self) -> "Policy":
+        self._call(self._engine.connect())
+        return self
+
+    def close(self) -> None:
+        """Stop any run, close the connections and the private event loop. Idempotent."""
+        if self._closed:
+            return
+        self._engine.interrupt()
+        try:
+            self._call(self._engine.aclose())
+        finally:
+            self._closed = True
+            self._loop.close()
+
+    def __enter__(self) -> "Policy":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Policy(model={self._engine.model!r}, gateway={self._engine.gateway_url!r})"
+
+    # ------------------------------------------------------------- reading
+
+    @property
+    def model(self) -> str:
+        """The deployment name."""
+        return self._engine.model
+
+    @property
+    def contract(self) -> Optional[Dict[str, Any]]:
+        """The model's declaration ``{"action": {...}, "observation": {...}}`` from the handshake."""
+        return self._engine.contract
+
+    @property
+    def buffered(self) -> int:
+        """Actions left in the local buffer; 0 means the next call is a round trip."""
+        return self._engine.buffered
+
+    @property
+    def instruction(self) -> Optional[str]:
+        """The instruction in force, or None (the observation's own is used)."""
+        return self._engine.instruction
+
+    @property
+    def reconnects(self) -> int:
+        """Times the client went back through the gateway (rotated secret, expired lease, drop)."""
+        return self._engine.reconnects
+
+    def ready(self) -> Tuple[bool, Optional[float]]:
+        """``(True, None)`` when the model can serve, ``(False, eta_s)`` while it warms. Non-blocking."""
+        return self._call(self._engine.ready())
+
+    def wait_until_ready(self, timeout_s: float = 300.0) -> float:
+        """Block until the model can serve; returns the seconds waited. Raises Unavailable on timeout."""
+        return self._call(self._engine.wait_until_ready(timeout_s))
+
+    def spec(self) -> Optional[ModelInfo]:
+        """This model's catalogue row, fetched once."""
+        return self._call(self._engine.spec())
+
+    # ------------------------------------------------------------- driving
+
+    def interrupt(self) -> None:
+        """Stop the active run()/act() within one control period; thread-safe, returns at once.
+
+        The run unwinds through ``hold()`` and returns ``reason="interrupted"``; it is not raised.
+        """
+        self._engine.interrupt()
+
+    def set_instruction(self, instruction: str) -> None:
+        """Change the instruction for the next request without stopping; thread-safe."""
+        self._engine.set_instruction(instruction)
+
+    def predict(self, observation: Any, *, params: Optional[Dict[str, Any]] = None) -> Prediction:
+        """One request: the whole action chunk for ``observation``. See AsyncPolicy.predict."""
+        return self._call(self._engine.predict(observation, params=params))
+
+    def next_action(self, observation: Any = None) -> List[float]:
+        """The next buffered action, refilled from ``observation`` when empty. See AsyncPolicy.next_action.
+
+        Raises ChunkExhausted when the buffer is empty and no observation is given.
+        """
+        return self._call(self._engine.next_action(observation))
+
+    def run(self, observe: Callable[[], Any], act: Callable[[List[float]], Any], *,
+            max_actions: int, **options: Any) -> RunOutcome:
+        """Drive the robot: observe, fetch, pace and act until an ending. Returns a RunOutcome.
+
+        Same keywords as ``AsyncPolicy.run`` (validate, hold, on_underrun, until, prefetch,
+        lookahead, smooth_seam, startup_timeout_s, on_status, on_chunk, progress, params).
+        observe/act/validate/until/hold run on this thread.
+        """
+        warn_if_no_validate(options.get("validate"))
+        return self._call(self._engine.run(observe, act, max_actions=max_actions, **options))
+
+    def act(self, instruction: str, observe: Callable[[], Any], act: Callable[[List[float]], Any],
+            *, max_seconds: float, until: Optional[Callable[[], Any]] = None,
+            **options: Any) -> RunOutcome:
+        """``run()`` with ``instruction`` pinned and a required time bound ``max_seconds`` (s).
+
+        Ends ``until`` / ``timeout`` / ``interrupted`` / ``validate``. See AsyncPolicy.act.
+        """
+        warn_if_no_validate(options.get("validate"))
+        return self._call(self._engine.act(instruction, observe, act, max_seconds=max_seconds,
+                                           until=until, **options))

@@ -1,0 +1,70 @@
+"""sequence_ai_core: the asyncio engine behind ``sequence_ai``.
+
+Wire client, chunk buffer, prefetch, seam, pacing, interrupt and typed errors, one module each:
+
+    _wire.py       gateway handshake, direct /act, transparent reconnect
+    _buffer.py     chunks queued and played, open_loop_horizon rows each
+    _prefetch.py   when to start the next request (refill latency vs buffer time left)
+    _seam.py       seam measurement (max_seam_jump) and opt-in smoothing
+    _pacing.py     the drift-free monotonic action schedule
+    _interrupt.py  the thread-safe stop flag and the loop's single wait point
+    _loop.py       run()/act(): the control loop and its endings
+    _policy.py     AsyncPolicy, the handle that ties them together
+    _errors.py     the exception tree
+    _types.py      wire dataclasses (Observation, ActionChunk, RunOutcome, ...)
+
+Imports only the standard library, httpx and anyio. Users import ``sequence_ai``.
+"""
+from ._config import DEFAULT_GATEWAY_URL, data_dir, resolve_api_key, resolve_gateway_url
+from ._errors import (
+    AuthError,
+    ChunkExhausted,
+    ConnectionLost,
+    ContractMismatch,
+    InvalidRequest,
+    PolicyError,
+    SequencesError,
+    TransportError,
+    Unavailable,
+    from_response,
+)
+from ._policy import DEFAULT_TIMEOUT_S, AsyncPolicy
+from ._types import (
+    ActionChunk,
+    ImageFrame,
+    ModelInfo,
+    Observation,
+    Prediction,
+    Proprioception,
+    RunOutcome,
+    is_absolute_action_space,
+)
+from ._wire import fetch_models
+
+__all__ = [
+    "AsyncPolicy",
+    "ActionChunk",
+    "ImageFrame",
+    "ModelInfo",
+    "Observation",
+    "Prediction",
+    "Proprioception",
+    "RunOutcome",
+    "is_absolute_action_space",
+    "fetch_models",
+    "DEFAULT_GATEWAY_URL",
+    "DEFAULT_TIMEOUT_S",
+    "data_dir",
+    "resolve_api_key",
+    "resolve_gateway_url",
+    "SequencesError",
+    "AuthError",
+    "InvalidRequest",
+    "ContractMismatch",
+    "Unavailable",
+    "PolicyError",
+    "ChunkExhausted",
+    "TransportError",
+    "ConnectionLost",
+    "from_response",
+]

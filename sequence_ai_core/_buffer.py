@@ -1,0 +1,119 @@
+"""The action buffer: the playing chunk, the chunks queued behind it, and the seam between them.
+
+Each chunk contributes its first ``open_loop_horizon`` rows (all rows when it declares none):
+those are played, then the next chunk takes over and the rest of the old one is dropped
+unplayed. ``lookahead`` bounds how many chunks may wait behind the playing one (the loop also
+counts a request in flight against it). When a queued chunk starts, the buffer measures the
+seam against the last executed action and, only if asked and allowed, smooths its lead-in
+(``_seam.py``).
+"""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Deque, List, Optional, Sequence, Tuple
+
+from ._seam import seam_jump, should_smooth, smooth
+from ._types import ActionChunk
+
+__all__ = ["ChunkBuffer", "Entry"]
+
+
+@dataclass
+class Entry:
+    """A chunk in the buffer with the rows that will be played and what the loop tagged it with."""
+
+    chunk: ActionChunk
+    rows: List[List[float]]
+    tag: Any = None
+    next_row: int = 0
+    seam_jump: float = 0.0
+    first_action_index: Optional[int] = None
+
+    @property
+    def remaining(self) -> int:
+        return len(self.rows) - self.next_row
+
+
+@dataclass
+class ChunkBuffer:
+    """Rows waiting to be executed, chunk by chunk.
+
+    Args:
+        smooth_seam: ramp the first N rows of every chunk after the first out of the last
+            executed action; absolute action spaces only. 0 (default) changes nothing.
+    """
+
+    smooth_seam: int = 0
+    current: Optional[Entry] = None
+    queued: Deque[Entry] = field(default_factory=deque)
+    last_action: Optional[List[float]] = None
+    chunks_started: int = 0
+    max_seam_jump: float = 0.0
+
+    def push(self, chunk: ActionChunk, tag: Any = None) -> None:
+        """Queue a chunk behind whatever is playing; only its first ``playable`` rows are kept."""
+        rows = [list(row) for row in chunk.actions[: chunk.playable]]
+        if rows:
+            self.queued.append(Entry(chunk=chunk, rows=rows, tag=tag))
+
+    def __len__(self) -> int:
+        """Actions left to play, over the playing chunk and the queued ones."""
+        playing = self.current.remaining if self.current is not None else 0
+        return playing + sum(e.remaining for e in self.queued)
+
+    @property
+    def chunks_queued(self) -> int:
+        """Chunks waiting behind the playing one."""
+        return len(self.queued)
+
+    def seconds_left(self, default_period_s: float) -> float:
+        """Seconds of motion left in the buffer, each row at its own chunk's rate."""
+        total = 0.0
+        entries: Sequence[Entry] = ([self.current] if self.current else []) + list(self.queued)
+        for e in entries:
+            hz = e.chunk.control_frequency_hz
+            total += e.remaining * (1.0 / hz if hz else default_period_s)
+        return total
+
+    def pop(self, action_index: int) -> Tuple[List[float], Optional[Entry]]:
+        """The next row to execute, and the Entry when this row starts a new chunk (else None).
+
+        Raises:
+            IndexError: the buffer is empty.
+        """
+        started: Optional[Entry] = None
+        if self.current is None or self.current.remaining == 0:
+            if not self.queued:
+                raise IndexError("action buffer is empty")
+            started = self._start(self.queued.popleft(), action_index)
+        row = self.current.rows[self.current.next_row]
+        self.current.next_row += 1
+        return row, started
+
+    def executed(self, row: Sequence[float]) -> None:
+        """Record the row that actually reached the robot: the reference for the next seam."""
+        self.last_action = list(row)
+
+    def clear(self) -> None:
+        """Drop every buffered row (interrupt, run start). Seam statistics are kept."""
+        self.current = None
+        self.queued.clear()
+
+    def reset(self) -> None:
+        """Forget everything, statistics and last action included: a new run."""
+        self.clear()
+        self.last_action = None
+        self.chunks_started = 0
+        self.max_seam_jump = 0.0
+
+    def _start(self, entry: Entry, action_index: int) -> Entry:
+        first_chunk = self.chunks_started == 0 or self.last_action is None
+        entry.seam_jump = seam_jump(self.last_action, entry.rows[0]) if not first_chunk else 0.0
+        self.max_seam_jump = max(self.max_seam_jump, entry.seam_jump)
+        if should_smooth(self.smooth_seam, absolute=entry.chunk.is_absolute, first_chunk=first_chunk):
+            entry.rows = smooth(entry.rows, self.last_action, self.smooth_seam)
+        entry.first_action_index = action_index
+        self.chunks_started += 1
+        self.current = entry
+        return entry

@@ -1,0 +1,260 @@
+"""Every error this client raises, and how a server's JSON error becomes one of them.
+
+Catching ``SequencesError`` catches all of ours and none of httpx's. The tree::
+
+    SequencesError                  root; carries code, retryable, request_id, hint, details
+    ├── AuthError                   no key, wrong key, revoked key (401 unauthorized); stop
+    ├── InvalidRequest              deterministic: fix the call (400 invalid_request, 404 not_found)
+    │   └── ContractMismatch        the observation or the model's declaration is not what you expect
+    ├── Unavailable                 503: .warming (wait .retry_after_s) or an upstream failure
+    ├── PolicyError                 the policy's own code raised (500 policy_error);
+    │                               .exception_type, .remote_traceback
+    ├── ChunkExhausted              next_action() with an empty buffer and no observation
+    └── TransportError              the network failed and one reconnect did not fix it
+        └── ConnectionLost          the connection dropped mid-call
+
+A rotated direct secret or an expired lease (401 from the worker) never reaches the caller as
+an error: the wire reconnects through the gateway once and replays the call (``_wire.py``).
+
+Every server error has one JSON shape (docs/design.md)::
+
+    {"detail": str, "code": str, "retryable": bool, "retry_after_s": float|null,
+     "request_id": str|null, "hint": str|null, "details": object|null}
+
+``from_response()`` maps that shape, plus the status code, to the classes above.
+"""
+from __future__ import annotations
+
+from typing import Any, Optional
+
+__all__ = [
+    "SequencesError",
+    "AuthError",
+    "InvalidRequest",
+    "ContractMismatch",
+    "Unavailable",
+    "PolicyError",
+    "ChunkExhausted",
+    "TransportError",
+    "ConnectionLost",
+    "from_response",
+]
+
+
+class SequencesError(Exception):
+    """Root of every error this client raises.
+
+    Attributes:
+        code: the server's machine-readable code (``"warming"``, ``"policy_error"``, ...) or a
+            local one (``"no_api_key"``, ``"busy"``, ...).
+        retryable: True when the same call may succeed later unchanged.
+        request_id: the server's request id (also sent as ``X-Request-ID``), or None.
+        hint: one sentence on what to do about it, or None.
+        details: the server's structured ``details`` object, or None.
+        status_code: the HTTP status it came with, or None for local errors.
+    """
+
+    default_code = "error"
+    default_retryable = False
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        code: Optional[str] = None,
+        retryable: Optional[bool] = None,
+        request_id: Optional[str] = None,
+        hint: Optional[str] = None,
+        details: Optional[dict] = None,
+        status_code: Optional[int] = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.code = code or self.default_code
+        self.retryable = self.default_retryable if retryable is None else bool(retryable)
+        self.request_id = request_id
+        self.hint = hint
+        self.details = details
+        self.status_code = status_code
+
+    def __str__(self) -> str:
+        text = self.message
+        if self.hint:
+            text += f" (hint: {self.hint})"
+        if self.request_id:
+            text += f" [request_id={self.request_id}]"
+        return text
+
+
+class AuthError(SequencesError):
+    """The API key is missing, wrong or revoked. Retrying will not help."""
+
+    default_code = "unauthorized"
+
+
+class InvalidRequest(SequencesError):
+    """The request itself is wrong (unknown model, malformed observation, bad params).
+
+    Deterministic: the same call fails the same way until it is fixed.
+    """
+
+    default_code = "invalid_request"
+
+
+class ContractMismatch(InvalidRequest):
+    """What was sent, or what the model declares, does not match the contract expected.
+
+    Raised by ``connect(expect=...)`` when the deployment's action contract differs, and by
+    ``validate="strict"`` when an observation would be refused by the worker.
+    """
+
+    default_code = "contract_mismatch"
+
+
+class Unavailable(SequencesError):
+    """The service cannot answer now (HTTP 503).
+
+    Attributes:
+        warming: True when the worker is loading: retry after ``retry_after_s`` seconds (an
+            estimate, not a countdown). False when the upstream failed: retrying is a guess.
+        retry_after_s: the server's estimate in seconds, or None.
+        job_id: the deployment or job the wait belongs to, when the server names one.
+    """
+
+    default_code = "unavailable"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        warming: bool = False,
+        retry_after_s: Optional[float] = None,
+        job_id: Optional[str] = None,
+        **kwargs: Any,
+    ) -> None:
+        kwargs.setdefault("retryable", warming)
+        super().__init__(message, **kwargs)
+        self.warming = warming
+        self.retry_after_s = retry_after_s
+        self.job_id = job_id
+
+
+class PolicyError(SequencesError):
+    """The policy's own code raised inside the worker (HTTP 500 policy_error).
+
+    Attributes:
+        exception_type: the remote exception's class name, e.g. ``"RuntimeError"``.
+        remote_traceback: the worker-side traceback as text, or None.
+    """
+
+    default_code = "policy_error"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        exception_type: Optional[str] = None,
+        remote_traceback: Optional[str] = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(message, **kwargs)
+        self.exception_type = exception_type
+        self.remote_traceback = remote_traceback
+
+
+class ChunkExhausted(SequencesError):
+    """``next_action()`` found the buffer empty and had no observation to refill it from."""
+
+    default_code = "chunk_exhausted"
+
+
+class TransportError(SequencesError):
+    """The network failed (connect refused, timeout, protocol error) and a reconnect did not help."""
+
+    default_code = "transport_error"
+    default_retryable = True
+
+
+class ConnectionLost(TransportError):
+    """The connection dropped while a call was in flight, and the one replay failed too."""
+
+    default_code = "connection_lost"
+
+
+_BY_CODE = {
+    "unauthorized": AuthError,
+    "lease_expired": AuthError,
+    "invalid_request": InvalidRequest,
+    "not_found": InvalidRequest,
+    "contract_mismatch": ContractMismatch,
+    "warming": Unavailable,
+    "worker_failed": Unavailable,
+    "unavailable": Unavailable,
+    "policy_error": PolicyError,
+}
+
+
+def _class_for_status(status: int) -> type:
+    if status in (401, 403):
+        return AuthError
+    if status == 503 or status == 502 or status == 504:
+        return Unavailable
+    if 400 <= status < 500:
+        return InvalidRequest
+    return SequencesError
+
+
+def _float_or_none(value: Any) -> Optional[float]:
+    try:
+        return None if value is None else float(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def from_response(response: Any) -> SequencesError:
+    """Build the matching error from an httpx response carrying the server's error shape.
+
+    Tolerates a body that is not JSON, or FastAPI's own ``{"detail": [...]}`` validation
+    shape: the status code then picks the class. ``Retry-After`` and ``X-Request-ID``
+    headers fill in what the body leaves out.
+    """
+    status = response.status_code
+    try:
+        body = response.json()
+    except Exception:  # noqa: BLE001 - any undecodable body
+        body = None
+    if not isinstance(body, dict):
+        body = {"detail": (response.text or "")[:500] or f"HTTP {status}"}
+    detail = body.get("detail")
+    message = detail if isinstance(detail, str) else (str(detail) if detail else f"HTTP {status}")
+    code = body.get("code")
+    cls = _BY_CODE.get(code) if isinstance(code, str) else None
+    if cls is None:
+        cls = _class_for_status(status)
+    details = body.get("details") if isinstance(body.get("details"), dict) else None
+    common = dict(
+        code=code if isinstance(code, str) else None,
+        request_id=body.get("request_id") or response.headers.get("x-request-id"),
+        hint=body.get("hint"),
+        details=details,
+        status_code=status,
+    )
+    if "retryable" in body and body["retryable"] is not None:
+        common["retryable"] = bool(body["retryable"])
+    if cls is Unavailable:
+        retry_after = _float_or_none(body.get("retry_after_s"))
+        if retry_after is None:
+            retry_after = _float_or_none(response.headers.get("retry-after"))
+        warming = code == "warming"
+        job_id = (details or {}).get("job_id") or body.get("job_id")
+        return Unavailable(message, warming=warming, retry_after_s=retry_after, job_id=job_id,
+                           **common)
+    if cls is PolicyError:
+        d = details or {}
+        return PolicyError(
+            message,
+            exception_type=d.get("exception_type"),
+            remote_traceback=d.get("remote_traceback"),
+            **common,
+        )
+    return cls(message, **common)

@@ -1,0 +1,333 @@
+"""The control loop behind ``run()`` and ``act()``: observe, fetch, pace, act, stop.
+
+One pass of the loop is one control tick::
+
+    harvest a finished fetch -> maybe start the next one (prefetch) -> sleep to action k's deadline
+    -> (buffer empty? underrun: wait for the chunk) -> validate -> act -> until?
+
+Decisions, in one place:
+
+- Pacing: action k is due at ``t0 + k / control_frequency_hz`` on the monotonic clock
+  (``_pacing.Pacer``). A loop more than one period late resyncs rather than bursting, and counts a
+  late tick.
+- Open-loop horizon: each chunk plays its first ``open_loop_horizon`` rows (all rows without
+  one), then the next chunk takes over (``_buffer.ChunkBuffer``).
+- Prefetch: the next request starts when the buffer's time left falls to the measured refill
+  latency plus one period (``_prefetch.LatencyEstimate``); one request is in flight at a time,
+  and at most ``lookahead`` chunks are held or requested ahead of the playing one. With
+  ``prefetch=False`` the loop observes and requests only when an action is due and the buffer
+  is empty: strictly closed loop, stall included, and each stall is an underrun.
+- Underrun: an action was due and the buffer was empty. Counted once, ``on_underrun()`` called
+  once, and the seconds from the missed deadline to the chunk's arrival added to ``underrun_s``.
+  The first chunk of a run is startup, not an underrun.
+- Warming: before the first action a 503 warming is waited out (re-observing each attempt) for up
+  to ``startup_timeout_s``; after the first action it is raised.
+- Endings: ``completed`` (max_actions executed) and ``until`` (the caller's predicate) are the
+  endings the caller asked for. ``interrupted``, ``validate``, ``timeout`` and any exception are
+  early endings: ``hold()`` is called exactly once for them, in a ``finally``, and an exception is
+  re-raised after it. A caller who also wants a hold after success calls it after run() returns.
+- ``max_seconds`` (``act()``) bounds motion: its clock starts at the first action; the startup
+  wait is bounded by ``startup_timeout_s`` instead.
+- Interrupt: the flag is checked at every wake and immediately before every ``act``; in-flight
+  requests are cancelled and buffered rows dropped.
+"""
+from __future__ import annotations
+
+import asyncio
+import inspect
+import math
+import sys
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, Optional
+
+from ._buffer import ChunkBuffer, Entry
+from ._errors import SequencesError, Unavailable
+from ._pacing import Pacer
+from ._types import RunOutcome, observation_to_wire
+
+__all__ = ["LoopConfig", "ControlLoop", "EARLY_ENDINGS"]
+
+EARLY_ENDINGS = frozenset({"interrupted", "validate", "timeout"})
+_DEFAULT_HZ = 15.0
+
+
+async def _call(fn: Callable[..., Any], *args: Any) -> Any:
+    """Call a sync or async callable on the loop's thread; await the result if it is awaitable."""
+    result = fn(*args)
+    if inspect.isawaitable(result):
+        result = await result
+    return result
+
+
+@dataclass
+class LoopConfig:
+    """Everything one run() / act() was asked to do (see AsyncPolicy.run for the meaning)."""
+
+    observe: Callable[[], Any]
+    act: Callable[[Any], Any]
+    max_actions: Optional[int] = None
+    max_seconds: Optional[float] = None
+    validate: Optional[Callable[[Any], Any]] = None
+    hold: Optional[Callable[[], Any]] = None
+    on_underrun: Optional[Callable[[], Any]] = None
+    until: Optional[Callable[[], Any]] = None
+    prefetch: bool = True
+    lookahead: int = 1
+    smooth_seam: int = 0
+    startup_timeout_s: float = 1800.0
+    on_status: Optional[Callable[[str], Any]] = None
+    on_chunk: Optional[Callable[[Any, int], Any]] = None
+    on_warming: Optional[Callable[[float, Optional[float]], Any]] = None
+    progress: Any = "auto"
+    params: Optional[Dict[str, Any]] = None
+
+
+class _Stop(Exception):
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+
+class ControlLoop:
+    """One run of the loop. Built by AsyncPolicy for each run()/act(); not reused.
+
+    Args:
+        policy: the AsyncPolicy (its wire, interrupt, latency estimate and instruction state).
+        config: what the caller asked for.
+    """
+
+    def __init__(self, policy: Any, config: LoopConfig) -> None:
+        self.p = policy
+        self.cfg = config
+        self.buffer: ChunkBuffer = policy._buffer
+        self.interrupt = policy._interrupt
+        self.latency = policy._latency
+        self.episode_id = f"ep_{uuid.uuid4().hex[:12]}"
+        self.fetch: Optional[asyncio.Task] = None
+        self.fetch_started = 0.0
+        self.fetch_version = 0
+        self.out = RunOutcome(reason="")
+        self.k = 0
+        self.pacer: Optional[Pacer] = None
+        self.motion_end = math.inf
+        self._print = self._progress_printer(config.progress)
+
+    # ---------------------------------------------------------------- entry
+
+    async def run(self) -> RunOutcome:
+        """Drive until an ending; hold on early endings and exceptions; return the outcome."""
+        t_start = time.monotonic()
+        self.interrupt.bind()
+        self.buffer.reset()
+        self.buffer.smooth_seam = max(0, int(self.cfg.smooth_seam))
+        reason: Optional[str] = None
+        try:
+            try:
+                await self._startup()
+                await self._drive()
+            except _Stop as stop:
+                reason = stop.reason
+        finally:
+            await self._cancel_fetch()
+            self.buffer.clear()
+            self.interrupt.unbind()
+            self.out.seconds = time.monotonic() - t_start
+            if self.cfg.hold is not None and (reason is None or reason in EARLY_ENDINGS):
+                await _call(self.cfg.hold)
+        self.out.reason = reason
+        self.out.actions = self.k
+        self.out.chunks = self.buffer.chunks_started
+        self.out.max_seam_jump = self.buffer.max_seam_jump
+        return self.out
+
+    # -------------------------------------------------------------- startup
+
+    async def _startup(self) -> None:
+        """Fetch the first chunk, waiting out warming for up to startup_timeout_s."""
+        t0 = time.monotonic()
+        limit = max(0.0, float(self.cfg.startup_timeout_s or 0.0))
+        if self.cfg.max_actions == 0:
+            raise _Stop("completed")
+        while True:
+            self._check_interrupt()
+            await self._start_fetch()
+            while not self.fetch.done():
+                self._check_interrupt()
+                await self.interrupt.sleep_until(math.inf)
+            self._check_interrupt()
+            try:
+                self._harvest()
+                break
+            except Unavailable as exc:
+                waited = time.monotonic() - t0
+                if not exc.warming or limit <= 0 or waited >= limit:
+                    raise
+                self._warming(waited, exc.retry_after_s)
+                pause = min(max(exc.retry_after_s or 1.0, 0.25), 2.0, limit - waited)
+                await self.interrupt.sleep_until(time.monotonic() + pause)
+        if len(self.buffer) == 0:
+            raise SequencesError("the policy returned an empty action chunk", code="empty_chunk")
+        now = time.monotonic()
+        self.pacer = Pacer(now, self._period(self.buffer.queued[0]))
+        if self.cfg.max_seconds is not None:
+            self.motion_end = now + float(self.cfg.max_seconds)
+
+    def _warming(self, waited: float, eta: Optional[float]) -> None:
+        text = f"starting {self.p.model}: waited {waited:.0f}s" + (
+            f", ready in ~{eta:.0f}s" if eta is not None else "")
+        if self.p._on_warming is not None:
+            self.p._on_warming(waited, eta)
+        if self.cfg.on_warming is not None:
+            self.cfg.on_warming(waited, eta)
+        if self.cfg.on_status is not None:
+            self.cfg.on_status(text)
+        self._print(text)
+
+    # ----------------------------------------------------------------- drive
+
+    async def _drive(self) -> None:
+        cfg = self.cfg
+        while True:
+            self._check_interrupt()
+            if cfg.max_actions is not None and self.k >= cfg.max_actions:
+                raise _Stop("completed")
+            self._harvest()
+            deadline = self.pacer.deadline(self.k)
+            now = time.monotonic()
+            if now >= self.motion_end:
+                raise _Stop("timeout")
+            if cfg.prefetch and self._wants_prefetch(deadline, now):
+                await self._start_fetch()
+                continue
+            if now < deadline:
+                await self.interrupt.sleep_until(min(deadline, self.motion_end))
+                continue
+            # action k is due
+            if len(self.buffer) == 0:
+                await self._underrun(deadline)
+                continue  # re-check interrupt / bounds before acting on the fresh chunk
+            if self.pacer.is_late(self.k, now):
+                self.out.late_ticks += 1
+                self.pacer.resync(self.k, now)
+            await self._step()
+
+    async def _step(self) -> None:
+        """Pop, validate and execute action k; then until()."""
+        cfg = self.cfg
+        row, started = self.buffer.pop(self.k)
+        entry = started or self.buffer.current
+        if started is not None:
+            self._chunk_started(started)
+        if cfg.validate is not None and not await _call(cfg.validate, row):
+            raise _Stop("validate")
+        self._check_interrupt()  # nothing reaches act() once the interrupt is seen
+        await _call(cfg.act, row)
+        self.buffer.executed(row)
+        self.pacer.set_period(self.k, self._period(entry))
+        self.k += 1
+        if cfg.until is not None and await _call(cfg.until):
+            raise _Stop("until")
+
+    async def _underrun(self, deadline: float) -> None:
+        """The buffer is empty at a deadline: count it, tell the caller, wait for the chunk."""
+        if self.fetch is None:
+            await self._start_fetch()
+        self.out.underruns += 1
+        if self.cfg.on_underrun is not None:
+            await _call(self.cfg.on_underrun)
+        while not self.fetch.done():
+            self._check_interrupt()
+            if time.monotonic() >= self.motion_end:
+                self.out.underrun_s += time.monotonic() - deadline
+                raise _Stop("timeout")
+            await self.interrupt.sleep_until(self.motion_end)
+        self._check_interrupt()
+        self._harvest()
+        now = time.monotonic()
+        self.out.underrun_s += max(0.0, now - deadline)
+        self.pacer.resync(self.k, now)
+        if len(self.buffer) == 0:
+            raise SequencesError("the policy returned an empty action chunk", code="empty_chunk")
+
+    # ---------------------------------------------------------------- fetch
+
+    def _wants_prefetch(self, deadline: float, now: float) -> bool:
+        if self.fetch is not None:
+            return False
+        if self.buffer.chunks_queued >= max(1, int(self.cfg.lookahead)):
+            return False
+        rows_left = len(self.buffer)
+        if self.cfg.max_actions is not None and self.k + rows_left >= self.cfg.max_actions:
+            return False  # what is buffered already finishes the run
+        period = self.pacer.period_s
+        seconds_left = self.buffer.seconds_left(period)
+        if deadline + seconds_left >= self.motion_end:
+            return False  # what is buffered already outlasts max_seconds
+        time_left = deadline + seconds_left - now
+        return self.latency.should_start(time_left, period)
+
+    async def _start_fetch(self) -> None:
+        """Observe (on this thread) and start the request in the background."""
+        self.fetch_started = time.monotonic()
+        observation = await _call(self.cfg.observe)
+        instruction, version = self.p._instruction_now()
+        wire = self.p._check(observation_to_wire(observation, instruction))
+        self.fetch_version = version
+        self.fetch = asyncio.ensure_future(
+            self.p._wire.act(wire, params=self.cfg.params, episode_id=self.episode_id))
+        self.fetch.add_done_callback(lambda _t: self.interrupt.poke())
+
+    def _harvest(self) -> None:
+        """Move a finished fetch's chunk into the buffer; raise its error if it failed."""
+        task = self.fetch
+        if task is None or not task.done():
+            return
+        self.fetch = None
+        prediction = task.result()  # raises the request's error
+        self.latency.add(time.monotonic() - self.fetch_started)
+        for warning in prediction.warnings:
+            self._print(f"worker warning: {warning}")
+        self.buffer.push(prediction.action_chunk, tag=(self.fetch_version, prediction))
+
+    async def _cancel_fetch(self) -> None:
+        task, self.fetch = self.fetch, None
+        if task is None:
+            return
+        if not task.done():
+            task.cancel()
+        try:
+            await task
+        except BaseException:  # noqa: BLE001 - cancelled or failed; dropped either way
+            pass
+
+    # --------------------------------------------------------------- chunks
+
+    def _chunk_started(self, entry: Entry) -> None:
+        self.out.action_space = entry.chunk.action_space
+        version = entry.tag[0] if entry.tag else 0
+        swaps, lag = self.p._instruction_arrived(version, time.monotonic())
+        self.out.instruction_swaps += swaps
+        if lag is not None:
+            self.out.max_instruction_lag_s = max(self.out.max_instruction_lag_s or 0.0, lag)
+        if self.cfg.on_chunk is not None:
+            self.cfg.on_chunk(entry.chunk, entry.first_action_index)
+
+    @staticmethod
+    def _period(entry: Optional[Entry]) -> float:
+        hz = entry.chunk.control_frequency_hz if entry is not None else None
+        return 1.0 / (hz if hz and hz > 0 else _DEFAULT_HZ)
+
+    def _check_interrupt(self) -> None:
+        if self.interrupt.is_set:
+            raise _Stop("interrupted")
+
+    @staticmethod
+    def _progress_printer(progress: Any) -> Callable[[str], None]:
+        if progress == "auto":
+            enabled = hasattr(sys.stderr, "isatty") and sys.stderr.isatty()
+        else:
+            enabled = bool(progress)
+        if not enabled:
+            return lambda _text: None
+        return lambda text: print(f"[sequences] {text}", file=sys.stderr, flush=True)

@@ -1,0 +1,386 @@
+"""AsyncPolicy: the engine's handle on one deployed model, and the only implementation.
+
+``sequence_ai.Policy`` (sync) drives this same object on a private event loop; nothing here
+knows which face is in use. It owns the wire (``_wire.py``), the action buffer
+(``_buffer.py``), the interrupt (``_interrupt.py``), the refill-latency estimate
+(``_prefetch.py``) and the instruction in force, and hands a ``ControlLoop`` (``_loop.py``) to
+each ``run()`` / ``act()``.
+"""
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+import warnings
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+from ._buffer import ChunkBuffer
+from ._config import resolve_api_key, resolve_gateway_url
+from ._contract import check_expect, check_observation
+from ._errors import ChunkExhausted, ContractMismatch, SequencesError, Unavailable
+from ._interrupt import Interrupt
+from ._loop import ControlLoop, LoopConfig
+from ._prefetch import LatencyEstimate
+from ._types import ModelInfo, Prediction, RunOutcome, observation_to_wire
+from ._wire import Wire, fetch_models
+
+__all__ = ["AsyncPolicy", "DEFAULT_TIMEOUT_S", "warn_if_no_validate"]
+
+DEFAULT_TIMEOUT_S = 60.0
+_warned_no_validate = False
+
+
+def warn_if_no_validate(validate: Any, stacklevel: int = 3) -> None:
+    """Warn once per process that actions go unchecked (validate=None)."""
+    global _warned_no_validate
+    if validate is None and not _warned_no_validate:
+        _warned_no_validate = True
+        warnings.warn(
+            "run()/act() called with validate=None: actions reach act() unchecked. Fine for "
+            "simulation and bench work; pass validate= (your bounds check) on hardware.",
+            UserWarning, stacklevel=stacklevel,
+        )
+
+
+class AsyncPolicy:
+    """A connection to one deployed model, for asyncio code (``async with aconnect(...)``).
+
+    Construct with ``sequence_ai.aconnect()``; see it for the arguments. One AsyncPolicy holds
+    one action buffer: one control loop drives it at a time.
+    """
+
+    def __init__(
+        self,
+        model: str,
+        *,
+        api_key: Optional[str] = None,
+        gateway_url: Optional[str] = None,
+        params: Optional[Dict[str, Any]] = None,
+        expect: Optional[Dict[str, Any]] = None,
+        validate: str = "warn",
+        on_warming: Optional[Callable[[float, Optional[float]], Any]] = None,
+        on_queue: Optional[Callable[..., Any]] = None,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+    ) -> None:
+        if validate not in ("warn", "strict", "off"):
+            raise ValueError(f'validate must be "warn", "strict" or "off", not {validate!r}')
+        self.model = model
+        self.gateway_url = resolve_gateway_url(gateway_url)
+        self._wire = Wire(self.gateway_url, resolve_api_key(api_key), model, params, timeout_s)
+        self._expect = dict(expect) if expect else None
+        self._validate_mode = validate
+        self._on_warming = on_warming
+        self._on_queue = on_queue  # no queue on a self-hosted gateway yet; kept for the signature
+        self._buffer = ChunkBuffer()
+        self._interrupt = Interrupt()
+        self._latency = LatencyEstimate()
+        self._driving = threading.Lock()
+        self._instr_lock = threading.Lock()
+        self._instruction: Optional[str] = None
+        self._instr_version = 0
+        self._instr_set_at: Dict[int, float] = {}
+        self._warned_views: set = set()
+        self._catalogue_row: Optional[ModelInfo] = None
+
+    # ------------------------------------------------------------ lifecycle
+
+    async def connect(self) -> "AsyncPolicy":
+        """Handshake with the gateway now, so a wrong key or model fails here.
+
+        A warming worker is not an error here: ``run()``/``act()``/``wait_until_ready()`` wait it
+        out, ``predict()`` raises ``Unavailable(warming=True)``.
+
+        Raises:
+            AuthError, InvalidRequest (unknown model), ContractMismatch (``expect=``),
+            TransportError (gateway unreachable).
+        """
+        try:
+            await self._wire.handshake()
+        except Unavailable as exc:
+            if not exc.warming:
+                raise
+            return self
+        self._check_expect()
+        return self
+
+    async def aclose(self) -> None:
+        """Stop any run (interrupt) and close the connections."""
+        self._interrupt.set()
+        await self._wire.aclose()
+
+    async def __aenter__(self) -> "AsyncPolicy":
+        return await self.connect()
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.aclose()
+
+    # ------------------------------------------------------------- reading
+
+    @property
+    def contract(self) -> Optional[Dict[str, Any]]:
+        """The model's declaration from the last handshake (``{"action": .., "observation": ..}``), or None."""
+        session = self._wire.session
+        return session.contract if session is not None else None
+
+    @property
+    def buffered(self) -> int:
+        """Actions left in the local buffer; 0 means the next call is a round trip."""
+        return len(self._buffer)
+
+    @property
+    def instruction(self) -> Optional[str]:
+        """The instruction in force (``act()`` or ``set_instruction()``), or None: the observation's own."""
+        return self._instruction
+
+    @property
+    def reconnects(self) -> int:
+        """Times the wire went back through the gateway (rotated secret, lease, dropped connection)."""
+        return self._wire.reconnects
+
+    async def ready(self) -> Tuple[bool, Optional[float]]:
+        """``(True, None)`` when the model can serve now, ``(False, eta_s)`` while it warms. Does not block."""
+        if self._wire.session is not None and await self._wire.ping():
+            return True, None
+        try:
+            await self._wire.handshake()
+        except Unavailable as exc:
+            if exc.warming:
+                return False, exc.retry_after_s
+            raise
+        self._check_expect()
+        return True, None
+
+    async def wait_until_ready(self, timeout_s: float = 300.0) -> float:
+        """Block until the model can serve; returns the seconds waited (s).
+
+        Raises:
+            Unavailable: still warming after ``timeout_s`` (``.warming`` True), or it failed.
+        """
+        t0 = time.monotonic()
+        while True:
+            ok, eta = await self.ready()
+            waited = time.monotonic() - t0
+            if ok:
+                return waited
+            if waited >= timeout_s:
+                raise Unavailable(f"{self.model} still warming after {waited:.0f}s",
+                                  warming=True, retry_after_s=eta)
+            if self._on_warming is not None:
+                self._on_warming(waited, eta)
+            await asyncio.sleep(min(max(eta or 1.0, 0.25), 2.0, max(0.0, timeout_s - waited)))
+
+    async def spec(self) -> Optional[ModelInfo]:
+        """This model's catalogue row (contract, params, status), fetched once."""
+        if self._catalogue_row is None:
+            for row in await fetch_models(self.gateway_url):
+                if row.name == self.model:
+                    self._catalogue_row = row
+        return self._catalogue_row
+
+    # ----------------------------------------------------------- instruction
+
+    def set_instruction(self, instruction: str) -> None:
+        """Change the instruction without stopping; thread-safe, returns at once.
+
+        Takes effect on the next request (the arm keeps moving); setting the same string again
+        is ignored. The first action computed under it arrives at most lookahead + 1 chunks
+        later; ``RunOutcome.instruction_swaps`` and ``max_instruction_lag_s`` report it.
+        """
+        with self._instr_lock:
+            if instruction == self._instruction:
+                return
+            self._instruction = instruction
+            self._instr_version += 1
+            self._instr_set_at[self._instr_version] = time.monotonic()
+
+    def _pin_instruction(self, instruction: Optional[str]) -> None:
+        """Set the instruction without counting a swap (the start of act())."""
+        with self._instr_lock:
+            self._instruction = instruction
+            self._instr_version += 1
+
+    def _instruction_now(self) -> Tuple[Optional[str], int]:
+        with self._instr_lock:
+            return self._instruction, self._instr_version
+
+    def _instruction_arrived(self, version: int, now: float) -> Tuple[int, Optional[float]]:
+        """A chunk built under ``version`` started playing: swaps resolved by it and the worst lag."""
+        with self._instr_lock:
+            done = [v for v in self._instr_set_at if v <= version]
+            lags = [now - self._instr_set_at.pop(v) for v in done]
+        return len(lags), (max(lags) if lags else None)
+
+    # -------------------------------------------------------------- driving
+
+    def interrupt(self) -> None:
+        """Stop the active run()/act() within one control period. Thread-safe, returns at once.
+
+        Wakes the loop whether it is sleeping to the next tick, blocked on a stalled fetch or
+        waiting out warming; the in-flight request is cancelled, buffered rows are dropped,
+        ``hold()`` runs, and the run returns ``reason="interrupted"`` (not raised). Once the loop
+        has seen the interrupt it calls ``act`` no more. The flag clears when the next run starts.
+        """
+        self._interrupt.set()
+
+    async def predict(self, observation: Any, *, params: Optional[Dict[str, Any]] = None) -> Prediction:
+        """One request: the whole chunk for ``observation``; you do everything else.
+
+        ``observation`` is an ``Observation`` (or its wire dict). An instruction in force
+        (``set_instruction``) replaces the observation's.
+
+        Raises:
+            Unavailable (``.warming`` while the worker loads), PolicyError, InvalidRequest,
+            TransportError.
+        """
+        instruction, _ = self._instruction_now()
+        wire = self._check(observation_to_wire(observation, instruction))
+        return await self._wire.act(wire, params=params)
+
+    async def next_action(self, observation: Any = None) -> List[float]:
+        """The next action from the local buffer; refilled from ``observation`` when empty.
+
+        Pass an observation on every call: it is ignored while the buffer holds actions. You own
+        the cadence; the buffer honours ``open_loop_horizon``.
+
+        Raises:
+            ChunkExhausted: the buffer is empty and ``observation`` is None.
+        """
+        if len(self._buffer) == 0:
+            if observation is None:
+                raise ChunkExhausted(
+                    "the action buffer is empty and no observation was given",
+                    hint="pass observation= on every next_action() call")
+            prediction = await self.predict(observation)
+            self._buffer.push(prediction.action_chunk)
+            if len(self._buffer) == 0:
+                raise SequencesError("the policy returned an empty action chunk", code="empty_chunk")
+        row, _ = self._buffer.pop(0)
+        self._buffer.executed(row)
+        return row
+
+    async def run(
+        self,
+        observe: Callable[[], Any],
+        act: Callable[[List[float]], Any],
+        *,
+        max_actions: int,
+        validate: Optional[Callable[[List[float]], Any]] = None,
+        hold: Optional[Callable[[], Any]] = None,
+        on_underrun: Optional[Callable[[], Any]] = None,
+        until: Optional[Callable[[], Any]] = None,
+        prefetch: bool = True,
+        lookahead: int = 1,
+        smooth_seam: int = 0,
+        startup_timeout_s: float = 1800.0,
+        on_status: Optional[Callable[[str], Any]] = None,
+        on_chunk: Optional[Callable[[Any, int], Any]] = None,
+        progress: Any = "auto",
+        params: Optional[Dict[str, Any]] = None,
+        max_seconds: Optional[float] = None,
+    ) -> RunOutcome:
+        """Own the loop: observe, fetch, pace and act until an ending; return a RunOutcome.
+
+        Args:
+            observe: ``() -> Observation``; called on this thread when a request is built.
+            act: ``(row: list[float]) -> None``; one action, called at the chunk's
+                control_frequency_hz (Hz) on a drift-free monotonic schedule.
+            max_actions: stop with ``completed`` after this many actions. Required.
+            validate: ``(row) -> bool``; False stops the run (``validate``) before that row is
+                acted. None warns once per process.
+            hold: ``() -> None``; called exactly once on an early ending (interrupted,
+                validate, timeout) or an exception, in a finally. Not on completed/until.
+            on_underrun: ``() -> None``; called once each time an action is due and the buffer
+                is empty.
+            until: ``() -> bool``; checked after each action, True stops with ``until``.
+            prefetch: request the next chunk while the current one plays (default True). False:
+                observe and request only when the buffer is empty (closed loop, stalls).
+            lookahead: chunks that may be held or requested ahead of the playing one (>= 1).
+            smooth_seam: ramp the first N rows of each chunk after the first out of the last
+                executed action; absolute action spaces only. 0 (default): off.
+            startup_timeout_s: how long to wait out a warming worker before the first action
+                (s); 0 raises ``Unavailable`` at once.
+            on_status: ``(message: str) -> None`` for progress lines (warming).
+            on_chunk: ``(chunk: ActionChunk, first_action_index: int) -> None`` when a chunk
+                starts playing.
+            progress: "auto" prints status lines to stderr when it is a terminal; True/False force.
+            params: inference parameters for this run's requests (merged over connect's).
+            max_seconds: also stop with ``timeout`` after this many seconds of motion (s).
+
+        Raises:
+            SequencesError: already driving (from another thread or task), and any error of the
+            requests (PolicyError, Unavailable mid-run, ...) after hold() has run. Exceptions from
+            your callables propagate the same way.
+        """
+        if max_actions is None and max_seconds is None:
+            raise ValueError("max_actions is required (there is no run_forever())")
+        if max_actions is not None and max_actions < 0:
+            raise ValueError("max_actions must be >= 0")
+        warn_if_no_validate(validate)
+        config = LoopConfig(
+            observe=observe, act=act, max_actions=max_actions,
+            max_seconds=max_seconds, validate=validate, hold=hold, on_underrun=on_underrun,
+            until=until, prefetch=prefetch, lookahead=lookahead, smooth_seam=smooth_seam,
+            startup_timeout_s=startup_timeout_s, on_status=on_status, on_chunk=on_chunk,
+            progress=progress, params=params,
+        )
+        if not self._driving.acquire(blocking=False):
+            raise SequencesError(
+                "this Policy is already driving a control loop",
+                code="busy", hint="one Policy per control loop: connect() once per robot")
+        try:
+            return await ControlLoop(self, config).run()
+        finally:
+            self._driving.release()
+
+    async def act(
+        self,
+        instruction: str,
+        observe: Callable[[], Any],
+        act: Callable[[List[float]], Any],
+        *,
+        max_seconds: float,
+        until: Optional[Callable[[], Any]] = None,
+        max_actions: Optional[int] = None,
+        **options: Any,
+    ) -> RunOutcome:
+        """``run()`` with the instruction pinned and a time bound required.
+
+        ``instruction`` overwrites the observation's on every request (``set_instruction``
+        may change it mid-call). ``max_seconds`` (s) is required: the run ends with ``timeout``
+        that long after the first action; the startup wait is bounded by ``startup_timeout_s``.
+        Every other keyword of ``run()`` is accepted.
+        """
+        if max_seconds is None or max_seconds <= 0:
+            raise ValueError("max_seconds is required and must be > 0: act() drives hardware")
+        previous = self._instruction
+        self._pin_instruction(instruction)
+        try:
+            return await self.run(observe, act, max_actions=max_actions, max_seconds=max_seconds,
+                                  until=until, **options)
+        finally:
+            self._pin_instruction(previous)
+
+    # ------------------------------------------------------------ contracts
+
+    def _check_expect(self) -> None:
+        if self._expect:
+            problems = check_expect(self._expect, (self.contract or {}).get("action"))
+            if problems:
+                raise ContractMismatch(
+                    f"{self.model} does not declare what expect= asked for: " + "; ".join(problems),
+                    details={"problems": problems, "contract": self.contract})
+
+    def _check(self, wire: Dict[str, Any]) -> Dict[str, Any]:
+        """Check an observation against the contract (validate="warn"/"strict"/"off")."""
+        if self._validate_mode == "off" or not self.contract:
+            return wire
+        problems = check_observation(wire, self.contract.get("observation"))
+        if problems:
+            message = f"observation does not match {self.model}'s contract: " + "; ".join(problems)
+            if self._validate_mode == "strict":
+                raise ContractMismatch(message, details={"problems": problems})
+            key = tuple(problems)
+            if key not in self._warned_views:
+                self._warned_views.add(key)
+                warnings.warn(message, UserWarning, stacklevel=3)
+        return wire

@@ -1,0 +1,82 @@
+"""Shared helpers for the client tests (test_core_*.py): observations for the echo policy, a
+recorder for what act() received, and a tiny thread timer. No mocks: every test that talks to a
+server talks to the real gateway and worker on loopback (the ``gateway`` fixture)."""
+from __future__ import annotations
+
+import os
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+import sequence_ai
+
+ECHO = str(Path(__file__).resolve().parent / "policies" / "echo_policy.py")
+_FRAME = None
+
+
+def frame() -> str:
+    global _FRAME
+    if _FRAME is None:
+        _FRAME = sequence_ai.encode_jpeg(np.zeros((64, 64, 3), np.uint8))
+    return _FRAME
+
+
+def observation(instruction: str = "put the red cube on the green pad", gripper: float = 0.5):
+    """An observation the echo policy accepts (one 64x64 exterior_1 frame, 7 joints, 1 gripper)."""
+    return sequence_ai.Observation(
+        images=[sequence_ai.ImageFrame(view="exterior_1", data=frame())],
+        proprioception=sequence_ai.Proprioception(joint_positions=[0.0] * 7, gripper=[gripper]),
+        instruction=instruction,
+    )
+
+
+class Recorder:
+    """act() target: keeps (monotonic time, row) for every action it is given."""
+
+    def __init__(self):
+        self.times: list[float] = []
+        self.rows: list[list[float]] = []
+        self.holds = 0
+        self.hold_times: list[float] = []
+
+    def __call__(self, row):
+        self.times.append(time.monotonic())
+        self.rows.append(list(row))
+
+    def hold(self):
+        self.holds += 1
+        self.hold_times.append(time.monotonic())
+
+    @property
+    def chunk_ids(self):
+        return [int(r[0]) for r in self.rows]
+
+    @property
+    def row_indices(self):
+        return [int(r[1]) for r in self.rows]
+
+
+def after(seconds: float, fn) -> threading.Thread:
+    """Call ``fn`` on another thread after ``seconds``; returns the (started) thread."""
+    t = threading.Timer(seconds, fn)
+    t.daemon = True
+    t.start()
+    return t
+
+
+def slow_loading_copy(tmp_path: Path, load_s: float) -> str:
+    """A copy of the echo policy whose load() sleeps ``load_s`` seconds (a cold start)."""
+    src = Path(ECHO).read_text()
+    path = tmp_path / "slow_echo_policy.py"
+    path.write_text(f"import os\nos.environ['ECHO_LOAD_S'] = '{load_s}'\n" + src)
+    return str(path)
+
+
+def connect(gateway, model: str, **kwargs) -> sequence_ai.Policy:
+    return sequence_ai.connect(model, api_key=gateway.api_key, gateway_url=gateway.url, **kwargs)
+
+
+def unique(name: str) -> str:
+    return f"{name}-{os.getpid()}-{int(time.time() * 1000) % 100000}"

@@ -1,0 +1,223 @@
+"""Pure units of the engine, no server: buffer, seam, prefetch math, pacing, errors, types."""
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+
+import sequence_ai
+from sequence_ai_core._buffer import ChunkBuffer
+from sequence_ai_core._pacing import Pacer
+from sequence_ai_core._prefetch import LatencyEstimate
+from sequence_ai_core._seam import seam_jump, smooth
+from sequence_ai_core._errors import from_response
+
+
+def chunk(rows, space="joint_absolute", hz=15.0, horizon=None):
+    return sequence_ai.ActionChunk(actions=[list(map(float, r)) for r in rows], action_space=space,
+                                   robot="panda", control_frequency_hz=hz, open_loop_horizon=horizon)
+
+
+# ------------------------------------------------------------------ buffer
+
+def test_buffer_plays_open_loop_horizon_rows_then_next_chunk():
+    buf = ChunkBuffer()
+    buf.push(chunk([[1, i] for i in range(10)], horizon=4))
+    buf.push(chunk([[2, i] for i in range(10)], horizon=4))
+    assert len(buf) == 8
+    played = [buf.pop(k)[0] for k in range(8)]
+    assert [(r[0], r[1]) for r in played] == [(1, 0), (1, 1), (1, 2), (1, 3), (2, 0), (2, 1), (2, 2), (2, 3)]
+    with pytest.raises(IndexError):
+        buf.pop(8)
+
+
+def test_buffer_plays_whole_chunk_without_horizon():
+    buf = ChunkBuffer()
+    buf.push(chunk([[0]] * 6))
+    assert len(buf) == 6
+
+
+def test_buffer_reports_chunk_start_with_first_action_index():
+    buf = ChunkBuffer()
+    buf.push(chunk([[0]] * 3))
+    buf.push(chunk([[1]] * 3))
+    starts = [(k, e.first_action_index) for k in range(6) if (e := buf.pop(k)[1]) is not None]
+    assert starts == [(0, 0), (3, 3)]
+    assert buf.chunks_started == 2
+
+
+# ------------------------------------------------------------------ seam
+
+def test_max_seam_jump_is_largest_per_dimension_distance():
+    buf = ChunkBuffer()
+    buf.push(chunk([[0.0, 0.0, 0.0], [0.1, 0.2, 0.3]]))
+    buf.push(chunk([[0.5, -0.6, 0.3], [0.5, -0.6, 0.3]]))
+    for k in range(4):
+        row, _ = buf.pop(k)
+        buf.executed(row)
+    # last executed (0.1, 0.2, 0.3) vs first of next (0.5, -0.6, 0.3): max(|0.4|, |-0.8|, 0) = 0.8
+    assert buf.max_seam_jump == pytest.approx(0.8)
+
+
+def test_seam_jump_measured_before_smoothing():
+    buf = ChunkBuffer(smooth_seam=3)
+    buf.push(chunk([[0.0]]))
+    buf.push(chunk([[4.0], [4.0], [4.0], [4.0]]))
+    rows = []
+    for k in range(5):
+        row, _ = buf.pop(k)
+        buf.executed(row)
+        rows.append(row[0])
+    assert buf.max_seam_jump == pytest.approx(4.0)  # not the blended 1.0
+    assert rows == pytest.approx([0.0, 1.0, 2.0, 3.0, 4.0])  # ramp 1/4, 2/4, 3/4, then the model's row
+
+
+def test_smooth_seam_never_touches_the_first_chunk():
+    buf = ChunkBuffer(smooth_seam=3)
+    buf.executed([100.0])  # even with a previous action on record (e.g. next_action before)
+    buf.chunks_started = 0
+    buf.push(chunk([[4.0], [4.0], [4.0]]))
+    assert [buf.pop(k)[0][0] for k in range(3)] == [4.0, 4.0, 4.0]
+
+
+@pytest.mark.parametrize("space", ["joint_delta", "ee_delta", "joint_velocity", None])
+def test_smooth_seam_never_touches_delta_chunks(space):
+    buf = ChunkBuffer(smooth_seam=3)
+    buf.push(chunk([[0.0]], space=space))
+    buf.executed(buf.pop(0)[0])
+    buf.push(chunk([[4.0], [4.0], [4.0]], space=space))
+    assert [buf.pop(k)[0][0] for k in range(1, 4)] == [4.0, 4.0, 4.0]
+    assert buf.max_seam_jump == pytest.approx(4.0)  # still measured
+
+
+def test_smooth_is_a_linear_ramp_out_of_the_last_action():
+    assert smooth([[10.0, 0.0]] * 4, [0.0, 0.0], 1) == [[5.0, 0.0], [10.0, 0.0], [10.0, 0.0], [10.0, 0.0]]
+    assert seam_jump(None, [1.0]) == 0.0
+
+
+# ------------------------------------------------------------------ prefetch
+
+def test_prefetch_starts_at_once_before_any_measurement():
+    assert LatencyEstimate().should_start(time_left_s=10.0, period_s=1 / 15)
+
+
+def test_prefetch_starts_when_time_left_falls_to_latency_plus_a_period():
+    est = LatencyEstimate()
+    for s in (0.2, 0.2, 0.2):
+        est.add(s)
+    assert est.mean_s == pytest.approx(0.2)
+    assert not est.should_start(time_left_s=0.40, period_s=0.1)
+    assert est.should_start(time_left_s=0.30, period_s=0.1)
+
+
+def test_prefetch_budgets_for_jitter():
+    est = LatencyEstimate(spread=2.0)
+    for s in (0.1, 0.3):
+        est.add(s)
+    assert est.budget_s == pytest.approx(0.2 + 2 * 0.1)
+
+
+# ------------------------------------------------------------------ pacing
+
+def test_pacing_deadlines_are_computed_not_accumulated():
+    p = Pacer(100.0, 1 / 15)
+    assert p.deadline(15) == pytest.approx(101.0)
+    assert p.deadline(1500) == pytest.approx(200.0)
+
+
+def test_pacing_rate_change_keeps_the_previous_deadline():
+    p = Pacer(0.0, 0.1)
+    p.set_period(10, 0.05)  # from action 10 on, 20 Hz
+    assert p.deadline(10) == pytest.approx(1.0)
+    assert p.deadline(12) == pytest.approx(1.1)
+
+
+def test_pacing_resyncs_instead_of_bursting():
+    p = Pacer(0.0, 0.1)
+    assert p.is_late(3, now=0.45)
+    p.resync(3, 0.45)
+    assert p.deadline(4) == pytest.approx(0.55)
+
+
+# ------------------------------------------------------------------ errors
+
+def _response(status, body, headers=None):
+    return httpx.Response(status, content=json.dumps(body).encode(), headers=headers or {})
+
+
+def _err(code, **kw):
+    body = {"detail": "x", "code": code, "retryable": False, "retry_after_s": None,
+            "request_id": "req_1", "hint": "h", "details": None}
+    body.update(kw)
+    return body
+
+
+def test_errors_map_the_server_shape():
+    e = from_response(_response(503, _err("warming", retryable=True, retry_after_s=12.5)))
+    assert isinstance(e, sequence_ai.Unavailable) and e.warming and e.retry_after_s == 12.5 and e.retryable
+    e = from_response(_response(503, _err("worker_failed")))
+    assert isinstance(e, sequence_ai.Unavailable) and not e.warming
+    e = from_response(_response(500, _err("policy_error", details={"exception_type": "KeyError",
+                                                                   "remote_traceback": "tb"})))
+    assert isinstance(e, sequence_ai.PolicyError) and e.exception_type == "KeyError"
+    assert e.remote_traceback == "tb" and e.request_id == "req_1" and e.hint == "h"
+    assert isinstance(from_response(_response(401, _err("unauthorized"))), sequence_ai.AuthError)
+    assert isinstance(from_response(_response(404, _err("not_found"))), sequence_ai.InvalidRequest)
+    assert isinstance(from_response(_response(400, _err("invalid_request"))), sequence_ai.InvalidRequest)
+
+
+def test_errors_retry_after_header_and_non_json_body():
+    e = from_response(httpx.Response(503, content=b"busy", headers={"Retry-After": "7"}))
+    assert isinstance(e, sequence_ai.Unavailable) and e.retry_after_s == 7.0
+    assert isinstance(e, sequence_ai.SequencesError)
+
+
+def test_every_error_is_a_sequences_error():
+    for name in ("AuthError", "InvalidRequest", "ContractMismatch", "Unavailable", "PolicyError",
+                 "ChunkExhausted", "TransportError", "ConnectionLost"):
+        assert issubclass(getattr(sequence_ai, name), sequence_ai.SequencesError)
+
+
+def test_no_api_key_is_an_auth_error_naming_the_key_file(monkeypatch, tmp_path):
+    monkeypatch.delenv("SEQUENCES_API_KEY", raising=False)
+    monkeypatch.setenv("SEQUENCES_HOME", str(tmp_path))
+    with pytest.raises(sequence_ai.AuthError) as info:
+        sequence_ai.connect("anything", gateway_url="http://127.0.0.1:9")
+    assert str(tmp_path / "api_key") in info.value.hint
+
+
+# ------------------------------------------------------------------ types
+
+def test_action_chunk_reads_like_the_spec():
+    c = chunk([[0.0] * 8] * 16, horizon=8)
+    assert repr(c) == "ActionChunk(16 steps x 8 dims, joint_absolute, panda, 15 Hz, covers 1.07s, replan after 8)"
+    assert len(c) == 16 and c.covers_seconds == pytest.approx(1.067) and c.rows is c.actions
+
+
+def test_run_outcome_reads_like_the_spec():
+    out = sequence_ai.RunOutcome(reason="completed", actions=250, chunks=17, seconds=16.8)
+    assert repr(out) == "RunOutcome(250 actions over 17 chunks in 16.8s, completed)"
+
+
+def test_observation_wire_form_omits_unreported_fields():
+    obs = sequence_ai.Observation(
+        images=[sequence_ai.ImageFrame("exterior_1", b"\xff\xd8")],
+        proprioception=sequence_ai.Proprioception(joint_positions=[1, 2]), instruction="go")
+    wire = obs.to_wire()
+    assert wire["proprioception"] == {"joint_positions": [1.0, 2.0]}
+    assert wire["images"][0] == {"view": "exterior_1", "data": "/9g="}
+
+
+def test_encode_jpeg_gives_base64_jpeg():
+    import base64
+
+    import numpy as np
+
+    data = base64.b64decode(sequence_ai.encode_jpeg(np.zeros((8, 8, 3), np.uint8)))
+    assert data[:2] == b"\xff\xd8"
+
+
+def test_public_namespace_is_flat():
+    for name in sequence_ai.__all__:
+        assert hasattr(sequence_ai, name)
