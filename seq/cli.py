@@ -1,0 +1,253 @@
+"""The ``seq`` command: run the local gateway and deploy policies to it.
+
+    seq serve [--host 127.0.0.1] [--port 8470] [--data-dir ~/.sequence-ai]
+    seq deploy FILE [--name NAME] [--class CLS] [--wait/--no-wait] [--timeout S]
+    seq policy ls
+    seq policy status NAME
+    seq policy stop NAME
+
+Commands other than serve read the API key from --api-key, then $SEQUENCES_API_KEY, then
+``<data_dir>/api_key``; the gateway from --gateway, then $SEQUENCES_GATEWAY_URL, then
+http://127.0.0.1:8470. A failure prints ``error[<code>]: <detail>`` and ``hint: ...`` on stderr
+and exits with:
+
+    0 success            4 not_found          7 timed out waiting
+    1 failed / error     5 invalid_request
+    2 usage              6 unavailable (warming, worker_failed, gateway unreachable)
+    3 unauthorized
+"""
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+import httpx
+import typer
+from rich.console import Console
+from rich.table import Table
+
+__all__ = ["app", "main"]
+
+DEFAULT_GATEWAY = "http://127.0.0.1:8470"
+EXIT = {"unauthorized": 3, "lease_expired": 3, "not_found": 4, "invalid_request": 5, "warming": 6,
+        "worker_failed": 6, "unreachable": 6, "timeout": 7}
+
+app = typer.Typer(help="Author, serve and deploy sequence-ai policies.", no_args_is_help=True, add_completion=False)
+policy_app = typer.Typer(help="Inspect and control deployments.", no_args_is_help=True)
+app.add_typer(policy_app, name="policy")
+
+out = Console()
+err = Console(stderr=True)
+
+
+class CliError(Exception):
+    def __init__(self, code: str, detail: str, hint: Optional[str] = None, request_id: Optional[str] = None,
+                 extra: Optional[str] = None):
+        super().__init__(detail)
+        self.code, self.detail, self.hint, self.request_id, self.extra = code, detail, hint, request_id, extra
+
+
+def _fail(exc: CliError) -> None:
+    err.print(f"error[{exc.code}]: {exc.detail}", style="bold red", highlight=False, markup=False, soft_wrap=True)
+    if exc.extra:
+        err.print(exc.extra, highlight=False, markup=False, soft_wrap=True)
+    if exc.hint:
+        err.print(f"hint: {exc.hint}", highlight=False, markup=False, soft_wrap=True)
+    if exc.request_id and exc.code in ("policy_error", "internal"):
+        err.print(f"request_id: {exc.request_id}", highlight=False, markup=False)
+    raise typer.Exit(EXIT.get(exc.code, 1))
+
+
+def _data_dir(value: Optional[Path]) -> Path:
+    if value:
+        return value.expanduser()
+    return Path(os.environ.get("SEQUENCES_HOME") or Path.home() / ".sequence-ai").expanduser()
+
+
+class Gateway:
+    """A thin httpx client for the gateway that turns error bodies into CliError."""
+
+    def __init__(self, url: Optional[str], api_key: Optional[str], data_dir: Optional[Path]):
+        self.url = (url or os.environ.get("SEQUENCES_GATEWAY_URL") or DEFAULT_GATEWAY).rstrip("/")
+        self.data_dir = _data_dir(data_dir)
+        key = api_key or os.environ.get("SEQUENCES_API_KEY")
+        if not key:
+            key_file = self.data_dir / "api_key"
+            try:
+                key = key_file.read_text().strip()
+            except OSError:
+                raise CliError("unauthorized", "no API key: none given and none found",
+                               hint=f"pass --api-key, set SEQUENCES_API_KEY, or start the gateway with `seq serve` "
+                                    f"(it writes {key_file})")
+        self.client = httpx.Client(base_url=self.url, headers={"Authorization": f"Bearer {key}"}, timeout=30.0)
+
+    def call(self, method: str, path: str, **kw: Any) -> dict:
+        try:
+            resp = self.client.request(method, path, **kw)
+        except httpx.TransportError as exc:
+            raise CliError("unreachable", f"cannot reach the gateway at {self.url} ({type(exc).__name__})",
+                           hint="start it with `seq serve`, or point --gateway / SEQUENCES_GATEWAY_URL at it") from None
+        try:
+            body = resp.json()
+        except ValueError:
+            body = {"detail": resp.text[:300]}
+        if resp.status_code >= 400:
+            raise CliError(body.get("code") or f"http_{resp.status_code}", body.get("detail") or resp.reason_phrase,
+                           hint=body.get("hint"), request_id=body.get("request_id"))
+        return body
+
+
+GatewayOpt = typer.Option(None, "--gateway", help="gateway URL (default: $SEQUENCES_GATEWAY_URL or http://127.0.0.1:8470)")
+ApiKeyOpt = typer.Option(None, "--api-key", help="API key (default: $SEQUENCES_API_KEY or <data-dir>/api_key)")
+DataDirOpt = typer.Option(None, "--data-dir", help="data dir (default: $SEQUENCES_HOME or ~/.sequence-ai)")
+
+
+@app.command()
+def serve(host: str = typer.Option("127.0.0.1", help="address to bind"),
+          port: int = typer.Option(8470, help="port to bind (0: any free port)"),
+          data_dir: Optional[Path] = DataDirOpt) -> None:
+    """Run the gateway in the foreground; Ctrl-C stops it and every worker it started."""
+    import logging
+
+    from sequence_ai_server.gateway import serve as run_gateway
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    directory = _data_dir(data_dir)
+
+    def ready(info: dict) -> None:
+        out.print(f"[bold green]gateway[/] serving on {info['url']}")
+        out.print(f"  data dir  {info['data_dir']}")
+        out.print(f"  API key   {info['api_key_file']}  (export SEQUENCES_API_KEY=$(cat {info['api_key_file']}))")
+        out.print("  Ctrl-C stops the gateway and its workers")
+    try:
+        run_gateway(host, port, directory, on_ready=ready)
+    except OSError as exc:
+        _fail(CliError("unavailable", f"cannot serve on {host}:{port}: {exc}",
+                       hint="is another gateway running? pick another --port"))
+    out.print("gateway stopped")
+
+
+def _default_name(file: Path) -> str:
+    stem = file.parent.name if file.stem in ("policy", "__init__") else file.stem
+    name = "".join(c if c.isalnum() else "-" for c in stem.lower()).strip("-")
+    return name or "policy"
+
+
+def _show_failure(d: dict) -> CliError:
+    details = d.get("details") or {}
+    extra = None
+    tb = details.get("remote_traceback")
+    if tb:
+        extra = "\n".join(tb.rstrip().splitlines()[-12:])
+    elif details.get("log_tail"):
+        extra = "\n".join(details["log_tail"][-12:])
+    return CliError("worker_failed", d.get("error") or "the worker failed", extra=extra,
+                    hint=f"fix the policy and deploy again; `seq policy status {d['name']}` shows the error")
+
+
+@app.command()
+def deploy(file: Path = typer.Argument(..., help="the policy file"),
+           name: Optional[str] = typer.Option(None, "--name", help="deployment name (default: from the file name)"),
+           class_name: Optional[str] = typer.Option(None, "--class", help="the @seq.policy class, if the file has several"),
+           wait: bool = typer.Option(True, "--wait/--no-wait", help="block until the worker is ready or failed"),
+           timeout: float = typer.Option(1800.0, "--timeout", help="seconds to wait with --wait"),
+           gateway: Optional[str] = GatewayOpt, api_key: Optional[str] = ApiKeyOpt,
+           data_dir: Optional[Path] = DataDirOpt) -> None:
+    """Register FILE with the gateway and start its worker."""
+    try:
+        path = file.expanduser().resolve()
+        if not path.is_file():
+            raise CliError("invalid_request", f"no such file: {file}", hint="give the path of a .py file with a @seq.policy class")
+        gw = Gateway(gateway, api_key, data_dir)
+        name = name or _default_name(path)
+        d = gw.call("POST", "/v1/deployments", json={"name": name, "file": str(path), "class_name": class_name})
+        out.print(f"deploying [bold]{name}[/] v{d['version']} from {path}")
+        if not wait:
+            out.print(f"status: {d['status']} (seq policy status {name})")
+            return
+        t0 = time.monotonic()
+        last_phase = None
+        while True:
+            d = gw.call("GET", f"/v1/deployments/{name}")
+            if d.get("phase") != last_phase:
+                last_phase = d.get("phase")
+                out.print(f"  {time.monotonic() - t0:6.1f}s  {last_phase}")
+            if d["status"] == "ready":
+                out.print(f"[bold green]ready[/]: {name} v{d['version']} at {d['worker_url']} (load {d['load_s']:.1f} s)")
+                return
+            if d["status"] in ("failed", "stopped"):
+                raise _show_failure(d)
+            if time.monotonic() - t0 > timeout:
+                raise CliError("timeout", f"{name} is still {d['phase']} after {timeout:g} s",
+                               hint=f"it keeps loading; watch it with `seq policy status {name}`")
+            time.sleep(0.25)
+    except CliError as exc:
+        _fail(exc)
+
+
+@policy_app.command("ls")
+def policy_ls(gateway: Optional[str] = GatewayOpt, api_key: Optional[str] = ApiKeyOpt,
+              data_dir: Optional[Path] = DataDirOpt) -> None:
+    """List deployments."""
+    try:
+        rows = Gateway(gateway, api_key, data_dir).call("GET", "/v1/deployments")["deployments"]
+    except CliError as exc:
+        _fail(exc)
+    table = Table("name", "version", "status", "phase", "worker", "load s", "file")
+    for d in rows:
+        table.add_row(d["name"], f"v{d['version']}", d["status"], d.get("phase") or "", d.get("worker_url") or "",
+                      f"{d['load_s']:.1f}" if d.get("load_s") is not None else "", d["file"])
+    out.print(table)
+
+
+@policy_app.command("status")
+def policy_status(name: str, gateway: Optional[str] = GatewayOpt, api_key: Optional[str] = ApiKeyOpt,
+                  data_dir: Optional[Path] = DataDirOpt) -> None:
+    """Show one deployment: status, worker, contract, params, and the error if it failed."""
+    try:
+        d = Gateway(gateway, api_key, data_dir).call("GET", f"/v1/deployments/{name}")
+    except CliError as exc:
+        _fail(exc)
+    out.print(f"[bold]{d['name']}[/] v{d['version']}  status={d['status']}  phase={d.get('phase')}")
+    out.print(f"  file      {d['file']}" + (f" ({d['class_name']})" if d.get("class_name") else ""))
+    if d.get("worker_url"):
+        out.print(f"  worker    {d['worker_url']} (pid {d.get('pid')})")
+    if d.get("load_s") is not None:
+        out.print(f"  load      {d['load_s']:.2f} s")
+    contract = d.get("contract") or {}
+    action, obs = contract.get("action"), contract.get("observation")
+    if action:
+        out.print(f"  action    {action['robot']} {action['action_space']} x{action['action_dim']} "
+                  f"@ {action['control_frequency_hz']:g} Hz" + (" (bounded)" if action.get("bounds") else ""))
+    if obs:
+        cams = ", ".join(f"{v} {c['width']}x{c['height']}" + (" +depth" if c.get("depth") else "") for v, c in obs["cameras"].items())
+        out.print(f"  observe   cameras: {cams or 'none'}; proprio: {obs['proprio']}; history {obs['history']}")
+    for p in d.get("params") or []:
+        out.print(f"  param     {p['name']}: {p['type'] or 'any'} = {p['default']!r}")
+    spec = d.get("spec") or {}
+    recorded = {k: v for k, v in (spec.get("resources") or {}).items() if v is not None}
+    if recorded:
+        out.print(f"  declared  {recorded} (recorded; not used self-hosted)")
+    if d.get("error"):
+        err.print(f"  error     {d['error']}", markup=False, highlight=False)
+
+
+@policy_app.command("stop")
+def policy_stop(name: str, gateway: Optional[str] = GatewayOpt, api_key: Optional[str] = ApiKeyOpt,
+                data_dir: Optional[Path] = DataDirOpt) -> None:
+    """Stop a deployment's worker (the next connect starts it again)."""
+    try:
+        d = Gateway(gateway, api_key, data_dir).call("DELETE", f"/v1/deployments/{name}")
+    except CliError as exc:
+        _fail(exc)
+    out.print(f"stopped {d['name']} (status {d['status']})")
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

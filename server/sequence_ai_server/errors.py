@@ -1,0 +1,138 @@
+"""The one error shape every sequence-ai server answers with, and the code table.
+
+    {"detail": str, "code": str, "retryable": bool, "retry_after_s": float | null,
+     "request_id": str | null, "hint": str | null, "details": object | null}
+
+| code            | HTTP | retryable | when                                                      |
+|-----------------|------|-----------|-----------------------------------------------------------|
+| invalid_request | 400  | no        | malformed body, contract mismatch, unknown param          |
+| unauthorized    | 401  | no        | missing/wrong API key or direct secret                    |
+| lease_expired   | 401  | no        | a lease from an older worker epoch                        |
+| not_found       | 404  | no        | unknown deployment / model / route                        |
+| policy_error    | 500  | no        | the policy's own code raised, or returned a bad chunk     |
+| internal        | 500  | no        | a bug in the server itself                                |
+| warming         | 503  | yes       | the worker is loading; Retry-After says when to ask again |
+| worker_failed   | 503  | no        | the worker failed to load or died                         |
+
+``install_error_handlers(app)`` makes every error a FastAPI app raises -- our ``ApiError``,
+pydantic validation errors, Starlette HTTP errors and unexpected exceptions -- come out in
+this shape, with ``request_id`` echoed in the ``X-Request-ID`` header.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import secrets
+from typing import Any, Optional
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+__all__ = ["ErrorBody", "ApiError", "CODES", "install_error_handlers", "new_request_id"]
+
+log = logging.getLogger("sequence_ai_server")
+
+# code -> (HTTP status, retryable)
+CODES: dict[str, tuple[int, bool]] = {
+    "invalid_request": (400, False),
+    "unauthorized": (401, False),
+    "lease_expired": (401, False),
+    "not_found": (404, False),
+    "policy_error": (500, False),
+    "internal": (500, False),
+    "warming": (503, True),
+    "worker_failed": (503, False),
+}
+
+
+class ErrorBody(BaseModel):
+    detail: str
+    code: str
+    retryable: bool = False
+    retry_after_s: Optional[float] = None
+    request_id: Optional[str] = None
+    hint: Optional[str] = None
+    details: Optional[dict[str, Any]] = None
+
+
+def new_request_id() -> str:
+    return "req_" + secrets.token_hex(8)
+
+
+class ApiError(Exception):
+    """Raise anywhere in a handler; the app answers with the error shape and the code's status."""
+
+    def __init__(self, code: str, detail: str, *, hint: Optional[str] = None, details: Optional[dict] = None,
+                 retry_after_s: Optional[float] = None, request_id: Optional[str] = None):
+        if code not in CODES:
+            raise ValueError(f"unknown error code {code!r}")
+        super().__init__(detail)
+        self.code = code
+        self.status, self.retryable = CODES[code]
+        self.detail = detail
+        self.hint = hint
+        self.details = details
+        self.retry_after_s = retry_after_s
+        self.request_id = request_id
+
+    def body(self) -> ErrorBody:
+        return ErrorBody(detail=self.detail, code=self.code, retryable=self.retryable,
+                         retry_after_s=self.retry_after_s, request_id=self.request_id,
+                         hint=self.hint, details=self.details)
+
+    def response(self) -> JSONResponse:
+        headers = {}
+        if self.request_id:
+            headers["X-Request-ID"] = self.request_id
+        if self.retry_after_s is not None:
+            headers["Retry-After"] = str(max(1, math.ceil(self.retry_after_s)))
+        return JSONResponse(self.body().model_dump(), status_code=self.status, headers=headers)
+
+
+def _request_id(request: Request) -> str:
+    rid = getattr(request.state, "request_id", None)
+    if not rid:
+        rid = new_request_id()
+        request.state.request_id = rid
+    return rid
+
+
+def _field_path(loc: tuple) -> str:
+    parts = [str(p) for p in loc if p not in ("body",)]
+    return ".".join(parts) or "body"
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(ApiError)
+    async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
+        if exc.request_id is None:
+            exc.request_id = _request_id(request)
+        return exc.response()
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
+        problems = [f"{_field_path(tuple(e.get('loc', ())))}: {e.get('msg')}" for e in exc.errors()]
+        err = ApiError("invalid_request", "request body does not match the schema: " + "; ".join(problems[:5]),
+                       hint="see docs/design.md for the body this endpoint takes",
+                       details={"errors": problems}, request_id=_request_id(request))
+        return err.response()
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        code = {401: "unauthorized", 404: "not_found"}.get(exc.status_code, "invalid_request")
+        err = ApiError(code, str(exc.detail), request_id=_request_id(request))
+        resp = err.response()
+        if exc.status_code not in (401, 404, 400):
+            resp.status_code = exc.status_code
+        return resp
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled error")
+        err = ApiError("internal", f"internal server error: {type(exc).__name__}: {exc}",
+                       hint="this is a bug in sequence-ai; the server log has the traceback",
+                       request_id=_request_id(request))
+        return err.response()

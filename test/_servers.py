@@ -1,0 +1,211 @@
+"""Real servers on loopback for tests: a gateway process with a temp data dir, and a bare
+worker process. No mocks; everything is torn down (workers included) when the test ends.
+
+    gw = GatewayProcess.start(tmp_path)          # or the ``gateway`` fixture in conftest.py
+    gw.url, gw.api_key, gw.data_dir
+    gw.deploy(file, name=None, wait=True)        # -> deployment dict (status ready/failed)
+    gw.connect(name, params=None)                # -> httpx.Response (200 body or 503 warming)
+    gw.connect_ready(name)                       # -> connect body, waiting out warming
+    gw.status(name); gw.stop(name); gw.log(name)
+    gw.client                                    # httpx.Client with the API key set
+
+    w = WorkerProcess.start(file, tmp_path)      # python -m sequence_ai_server.worker directly
+    w.url, w.secret, w.act(body), w.stop()
+"""
+from __future__ import annotations
+
+import base64
+import io
+import json
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+POLICIES = Path(__file__).resolve().parent / "policies"
+ECHO_POLICY = str(POLICIES / "echo_policy.py")
+
+
+def _env(extra: Optional[dict] = None) -> dict:
+    env = dict(os.environ)
+    paths = [str(ROOT), str(ROOT / "server")]
+    if env.get("PYTHONPATH"):
+        paths.append(env["PYTHONPATH"])
+    env["PYTHONPATH"] = os.pathsep.join(paths)
+    env["PYTHONUNBUFFERED"] = "1"
+    env.update(extra or {})
+    return env
+
+
+def _wait_file(path: Path, proc: subprocess.Popen, timeout: float, log: Path) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if path.exists():
+            try:
+                return json.loads(path.read_text())
+            except ValueError:
+                pass
+        if proc.poll() is not None:
+            raise RuntimeError(f"process exited with {proc.returncode} before it was ready:\n{log.read_text()[-3000:]}")
+        time.sleep(0.02)
+    raise TimeoutError(f"not ready after {timeout}s:\n{log.read_text()[-3000:]}")
+
+
+def _stop(proc: subprocess.Popen, timeout: float = 15.0) -> int:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    return proc.returncode
+
+
+def png_b64(width: int = 64, height: int = 64, color=(0, 0, 0), fmt: str = "PNG") -> str:
+    from PIL import Image
+    buf = io.BytesIO()
+    Image.new("RGB", (width, height), color).save(buf, format=fmt)
+    return base64.b64encode(buf.getvalue()).decode()
+
+
+def echo_observation(*, views: Optional[dict] = None, joint_positions=None, gripper=None,
+                     instruction: str = "put the red cube on the green pad") -> dict:
+    """A wire observation the echo policy accepts; override pieces to make it wrong."""
+    views = {"exterior_1": png_b64()} if views is None else views
+    return {
+        "images": [{"view": v, "data": d, "timestamp_ms": 0} for v, d in views.items()],
+        "proprioception": {"joint_positions": [0.0] * 7 if joint_positions is None else joint_positions,
+                           "gripper": [0.5] if gripper is None else gripper},
+        "instruction": instruction,
+    }
+
+
+class GatewayProcess:
+    """``python -m sequence_ai_server.gateway --port 0`` with its own data dir."""
+
+    def __init__(self, proc: subprocess.Popen, data_dir: Path, info: dict, log_path: Path):
+        self.proc = proc
+        self.data_dir = data_dir
+        self.info = info
+        self.url: str = info["url"]
+        self.log_path = log_path
+        self.api_key: str = Path(info["api_key_file"]).read_text().strip()
+        self.client = httpx.Client(base_url=self.url, headers={"Authorization": f"Bearer {self.api_key}"}, timeout=30.0)
+
+    @classmethod
+    def start(cls, tmp: Path, env: Optional[dict] = None, timeout: float = 30.0) -> "GatewayProcess":
+        tmp = Path(tmp)
+        data_dir = tmp / "seq-home"
+        ready = tmp / "gateway.ready.json"
+        log_path = tmp / "gateway.log"
+        with open(log_path, "wb") as log:
+            proc = subprocess.Popen([sys.executable, "-m", "sequence_ai_server.gateway", "--port", "0",
+                                     "--data-dir", str(data_dir), "--ready-file", str(ready)],
+                                    stdout=log, stderr=subprocess.STDOUT, env=_env(env), cwd=str(tmp))
+        info = _wait_file(ready, proc, timeout, log_path)
+        return cls(proc, data_dir, info, log_path)
+
+    # -- API
+    def deploy(self, file: str, name: Optional[str] = None, wait: bool = True, timeout: float = 60.0,
+               class_name: Optional[str] = None) -> dict:
+        name = name or Path(file).stem.replace("_", "-")
+        r = self.client.post("/v1/deployments", json={"name": name, "file": str(Path(file).resolve()),
+                                                      "class_name": class_name})
+        r.raise_for_status()
+        return self.wait_until(name, ("ready", "failed"), timeout) if wait else r.json()
+
+    def status(self, name: str) -> dict:
+        r = self.client.get(f"/v1/deployments/{name}")
+        r.raise_for_status()
+        return r.json()
+
+    def wait_until(self, name: str, statuses=("ready", "failed"), timeout: float = 60.0) -> dict:
+        deadline = time.monotonic() + timeout
+        while True:
+            d = self.status(name)
+            if d["status"] in statuses:
+                return d
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{name} still {d['status']}/{d.get('phase')} after {timeout}s")
+            time.sleep(0.05)
+
+    def connect(self, name: str, params: Optional[dict] = None) -> httpx.Response:
+        return self.client.post("/v1/connect", json={"model": name, "params": params or {}})
+
+    def connect_ready(self, name: str, params: Optional[dict] = None, timeout: float = 60.0) -> dict:
+        deadline = time.monotonic() + timeout
+        while True:
+            r = self.connect(name, params)
+            if r.status_code == 200:
+                return r.json()
+            if r.status_code != 503 or not r.json().get("retryable") or time.monotonic() > deadline:
+                raise AssertionError(f"connect {name}: {r.status_code} {r.text}")
+            time.sleep(0.1)
+
+    def stop(self, name: str) -> dict:
+        r = self.client.delete(f"/v1/deployments/{name}")
+        r.raise_for_status()
+        return r.json()
+
+    def log(self, name: str) -> str:
+        p = self.data_dir / "logs" / f"{name}.log"
+        return p.read_text() if p.exists() else ""
+
+    def env(self) -> dict:
+        """Environment for a client or the seq CLI pointed at this gateway."""
+        return {"SEQUENCES_GATEWAY_URL": self.url, "SEQUENCES_API_KEY": self.api_key, "SEQUENCES_HOME": str(self.data_dir)}
+
+    def close(self) -> int:
+        self.client.close()
+        return _stop(self.proc)
+
+
+class WorkerProcess:
+    """``python -m sequence_ai_server.worker`` on an ephemeral port, without a gateway."""
+
+    def __init__(self, proc: subprocess.Popen, info: dict, secret: str, log_path: Path, ready: Path):
+        self.proc = proc
+        self.info = info
+        self.port: int = info["port"]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.secret = secret
+        self.log_path = log_path
+        self.ready_file = ready
+        self.client = httpx.Client(base_url=self.url, timeout=30.0)
+
+    @classmethod
+    def start(cls, file: str, tmp: Path, *, name: str = "w", class_name: Optional[str] = None,
+              env: Optional[dict] = None, timeout: float = 30.0, wait: bool = True) -> "WorkerProcess":
+        tmp = Path(tmp)
+        secret = secrets.token_urlsafe(16)
+        ready = tmp / f"{name}.ready.json"
+        log_path = tmp / f"{name}.log"
+        cmd = [sys.executable, "-m", "sequence_ai_server.worker", "--file", str(file), "--port", "0",
+               "--ready-file", str(ready), "--name", name, "--weights-dir", str(tmp / f"{name}-weights")]
+        if class_name:
+            cmd += ["--class", class_name]
+        with open(log_path, "wb") as log:
+            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
+                                    env=_env({"SEQ_WORKER_SECRET": secret, **(env or {})}))
+        info = _wait_file(ready, proc, timeout, log_path) if wait else {"port": 0}
+        return cls(proc, info, secret, log_path, ready)
+
+    def act(self, body: dict, secret: Optional[str] = None, **kw: Any) -> httpx.Response:
+        token = self.secret if secret is None else secret
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        return self.client.post("/act", json=body, headers=headers, **kw)
+
+    def log(self) -> str:
+        return self.log_path.read_text()
+
+    def stop(self) -> int:
+        self.client.close()
+        return _stop(self.proc)

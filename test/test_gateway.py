@@ -1,0 +1,208 @@
+"""The gateway: keys, deployments, connect and worker supervision, plus the seq CLI against it.
+Real processes on loopback: a gateway subprocess that spawns real worker subprocesses."""
+from __future__ import annotations
+
+import os
+import signal
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from _servers import ECHO_POLICY, POLICIES, ROOT, GatewayProcess, _env, echo_observation
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # a zombie (exited, not yet reaped by the gateway) counts as gone
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except OSError:
+        return False
+
+
+def _slow_copy(tmp_path: Path, load_s: float) -> str:
+    path = tmp_path / "slow_echo_policy.py"
+    path.write_text(f"import os\nos.environ['ECHO_LOAD_S'] = '{load_s}'\n" + Path(ECHO_POLICY).read_text())
+    return str(path)
+
+
+def test_first_start_creates_a_key_file_readable_only_by_its_owner(gateway):
+    key_file = gateway.data_dir / "api_key"
+    assert gateway.api_key.startswith("seq_local_") and len(gateway.api_key) > 30
+    assert stat.S_IMODE(key_file.stat().st_mode) == 0o600
+    assert (gateway.data_dir / "state.db").exists()
+    assert gateway.api_key not in (gateway.data_dir / "state.db").read_bytes().decode(errors="replace")
+
+
+def test_requests_without_a_valid_key_are_401(gateway):
+    for headers in ({}, {"Authorization": "Bearer seq_local_wrong"}):
+        r = httpx.post(gateway.url + "/v1/connect", json={"model": "x"}, headers=headers)
+        assert r.status_code == 401
+        body = r.json()
+        assert body["code"] == "unauthorized" and "api_key" in body["hint"]
+    assert httpx.get(gateway.url + "/v1/deployments").status_code == 401
+    assert httpx.get(gateway.url + "/v1/models").status_code == 200   # the catalogue needs no key
+
+
+def test_deploy_then_connect_then_act_directly_on_the_worker(gateway):
+    d = gateway.deploy(ECHO_POLICY, "echo")
+    assert d["status"] == "ready", d
+    assert d["version"] == 1 and d["worker_url"].startswith("http://127.0.0.1:") and d["load_s"] > 0
+    assert d["contract"]["action"]["action_dim"] == 8
+    c = gateway.connect_ready("echo", params={"chunk_len": "5"})
+    assert c["worker_url"] == d["worker_url"] and c["params"] == {"chunk_len": 5}
+    assert c["session_id"].startswith("sess_") and len(c["direct_secret"]) >= 32
+    assert c["lease"]["ttl_s"] == 300 and c["lease"]["expires_at"] > time.time() and c["lease"]["epoch"] == 1
+    assert c["contract"]["observation"]["cameras"] == {"exterior_1": {"width": 64, "height": 64, "depth": False}}
+    r = httpx.post(c["worker_url"] + "/act", json={"observation": echo_observation(), "params": c["params"]},
+                   headers={"Authorization": f"Bearer {c['direct_secret']}"})
+    assert r.status_code == 200 and len(r.json()["action_chunk"]["actions"]) == 5
+    r = httpx.post(c["worker_url"] + "/act", json={"observation": echo_observation()},
+                   headers={"Authorization": f"Bearer {gateway.api_key}"})
+    assert r.status_code == 401   # the API key is not the direct secret
+    models = httpx.get(gateway.url + "/v1/models").json()["models"]
+    assert [(m["name"], m["status"]) for m in models] == [("echo", "ready")]
+    assert {p["name"] for p in models[0]["params"]} == {"chunk_len", "latency_ms", "fail", "horizon"}
+
+
+def test_connect_to_an_unknown_model_is_404(gateway):
+    r = gateway.connect("nope")
+    assert r.status_code == 404 and r.json()["code"] == "not_found" and "'nope'" in r.json()["detail"]
+
+
+def test_connect_with_an_unknown_param_is_400_naming_the_declared_ones(gateway):
+    gateway.deploy(ECHO_POLICY, "echo")
+    r = gateway.connect("echo", params={"replan_steps": 3})
+    assert r.status_code == 400 and r.json()["code"] == "invalid_request"
+    assert "replan_steps" in r.json()["detail"] and "chunk_len" in r.json()["detail"]
+
+
+def test_cold_start_answers_503_warming_with_retry_after_then_ready(gateway, tmp_path):
+    gateway.deploy(_slow_copy(tmp_path, 2.0), "slow", wait=False)
+    r = gateway.connect("slow")
+    assert r.status_code == 503
+    body = r.json()
+    assert body["code"] == "warming" and body["retryable"] is True
+    assert 1 <= body["retry_after_s"] <= 30 and int(r.headers["retry-after"]) >= 1
+    c = gateway.connect_ready("slow", timeout=30)
+    assert c["worker_url"]
+    d = gateway.status("slow")
+    assert d["status"] == "ready" and d["load_s"] >= 2.0
+    # the next cold start estimates from the measured load time, not the 30 s default
+    gateway.stop("slow")
+    r = gateway.connect("slow")
+    assert r.status_code == 503 and r.json()["retry_after_s"] <= d["load_s"] + 0.5
+
+
+def test_a_deploy_whose_load_fails_is_failed_with_the_reason(gateway):
+    d = gateway.deploy(str(POLICIES / "broken_load_policy.py"), "broken")
+    assert d["status"] == "failed"
+    assert "while loading" in d["error"] and "FileNotFoundError: checkpoint missing" in d["error"]
+    assert d["details"]["exception_type"] == "FileNotFoundError"
+    r = gateway.connect("broken")
+    assert r.status_code == 503
+    assert r.json()["code"] == "worker_failed" and r.json()["retryable"] is False
+    assert "checkpoint missing" in r.json()["detail"]
+
+
+def test_a_malformed_declaration_is_failed_with_the_declaration_error(gateway):
+    d = gateway.deploy(str(POLICIES / "bad_declaration_policy.py"), "baddecl")
+    assert d["status"] == "failed" and "while importing" in d["error"]
+    assert "DeclarationError: ActionContract.action_dim: 0 is out of range" in d["error"]
+
+
+def test_deploy_refuses_a_missing_file_and_a_bad_name(gateway):
+    r = gateway.client.post("/v1/deployments", json={"name": "x", "file": "/no/such/policy.py"})
+    assert r.status_code == 400 and "not found" in r.json()["detail"]
+    r = gateway.client.post("/v1/deployments", json={"name": "Bad Name", "file": ECHO_POLICY})
+    assert r.status_code == 400 and "name" in r.json()["detail"]
+    r = gateway.client.post("/v1/deployments", json={"file": ECHO_POLICY})
+    assert r.status_code == 400 and "name" in r.json()["detail"]
+
+
+def test_a_killed_worker_is_reported_and_the_next_connect_restarts_it(gateway):
+    d = gateway.deploy(ECHO_POLICY, "echo")
+    os.kill(d["pid"], signal.SIGKILL)
+    d2 = gateway.wait_until("echo", ("failed",), timeout=10)
+    assert "killed by signal SIGKILL" in d2["error"] and d2["worker_url"] is None
+    r = gateway.connect("echo")
+    assert r.status_code == 503 and r.json()["code"] == "warming"
+    c = gateway.connect_ready("echo")
+    assert c["lease"]["epoch"] == 2 and c["direct_secret"] != d.get("direct_secret")
+    assert gateway.status("echo")["status"] == "ready"
+
+
+def test_delete_stops_the_worker_and_connect_starts_it_again(gateway):
+    d = gateway.deploy(ECHO_POLICY, "echo")
+    s = gateway.stop("echo")
+    assert s["status"] == "stopped" and not _pid_alive(d["pid"])
+    assert gateway.connect("echo").status_code == 503
+    assert gateway.connect_ready("echo")["worker_url"]
+
+
+def test_redeploying_a_changed_file_bumps_the_version(gateway, tmp_path):
+    f = tmp_path / "echo_copy.py"
+    f.write_text(Path(ECHO_POLICY).read_text())
+    assert gateway.deploy(str(f), "copy")["version"] == 1
+    assert gateway.deploy(str(f), "copy")["version"] == 1
+    f.write_text(Path(ECHO_POLICY).read_text() + "\n# changed\n")
+    d = gateway.deploy(str(f), "copy")
+    assert d["version"] == 2 and d["status"] == "ready"
+
+
+def test_gateway_shutdown_terminates_its_workers(tmp_path):
+    gw = GatewayProcess.start(tmp_path)
+    try:
+        pid = gw.deploy(ECHO_POLICY, "echo")["pid"]
+        assert _pid_alive(pid)
+    finally:
+        assert gw.close() == 0
+    deadline = time.monotonic() + 5
+    while _pid_alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _pid_alive(pid)
+    assert "stopping: calling @seq.shutdown" in (gw.data_dir / "logs" / "echo.log").read_text()
+
+
+# ---------------------------------------------------------------- the seq CLI
+
+def _seq(gateway, *args, env=None, timeout=60):
+    return subprocess.run([sys.executable, "-m", "seq.cli", *args], capture_output=True, text=True,
+                          env=_env({**gateway.env(), **(env or {})}), timeout=timeout, cwd=str(ROOT))
+
+
+def test_cli_deploy_waits_and_prints_the_phase_and_load_time(gateway):
+    r = _seq(gateway, "deploy", ECHO_POLICY, "--name", "echo")
+    assert r.returncode == 0, r.stderr
+    assert "spawning" in r.stdout and "ready: echo v1 at http://127.0.0.1:" in r.stdout and "(load " in r.stdout
+    r = _seq(gateway, "policy", "ls")
+    assert r.returncode == 0 and "echo" in r.stdout and "ready" in r.stdout
+    r = _seq(gateway, "policy", "status", "echo")
+    assert r.returncode == 0 and "panda joint_absolute x8 @ 15 Hz" in r.stdout and "chunk_len: int = 10" in r.stdout
+    r = _seq(gateway, "policy", "stop", "echo")
+    assert r.returncode == 0 and "stopped echo" in r.stdout
+    assert gateway.status("echo")["status"] == "stopped"
+
+
+def test_cli_deploy_of_a_broken_policy_exits_non_zero_with_its_error(gateway):
+    r = _seq(gateway, "deploy", str(POLICIES / "broken_load_policy.py"))
+    assert r.returncode == 6
+    assert "error[worker_failed]:" in r.stderr and "checkpoint missing" in r.stderr and "hint:" in r.stderr
+    assert gateway.status("broken-load-policy")["status"] == "failed"
+
+
+def test_cli_errors_print_code_and_hint(gateway):
+    r = _seq(gateway, "policy", "status", "nope")
+    assert r.returncode == 4 and "error[not_found]: no deployment named 'nope'" in r.stderr and "hint:" in r.stderr
+    r = _seq(gateway, "policy", "ls", env={"SEQUENCES_API_KEY": "seq_local_wrong"})
+    assert r.returncode == 3 and "error[unauthorized]" in r.stderr
+    r = _seq(gateway, "policy", "ls", "--gateway", "http://127.0.0.1:9")
+    assert r.returncode == 6 and "error[unreachable]" in r.stderr and "seq serve" in r.stderr
