@@ -1,0 +1,312 @@
+"""The main job, end to end: deploy a policy locally and drive the simulated Franka with it.
+
+``python -m sequence_ai_ros.demo [--instruction TEXT] [--seed N]`` (the README's first command
+wraps it with the install step). What runs, each as the real thing:
+
+1. ``seq serve`` -- the local gateway, on 127.0.0.1 (a process);
+2. ``seq deploy examples/pick_place/policy.py`` -- the demo policy's worker (a process);
+3. ``sim_robot`` -- the MuJoCo Panda cell as a ROS 2 robot (a process);
+4. ``policy_driver`` -- our driver node (in this process), sent an ``Act`` goal through a real
+   ROS 2 action client, as a VLM tool call would.
+
+It prints the RunOutcome, whether the task succeeded (the sim's own check: cube within 3 cm of the
+pad centre and at rest), and the path of a picture of the run (exterior-camera frames + the
+commanded joints with chunk seams marked). ``launch/demo.launch.py`` starts the same nodes under
+``ros2 launch`` on a real ROS 2 install.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+import httpx
+
+REPO = Path(__file__).resolve().parent.parent
+POLICY_FILE = REPO / "examples" / "pick_place" / "policy.py"
+CONFIG_FILE = REPO / "config" / "panda_sim.yaml"
+MODEL = "pick-place"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _terminate(proc: subprocess.Popen, timeout_s: float = 10.0) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@dataclass
+class Server:
+    """A running local gateway (``seq serve``) with its data directory and API key."""
+
+    url: str
+    data_dir: Path
+    api_key: str
+    proc: subprocess.Popen
+
+    def env(self) -> dict:
+        return {**os.environ, "SEQUENCES_GATEWAY_URL": self.url, "SEQUENCES_API_KEY": self.api_key,
+                "SEQUENCES_HOME": str(self.data_dir)}
+
+
+@contextmanager
+def local_server(data_dir: Path, startup_timeout_s: float = 60.0):
+    """Start ``seq serve`` on a free loopback port; yield a :class:`Server`; stop it (and its workers)."""
+    data_dir.mkdir(parents=True, exist_ok=True)
+    port = _free_port()
+    log = open(data_dir / "gateway.log", "ab")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "seq.cli", "serve", "--host", "127.0.0.1", "--port", str(port),
+         "--data-dir", str(data_dir)],
+        stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "SEQUENCES_HOME": str(data_dir)},
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + startup_timeout_s
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"seq serve exited with {proc.returncode}; see {data_dir / 'gateway.log'}")
+            try:
+                if httpx.get(f"{url}/v1/models", timeout=1.0).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"seq serve did not answer within {startup_timeout_s} s")
+            time.sleep(0.1)
+        key = (data_dir / "api_key").read_text().strip()
+        yield Server(url=url, data_dir=data_dir, api_key=key, proc=proc)
+    finally:
+        _terminate(proc, timeout_s=15.0)
+        log.close()
+
+
+def deploy(server: Server, policy_file: Path = POLICY_FILE, name: str = MODEL, timeout_s: float = 300.0) -> None:
+    """``seq deploy FILE --name NAME --wait``; raises ``RuntimeError`` with the CLI's output on failure."""
+    out = subprocess.run(
+        [sys.executable, "-m", "seq.cli", "deploy", str(policy_file), "--name", name, "--wait",
+         "--timeout", str(timeout_s)],
+        env=server.env(), capture_output=True, text=True, timeout=timeout_s + 30,
+    )
+    if out.returncode != 0:
+        raise RuntimeError(f"seq deploy failed ({out.returncode}):\n{out.stdout}\n{out.stderr}")
+
+
+@contextmanager
+def sim_robot(seed: int, log_path: Path, namespace: str = ""):
+    """Start the ``sim_robot`` node as its own process (the robot is not part of the driver)."""
+    args = [sys.executable, "-m", "sequence_ai_ros.sim_node", "--ros-args", "--params-file", str(CONFIG_FILE),
+            "-p", f"seed:={seed}"]
+    if namespace:
+        args += ["-r", f"__ns:={namespace}"]
+    log = open(log_path, "ab")
+    proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        yield proc
+    finally:
+        _terminate(proc)
+        log.close()
+
+
+@dataclass
+class DemoResult:
+    """Everything one demo run produced."""
+
+    instruction: str
+    seed: int
+    outcome: dict                 # the Act result fields (the RunOutcome)
+    status: str                   # succeeded | canceled | aborted
+    success: bool                 # the sim's task check
+    distance_m: float             # cube-to-pad xy distance at the end (m)
+    picture: Optional[Path]
+    frames: list = field(default_factory=list, repr=False)       # (t_s, rgb) exterior frames
+    commands: list = field(default_factory=list, repr=False)     # (t_s, [8]) published commands
+    seams: list = field(default_factory=list, repr=False)        # index into commands per chunk
+    hold_time: Optional[float] = None
+    cancel_time: Optional[float] = None                          # monotonic s when cancel was sent
+    received: list = field(default_factory=list, repr=False)     # (t_s, [8]) commands as a subscriber saw them
+
+
+class _Recorder:
+    """What an outside observer sees: exterior frames (every ``every_s``) and every command."""
+
+    def __init__(self, node, image_topic: str, command_topic: str, every_s: float = 0.25):
+        from rclpy.qos import qos_profile_sensor_data
+        from sensor_msgs.msg import Image
+        from std_msgs.msg import Float64MultiArray
+
+        from .observation import image_to_array
+
+        self.frames: list = []
+        self.commands: list = []
+        self._every = every_s
+        self._last = -1e9
+        self.recording = False
+        self._to_array = image_to_array
+        node.create_subscription(Image, image_topic, self._on_image, qos_profile_sensor_data)
+        node.create_subscription(Float64MultiArray, command_topic, self._on_command, 10)
+
+    def _on_command(self, msg) -> None:
+        self.commands.append((time.monotonic(), list(msg.data)))
+
+    def _on_image(self, msg) -> None:
+        now = time.monotonic()
+        if self.recording and now - self._last >= self._every:
+            self._last = now
+            self.frames.append((now, self._to_array(msg)))
+
+
+def drive(instruction: str, seed: int, max_seconds: float, out_dir: Path, *, cancel_after_s: Optional[float] = None,
+          picture: bool = True, quiet: bool = False) -> DemoResult:
+    """Run the sim + driver against an already-deployed ``pick-place`` model; return the result.
+
+    Needs ``SEQUENCES_GATEWAY_URL`` / ``SEQUENCES_API_KEY`` in the environment (``Server.env()``)
+    and the ROS environment (``scripts/env.sh``). ``cancel_after_s`` cancels the goal that many
+    seconds after it was accepted (the stop path).
+    """
+    import rclpy
+    from rclpy.action import ActionClient
+    from rclpy.executors import MultiThreadedExecutor
+    from rclpy.node import Node
+
+    from sequence_ai_msgs.action import Act
+    from sequence_ai_msgs.srv import CheckSuccess
+
+    from .driver_node import PolicyDriver
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    say = (lambda *a: None) if quiet else (lambda *a: print(*a, flush=True))
+    with ExitStack() as stack:
+        stack.enter_context(sim_robot(seed, out_dir / "sim_robot.log"))
+        rclpy.init(args=["--ros-args", "--params-file", str(CONFIG_FILE)])
+        stack.callback(lambda: rclpy.ok() and rclpy.shutdown())
+        driver = PolicyDriver()
+        client_node = Node("demo_client")
+        recorder = _Recorder(client_node, "camera/exterior_1/image_raw", "joint_commands")
+        executor = MultiThreadedExecutor(num_threads=4)
+        executor.add_node(driver)
+        executor.add_node(client_node)
+        spin = threading.Thread(target=executor.spin, daemon=True)
+        spin.start()
+
+        def _stop():
+            driver.policy.interrupt()
+            executor.shutdown()
+            spin.join(timeout=10)
+            driver.destroy_node()
+            client_node.destroy_node()
+
+        stack.callback(_stop)
+
+        act_client = ActionClient(client_node, Act, "policy_driver/act")
+        check = client_node.create_client(CheckSuccess, "sim_robot/check_success")
+        if not act_client.wait_for_server(timeout_sec=30.0):
+            raise RuntimeError("policy_driver/act action server did not appear within 30 s")
+        if not check.wait_for_service(timeout_sec=120.0):
+            raise RuntimeError(f"sim_robot did not come up within 120 s; see {out_dir / 'sim_robot.log'}")
+        if not driver._wait_for_sensors():
+            raise RuntimeError("no camera/joint data from sim_robot")
+
+        say(f"goal: {instruction!r} (seed {seed}, max {max_seconds:.0f} s)")
+        recorder.recording = True
+        goal = Act.Goal(instruction=instruction, max_seconds=float(max_seconds))
+        send = act_client.send_goal_async(goal)
+        _wait(send, 30.0)
+        handle = send.result()
+        if not handle.accepted:
+            raise RuntimeError("the Act goal was rejected")
+        result_future = handle.get_result_async()
+        cancel_time = None
+        if cancel_after_s is not None:
+            time.sleep(cancel_after_s)
+            cancel_time = time.monotonic()
+            _wait(handle.cancel_goal_async(), 10.0)
+        _wait(result_future, max_seconds + 120.0)
+        time.sleep(1.0)  # anything published after the end would arrive in this window
+        recorder.recording = False
+        wrapped = result_future.result()
+        res = wrapped.result
+        status = {4: "succeeded", 5: "canceled", 6: "aborted"}.get(wrapped.status, str(wrapped.status))
+        outcome = {k: getattr(res, k) for k in (
+            "reason", "actions", "chunks", "seconds", "underruns", "underrun_s", "max_seam_jump",
+            "instruction_swaps", "max_instruction_lag_s", "action_space", "message")}
+        req = CheckSuccess.Request(instruction=instruction)
+        fut = check.call_async(req)
+        _wait(fut, 30.0)
+        verdict = fut.result()
+        trace = driver.trace
+        result = DemoResult(
+            instruction=instruction, seed=seed, outcome=outcome, status=status,
+            success=bool(verdict.success), distance_m=float(verdict.distance_m), picture=None,
+            frames=list(recorder.frames), commands=list(trace.commands), seams=list(trace.seams),
+            hold_time=trace.hold_time, cancel_time=cancel_time, received=list(recorder.commands),
+        )
+    if picture:
+        from .picture import render_run_picture
+
+        result.picture = render_run_picture(result, out_dir / "run.png")
+    return result
+
+
+def _wait(future, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not future.done():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"no answer within {timeout_s} s")
+        time.sleep(0.01)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="sequence-ai-demo",
+        description="Deploy the pick-and-place demo policy locally and drive the simulated Franka with it over ROS 2.",
+    )
+    parser.add_argument("--instruction", default="put the red cube on the green pad")
+    parser.add_argument("--seed", type=int, default=0, help="scene seed (cube and pad placement)")
+    parser.add_argument("--max-seconds", type=float, default=45.0, help="time bound of the Act goal (s)")
+    parser.add_argument("--out", type=Path, default=REPO / "runs", help="where run folders are written")
+    args = parser.parse_args(argv)
+    run_dir = args.out / time.strftime("%Y%m%d-%H%M%S")
+    t0 = time.monotonic()
+    with local_server(run_dir / "server") as server:
+        print(f"gateway   {server.url} (data {server.data_dir})", flush=True)
+        deploy(server)
+        print(f"deployed  {MODEL} from {POLICY_FILE.relative_to(REPO)} ({time.monotonic() - t0:.1f} s)", flush=True)
+        os.environ.update(server.env())
+        result = drive(args.instruction, args.seed, args.max_seconds, run_dir)
+    o = result.outcome
+    print()
+    print(f"RunOutcome(reason={o['reason']}, actions={o['actions']}, chunks={o['chunks']}, "
+          f"seconds={o['seconds']:.2f}, underruns={o['underruns']}, max_seam_jump={o['max_seam_jump']:.4f})")
+    if o.get("message"):
+        print(f"message   {o['message']}")
+    print(f"task      {'SUCCESS' if result.success else 'FAILED'}: cube {result.distance_m * 100:.1f} cm from the pad centre")
+    print(f"picture   {result.picture}")
+    print(f"total     {time.monotonic() - t0:.1f} s")
+    (run_dir / "result.json").write_text(json.dumps(
+        {"instruction": result.instruction, "seed": result.seed, "outcome": o, "status": result.status,
+         "success": result.success, "distance_m": result.distance_m, "picture": str(result.picture)}, indent=2))
+    return 0 if result.success and o["reason"] in ("completed", "until") else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

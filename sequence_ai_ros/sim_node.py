@@ -1,0 +1,223 @@
+"""``sim_robot``: the MuJoCo Franka Panda pick-and-place scene, published as a ROS 2 robot.
+
+Where it sits: it *is* the robot of the data path. It publishes what a real Franka cell would
+(camera images, joint states) and takes what a ros2_control forward position controller takes
+(a ``std_msgs/Float64MultiArray`` of joint-position targets).
+
+Topics (relative names, so namespaces and remaps work):
+
+* ``camera/<view>/image_raw`` -- ``sensor_msgs/Image`` rgb8, 224x224, per view
+  (``exterior_1``, ``wrist_left``), at ``publish_rate_hz`` (15 Hz default)
+* ``joint_states`` -- ``sensor_msgs/JointState``: 7 arm joints (rad) + the gripper
+* ``joint_commands`` (subscribed) -- ``std_msgs/Float64MultiArray``: 7 joint targets (rad) then
+  the gripper command, the same convention as the gripper entry of ``joint_states``
+
+Services: ``~/reset`` (``sequence_ai_msgs/srv/ResetScene``) and ``~/check_success``
+(``sequence_ai_msgs/srv/CheckSuccess``).
+
+Physics runs in real time on a dedicated thread that also owns the OpenGL context (MuJoCo's
+offscreen renderer is bound to the thread that created it): each tick advances the simulation to
+the wall-clock time elapsed since the last reset, renders, and publishes.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+import time
+from typing import Optional
+
+os.environ.setdefault("MUJOCO_GL", "egl")
+
+import numpy as np
+import rclpy
+from rclpy.callback_groups import MutuallyExclusiveCallbackGroup
+from rclpy.executors import ExternalShutdownException, MultiThreadedExecutor
+from rclpy.node import Node
+from rcl_interfaces.msg import ParameterDescriptor
+from rclpy.qos import qos_profile_sensor_data
+from sensor_msgs.msg import Image, JointState
+from std_msgs.msg import Float64MultiArray
+
+from sequence_ai_msgs.srv import CheckSuccess, ResetScene
+
+from .panda_sim import PandaPickPlaceSim
+from .task import TaskError, parse_pick_place
+
+VIEWS = ("exterior_1", "wrist_left")
+
+
+class SimRobotNode(Node):
+    """The simulated Franka cell as a ROS 2 node (see the module docstring for its interface)."""
+
+    def __init__(self, node_name: str = "sim_robot", **kwargs) -> None:
+        super().__init__(node_name, **kwargs)
+        self.declare_parameter("seed", 0, ParameterDescriptor(description="Scene seed: cube and pad placement."))
+        self.declare_parameter(
+            "publish_rate_hz", 15.0,
+            ParameterDescriptor(description="Camera and joint-state publishing rate (Hz); physics steps in real time."),
+        )
+        self.declare_parameter("image_size", 224, ParameterDescriptor(description="Square camera resolution (px)."))
+        self.declare_parameter("frame_id_prefix", "", ParameterDescriptor(description="Prefix for header frame ids."))
+        self._rate = float(self.get_parameter("publish_rate_hz").value)
+        if self._rate <= 0:
+            raise ValueError(f"publish_rate_hz must be > 0, got {self._rate}")
+        self._seed = int(self.get_parameter("seed").value)
+        self._size = int(self.get_parameter("image_size").value)
+        self._prefix = str(self.get_parameter("frame_id_prefix").value)
+
+        self._image_pubs = {
+            v: self.create_publisher(Image, f"camera/{v}/image_raw", qos_profile_sensor_data) for v in VIEWS
+        }
+        self._joint_pub = self.create_publisher(JointState, "joint_states", 10)
+        group = MutuallyExclusiveCallbackGroup()
+        self.create_subscription(Float64MultiArray, "joint_commands", self._on_command, 10, callback_group=group)
+        self.create_service(ResetScene, "~/reset", self._on_reset, callback_group=group)
+        self.create_service(CheckSuccess, "~/check_success", self._on_check, callback_group=group)
+
+        self._lock = threading.Lock()
+        self._pending_command: Optional[tuple[np.ndarray, float]] = None
+        self._pending_reset: Optional[tuple[int, threading.Event, dict]] = None
+        self._pending_checks: list[tuple[str, threading.Event, dict]] = []
+        self._stop = threading.Event()
+        self._ready = threading.Event()
+        self._error: Optional[BaseException] = None
+        self.commands_received = 0
+        self._thread = threading.Thread(target=self._physics_loop, name="sim_physics", daemon=True)
+        self._thread.start()
+        if not self._ready.wait(timeout=120.0) or self._error is not None:
+            raise RuntimeError(f"simulation failed to start: {self._error!r}")
+
+    # -- ROS callbacks (never touch MuJoCo directly; hand work to the physics thread) ----------
+    def _on_command(self, msg: Float64MultiArray) -> None:
+        data = np.asarray(msg.data, dtype=float)
+        if data.shape != (8,) or not np.all(np.isfinite(data)):
+            self.get_logger().error(
+                f"ignored joint command: expected 8 finite values (7 joints rad + gripper), got {data.shape}"
+            )
+            return
+        with self._lock:
+            self._pending_command = (data[:7].copy(), float(data[7]))
+            self.commands_received += 1
+
+    def _on_reset(self, request, response):
+        done, box = threading.Event(), {}
+        with self._lock:
+            self._pending_reset = (int(request.seed), done, box)
+        if not done.wait(timeout=30.0):
+            response.success, response.message = False, "reset timed out (physics thread stalled)"
+            return response
+        response.success = True
+        response.scene_json = json.dumps(box["scene"])
+        return response
+
+    def _on_check(self, request, response):
+        try:
+            cube, pad = parse_pick_place(request.instruction)
+        except TaskError as exc:
+            response.success, response.message = False, str(exc)
+            return response
+        done, box = threading.Event(), {}
+        with self._lock:
+            self._pending_checks.append(((cube, pad), done, box))
+        if not done.wait(timeout=30.0):
+            response.success, response.message = False, "check timed out (physics thread stalled)"
+            return response
+        ok, info = box["result"]
+        response.success = bool(ok)
+        response.distance_m = float(info["xy_dist_m"])
+        response.resting = bool(info.get("resting", False))
+        response.message = json.dumps(info, default=float)
+        return response
+
+    # -- the physics thread ---------------------------------------------------------------------
+    def _physics_loop(self) -> None:
+        try:
+            sim = PandaPickPlaceSim(seed=self._seed, image_size=self._size)
+        except BaseException as exc:  # reported by __init__
+            self._error = exc
+            self._ready.set()
+            return
+        self.sim = sim
+        self._ready.set()
+        period = 1.0 / self._rate
+        t0 = time.monotonic()
+        sim_t0 = sim.time
+        tick = 0
+        while not self._stop.is_set():
+            with self._lock:
+                command, self._pending_command = self._pending_command, None
+                reset, self._pending_reset = self._pending_reset, None
+                checks, self._pending_checks = self._pending_checks, []
+            if reset is not None:
+                seed, done, box = reset
+                sim.reset(seed)
+                box["scene"] = {k: np.asarray(v).tolist() for k, v in sim.object_positions().items()}
+                t0, sim_t0, tick = time.monotonic(), sim.time, 0
+                done.set()
+            if command is not None:
+                sim.set_command(command[0], command[1])
+            # Real time: bring the simulation up to the wall clock (bounded catch-up).
+            lag = (time.monotonic() - t0) - (sim.time - sim_t0)
+            if lag > 0:
+                sim.step(min(lag, 4 * period))
+            for (cube, pad), done, box in checks:
+                box["result"] = sim.success(cube, pad)
+                done.set()
+            self._publish(sim)
+            tick += 1
+            next_t = t0 + tick * period
+            delay = next_t - time.monotonic()
+            if delay < -period:  # fell behind by more than a tick: resync, do not burst
+                t0 = time.monotonic() - tick * period
+            elif delay > 0:
+                self._stop.wait(delay)
+
+    def _publish(self, sim: PandaPickPlaceSim) -> None:
+        stamp = self.get_clock().now().to_msg()
+        for view, pub in self._image_pubs.items():
+            rgb = sim.render(view)
+            msg = Image()
+            msg.header.stamp = stamp
+            msg.header.frame_id = f"{self._prefix}{view}_optical_frame"
+            msg.height, msg.width = int(rgb.shape[0]), int(rgb.shape[1])
+            msg.encoding = "rgb8"
+            msg.is_bigendian = 0
+            msg.step = int(rgb.shape[1]) * 3
+            msg.data = np.ascontiguousarray(rgb, dtype=np.uint8).tobytes()
+            pub.publish(msg)
+        js = JointState()
+        js.header.stamp = stamp
+        js.name = list(sim.joint_names)
+        js.position = [float(x) for x in sim.joint_positions()] + [float(sim.gripper())]
+        self._joint_pub.publish(js)
+
+    def destroy_node(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5.0)
+        super().destroy_node()
+
+
+def main(args=None) -> int:
+    """``ros2 run sequence_ai sim_robot``: spin until Ctrl-C, then shut down cleanly."""
+    rclpy.init(args=args)
+    node = None
+    executor = MultiThreadedExecutor(num_threads=2)
+    try:
+        node = SimRobotNode()
+        executor.add_node(node)
+        executor.spin()
+    except (KeyboardInterrupt, ExternalShutdownException):
+        pass
+    finally:
+        executor.shutdown()
+        if node is not None:
+            node.destroy_node()
+        if rclpy.ok():
+            rclpy.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

@@ -1,0 +1,74 @@
+"""The main job, headless and for real: a served policy drives the simulated Franka over ROS 2.
+
+Real processes: ``seq serve`` (gateway), the demo policy's worker, ``sim_robot`` (MuJoCo); in this
+process: the ``policy_driver`` node and a ROS 2 action client sending ``Act`` goals.
+"""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from sequence_ai_ros import demo
+
+CONTROL_PERIOD_S = 1.0 / 15.0
+
+
+@pytest.fixture(scope="module")
+def served_policy(tmp_path_factory):
+    data_dir = tmp_path_factory.mktemp("server")
+    with demo.local_server(data_dir) as server:
+        demo.deploy(server)
+        old = dict(os.environ)
+        os.environ.update(server.env())
+        try:
+            yield server
+        finally:
+            os.environ.clear()
+            os.environ.update(old)
+
+
+def test_act_goal_puts_the_red_cube_on_the_green_pad(served_policy, tmp_path):
+    result = demo.drive("put the red cube on the green pad", seed=0, max_seconds=45.0, out_dir=tmp_path)
+    o = result.outcome
+    assert result.status == "succeeded", o
+    assert o["reason"] == "until", o           # the sim's success check ended the run early
+    assert result.success, f"cube {result.distance_m * 100:.1f} cm from the pad"
+    assert result.distance_m < 0.03
+    assert o["action_space"] == "joint_absolute"
+    assert o["chunks"] >= 2 and o["actions"] >= o["chunks"]
+    # actions run at 15 Hz: the run's length and its action count agree within a few periods
+    assert abs(o["actions"] - o["seconds"] * 15.0) <= 3 + o["underruns"] * 15, o
+    # max_seam_jump spans every dimension: the gripper's 0 -> 1 close can fall on a seam
+    assert 0.0 <= o["max_seam_jump"] <= 1.0, o
+    assert len(result.commands) == o["actions"]
+    assert len(result.seams) == o["chunks"]
+    # the picture exists: frames + plot, and the GIF beside it
+    assert result.picture.exists() and result.picture.stat().st_size > 10_000
+    assert result.picture.with_suffix(".gif").exists()
+
+
+def test_a_different_instruction_moves_a_different_cube(served_policy, tmp_path):
+    result = demo.drive("put the blue cube on the red pad", seed=3, max_seconds=45.0, out_dir=tmp_path,
+                        picture=False)
+    assert result.outcome["reason"] == "until", result.outcome
+    assert result.success, f"cube {result.distance_m * 100:.1f} cm from the pad"
+
+
+def test_cancel_publishes_the_hold_within_one_control_period_and_nothing_after(served_policy, tmp_path):
+    result = demo.drive("put the green cube on the blue pad", seed=1, max_seconds=45.0, out_dir=tmp_path,
+                        cancel_after_s=2.0, picture=False)
+    assert result.status == "canceled"
+    assert result.outcome["reason"] == "interrupted"
+    assert result.hold_time is not None and result.cancel_time is not None
+    received = result.received
+    assert len(received) >= 2
+    # the last message anyone saw is the hold: the last commanded position, repeated
+    hold_t, hold_cmd = received[-1]
+    assert hold_cmd == pytest.approx(received[-2][1])
+    assert hold_cmd == pytest.approx(result.commands[-1][1])
+    # it arrived within one control period of the cancel request being sent
+    assert 0.0 <= hold_t - result.cancel_time <= CONTROL_PERIOD_S, hold_t - result.cancel_time
+    # and nothing followed it (drive() listens for a further second after the result)
+    assert all(t <= hold_t for t, _ in received)
+    assert result.outcome["actions"] == len(result.commands)
