@@ -38,7 +38,7 @@ setup(
             "typer>=0.12",
             "rich>=13",
         ],
-        "sim": ["mujoco>=3.1", "numpy>=1.24", "pillow>=10"],
+        "sim": ["mujoco>=3.1", "numpy>=1.24", "pillow>=10", "fast-simplification>=0.2"],
         "demo": ["matplotlib>=3.7"],
         "test": ["pytest>=8", "pytest-timeout>=2.3"],
     },

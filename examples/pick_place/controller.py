@@ -105,8 +105,9 @@ class PickPlaceController:
         q = np.asarray(joint_positions, float).reshape(7)
         g = float(np.asarray(gripper, float).reshape(-1)[0])
         img = images["exterior_1"]
-        cube = perc.find_cube(img, cube_c)
-        pad = perc.find_pad(img, pad_c)
+        hsv = perc.rgb_to_hsv(img)  # once per image, shared by both detectors
+        cube = perc.find_cube(img, cube_c, hsv)
+        pad = perc.find_pad(img, pad_c, hsv)
         cube_xy = None if cube is None else cube.xy
         pad_xy = None if pad is None else pad.xy
         p, _ = kin.fk(q)

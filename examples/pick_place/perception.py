@@ -74,11 +74,16 @@ def rgb_to_hsv(img: np.ndarray) -> np.ndarray:
     return np.stack([h, s, mx], axis=-1)
 
 
-def colour_masks(img: np.ndarray, colour: str) -> tuple[np.ndarray, np.ndarray]:
-    """Boolean (H, W) masks (cube pixels, pad pixels) of ``colour`` in an RGB image."""
+def colour_masks(img: np.ndarray, colour: str,
+                 hsv: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Boolean (H, W) masks (cube pixels, pad pixels) of ``colour`` in an RGB image.
+
+    ``hsv``: ``rgb_to_hsv(img)`` when the caller already has it (it is the costly part).
+    """
     if colour not in HUE_RANGES:
         raise ValueError(f"unknown colour {colour!r}; known colours: {', '.join(COLOURS)}")
-    hsv = rgb_to_hsv(img)
+    if hsv is None:
+        hsv = rgb_to_hsv(img)
     h, s, v = hsv[..., 0], hsv[..., 1], hsv[..., 2]
     hue = np.zeros(h.shape, bool)
     for lo, hi in HUE_RANGES[colour]:
@@ -133,18 +138,22 @@ def _detect(blob: np.ndarray | None, min_pixels: int, z: float) -> Detection | N
     return Detection(xy=pixel_to_plane(u, v, z), pixels=int(len(blob)), uv=(u, v))
 
 
-def find_cube(img: np.ndarray, colour: str) -> Detection | None:
-    """Locate the ``colour`` cube in the exterior image (224x224x3 uint8 RGB), or None."""
-    cube, _ = colour_masks(img, colour)
+def find_cube(img: np.ndarray, colour: str, hsv: np.ndarray | None = None) -> Detection | None:
+    """Locate the ``colour`` cube in the exterior image (224x224x3 uint8 RGB), or None.
+
+    ``hsv``: optional precomputed ``rgb_to_hsv(img)`` (share it with ``find_pad``)."""
+    cube, _ = colour_masks(img, colour, hsv)
     det = _detect(largest_blob(cube), MIN_CUBE_PIXELS, CUBE_CENTRE_Z)
     if det is not None:
         det.xy = det.xy + CUBE_XY_CORRECTION
     return det
 
 
-def find_pad(img: np.ndarray, colour: str) -> Detection | None:
-    """Locate the ``colour`` pad in the exterior image (224x224x3 uint8 RGB), or None."""
-    _, pad = colour_masks(img, colour)
+def find_pad(img: np.ndarray, colour: str, hsv: np.ndarray | None = None) -> Detection | None:
+    """Locate the ``colour`` pad in the exterior image (224x224x3 uint8 RGB), or None.
+
+    ``hsv``: optional precomputed ``rgb_to_hsv(img)`` (share it with ``find_cube``)."""
+    _, pad = colour_masks(img, colour, hsv)
     det = _detect(largest_blob(pad), MIN_PAD_PIXELS, PAD_TOP_Z)
     if det is not None:
         det.xy = det.xy + PAD_XY_CORRECTION
