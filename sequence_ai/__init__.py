@@ -14,6 +14,7 @@ from sequence_ai_core import (
     ActionChunk,
     AsyncPolicy,
     AuthError,
+    OutOfCredit,
     ChunkExhausted,
     ConnectionLost,
     ContractMismatch,
@@ -31,7 +32,7 @@ from sequence_ai_core import (
 )
 
 from ._connect import aconnect, connect, models
-from ._image import encode_jpeg
+from ._image import encode, encode_jpeg, observation
 from ._sync import Policy
 
 __version__ = "0.1.0"
@@ -52,6 +53,9 @@ __all__ = [
     "ModelInfo",
     "SequencesError",
     "AuthError",
+    "OutOfCredit",
+    "encode",
+    "observation",
     "InvalidRequest",
     "ContractMismatch",
     "Unavailable",

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Callable, Dict, List, Optional
 
-from sequence_ai_core import DEFAULT_TIMEOUT_S, AsyncPolicy, ModelInfo, fetch_models, resolve_gateway_url
+from sequence_ai_core import DEFAULT_BODY_FORMAT, DEFAULT_TIMEOUT_S, AsyncPolicy, ModelInfo, fetch_models, resolve_gateway_url
 
 from ._sync import Policy
 
@@ -27,6 +27,7 @@ def connect(
     on_warming: Optional[Callable[[float, Optional[float]], Any]] = None,
     on_queue: Optional[Callable[..., Any]] = None,
     timeout_s: float = DEFAULT_TIMEOUT_S,
+    body_format: str = DEFAULT_BODY_FORMAT,
 ) -> Policy:
     """Connect to a deployed model and return a ``Policy`` (a context manager).
 
@@ -48,6 +49,10 @@ def connect(
         on_warming: ``(waited_s, eta_s) -> None``, called while a cold worker loads.
         on_queue: accepted for compatibility; a self-hosted gateway does not queue robots.
         timeout_s: HTTP timeout per request (s), default 60.
+        body_format: how /act bodies are sent: ``"json"`` (base64 frames), ``"binary"`` (the
+            framed body of docs/design.md: raw JPEG bytes, no base64) or ``"auto"`` (binary,
+            falling back to JSON for the session when the worker answers 415). Default
+            ``DEFAULT_BODY_FORMAT`` in sequence_ai_core/_policy.py.
 
     Raises:
         AuthError: no key (the hint names the local key file) or a refused key.
@@ -56,7 +61,7 @@ def connect(
     """
     engine = AsyncPolicy(model, api_key=api_key, gateway_url=gateway_url, params=params,
                          expect=expect, validate=validate, on_warming=on_warming,
-                         on_queue=on_queue, timeout_s=timeout_s)
+                         on_queue=on_queue, timeout_s=timeout_s, body_format=body_format)
     policy = Policy(engine)
     try:
         return policy._connect()
@@ -76,6 +81,7 @@ def aconnect(
     on_warming: Optional[Callable[[float, Optional[float]], Any]] = None,
     on_queue: Optional[Callable[..., Any]] = None,
     timeout_s: float = DEFAULT_TIMEOUT_S,
+    body_format: str = DEFAULT_BODY_FORMAT,
 ) -> AsyncPolicy:
     """The asyncio form of ``connect()``: ``async with sequence_ai.aconnect("m") as policy:``.
 
@@ -85,7 +91,7 @@ def aconnect(
     """
     return AsyncPolicy(model, api_key=api_key, gateway_url=gateway_url, params=params,
                        expect=expect, validate=validate, on_warming=on_warming,
-                       on_queue=on_queue, timeout_s=timeout_s)
+                       on_queue=on_queue, timeout_s=timeout_s, body_format=body_format)
 
 
 def models(gateway_url: Optional[str] = None, *, timeout_s: float = 10.0) -> List[ModelInfo]:

@@ -1,47 +1,290 @@
-"""encode_jpeg: camera frame (HxWx3 uint8 array or PIL image) -> base64 JPEG text for ImageFrame.data.
+"""Frames in, wire-ready observations out: ``encode()``, ``observation()``, ``encode_jpeg()``.
 
-Pillow is imported lazily: the client itself needs only httpx.
+The ``image`` extra (``pip install 'sequence-ai[image]'``): simplejpeg (libjpeg-turbo) encodes
+JPEG on the robot's hot path; Pillow resizes a frame that is not already at the model's size,
+accepts PIL images, and writes depth maps as 16-bit PNG. Both are imported lazily, so the
+client itself needs only httpx.
+
+Sizing follows the model's declaration: a camera declared ``width x height`` gets exactly that
+size (the worker refuses any other); a frame of another aspect ratio is refused with a
+ValueError naming both ratios, because which part of the scene to crop away is the caller's
+decision. With no declared size the long edge is capped at 640 px. Quality is 95: lower
+measurably degrades the policies we serve, higher only costs bytes.
 """
 from __future__ import annotations
 
 import base64
 import io
-from typing import Any
+import warnings
+from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
 
-__all__ = ["encode_jpeg"]
+from sequence_ai_core import ContractMismatch, ImageFrame, Observation, Proprioception
 
-_INSTALL_HINT = "encode_jpeg() needs Pillow: pip install 'sequence-ai[image]'"
+__all__ = ["encode", "encode_jpeg", "encode_jpeg_bytes", "encode_depth_png", "observation"]
+
+JPEG_QUALITY = 95
+MAX_LONG_EDGE = 640
+_ASPECT_TOLERANCE = 0.02  # relative difference in width/height accepted as "the same ratio"
+_HINT = "pip install 'sequence-ai[image]'"
 
 
-def encode_jpeg(image: Any, quality: int = 95) -> str:
-    """Encode one frame as base64 JPEG text (what ``ImageFrame.data`` carries).
+def _numpy():
+    try:
+        import numpy
+    except ImportError as exc:  # pragma: no cover - depends on the environment
+        raise ImportError(f"array frames need numpy: {_HINT}") from exc
+    return numpy
 
-    Args:
-        image: a PIL image, or an HxWx3 (RGB) / HxW (grey) uint8 array-like (numpy).
-        quality: JPEG quality 1-95; keep 90 or above (95, the default, is indistinguishable
-            from lossless for the policies measured; 85 and below degrades them).
 
-    Returns:
-        base64 text, ASCII.
-
-    Raises:
-        ImportError: Pillow is not installed (``pip install 'sequence-ai[image]'``).
-        ValueError: the array is not HxW or HxWx3 uint8.
-    """
+def _pil():
     try:
         from PIL import Image
     except ImportError as exc:  # pragma: no cover - depends on the environment
-        raise ImportError(_INSTALL_HINT) from exc
-    if not isinstance(image, Image.Image):
-        shape = getattr(image, "shape", None)
-        dtype = str(getattr(image, "dtype", ""))
-        if shape is None or len(shape) not in (2, 3) or (len(shape) == 3 and shape[2] != 3):
-            raise ValueError(f"expected an HxWx3 RGB or HxW array, got shape {shape}")
-        if dtype != "uint8":
-            raise ValueError(f"expected uint8 pixels, got {dtype or type(image).__name__}")
-        image = Image.fromarray(image)
-    if image.mode not in ("RGB", "L"):
-        image = image.convert("RGB")
+        raise ImportError(f"resizing a frame, PIL input and depth PNG need Pillow: {_HINT}") from exc
+    return Image
+
+
+def _as_array(image: Any):
+    """HxWx3 uint8 (or HxW grey) numpy array from an array-like or a PIL image."""
+    np = _numpy()
+    if hasattr(image, "mode") and hasattr(image, "size") and not hasattr(image, "shape"):
+        if image.mode not in ("RGB", "L"):
+            image = image.convert("RGB")
+        return np.asarray(image)
+    arr = np.asarray(image)
+    if arr.ndim not in (2, 3) or (arr.ndim == 3 and arr.shape[2] not in (1, 3)):
+        raise ValueError(f"expected an HxWx3 RGB or HxW grey frame, got shape {arr.shape}")
+    if arr.dtype != np.uint8:
+        raise ValueError(f"expected uint8 pixels, got {arr.dtype}; convert with "
+                         "(frame * 255).clip(0, 255).astype('uint8') for 0..1 floats")
+    if arr.ndim == 3 and arr.shape[2] == 1:
+        arr = arr[:, :, 0]
+    return arr
+
+
+def _declared_sizes(model: Any) -> Dict[str, Tuple[int, int, bool]]:
+    """``{view: (width, height, depth)}`` from a ModelInfo, a Policy, a contract dict or None."""
+    contract = _contract_of(model)
+    cams = ((contract or {}).get("observation") or {}).get("cameras") or {}
+    out = {}
+    for view, cam in cams.items():
+        if isinstance(cam, Mapping) and cam.get("width") and cam.get("height"):
+            out[view] = (int(cam["width"]), int(cam["height"]), bool(cam.get("depth")))
+    return out
+
+
+def _contract_of(model: Any) -> Optional[Dict[str, Any]]:
+    if model is None:
+        return None
+    if isinstance(model, str):
+        from ._connect import models
+        rows = {m.name: m for m in models()}
+        if model not in rows:
+            raise ContractMismatch(f"no deployment named {model!r} in the catalogue "
+                                   f"(have: {sorted(rows)})", code="not_found")
+        model = rows[model]
+    contract = getattr(model, "contract", model)
+    if contract is not None and not isinstance(contract, Mapping):
+        raise TypeError("model must be a sequence_ai.ModelInfo (sequence_ai.models()), a Policy, "
+                        f"a contract dict or a deployment name, not {type(model).__name__}")
+    return dict(contract) if contract else None
+
+
+def _target_size(arr: Any, size: Optional[Tuple[int, int]], view: str) -> Tuple[int, int]:
+    h, w = arr.shape[:2]
+    if size is None:
+        scale = min(1.0, MAX_LONG_EDGE / max(h, w))
+        return max(1, round(w * scale)), max(1, round(h * scale))
+    tw, th = size
+    if (w, h) != (tw, th):
+        have, want = w / h, tw / th
+        if abs(have - want) / want > _ASPECT_TOLERANCE:
+            raise ValueError(
+                f"view {view!r}: frame is {w}x{h} (aspect {have:.4f}) but the model reads "
+                f"{tw}x{th} (aspect {want:.4f}); crop the frame to {want:.4f} first "
+                "(padding or stretching would shift what the model sees)")
+    return tw, th
+
+
+def encode_jpeg_bytes(image: Any, quality: int = JPEG_QUALITY,
+                      size: Optional[Tuple[int, int]] = None, view: str = "frame") -> bytes:
+    """Raw JPEG bytes for one frame, resized to ``size`` (width, height) when it differs.
+
+    simplejpeg (libjpeg-turbo) when installed, else Pillow.
+
+    Raises:
+        ValueError: not an HxWx3/HxW uint8 frame, or the aspect ratio does not match ``size``.
+        ImportError: neither codec is installed (``pip install 'sequence-ai[image]'``).
+    """
+    arr = _as_array(image)
+    target = _target_size(arr, size, view)
+    if (arr.shape[1], arr.shape[0]) != target:
+        Image = _pil()
+        arr = _numpy().asarray(Image.fromarray(arr).resize(target, Image.BILINEAR))
+    try:
+        import simplejpeg
+    except ImportError:
+        simplejpeg = None
+    if simplejpeg is not None:
+        np = _numpy()
+        if arr.ndim == 2:
+            return simplejpeg.encode_jpeg(np.ascontiguousarray(arr[:, :, None]), quality=int(quality),
+                                          colorspace="GRAY", colorsubsampling="Gray")
+        return simplejpeg.encode_jpeg(np.ascontiguousarray(arr), quality=int(quality),
+                                      colorspace="RGB", colorsubsampling="420")
+    Image = _pil()
     buf = io.BytesIO()
-    image.save(buf, format="JPEG", quality=int(quality))
-    return base64.b64encode(buf.getvalue()).decode("ascii")
+    Image.fromarray(arr).save(buf, format="JPEG", quality=int(quality))
+    return buf.getvalue()
+
+
+def encode_jpeg(image: Any, quality: int = JPEG_QUALITY) -> str:
+    """One frame as base64 JPEG text (what ``ImageFrame.data`` carries), at its own size.
+
+    Args:
+        image: a PIL image, or an HxWx3 (RGB) / HxW (grey) uint8 array (numpy).
+        quality: JPEG quality 1-100, default 95.
+
+    Raises ValueError for a frame that is not HxWx3/HxW uint8; ImportError without the extra.
+    """
+    arr = _as_array(image)
+    return base64.b64encode(
+        encode_jpeg_bytes(arr, quality, size=(arr.shape[1], arr.shape[0]))).decode("ascii")
+
+
+def encode(frame: Any, model: Any = None, *, view: Optional[str] = None,
+           quality: int = JPEG_QUALITY) -> str:
+    """Size and encode one camera frame the way ``model`` reads it; base64 JPEG text.
+
+    Args:
+        frame: HxWx3 uint8 RGB array (numpy) or a PIL image, at the camera's native size.
+        model: a ``ModelInfo`` (``sequence_ai.models()``), a connected Policy, its contract dict,
+            or None (long edge capped at 640 px).
+        view: which declared camera this frame is for; needed when the cameras' sizes differ.
+        quality: JPEG quality, default 95.
+
+    Raises:
+        ValueError: aspect ratio differs from the declared size (crop first), or bad pixels.
+        ContractMismatch: ``view`` is not declared by the model.
+    """
+    sizes = _declared_sizes(model)
+    size: Optional[Tuple[int, int]] = None
+    if sizes:
+        if view is not None:
+            if view not in sizes:
+                raise ContractMismatch(f"view {view!r} is not declared by the model "
+                                       f"(declared: {sorted(sizes)})")
+            size = sizes[view][:2]
+        else:
+            distinct = {s[:2] for s in sizes.values()}
+            if len(distinct) > 1:
+                raise ValueError(f"the model's cameras have different sizes {sorted(distinct)}: "
+                                 "pass view= to say which one this frame is")
+            size = distinct.pop()
+    return base64.b64encode(encode_jpeg_bytes(frame, quality, size, view or "frame")).decode("ascii")
+
+
+def encode_depth_png(depth: Any, unit: str = "m") -> bytes:
+    """A depth map as 16-bit PNG bytes of millimetres (lossless).
+
+    Args:
+        depth: HxW float or integer array; metres by default.
+        unit: ``"m"`` (default: multiplied by 1000) or ``"mm"`` (already millimetres).
+
+    Values are rounded and clipped to 0..65535 mm; NaN/inf become 0 ("no reading").
+    """
+    if unit not in ("m", "mm"):
+        raise ValueError(f'depth unit must be "m" or "mm", not {unit!r}')
+    np = _numpy()
+    arr = np.asarray(depth, dtype=np.float64)
+    if arr.ndim == 3 and arr.shape[2] == 1:
+        arr = arr[:, :, 0]
+    if arr.ndim != 2:
+        raise ValueError(f"expected an HxW depth map, got shape {arr.shape}")
+    mm = arr * (1000.0 if unit == "m" else 1.0)
+    mm = np.where(np.isfinite(mm), mm, 0.0)
+    mm16 = np.clip(np.rint(mm), 0, 65535).astype(np.uint16)
+    Image = _pil()
+    buf = io.BytesIO()
+    Image.fromarray(mm16).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def _widths(contract: Optional[Mapping[str, Any]]) -> Dict[str, int]:
+    proprio = ((contract or {}).get("observation") or {}).get("proprio") or {}
+    return {k: int(v) for k, v in proprio.items() if isinstance(v, int)}
+
+
+def observation(model: Any, *, images: Mapping[str, Any], joints: Sequence[float],
+                gripper: Optional[Sequence[float]] = None, instruction: str = "",
+                depth: Optional[Mapping[str, Any]] = None, depth_unit: str = "m",
+                joint_velocities: Optional[Sequence[float]] = None,
+                end_effector_pose: Optional[Sequence[float]] = None,
+                timestamp_ms: Optional[float] = None,
+                quality: int = JPEG_QUALITY) -> Observation:
+    """Build an ``Observation`` the model can read, checked against its declaration locally.
+
+    Each frame is sized to its declared camera and JPEG-encoded (quality 95); the frames are
+    kept as raw JPEG bytes (the binary /act body sends them as is; JSON base64-encodes them).
+
+    Args:
+        model: ``ModelInfo``, connected Policy, contract dict or deployment name.
+        images: ``{view: HxWx3 uint8 array or PIL image}`` at the cameras' native size.
+        joints: joint positions (rad), the model's ``proprio["joint_positions"]`` wide.
+        gripper: gripper state list (a dual-arm robot reports two), when the model reads one.
+        instruction: the task sentence.
+        depth: ``{view: HxW depth map}`` for cameras declared ``depth=True``.
+        depth_unit: ``"m"`` (default) or ``"mm"``: the unit of the depth maps given.
+        joint_velocities, end_effector_pose: optional proprioception fields.
+        timestamp_ms: capture time stamped on every frame (ms), optional.
+
+    Raises:
+        ContractMismatch: a declared view or depth frame is missing, or a proprioception field
+            has the wrong width (named, with the declared width).
+        ValueError: a frame's aspect ratio differs from its camera's (crop first), bad pixels.
+
+    A view the model does not declare is dropped with a warning naming it, not sent.
+    """
+    contract = _contract_of(model)
+    sizes = _declared_sizes(contract)
+    if sizes:
+        undeclared = [v for v in images if v not in sizes]
+        if undeclared:
+            warnings.warn(f"dropping view(s) {undeclared}: the model does not declare them "
+                          f"(declared: {sorted(sizes)})", UserWarning, stacklevel=2)
+        missing = [v for v in sizes if v not in images]
+        if missing:
+            raise ContractMismatch(f"missing view(s) {missing}: the model reads {sorted(sizes)}",
+                                   hint="a missing camera cannot be replaced by another one")
+        missing_depth = [v for v, s in sizes.items() if s[2] and v not in (depth or {})]
+        if missing_depth:
+            raise ContractMismatch(f"missing depth frame(s) for view(s) {missing_depth}",
+                                   hint="pass depth={view: HxW map in metres}")
+    fields = {"joint_positions": joints, "gripper": gripper, "joint_velocities": joint_velocities,
+              "end_effector_pose": end_effector_pose}
+    for name, width in _widths(contract).items():
+        value = fields.get(name)
+        have = None if value is None else len(list(value))
+        if have != width:
+            raise ContractMismatch(
+                f"proprioception.{name} has {have if have is not None else 'no'} value(s); "
+                f"the model reads {width}",
+                hint=f"declared: {_widths(contract)}; the gripper is its own field, not a joint")
+    frames = []
+    for view, frame in images.items():
+        if sizes and view not in sizes:
+            continue
+        size = sizes[view][:2] if view in sizes else None
+        frames.append(ImageFrame(view=view, data=encode_jpeg_bytes(frame, quality, size, view),
+                                 timestamp_ms=timestamp_ms))
+    obs = Observation(
+        images=frames,
+        proprioception=Proprioception(joint_positions=joints, gripper=gripper,
+                                      joint_velocities=joint_velocities,
+                                      end_effector_pose=end_effector_pose),
+        instruction=instruction,
+    )
+    if depth:
+        obs.depth = [{"view": v, "data": encode_depth_png(d, depth_unit)}  # type: ignore[attr-defined]
+                     for v, d in depth.items() if not sizes or v in sizes]
+    return obs

@@ -131,6 +131,15 @@ class Policy:
         """This model's catalogue row, fetched once."""
         return self._call(self._engine.spec())
 
+    @property
+    def last_episode_id(self) -> Optional[str]:
+        """The episode the last run()/act() drove (sent with each of its requests), or None."""
+        return self._engine.last_episode_id
+
+    def label(self, success: bool, notes: str = "", episode_id: Optional[str] = None) -> Dict[str, Any]:
+        """Mark how the last run's episode went (or ``episode_id``'s). See AsyncPolicy.label."""
+        return self._call(self._engine.label(success, notes, episode_id))
+
     # ------------------------------------------------------------- driving
 
     def interrupt(self) -> None:

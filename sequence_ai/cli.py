@@ -3,15 +3,24 @@
 Kept to the standard library (argparse) so the client's footprint stays httpx only; the
 authoring and server commands live in ``seq``.
 
+    sequence-ai doctor [--model NAME] [--gateway URL] [--calls N]   # key, gateway, a real connect, latency
     sequence-ai models [--gateway URL]     # the catalogue: deployments and what they read/return
     sequence-ai version
+    sequence-ai bag export|repair|info ...   # needs the data extra (sequence_ai_ros.bag.cli)
 """
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
+import time
+from typing import Any, Callable, Optional
 
-from . import SequencesError, __version__, models
+import httpx
+
+from sequence_ai_core import resolve_api_key, resolve_gateway_url
+
+from . import SequencesError, __version__, connect, models
 
 
 def _describe_contract(contract) -> str:
@@ -34,17 +43,156 @@ def _describe_contract(contract) -> str:
     return "  ".join(parts)
 
 
+def _mask(key: str) -> str:
+    return f"{key[:9]}…{key[-4:]}" if len(key) > 16 else "…" + key[-4:]
+
+
+def _median_ms(fn: Callable[[], Any], calls: int) -> float:
+    samples = []
+    for _ in range(calls):
+        t0 = time.perf_counter()
+        fn()
+        samples.append((time.perf_counter() - t0) * 1000.0)
+    return statistics.median(samples)
+
+
+def _synthetic_observation(contract: Any) -> Optional[Any]:
+    """Black frames and zero vectors shaped by the contract (needs the image extra), else None."""
+    obs = (contract or {}).get("observation") or {}
+    try:
+        import numpy as np
+
+        from ._image import observation as build
+        images = {v: np.zeros((int(c["height"]), int(c["width"]), 3), np.uint8)
+                  for v, c in (obs.get("cameras") or {}).items()}
+        widths = obs.get("proprio") or {"joint_positions": 7}
+        return build(contract, images=images, joints=[0.0] * int(widths.get("joint_positions", 7)),
+                     gripper=[0.0] * int(widths["gripper"]) if "gripper" in widths else None,
+                     instruction="sequence-ai doctor")
+    except Exception:  # noqa: BLE001 - no image extra or an unusual contract: time /ping instead
+        return None
+
+
+def doctor(model: Optional[str], gateway: Optional[str], calls: int, api_key: Optional[str] = None) -> int:
+    """Check the key, the gateway, a real connect and the connection reuse; print a report.
+
+    Returns 0 when every check passed (prints ``ready``), 1 otherwise.
+    """
+    url = resolve_gateway_url(gateway)
+    ok = True
+    print(f"sequence-ai {__version__}\n")
+    try:
+        key = resolve_api_key(api_key)
+        print(f"  key           SEQUENCES_API_KEY  ({_mask(key)})")
+    except SequencesError as exc:
+        print(f"  key           missing: {exc.message}\n  hint          {exc.hint}")
+        return 1
+    with httpx.Client(timeout=10.0, trust_env=False) as http:
+        try:
+            t0 = time.perf_counter()
+            r = http.get(f"{url}/v1/models")
+            ms = (time.perf_counter() - t0) * 1000.0
+            print(f"  gateway       up   {url}  ({ms:.1f} ms)")
+            catalogue = r.json().get("models") or []
+        except (httpx.HTTPError, ValueError) as exc:
+            print(f"  gateway       DOWN {url}: {exc!r}\n  hint          `seq serve` starts it; "
+                  "SEQUENCES_GATEWAY_URL points elsewhere")
+            return 1
+        r = http.get(f"{url}/v1/deployments", headers={"Authorization": f"Bearer {key}"})
+        valid = r.status_code == 200
+        print(f"  key valid     {'yes' if valid else f'NO (HTTP {r.status_code})'}")
+        ok &= valid
+        r = http.get(f"{url}/v1/account", headers={"Authorization": f"Bearer {key}"})
+        if r.status_code == 200:
+            print(f"  credit        {'available' if r.json().get('limits') is not None else 'unlimited'}"
+                  " (self-hosted: quota, not money)")
+        elif r.status_code == 402:
+            print("  credit        EXHAUSTED (quota used up)")
+            ok = False
+        else:
+            print("  credit        n/a (this gateway keeps no account)")
+    if not valid:
+        return 1
+    if model is None:
+        ready = [m.get("name") for m in catalogue if m.get("status") == "ready"]
+        model = ready[0] if ready else (catalogue[0].get("name") if catalogue else None)
+    if model is None:
+        print("\n  connect       no deployment to connect to: seq deploy <policy file>")
+        return 1
+    try:
+        t0 = time.perf_counter()
+        policy = connect(model, api_key=key, gateway_url=url)
+    except SequencesError as exc:
+        print(f"\n  connect       {model}: FAILED error[{exc.code}]: {exc.message}")
+        if exc.hint:
+            print(f"  hint          {exc.hint}")
+        return 1
+    with policy:
+        try:
+            policy.wait_until_ready(timeout_s=300)
+        except SequencesError as exc:
+            print(f"\n  connect       {model}: not ready: {exc.message}")
+            return 1
+        session = policy._engine._wire.session
+        lease = (session.lease or {}) if session else {}
+        print(f"\n  connect       {model}  ->  worker up at {session.worker_url if session else '?'}, "
+              f"lease {lease.get('ttl_s', '?')}s  ({(time.perf_counter() - t0) * 1000.0:.0f} ms)")
+        obs = _synthetic_observation(policy.contract)
+        if obs is not None:
+            what = "POST /act"
+            policy.predict(obs)  # warm the path once
+            reused = _median_ms(lambda: policy.predict(obs), calls)
+
+            def fresh() -> None:
+                policy._call(policy._engine._wire.aclose_http())
+                policy.predict(obs)
+            new = _median_ms(fresh, calls)
+        else:
+            what = "GET /ping"
+            ping = f"{session.worker_url}/ping"
+            with httpx.Client(trust_env=False) as one:
+                one.get(ping)
+                reused = _median_ms(lambda: one.get(ping), calls)
+
+            def fresh_ping() -> None:
+                with httpx.Client(trust_env=False) as c:
+                    c.get(ping)
+            new = _median_ms(fresh_ping, calls)
+    print(f"  latency       new connection each call      {new:7.2f} ms  (median of {calls}, {what})")
+    print(f"                one reused connection         {reused:7.2f} ms")
+    print(f"                saved by keeping it open      {new - reused:7.2f} ms")
+    print("\nready" if ok else "\nnot ready")
+    return 0 if ok else 1
+
+
 def main(argv=None) -> int:
     """Entry point; returns the process exit code (0 ok, 1 a typed error, 2 usage)."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["bag"]:  # data tools (issue 7): imported only when asked for, from the 'data' extra
+        from sequence_ai_ros.bag.cli import main as bag_main
+
+        return bag_main(argv[1:])
     parser = argparse.ArgumentParser(prog="sequence-ai", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("bag", help="episode bags: export to LeRobot datasets, repair (sequence-ai bag -h)")
     p_models = sub.add_parser("models", help="list the catalogue (needs no key)")
     p_models.add_argument("--gateway", default=None, help="gateway URL (default $SEQUENCES_GATEWAY_URL or local)")
     sub.add_parser("version", help="print the client version")
+    p_doc = sub.add_parser("doctor", help="check key, gateway, a real connect, and connection reuse")
+    p_doc.add_argument("--model", default=None, help="deployment to connect to (default: the first ready one)")
+    p_doc.add_argument("--gateway", default=None, help="gateway URL (default $SEQUENCES_GATEWAY_URL or local)")
+    p_doc.add_argument("--calls", type=int, default=20, help="calls per latency figure (default 20)")
+    p_doc.add_argument("--api-key", default=None, help="API key (default $SEQUENCES_API_KEY)")
     args = parser.parse_args(argv)
     if args.command == "version":
         print(f"sequence-ai {__version__}")
         return 0
+    if args.command == "doctor":
+        try:
+            return doctor(args.model, args.gateway, max(1, args.calls), args.api_key)
+        except SequencesError as exc:
+            print(f"error[{exc.code}]: {exc}", file=sys.stderr)
+            return 1
     try:
         rows = models(gateway_url=args.gateway)
     except SequencesError as exc:

@@ -2,7 +2,8 @@
 
 Wire client, chunk buffer, prefetch, seam, pacing, interrupt and typed errors, one module each:
 
-    _wire.py       gateway handshake, direct /act, transparent reconnect
+    _wire.py       gateway handshake, direct /act (JSON or binary body), reconnect, lease renewal
+    _limits.py     declared bounds / max_delta applied across chunk boundaries
     _buffer.py     chunks queued and played, open_loop_horizon rows each
     _prefetch.py   when to start the next request (refill latency vs buffer time left)
     _seam.py       seam measurement (max_seam_jump) and opt-in smoothing
@@ -18,6 +19,7 @@ Imports only the standard library, httpx and anyio. Users import ``sequence_ai``
 from ._config import DEFAULT_GATEWAY_URL, data_dir, resolve_api_key, resolve_gateway_url
 from ._errors import (
     AuthError,
+    OutOfCredit,
     ChunkExhausted,
     ConnectionLost,
     ContractMismatch,
@@ -28,7 +30,7 @@ from ._errors import (
     Unavailable,
     from_response,
 )
-from ._policy import DEFAULT_TIMEOUT_S, AsyncPolicy
+from ._policy import DEFAULT_BODY_FORMAT, DEFAULT_TIMEOUT_S, AsyncPolicy
 from ._types import (
     ActionChunk,
     ImageFrame,
@@ -39,10 +41,12 @@ from ._types import (
     RunOutcome,
     is_absolute_action_space,
 )
-from ._wire import fetch_models
+from ._limits import Limits
+from ._wire import BINARY_CONTENT_TYPE, encode_act_body, fetch_models
 
 __all__ = [
     "AsyncPolicy",
+    "Limits",
     "ActionChunk",
     "ImageFrame",
     "ModelInfo",
@@ -59,6 +63,10 @@ __all__ = [
     "resolve_gateway_url",
     "SequencesError",
     "AuthError",
+    "OutOfCredit",
+    "DEFAULT_BODY_FORMAT",
+    "encode_act_body",
+    "BINARY_CONTENT_TYPE",
     "InvalidRequest",
     "ContractMismatch",
     "Unavailable",

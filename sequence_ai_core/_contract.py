@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Mapping, Optional
 
-__all__ = ["check_expect", "check_observation"]
+__all__ = ["check_expect", "check_observation", "drop_undeclared_views"]
 
 
 def check_expect(expect: Mapping[str, Any], action: Optional[Mapping[str, Any]]) -> List[str]:
@@ -37,6 +37,21 @@ def _declared_views(cameras: Any) -> List[str]:
     return []
 
 
+def drop_undeclared_views(wire: Dict[str, Any], contract: Optional[Mapping[str, Any]]) -> List[str]:
+    """Remove frames of views the model does not declare from ``wire`` (in place); their names.
+
+    An undeclared camera would be uploaded and then ignored; it is never worth the bytes.
+    """
+    declared = _declared_views((contract or {}).get("cameras"))
+    images = wire.get("images")
+    if not declared or not images:
+        return []
+    dropped = [img.get("view") for img in images if img.get("view") not in declared]
+    if dropped:
+        wire["images"] = [img for img in images if img.get("view") in declared]
+    return dropped
+
+
 def check_observation(wire: Mapping[str, Any], contract: Optional[Mapping[str, Any]]) -> List[str]:
     """What the worker would refuse in this wire observation, as sentences; empty when fine."""
     if not contract:
@@ -46,11 +61,8 @@ def check_observation(wire: Mapping[str, Any], contract: Optional[Mapping[str, A
     if declared:
         sent = [img.get("view") for img in wire.get("images") or []]
         missing = [v for v in declared if v not in sent]
-        extra = [v for v in sent if v not in declared]
         if missing:
             problems.append(f"missing view(s) {missing}")
-        if extra:
-            problems.append(f"view(s) {extra} not declared by the model (declared: {declared})")
     proprio = contract.get("proprio")
     if isinstance(proprio, Mapping):
         have: Dict[str, Any] = wire.get("proprioception") or {}

@@ -4,11 +4,16 @@ Catching ``SequencesError`` catches all of ours and none of httpx's. The tree::
 
     SequencesError                  root; carries code, retryable, request_id, hint, details
     ├── AuthError                   no key, wrong key, revoked key (401 unauthorized); stop
+    ├── OutOfCredit                 the key's quota is used up (402 out_of_credit / quota_exceeded);
+    │                               self-hosted: a limit set on the gateway; stop and hold
     ├── InvalidRequest              deterministic: fix the call (400 invalid_request, 404 not_found)
     │   └── ContractMismatch        the observation or the model's declaration is not what you expect
     ├── Unavailable                 503: .warming (wait .retry_after_s) or an upstream failure
     ├── PolicyError                 the policy's own code raised (500 policy_error);
-    │                               .exception_type, .remote_traceback
+    │   │                           .exception_type, .remote_traceback
+    │   └── <KeyError, ValueError, ...>  a Python built-in raised in the policy comes back as
+    │                               itself: ``except KeyError`` catches it, and it is still a
+    │                               PolicyError with .remote_traceback
     ├── ChunkExhausted              next_action() with an empty buffer and no observation
     └── TransportError              the network failed and one reconnect did not fix it
         └── ConnectionLost          the connection dropped mid-call
@@ -25,11 +30,13 @@ Every server error has one JSON shape (docs/design.md)::
 """
 from __future__ import annotations
 
-from typing import Any, Optional
+import builtins
+from typing import Any, Dict, Optional
 
 __all__ = [
     "SequencesError",
     "AuthError",
+    "OutOfCredit",
     "InvalidRequest",
     "ContractMismatch",
     "Unavailable",
@@ -90,6 +97,16 @@ class AuthError(SequencesError):
     """The API key is missing, wrong or revoked. Retrying will not help."""
 
     default_code = "unauthorized"
+
+
+class OutOfCredit(SequencesError):
+    """The key's credit or quota is used up (HTTP 402, code ``out_of_credit`` or ``quota_exceeded``).
+
+    Self-hosted there is no billing: this is a usage limit configured on the gateway. Retrying
+    will not help until the limit is raised; stop the robot (``run()`` holds) and tell someone.
+    """
+
+    default_code = "out_of_credit"
 
 
 class InvalidRequest(SequencesError):
@@ -183,6 +200,8 @@ class ConnectionLost(TransportError):
 
 _BY_CODE = {
     "unauthorized": AuthError,
+    "out_of_credit": OutOfCredit,
+    "quota_exceeded": OutOfCredit,
     "lease_expired": AuthError,
     "invalid_request": InvalidRequest,
     "not_found": InvalidRequest,
@@ -197,6 +216,8 @@ _BY_CODE = {
 def _class_for_status(status: int) -> type:
     if status in (401, 403):
         return AuthError
+    if status == 402:
+        return OutOfCredit
     if status == 503 or status == 502 or status == 504:
         return Unavailable
     if 400 <= status < 500:
@@ -251,10 +272,52 @@ def from_response(response: Any) -> SequencesError:
                            **common)
     if cls is PolicyError:
         d = details or {}
-        return PolicyError(
+        return policy_error(
             message,
             exception_type=d.get("exception_type"),
             remote_traceback=d.get("remote_traceback"),
             **common,
         )
     return cls(message, **common)
+
+
+# Built-ins that must not come back as themselves: control flow, not errors.
+_NOT_REBUILT = {"StopIteration", "StopAsyncIteration", "GeneratorExit", "SystemExit",
+                "KeyboardInterrupt", "BaseException", "Exception"}
+_REBUILT: Dict[str, Optional[type]] = {}
+
+
+def _builtin_twin(name: Optional[str]) -> Optional[type]:
+    """``PolicyError`` subclass that is also the built-in exception ``name`` (cached), or None."""
+    if not name or name in _NOT_REBUILT:
+        return None
+    if name not in _REBUILT:
+        base = getattr(builtins, name, None)
+        twin: Optional[type] = None
+        if isinstance(base, type) and issubclass(base, Exception):
+            try:
+                twin = type(name, (PolicyError, base), {
+                    "__module__": "builtins.remote",
+                    "__doc__": f"{name} raised inside the policy (also a PolicyError).",
+                    "__str__": SequencesError.__str__,
+                })
+            except TypeError:  # layout conflict: keep PolicyError
+                twin = None
+        _REBUILT[name] = twin
+    return _REBUILT[name]
+
+
+def policy_error(message: str, *, exception_type: Optional[str] = None,
+                 remote_traceback: Optional[str] = None, **kwargs: Any) -> PolicyError:
+    """The error for a policy that raised: the built-in class itself when ``exception_type`` is a
+    Python built-in exception (``KeyError`` ...), which is also a ``PolicyError``; otherwise a
+    plain ``PolicyError`` naming the type in ``.exception_type``."""
+    twin = _builtin_twin(exception_type)
+    if twin is not None:
+        try:
+            return twin(message, exception_type=exception_type,
+                        remote_traceback=remote_traceback, **kwargs)
+        except TypeError:  # a built-in whose constructor wants more (UnicodeDecodeError)
+            pass
+    return PolicyError(message, exception_type=exception_type,
+                       remote_traceback=remote_traceback, **kwargs)

@@ -28,6 +28,10 @@ Decisions, in one place:
   re-raised after it. A caller who also wants a hold after success calls it after run() returns.
 - ``max_seconds`` (``act()``) bounds motion: its clock starts at the first action; the startup
   wait is bounded by ``startup_timeout_s`` instead.
+- Limits: each row is clipped into the declared bounds / max_delta (``_limits.py``) right
+  before validate and act, against the last executed row, so they hold across seams.
+- Progress: "starting …", "running …", "done: RunOutcome(...)" go to ``on_status`` and, with
+  ``progress="auto"``, to stderr only when it is a terminal.
 - Interrupt: the flag is checked at every wake and immediately before every ``act``; in-flight
   requests are cancelled and buffered rows dropped.
 """
@@ -44,6 +48,7 @@ from typing import Any, Callable, Dict, Optional
 
 from ._buffer import ChunkBuffer, Entry
 from ._errors import SequencesError, Unavailable
+from ._limits import Limits
 from ._pacing import Pacer
 from ._types import RunOutcome, observation_to_wire
 
@@ -111,6 +116,8 @@ class ControlLoop:
         self.k = 0
         self.pacer: Optional[Pacer] = None
         self.motion_end = math.inf
+        self.limits: Optional[Limits] = None
+        self._limits_from: Any = None
         self._print = self._progress_printer(config.progress)
 
     # ---------------------------------------------------------------- entry
@@ -122,9 +129,11 @@ class ControlLoop:
         self.buffer.reset()
         self.buffer.smooth_seam = max(0, int(self.cfg.smooth_seam))
         reason: Optional[str] = None
+        self._status(f"starting {self.p.model}…")
         try:
             try:
                 await self._startup()
+                self._status(f"running {self.p.model}")
                 await self._drive()
             except _Stop as stop:
                 reason = stop.reason
@@ -139,6 +148,7 @@ class ControlLoop:
         self.out.actions = self.k
         self.out.chunks = self.buffer.chunks_started
         self.out.max_seam_jump = self.buffer.max_seam_jump
+        self._status(f"done: {self.out!r}")
         return self.out
 
     # -------------------------------------------------------------- startup
@@ -180,6 +190,10 @@ class ControlLoop:
             self.p._on_warming(waited, eta)
         if self.cfg.on_warming is not None:
             self.cfg.on_warming(waited, eta)
+        self._status(text)
+
+    def _status(self, text: str) -> None:
+        """One progress line: to ``on_status`` and, when enabled, to stderr."""
         if self.cfg.on_status is not None:
             self.cfg.on_status(text)
         self._print(text)
@@ -219,6 +233,10 @@ class ControlLoop:
         entry = started or self.buffer.current
         if started is not None:
             self._chunk_started(started)
+        if self.limits is not None:
+            row, clipped = self.limits.apply(row, self.buffer.last_action,
+                                             entry.chunk.action_space if entry else None)
+            self.out.clipped += clipped
         if cfg.validate is not None and not await _call(cfg.validate, row):
             raise _Stop("validate")
         self._check_interrupt()  # nothing reaches act() once the interrupt is seen
@@ -285,6 +303,7 @@ class ControlLoop:
             return
         self.fetch = None
         prediction = task.result()  # raises the request's error
+        self._refresh_limits()
         self.latency.add(time.monotonic() - self.fetch_started)
         for warning in prediction.warnings:
             self._print(f"worker warning: {warning}")
@@ -312,6 +331,13 @@ class ControlLoop:
             self.out.max_instruction_lag_s = max(self.out.max_instruction_lag_s or 0.0, lag)
         if self.cfg.on_chunk is not None:
             self.cfg.on_chunk(entry.chunk, entry.first_action_index)
+
+    def _refresh_limits(self) -> None:
+        """Rebuild the client-side limits when the handshake's contract changed (a reconnect)."""
+        contract = self.p.contract
+        if contract is not self._limits_from:
+            self._limits_from = contract
+            self.limits = Limits.from_contract((contract or {}).get("action"))
 
     @staticmethod
     def _period(entry: Optional[Entry]) -> float:

@@ -16,17 +16,20 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from ._buffer import ChunkBuffer
 from ._config import resolve_api_key, resolve_gateway_url
-from ._contract import check_expect, check_observation
+from ._contract import check_expect, check_observation, drop_undeclared_views
 from ._errors import ChunkExhausted, ContractMismatch, SequencesError, Unavailable
 from ._interrupt import Interrupt
+from ._limits import Limits
 from ._loop import ControlLoop, LoopConfig
 from ._prefetch import LatencyEstimate
 from ._types import ModelInfo, Prediction, RunOutcome, observation_to_wire
 from ._wire import Wire, fetch_models
 
-__all__ = ["AsyncPolicy", "DEFAULT_TIMEOUT_S", "warn_if_no_validate"]
+__all__ = ["AsyncPolicy", "DEFAULT_TIMEOUT_S", "DEFAULT_BODY_FORMAT", "warn_if_no_validate"]
 
 DEFAULT_TIMEOUT_S = 60.0
+# /act body format: "auto" sends the binary framing and falls back to JSON on a 415.
+DEFAULT_BODY_FORMAT = "auto"
 _warned_no_validate = False
 
 
@@ -61,12 +64,15 @@ class AsyncPolicy:
         on_warming: Optional[Callable[[float, Optional[float]], Any]] = None,
         on_queue: Optional[Callable[..., Any]] = None,
         timeout_s: float = DEFAULT_TIMEOUT_S,
+        body_format: str = DEFAULT_BODY_FORMAT,
     ) -> None:
         if validate not in ("warn", "strict", "off"):
             raise ValueError(f'validate must be "warn", "strict" or "off", not {validate!r}')
         self.model = model
         self.gateway_url = resolve_gateway_url(gateway_url)
-        self._wire = Wire(self.gateway_url, resolve_api_key(api_key), model, params, timeout_s)
+        self._wire = Wire(self.gateway_url, resolve_api_key(api_key), model, params, timeout_s,
+                          body_format=body_format)
+        self.last_episode_id: Optional[str] = None
         self._expect = dict(expect) if expect else None
         self._validate_mode = validate
         self._on_warming = on_warming
@@ -254,9 +260,32 @@ class AsyncPolicy:
             self._buffer.push(prediction.action_chunk)
             if len(self._buffer) == 0:
                 raise SequencesError("the policy returned an empty action chunk", code="empty_chunk")
-        row, _ = self._buffer.pop(0)
+        row, started = self._buffer.pop(0)
+        entry = started or self._buffer.current
+        limits = Limits.from_contract((self.contract or {}).get("action"))
+        if limits is not None:
+            row, _ = limits.apply(row, self._buffer.last_action,
+                                  entry.chunk.action_space if entry else None)
         self._buffer.executed(row)
         return row
+
+    async def label(self, success: bool, notes: str = "", episode_id: Optional[str] = None) -> Dict[str, Any]:
+        """Mark how an episode went, for captured field data (``next.success`` on export).
+
+        Args:
+            success: did the episode achieve its goal.
+            notes: free text kept with the label.
+            episode_id: the episode to label; default the one the last ``run()``/``act()`` drove.
+
+        Returns the gateway's answer (a dict). Raises:
+            SequencesError (code ``no_episode``): no run has been driven and no episode_id given.
+            InvalidRequest: the gateway does not know the episode; AuthError, TransportError.
+        """
+        episode = episode_id or self.last_episode_id
+        if not episode:
+            raise SequencesError("no episode to label: run() or act() first, or pass episode_id=",
+                                 code="no_episode")
+        return await self._wire.label(episode, success, notes)
 
     async def run(
         self,
@@ -328,7 +357,9 @@ class AsyncPolicy:
                 "this Policy is already driving a control loop",
                 code="busy", hint="one Policy per control loop: connect() once per robot")
         try:
-            return await ControlLoop(self, config).run()
+            loop = ControlLoop(self, config)
+            self.last_episode_id = loop.episode_id
+            return await loop.run()
         finally:
             self._driving.release()
 
@@ -374,6 +405,11 @@ class AsyncPolicy:
         """Check an observation against the contract (validate="warn"/"strict"/"off")."""
         if self._validate_mode == "off" or not self.contract:
             return wire
+        dropped = drop_undeclared_views(wire, self.contract.get("observation"))
+        if dropped and tuple(dropped) not in self._warned_views:
+            self._warned_views.add(tuple(dropped))
+            warnings.warn(f"dropping view(s) {dropped}: {self.model} does not declare them "
+                          f"(they would be uploaded and ignored)", UserWarning, stacklevel=3)
         problems = check_observation(wire, self.contract.get("observation"))
         if problems:
             message = f"observation does not match {self.model}'s contract: " + "; ".join(problems)

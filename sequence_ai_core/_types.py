@@ -50,9 +50,10 @@ class ImageFrame:
     data: Union[str, bytes]
     timestamp_ms: Optional[float] = None
 
-    def to_wire(self) -> Dict[str, Any]:
+    def to_wire(self, raw: bool = False) -> Dict[str, Any]:
+        """The wire dict; ``raw=True`` keeps encoded bytes as bytes (the /act encoder decides)."""
         data = self.data
-        if isinstance(data, (bytes, bytearray)):
+        if isinstance(data, (bytes, bytearray)) and not raw:
             data = base64.b64encode(bytes(data)).decode("ascii")
         out: Dict[str, Any] = {"view": self.view, "data": data}
         if self.timestamp_ms is not None:
@@ -90,16 +91,20 @@ class Observation:
     """What the policy sees at one instant: camera frames, proprioception and an instruction.
 
     All three are required. ``act()`` (and ``set_instruction()``) overwrite ``instruction`` on
-    the copy that is sent; the object you pass is never mutated.
+    the copy that is sent; the object you pass is never mutated. ``depth`` (optional) is a list
+    of ``{"view", "data"}`` 16-bit PNGs of millimetres for cameras declared ``depth=True``
+    (``sequence_ai.observation(depth=...)`` builds it).
     """
 
     images: List[ImageFrame]
     proprioception: Proprioception
     instruction: Optional[str]
+    depth: Optional[List[Dict[str, Any]]] = None
 
-    def to_wire(self) -> Dict[str, Any]:
-        return {
-            "images": [img.to_wire() if hasattr(img, "to_wire") else dict(img) for img in self.images],
+    def to_wire(self, raw: bool = False) -> Dict[str, Any]:
+        """The wire dict (base64 frames; ``raw=True`` keeps encoded bytes as bytes)."""
+        out: Dict[str, Any] = {
+            "images": [img.to_wire(raw) if hasattr(img, "to_wire") else dict(img) for img in self.images],
             "proprioception": (
                 self.proprioception.to_wire()
                 if hasattr(self.proprioception, "to_wire")
@@ -107,13 +112,19 @@ class Observation:
             ),
             "instruction": self.instruction,
         }
+        if self.depth:
+            out["depth"] = [
+                {"view": d["view"], "data": d["data"] if raw or isinstance(d["data"], str)
+                 else base64.b64encode(bytes(d["data"])).decode("ascii")}
+                for d in self.depth]
+        return out
 
 
 def observation_to_wire(observation: Union[Observation, Mapping[str, Any]],
                         instruction: Optional[str] = None) -> Dict[str, Any]:
     """The JSON body's ``observation`` object; ``instruction``, when given, replaces the observation's."""
     if isinstance(observation, Observation):
-        wire = observation.to_wire()
+        wire = observation.to_wire(raw=True)
     elif isinstance(observation, Mapping):
         wire = dict(observation)
     else:
@@ -287,6 +298,9 @@ class RunOutcome:
         action_space: the action space of the chunks played, or None if none played.
         late_ticks: times the loop fell more than one control period behind and resynced
             instead of bursting actions to catch up.
+        clipped: values the client clipped into the declared bounds / max_delta before they
+            reached ``act`` (the worker clips within a chunk; this counts what crossed a seam
+            or arrived out of bounds anyway).
     """
 
     reason: str
@@ -300,6 +314,7 @@ class RunOutcome:
     max_instruction_lag_s: Optional[float] = None
     action_space: Optional[str] = None
     late_ticks: int = 0
+    clipped: int = 0
 
     def __repr__(self) -> str:
         return (f"RunOutcome({self.actions} actions over {self.chunks} chunks in "

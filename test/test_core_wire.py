@@ -58,7 +58,9 @@ def test_warming_met_mid_run_is_raised_and_holds(module_gateway, tmp_path):
     rec = Recorder()
     slow = slow_loading_copy(tmp_path, 60)
     with connect(module_gateway, name, params={"chunk_len": 5}) as policy:
-        after(0.5, lambda: module_gateway.deploy(slow, name, wait=False))
+        # Stop the serving worker and deploy a slow-loading one: with nothing serving, the next
+        # /act meets a cold start (a redeploy over a serving version would keep serving instead).
+        after(0.5, lambda: (module_gateway.stop(name), module_gateway.deploy(slow, name, wait=False)))
         with pytest.raises(sequence_ai.Unavailable) as info:
             policy.run(observation, rec, hold=rec.hold, max_actions=500, progress=False)
     assert info.value.warming and rec.holds == 1 and len(rec.rows) > 0

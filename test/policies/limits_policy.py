@@ -1,0 +1,61 @@
+"""Test policies with declared bounds and max_delta, for the client's seam guard (test_core_limits.py).
+
+``RampPolicy`` (joint_absolute, 2 dims at 50 Hz, bounds [-1, 1], max_delta 0.1): chunk k (k = 1, 2,
+...) is ``chunk_len`` rows ``[base_k + 0.05 t, -(base_k + 0.05 t)]`` with ``base_k = jump * (k - 1)``
+(wrapped into [-0.9, 0.9]). Inside a chunk every step is 0.05, within max_delta, so the worker
+leaves it alone; across a seam the first row jumps by about ``jump``, which only the client can see.
+
+``FlipPolicy`` (joint_delta, 2 dims at 50 Hz, bounds [-0.05, 0.05], max_delta 0.05): chunk k is
+``chunk_len`` identical rows of ``+0.05`` (k odd) or ``-0.05`` (k even). Each chunk is within its
+limits; the seam between two chunks "moves" 0.1, which for increments means nothing: the
+client must pass these rows through untouched.
+
+Parameters: ``chunk_len: int = 6``, ``jump: float = 0.5``; RampPolicy also ``jam: bool = False``
+(raise ``GripperJam``, an exception class that is not a Python built-in).
+"""
+import numpy as np
+
+import seq
+
+
+@seq.policy(
+    action=seq.ActionContract(robot="test-arm", action_space=seq.ActionSpace.JOINT_ABSOLUTE,
+                              action_dim=2, control_frequency_hz=50.0,
+                              bounds=[(-1.0, 1.0)] * 2, max_delta=0.1),
+    observation=seq.ObservationContract(cameras={}, proprio={"joint_positions": 2}),
+)
+class RampPolicy(seq.Policy):
+    class GripperJam(Exception):
+        """A policy's own exception type (not a built-in)."""
+
+    @seq.load
+    def load(self, weights_dir):
+        self.counter = 0
+
+    @seq.infer
+    def infer(self, obs: seq.Observation, *, chunk_len: int = 6, jump: float = 0.5,
+              jam: bool = False) -> seq.ActionChunk:
+        if jam:
+            raise self.GripperJam("the gripper is jammed")
+        self.counter += 1
+        base = ((jump * (self.counter - 1) + 0.9) % 1.8) - 0.9
+        col = base + 0.05 * np.arange(chunk_len)
+        return seq.ActionChunk(np.stack([col, -col], axis=1))
+
+
+@seq.policy(
+    action=seq.ActionContract(robot="test-arm", action_space=seq.ActionSpace.JOINT_DELTA,
+                              action_dim=2, control_frequency_hz=50.0,
+                              bounds=[(-0.05, 0.05)] * 2, max_delta=0.05),
+    observation=seq.ObservationContract(cameras={}, proprio={"joint_positions": 2}),
+)
+class FlipPolicy(seq.Policy):
+    @seq.load
+    def load(self, weights_dir):
+        self.counter = 0
+
+    @seq.infer
+    def infer(self, obs: seq.Observation, *, chunk_len: int = 6, jump: float = 0.5) -> seq.ActionChunk:
+        self.counter += 1
+        sign = 1.0 if self.counter % 2 else -1.0
+        return seq.ActionChunk(np.full((chunk_len, 2), 0.05 * sign))

@@ -1,0 +1,164 @@
+"""Property tests (hypothesis) of the control loop's safety promises, over many generated runs:
+
+- nothing reaches ``act`` after ``hold`` (whatever ends the run: interrupt, validate, an
+  exception from act, max_actions);
+- no action outside the declared bounds reaches ``act``, and consecutive absolute actions never
+  move more than ``max_delta``, seams included;
+- delta chunks are never modified (not by smoothing, not by the seam guard).
+
+Hundreds of runs do not fit a real server's round trips, so here the worker's answers come from
+``ScriptedWire``, an in-process stand-in for ``_wire.Wire.act`` that returns generated chunks
+after generated delays; everything else (AsyncPolicy, ControlLoop, buffer, seam, limits,
+pacing, interrupt) is the real engine. test_core_client.py checks the same promises against the
+real worker.
+"""
+from __future__ import annotations
+
+import asyncio
+import math
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from sequence_ai_core import ActionChunk, AsyncPolicy, Prediction
+from sequence_ai_core._wire import Session
+
+HZ = 500.0  # fast ticks keep each generated run to a few milliseconds
+DIM = 3
+
+
+class ScriptedWire:
+    """Answers /act with the next generated chunk after its generated delay (s)."""
+
+    def __init__(self, chunks, delays, contract):
+        self.chunks = list(chunks)
+        self.delays = list(delays)
+        self.calls = 0
+        self.session = Session(session_id="s", worker_url="http://in-process", direct_secret="x",
+                               contract=contract)
+        self.reconnects = 0
+
+    async def act(self, observation, *, params=None, episode_id=None):
+        i = self.calls
+        self.calls += 1
+        await asyncio.sleep(self.delays[i % len(self.delays)])
+        chunk = self.chunks[i % len(self.chunks)]
+        return Prediction(action_chunk=chunk, latency_s=0.0)
+
+    async def aclose(self):
+        pass
+
+
+def make_policy(chunks, delays, contract):
+    policy = AsyncPolicy("scripted", api_key="k", gateway_url="http://127.0.0.1:9", validate="off")
+    policy._wire = ScriptedWire(chunks, delays, contract)
+    return policy
+
+
+def observe():
+    return {"images": [], "proprioception": {"joint_positions": [0.0] * DIM}, "instruction": "x"}
+
+
+value = st.floats(min_value=-3.0, max_value=3.0, allow_nan=False)
+row = st.lists(value, min_size=DIM, max_size=DIM)
+rows = st.lists(row, min_size=1, max_size=6)
+
+
+def chunks_of(space):
+    return st.lists(
+        st.builds(lambda r, h: ActionChunk(actions=r, action_space=space, robot="r",
+                                           control_frequency_hz=HZ, open_loop_horizon=h),
+                  rows, st.one_of(st.none(), st.integers(1, 6))),
+        min_size=1, max_size=4)
+
+
+delays = st.lists(st.sampled_from([0.0, 0.001, 0.004, 0.012]), min_size=1, max_size=4)
+SETTINGS = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@SETTINGS
+@given(chunks=chunks_of("joint_absolute"), delays=delays,
+       stop_at=st.integers(0, 30), how=st.sampled_from(["interrupt", "validate", "raise", "none"]),
+       prefetch=st.booleans(), lookahead=st.integers(1, 3), smooth=st.integers(0, 3))
+def test_no_act_after_hold(chunks, delays, stop_at, how, prefetch, lookahead, smooth):
+    events = []
+    policy = make_policy(chunks, delays, {"action": None})
+    n = {"acted": 0}
+
+    def act(r):
+        events.append("act")
+        n["acted"] += 1
+        if how == "interrupt" and n["acted"] == stop_at:
+            policy.interrupt()
+        if how == "raise" and n["acted"] == stop_at:
+            raise RuntimeError("robot fault")
+
+    def validate(r):
+        return not (how == "validate" and n["acted"] == stop_at)
+
+    async def main():
+        try:
+            return await policy.run(observe, act, max_actions=25, validate=validate,
+                                    hold=lambda: events.append("hold"), prefetch=prefetch,
+                                    lookahead=lookahead, smooth_seam=smooth, progress=False)
+        except RuntimeError:
+            return None
+
+    out = asyncio.run(main())
+    if "hold" in events:
+        assert events.count("hold") == 1
+        assert "act" not in events[events.index("hold"):]
+    if out is not None and out.reason in ("interrupted", "validate"):
+        assert "hold" in events
+
+
+@SETTINGS
+@given(chunks=chunks_of("joint_absolute"), delays=delays, prefetch=st.booleans(),
+       smooth=st.integers(0, 3),
+       bounds=st.lists(st.tuples(st.floats(-2.0, -0.1), st.floats(0.1, 2.0)), min_size=DIM, max_size=DIM),
+       max_delta=st.one_of(st.none(), st.floats(0.05, 1.0)))
+def test_no_action_outside_the_declared_limits_reaches_act(chunks, delays, prefetch, smooth, bounds, max_delta):
+    contract = {"action": {"action_space": "joint_absolute", "bounds": [list(b) for b in bounds],
+                           "max_delta": max_delta}}
+    policy = make_policy(chunks, delays, contract)
+    acted = []
+
+    async def main():
+        return await policy.run(observe, acted.append, max_actions=20, validate=lambda r: True,
+                                prefetch=prefetch, smooth_seam=smooth, progress=False)
+
+    asyncio.run(main())
+    assert acted
+    for r in acted:
+        for v, (lo, hi) in zip(r, bounds):
+            assert lo <= v <= hi
+    if max_delta is not None:
+        for a, b in zip(acted, acted[1:]):
+            assert max(abs(x - y) for x, y in zip(a, b)) <= max_delta + 1e-9
+
+
+@SETTINGS
+@given(space=st.sampled_from(["joint_delta", "ee_delta", "joint_velocity"]),
+       chunk_rows=st.lists(st.lists(st.lists(st.floats(-0.5, 0.5, allow_nan=False), min_size=DIM, max_size=DIM),
+                                    min_size=1, max_size=6), min_size=1, max_size=4),
+       delays=delays, prefetch=st.booleans(), smooth=st.integers(0, 4), lookahead=st.integers(1, 3))
+def test_delta_chunks_are_never_modified(space, chunk_rows, delays, prefetch, smooth, lookahead):
+    chunks = [ActionChunk(actions=r, action_space=space, control_frequency_hz=HZ) for r in chunk_rows]
+    contract = {"action": {"action_space": space, "bounds": [[-0.5, 0.5]] * DIM, "max_delta": 0.01}}
+    policy = make_policy(chunks, delays, contract)
+    acted = []
+    total = 20
+
+    async def main():
+        return await policy.run(observe, acted.append, max_actions=total, validate=lambda r: True,
+                                prefetch=prefetch, smooth_seam=smooth, lookahead=lookahead, progress=False)
+
+    out = asyncio.run(main())
+    # every acted row is, in order, a row the policy sent: chunk after chunk, whole chunks
+    expected = []
+    i = 0
+    while len(expected) < total:
+        expected.extend(chunk_rows[i % len(chunk_rows)])
+        i += 1
+    assert acted == [list(map(float, r)) for r in expected[:total]]
+    assert out.clipped == 0 and not math.isnan(out.max_seam_jump)
