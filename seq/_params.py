@@ -36,11 +36,26 @@ class Range:
     min: Optional[float] = None
     max: Optional[float] = None
 
+    def __post_init__(self) -> None:
+        for name in ("min", "max"):
+            v = getattr(self, name)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)):
+                raise DeclarationError(f"Range({name}=)", f"expected a finite number, got {v!r}")
+        if self.min is None and self.max is None:
+            raise DeclarationError("Range", "bounds nothing", "write seq.Range(1, 10) or seq.Range(min=0.0)")
+        if self.min is not None and self.max is not None and self.min > self.max:
+            raise DeclarationError("Range", f"min {self.min} is above max {self.max}", "swap them")
+
+    def allowed(self) -> str:
+        if self.min is not None and self.max is not None:
+            return f"allowed: {self.min:g} to {self.max:g}"
+        return f"allowed: >= {self.min:g}" if self.min is not None else f"allowed: <= {self.max:g}"
+
     def check(self, value: Any) -> Optional[str]:
-        if self.min is not None and value < self.min:
-            return f"must be >= {self.min}"
-        if self.max is not None and value > self.max:
-            return f"must be <= {self.max}"
+        if not isinstance(value, (int, float)) or isinstance(value, bool):
+            return f"is not a number ({self.allowed()})"
+        if (self.min is not None and value < self.min) or (self.max is not None and value > self.max):
+            return f"is out of range ({self.allowed()})"
         return None
 
     def to_dict(self) -> dict:
@@ -56,7 +71,7 @@ class OneOf:
         self.values = tuple(values)
 
     def check(self, value: Any) -> Optional[str]:
-        return None if value in self.values else f"must be one of {list(self.values)}"
+        return None if value in self.values else f"is not allowed (allowed: one of {list(self.values)})"
 
     def to_dict(self) -> dict:
         return {"one_of": list(self.values)}
@@ -208,6 +223,15 @@ def discover_params(infer: Callable, where: str = "infer") -> list[InferParam]:
             type_name = name
         else:
             type_name = None
+        if isinstance(constraint, Range) and type_name not in ("int", "float"):
+            raise DeclarationError(f"{where}({p.name})", f"seq.Range bounds a number, but the parameter is {type_name or 'untyped'}",
+                                   "annotate it Annotated[int, seq.Range(...)] or Annotated[float, seq.Range(...)]")
+        if isinstance(constraint, OneOf) and type_name is not None:
+            for v in constraint.values:
+                try:
+                    _CASTS[type_name](v)
+                except (TypeError, ValueError):
+                    raise DeclarationError(f"{where}({p.name})", f"seq.OneOf value {v!r} is not a {type_name}") from None
         param = InferParam(p.name, type_name, p.default, nullable, constraint)
         if p.default is not None and type_name is not None:
             try:

@@ -20,7 +20,8 @@ from typing import Any, Callable, Mapping, Optional
 from ._contracts import ActionContract, ObservationContract
 from ._errors import DeclarationError
 from ._params import InferParam, discover_params
-from ._resources import Image, Secret, Timeouts, Volume, Weights
+from ._resources import Image, Secret, Timeouts, Volume, Weights, check_weight_uri
+from ._scaling import Batching, Concurrency, batching_of, concurrency_of
 from ._types import ActionChunk, Observation
 
 __all__ = ["policy", "Policy", "PolicySpec", "load", "warmup", "infer", "on_episode", "shutdown",
@@ -81,6 +82,12 @@ class PolicySpec:
     weights: Any = None                         # None | str | {part: str}
     secrets: list[str] = field(default_factory=list)
     resources: dict[str, Any] = field(default_factory=dict)   # recorded only: gpu, max_gpus, cpu, memory, image, deps, models, region
+    batching: Optional[Batching] = None
+    concurrency: Optional[Concurrency] = None
+
+    def slots(self) -> int:
+        """Model copies one worker holds (self-hosted: one card)."""
+        return self.concurrency.slots(_gpu_count(self.resources.get("gpu"))) if self.concurrency else 1
 
     def to_dict(self) -> dict:
         return {
@@ -101,6 +108,8 @@ class PolicySpec:
             "weights": self.weights,
             "secrets": list(self.secrets),
             "resources": dict(self.resources),
+            "batching": self.batching.to_dict() if self.batching else None,
+            "concurrency": self.concurrency.to_dict() if self.concurrency else None,
         }
 
 
@@ -160,7 +169,8 @@ def _weight_ref(name: str, value: Any) -> str:
         if value.startswith(_DEPRECATED_SCHEMES):
             warnings.warn(f"{name}: weights from {value.split('://')[0]}:// URLs are deprecated; "
                           "put the files in a local directory or a volume", DeprecationWarning, stacklevel=4)
-        return value
+            return value
+        return check_weight_uri(name, value)
     raise DeclarationError(name, f"expected hf://..., vol://..., template://..., a local directory, "
                                  f"seq.Volume or seq.Weights, got {value!r}")
 
@@ -332,6 +342,10 @@ def _decorate(cls: Any, args: dict[str, Any]) -> type:
                                "add one that frees an episode's state, or drop streaming=True")
     infer_fn = getattr(cls, stages["infer"])
     params = discover_params(infer_fn, where=f"{cls.__name__}.{stages['infer']}")
+    batching = batching_of(infer_fn)
+    if batching is not None and args["streaming"]:
+        raise DeclarationError("@seq.batched", "is not for streaming=True: a stateful episode owns its replica",
+                               "drop @seq.batched, or drop streaming=True and keep state out of the class")
     load_fn = getattr(cls, stages["load"])
     n_load_args = len([p for p in inspect.signature(load_fn).parameters.values()
                        if p.name != "self" and p.default is inspect.Parameter.empty
@@ -357,9 +371,35 @@ def _decorate(cls: Any, args: dict[str, Any]) -> type:
         weights=args["weights"],
         secrets=args["secrets"],
         resources={k: args[k] for k in ("gpu", "max_gpus", "cpu", "memory", "image", "deps", "models", "region")},
+        batching=batching,
+        concurrency=concurrency_of(cls),
     )
+    check_scaling(cls.__name__, spec, spec.concurrency, batching)
     cls.__seq_spec__ = spec
     return cls
+
+
+def _gpu_count(gpu: Any) -> int:
+    first = gpu[0] if isinstance(gpu, list) and gpu else gpu
+    if isinstance(first, str) and ":" in first:
+        return int(first.split(":")[1])
+    return 1
+
+
+def check_scaling(where: str, spec: PolicySpec, concurrency: Optional[Concurrency], batching: Optional[Batching]) -> None:
+    """Refuse combinations of @seq.concurrent / @seq.batched that cannot be served."""
+    if concurrency is not None and concurrency.gpus_per_replica:
+        cards = _gpu_count(spec.resources.get("gpu"))
+        if cards % concurrency.gpus_per_replica:
+            raise DeclarationError("@seq.concurrent(gpus_per_replica=)",
+                                   f"{concurrency.gpus_per_replica} does not divide the {cards} card(s) gpu= asks for",
+                                   'ask for a multiple, e.g. gpu="H100:4" with gpus_per_replica=2')
+    if batching is not None and batching.serve_wait_ms > 0:
+        slots = concurrency.slots(_gpu_count(spec.resources.get("gpu"))) if concurrency else 1
+        if concurrency is None or not concurrency.max_inputs or concurrency.max_inputs <= slots:
+            raise DeclarationError("@seq.batched(serve_wait_ms=)",
+                                   "only a deployment that crowds robots onto its copies may wait for more requests",
+                                   f"add @seq.concurrent(max_inputs=N) with N above its {slots} slot(s), or drop serve_wait_ms")
 
 
 def is_policy(obj: Any) -> bool:

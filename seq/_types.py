@@ -51,13 +51,16 @@ class ActionChunk:
     """A block of future actions: ``actions`` is T rows of D values (array-like).
 
     open_loop_horizon: how many rows the robot runs before observing again (None: all of them).
-    The worker fills in action_space, robot and control_frequency_hz from the ActionContract.
+    action_space: optional; when given it must equal the ActionContract's, or the worker refuses
+    the chunk (500 policy_error, ``details.reason = "action_space"``). The worker fills in
+    action_space, robot and control_frequency_hz from the ActionContract.
     """
 
-    __slots__ = ("actions", "open_loop_horizon")
+    __slots__ = ("actions", "open_loop_horizon", "action_space")
 
-    def __init__(self, actions: Any, open_loop_horizon: Optional[int] = None):
+    def __init__(self, actions: Any, open_loop_horizon: Optional[int] = None, action_space: Any = None):
         self.actions = np.asarray(actions, dtype=np.float64)
+        self.action_space = None if action_space is None else str(getattr(action_space, "value", action_space))
         if open_loop_horizon is not None and (isinstance(open_loop_horizon, bool)
                                               or not isinstance(open_loop_horizon, (int, np.integer))):
             raise TypeError(f"ActionChunk.open_loop_horizon must be an int or None, got {open_loop_horizon!r}")

@@ -14,10 +14,15 @@ import pytest
 
 from _servers import ECHO_POLICY, POLICIES, WorkerProcess, echo_observation, png_b64
 
+from sequence_ai_server._hosting import BINARY_CONTENT_TYPE, encode_binary_body
+
+ECHO_BODY_LIMIT = 256 * 1024
+
 
 @pytest.fixture(scope="module")
 def echo(tmp_path_factory):
-    w = WorkerProcess.start(ECHO_POLICY, tmp_path_factory.mktemp("echo-worker"), name="echo")
+    w = WorkerProcess.start(ECHO_POLICY, tmp_path_factory.mktemp("echo-worker"), name="echo",
+                            env={"SEQ_WORKER_MAX_BODY_BYTES": str(ECHO_BODY_LIMIT)})
     yield w
     w.stop()
 
@@ -267,24 +272,342 @@ def test_sigterm_calls_shutdown_and_exits_cleanly(tmp_path):
     assert marker.read_text() == "bye"
 
 
-def test_on_episode_runs_at_each_new_episode(tmp_path):
+# ---------------------------------------------------------------- the binary body, limits, OpenAPI
+
+def _jpeg(width=64, height=64, color=(0, 0, 0)) -> bytes:
+    import base64
+    return base64.b64decode(png_b64(width, height, color, fmt="JPEG"))
+
+
+def _binary(w: WorkerProcess, body: dict, frames: list, raw: bytes = None) -> httpx.Response:
+    content = raw if raw is not None else encode_binary_body(body, frames)
+    return w.client.post("/act", content=content, headers={"Authorization": f"Bearer {w.secret}",
+                                                           "Content-Type": BINARY_CONTENT_TYPE})
+
+
+def _binary_echo_body(frame: bytes, **obs_kw) -> dict:
+    obs = echo_observation(**obs_kw)
+    obs["images"] = [{"view": "exterior_1", "blob": [0, len(frame)], "timestamp_ms": 0}]
+    return {"observation": obs, "params": {"chunk_len": 3}}
+
+
+def test_binary_body_with_raw_jpeg_blobs_answers_like_json(echo):
+    frame = _jpeg(color=(200, 10, 10))
+    r = _binary(echo, _binary_echo_body(frame, joint_positions=[0, 1, 2, 3, 4, 5, 6], gripper=[0.25]), [frame])
+    assert r.status_code == 200, r.text
+    chunk = r.json()["action_chunk"]
+    assert len(chunk["actions"]) == 3 and chunk["actions"][0][2:] == [2, 3, 4, 5, 6, 0.25]
+    assert r.headers["content-type"].startswith("application/json")
+
+
+def test_malformed_binary_framing_is_400_naming_the_problem(echo):
+    frame = _jpeg()
+    body = _error(_binary(echo, {}, [], raw=b"\x00\x00"), 400, "invalid_request")
+    assert "4-byte JSON length" in body["detail"]
+    body = _error(_binary(echo, {}, [], raw=b"\x00\x00\x10\x00{}"), 400, "invalid_request")
+    assert "declares 4096 bytes of JSON but carries 2" in body["detail"]
+    bad = _binary_echo_body(frame)
+    bad["observation"]["images"][0]["blob"] = [10, len(frame)]
+    body = _error(_binary(echo, bad, [frame]), 400, "invalid_request")
+    assert "is not an [offset, length] inside the" in body["detail"]
+    body = _error(_binary(echo, _binary_echo_body(frame), [b"\xff\xd8" + b"\x00" * (len(frame) - 2)]), 400, "invalid_request")
+    assert "JPEG" in body["detail"]
+
+
+def test_a_body_over_the_limit_is_413_before_it_is_parsed(echo):
+    big = {"observation": echo_observation(), "params": {}, "padding": "x" * (ECHO_BODY_LIMIT + 10)}
+    body = _error(echo.act(big), 413, "payload_too_large")
+    assert body["details"]["limit_bytes"] == ECHO_BODY_LIMIT
+    assert echo.act({"observation": echo_observation()}).status_code == 200
+
+
+def test_openapi_is_served_and_documents_act_both_bodies(echo):
+    doc = echo.client.get("/openapi.json").json()
+    act = doc["paths"]["/act"]["post"]
+    assert set(act["requestBody"]["content"]) == {"application/json", BINARY_CONTENT_TYPE}
+    assert "observation" in act["requestBody"]["content"]["application/json"]["schema"]["properties"]
+    assert {"200", "400", "401", "413", "500", "503", "504"} <= set(act["responses"])
+    assert "/episode/end" in doc["paths"] and "/ping" in doc["paths"]
+
+
+def test_the_curl_example_in_the_docs_works(echo):
+    import re
+    import subprocess
+    from _servers import ROOT
+    text = (ROOT / "docs" / "design.md").read_text()
+    block = re.search(r"```bash\n(curl [^`]*?/act[^`]*?)```", text)
+    assert block, "docs/design.md has a ```bash curl ... /act``` example"
+    env = {**os.environ, "WORKER_URL": echo.url, "DIRECT_SECRET": echo.secret, "FRAME_B64": png_b64(fmt="JPEG")}
+    r = subprocess.run(["bash", "-c", block.group(1)], env=env, capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0, r.stderr
+    body = json.loads(r.stdout)
+    assert len(body["action_chunk"]["actions"][0]) == 8 and body["action_chunk"]["robot"] == "panda"
+
+
+# ---------------------------------------------------------------- the richer contract
+
+@pytest.fixture(scope="module")
+def contract(tmp_path_factory):
+    w = WorkerProcess.start(str(POLICIES / "contract_policy.py"), tmp_path_factory.mktemp("contract-worker"), name="contract")
+    yield w
+    w.stop()
+
+
+def _depth_png_b64(width=32, height=24, mm=1500, bits=16) -> str:
+    import base64
+    import io
+    import numpy as np
+    from PIL import Image
+    arr = np.full((height, width), mm, dtype=np.uint16 if bits == 16 else np.uint8)
+    buf = io.BytesIO()
+    Image.fromarray(arr).save(buf, format="PNG")
+    return base64.b64encode(buf.getvalue()).decode()
+
+
+def _contract_obs(front_reds=(10, 200), side_frames=2, depth=True, depth_bits=16) -> dict:
+    images = [{"view": "front", "data": png_b64(32, 24, (r, 0, 0))} for r in front_reds]
+    images += [{"view": "side", "data": png_b64(32, 24)} for _ in range(side_frames)]
+    obs = {"images": images, "proprioception": {"joint_positions": [0.0, 0.0, 0.0]}, "instruction": "wave"}
+    if depth:
+        obs["depth"] = [{"view": "front", "data": _depth_png_b64(bits=depth_bits)}]
+    return obs
+
+
+def test_history_frames_reach_infer_oldest_first_with_depth_in_metres(contract):
+    r = contract.act({"observation": _contract_obs()})
+    assert r.status_code == 200, r.text
+    n, oldest_red, depth_m, speed = r.json()["action_chunk"]["actions"][0]
+    assert (n, oldest_red, depth_m, speed) == (2.0, 10.0, 1.5, 1.0)
+
+
+def test_frames_beyond_the_declared_history_are_dropped_oldest_first(contract):
+    r = contract.act({"observation": _contract_obs(front_reds=(1, 2, 30, 40))})
+    assert r.status_code == 200, r.text
+    n, oldest_red, _, _ = r.json()["action_chunk"]["actions"][0]
+    assert (n, oldest_red) == (2.0, 30.0)
+
+
+def test_too_few_frames_is_400_naming_the_view_and_history(contract):
+    body = _error(contract.act({"observation": _contract_obs(side_frames=1)}), 400, "invalid_request")
+    assert "view 'side' has 1 frame(s); this policy reads 2 per view (history=2)" in body["detail"]
+
+
+def test_a_missing_or_8_bit_depth_frame_is_400(contract):
+    body = _error(contract.act({"observation": _contract_obs(depth=False)}), 400, "invalid_request")
+    assert "missing depth frame(s) for view(s) ['front']" in body["detail"]
+    body = _error(contract.act({"observation": {**_contract_obs(), "depth": [{"view": "front", "data": _depth_png_b64(mm=150, bits=8)}]}}), 400, "invalid_request")
+    assert "expected 16-bit grayscale millimetres" in body["detail"]
+
+
+def test_range_and_one_of_params_are_refused_saying_what_is_allowed(contract):
+    obs = _contract_obs()
+    r = contract.act({"observation": obs, "params": {"speed": "1.5"}})
+    assert r.status_code == 200 and r.json()["action_chunk"]["actions"][0][3] == 1.5
+    body = _error(contract.act({"observation": obs, "params": {"speed": 3}}), 400, "invalid_request")
+    assert "param 'speed'=3.0 is out of range (allowed: 0 to 2)" in body["detail"]
+    assert body["details"]["reason"] == "params" and body["details"]["param"] == "speed"
+    body = _error(contract.act({"observation": obs, "params": {"style": "reckless"}}), 400, "invalid_request")
+    assert "allowed: one of ['fast', 'careful']" in body["detail"]
+
+
+def test_a_chunk_of_the_wrong_action_space_is_refused(contract):
+    body = _error(contract.act({"observation": _contract_obs(), "params": {"kind": "velocity"}}), 500, "policy_error")
+    assert body["details"]["reason"] == "action_space"
+    assert "joint_velocity; the contract declares joint_absolute" in body["detail"]
+
+
+def test_max_delta_clips_each_step_with_a_warning_per_dimension(contract):
+    body = contract.act({"observation": _contract_obs(), "params": {"kind": "jump"}}).json()
+    assert body["action_chunk"]["actions"] == [[0.0] * 4, [0.5] * 4]
+    assert [w.split(":")[0] for w in body["warnings"]] == [f"clipped step 1 dim {d}" for d in range(4)]
+
+
+# ---------------------------------------------------------------- no contract, exceptions, caches, timeouts
+
+@pytest.fixture(scope="module")
+def raw(tmp_path_factory):
+    w = WorkerProcess.start(str(POLICIES / "raw_policy.py"), tmp_path_factory.mktemp("raw-worker"), name="raw")
+    yield w
+    w.stop()
+
+
+def test_no_contract_policy_gets_the_dict_unchanged(raw):
+    sent = {"op": "echo", "images": "not checked", "state": [1, 2], "nested": {"a": [None, True, "x"]}}
+    r = raw.act({"observation": sent})
+    assert r.status_code == 200, r.text
+    assert r.json()["action_chunk"] is None and r.json()["outputs"]["echo"] == sent
+
+
+def test_a_builtin_exception_comes_back_as_itself_with_the_traceback(raw):
+    body = _error(raw.act({"observation": {"op": "keyerror"}}), 500, "policy_error")
+    d = body["details"]
+    assert d["exception_type"] == "KeyError" and d["builtin"] is True and d["exception_args"] == ["missing"]
+    assert "raw_policy.py" in d["remote_traceback"] and 'inputs["missing"]' in d["remote_traceback"]
+
+
+def test_a_policy_defined_exception_is_policy_error_with_its_name(raw):
+    body = _error(raw.act({"observation": {"op": "custom"}}), 500, "policy_error")
+    assert body["details"]["exception_type"] == "CalibrationDrift" and body["details"]["builtin"] is False
+    assert "wrist camera moved" in body["detail"]
+
+
+def test_compile_caches_point_at_the_deployments_cache_dir(raw):
+    env = raw.act({"observation": {"op": "env"}}).json()["outputs"]
+    cache = raw.ready_file.parent / "raw-weights-cache"
+    assert env == {"TORCHINDUCTOR_CACHE_DIR": str(cache / "torchinductor"), "TRITON_CACHE_DIR": str(cache / "triton"),
+                   "JAX_COMPILATION_CACHE_DIR": str(cache / "jax")}
+    assert all(os.path.isdir(p) for p in env.values())
+
+
+def test_a_request_past_the_request_timeout_is_504_and_the_worker_finishes_it(raw):
+    t0 = time.monotonic()
+    body = _error(raw.act({"observation": {"op": "sleep", "s": 2.0}}), 504, "request_timeout")
+    assert 0.9 <= time.monotonic() - t0 < 1.9
+    assert body["retryable"] is True and body["details"]["timeout_s"] == 1.0
+    r = raw.act({"observation": {"op": "sleep", "s": 0.0}})          # queued behind the slow one
+    assert r.status_code == 200 and time.monotonic() - t0 >= 1.9
+    assert r.json()["outputs"]["calls"] >= 2
+
+
+# ---------------------------------------------------------------- background load
+
+def _phase(tmp_path, name: str, timeout: float = 20.0) -> dict:
+    p = tmp_path / f"{name}.ready.json.phase"
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            return json.loads(p.read_text())
+        except (OSError, ValueError):
+            time.sleep(0.02)
+    raise TimeoutError(p)
+
+
+def test_while_loading_act_and_ping_answer_503_warming_with_retry_after_and_job_id(tmp_path):
+    w = WorkerProcess.start(ECHO_POLICY, tmp_path, name="slow", env={"ECHO_LOAD_S": "3"}, wait=False)
+    try:
+        info = _phase(tmp_path, "slow")
+        client = httpx.Client(base_url=f"http://127.0.0.1:{info['port']}", timeout=10)
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                r = client.post("/act", json={"observation": echo_observation()}, headers={"Authorization": f"Bearer {w.secret}"})
+                break
+            except httpx.TransportError:
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+        body = _error(r, 503, "warming")
+        assert body["retryable"] is True and int(r.headers["retry-after"]) >= 1
+        assert body["details"]["job_id"] == info["job_id"] and body["details"]["phase"] in ("importing", "loading")
+        assert client.get("/ping").status_code == 503
+        deadline = time.monotonic() + 20
+        while client.get("/ping").status_code != 200:
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        r = client.post("/act", json={"observation": echo_observation()}, headers={"Authorization": f"Bearer {w.secret}"})
+        assert r.status_code == 200
+        assert json.loads((tmp_path / "slow.ready.json").read_text())["load_s"] >= 3.0
+        client.close()
+    finally:
+        w.stop()
+
+
+def test_a_load_past_the_startup_timeout_fails_the_worker_with_that_reason(tmp_path):
     f = _policy_file(tmp_path, '''
-        @seq.policy(action=seq.ActionContract("arm", "joint_absolute", 1, 10.0), streaming=True)
+        @seq.policy(timeouts=seq.Timeouts(startup=1.0))
         class P:
             @seq.load
             def load(self, weights_dir):
-                self.episodes = []
-            @seq.on_episode
-            def new_episode(self, episode_id):
-                self.episodes.append(episode_id)
+                time.sleep(30)
             @seq.infer
-            def infer(self, obs: seq.Observation) -> seq.ActionChunk:
-                return seq.ActionChunk([[float(len(self.episodes))]])
+            def infer(self, inputs):
+                return {}
         ''')
-    w = WorkerProcess.start(f, tmp_path)
+    w = WorkerProcess.start(f, tmp_path, wait=False)
+    assert w.proc.wait(timeout=20) == 3
+    err = json.loads((tmp_path / "w.ready.json.error").read_text())
+    assert err["phase"] == "loading" and err["exception_type"] == "TimeoutError"
+    assert "did not load within the startup timeout (1 s)" in err["detail"]
+
+
+# ---------------------------------------------------------------- episodes and replicas
+
+def test_episodes_stick_to_a_replica_and_on_episode_runs_at_their_end(tmp_path):
+    log_file = tmp_path / "episodes.log"
+    w = WorkerProcess.start(str(POLICIES / "episode_policy.py"), tmp_path, name="ep",
+                            env={"EPISODE_LOG": str(log_file), "SEQ_EPISODE_IDLE_S": "1.0"})
     try:
-        seen = [w.act({"observation": {"instruction": "x"}, "episode_id": e}).json()["action_chunk"]["actions"][0][0]
-                for e in ("a", "a", "b", "b", "c")]
-        assert seen == [1.0, 1.0, 2.0, 2.0, 3.0]
+        def act(eid, **kw):
+            r = w.act({"observation": {"episode": eid}, "episode_id": eid, **kw})
+            assert r.status_code == 200, r.text
+            return r.json()["outputs"]
+        a = [act("a") for _ in range(3)]
+        b = [act("b") for _ in range(3)]
+        assert {o["replica"] for o in a} == {a[0]["replica"]} and {o["replica"] for o in b} == {b[0]["replica"]}
+        assert a[0]["replica"] != b[0]["replica"] and a[0]["instance"] != b[0]["instance"]
+        assert [o["steps"] for o in a] == [1, 2, 3]
+        r = w.client.post("/episode/end", json={"episode_id": "a"}, headers={"Authorization": f"Bearer {w.secret}"})
+        assert r.status_code == 200 and r.json() == {"episode_id": "a", "ended": True}
+        assert log_file.read_text().splitlines() == [f"a {a[0]['replica']}"]
+        assert act("c", end_episode=True)["steps"] == 1                 # the act runs, then the episode ends
+        act("b")
+        deadline = time.monotonic() + 10                                 # b idle for 1 s: ended by the worker
+        while "b" not in [line.split()[0] for line in log_file.read_text().splitlines()]:
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        assert sorted(line.split()[0] for line in log_file.read_text().splitlines()) == ["a", "b", "c"]
+    finally:
+        w.stop()
+
+
+def test_sigterm_ends_open_episodes_then_runs_shutdown(tmp_path):
+    log_file = tmp_path / "episodes.log"
+    w = WorkerProcess.start(str(POLICIES / "episode_policy.py"), tmp_path, name="ep", env={"EPISODE_LOG": str(log_file)})
+    assert w.act({"observation": {"episode": "open"}, "episode_id": "open"}).status_code == 200
+    assert w.stop() == 0
+    assert [line.split()[0] for line in log_file.read_text().splitlines()] == ["open"]
+
+
+# ---------------------------------------------------------------- batching
+
+def _concurrent_acts(w: WorkerProcess, bodies: list, stagger_s: float = 0.0) -> list:
+    out = [None] * len(bodies)
+
+    def go(i):
+        out[i] = w.act(bodies[i])
+    threads = [threading.Thread(target=go, args=(i,)) for i in range(len(bodies))]
+    for t in threads:
+        t.start()
+        time.sleep(stagger_s)
+    for t in threads:
+        t.join()
+    return out
+
+
+def test_serving_batches_only_the_requests_that_waited_while_busy(tmp_path):
+    w = WorkerProcess.start(str(POLICIES / "batch_policy.py"), tmp_path, name="bs")
+    try:
+        solo = w.act({"observation": {"instruction": "x"}, "params": {"tag": 7}}).json()
+        assert solo["batch_size"] == 1 and solo["action_chunk"]["actions"] == [[7.0, 1.0, 0.0]]
+        first = threading.Thread(target=w.act, args=({"observation": {"instruction": "x"}, "params": {"hold_ms": 600}},))
+        first.start()
+        time.sleep(0.3)                                                  # the replica is busy for ~0.3 s more
+        rs = _concurrent_acts(w, [{"observation": {"instruction": "x"}, "params": {"tag": t}} for t in (1, 2, 3)])
+        first.join()
+        rows = sorted(r.json()["action_chunk"]["actions"][0] for r in rs)
+        assert [row[0] for row in rows] == [1.0, 2.0, 3.0]                # each request got its own answer
+        assert {row[1] for row in rows} == {3.0} and sorted(row[2] for row in rows) == [0.0, 1.0, 2.0]
+    finally:
+        w.stop()
+
+
+def test_eval_batches_gather_until_quiet(tmp_path):
+    w = WorkerProcess.start(str(POLICIES / "batch_policy.py"), tmp_path, name="be", env={"SEQ_WORKER_MODE": "eval"})
+    try:
+        rs = _concurrent_acts(w, [{"observation": {"instruction": "x"}, "params": {"tag": t}} for t in range(5)],
+                              stagger_s=0.01)                            # 10 ms apart, inside the 50 ms quiet window
+        assert all(r.status_code == 200 for r in rs)
+        assert [r.json()["action_chunk"]["actions"][0][0] for r in rs] == [0.0, 1.0, 2.0, 3.0, 4.0]
+        assert max(r.json()["batch_size"] for r in rs) >= 3
+        assert w.client.get("/info").json()["mode"] == "eval"
     finally:
         w.stop()

@@ -9,10 +9,12 @@
 | unauthorized    | 401  | no        | missing/wrong API key or direct secret                    |
 | lease_expired   | 401  | no        | a lease from an older worker epoch                        |
 | not_found       | 404  | no        | unknown deployment / model / route                        |
+| payload_too_large | 413 | no       | a request body over the server's size limit               |
 | policy_error    | 500  | no        | the policy's own code raised, or returned a bad chunk     |
 | internal        | 500  | no        | a bug in the server itself                                |
 | warming         | 503  | yes       | the worker is loading; Retry-After says when to ask again |
 | worker_failed   | 503  | no        | the worker failed to load or died                         |
+| request_timeout | 504  | yes       | one inference ran past timeouts.request (it still finishes)|
 
 ``install_error_handlers(app)`` makes every error a FastAPI app raises -- our ``ApiError``,
 pydantic validation errors, Starlette HTTP errors and unexpected exceptions -- come out in
@@ -41,10 +43,12 @@ CODES: dict[str, tuple[int, bool]] = {
     "unauthorized": (401, False),
     "lease_expired": (401, False),
     "not_found": (404, False),
+    "payload_too_large": (413, False),
     "policy_error": (500, False),
     "internal": (500, False),
     "warming": (503, True),
     "worker_failed": (503, False),
+    "request_timeout": (504, True),
 }
 
 

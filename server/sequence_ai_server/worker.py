@@ -1,97 +1,72 @@
 """The worker: one process hosting one ``@seq.policy`` class behind ``POST /act``.
 
 Where it sits: the robot client calls ``/act`` here directly (the gateway only hands out this
-worker's URL and direct secret). Per request the worker
+worker's URL and direct secret). The hosting itself -- contracts, decoding, params, replicas,
+batching, episodes -- lives in ``_hosting.PolicyHost``; this module is the HTTP face and the
+process around it. Per request the worker
 
-  1. checks the bearer secret (constant-time),
-  2. checks the observation against the ObservationContract *before* any inference (views,
-     frame sizes, proprioception widths, instruction) and decodes each JPEG/PNG frame once,
-  3. casts ``params`` to the types infer() declares (unknown names refused),
-  4. runs infer() on the one policy thread (never on the event loop; one inference at a time),
-  5. checks the returned chunk against the ActionContract (T x action_dim, finite), clips it
-     into bounds / max_delta with warnings (or refuses it), and fills in action_space, robot and
-     control_frequency_hz.
+  1. refuses a body over the size limit (413) and a wrong bearer secret (401, constant-time),
+  2. parses the body (JSON, or the binary framing with raw JPEG/PNG blobs) and checks it against
+     the ObservationContract and the declared params, decoding each frame once -- on a thread,
+     never on the event loop,
+  3. queues it on its replica (sticky per episode); infer() runs on that replica's thread,
+  4. answers 504 request_timeout if infer runs past ``timeouts.request`` (it still finishes),
+  5. checks the chunk against the ActionContract (clip with warnings, or refuse).
 
-Startup: import the file, call ``load(weights_dir)`` once and ``warmup()`` if declared, then run
-one synthetic observation (black frames, zero vectors) through the whole /act path -- a policy
-that cannot answer it never serves. Then serve on 127.0.0.1 and write ``--ready-file``
-atomically: ``{"port", "pid", "url", "load_s", ...}``. Beside it the worker keeps
-``<ready-file>.phase`` (the current phase) and, on failure, ``<ready-file>.error``.
+Startup: the socket is bound and served at once; ``/ping`` and ``/act`` answer 503 warming with
+Retry-After and the load's ``job_id`` while the policy is imported, loaded, warmed up and checked
+with one synthetic observation in the background. A start that raises, or runs past
+``timeouts.startup``, writes ``<ready-file>.error`` and exits 3. Once ready the worker writes
+``--ready-file`` atomically (``{"port", "pid", "url", "load_s", ...}``); ``<ready-file>.phase``
+holds the current phase all along. SIGTERM runs ``@seq.on_episode`` for open episodes, then
+``@seq.shutdown``.
 
     python -m sequence_ai_server.worker --file policy.py [--class C] --port 0 \\
-        --secret S --ready-file /tmp/w.json [--name N] [--weights-dir D] [--parent-pid PID]
+        --secret S --ready-file /tmp/w.json [--name N] [--weights-dir D] [--cache-dir D] \\
+        [--mode serve|eval] [--max-body-bytes N] [--parent-pid PID]
 
 The secret may come from ``$SEQ_WORKER_SECRET`` instead of ``--secret`` (keeps it out of ps).
+``$SEQ_EPISODE_IDLE_S`` overrides the 300 s after which an idle episode is ended.
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
-import base64
-import binascii
-import concurrent.futures
-import hmac
-import importlib.util
-import inspect
-import io
 import json
 import logging
 import os
+import secrets as _secrets
 import signal
 import socket
 import sys
+import threading
 import time
 import traceback
 from pathlib import Path
-from typing import Any, Optional, Union
+from typing import Any, Optional
 
 import anyio
-import numpy as np
-from fastapi import APIRouter, Depends, FastAPI, Header, Request, Response
-from PIL import Image as PILImage
-from pydantic import BaseModel, ConfigDict, ValidationError
+from fastapi import FastAPI, Request
+from fastapi.responses import Response
+from pydantic import BaseModel
 
-import seq
-from seq._params import ParamError, cast_params
-from seq._policy import PolicySpec, get_spec, is_policy
+from ._hosting import (BINARY_CONTENT_TYPE, DEFAULT_MAX_BODY_BYTES, EPISODE_IDLE_S, PolicyError, PolicyHost,
+                       export_compile_caches, finish_chunk, load_policy_class)
+from .errors import ApiError, ErrorBody, install_error_handlers, new_request_id
 
-from .errors import ApiError, install_error_handlers, new_request_id
-
-__all__ = ["PolicyHost", "load_policy_class", "create_app", "main"]
+__all__ = ["PolicyHost", "WorkerState", "load_policy_class", "create_app", "main"]
 
 log = logging.getLogger("sequence_ai_server.worker")
 
-MAX_WARNINGS = 32
-SYNTHETIC_INSTRUCTION = "synthetic check: hold still"
 
-
-# ---------------------------------------------------------------- wire models
-
-class ImageFrameIn(BaseModel):
-    view: str
-    data: str
-    timestamp_ms: Optional[float] = None
-
-
-class DepthFrameIn(BaseModel):
-    """A depth map as a 16-bit PNG of millimetres."""
-    view: str
-    data: str
-    timestamp_ms: Optional[float] = None
-
-
-class ObservationIn(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-    images: list[ImageFrameIn] = []
-    depth: list[DepthFrameIn] = []
-    proprioception: dict[str, Union[list[float], float]] = {}
-    instruction: Optional[str] = ""
-
+# ---------------------------------------------------------------- wire models (the OpenAPI document)
 
 class ActRequest(BaseModel):
+    """The JSON /act body (the binary body carries the same JSON after a length prefix)."""
     observation: dict[str, Any]
     params: dict[str, Any] = {}
     episode_id: Optional[str] = None
+    end_episode: bool = False
 
 
 class ActionChunkOut(BaseModel):
@@ -106,8 +81,13 @@ class ActResponse(BaseModel):
     action_chunk: Optional[ActionChunkOut]
     warnings: list[str] = []
     inference_ms: float
+    batch_size: int = 1
     request_id: str
-    outputs: Any = None          # only for a policy with no contract whose infer returns its own format
+    outputs: Any = None
+
+
+class EpisodeEnd(BaseModel):
+    episode_id: str
 
 
 class PingResponse(BaseModel):
@@ -116,405 +96,139 @@ class PingResponse(BaseModel):
     pid: int
 
 
-# ---------------------------------------------------------------- loading a policy file
-
-def load_policy_class(file: str, class_name: Optional[str] = None) -> type:
-    """Import ``file`` (its directory goes on sys.path) and return its @seq.policy class:
-    the named one, or the only one defined in that module."""
-    path = Path(file).resolve()
-    if not path.is_file():
-        raise FileNotFoundError(f"policy file not found: {path}")
-    directory = str(path.parent)
-    if directory not in sys.path:
-        sys.path.insert(0, directory)
-    module_name = path.stem
-    spec = importlib.util.spec_from_file_location(module_name, path)
-    if spec is None or spec.loader is None:
-        raise ImportError(f"cannot import {path}: not a Python module")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[module_name] = module
-    spec.loader.exec_module(module)
-    if class_name:
-        cls = getattr(module, class_name, None)
-        if cls is None:
-            raise LookupError(f"{path.name} has no class {class_name!r}")
-        if not is_policy(cls):
-            raise LookupError(f"{path.name}:{class_name} is not decorated with @seq.policy")
-        return cls
-    found = [obj for obj in vars(module).values() if is_policy(obj) and obj.__module__ == module.__name__]
-    if not found:
-        raise LookupError(f"{path.name} defines no @seq.policy class")
-    if len(found) > 1:
-        names = ", ".join(sorted(c.__name__ for c in found))
-        raise LookupError(f"{path.name} defines several @seq.policy classes ({names}); name one with --class")
-    return found[0]
+def _schema(model: type[BaseModel]) -> dict:
+    return model.model_json_schema(ref_template="#/components/schemas/{model}")
 
 
-# ---------------------------------------------------------------- observation checking + decoding
-
-def _decode_frame(data: str, where: str, expect: Optional[tuple[int, int]], depth: bool = False) -> np.ndarray:
-    try:
-        raw = base64.b64decode(data, validate=True)
-    except (binascii.Error, ValueError):
-        raise ApiError("invalid_request", f"{where}: data is not valid base64",
-                       hint="send each frame as base64 of JPEG or PNG bytes") from None
-    try:
-        img = PILImage.open(io.BytesIO(raw))
-    except Exception:
-        raise ApiError("invalid_request", f"{where}: data is not a JPEG or PNG image",
-                       hint="encode each frame as JPEG (quality 95) or PNG, then base64") from None
-    if img.format not in ("JPEG", "PNG"):
-        raise ApiError("invalid_request", f"{where}: image format {img.format} is not accepted",
-                       hint="encode each frame as JPEG or PNG")
-    if expect is not None and img.size != expect:
-        w, h = expect
-        raise ApiError("invalid_request", f"{where}: frame is {img.size[0]}x{img.size[1]}, this policy reads {w}x{h}",
-                       hint=f"resize the frame to {w}x{h} (width x height) before encoding it",
-                       details={"view_size": list(img.size), "expected": [w, h]})
-    try:
-        if depth:
-            arr = np.asarray(img, dtype=np.float32) / 1000.0     # millimetres -> metres
-        else:
-            arr = np.asarray(img.convert("RGB"), dtype=np.uint8)
-    except Exception as exc:
-        raise ApiError("invalid_request", f"{where}: image could not be decoded ({exc})") from None
-    return arr
-
-
-def _proprio_array(values: Union[list[float], float]) -> np.ndarray:
-    return np.atleast_1d(np.asarray(values, dtype=np.float64))
-
-
-def parse_observation(raw: dict[str, Any], spec: PolicySpec, episode_id: Optional[str]) -> tuple[seq.Observation, list[str]]:
-    """Check a wire observation against the contract (if declared) and decode it.
-    Raises ApiError(invalid_request) naming what is wrong and what to do."""
-    try:
-        obs_in = ObservationIn.model_validate(raw)
-    except ValidationError as exc:
-        problems = [f"observation.{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()]
-        raise ApiError("invalid_request", "observation does not match the wire format: " + "; ".join(problems[:5]),
-                       hint="see docs/design.md: images [{view, data}], proprioception {field: [floats]}, instruction",
-                       details={"errors": problems}) from None
-    contract = spec.observation
-    warnings: list[str] = []
-    frames: dict[str, list[ImageFrameIn]] = {}
-    for frame in obs_in.images:
-        frames.setdefault(frame.view, []).append(frame)
-    depth_frames = {d.view: d for d in obs_in.depth}
-    instruction = (obs_in.instruction or "")
-    proprio: dict[str, np.ndarray] = {}
-    for name, values in obs_in.proprioception.items():
-        proprio[name] = _proprio_array(values)
-
-    if contract is not None:
-        declared = ", ".join(f"{v} ({c.width}x{c.height})" for v, c in contract.cameras.items()) or "none"
-        missing = [v for v in contract.cameras if v not in frames]
-        if missing:
-            raise ApiError("invalid_request", f"missing view(s) {missing}; this policy reads: {declared}",
-                           hint="send one frame per declared camera view, named exactly as declared",
-                           details={"missing_views": missing, "declared_views": list(contract.cameras)})
-        for view in list(frames):
-            if view not in contract.cameras:
-                warnings.append(f"view {view!r} is not declared by this policy and was ignored")
-                del frames[view]
-        n = contract.history
-        for view, fs in frames.items():
-            if len(fs) != n:
-                raise ApiError("invalid_request", f"view {view!r} has {len(fs)} frame(s); this policy reads {n} per view (history={n})",
-                               hint=f"send the last {n} frame(s) of each view, oldest first")
-        missing_depth = [v for v, c in contract.cameras.items() if c.depth and v not in depth_frames]
-        if missing_depth:
-            raise ApiError("invalid_request", f"missing depth frame(s) for view(s) {missing_depth}",
-                           hint="send observation.depth: [{view, data: base64 16-bit PNG of millimetres}]")
-        for name, width in contract.proprio.items():
-            if name not in proprio:
-                raise ApiError("invalid_request",
-                               f"missing proprioception.{name}; this policy reads {dict(contract.proprio)}",
-                               hint=f"send proprioception.{name} as a list of {width} float(s)",
-                               details={"missing_field": name})
-            got = proprio[name].shape[0]
-            if got != width:
-                raise ApiError("invalid_request",
-                               f"proprioception.{name} has {got} value(s); this policy reads {width}",
-                               hint=f"send exactly {width} value(s) for {name}; declared: {dict(contract.proprio)}",
-                               details={"field": name, "got": got, "expected": width})
-            if not np.all(np.isfinite(proprio[name])):
-                raise ApiError("invalid_request", f"proprioception.{name} contains NaN or infinity")
-        if not instruction.strip():
-            raise ApiError("invalid_request", "instruction is empty; this policy needs a task instruction",
-                           hint='send observation.instruction, e.g. "put the red cube on the green pad"')
-
-    images: dict[str, np.ndarray] = {}
-    timestamps: dict[str, Optional[float]] = {}
-    for view, fs in frames.items():
-        cam = contract.cameras.get(view) if contract is not None else None
-        expect = (cam.width, cam.height) if cam is not None else None
-        arrays = [_decode_frame(f.data, f"view {view!r}", expect) for f in fs]
-        images[view] = arrays[0] if (contract is None or contract.history == 1) and len(arrays) == 1 else np.stack(arrays)
-        timestamps[view] = fs[-1].timestamp_ms
-    depth: dict[str, np.ndarray] = {}
-    for view, d in depth_frames.items():
-        cam = contract.cameras.get(view) if contract is not None else None
-        expect = (cam.width, cam.height) if cam is not None else None
-        depth[view] = _decode_frame(d.data, f"depth {view!r}", expect, depth=True)
-    obs = seq.Observation(images=images, proprio=proprio, instruction=instruction, episode_id=episode_id,
-                          depth=depth, timestamps_ms=timestamps)
-    return obs, warnings
-
-
-# ---------------------------------------------------------------- checking the chunk
-
-def _policy_error(detail: str, reason: str, **details: Any) -> ApiError:
-    return ApiError("policy_error", detail, details={"reason": reason, **details},
-                    hint="the chunk infer() returned does not fit the declared ActionContract")
-
-
-def finish_chunk(result: Any, spec: PolicySpec) -> tuple[Optional[ActionChunkOut], list[str], Any]:
-    """Validate infer's result against the ActionContract; clip or refuse. -> (chunk, warnings, outputs)."""
-    if not isinstance(result, seq.ActionChunk):
-        if spec.infer_mode == "raw" and spec.action is None:
-            return None, [], result
-        if isinstance(result, dict) and "actions" in result:
-            result = seq.ActionChunk(result["actions"], result.get("open_loop_horizon"))
-        elif isinstance(result, (np.ndarray, list, tuple)):
-            result = seq.ActionChunk(result)
-        else:
-            raise _policy_error(f"infer() returned {type(result).__name__}; return seq.ActionChunk(actions=...)", "type")
-    arr = np.array(result.actions, dtype=np.float64)
-    action = spec.action
-    if arr.ndim != 2 or arr.shape[0] == 0:
-        raise _policy_error(f"action chunk has shape {tuple(arr.shape)}; expected T x "
-                            f"{action.action_dim if action else 'D'} with T >= 1", "shape", shape=list(arr.shape))
-    if action is not None and arr.shape[1] != action.action_dim:
-        raise _policy_error(f"action chunk rows have {arr.shape[1]} values; the contract declares action_dim={action.action_dim}",
-                            "action_dim", shape=list(arr.shape))
-    if not np.all(np.isfinite(arr)):
-        bad = np.argwhere(~np.isfinite(arr))[:5].tolist()
-        raise _policy_error(f"action chunk contains NaN or infinity at (step, dim) {bad}", "non_finite")
-    olh = result.open_loop_horizon
-    if olh is not None and not (1 <= olh <= arr.shape[0]):
-        raise _policy_error(f"open_loop_horizon={olh} is outside 1..{arr.shape[0]} (the chunk's length)", "open_loop_horizon")
-    warnings: list[str] = []
-    if action is not None:
-        violations: list[str] = []
-        if action.bounds is not None:
-            lo = np.array([b[0] for b in action.bounds])
-            hi = np.array([b[1] for b in action.bounds])
-            for t, d in np.argwhere((arr < lo) | (arr > hi)).tolist():
-                violations.append(f"step {t} dim {d}: {arr[t, d]:.6g} outside [{lo[d]:.6g}, {hi[d]:.6g}]")
-            arr = np.clip(arr, lo, hi)
-        md = action.max_delta_per_dim()
-        if md is not None:
-            limit = np.array(md)
-            for t in range(1, arr.shape[0]):
-                step = arr[t] - arr[t - 1]
-                over = np.abs(step) > limit
-                if over.any():
-                    for d in np.flatnonzero(over).tolist():
-                        violations.append(f"step {t} dim {d}: moves {step[d]:.6g} from the previous step, max_delta {limit[d]:.6g}")
-                    arr[t] = arr[t - 1] + np.clip(step, -limit, limit)
-        if violations:
-            if action.on_violation == "refuse":
-                raise ApiError("policy_error", f"action chunk violates the declared limits: {violations[0]}"
-                               + (f" (and {len(violations) - 1} more)" if len(violations) > 1 else ""),
-                               details={"reason": "bounds", "violations": violations[:MAX_WARNINGS]},
-                               hint='the contract says on_violation="refuse"; use "clip" to clip instead')
-            warnings = [f"clipped {v}" for v in violations[:MAX_WARNINGS]]
-            if len(violations) > MAX_WARNINGS:
-                warnings.append(f"... and {len(violations) - MAX_WARNINGS} more clipped values")
-    chunk = ActionChunkOut(
-        actions=arr.tolist(),
-        action_space=action.action_space.value if action else None,
-        robot=action.robot if action else None,
-        control_frequency_hz=action.control_frequency_hz if action else None,
-        open_loop_horizon=olh,
-    )
-    return chunk, warnings, None
-
-
-def synthetic_observation(spec: PolicySpec) -> dict[str, Any]:
-    """Black frames at each declared size, zero vectors of each declared width, an instruction."""
-    contract = spec.observation
-    images = []
-    depth = []
-    for view, cam in contract.cameras.items():
-        buf = io.BytesIO()
-        PILImage.new("RGB", (cam.width, cam.height)).save(buf, format="PNG")
-        data = base64.b64encode(buf.getvalue()).decode()
-        images.extend({"view": view, "data": data, "timestamp_ms": 0} for _ in range(contract.history))
-        if cam.depth:
-            buf = io.BytesIO()
-            PILImage.fromarray(np.zeros((cam.height, cam.width), dtype=np.uint16)).save(buf, format="PNG")
-            depth.append({"view": view, "data": base64.b64encode(buf.getvalue()).decode()})
-    return {"images": images, "depth": depth,
-            "proprioception": {k: [0.0] * w for k, w in contract.proprio.items()},
-            "instruction": SYNTHETIC_INSTRUCTION}
-
-
-# ---------------------------------------------------------------- the host
-
-class PolicyError(Exception):
-    """The policy's own code raised; carries the exception's name and traceback."""
-
-    def __init__(self, exc: BaseException, tb: str, stage: str):
-        super().__init__(f"{type(exc).__name__}: {exc}")
-        self.exc = exc
-        self.exception_type = type(exc).__name__
-        self.remote_traceback = tb
-        self.stage = stage
-
-    def to_api_error(self) -> ApiError:
-        if isinstance(self.exc, seq.PolicyInputError):
-            return ApiError("invalid_request", str(self.exc) or "the policy refused this input",
-                            details={"exception_type": self.exception_type},
-                            hint="the policy refused this observation; its message says why")
-        return ApiError("policy_error", f"the policy raised {self.exception_type} in {self.stage}(): {self.exc}",
-                        details={"exception_type": self.exception_type, "remote_traceback": self.remote_traceback},
-                        hint="this is the policy's own error; fix it in the policy file (traceback in details.remote_traceback)")
-
-
-class PolicyHost:
-    """Holds one instance of the policy class; every call into policy code runs on one thread."""
-
-    def __init__(self, cls: type, name: Optional[str] = None):
-        self.cls = cls
-        self.spec: PolicySpec = get_spec(cls)
-        self.name = name or cls.__name__
-        self.instance: Any = None
-        self.executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="policy")
-        self.episode_id: Optional[str] = None
-        self.timings: dict[str, float] = {}
-
-    def _method(self, stage: str):
-        name = self.spec.methods.get(stage)
-        return getattr(self.instance, name) if name else None
-
-    def _call(self, stage: str, *args: Any, **kwargs: Any) -> Any:
-        """Run on the policy thread (blocking); wraps the policy's exceptions in PolicyError."""
-        def run():
-            try:
-                fn = self._method(stage)
-                return fn(*args, **kwargs)
-            except Exception as exc:
-                raise PolicyError(exc, traceback.format_exc(), stage) from exc
-        return self.executor.submit(run).result()
-
-    def start(self, weights_dir: str, phase=lambda p: None) -> None:
-        """Construct, load, warm up, and prove the policy on one synthetic observation."""
-        t0 = time.monotonic()
-        phase("loading")
-        def construct():
-            self.instance = self.cls()
-        self.executor.submit(construct).result()
-        self._call("load", weights_dir)
-        self.timings["load_s"] = time.monotonic() - t0
-        if "warmup" in self.spec.methods:
-            phase("warmup")
-            t1 = time.monotonic()
-            self._call("warmup")
-            self.timings["warmup_s"] = time.monotonic() - t1
-        if self.spec.observation is not None:
-            phase("checking")
-            t2 = time.monotonic()
-            try:
-                self.act_blocking({"observation": synthetic_observation(self.spec)})
-            except PolicyError as exc:
-                if not isinstance(exc.exc, seq.PolicyInputError):
-                    raise
-                log.info("synthetic check: the policy refused the synthetic input (%s); accepted", exc)
-            except ApiError as exc:
-                raise RuntimeError(f"synthetic /act check failed: {exc.detail}") from exc
-            self.timings["check_s"] = time.monotonic() - t2
-            self.episode_id = None
-
-    def prepare(self, body: ActRequest) -> tuple[Any, dict[str, Any], list[str]]:
-        """Check and decode the request (any thread). -> (observation, params, warnings)."""
-        try:
-            params = cast_params(self.spec.params, body.params)
-        except ParamError as exc:
-            raise ApiError("invalid_request", str(exc), details={"param": exc.name,
-                           "declared": [p.to_dict() for p in self.spec.params]},
-                           hint="send only the params infer() declares (seq policy status lists them)") from None
-        if self.spec.infer_mode == "raw":
-            return body.observation, params, []
-        obs, warnings = parse_observation(body.observation, self.spec, body.episode_id)
-        return obs, params, warnings
-
-    def infer(self, obs: Any, params: dict[str, Any], episode_id: Optional[str]) -> tuple[Any, float]:
-        """On the policy thread: episode boundary, then infer. -> (result, inference seconds)."""
-        def run():
-            if episode_id is not None and episode_id != self.episode_id:
-                if "on_episode" in self.spec.methods:
-                    try:
-                        self._method("on_episode")(episode_id)
-                    except Exception as exc:
-                        raise PolicyError(exc, traceback.format_exc(), "on_episode") from exc
-                self.episode_id = episode_id
-            t0 = time.perf_counter()
-            try:
-                result = self._method("infer")(obs, **params)
-            except Exception as exc:
-                raise PolicyError(exc, traceback.format_exc(), "infer") from exc
-            return result, time.perf_counter() - t0
-        return self.executor.submit(run)
-
-    def act_blocking(self, raw_body: dict[str, Any]) -> ActResponse:
-        body = ActRequest.model_validate(raw_body)
-        obs, params, warnings = self.prepare(body)
-        result, seconds = self.infer(obs, params, body.episode_id).result()
-        chunk, more, outputs = finish_chunk(result, self.spec)
-        return ActResponse(action_chunk=chunk, warnings=warnings + more, inference_ms=seconds * 1000.0,
-                           request_id=new_request_id(), outputs=outputs)
-
-    def stop(self, timeout: float = 10.0) -> None:
-        if self.instance is not None and "shutdown" in self.spec.methods:
-            try:
-                fut = self.executor.submit(self._method("shutdown"))
-                fut.result(timeout=timeout)
-            except Exception:
-                log.exception("@seq.shutdown raised")
-        self.executor.shutdown(wait=False, cancel_futures=True)
+_ACT_BODY = {"requestBody": {"required": True, "content": {
+    "application/json": {"schema": _schema(ActRequest)},
+    BINARY_CONTENT_TYPE: {"schema": {"type": "string", "format": "binary",
+                                     "description": "4-byte big-endian JSON length, the JSON body with "
+                                                    "images[].blob = [offset, length], then the raw JPEG/PNG bytes"}}}}}
+_ERRORS = {s: {"model": ErrorBody} for s in (400, 401, 413, 500, 503, 504)}
 
 
 # ---------------------------------------------------------------- the app
 
-def create_app(host: PolicyHost, secret: str) -> FastAPI:
-    expected = secret.encode()
+class WorkerState:
+    """What the HTTP layer knows: the host once imported, the phase, the load's job id."""
 
-    def require_secret(authorization: Optional[str] = Header(default=None)) -> None:
-        scheme, _, token = (authorization or "").partition(" ")
-        if scheme.lower() != "bearer" or not token or not hmac.compare_digest(token.strip().encode(), expected):
+    def __init__(self, name: Optional[str], load_estimate_s: float = 10.0):
+        self.name = name
+        self.host: Optional[PolicyHost] = None
+        self.phase = "importing"
+        self.job_id = "load_" + _secrets.token_hex(6)
+        self.t0 = time.monotonic()
+        self.load_estimate_s = load_estimate_s
+
+    def ready_host(self) -> PolicyHost:
+        host = self.host
+        if host is None or not host.ready:
+            left = max(1.0, self.load_estimate_s - (time.monotonic() - self.t0))
+            raise ApiError("warming", f"the policy is still starting ({self.phase})", retry_after_s=left,
+                           details={"phase": self.phase, "job_id": self.job_id},
+                           hint="retry after Retry-After seconds; the worker answers as soon as load() returns")
+        return host
+
+
+def create_app(state: WorkerState, secret: str, *, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> FastAPI:
+    """The worker's FastAPI app: /ping, /info, /act, /episode/end, /openapi.json.
+
+    The bearer token is the worker secret or a lease token signed with it (``leases.DirectAuth``:
+    rotation via ``$SEQ_WORKER_SECRET_FILE``, idle tracking via ``$SEQ_WORKER_ACTIVITY_FILE``)."""
+    app = FastAPI(title=f"sequence-ai worker: {state.name or 'policy'}", docs_url=None, redoc_url=None,
+                  openapi_url="/openapi.json",
+                  description="Direct robot -> worker endpoints. Errors share one shape (ErrorBody).")
+
+    # Platform (issue 5): the direct secret may also be a gateway-signed lease token (expired ->
+    # 401 lease_expired), the secret is rotated through $SEQ_WORKER_SECRET_FILE, and accepted
+    # requests touch $SEQ_WORKER_ACTIVITY_FILE (idle stop). All of it lives in leases.py.
+    from .leases import DirectAuth
+    direct_auth = DirectAuth.from_env(secret)
+
+    def check_secret(request: Request) -> None:
+        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not token:
             raise ApiError("unauthorized", "missing or wrong direct secret",
                            hint="reconnect through the gateway (POST /v1/connect) for fresh worker coordinates")
+        direct_auth.check(token)
 
-    router = APIRouter()
+    async def read_body(request: Request) -> bytes:
+        length = request.headers.get("content-length")
+        if length is not None and length.isdigit() and int(length) > max_body_bytes:
+            raise ApiError("payload_too_large", f"body is {int(length)} bytes; this worker takes at most {max_body_bytes}",
+                           hint="send JPEG frames at the declared camera size (the binary body avoids base64)",
+                           details={"limit_bytes": max_body_bytes})
+        if length is not None:
+            return await request.body()
+        buf = bytearray()
+        async for part in request.stream():
+            buf += part
+            if len(buf) > max_body_bytes:
+                raise ApiError("payload_too_large", f"body is over this worker's limit of {max_body_bytes} bytes",
+                               details={"limit_bytes": max_body_bytes})
+        return bytes(buf)
 
-    @router.get("/ping", response_model=PingResponse)
+    @app.get("/ping", response_model=PingResponse, responses={503: {"model": ErrorBody}})
     async def ping() -> PingResponse:
-        return PingResponse(status="ready", name=host.name, pid=os.getpid())
+        """ready once the policy has loaded and passed its synthetic check; 503 warming before."""
+        state.ready_host()
+        return PingResponse(status="ready", name=state.name, pid=os.getpid())
 
-    @router.get("/info")
+    @app.get("/info")
     async def info() -> dict:
+        """The hosted class, its contract and params (no secret needed)."""
+        host = state.ready_host()
         d = host.spec.to_dict()
-        return {"name": host.name, "class_name": d["class_name"], "contract": d["contract"], "params": d["params"]}
+        return {"name": state.name, "class_name": d["class_name"], "contract": d["contract"], "params": d["params"],
+                "batching": d["batching"], "concurrency": d["concurrency"], "slots": len(host.replicas),
+                "mode": host.mode}
 
-    @router.post("/act", response_model=ActResponse, dependencies=[Depends(require_secret)])
-    async def act(body: ActRequest, request: Request, response: Response) -> ActResponse:
+    @app.post("/act", response_model=ActResponse, responses=_ERRORS, openapi_extra=_ACT_BODY)
+    async def act(request: Request) -> Response:
+        """One observation -> one action chunk (JSON or binary body; see docs/design.md)."""
         rid = request.state.request_id
+        raw = await read_body(request)
+        check_secret(request)
+        host = state.ready_host()
+        prepared = await anyio.to_thread.run_sync(host.prepare, raw, request.headers.get("content-type", ""))
+        future = asyncio.wrap_future(host.submit(prepared))
+        timeout = host.spec.timeouts.request
         try:
-            obs, params, warnings = await anyio.to_thread.run_sync(host.prepare, body)
-            result, seconds = await asyncio.wrap_future(host.infer(obs, params, body.episode_id))
+            result, seconds, batch = await asyncio.wait_for(asyncio.shield(future), timeout)
+        except asyncio.TimeoutError:
+            log.warning("%s ran past the request timeout (%g s); the worker finishes it", rid, timeout)
+            raise ApiError("request_timeout", f"inference ran past the request timeout of {timeout:g} s; "
+                           "the worker finishes it before serving again", retry_after_s=1.0,
+                           details={"timeout_s": timeout},
+                           hint="raise timeouts=seq.Timeouts(request=...) or make infer faster") from None
         except PolicyError as exc:
             log.warning("%s %s", rid, exc)
             raise exc.to_api_error() from None
         chunk, more, outputs = finish_chunk(result, host.spec)
         if more:
             log.info("%s clipped: %s", rid, more[0])
-        response.headers["X-Request-ID"] = rid
-        return ActResponse(action_chunk=chunk, warnings=warnings + more, inference_ms=round(seconds * 1000.0, 3),
-                           request_id=rid, outputs=outputs)
+        payload = {"action_chunk": chunk, "warnings": prepared.warnings + more,
+                   "inference_ms": round(seconds * 1000.0, 3), "batch_size": batch, "request_id": rid,
+                   "outputs": outputs}
+        try:
+            content = json.dumps(payload, separators=(",", ":"), allow_nan=False).encode()
+        except (TypeError, ValueError) as exc:
+            raise ApiError("policy_error", f"infer() returned outputs that are not JSON ({exc})",
+                           details={"reason": "outputs"}, hint="return dicts/lists of numbers and strings") from None
+        return Response(content, media_type="application/json", headers={"X-Request-ID": rid})
 
-    app = FastAPI(title=f"sequence-ai worker: {host.name}", docs_url=None, redoc_url=None, openapi_url=None)
+    @app.post("/episode/end", responses=_ERRORS)
+    async def episode_end(body: EpisodeEnd, request: Request) -> dict:
+        """End an episode: @seq.on_episode runs on its replica after its queued acts."""
+        check_secret(request)
+        host = state.ready_host()
+        known = body.episode_id in host.episodes
+        try:
+            await asyncio.wrap_future(host.end_episode(body.episode_id))
+        except PolicyError as exc:
+            raise exc.to_api_error() from None
+        return {"episode_id": body.episode_id, "ended": known}
 
     @app.middleware("http")
     async def request_id(request: Request, call_next):
@@ -524,7 +238,6 @@ def create_app(host: PolicyHost, secret: str) -> FastAPI:
         return await call_next(request)
 
     install_error_handlers(app)
-    app.include_router(router)
     return app
 
 
@@ -539,9 +252,9 @@ def _write_json_atomic(path: str, data: dict) -> None:
     os.replace(tmp, path)
 
 
-def _resolve_weights_dir(spec: PolicySpec, file: str, weights_dir: str) -> Any:
+def _resolve_weights_dir(spec: Any, file: str, weights_dir: str) -> Any:
     """A local directory named by weights= is handed to load as is; otherwise the deployment's
-    own directory (created, nothing copied). Named parts -> {part: directory}."""
+    own directory (created, nothing fetched self-hosted). Named parts -> {part: directory}."""
     def one(ref: Any, part: Optional[str]) -> str:
         if isinstance(ref, str):
             local = ref[len("file://"):] if ref.startswith("file://") else ref
@@ -562,6 +275,14 @@ def _resolve_weights_dir(spec: PolicySpec, file: str, weights_dir: str) -> Any:
     return one(spec.weights, None)
 
 
+def _default_cache_dir(weights_dir: str, name: str) -> str:
+    """<data_dir>/cache/<name> beside <data_dir>/weights/<name>; else <weights_dir>-cache."""
+    w = Path(weights_dir)
+    if w.parent.name == "weights":
+        return str(w.parent.parent / "cache" / name)
+    return str(w.with_name(w.name + "-cache"))
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m sequence_ai_server.worker", description=__doc__.split("\n")[0])
     parser.add_argument("--file", required=True, help="the policy file")
@@ -572,67 +293,89 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--ready-file", required=True, help="written atomically once serving: {port, pid, ...}")
     parser.add_argument("--name", default=None)
     parser.add_argument("--weights-dir", default=None, help="the deployment's weights directory")
+    parser.add_argument("--cache-dir", default=None, help="compile caches (default: <data_dir>/cache/<name>)")
+    parser.add_argument("--mode", choices=("serve", "eval"), default=os.environ.get("SEQ_WORKER_MODE", "serve"),
+                        help="serve: batches never wait for more requests; eval: they gather (eval_wait_ms)")
+    parser.add_argument("--max-body-bytes", type=int,
+                        default=int(os.environ.get("SEQ_WORKER_MAX_BODY_BYTES", DEFAULT_MAX_BODY_BYTES)))
+    parser.add_argument("--load-estimate-s", type=float, default=10.0, help="Retry-After basis while loading")
     parser.add_argument("--parent-pid", type=int, default=None, help="exit when this process goes away")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stdout, format="%(asctime)s worker %(levelname)s %(message)s")
     secret = args.secret or os.environ.get("SEQ_WORKER_SECRET")
     if not secret:
         parser.error("a direct secret is required: --secret or $SEQ_WORKER_SECRET")
+    name = args.name or Path(args.file).stem
     ready_file = os.path.abspath(args.ready_file)
     phase_file, error_file = ready_file + ".phase", ready_file + ".error"
     for stale in (ready_file, error_file):
         if os.path.exists(stale):
             os.remove(stale)
+    weights_dir = args.weights_dir or os.path.join(os.path.expanduser("~/.sequence-ai"), "weights", name)
+    caches = export_compile_caches(args.cache_dir or _default_cache_dir(weights_dir, name))
+    idle_s = float(os.environ.get("SEQ_EPISODE_IDLE_S", EPISODE_IDLE_S))
 
-    # A SIGTERM while loading ends the process at once: load may hold the policy thread for minutes.
-    def stop_now(signum, frame):
-        log.info("signal %d while starting; exiting", signum)
-        os._exit(128 + signum)
-    signal.signal(signal.SIGTERM, stop_now)
-    signal.signal(signal.SIGINT, stop_now)
-
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    # IPPROTO_TCP, not 0: asyncio sets TCP_NODELAY only on accepted sockets whose protocol is
+    # IPPROTO_TCP; with 0 every response waits ~40 ms for the client's delayed ACK (Nagle).
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((args.host, args.port))
     port = sock.getsockname()[1]
-    state: dict[str, Any] = {"pid": os.getpid(), "port": port, "name": args.name}
+    url = f"http://{args.host}:{port}"
+    state = WorkerState(args.name, args.load_estimate_s)
+    info: dict[str, Any] = {"pid": os.getpid(), "port": port, "url": url, "name": args.name, "job_id": state.job_id,
+                            "caches": caches}
+    lock = threading.Lock()
+    finished = threading.Event()
 
-    def phase(name: str, **extra: Any) -> None:
-        state.update(phase=name, t=time.time(), **extra)
-        log.info("phase=%s", name)
-        _write_json_atomic(phase_file, state)
+    def phase(p: str, **extra: Any) -> None:
+        with lock:
+            state.phase = p
+            info.update(phase=p, t=time.time(), **extra)
+            log.info("phase=%s", p)
+            _write_json_atomic(phase_file, info)
 
-    current = "importing"
-    host: Optional[PolicyHost] = None
-    try:
-        phase("importing")
-        cls = load_policy_class(args.file, args.class_name)
-        host = PolicyHost(cls, args.name)
-        phase("importing", spec=host.spec.to_dict())
-        weights_dir = _resolve_weights_dir(host.spec, args.file, args.weights_dir or
-                                           os.path.join(os.path.expanduser("~/.sequence-ai"), "weights", args.name or cls.__name__))
-
-        def track(p: str) -> None:
-            nonlocal current
-            current = p
-            phase(p)
-        host.start(weights_dir, track)
-    except BaseException as exc:  # noqa: BLE001 - report anything that stops the start, then exit
-        inner = exc.exc if isinstance(exc, PolicyError) else exc
-        tb = exc.remote_traceback if isinstance(exc, PolicyError) else traceback.format_exc()
-        detail = f"{type(inner).__name__}: {inner}"
-        log.error("failed while %s: %s\n%s", current, detail, tb)
-        _write_json_atomic(error_file, {"phase": current, "exception_type": type(inner).__name__,
-                                        "detail": detail, "traceback": tb})
+    def fail(stage: str, exc: BaseException, tb: str) -> None:
+        with lock:
+            if finished.is_set():
+                return
+            finished.set()
+        detail = f"{type(exc).__name__}: {exc}"
+        log.error("failed while %s: %s\n%s", stage, detail, tb)
+        _write_json_atomic(error_file, {"phase": stage, "exception_type": type(exc).__name__, "detail": detail,
+                                        "traceback": tb, "job_id": state.job_id})
         phase("failed")
         sys.stdout.flush()
         os._exit(3)
 
-    app = create_app(host, secret)
-    config = uvicorn_config(app)
+    def load() -> None:
+        try:
+            phase("importing")
+            cls = load_policy_class(args.file, args.class_name)
+            host = PolicyHost(cls, args.name, mode=args.mode, episode_idle_s=idle_s)
+            phase("importing", spec=host.spec.to_dict())
+            state.host = host
+            weights = _resolve_weights_dir(host.spec, args.file, weights_dir)
+            host.start(weights, phase)
+        except BaseException as exc:  # noqa: BLE001 - report whatever stops the start, then exit
+            inner = exc.exc if isinstance(exc, PolicyError) else exc
+            tb = exc.remote_traceback if isinstance(exc, PolicyError) else traceback.format_exc()
+            fail(state.phase, inner, tb)
+            return
+        with lock:
+            if finished.is_set():
+                return
+            finished.set()
+        phase("ready")
+        _write_json_atomic(ready_file, {"port": port, "pid": os.getpid(), "url": url, **host.timings,
+                                        "job_id": state.job_id, "spec": host.spec.to_dict(), "caches": caches})
+        log.info("serving %s on %s (%d slot(s), mode %s)", host.name, url, len(host.replicas), host.mode)
+
     import uvicorn
-    server = uvicorn.Server(config)
-    # After serving, uvicorn re-raises the signal it caught: make that a no-op.
+    server = uvicorn.Server(uvicorn.Config(create_app(state, secret, max_body_bytes=args.max_body_bytes),
+                                           log_level="warning", access_log=False, lifespan="off",
+                                           timeout_graceful_shutdown=5))
+    # uvicorn re-raises the signal it caught once it has stopped: make that a no-op.
     signal.signal(signal.SIGTERM, lambda s, f: None)
     signal.signal(signal.SIGINT, lambda s, f: None)
 
@@ -640,37 +383,36 @@ def main(argv: Optional[list[str]] = None) -> int:
         task = asyncio.create_task(server.serve(sockets=[sock]))
         while not server.started and not task.done():
             await asyncio.sleep(0.005)
-        if server.started:
-            url = f"http://{args.host}:{port}"
-            phase("ready")
-            _write_json_atomic(ready_file, {"port": port, "pid": os.getpid(), "url": url, **host.timings,
-                                            "spec": host.spec.to_dict()})
-            log.info("serving %s on %s", host.name, url)
-        if args.parent_pid:
-            async def watch_parent() -> None:
-                while not server.should_exit:
-                    if os.getppid() != args.parent_pid:
-                        log.warning("parent %d went away; stopping", args.parent_pid)
-                        server.should_exit = True
-                    await asyncio.sleep(0.5)
-            asyncio.create_task(watch_parent())
+        phase("importing")
+        threading.Thread(target=load, name="policy-load", daemon=True).start()
+
+        async def watch() -> None:
+            while not server.should_exit:
+                host = state.host
+                if host is not None and not host.ready and not finished.is_set():
+                    limit = host.spec.timeouts.startup
+                    if time.monotonic() - state.t0 > limit:
+                        fail(state.phase, TimeoutError(f"the policy did not load within the startup timeout ({limit:g} s)"), "")
+                if host is not None and host.ready:
+                    host.reap_idle_episodes()
+                if args.parent_pid and os.getppid() != args.parent_pid:
+                    log.warning("parent %d went away; stopping", args.parent_pid)
+                    server.should_exit = True
+                await asyncio.sleep(min(0.5, idle_s / 4))
+        asyncio.create_task(watch())
         await task
 
     try:
         asyncio.run(serve())
     finally:
-        log.info("stopping: calling @seq.shutdown")
-        host.stop()
+        host = state.host
+        if host is not None and host.ready:
+            log.info("stopping: calling @seq.shutdown (open episodes end first)")
+            host.stop()
         log.info("stopped")
         sys.stdout.flush()
         sys.stderr.flush()
     os._exit(0)
-
-
-def uvicorn_config(app: FastAPI):
-    import uvicorn
-    return uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off",
-                          timeout_graceful_shutdown=5)
 
 
 if __name__ == "__main__":

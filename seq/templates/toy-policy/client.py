@@ -1,0 +1,10 @@
+"""Call a deployed toy-policy: ``python client.py`` (needs SEQUENCES_API_KEY and a running gateway)."""
+import sequence_ai
+
+if __name__ == "__main__":
+    with sequence_ai.connect("toy-policy") as policy:
+        x = 0.0
+        for _ in range(8):
+            out = policy.predict({"state": [x], "target": [0.5]})
+            x += out.outputs["delta"][0] if hasattr(out, "outputs") else out["delta"][0]
+            print(f"x = {x:.3f}")
