@@ -120,7 +120,24 @@ class GatewayProcess:
         r = self.client.post("/v1/deployments", json={"name": name, "file": str(Path(file).resolve()),
                                                       "class_name": class_name})
         r.raise_for_status()
-        return self.wait_until(name, ("ready", "failed"), timeout) if wait else r.json()
+        d = r.json()
+        if not wait:
+            return d
+        if (d.get("build") or {}).get("status") == "building":   # a new version builds beside the serving one
+            return self.wait_build(name, timeout)
+        return self.wait_until(name, ("ready", "failed"), timeout)
+
+    def wait_build(self, name: str, timeout: float = 60.0) -> dict:
+        """Wait until the version building beside the serving one took over (build.status ready)
+        or failed; returns the deployment."""
+        deadline = time.monotonic() + timeout
+        while True:
+            d = self.status(name)
+            if (d.get("build") or {}).get("status") in ("ready", "failed"):
+                return d
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{name} build still {d.get('build')} after {timeout}s")
+            time.sleep(0.05)
 
     def status(self, name: str) -> dict:
         r = self.client.get(f"/v1/deployments/{name}")

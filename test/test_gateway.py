@@ -16,6 +16,9 @@ import pytest
 from _servers import ECHO_POLICY, POLICIES, ROOT, GatewayProcess, _env, echo_observation
 
 
+SEQ_MAIN = "from seq.cli import main; main()"   # what the `seq` console script runs
+
+
 def _pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -169,13 +172,13 @@ def test_gateway_shutdown_terminates_its_workers(tmp_path):
     while _pid_alive(pid) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not _pid_alive(pid)
-    assert "stopping: calling @seq.shutdown" in (gw.data_dir / "logs" / "echo.log").read_text()
+    assert "calling @seq.shutdown" in (gw.data_dir / "logs" / "echo.log").read_text()
 
 
 # ---------------------------------------------------------------- the seq CLI
 
 def _seq(gateway, *args, env=None, timeout=60):
-    return subprocess.run([sys.executable, "-m", "seq.cli", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-c", SEQ_MAIN, *args], capture_output=True, text=True,
                           env=_env({**gateway.env(), **(env or {})}), timeout=timeout, cwd=str(ROOT))
 
 

@@ -36,6 +36,7 @@ import re
 import secrets
 import signal
 import socket
+import shutil
 import sqlite3
 import subprocess
 import sys
@@ -45,12 +46,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
+import httpx
 from fastapi import APIRouter, Depends, FastAPI, Header, Request
 from pydantic import BaseModel
 
 from seq._params import InferParam, ParamError, cast_params
 
 from .errors import ApiError, install_error_handlers, new_request_id
+from .keys import KeyRecord, KeyStore
+from .leases import sign_lease
 
 __all__ = ["Gateway", "create_app", "serve", "main", "default_data_dir", "DEFAULT_HOST", "DEFAULT_PORT"]
 
@@ -59,8 +63,11 @@ log = logging.getLogger("sequence_ai_server.gateway")
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8470
 DEFAULT_LOAD_ESTIMATE_S = 30.0
-LEASE_TTL_S = 300.0
+LEASE_TTL_S = 300.0            # default lease; $SEQ_LEASE_TTL_S overrides (tests use a few seconds)
+DEFAULT_IDLE_TIMEOUT_S = 600.0  # when the policy declares none (seq._policy default)
 STOP_GRACE_S = 10.0
+KEEP_VERSIONS = 5
+BUILD_SUFFIX = ".build"     # workers[name + BUILD_SUFFIX]: the version building beside the serving one
 _NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
 
 
@@ -97,6 +104,7 @@ class Deployment(BaseModel):
     params: list[dict[str, Any]] = []
     spec: Optional[dict[str, Any]] = None
     details: Optional[dict[str, Any]] = None
+    build: Optional[dict[str, Any]] = None     # the version building beside the serving one (or the last one that did)
 
 
 class DeploymentList(BaseModel):
@@ -118,6 +126,15 @@ class ModelList(BaseModel):
 class ConnectRequest(BaseModel):
     model: str
     params: dict[str, Any] = {}
+
+
+class RollbackRequest(BaseModel):
+    to: Optional[int] = None
+
+
+class KeyCreate(BaseModel):
+    name: Optional[str] = None
+    deployment: Optional[str] = None
 
 
 class Lease(BaseModel):
@@ -161,6 +178,19 @@ CREATE TABLE IF NOT EXISTS deployments (
     created_at REAL NOT NULL,
     updated_at REAL NOT NULL
 );
+CREATE TABLE IF NOT EXISTS versions (
+    name TEXT NOT NULL,
+    version INTEGER NOT NULL,
+    file TEXT NOT NULL,
+    source_file TEXT NOT NULL,
+    class_name TEXT,
+    file_sha TEXT,
+    status TEXT NOT NULL,
+    error TEXT,
+    load_s REAL,
+    created_at REAL NOT NULL,
+    PRIMARY KEY (name, version)
+);
 CREATE TABLE IF NOT EXISTS keys (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
     hash TEXT NOT NULL UNIQUE,
@@ -180,6 +210,9 @@ class Store:
         with self._lock:
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.executescript(_SCHEMA)
+            cols = {r[1] for r in self._db.execute("PRAGMA table_info(deployments)")}
+            if "build_json" not in cols:   # a state.db from before versions were built beside
+                self._db.execute("ALTER TABLE deployments ADD COLUMN build_json TEXT")
 
     def get(self, name: str) -> Optional[dict]:
         with self._lock:
@@ -202,14 +235,26 @@ class Store:
         with self._lock:
             self._db.execute(f"UPDATE deployments SET {sets} WHERE name = ?", (*fields.values(), name))
 
-    def key_hashes(self) -> list[str]:
+    def versions(self, name: str) -> list[dict]:
         with self._lock:
-            return [r["hash"] for r in self._db.execute("SELECT hash FROM keys")]
+            return [dict(r) for r in self._db.execute(
+                "SELECT * FROM versions WHERE name = ? ORDER BY version DESC", (name,))]
 
-    def add_key(self, key: str) -> None:
+    def put_version(self, row: dict) -> None:
+        cols = ", ".join(row)
         with self._lock:
-            self._db.execute("INSERT INTO keys (hash, prefix, created_at) VALUES (?, ?, ?)",
-                             (_hash_key(key), key[:14], time.time()))
+            self._db.execute(f"INSERT OR REPLACE INTO versions ({cols}) VALUES ({', '.join('?' * len(row))})",
+                             tuple(row.values()))
+
+    def update_version(self, name: str, version: int, **fields: Any) -> None:
+        sets = ", ".join(f"{k} = ?" for k in fields)
+        with self._lock:
+            self._db.execute(f"UPDATE versions SET {sets} WHERE name = ? AND version = ?",
+                             (*fields.values(), name, version))
+
+    def delete_version(self, name: str, version: int) -> None:
+        with self._lock:
+            self._db.execute("DELETE FROM versions WHERE name = ? AND version = ?", (name, version))
 
     def close(self) -> None:
         with self._lock:
@@ -227,6 +272,36 @@ class WorkerProc:
     phase_mtime: float = 0.0
     stopping: bool = False
     log_handle: Any = field(default=None, repr=False)
+    secret: str = field(default="", repr=False)
+    secret_file: Optional[Path] = None
+    activity_file: Optional[Path] = None
+    version: int = 0
+    file: str = ""
+    class_name: Optional[str] = None
+    file_sha: Optional[str] = None
+    spec: Optional[dict] = None
+
+
+@dataclass
+class SessionRec:
+    """One admitted robot session. Times are unix seconds."""
+    id: str
+    model: str
+    key_id: str
+    epoch: int
+    version: int
+    params: dict
+    created_at: float
+    expires_at: float
+
+
+def _write_secret(path: Path, value: str) -> None:
+    """Write ``value`` to ``path`` with mode 0600 (atomic replace)."""
+    tmp = Path(f"{path}.tmp")
+    fd = os.open(str(tmp), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(value)
+    os.replace(tmp, path)
 
 
 def _log_tail(path: Path, lines: int = 20) -> list[str]:
@@ -268,11 +343,16 @@ class Gateway:
         for sub in ("logs", "run", "weights"):
             (self.data_dir / sub).mkdir(exist_ok=True)
         self.store = Store(self.data_dir / "state.db")
+        self.keys = KeyStore(self.store._db, self.store._lock)
         self.workers: dict[str, WorkerProc] = {}
         self._lock = threading.RLock()
         self.api_key_file = self.data_dir / "api_key"
         self._ensure_key()
-        self._key_hashes = self.store.key_hashes()
+        self.lease_ttl_s = float(os.environ.get("SEQ_LEASE_TTL_S") or LEASE_TTL_S)
+        self.sessions: dict[str, SessionRec] = {}
+        self._activity: dict[str, float] = {}      # deployment -> last connect / renew / /v1/act (unix s)
+        self.cold_starts = 0
+        self._retiring: list[WorkerProc] = []        # replaced workers draining after a version switch
         # workers of a previous gateway process are gone (they watch their parent): nothing serves now
         for row in self.store.all():
             if row["status"] in ("starting", "ready"):
@@ -280,10 +360,9 @@ class Gateway:
 
     # -- keys
     def _ensure_key(self) -> None:
-        if self.store.key_hashes():
+        if self.keys.count():
             return
-        key = "seq_local_" + secrets.token_urlsafe(24)
-        self.store.add_key(key)
+        _, key = self.keys.create(name="local")
         fd = os.open(str(self.api_key_file), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as f:
             f.write(key + "\n")
@@ -291,13 +370,32 @@ class Gateway:
         log.info("created an API key; it is in %s", self.api_key_file)
 
     def check_key(self, key: Optional[str]) -> bool:
+        rec = self.keys.lookup(key)
+        return rec is not None and rec.revoked_at is None
+
+    def authenticate(self, key: Optional[str]) -> KeyRecord:
+        """The live key record for ``key``; raises ApiError unauthorized (401) when missing, unknown or revoked."""
+        hint = (f"send `Authorization: Bearer <key>`; the local key is in {self.api_key_file} "
+                "(or set SEQUENCES_API_KEY)")
         if not key:
-            return False
-        digest = _hash_key(key.strip())
-        ok = False
-        for h in self._key_hashes:
-            ok |= hmac.compare_digest(digest, h)
-        return ok
+            raise ApiError("unauthorized", "no API key was sent", hint=hint)
+        rec = self.keys.lookup(key)
+        if rec is None:
+            raise ApiError("unauthorized", "missing or invalid API key", hint=hint)
+        if rec.revoked_at is not None:
+            raise ApiError("unauthorized", f"this API key ({rec.id}{' ' + rec.name if rec.name else ''}) was revoked",
+                           hint="ask the account owner for a new key (`seq keys create`)", details={"reason": "revoked"})
+        return rec
+
+    @staticmethod
+    def require_scope(key: KeyRecord, deployment: Optional[str] = None) -> None:
+        """Robot keys reach only their own deployment; account-wide actions need an unbound key."""
+        if key.deployment is None or (deployment is not None and deployment == key.deployment):
+            return
+        what = f"deployment {deployment!r}" if deployment else "this endpoint"
+        raise ApiError("unauthorized", f"this key is bound to deployment {key.deployment!r} and may not use {what}",
+                       hint="use an account key (one made by `seq keys create` without --deployment)",
+                       details={"reason": "key_bound", "deployment": key.deployment})
 
     # -- views
     def describe(self, row: dict) -> Deployment:
@@ -310,6 +408,7 @@ class Gateway:
             pid=row["worker_pid"], started_at=row["started_at"], ready_at=row["ready_at"],
             contract=spec["contract"] if spec else None, params=spec["params"] if spec else [],
             spec=spec, details=details,
+            build=json.loads(row["build_json"]) if row.get("build_json") else None,
         )
 
     def require(self, name: str) -> dict:
@@ -333,30 +432,99 @@ class Gateway:
             raise ApiError("invalid_request", f"policy file not found: {req.file}",
                            hint="the gateway reads the file from its own filesystem; check the path")
         sha = hashlib.sha256(path.read_bytes()).hexdigest()
+        return self._deploy(req.name, path, req.class_name, sha)
+
+    def _deploy(self, name: str, path: Path, class_name: Optional[str], sha: Optional[str],
+                version: Optional[int] = None, source: Optional[Path] = None) -> Deployment:
+        """Start ``path`` as ``name``. While a version serves, the new one builds beside it and
+        takes over only once ready (a failed build changes nothing); otherwise it starts in place.
+        ``version`` forces the number (rollback); else the same file keeps it, a changed one bumps it."""
         now = time.time()
         with self._lock:
-            old = self.store.get(req.name)
-            self._stop_process(req.name)
-            if old is None:
-                version, epoch, load_s, created = 1, 0, None, now
-            else:
-                same = old["file_sha"] == sha and old["file"] == str(path) and old["class_name"] == req.class_name
-                version = old["version"] if same else old["version"] + 1
-                epoch, load_s, created = old["epoch"], old["load_s"], old["created_at"]
+            old = self.store.get(name)
+            known = [v["version"] for v in self.store.versions(name)]
+            if version is None:
+                if old is None:
+                    version = 1
+                else:
+                    same = old["file_sha"] == sha and old["class_name"] == class_name
+                    version = old["version"] if same else max([old["version"], *known]) + 1
+            self._record_version(name, version, path, source or path, class_name, sha)
+            if old is not None and old["status"] == "ready" and name in self.workers:
+                prev = self.workers.get(name + BUILD_SUFFIX)
+                if prev is not None and prev.version != version:
+                    self.store.update_version(name, prev.version, status="superseded")
+                self._stop_process(name + BUILD_SUFFIX)
+                w = self._launch(name, name + BUILD_SUFFIX, str(path), class_name, version, source or path)
+                w.file_sha = sha
+                self.store.update(name, build_json=json.dumps({"version": version, "status": "building",
+                                                               "phase": "spawning", "started_at": now}))
+                log.info("building %s v%d beside the serving v%d", name, version, old["version"])
+                return self.describe(self.require(name))
+            self._stop_process(name)
+            epoch, load_s, created = (0, None, now) if old is None else (old["epoch"], old["load_s"], old["created_at"])
             self.store.insert({
-                "name": req.name, "version": version, "file": str(path), "class_name": req.class_name,
+                "name": name, "version": version, "file": str(path), "class_name": class_name,
                 "file_sha": sha, "status": "starting", "phase": "spawning", "worker_port": None,
                 "worker_pid": None, "secret": None, "epoch": epoch, "error": None, "error_details": None,
                 "load_s": load_s, "started_at": None, "ready_at": None, "served": 0, "spec_json": None,
-                "created_at": created, "updated_at": now,
+                "created_at": created, "updated_at": now, "build_json": None,
             })
-            self._spawn(req.name)
-        return self.describe(self.require(req.name))
+            self._spawn(name)
+        return self.describe(self.require(name))
 
-    def _spawn(self, name: str) -> None:
-        row = self.store.get(name)
+    def _record_version(self, name: str, version: int, path: Path, source: Path, class_name: Optional[str],
+                        sha: Optional[str]) -> None:
+        """Snapshot the policy file as ``<data_dir>/versions/<name>/v<N>/`` and keep the newest
+        KEEP_VERSIONS (never dropping the serving one)."""
+        snap_dir = self.data_dir / "versions" / name / f"v{version}"
+        snap = snap_dir / path.name
+        if path.resolve() != snap.resolve():
+            snap_dir.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(path, snap)
+        self.store.put_version({"name": name, "version": version, "file": str(snap), "source_file": str(source),
+                                "class_name": class_name, "file_sha": sha, "status": "building", "error": None,
+                                "load_s": None, "created_at": time.time()})
+        serving = (self.store.get(name) or {}).get("version")
+        for v in self.store.versions(name)[KEEP_VERSIONS:]:
+            if v["version"] != serving:
+                self.store.delete_version(name, v["version"])
+                shutil.rmtree(self.data_dir / "versions" / name / f"v{v['version']}", ignore_errors=True)
+
+    def versions(self, name: str) -> dict:
+        """``{"name", "serving", "versions": [{"version", "status", "serving", "load_s", "created_at", "error", "file"}]}``."""
+        row = self.require(name)
+        out = []
+        for v in self.store.versions(name):
+            out.append({"version": v["version"], "status": v["status"], "serving": v["version"] == row["version"],
+                        "load_s": v["load_s"], "created_at": v["created_at"], "error": v["error"],
+                        "file": v["source_file"]})
+        return {"name": name, "serving": row["version"], "versions": out}
+
+    def rollback(self, name: str, to: Optional[int] = None) -> Deployment:
+        """Build a kept version beside the serving one (default: the newest older one that was ready)."""
+        row = self.require(name)
+        kept = {v["version"]: v for v in self.store.versions(name)}
+        if to is None:
+            older = [n for n, v in kept.items() if n < row["version"] and v["status"] in ("ready", "retired")]
+            if not older:
+                raise ApiError("invalid_request", f"{name} has no older version that served to roll back to",
+                               hint=f"`seq policy versions {name}` lists the kept versions")
+            to = max(older)
+        if to not in kept:
+            raise ApiError("not_found", f"{name} has no kept version v{to}",
+                           hint=f"`seq policy versions {name}` lists the {KEEP_VERSIONS} kept versions")
+        v = kept[to]
+        return self._deploy(name, Path(v["file"]), v["class_name"], v["file_sha"], version=to,
+                            source=Path(v["source_file"]))
+
+    def _launch(self, name: str, key: str, file: str, class_name: Optional[str], version: int,
+                source: Path) -> WorkerProc:
+        """Start a worker process for ``name`` under ``workers[key]``; no state row is touched.
+        It runs ``file`` with cwd (and an import path entry) at the original file's directory."""
         run = self.data_dir / "run"
-        ready = run / f"{name}.ready.json"
+        key = f"{key}.{secrets.token_hex(3)}"   # run files are per launch: a build never touches the serving worker's
+        ready = run / f"{key}.ready.json"
         for p in (ready, Path(str(ready) + ".phase"), Path(str(ready) + ".error")):
             with contextlib.suppress(FileNotFoundError):
                 p.unlink()
@@ -365,31 +533,70 @@ class Gateway:
         here = Path(__file__).resolve().parent.parent                       # .../server
         seq_root = Path(__import__("seq").__file__).resolve().parent.parent  # dir holding seq/
         env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join([str(here), str(seq_root)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+        paths = [str(here), str(seq_root)] + ([str(source.parent)] if Path(file).parent != source.parent else [])
+        env["PYTHONPATH"] = os.pathsep.join(paths + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
         env["PYTHONUNBUFFERED"] = "1"
         env["SEQ_WORKER_SECRET"] = secret
-        cmd = [sys.executable, "-m", "sequence_ai_server.worker", "--file", row["file"], "--port", "0",
+        secret_file, activity_file = run / f"{key}.secret", run / f"{key}.activity"
+        _write_secret(secret_file, secret)
+        with contextlib.suppress(FileNotFoundError):
+            activity_file.unlink()
+        env["SEQ_WORKER_SECRET_FILE"] = str(secret_file)      # rotation (leases.py)
+        env["SEQ_WORKER_ACTIVITY_FILE"] = str(activity_file)  # idle tracking (leases.py)
+        cmd = [sys.executable, "-m", "sequence_ai_server.worker", "--file", file, "--port", "0",
                "--ready-file", str(ready), "--name", name, "--weights-dir", str(self.data_dir / "weights" / name),
                "--parent-pid", str(os.getpid())]
-        if row["class_name"]:
-            cmd += ["--class", row["class_name"]]
+        if class_name:
+            cmd += ["--class", class_name]
         handle = open(log_path, "ab", buffering=0)
-        handle.write(f"\n===== {time.strftime('%Y-%m-%d %H:%M:%S')} starting {name} v{row['version']} =====\n".encode())
+        handle.write(f"\n===== {time.strftime('%Y-%m-%d %H:%M:%S')} starting {name} v{version} =====\n".encode())
         proc = subprocess.Popen(cmd, stdout=handle, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env=env, cwd=str(Path(row["file"]).parent), start_new_session=True)
-        now = time.time()
-        self.workers[name] = WorkerProc(name, proc, ready, log_path, now, log_handle=handle)
-        self.store.update(name, status="starting", phase="spawning", worker_pid=proc.pid, worker_port=None,
-                          secret=secret, epoch=row["epoch"] + 1, error=None, error_details=None,
-                          started_at=now, ready_at=None)
-        log.info("started worker for %s (pid %d)", name, proc.pid)
+                                env=env, cwd=str(source.parent), start_new_session=True)
+        self.cold_starts += 1
+        w = WorkerProc(name, proc, ready, log_path, time.time(), log_handle=handle, secret=secret,
+                       secret_file=secret_file, activity_file=activity_file, version=version, file=file,
+                       class_name=class_name)
+        self.workers[key.rsplit(".", 1)[0]] = w
+        log.info("started worker for %s v%d (pid %d)", name, version, proc.pid)
+        return w
 
-    def start(self, name: str) -> None:
+    def _spawn(self, name: str) -> None:
+        row = self.store.get(name)
+        kept = {v["version"]: v for v in self.store.versions(name)}
+        source = Path(kept[row["version"]]["source_file"]) if row["version"] in kept else Path(row["file"])
+        w = self._launch(name, name, row["file"], row["class_name"], row["version"], source)
+        self.store.update(name, status="starting", phase="spawning", worker_pid=w.proc.pid, worker_port=None,
+                          secret=w.secret, epoch=row["epoch"] + 1, error=None, error_details=None,
+                          started_at=w.started_at, ready_at=None)
+
+    def start(self, name: str) -> Deployment:
+        """Start the serving version's worker (no-op when one runs); returns the deployment."""
+        with self._lock:
+            self.require(name)
+            if not (name in self.workers and self.workers[name].proc.poll() is None):
+                self._spawn(name)
+            return self.describe(self.require(name))
+
+    def remove(self, name: str, force: bool = False) -> dict:
+        """Delete a deployment, its versions and snapshots. Refused (invalid_request) while its
+        worker runs or robots hold sessions, unless ``force`` (which stops it first)."""
         with self._lock:
             row = self.require(name)
-            if name in self.workers and self.workers[name].proc.poll() is None:
-                return
-            self._spawn(name)
+            held = sum(1 for x in self.sessions.values() if x.model == name)
+            running = name in self.workers or (name + BUILD_SUFFIX) in self.workers
+            if (held or running) and not force:
+                raise ApiError("invalid_request",
+                               f"{name} is {'serving ' + str(held) + ' session(s)' if held else row['status']}; not removed",
+                               hint=f"stop it first (`seq policy stop {name}`) or pass --force")
+            self._stop_process(name + BUILD_SUFFIX)
+            self._stop_process(name)
+            self._drop_sessions(name)
+            with self.store._lock:
+                self.store._db.execute("DELETE FROM deployments WHERE name = ?", (name,))
+                self.store._db.execute("DELETE FROM versions WHERE name = ?", (name,))
+            shutil.rmtree(self.data_dir / "versions" / name, ignore_errors=True)
+        log.info("removed %s", name)
+        return {"name": name, "removed": True}
 
     def _stop_process(self, name: str) -> None:
         w = self.workers.pop(name, None)
@@ -411,13 +618,15 @@ class Gateway:
         with self._lock:
             self.require(name)
             self._stop_process(name)
+            self._drop_sessions(name)
             self.store.update(name, status="stopped", phase="stopped", worker_port=None, worker_pid=None)
         return self.describe(self.require(name))
 
     def stop_all(self) -> None:
         with self._lock:
-            workers = list(self.workers.values())
+            workers = list(self.workers.values()) + self._retiring
             self.workers.clear()
+            self._retiring = []
         for w in workers:
             w.stopping = True
             with contextlib.suppress(ProcessLookupError):
@@ -436,8 +645,98 @@ class Gateway:
     # -- supervision (called every 100 ms)
     def poll(self) -> None:
         with self._lock:
-            for name, w in list(self.workers.items()):
-                self._poll_one(name, w)
+            for key, w in list(self.workers.items()):
+                if key.endswith(BUILD_SUFFIX):
+                    self._poll_build(key, w)
+                else:
+                    self._poll_one(key, w)
+            self._reap_retiring()
+            self._expire_sessions()
+            self._idle_and_min_workers()
+
+    def _poll_build(self, key: str, w: WorkerProc) -> None:
+        """A version building beside the serving one: swap it in once ready; a failed build only
+        records why (the serving version is untouched)."""
+        name = w.name
+        row = self.store.get(name)
+        build = json.loads(row["build_json"]) if row and row.get("build_json") else {}
+        ph = _read_json(Path(str(w.ready_file) + ".phase")) or {}
+        if ph.get("spec"):
+            w.spec = ph["spec"]
+        code = w.proc.poll()
+        now = time.time()
+        if code is None and w.ready_file.exists():
+            ready = _read_json(w.ready_file)
+            if not (ready and ready.get("port")):
+                return
+            self.workers.pop(key, None)
+            old = self.workers.pop(name, None)
+            self.workers[name] = w
+            load_s = round(now - w.started_at, 3)
+            spec = ready.get("spec") or w.spec
+            self.store.update(name, version=w.version, file=w.file, class_name=w.class_name, file_sha=w.file_sha,
+                              status="ready", phase="ready", worker_port=int(ready["port"]), worker_pid=w.proc.pid,
+                              secret=w.secret, epoch=row["epoch"] + 1, error=None, error_details=None,
+                              load_s=load_s, started_at=w.started_at, ready_at=now, served=1,
+                              spec_json=json.dumps(spec) if spec else row["spec_json"],
+                              build_json=json.dumps({**build, "status": "switching", "phase": "ready", "load_s": load_s}))
+            if row["version"] != w.version:
+                self.store.update_version(name, row["version"], status="retired")
+            self.store.update_version(name, w.version, status="ready", load_s=load_s, error=None)
+            # the new worker serves from here on; the old one's tokens stop working at once
+            # (its clients reconnect to the new version) and it drains and exits in the background
+            if old is not None:
+                old.stopping = True
+                if old.secret_file and old.secret_file != w.secret_file:
+                    _write_secret(old.secret_file, secrets.token_urlsafe(32))
+                with contextlib.suppress(ProcessLookupError):
+                    old.proc.send_signal(signal.SIGTERM)
+                old.retired_at = time.time()
+                self._retiring.append(old)
+            else:
+                self.store.update(name, build_json=json.dumps({**build, "status": "ready", "load_s": load_s}))
+            log.info("%s v%d took over after %.2fs", name, w.version, load_s)
+            return
+        failed_msg = None
+        if code is not None and not w.stopping:
+            err = _read_json(Path(str(w.ready_file) + ".error"))
+            failed_msg = (f"worker failed while {err.get('phase')}: {err.get('detail')}" if err
+                          else f"worker {_exit_reason(code)} while {ph.get('phase') or 'starting'}")
+            details = {"phase": (err or {}).get("phase") or ph.get("phase"),
+                       "exception_type": (err or {}).get("exception_type"),
+                       "remote_traceback": (err or {}).get("traceback"), "log_tail": _log_tail(w.log_path),
+                       "exit_code": code}
+        elif code is None and now - w.started_at > w.startup_timeout_s:
+            w.stopping = True
+            _terminate(w.proc)
+            failed_msg = f"worker did not load within the startup timeout ({w.startup_timeout_s:g} s)"
+            details = {"log_tail": _log_tail(w.log_path)}
+        if code is not None or failed_msg:
+            self.workers.pop(key, None)
+            if w.log_handle:
+                w.log_handle.close()
+        if failed_msg:
+            self.store.update(name, build_json=json.dumps({**build, "status": "failed", "phase": "failed",
+                                                           "error": failed_msg, "details": details}))
+            self.store.update_version(name, w.version, status="failed", error=failed_msg)
+            log.warning("%s v%d failed to build; v%s keeps serving: %s", name, w.version, row["version"], failed_msg)
+        elif code is None and ph.get("phase") and build.get("phase") != ph["phase"]:
+            self.store.update(name, build_json=json.dumps({**build, "phase": ph["phase"]}))
+
+    def _reap_retiring(self) -> None:
+        for old in list(self._retiring):
+            if old.proc.poll() is None:
+                if time.time() - getattr(old, "retired_at", 0.0) < STOP_GRACE_S:
+                    continue
+                old.proc.kill()
+                old.proc.wait()
+            self._retiring.remove(old)
+            if old.log_handle:
+                old.log_handle.close()
+            row = self.store.get(old.name)
+            build = json.loads(row["build_json"]) if row and row.get("build_json") else None
+            if build and build.get("status") == "switching":
+                self.store.update(old.name, build_json=json.dumps({**build, "status": "ready"}))
 
     def _poll_one(self, name: str, w: WorkerProc) -> None:
         row = self.store.get(name)
@@ -469,6 +768,7 @@ class Gateway:
                                   ready_at=now, load_s=round(now - w.started_at, 3), served=1,
                                   spec_json=json.dumps(ready["spec"]) if ready.get("spec") else row["spec_json"])
                 log.info("%s is ready on port %s after %.2fs", name, ready["port"], now - w.started_at)
+                self.store.update_version(name, row["version"], status="ready", load_s=round(now - w.started_at, 3))
             return
         if code is not None:
             self.workers.pop(name, None)
@@ -505,34 +805,54 @@ class Gateway:
                               error_details=json.dumps({"log_tail": _log_tail(w.log_path)}),
                               worker_port=None, worker_pid=None)
 
-    # -- connect
-    def connect(self, req: ConnectRequest) -> ConnectResponse:
+    # -- connect, sessions and leases
+    def ensure_ready(self, model: str) -> dict:
+        """The deployment row once its worker serves; starts a stopped one. Raises ApiError
+        not_found, worker_failed (last start failed), or warming (503 + Retry-After estimated from
+        the last measured load, else 30 s)."""
         with self._lock:
-            row = self.store.get(req.model)
+            row = self.store.get(model)
             if row is None:
-                self.require(req.model)
-            w = self.workers.get(req.model)
+                self.require(model)
+            w = self.workers.get(model)
             if w is not None:
-                self._poll_one(req.model, w)
-            row = self.store.get(req.model)
+                self._poll_one(model, w)
+            row = self.store.get(model)
             status = row["status"]
             if status == "failed" and not row["served"]:
                 details = json.loads(row["error_details"]) if row["error_details"] else None
-                raise ApiError("worker_failed", f"deployment {req.model!r} failed to start: {row['error']}",
-                               details=details, hint=f"fix the policy, then `seq deploy {row['file']} --name {req.model}`; "
-                                                     f"the log is {self.data_dir / 'logs' / (req.model + '.log')}")
+                raise ApiError("worker_failed", f"deployment {model!r} failed to start: {row['error']}",
+                               details=details, hint=f"fix the policy, then `seq deploy {row['file']} --name {model}`; "
+                                                     f"the log is {self.data_dir / 'logs' / (model + '.log')}")
             if status in ("stopped", "failed"):
-                self._spawn(req.model)
-                row = self.store.get(req.model)
+                self._spawn(model)
+                row = self.store.get(model)
                 status = row["status"]
+            self._activity[model] = time.time()
             if status == "starting":
                 estimate = row["load_s"] or DEFAULT_LOAD_ESTIMATE_S
                 elapsed = time.time() - (row["started_at"] or time.time())
                 remaining = max(1.0, estimate - elapsed)
-                raise ApiError("warming", f"deployment {req.model!r} is starting ({row['phase']}); about {remaining:.0f} s left",
+                raise ApiError("warming", f"deployment {model!r} is starting ({row['phase']}); about {remaining:.0f} s left",
                                retry_after_s=round(remaining, 1),
                                details={"phase": row["phase"], "elapsed_s": round(elapsed, 1), "estimate_s": estimate},
                                hint="retry after Retry-After seconds; the client waits this out for you")
+            return row
+
+    def _lease(self, row: dict, sess: SessionRec) -> ConnectResponse:
+        spec = json.loads(row["spec_json"]) if row["spec_json"] else {"contract": {"action": None, "observation": None}}
+        token = sign_lease(row["secret"], sess.id, sess.epoch, sess.expires_at)
+        return ConnectResponse(
+            session_id=sess.id, worker_url=f"http://127.0.0.1:{row['worker_port']}", direct_secret=token,
+            lease=Lease(ttl_s=self.lease_ttl_s, expires_at=sess.expires_at, epoch=sess.epoch),
+            contract=spec["contract"], params=sess.params, version=sess.version,
+        )
+
+    def connect(self, req: ConnectRequest, key: Optional[KeyRecord] = None) -> ConnectResponse:
+        """Admit a session: ensure a worker, cast params, sign a lease token (the direct secret)."""
+        if key is not None:
+            self.require_scope(key, req.model)
+        row = self.ensure_ready(req.model)
         spec = json.loads(row["spec_json"]) if row["spec_json"] else {"contract": {"action": None, "observation": None}, "params": []}
         declared = [InferParam.from_dict(p) for p in spec.get("params", [])]
         try:
@@ -541,13 +861,117 @@ class Gateway:
             raise ApiError("invalid_request", str(exc), details={"param": exc.name, "declared": spec.get("params", [])},
                            hint="`seq policy status NAME` lists the params this policy declares") from None
         now = time.time()
-        return ConnectResponse(
-            session_id="sess_" + secrets.token_hex(8),
-            worker_url=f"http://127.0.0.1:{row['worker_port']}",
-            direct_secret=row["secret"],
-            lease=Lease(ttl_s=LEASE_TTL_S, expires_at=now + LEASE_TTL_S, epoch=row["epoch"]),
-            contract=spec["contract"], params=params, version=row["version"],
-        )
+        sess = SessionRec(id="sess_" + secrets.token_hex(8), model=req.model, key_id=key.id if key else "",
+                          epoch=row["epoch"], version=row["version"], params=params,
+                          created_at=now, expires_at=now + self.lease_ttl_s)
+        with self._lock:
+            self.sessions[sess.id] = sess
+        return self._lease(row, sess)
+
+    def _session(self, session_id: str, key: Optional[KeyRecord]) -> SessionRec:
+        sess = self.sessions.get(session_id)
+        if sess is None or (key is not None and key.deployment is not None and key.id != sess.key_id
+                            and key.deployment != sess.model):
+            raise ApiError("not_found", f"no open session {session_id!r}",
+                           hint="it was closed or its lease ran out; connect again (POST /v1/connect)")
+        return sess
+
+    def renew(self, session_id: str, key: Optional[KeyRecord] = None) -> ConnectResponse:
+        """Extend a live lease by ttl_s (same session, same version). A lease that ran out, or one
+        from a worker that has since restarted, is 401 lease_expired: the client connects again."""
+        with self._lock:
+            sess = self.sessions.get(session_id)
+            if sess is not None:
+                self._session(session_id, key)
+            now = time.time()
+            row = self.store.get(sess.model) if sess else None
+            if sess is None or now > sess.expires_at or row is None or row["status"] != "ready" or row["epoch"] != sess.epoch:
+                if sess is not None:
+                    self.sessions.pop(session_id, None)
+                raise ApiError("lease_expired", f"the lease of session {session_id!r} is no longer valid",
+                               hint="connect again (POST /v1/connect) for a new session and lease")
+            sess.expires_at = now + self.lease_ttl_s
+            self._activity[sess.model] = now
+            return self._lease(row, sess)
+
+    def close_session(self, session_id: str, key: Optional[KeyRecord] = None) -> dict:
+        """End a session at once (frees its slot). Closing an unknown or already-closed one is a no-op."""
+        with self._lock:
+            sess = self.sessions.get(session_id)
+            if sess is None:
+                return {"session_id": session_id, "closed": False}
+            self._session(session_id, key)
+            self.sessions.pop(session_id, None)
+            self._activity[sess.model] = time.time()
+        return {"session_id": session_id, "closed": True}
+
+    def rotate_secret(self, name: str) -> dict:
+        """Give the running worker a new secret: every lease token signed with the old one answers
+        401 at the worker and its client reconnects. Sessions stay open."""
+        with self._lock:
+            row = self.require(name)
+            secret = secrets.token_urlsafe(32)
+            self.store.update(name, secret=secret)
+            w = self.workers.get(name)
+            _write_secret(w.secret_file if w and w.secret_file else self.data_dir / "run" / f"{name}.secret", secret)
+        log.info("rotated the direct secret of %s", name)
+        return {"name": name, "rotated_at": time.time()}
+
+    def _drop_sessions(self, name: str) -> None:
+        for sid in [s.id for s in self.sessions.values() if s.model == name]:
+            self.sessions.pop(sid, None)
+
+    def _expire_sessions(self) -> None:
+        now = time.time()
+        for sid in [s.id for s in self.sessions.values() if s.expires_at < now]:
+            self.sessions.pop(sid, None)
+
+    def _spec_value(self, row: dict, key: str, default: Any) -> Any:
+        try:
+            spec = json.loads(row["spec_json"]) if row.get("spec_json") else {}
+        except ValueError:
+            spec = {}
+        value = spec.get(key)
+        return default if value is None else value
+
+    def _idle_and_min_workers(self) -> None:
+        """Stop a ready worker after idle_timeout with no request (direct /act included, via its
+        activity file, plus connect/renew here); keep min_workers running (restart a stopped-idle
+        or crashed one)."""
+        now = time.time()
+        for row in self.store.all():
+            name = row["name"]
+            min_workers = int(self._spec_value(row, "min_workers", 0) or 0)
+            if row["status"] == "ready" and name in self.workers and min_workers < 1:
+                idle_timeout = float(self._spec_value(row, "idle_timeout", DEFAULT_IDLE_TIMEOUT_S))
+                last = max(row["ready_at"] or 0.0, self._activity.get(name, 0.0))
+                with contextlib.suppress(OSError):
+                    last = max(last, self.workers[name].activity_file.stat().st_mtime)
+                if now - last > idle_timeout:
+                    log.info("%s idle for %.0f s (idle_timeout %g s): stopping its worker", name, now - last, idle_timeout)
+                    self._stop_process(name)
+                    self._drop_sessions(name)
+                    self.store.update(name, status="stopped", phase="idle", worker_port=None, worker_pid=None)
+            elif min_workers >= 1 and name not in self.workers and (
+                    row["phase"] in ("idle", "exited") or (row["status"] == "stopped" and row["phase"] != "stopped")):
+                log.info("%s declares min_workers=%d: starting its worker", name, min_workers)
+                self._spawn(name)
+
+    def account(self, key: KeyRecord) -> dict:
+        """Usage and limits of this local account (one machine, no billing)."""
+        rows = self.store.all()
+        if key.deployment:
+            rows = [r for r in rows if r["name"] == key.deployment]
+        names = {r["name"] for r in rows}
+        return {
+            "key": key.to_dict(),
+            "balance": None,
+            "usage": {"policies": len(rows),
+                      "running_workers": sum(1 for r in rows if r["status"] in ("starting", "ready")),
+                      "sessions": sum(1 for s in self.sessions.values() if s.model in names),
+                      "benchmarks": 0},
+            "limits": {"lease_ttl_s": self.lease_ttl_s, "max_gpus": None, "self_hosted": True},
+        }
 
     def close(self) -> None:
         self.stop_all()
@@ -574,16 +998,19 @@ def create_app(data_dir: Optional[Path] = None) -> FastAPI:
     def get_gateway() -> Gateway:
         return gw
 
-    def require_key(authorization: Optional[str] = Header(default=None),
-                    x_api_key: Optional[str] = Header(default=None)) -> None:
+    def require_key(request: Request, authorization: Optional[str] = Header(default=None),
+                    x_api_key: Optional[str] = Header(default=None)) -> KeyRecord:
         key = x_api_key
         scheme, _, token = (authorization or "").partition(" ")
         if scheme.lower() == "bearer" and token:
             key = token
-        if not gw.check_key(key):
-            raise ApiError("unauthorized", "missing or invalid API key" if key else "no API key was sent",
-                           hint=f"send `Authorization: Bearer <key>`; the local key is in {gw.api_key_file} "
-                                "(or set SEQUENCES_API_KEY)")
+        rec = gw.authenticate(key)
+        request.state.key = rec
+        return rec
+
+    def account_key(rec: KeyRecord = Depends(require_key)) -> KeyRecord:
+        gw.require_scope(rec)
+        return rec
 
     models = APIRouter(prefix="/v1/models", tags=["models"])
 
@@ -599,26 +1026,120 @@ def create_app(data_dir: Optional[Path] = None) -> FastAPI:
     deployments = APIRouter(prefix="/v1/deployments", tags=["deployments"], dependencies=[Depends(require_key)])
 
     @deployments.get("", response_model=DeploymentList)
-    async def list_deployments() -> DeploymentList:
-        return DeploymentList(deployments=[gw.describe(r) for r in gw.store.all()])
+    async def list_deployments(key: KeyRecord = Depends(require_key)) -> DeploymentList:
+        rows = [r for r in gw.store.all() if key.deployment in (None, r["name"])]
+        return DeploymentList(deployments=[gw.describe(r) for r in rows])
 
     @deployments.post("", response_model=Deployment)
-    async def create_deployment(body: DeployRequest) -> Deployment:
+    async def create_deployment(body: DeployRequest, key: KeyRecord = Depends(account_key)) -> Deployment:
         return await asyncio.to_thread(gw.deploy, body)
 
     @deployments.get("/{name}", response_model=Deployment)
-    async def get_deployment(name: str) -> Deployment:
+    async def get_deployment(name: str, key: KeyRecord = Depends(require_key)) -> Deployment:
+        gw.require_scope(key, name)
         return await asyncio.to_thread(gw.status, name)
 
     @deployments.delete("/{name}", response_model=Deployment)
-    async def stop_deployment(name: str) -> Deployment:
+    async def stop_deployment(name: str, key: KeyRecord = Depends(account_key)) -> Deployment:
         return await asyncio.to_thread(gw.stop, name)
+
+    @deployments.get("/{name}/versions")
+    async def list_versions(name: str, key: KeyRecord = Depends(require_key)) -> dict:
+        gw.require_scope(key, name)
+        return await asyncio.to_thread(gw.versions, name)
+
+    @deployments.post("/{name}/rollback", response_model=Deployment)
+    async def rollback(name: str, body: RollbackRequest, key: KeyRecord = Depends(account_key)) -> Deployment:
+        return await asyncio.to_thread(gw.rollback, name, body.to)
+
+    @deployments.post("/{name}/start", response_model=Deployment)
+    async def start_deployment(name: str, key: KeyRecord = Depends(account_key)) -> Deployment:
+        return await asyncio.to_thread(gw.start, name)
+
+    @deployments.post("/{name}/remove")
+    async def remove_deployment(name: str, force: bool = False, key: KeyRecord = Depends(account_key)) -> dict:
+        return await asyncio.to_thread(gw.remove, name, force)
+
+    @deployments.post("/{name}/rotate-secret")
+    async def rotate_secret(name: str, key: KeyRecord = Depends(account_key)) -> dict:
+        return await asyncio.to_thread(gw.rotate_secret, name)
 
     connect = APIRouter(prefix="/v1/connect", tags=["connect"], dependencies=[Depends(require_key)])
 
     @connect.post("", response_model=ConnectResponse)
-    async def connect_(body: ConnectRequest) -> ConnectResponse:
-        return await asyncio.to_thread(gw.connect, body)
+    async def connect_(body: ConnectRequest, key: KeyRecord = Depends(require_key)) -> ConnectResponse:
+        return await asyncio.to_thread(gw.connect, body, key)
+
+    sessions = APIRouter(prefix="/v1/sessions", tags=["sessions"])
+
+    @sessions.post("/{session_id}/renew", response_model=ConnectResponse)
+    async def renew(session_id: str, key: KeyRecord = Depends(require_key)) -> ConnectResponse:
+        return await asyncio.to_thread(gw.renew, session_id, key)
+
+    @sessions.delete("/{session_id}")
+    async def close_session(session_id: str, key: KeyRecord = Depends(require_key)) -> dict:
+        return await asyncio.to_thread(gw.close_session, session_id, key)
+
+    keys = APIRouter(prefix="/v1/keys", tags=["keys"])
+
+    @keys.post("")
+    async def create_key(body: KeyCreate, key: KeyRecord = Depends(account_key)) -> dict:
+        if body.deployment is not None:
+            gw.require(body.deployment)
+        if body.name and gw.keys.find(body.name) is not None:
+            raise ApiError("invalid_request", f"a key named {body.name!r} exists already",
+                           hint="pick another --name, or revoke the old key first")
+        try:
+            rec, plaintext = gw.keys.create(body.name, body.deployment)
+        except ValueError as exc:
+            raise ApiError("invalid_request", str(exc), hint="e.g. --name arm-7") from None
+        return {**rec.to_dict(), "key": plaintext}
+
+    @keys.get("")
+    async def list_keys(key: KeyRecord = Depends(account_key)) -> dict:
+        return {"keys": [r.to_dict() for r in gw.keys.list()]}
+
+    @keys.delete("/{ref}")
+    async def revoke_key(ref: str, key: KeyRecord = Depends(account_key)) -> dict:
+        rec = gw.keys.find(ref)
+        if rec is None:
+            raise ApiError("not_found", f"no API key {ref!r}", hint="`seq keys ls` lists key ids and names")
+        return gw.keys.revoke(rec.id).to_dict()
+
+    account_router = APIRouter(prefix="/v1/account", tags=["account"])
+
+    @account_router.get("")
+    async def account(key: KeyRecord = Depends(require_key)) -> dict:
+        return gw.account(key)
+
+    act = APIRouter(prefix="/v1/act", tags=["act"])
+
+    @act.post("")
+    async def act_via_gateway(request: Request, key: KeyRecord = Depends(require_key)) -> Any:
+        """The worker's /act through the gateway (for curl): body = the worker body plus "model"."""
+        try:
+            body = json.loads(await request.body())
+        except ValueError:
+            raise ApiError("invalid_request", "the body is not JSON",
+                           hint='send {"model": NAME, "observation": {...}, "params": {}}') from None
+        model = body.pop("model", None) if isinstance(body, dict) else None
+        if not isinstance(model, str):
+            raise ApiError("invalid_request", 'the body needs "model": the deployment name',
+                           hint='send {"model": NAME, "observation": {...}, "params": {}}')
+        gw.require_scope(key, model)
+        row = await asyncio.to_thread(gw.ensure_ready, model)
+        rid = request.state.request_id
+        try:
+            resp = await proxy.post(f"http://127.0.0.1:{row['worker_port']}/act", json=body,
+                                    headers={"Authorization": f"Bearer {row['secret']}", "X-Request-ID": rid})
+        except httpx.HTTPError as exc:
+            raise ApiError("worker_failed", f"the worker of {model!r} did not answer: {type(exc).__name__}",
+                           hint="retry; `seq policy status NAME` shows the worker") from None
+        from fastapi.responses import Response as RawResponse
+        return RawResponse(resp.content, status_code=resp.status_code, media_type="application/json",
+                           headers={"X-Request-ID": resp.headers.get("x-request-id", rid)})
+
+    proxy = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=5.0))
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -637,6 +1158,7 @@ def create_app(data_dir: Optional[Path] = None) -> FastAPI:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
             log.info("stopping all workers")
+            await proxy.aclose()
             await asyncio.to_thread(gw.close)
 
     app = FastAPI(title="sequence-ai gateway", lifespan=lifespan)
@@ -653,6 +1175,10 @@ def create_app(data_dir: Optional[Path] = None) -> FastAPI:
     app.include_router(models)
     app.include_router(deployments)
     app.include_router(connect)
+    app.include_router(sessions)
+    app.include_router(keys)
+    app.include_router(account_router)
+    app.include_router(act)
 
     @app.get("/healthz", include_in_schema=False)
     async def healthz() -> dict:
@@ -669,7 +1195,9 @@ def serve(host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, data_dir: Optional
 
     data_dir = Path(data_dir or default_data_dir()).expanduser()
     app = create_app(data_dir)
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    # IPPROTO_TCP, not 0: asyncio sets TCP_NODELAY only on accepted sockets whose protocol is
+    # IPPROTO_TCP; with 0 every response waits ~40 ms for the client's delayed ACK (Nagle).
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, port))
     bound = sock.getsockname()[1]

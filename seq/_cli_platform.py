@@ -1,0 +1,183 @@
+"""Platform commands of the ``seq`` CLI: API keys and the account (registered by ``seq/cli.py``).
+
+    seq keys create [--name N] [--deployment D]   prints the new key once (bind it to a robot with --deployment)
+    seq keys ls                                   id, name, prefix, deployment, created, revoked
+    seq keys revoke ID|NAME                       the key fails closed from then on
+    seq account                                   usage and limits of this gateway's account
+    seq policy rotate-secret NAME                 new direct secret; connected robots reconnect by themselves
+    seq policy versions NAME                      the kept versions (5), which one serves, which failed and why
+    seq policy rollback NAME [--to N]             build a kept version beside the serving one; it takes over when ready
+    seq policy start NAME                         start a stopped deployment's worker
+    seq policy rm NAME [--force]                  delete it (refused while it runs or robots hold sessions)
+
+Errors print ``error[<code>]: <detail>`` / ``hint:`` and exit with the codes in ``seq/cli.py``.
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.table import Table
+
+__all__ = ["register", "wait_build"]
+
+
+_BASE = None   # the seq.cli module that registered us (it may be __main__ under `python -m seq.cli`)
+
+
+def wait_build(gw, name: str, d: dict, timeout: float, out, t0: float) -> dict:
+    """Follow a version building beside the serving one until it took over (returns the
+    deployment) or failed (raises the CLI's worker_failed error, saying the old version serves on)."""
+    base = _BASE
+    last = None
+    while True:
+        b = d.get("build") or {}
+        if b.get("phase") != last:
+            last = b.get("phase")
+            out.print(f"  {time.monotonic() - t0:6.1f}s  {last} (v{b.get('version')} beside the serving v{d['version']})")
+        if b.get("status") in ("ready", "switching"):
+            out.print(f"[bold green]ready[/]: {name} v{d['version']} at {d['worker_url']} (load {d['load_s']:.1f} s)")
+            return d
+        if b.get("status") == "failed":
+            e = base._show_failure({**d, "error": b.get("error"), "details": b.get("details")})
+            e.detail = f"v{b.get('version')} failed to build; v{d['version']} keeps serving: {e.detail}"
+            raise e
+        if time.monotonic() - t0 > timeout:
+            raise base.CliError("timeout", f"{name} v{b.get('version')} is still {b.get('phase')} after {timeout:g} s",
+                                hint=f"it keeps building; watch it with `seq policy status {name}`")
+        time.sleep(0.25)
+        d = gw.call("GET", f"/v1/deployments/{name}")
+
+
+def register(app: typer.Typer, policy_app: typer.Typer, base) -> None:
+    """Add the ``keys`` group, ``account`` and ``policy versions/rollback/rotate-secret`` to the CLI.
+    ``base`` is the calling seq.cli module (its Gateway client, options, CliError and printer)."""
+    global _BASE
+    _BASE = base
+
+    keys_app = typer.Typer(help="Create, list and revoke API keys.", no_args_is_help=True)
+    app.add_typer(keys_app, name="keys")
+
+    def gateway(gw: Optional[str], key: Optional[str], data_dir: Optional[Path]) -> "base.Gateway":
+        return base.Gateway(gw, key, data_dir)
+
+    @keys_app.command("create")
+    def keys_create(name: Optional[str] = typer.Option(None, "--name", help="a label, e.g. the robot's name"),
+                    deployment: Optional[str] = typer.Option(None, "--deployment",
+                                                             help="bind the key to this deployment (a robot key)"),
+                    gw: Optional[str] = base.GatewayOpt, api_key: Optional[str] = base.ApiKeyOpt,
+                    data_dir: Optional[Path] = base.DataDirOpt) -> None:
+        """Create a key. The plaintext is printed once, on stdout, and stored nowhere."""
+        try:
+            k = gateway(gw, api_key, data_dir).call("POST", "/v1/keys", json={"name": name, "deployment": deployment})
+        except base.CliError as exc:
+            base._fail(exc)
+        scope = f"bound to {k['deployment']}" if k.get("deployment") else "account-wide"
+        base.err.print(f"created {k['id']}{' (' + k['name'] + ')' if k.get('name') else ''}, {scope}; "
+                       "it is shown only now", highlight=False, markup=False)
+        print(k["key"])
+
+    @keys_app.command("ls")
+    def keys_ls(gw: Optional[str] = base.GatewayOpt, api_key: Optional[str] = base.ApiKeyOpt,
+                data_dir: Optional[Path] = base.DataDirOpt) -> None:
+        """List keys (never their values)."""
+        try:
+            rows = gateway(gw, api_key, data_dir).call("GET", "/v1/keys")["keys"]
+        except base.CliError as exc:
+            base._fail(exc)
+        table = Table("id", "name", "prefix", "deployment", "created", "status")
+        for k in rows:
+            table.add_row(k["id"], k.get("name") or "", k["prefix"] + "…", k.get("deployment") or "(all)",
+                          time.strftime("%Y-%m-%d %H:%M", time.localtime(k["created_at"])),
+                          "revoked" if k.get("revoked_at") else "active")
+        base.out.print(table)
+
+    @keys_app.command("revoke")
+    def keys_revoke(ref: str = typer.Argument(..., help="key id (key_3) or name"),
+                    gw: Optional[str] = base.GatewayOpt, api_key: Optional[str] = base.ApiKeyOpt,
+                    data_dir: Optional[Path] = base.DataDirOpt) -> None:
+        """Revoke a key: every request with it is refused from now on (401)."""
+        try:
+            k = gateway(gw, api_key, data_dir).call("DELETE", f"/v1/keys/{ref}")
+        except base.CliError as exc:
+            base._fail(exc)
+        base.out.print(f"revoked {k['id']}{' (' + k['name'] + ')' if k.get('name') else ''}")
+
+    @app.command("account")
+    def account(gw: Optional[str] = base.GatewayOpt, api_key: Optional[str] = base.ApiKeyOpt,
+                data_dir: Optional[Path] = base.DataDirOpt) -> None:
+        """Usage and limits of the account the key belongs to."""
+        try:
+            a = gateway(gw, api_key, data_dir).call("GET", "/v1/account")
+        except base.CliError as exc:
+            base._fail(exc)
+        k, u = a["key"], a["usage"]
+        base.out.print(f"key       {k['id']}{' (' + k['name'] + ')' if k.get('name') else ''}"
+                       + (f", bound to {k['deployment']}" if k.get("deployment") else ", account-wide"))
+        base.out.print(f"policies  {u['policies']} deployed, {u['running_workers']} running, {u['sessions']} sessions")
+        base.out.print(f"limits    lease {a['limits']['lease_ttl_s']:g} s; self-hosted, no balance")
+
+    @policy_app.command("versions")
+    def policy_versions(name: str, gw: Optional[str] = base.GatewayOpt, api_key: Optional[str] = base.ApiKeyOpt,
+                        data_dir: Optional[Path] = base.DataDirOpt) -> None:
+        """List NAME's kept versions (newest first)."""
+        try:
+            v = gateway(gw, api_key, data_dir).call("GET", f"/v1/deployments/{name}/versions")
+        except base.CliError as exc:
+            base._fail(exc)
+        table = Table("version", "status", "serving", "load s", "created", "file / error")
+        for r in v["versions"]:
+            table.add_row(f"v{r['version']}", r["status"], "*" if r["serving"] else "",
+                          f"{r['load_s']:.1f}" if r.get("load_s") is not None else "",
+                          time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r["created_at"])),
+                          r.get("error") or r["file"])
+        base.out.print(table)
+
+    @policy_app.command("rollback")
+    def policy_rollback(name: str, to: Optional[int] = typer.Option(None, "--to", help="version number (default: the previous one)"),
+                        wait: bool = typer.Option(True, "--wait/--no-wait"), timeout: float = typer.Option(1800.0, "--timeout"),
+                        gw: Optional[str] = base.GatewayOpt, api_key: Optional[str] = base.ApiKeyOpt,
+                        data_dir: Optional[Path] = base.DataDirOpt) -> None:
+        """Serve an older kept version again; it builds beside the serving one and takes over when ready."""
+        try:
+            g = gateway(gw, api_key, data_dir)
+            d = g.call("POST", f"/v1/deployments/{name}/rollback", json={"to": to})
+            b = d.get("build") or {}
+            base.out.print(f"rolling {name} back to v{b.get('version', d['version'])}")
+            if wait and b.get("status") == "building":
+                wait_build(g, name, d, timeout, base.out, time.monotonic())
+        except base.CliError as exc:
+            base._fail(exc)
+
+    @policy_app.command("start")
+    def policy_start(name: str, gw: Optional[str] = base.GatewayOpt, api_key: Optional[str] = base.ApiKeyOpt,
+                     data_dir: Optional[Path] = base.DataDirOpt) -> None:
+        """Start NAME's worker (serving version); connect would also start it."""
+        try:
+            d = gateway(gw, api_key, data_dir).call("POST", f"/v1/deployments/{name}/start")
+        except base.CliError as exc:
+            base._fail(exc)
+        base.out.print(f"starting {d['name']} v{d['version']} (status {d['status']})")
+
+    @policy_app.command("rm")
+    def policy_rm(name: str, force: bool = typer.Option(False, "--force", help="stop it first, even with robots connected"),
+                  gw: Optional[str] = base.GatewayOpt, api_key: Optional[str] = base.ApiKeyOpt,
+                  data_dir: Optional[Path] = base.DataDirOpt) -> None:
+        """Delete NAME with its kept versions."""
+        try:
+            gateway(gw, api_key, data_dir).call("POST", f"/v1/deployments/{name}/remove", params={"force": force})
+        except base.CliError as exc:
+            base._fail(exc)
+        base.out.print(f"removed {name}")
+
+    @policy_app.command("rotate-secret")
+    def rotate_secret(name: str, gw: Optional[str] = base.GatewayOpt, api_key: Optional[str] = base.ApiKeyOpt,
+                      data_dir: Optional[Path] = base.DataDirOpt) -> None:
+        """Give NAME's worker a new direct secret; connected robots reconnect on their next call."""
+        try:
+            gateway(gw, api_key, data_dir).call("POST", f"/v1/deployments/{name}/rotate-secret")
+        except base.CliError as exc:
+            base._fail(exc)
+        base.out.print(f"rotated the direct secret of {name}; connected robots reconnect on their next call")
