@@ -2,71 +2,129 @@
 
 The whole data path passes through here, in order:
 
-1. subscriptions keep the latest camera frames and joint state (``observation.py``);
+1. subscriptions keep recent camera frames and joint states (``observation.py``; decoders from
+   ``codecs.py``: ``sensor_msgs/Image`` or ``sensor_msgs/CompressedImage`` per camera, or a
+   registered custom type);
 2. an ``Act`` goal (``sequence_ai_msgs/action/Act``, what a VLM calls as a tool) starts
    ``Policy.act()`` from ``sequence_ai`` -- the core fetches action chunks from the worker's
    ``/act``, prefetches the next while one plays, and paces actions on the monotonic clock at
    the chunk's control frequency;
-3. each action is published as a joint-position command (``std_msgs/Float64MultiArray``, the
-   input of a ros2_control forward position controller).
+3. each action is published as a joint command (``command_type``: ``std_msgs/Float64MultiArray``
+   for a ros2_control forward controller, ``trajectory_msgs/JointTrajectory`` or
+   ``sensor_msgs/JointState``).
 
-Stopping: cancelling the goal calls ``Policy.interrupt()``; the core unwinds through ``hold``,
-which publishes the last commanded position once and latches the publisher shut, so no command
-can follow the hold. Every early ending (cancel, validate, error, timeout) goes through ``hold``.
+Publishing and pacing. The core already owns the schedule: action *k* is due at
+``t0 + k / control_frequency_hz`` on ``time.monotonic()`` (drift-free, resynced rather than
+bursting when late), and it calls ``act(row)`` at that instant on the goal's thread. The driver
+publishes from inside that paced callback. A second ROS timer fed by the core would schedule the
+same deadlines twice and add a thread hop (and a queue that can hold a row after a cancel); the
+goal thread is this design's "own callback group". ``bench/bench_publish_jitter.py`` measures
+the resulting publish period error.
+
+Control rate. It comes from the policy's contract (``control_frequency_hz``). The
+``control_rate_hz`` parameter is a cross-check only: 0 (default) accepts the contract, any
+other value that disagrees with it makes the node refuse to start (``ValueError``).
+
+Stopping. Cancelling the goal calls ``Policy.interrupt()``; the core unwinds through ``hold``,
+which publishes one hold command (``hold_mode``: the last command, or zeros for the arm joints
+of a velocity interface) and latches the publisher shut, so no command can follow the hold.
+Every early ending (cancel, preempt, validate, error, timeout) goes through ``hold``.
+
+Sensors. Before every action ``validate`` asks the assembler for problems: a stale stream
+(older than ``max_sensor_age_s``) or a malformed message (wrong encoding, wrong size) ends the
+run with reason ``validate`` and a hold; the result's ``message`` names the stream. ``observe``
+never raises for a stale stream: it returns the last good observation so the core's request
+does not fail, and the next ``validate`` stops the run before any action computed from it plays.
+
+Goals. A new goal while one runs preempts it by default (``goal_policy: preempt``; the old goal
+is aborted with reason ``interrupted`` and message ``preempted by a new goal``) or is rejected
+(``goal_policy: reject``). Feedback is published by a timer at ``feedback_hz`` (>= 2 Hz).
+
+Other interfaces: ``~/instruction`` (``std_msgs/String``) swaps the instruction without stopping
+(``Policy.set_instruction``); ``~/status`` (``diagnostic_msgs/DiagnosticArray``) reports the
+lifecycle and latency figures at ``status_hz``; ``~/wait_until_ready`` (``std_srvs/Trigger``)
+blocks its own callback group until a cold deployment can serve. Every name is relative, so a
+namespace (``-r __ns:=/left``) gives two drivers in one process their own robots.
 """
 from __future__ import annotations
 
+import importlib
+import json
 import math
 import os
 import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import List, Optional
 
 import rclpy
 from rclpy.action import ActionServer, CancelResponse, GoalResponse
 from rclpy.callback_groups import MutuallyExclusiveCallbackGroup, ReentrantCallbackGroup
+from rclpy.exceptions import ParameterUninitializedException
 from rclpy.executors import ExternalShutdownException, MultiThreadedExecutor
 from rclpy.node import Node
 from rclpy.parameter import Parameter
 from rcl_interfaces.msg import ParameterDescriptor
 from rclpy.qos import qos_profile_sensor_data
-from sensor_msgs.msg import Image, JointState
-from std_msgs.msg import Float64MultiArray
+from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
+from std_msgs.msg import String
+from std_srvs.srv import Trigger
 
 import sequence_ai
 from sequence_ai_msgs.action import Act
 from sequence_ai_msgs.srv import CheckSuccess
 
-from .observation import ObservationAssembler
+from . import codecs
+from .codecs import SensorDataError
+from .observation import JOINT_STREAM, ObservationAssembler, SensorError, StreamRule
+from .bag import events as _capture  # issue 7: episode markers for recorder_node
+
+_S = Parameter.Type.STRING_ARRAY
+_D = Parameter.Type.DOUBLE_ARRAY
 
 _PARAMS = {
-    # name: (default, description)
+    # name: (default or type, description)
     "model": ("pick-place", "Deployment name to connect to (sequence_ai.connect(model=...))."),
     "gateway_url": ("", "Gateway URL; empty = $SEQUENCES_GATEWAY_URL or http://127.0.0.1:8470."),
     "api_key_env": ("SEQUENCES_API_KEY", "Name of the environment variable holding the API key (never the key itself)."),
     "camera_views": (["exterior_1", "wrist_left"], "Camera view names, in the policy's vocabulary."),
     "camera_topics": (
         ["camera/exterior_1/image_raw", "camera/wrist_left/image_raw"],
-        "sensor_msgs/Image topic per camera view, same order as camera_views.",
+        "Camera topic per view, same order as camera_views.",
     ),
-    "joint_state_topic": ("joint_states", "sensor_msgs/JointState topic."),
+    "camera_transports": (_S, "Per view: raw (sensor_msgs/Image), compressed (sensor_msgs/CompressedImage) "
+                              "or a registered 'pkg/msg/Type'; empty = raw for all."),
+    "camera_time_bases": (_S, "Per view: receive (arrival time) or header (header.stamp); empty = receive."),
+    "camera_alignments": (_S, "Per view: latest, asof (newest not after the control tick) or drop (each frame used once); empty = latest."),
+    "joint_state_topic": ("joint_states", "Joint state topic."),
+    "joint_state_type": ("sensor_msgs/msg/JointState", "Joint state message type (a registered decoder)."),
+    "joint_state_time_base": ("receive", "receive or header (see camera_time_bases)."),
+    "joint_state_alignment": ("latest", "latest, asof or drop (see camera_alignments)."),
     "joint_names": (
         ["panda_joint1", "panda_joint2", "panda_joint3", "panda_joint4", "panda_joint5", "panda_joint6", "panda_joint7"],
         "Arm joints in the policy's joint_positions order.",
     ),
-    "gripper_joint": ("panda_gripper", "JointState name carrying the gripper value; empty = none."),
-    "command_topic": ("joint_commands", "std_msgs/Float64MultiArray joint-position command topic."),
-    "max_sensor_age_s": (0.5, "A frame or joint state older than this (s) stops the run with a hold."),
+    "gripper_joint": ("panda_gripper", "Joint state name carrying the gripper value; empty = none."),
+    "codec_modules": (_S, "Python modules imported at start that register custom decoders/encoders (sequence_ai_ros.codecs)."),
+    "command_topic": ("joint_commands", "Joint command topic."),
+    "command_type": ("float64_multi_array", "float64_multi_array, joint_trajectory, joint_state, or a registered encoder."),
+    "command_interface": ("position", "position or velocity: which field JointTrajectory/JointState commands fill."),
+    "command_joint_names": (_S, "Names for JointTrajectory/JointState commands; empty = joint_names + gripper_joint."),
+    "hold_mode": ("hold_last", "hold_last (publish the last command once) or zeros (zero the arm joints, for velocity interfaces)."),
+    "control_rate_hz": (0.0, "Cross-check of the contract's control_frequency_hz (Hz); 0 = accept the contract. A mismatch refuses to start."),
+    "max_sensor_age_s": (0.5, "A frame or joint state older than this (s) stops the run (reason validate) with a hold."),
     "sensor_wait_s": (10.0, "How long a goal waits for the first frames and joint state (s)."),
     "default_max_seconds": (60.0, "Time bound used when a goal's max_seconds is 0 (s); must be > 0."),
     "prefetch": (True, "Request the next chunk while the current one plays."),
     "lookahead": (1, "Chunks held ahead in the buffer."),
     "smooth_seam": (0, "Ramp the first N steps of each new chunk out of the last action (absolute spaces only)."),
-    "joint_lower": (Parameter.Type.DOUBLE_ARRAY, "Lower bound per command dimension for validate (rad / gripper units); empty = none."),
-    "joint_upper": (Parameter.Type.DOUBLE_ARRAY, "Upper bound per command dimension for validate; empty = none."),
-    "feedback_every": (5, "Publish Act feedback every N actions."),
+    "joint_lower": (_D, "Lower bound per command dimension for validate (rad / gripper units); empty = none."),
+    "joint_upper": (_D, "Upper bound per command dimension for validate; empty = none."),
+    "goal_policy": ("preempt", "A new Act goal while one runs: preempt (the old one ends interrupted) or reject."),
+    "feedback_hz": (4.0, "Act feedback rate while a goal runs (Hz, >= 2)."),
+    "status_hz": (1.0, "~/status diagnostics rate (Hz)."),
+    "ready_timeout_s": (300.0, "How long ~/wait_until_ready waits for a cold deployment (s)."),
     "success_service": (
         "",
         "Optional sequence_ai_msgs/srv/CheckSuccess service polled during a run; success ends it "
@@ -75,12 +133,20 @@ _PARAMS = {
     "success_poll_hz": (2.0, "How often the success service is asked during a run (Hz)."),
 }
 
+_CHOICES = {
+    "command_interface": ("position", "velocity"),
+    "hold_mode": ("hold_last", "zeros"),
+    "goal_policy": ("preempt", "reject"),
+    "joint_state_time_base": ("receive", "header"),
+    "joint_state_alignment": ("latest", "asof", "drop"),
+}
+
 
 @dataclass
 class RunTrace:
     """What one goal commanded: for plots and tests.
 
-    ``commands``: (monotonic time s, 8 values) per published command; ``seams``: index into
+    ``commands``: (monotonic time s, values) per published command; ``seams``: index into
     ``commands`` where each chunk started; ``hold_time``: monotonic time of the hold, if any.
     """
 
@@ -90,55 +156,129 @@ class RunTrace:
     hold_command: Optional[list] = None
 
 
+def _per_view(values, views, default, name, choices=None) -> List[str]:
+    values = list(values or [])
+    if not values:
+        return [default] * len(views)
+    if len(values) != len(views):
+        raise ValueError(f"{name} has {len(values)} entries but camera_views has {len(views)}: give one per view")
+    if choices is not None:
+        bad = [v for v in values if v not in choices]
+        if bad:
+            raise ValueError(f"{name}: {bad} not in {choices}")
+    return values
+
+
 class PolicyDriver(Node):
-    """Drives a robot from ``Act`` goals with a deployed policy (see the module docstring)."""
+    """Drives a robot from ``Act`` goals with a deployed policy (see the module docstring).
+
+    Args:
+        node_name: default ``policy_driver``; ``**kwargs`` go to ``rclpy.node.Node`` (namespace,
+            context, parameter_overrides, ...).
+
+    Raises:
+        ValueError: a parameter is malformed (names it) or ``control_rate_hz`` contradicts the
+            policy's contract.
+        sequence_ai errors from ``connect`` (wrong key, unknown model, gateway unreachable).
+    """
 
     def __init__(self, node_name: str = "policy_driver", **kwargs) -> None:
         super().__init__(node_name, **kwargs)
         for name, (default, description) in _PARAMS.items():
             self.declare_parameter(name, default, ParameterDescriptor(description=description))
-        p = {name: self.get_parameter(name).value for name in _PARAMS}
+        p = {name: self._param(name) for name in _PARAMS}
         self._p = p
+        for name, choices in _CHOICES.items():
+            if p[name] not in choices:
+                raise ValueError(f"parameter {name}={p[name]!r} must be one of {choices}")
+        for module in p["codec_modules"] or []:
+            importlib.import_module(module)
         views, topics = list(p["camera_views"]), list(p["camera_topics"])
         if len(views) != len(topics):
             raise ValueError(f"camera_views has {len(views)} entries but camera_topics has {len(topics)}")
         if p["default_max_seconds"] <= 0:
             raise ValueError("default_max_seconds must be > 0: every run is bounded")
+        if p["feedback_hz"] < 2.0:
+            raise ValueError(f"feedback_hz must be >= 2 Hz, got {p['feedback_hz']}")
+        transports = [codecs.IMAGE_TRANSPORTS.get(t, t) for t in _per_view(p["camera_transports"], views, "raw", "camera_transports")]
+        time_bases = _per_view(p["camera_time_bases"], views, "receive", "camera_time_bases", ("receive", "header"))
+        aligns = _per_view(p["camera_alignments"], views, "latest", "camera_alignments", ("latest", "asof", "drop"))
+        for t in transports:
+            codecs.image_decoder(t)  # raises when none is registered
+        self._joint_type = str(p["joint_state_type"])
+        codecs.joint_decoder(self._joint_type)
+        self._encoder = codecs.command_encoder(str(p["command_type"]))
         self._lower = list(p["joint_lower"] or []) or None   # typed, unset by default
         self._upper = list(p["joint_upper"] or []) or None
+        self._n_arm = len(p["joint_names"])
+        self._cmd_names = list(p["command_joint_names"] or []) or (
+            list(p["joint_names"]) + ([p["gripper_joint"]] if p["gripper_joint"] else []))
 
+        # connect first: the contract gives the control rate and the camera sizes
+        api_key = os.environ.get(p["api_key_env"]) or None
+        self.policy = sequence_ai.connect(p["model"], api_key=api_key, gateway_url=p["gateway_url"] or None)
+        self.policy.__enter__()
+        try:
+            contract = self.policy.contract or {}
+            self.control_rate_hz = self._check_rate(contract)
+            cams = ((contract.get("observation") or {}).get("cameras") or {})
+            sizes = {v: (int(c["width"]), int(c["height"])) for v, c in cams.items()
+                     if v in views and isinstance(c, dict) and "width" in c}
+        except BaseException:
+            self.policy.__exit__(None, None, None)
+            raise
+
+        rules = {v: StreamRule(tb, al) for v, tb, al in zip(views, time_bases, aligns)}
+        rules[JOINT_STREAM] = StreamRule(p["joint_state_time_base"], p["joint_state_alignment"])
         self.assembler = ObservationAssembler(
-            views, p["joint_names"], p["gripper_joint"] or None, max_age_s=float(p["max_sensor_age_s"])
+            views, p["joint_names"], p["gripper_joint"] or None, max_age_s=float(p["max_sensor_age_s"]),
+            rules=rules, header_clock=lambda: self.get_clock().now().nanoseconds * 1e-9, camera_sizes=sizes,
         )
         sensors = MutuallyExclusiveCallbackGroup()
-        for view, topic in zip(views, topics):
+        for view, topic, type_name in zip(views, topics, transports):
             self.create_subscription(
-                Image, topic, lambda msg, v=view: self.assembler.on_image(v, msg), qos_profile_sensor_data,
+                codecs.message_class(type_name), topic,
+                lambda msg, v=view, t=type_name: self._on_image(v, msg, t), qos_profile_sensor_data,
                 callback_group=sensors,
             )
-        self.create_subscription(JointState, p["joint_state_topic"], self._on_joint_state, 10, callback_group=sensors)
-        self._cmd_pub = self.create_publisher(Float64MultiArray, p["command_topic"], 10)
-
-        api_key = os.environ.get(p["api_key_env"]) or None
-        self.policy = sequence_ai.connect(
-            p["model"], api_key=api_key, gateway_url=p["gateway_url"] or None
-        )
-        self.policy.__enter__()
+        self.create_subscription(codecs.message_class(self._joint_type), p["joint_state_topic"],
+                                 self._on_joint_state, qos_profile_sensor_data, callback_group=sensors)
+        self._cmd_pub = self.create_publisher(codecs.message_class(self._encoder.msg_type), p["command_topic"], 10)
 
         self._pub_lock = threading.Lock()
         self._latched = True           # no command before a run starts, none after its hold
         self._last_command: Optional[list] = None
         self._goal_handle = None
         self._busy = threading.Lock()
+        self._preempting = None        # the goal handle a new goal is preempting
         self.trace = RunTrace()
         self._instruction: Optional[str] = None   # set while a run is active
         self._task_done = False
+        self._status = "idle"
+        self._underruns = 0
+        self._stop_reason: Optional[str] = None
+        self._last_good = None
+        self._observed_at: Optional[float] = None
+        self._obs_to_chunk_s: Optional[float] = None
+        self._last_outcome = None
+        self._run_t0 = 0.0
+        self._run_max_s = 1.0
         self._success_client = None
         self._success_call = None
         if p["success_service"]:
             group = MutuallyExclusiveCallbackGroup()
             self._success_client = self.create_client(CheckSuccess, p["success_service"], callback_group=group)
             self.create_timer(1.0 / float(p["success_poll_hz"]), self._poll_success, callback_group=group)
+        periodic = MutuallyExclusiveCallbackGroup()
+        self.create_timer(1.0 / float(p["feedback_hz"]), self._publish_feedback, callback_group=periodic)
+        self._status_pub = self.create_publisher(DiagnosticArray, "~/status", 10)
+        # capture (issue 7): start/end markers of each Act episode, for recorder_node
+        self._episode_pub = self.create_publisher(String, "~/episode", 10)
+        self._episode_started = False
+        self.create_timer(1.0 / float(p["status_hz"]), self._publish_status, callback_group=periodic)
+        self.create_subscription(String, "~/instruction", self._on_instruction, 10, callback_group=periodic)
+        self.create_service(Trigger, "~/wait_until_ready", self._on_wait_until_ready,
+                            callback_group=MutuallyExclusiveCallbackGroup())
         self._action_server = ActionServer(
             self, Act, "~/act",
             execute_callback=self._execute,
@@ -147,16 +287,49 @@ class PolicyDriver(Node):
             callback_group=ReentrantCallbackGroup(),
         )
 
-    # -- sensors --------------------------------------------------------------------------
-    def _on_joint_state(self, msg: JointState) -> None:
+    def _param(self, name: str):
+        """A parameter's value; None for a typed array parameter left unset (= empty)."""
         try:
-            self.assembler.on_joint_state(msg)
-        except ValueError as exc:
-            self.get_logger().error(str(exc), throttle_duration_sec=5.0)
+            return self.get_parameter(name).value
+        except ParameterUninitializedException:
+            return None
+
+    def _check_rate(self, contract: dict) -> Optional[float]:
+        """The control rate (Hz) from the contract, cross-checked with ``control_rate_hz``."""
+        declared = (contract.get("action") or {}).get("control_frequency_hz")
+        wanted = float(self._p["control_rate_hz"])
+        if wanted < 0:
+            raise ValueError(f"control_rate_hz must be >= 0 (0 = from the contract), got {wanted}")
+        if declared and wanted and abs(float(declared) - wanted) > 1e-6 * float(declared):
+            raise ValueError(
+                f"control_rate_hz={wanted} contradicts {self._p['model']}'s contract "
+                f"(control_frequency_hz={declared}): the rate comes from the policy; set 0 or {declared}")
+        return float(declared) if declared else (wanted or None)
+
+    # -- sensors --------------------------------------------------------------------------
+    def _on_image(self, view: str, msg, type_name: str) -> None:
+        try:
+            self.assembler.on_image(view, msg, type_name)
+        except SensorDataError as exc:
+            self.get_logger().error(f"malformed camera message dropped: {exc}", throttle_duration_sec=2.0)
+
+    def _on_joint_state(self, msg) -> None:
+        try:
+            self.assembler.on_joint_state(msg, self._joint_type)
+        except SensorDataError as exc:
+            self.get_logger().error(f"malformed joint state dropped: {exc}", throttle_duration_sec=2.0)
+
+    def _on_instruction(self, msg: String) -> None:
+        text = msg.data.strip()
+        if not text:
+            self.get_logger().warning("ignored empty instruction on ~/instruction")
+            return
+        self.policy.set_instruction(text)  # thread-safe; takes effect on the next request
+        self.get_logger().info(f"instruction now {text!r}")
 
     def _poll_success(self) -> None:
         """Ask the success service (never blocks: the answer lands in a done-callback)."""
-        instruction = self._instruction
+        instruction = self.policy.instruction if self._instruction is not None else None
         if instruction is None or self._task_done or self._success_call is not None:
             return
         if not self._success_client.service_is_ready():
@@ -167,33 +340,88 @@ class PolicyDriver(Node):
         def done(fut, asked=instruction):
             self._success_call = None
             res = fut.result()
-            if res is not None and res.success and self._instruction == asked:
+            if res is not None and res.success and self.policy.instruction == asked:
                 self._task_done = True
 
         call.add_done_callback(done)
 
-    # -- the three callbacks handed to the core -------------------------------------------------
+    # -- periodic -------------------------------------------------------------------------
+    def _publish_feedback(self) -> None:
+        gh = self._goal_handle
+        if gh is None:
+            return
+        fb = Act.Feedback()
+        fb.actions = len(self.trace.commands)
+        fb.chunks = len(self.trace.seams)
+        fb.underruns = self._underruns
+        fb.elapsed_s = time.monotonic() - self._run_t0
+        fb.progress = float(min(1.0, fb.elapsed_s / self._run_max_s))
+        fb.instruction = self.policy.instruction or (self._instruction or "")
+        fb.status = self._status
+        try:
+            gh.publish_feedback(fb)
+        except Exception:  # noqa: BLE001 - the goal ended between the check and the publish
+            pass
+
+    def _publish_status(self) -> None:
+        level = DiagnosticStatus.OK
+        if self._status == "idle" and self._last_outcome is not None and self._last_outcome.reason not in (
+                "completed", "until"):
+            level = DiagnosticStatus.WARN
+        values = {
+            "state": self._status,
+            "model": str(self._p["model"]),
+            "control_rate_hz": f"{self.control_rate_hz or 0.0:g}",
+            "actions": str(len(self.trace.commands)),
+            "chunks": str(len(self.trace.seams)),
+            "underruns": str(self._underruns),
+            "observation_to_chunk_s": "" if self._obs_to_chunk_s is None else f"{self._obs_to_chunk_s:.4f}",
+            "instruction": self.policy.instruction or "",
+            "last_reason": "" if self._last_outcome is None else str(self._last_outcome.reason),
+            "last_message": self._stop_reason or "",
+        }
+        status = DiagnosticStatus(level=level, name=f"{self.get_fully_qualified_name()}", hardware_id=str(self._p["model"]),
+                                  message=self._status, values=[KeyValue(key=k, value=v) for k, v in values.items()])
+        msg = DiagnosticArray(status=[status])
+        msg.header.stamp = self.get_clock().now().to_msg()
+        self._status_pub.publish(msg)
+
+    def _on_wait_until_ready(self, request, response):
+        """Bring a cold deployment up (blocks this service's own callback group only)."""
+        if not self._busy.acquire(blocking=False):
+            response.success, response.message = True, "a run is active: the policy is serving"
+            return response
+        try:
+            self._status = "warming"
+            waited = self.policy.wait_until_ready(float(self._p["ready_timeout_s"]))
+            self.control_rate_hz = self._check_rate(self.policy.contract or {})
+            response.success, response.message = True, f"ready after {waited:.1f} s"
+        except Exception as exc:  # noqa: BLE001 - reported to the caller, never raised into rclpy
+            response.success, response.message = False, f"{type(exc).__name__}: {exc}"
+        finally:
+            self._status = "idle"
+            self._busy.release()
+        return response
+
+    # -- the callbacks handed to the core -------------------------------------------------
+    def _publish(self, values: list) -> None:
+        msg = self._encoder.encode(values, self._cmd_names, 1.0 / (self.control_rate_hz or 15.0),
+                                   self._p["command_interface"], self.get_clock().now().to_msg())
+        self._cmd_pub.publish(msg)
+
     def _send(self, action) -> None:
-        """Publish one action (7 joint targets rad + gripper) unless a hold has latched."""
+        """Publish one action unless a hold has latched (called by the core at the action's deadline)."""
         values = [float(x) for x in action]
         with self._pub_lock:
             if self._latched:
                 return
-            self._cmd_pub.publish(Float64MultiArray(data=values))
+            self._publish(values)
             self._last_command = values
             self.trace.commands.append((time.monotonic(), values))
-        gh = self._goal_handle
-        n = len(self.trace.commands)
-        if gh is not None and n % max(1, int(self._p["feedback_every"])) == 0:
-            fb = Act.Feedback()
-            fb.actions = n
-            fb.chunks = len(self.trace.seams)
-            fb.elapsed_s = time.monotonic() - self._run_t0
-            fb.progress = float(min(1.0, fb.elapsed_s / self._run_max_s))
-            gh.publish_feedback(fb)
+        self._status = "running"
 
     def _hold(self) -> None:
-        """Publish the last commanded position once, then latch: nothing is published after."""
+        """Publish one hold command, then latch: nothing is published after it."""
         with self._pub_lock:
             if self._latched:
                 return
@@ -203,28 +431,65 @@ class PolicyDriver(Node):
                 q = self.assembler.latest_joint_positions()
                 g = self.assembler.latest_gripper()
                 target = None if q is None else q + ([g] if g is not None else [])
+            if target is not None and self._p["hold_mode"] == "zeros":
+                # velocity interface: stop the arm joints; the gripper keeps its last command
+                target = [0.0] * min(self._n_arm, len(target)) + list(target[self._n_arm:])
             if target is not None:
-                self._cmd_pub.publish(Float64MultiArray(data=target))
+                self._publish(target)
             self.trace.hold_time = time.monotonic()
             self.trace.hold_command = target
 
     def _validate(self, action) -> bool:
-        """Finite and inside the configured per-dimension bounds."""
+        """Sensors fresh and well-formed; action finite and inside the configured bounds."""
+        problems = self.assembler.problems()
+        if problems:
+            self._stop_reason = "; ".join(problems)
+            self.get_logger().error(f"stopping the run (validate): {self._stop_reason}")
+            return False
         if not all(math.isfinite(float(x)) for x in action):
+            self._stop_reason = f"non-finite action {list(action)}"
             return False
-        if self._lower is not None and any(x < lo for x, lo in zip(action, self._lower)):
-            return False
-        if self._upper is not None and any(x > hi for x, hi in zip(action, self._upper)):
-            return False
+        for i, x in enumerate(action):
+            if self._lower is not None and i < len(self._lower) and x < self._lower[i]:
+                self._stop_reason = f"action dim {i} = {x:.4f} below joint_lower {self._lower[i]}"
+                return False
+            if self._upper is not None and i < len(self._upper) and x > self._upper[i]:
+                self._stop_reason = f"action dim {i} = {x:.4f} above joint_upper {self._upper[i]}"
+                return False
         return True
 
+    def _observe(self, instruction: str):
+        """The observation for the next request; never raises for stale data (see module docstring)."""
+        gh = self._goal_handle
+        if gh is not None and gh.is_cancel_requested:
+            # A cancel that arrived while the run was starting: the core clears its interrupt flag
+            # when a run starts, so deliver it again now, before any action can be sent.
+            self.policy.interrupt()
+        try:
+            obs = self.assembler.build(instruction)
+            self._last_good = obs
+        except SensorError as exc:
+            self.get_logger().warning(f"observation refused ({exc}); the next validate stops the run",
+                                      throttle_duration_sec=2.0)
+            obs = self._last_good if self._last_good is not None else self.assembler.build(instruction, strict=False)
+        self._observed_at = time.monotonic()
+        return obs
+
     def _on_chunk(self, chunk, first_action_index) -> None:
+        hz = chunk.control_frequency_hz
+        if hz and self.control_rate_hz and abs(hz - self.control_rate_hz) > 1e-6 * hz:
+            raise ValueError(f"chunk at {hz} Hz contradicts the control rate {self.control_rate_hz} Hz")
+        if self._observed_at is not None:
+            self._obs_to_chunk_s = time.monotonic() - self._observed_at
         self.trace.seams.append(len(self.trace.commands))
+
+    def _on_underrun(self) -> None:
+        self._underruns += 1
 
     # -- the Act action ---------------------------------------------------------------------
     def _on_goal(self, goal_request) -> GoalResponse:
-        if self._busy.locked():
-            self.get_logger().warning("rejected Act goal: a run is already active")
+        if self._busy.locked() and self._p["goal_policy"] == "reject":
+            self.get_logger().warning("rejected Act goal: a run is already active (goal_policy=reject)")
             return GoalResponse.REJECT
         if not goal_request.instruction.strip():
             self.get_logger().warning("rejected Act goal: empty instruction")
@@ -232,50 +497,96 @@ class PolicyDriver(Node):
         if not (goal_request.max_seconds >= 0 and math.isfinite(goal_request.max_seconds)):
             self.get_logger().warning(f"rejected Act goal: max_seconds={goal_request.max_seconds}")
             return GoalResponse.REJECT
+        if goal_request.params_json:
+            try:
+                if not isinstance(json.loads(goal_request.params_json), dict):
+                    raise ValueError("not an object")
+            except ValueError as exc:
+                self.get_logger().warning(f"rejected Act goal: params_json is not a JSON object ({exc})")
+                return GoalResponse.REJECT
         return GoalResponse.ACCEPT
 
     def _on_cancel(self, goal_handle) -> CancelResponse:
-        self.policy.interrupt()  # thread-safe; the loop stops within one control period
+        if goal_handle is self._goal_handle or self._goal_handle is None:
+            self.policy.interrupt()  # thread-safe; the loop stops within one control period
         return CancelResponse.ACCEPT
 
     def _wait_for_sensors(self) -> bool:
         deadline = time.monotonic() + float(self._p["sensor_wait_s"])
         while not self.assembler.ready():
-            if time.monotonic() > deadline:
+            if time.monotonic() > deadline or self.assembler.faults:
                 return False
             time.sleep(0.02)
         return True
 
+    def _acquire(self, goal_handle) -> bool:
+        """Take the run slot; preempt the running goal first (goal_policy=preempt)."""
+        if self._busy.acquire(blocking=False):
+            return True
+        self._preempting = self._goal_handle
+        deadline = time.monotonic() + 10.0
+        while time.monotonic() < deadline:
+            self.policy.interrupt()  # repeated: a run that had not bound its interrupt yet sees it next time
+            if self._busy.acquire(timeout=0.05):
+                return True
+        return False
+
     def _execute(self, goal_handle):
         goal = goal_handle.request
         result = Act.Result()
-        with self._busy:
-            max_s = goal.max_seconds if goal.max_seconds > 0 else float(self._p["default_max_seconds"])
+        if not self._acquire(goal_handle):
+            result.reason, result.message = "error", "could not preempt the running goal within 10 s"
+            goal_handle.abort()
+            return result
+        try:
+            return self._run_goal(goal_handle, goal, result)
+        finally:
+            if self._episode_started:  # capture (issue 7): the end marker, with the result and label
+                self._episode_started = False
+                label = bool(self._task_done) if self._success_client is not None else None
+                self._episode_pub.publish(String(data=_capture.end_event(self, result, label)))
+            self._busy.release()
+
+    def _run_goal(self, goal_handle, goal, result):
+        max_s = goal.max_seconds if goal.max_seconds > 0 else float(self._p["default_max_seconds"])
+        params = json.loads(goal.params_json) if goal.params_json else None
+        self.trace = RunTrace()
+        self._underruns, self._stop_reason, self._last_good = 0, None, None
+        self._goal_handle, self._run_t0, self._run_max_s = goal_handle, time.monotonic(), max_s
+        self._status, self._instruction = "starting", goal.instruction
+        self.assembler.clear_faults()
+        try:
             if not self._wait_for_sensors():
-                result.reason, result.message = "error", (
-                    f"no camera/joint data within {self._p['sensor_wait_s']} s: check the topic parameters"
-                )
+                faults = self.assembler.faults
+                if faults:
+                    result.reason, result.message = "validate", "; ".join(faults.values())
+                else:
+                    result.reason, result.message = "error", (
+                        f"no camera/joint data within {self._p['sensor_wait_s']} s: check the topic parameters")
+                self.get_logger().error(f"Act goal not started ({result.reason}): {result.message}")
                 goal_handle.abort()
                 return result
-            self.trace = RunTrace()
-            self._goal_handle, self._run_t0, self._run_max_s = goal_handle, time.monotonic(), max_s
             with self._pub_lock:
                 self._latched, self._last_command = False, None
-            self._task_done, self._instruction = False, goal.instruction
+            self._task_done = False
             until = (lambda: self._task_done) if self._success_client is not None else None
+            self._episode_pub.publish(String(data=_capture.start_event(self, goal)))  # capture (issue 7)
+            self._episode_started = True
             try:
                 outcome = self.policy.act(
                     goal.instruction,
-                    observe=lambda: self.assembler.build(goal.instruction),
+                    observe=lambda: self._observe(goal.instruction),
                     act=self._send,
                     max_seconds=max_s,
                     until=until,
                     validate=self._validate,
                     hold=self._hold,
+                    on_underrun=self._on_underrun,
                     prefetch=bool(self._p["prefetch"]),
                     lookahead=int(self._p["lookahead"]),
                     smooth_seam=int(self._p["smooth_seam"]),
                     on_chunk=self._on_chunk,
+                    params=params,
                     progress=False,
                 )
             except Exception as exc:  # the core already ran hold; report, do not crash the node
@@ -284,17 +595,26 @@ class PolicyDriver(Node):
                 result.reason, result.message = "error", f"{type(exc).__name__}: {exc}"
                 goal_handle.abort()
                 return result
-            finally:
-                self._goal_handle, self._instruction = None, None
-                with self._pub_lock:
-                    self._latched = True  # nothing is published between runs
-            _fill_result(result, outcome)
-            if outcome.reason == "interrupted" and goal_handle.is_cancel_requested:
-                goal_handle.canceled()
-            else:
-                goal_handle.succeed()
-            self.get_logger().info(f"Act '{goal.instruction}': {outcome!r}")
-            return result
+        finally:
+            self._goal_handle, self._instruction, self._status = None, None, "idle"
+            with self._pub_lock:
+                self._latched = True  # nothing is published between runs
+        self._last_outcome = outcome
+        _fill_result(result, outcome)
+        preempted = self._preempting is goal_handle and outcome.reason == "interrupted"
+        if preempted:
+            self._preempting = None
+            result.message = "preempted by a new goal"
+        elif outcome.reason == "validate":
+            result.message = self._stop_reason or ""
+        if outcome.reason == "interrupted" and goal_handle.is_cancel_requested:
+            goal_handle.canceled()
+        elif preempted or outcome.reason == "validate":
+            goal_handle.abort()
+        else:
+            goal_handle.succeed()
+        self.get_logger().info(f"Act '{goal.instruction}': {outcome!r}" + (f" ({result.message})" if result.message else ""))
+        return result
 
     def destroy_node(self) -> None:
         try:
@@ -318,11 +638,18 @@ def _fill_result(result, outcome) -> None:
     result.action_space = str(outcome.action_space or "")
 
 
+def outcome_message(result):
+    """An ``Act.Result`` as a ``sequence_ai_msgs/msg/RunOutcome`` (same fields), e.g. to log or record it."""
+    from sequence_ai_msgs.msg import RunOutcome
+
+    return RunOutcome(**{name: getattr(result, name) for name in RunOutcome.get_fields_and_field_types()})
+
+
 def main(args=None) -> int:
     """``ros2 run sequence_ai policy_driver``: spin until Ctrl-C, then shut down cleanly."""
     rclpy.init(args=args)
     node = None
-    executor = MultiThreadedExecutor(num_threads=4)
+    executor = MultiThreadedExecutor(num_threads=6)
     try:
         node = PolicyDriver()
         executor.add_node(node)

@@ -31,7 +31,7 @@ def served_policy(tmp_path_factory):
 def test_act_goal_puts_the_red_cube_on_the_green_pad(served_policy, tmp_path):
     result = demo.drive("put the red cube on the green pad", seed=0, max_seconds=45.0, out_dir=tmp_path)
     o = result.outcome
-    assert result.status == "succeeded", o
+    assert result.status == "succeeded", f"{o['reason']}: {o['message']}"
     assert o["reason"] == "until", o           # the sim's success check ended the run early
     assert result.success, f"cube {result.distance_m * 100:.1f} cm from the pad"
     assert result.distance_m < 0.03

@@ -1,0 +1,43 @@
+"""Launch the simulated Franka cell and the policy driver together (a real ROS 2 install).
+
+    ros2 launch sequence_ai sim.launch.py namespace:=sim model:=pick-place seed:=3
+
+Arguments: ``namespace``, ``model`` (empty = the config's), ``config`` (default
+``panda_sim.yaml``, a name in the package's ``config/`` or an absolute path), ``seed``.
+Start ``seq serve`` and ``seq deploy`` first and export the API key.
+"""
+import os
+
+from ament_index_python.packages import get_package_share_directory
+from launch import LaunchDescription
+from launch.actions import DeclareLaunchArgument, OpaqueFunction
+from launch.substitutions import LaunchConfiguration
+from launch_ros.actions import Node
+
+
+def _nodes(context):
+    config = LaunchConfiguration("config").perform(context)
+    if not os.path.isabs(config):
+        config = os.path.join(get_package_share_directory("sequence_ai"), "config", config)
+    namespace = LaunchConfiguration("namespace")
+    driver_params = [config]
+    model = LaunchConfiguration("model").perform(context)
+    if model:
+        driver_params.append({"model": model})
+    return [
+        Node(package="sequence_ai", executable="sim_robot", name="sim_robot", namespace=namespace,
+             parameters=[config, {"seed": int(LaunchConfiguration("seed").perform(context))}], output="screen"),
+        Node(package="sequence_ai", executable="policy_driver", name="policy_driver", namespace=namespace,
+             parameters=driver_params, output="screen"),
+    ]
+
+
+def generate_launch_description():
+    return LaunchDescription([
+        DeclareLaunchArgument("namespace", default_value="", description="Namespace of the cell and the driver."),
+        DeclareLaunchArgument("model", default_value="", description="Deployment name; empty = the config file's."),
+        DeclareLaunchArgument("config", default_value="panda_sim.yaml",
+                              description="Parameter file: a name in the package's config/ or an absolute path."),
+        DeclareLaunchArgument("seed", default_value="0", description="Scene seed for the simulated cell."),
+        OpaqueFunction(function=_nodes),
+    ])

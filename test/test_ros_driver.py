@@ -1,0 +1,312 @@
+"""policy_driver with real rclpy (Fast DDS), a real gateway + echo-policy worker, and a recording robot node.
+
+The robot node publishes a 64x64 rgb8 camera and Panda joint states at 30 Hz and records every
+command it receives with its arrival time. The echo policy declares 15 Hz joint_absolute chunks.
+"""
+from __future__ import annotations
+
+import os
+import statistics
+import threading
+import time
+
+import numpy as np
+import pytest
+import rclpy
+from action_msgs.msg import GoalStatus
+from diagnostic_msgs.msg import DiagnosticArray
+from rclpy.action import ActionClient
+from rclpy.executors import MultiThreadedExecutor
+from rclpy.node import Node
+from rclpy.qos import qos_profile_sensor_data
+from sensor_msgs.msg import Image, JointState
+from std_msgs.msg import Float64MultiArray, String
+
+from _servers import ECHO_POLICY
+from sequence_ai_msgs.action import Act
+from sequence_ai_ros.driver_node import PolicyDriver, outcome_message
+
+PERIOD_S = 1.0 / 15.0
+JOINTS = [f"panda_joint{i}" for i in range(1, 8)]
+KEY_ENV = "SEQ_TEST_DRIVER_KEY"
+
+
+@pytest.fixture(scope="module")
+def echo_server(module_gateway):
+    dep = module_gateway.deploy(ECHO_POLICY, name="echo-ros")
+    assert dep["status"] == "ready", dep
+    os.environ[KEY_ENV] = module_gateway.api_key
+    yield module_gateway
+
+
+class FakeRobot(Node):
+    """Publishes camera + joint states at 30 Hz; records commands (monotonic arrival time, values)."""
+
+    def __init__(self, context, namespace=""):
+        super().__init__("fake_robot", namespace=namespace, context=context)
+        self.img_pub = self.create_publisher(Image, "camera/exterior_1/image_raw", qos_profile_sensor_data)
+        self.js_pub = self.create_publisher(JointState, "joint_states", 10)
+        self.create_subscription(Float64MultiArray, "joint_commands", self._on_cmd, 100)
+        self.commands = []
+        self.cameras_on = True
+        self.bad_image = None   # an Image to publish instead of the good one, once
+        self.create_timer(1.0 / 30.0, self._tick)
+
+    def _on_cmd(self, msg):
+        self.commands.append((time.monotonic(), list(msg.data)))
+
+    def _tick(self):
+        stamp = self.get_clock().now().to_msg()
+        if self.bad_image is not None:
+            msg, self.bad_image = self.bad_image, None
+            msg.header.stamp = stamp
+            self.img_pub.publish(msg)
+        elif self.cameras_on:
+            msg = Image(height=64, width=64, encoding="rgb8", step=64 * 3,
+                        data=np.full((64, 64, 3), 90, np.uint8).tobytes())
+            msg.header.stamp = stamp
+            self.img_pub.publish(msg)
+        js = JointState(name=JOINTS + ["panda_gripper"], position=[0.1 * i for i in range(7)] + [0.5])
+        js.header.stamp = stamp
+        self.js_pub.publish(js)
+
+
+def driver_params(gateway, **extra):
+    base = dict(model="echo-ros", gateway_url=gateway.url, api_key_env=KEY_ENV,
+                camera_views=["exterior_1"], camera_topics=["camera/exterior_1/image_raw"],
+                max_sensor_age_s=0.3)
+    base.update(extra)
+    return [rclpy.parameter.Parameter(k, value=v) for k, v in base.items()]
+
+
+class Harness:
+    """Own Context per test; the executor is shut down and its thread joined before rclpy.shutdown."""
+
+    def __init__(self):
+        self.ctx = rclpy.context.Context()
+        rclpy.init(context=self.ctx)
+        self.executor = MultiThreadedExecutor(num_threads=8, context=self.ctx)
+        self.nodes = []
+        self.thread = None
+
+    def add(self, node):
+        self.nodes.append(node)
+        self.executor.add_node(node)
+        return node
+
+    def start(self):
+        self.thread = threading.Thread(target=self.executor.spin, daemon=True)
+        self.thread.start()
+
+    def close(self):
+        for n in self.nodes:
+            if isinstance(n, PolicyDriver):
+                n.policy.interrupt()
+        self.executor.shutdown(timeout_sec=10.0)
+        if self.thread is not None:
+            self.thread.join(timeout=10.0)
+        for n in self.nodes:
+            n.destroy_node()
+        rclpy.shutdown(context=self.ctx)
+
+
+@pytest.fixture
+def ros():
+    h = Harness()
+    try:
+        yield h
+    finally:
+        h.close()
+
+
+def wait(pred, timeout, what):
+    deadline = time.monotonic() + timeout
+    while not pred():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.01)
+
+
+class Goal:
+    """Sends one Act goal; collects feedback, the accept answer and the result."""
+
+    def __init__(self, client, instruction="put the red cube on the green pad", max_seconds=3.0, params_json=""):
+        self.feedback = []
+        self.result = None
+        self.handle = None
+        self.sent_t = time.monotonic()
+        fut = client.send_goal_async(Act.Goal(instruction=instruction, max_seconds=max_seconds, params_json=params_json),
+                                     feedback_callback=lambda m: self.feedback.append((time.monotonic(), m.feedback)))
+        wait(fut.done, 20.0, "goal answer")
+        self.handle = fut.result()
+        if self.handle.accepted:
+            self._res = self.handle.get_result_async()
+
+    def wait_result(self, timeout=30.0):
+        wait(self._res.done, timeout, "goal result")
+        self.result = self._res.result()
+        return self.result
+
+
+def setup_driver(ros, gateway, namespace="", **params):
+    robot = ros.add(FakeRobot(ros.ctx, namespace))
+    driver = ros.add(PolicyDriver(namespace=namespace, context=ros.ctx, parameter_overrides=driver_params(gateway, **params)))
+    client_node = ros.add(rclpy.create_node("act_client", namespace=namespace, context=ros.ctx))
+    client = ActionClient(client_node, Act, "policy_driver/act")
+    ros.start()
+    assert client.wait_for_server(timeout_sec=20.0)
+    wait(driver.assembler.ready, 20.0, "sensor data at the driver")
+    return robot, driver, client, client_node
+
+
+def test_commands_arrive_at_the_contract_rate_with_feedback_and_status(ros, echo_server):
+    robot, driver, client, client_node = setup_driver(ros, echo_server)
+    assert driver.control_rate_hz == 15.0        # from the echo policy's contract
+    diags = []
+    client_node.create_subscription(DiagnosticArray, "policy_driver/status", diags.append, 10)
+    goal = Goal(client, max_seconds=3.0)
+    assert goal.handle.accepted
+    wrapped = goal.wait_result()
+    time.sleep(0.5)
+    res = wrapped.result
+    assert wrapped.status == GoalStatus.STATUS_SUCCEEDED
+    assert res.reason == "timeout", res
+    run = [t for t, _ in robot.commands]
+    assert len(run) == res.actions + 1                      # every action + the hold at the timeout
+    periods = np.diff(run[:-1])
+    assert statistics.median(periods) == pytest.approx(PERIOD_S, abs=0.004)
+    assert abs(res.actions - 3.0 * 15) <= 3 + res.underruns * 15
+    # feedback at >= 2 Hz while running, carrying the instruction and status
+    fb_times = [t for t, f in goal.feedback]
+    assert len(fb_times) >= 2 * 2.5, len(fb_times)
+    assert max(np.diff(fb_times)) <= 0.5 + 0.2
+    last = goal.feedback[-1][1]
+    assert last.status == "running" and last.instruction == "put the red cube on the green pad"
+    assert last.actions > 0 and last.chunks >= 1
+    assert {f.status for _, f in goal.feedback} <= {"starting", "running"}
+    # ~/status diagnostics
+    wait(lambda: len(diags) >= 1, 5.0, "diagnostics")
+    values = {kv.key: kv.value for kv in diags[-1].status[0].values}
+    assert values["control_rate_hz"] == "15" and values["model"] == "echo-ros"
+    assert float(values["observation_to_chunk_s"]) > 0
+    assert outcome_message(res).actions == res.actions
+
+
+def test_cancel_publishes_the_hold_within_one_control_period_then_silence(ros, echo_server):
+    robot, driver, client, _ = setup_driver(ros, echo_server)
+    goal = Goal(client, max_seconds=20.0)
+    wait(lambda: len(robot.commands) >= 15, 10.0, "commands")
+    t_cancel = time.monotonic()
+    goal.handle.cancel_goal_async()
+    wrapped = goal.wait_result()
+    time.sleep(1.0)   # anything published after the hold would arrive here
+    assert wrapped.status == GoalStatus.STATUS_CANCELED
+    assert wrapped.result.reason == "interrupted"
+    hold_t, hold = robot.commands[-1]
+    assert hold == pytest.approx(robot.commands[-2][1])        # the last command, repeated
+    assert driver.trace.hold_time is not None
+    assert driver.trace.hold_time - t_cancel <= PERIOD_S, driver.trace.hold_time - t_cancel
+    assert hold_t - t_cancel <= PERIOD_S + 0.05                 # delivery to the robot included
+    assert len(robot.commands) == wrapped.result.actions + 1
+
+
+def test_instruction_swap_via_topic_reaches_the_next_request(ros, echo_server):
+    robot, driver, client, client_node = setup_driver(ros, echo_server)
+    pub = client_node.create_publisher(String, "policy_driver/instruction", 10)
+    goal = Goal(client, max_seconds=3.0)
+    wait(lambda: len(robot.commands) >= 5, 10.0, "commands")
+    pub.publish(String(data="put the blue cube on the red pad"))
+    res = goal.wait_result().result
+    assert res.instruction_swaps == 1, res
+    assert 0.0 < res.max_instruction_lag_s < 2.0
+    assert goal.feedback[-1][1].instruction == "put the blue cube on the red pad"
+
+
+def test_stale_camera_stops_the_run_with_validate_and_a_hold(ros, echo_server):
+    robot, driver, client, _ = setup_driver(ros, echo_server)
+    goal = Goal(client, max_seconds=20.0)
+    wait(lambda: len(robot.commands) >= 10, 10.0, "commands")
+    robot.cameras_on = False
+    t_off = time.monotonic()
+    wrapped = goal.wait_result(timeout=10.0)
+    time.sleep(0.5)
+    res = wrapped.result
+    assert wrapped.status == GoalStatus.STATUS_ABORTED
+    assert res.reason == "validate", res
+    assert "exterior_1" in res.message and "stale" in res.message
+    # stopped within the allowed age plus a couple of periods
+    assert driver.trace.hold_time - t_off < 0.3 + 0.3
+    assert robot.commands[-1][1] == pytest.approx(robot.commands[-2][1])
+    assert len(robot.commands) == res.actions + 1
+
+
+@pytest.mark.parametrize("bad, words", [
+    (dict(height=64, width=64, encoding="mono16", step=128, data=bytes(64 * 128)), ["mono16"]),
+    (dict(height=32, width=32, encoding="rgb8", step=96, data=bytes(32 * 96)), ["32x32", "64x64"]),
+    (dict(height=64, width=64, encoding="rgb8", step=192, data=bytes(100)), ["100 bytes"]),
+])
+def test_malformed_image_ends_the_run_with_validate_and_a_clear_message(ros, echo_server, bad, words):
+    robot, driver, client, _ = setup_driver(ros, echo_server)
+    goal = Goal(client, max_seconds=20.0)
+    wait(lambda: len(robot.commands) >= 5, 10.0, "commands")
+    robot.bad_image = Image(**bad)
+    wrapped = goal.wait_result(timeout=10.0)
+    res = wrapped.result
+    assert wrapped.status == GoalStatus.STATUS_ABORTED
+    assert res.reason == "validate", res
+    for w in words:
+        assert w in res.message, res.message
+    # the node is alive: the next goal runs (the fault is per run)
+    goal2 = Goal(client, max_seconds=1.0)
+    assert goal2.wait_result().result.reason == "timeout"
+
+
+def test_a_new_goal_preempts_the_running_one(ros, echo_server):
+    robot, driver, client, _ = setup_driver(ros, echo_server)
+    first = Goal(client, instruction="put the red cube on the green pad", max_seconds=20.0)
+    wait(lambda: len(robot.commands) >= 5, 10.0, "commands")
+    second = Goal(client, instruction="put the blue cube on the red pad", max_seconds=1.5)
+    assert second.handle.accepted
+    old = first.wait_result()
+    assert old.status == GoalStatus.STATUS_ABORTED
+    assert old.result.reason == "interrupted" and old.result.message == "preempted by a new goal"
+    new = second.wait_result()
+    assert new.status == GoalStatus.STATUS_SUCCEEDED and new.result.reason == "timeout"
+    assert new.result.actions > 5
+
+
+def test_reject_policy_refuses_a_second_goal(ros, echo_server):
+    robot, driver, client, _ = setup_driver(ros, echo_server, goal_policy="reject")
+    first = Goal(client, max_seconds=2.0)
+    wait(lambda: len(robot.commands) >= 3, 10.0, "commands")
+    second = Goal(client, max_seconds=2.0)
+    assert not second.handle.accepted
+    assert first.wait_result().result.reason == "timeout"
+
+
+def test_two_namespaced_drivers_each_drive_their_own_robot(ros, echo_server):
+    robots, drivers, clients = {}, {}, {}
+    for ns in ("left", "right"):
+        robots[ns] = ros.add(FakeRobot(ros.ctx, ns))
+        drivers[ns] = ros.add(PolicyDriver(namespace=ns, context=ros.ctx, parameter_overrides=driver_params(echo_server)))
+        cn = ros.add(rclpy.create_node("act_client", namespace=ns, context=ros.ctx))
+        clients[ns] = ActionClient(cn, Act, "policy_driver/act")
+    ros.start()
+    for ns in clients:
+        assert clients[ns].wait_for_server(timeout_sec=20.0)
+        wait(drivers[ns].assembler.ready, 20.0, f"{ns} sensors")
+    goals = {ns: Goal(clients[ns], max_seconds=2.0 if ns == "left" else 3.0) for ns in clients}
+    results = {ns: g.wait_result().result for ns, g in goals.items()}
+    time.sleep(0.3)
+    for ns in ("left", "right"):
+        assert results[ns].reason == "timeout"
+        assert len(robots[ns].commands) == results[ns].actions + 1, ns
+        assert drivers[ns].policy is not drivers["left" if ns == "right" else "right"].policy
+    assert results["right"].actions > results["left"].actions + 5   # each ran its own bound
+
+
+def test_control_rate_parameter_contradicting_the_contract_is_refused(ros, echo_server):
+    with pytest.raises(ValueError, match="contradicts"):
+        PolicyDriver(context=ros.ctx, parameter_overrides=driver_params(echo_server, control_rate_hz=100.0))
+    ok = PolicyDriver(context=ros.ctx, parameter_overrides=driver_params(echo_server, control_rate_hz=15.0))
+    assert ok.control_rate_hz == 15.0
+    ros.add(ok)
