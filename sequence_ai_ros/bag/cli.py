@@ -1,0 +1,90 @@
+"""``sequence-ai bag ...``: export episode bags to LeRobot datasets, repair cut bags, show a bag.
+
+    sequence-ai bag export BAG [BAG ...] --out DIR [--format lerobot] [--fps N]
+                           [--version 3.0|2.1] [--append | --overwrite] [--robot-type NAME]
+    sequence-ai bag repair BAG [BAG ...]
+    sequence-ai bag info BAG [BAG ...]
+
+``sequence_ai.cli`` imports this module only when ``bag`` is asked for, so the client keeps its
+httpx-only footprint. Needs the ``data`` extra (rosbags, pyarrow, av, simplejpeg) and the ROS
+environment (``. scripts/env.sh``: messages are deserialized with rclpy).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def add_parser(sub) -> None:
+    """Add the ``bag`` command (with its subcommands) to an argparse subparsers object."""
+    p = sub.add_parser("bag", help="export episode bags to LeRobot datasets; repair cut bags")
+    bsub = p.add_subparsers(dest="bag_command", required=True)
+    e = bsub.add_parser("export", help="bags -> a LeRobot dataset (one frame per control step)")
+    e.add_argument("bags", nargs="+", type=Path, help="bag directories written by episode_recorder")
+    e.add_argument("--out", required=True, type=Path, help="dataset directory")
+    e.add_argument("--format", default="lerobot", choices=["lerobot"], help="dataset format (default lerobot)")
+    e.add_argument("--fps", type=int, default=None, help="frames per second (default: the measured control rate)")
+    e.add_argument("--version", default="3.0", choices=["3.0", "2.1"], help="LeRobot format version (default 3.0)")
+    e.add_argument("--robot-type", default=None, help="info.json robot_type, e.g. panda")
+    g = e.add_mutually_exclusive_group()
+    g.add_argument("--append", action="store_true", help="add the episodes to an existing dataset at --out")
+    g.add_argument("--overwrite", action="store_true", help="replace an existing dataset at --out")
+    r = bsub.add_parser("repair", help="rewrite bags cut by a crash as complete bags (all complete chunks kept)")
+    r.add_argument("bags", nargs="+", type=Path)
+    i = bsub.add_parser("info", help="episode markers and message counts of bags")
+    i.add_argument("bags", nargs="+", type=Path)
+
+
+def run(args) -> int:
+    """Run a parsed ``bag`` command; returns the exit code (0 ok, 1 a typed error)."""
+    try:
+        from .episode import ExportError, frames_from_bag
+        from .lerobot import write_dataset
+        from .reader import BagReadError, read_episode, repair_bag
+    except ImportError as exc:
+        print(f"error: {exc}. Install the data extra: pip install 'sequence-ai[data]', "
+              "and source scripts/env.sh (ROS messages)", file=sys.stderr)
+        return 1
+    try:
+        if args.bag_command == "export":
+            mode = "append" if args.append else "overwrite" if args.overwrite else "new"
+            for bag in args.bags:
+                if not bag.exists():
+                    raise BagReadError(f"{bag} does not exist")
+            episodes = (frames_from_bag(b, fps=args.fps) for b in args.bags)
+            summary = write_dataset(episodes, args.out, version=args.version, mode=mode, robot_type=args.robot_type)
+            print(f"wrote {summary['out']} (LeRobot v{summary['version']}): +{summary['added_episodes']} episodes, "
+                  f"+{summary['added_frames']} frames; now {summary['episodes']} episodes, {summary['frames']} frames, "
+                  f"{summary['tasks']} tasks")
+        elif args.bag_command == "repair":
+            for bag in args.bags:
+                rep = repair_bag(bag)
+                if rep["repaired"]:
+                    print(f"repaired {rep['bag']}: {rep['messages']} messages kept "
+                          f"({rep['kept_bytes']} of {rep['total_bytes']} bytes)")
+                else:
+                    print(f"ok       {rep['bag']}: complete, nothing to do")
+        elif args.bag_command == "info":
+            for bag in args.bags:
+                rec = read_episode(bag)
+                print(f"{bag}: task {rec.task!r}; "
+                      + ", ".join(f"{v} {len(m)} frames" for v, m in rec.images.items())
+                      + f", {len(rec.joints)} joint states, {len(rec.commands)} commands; "
+                      + (f"end {rec.end.get('outcome')}, label {rec.success}" if rec.end else "no end marker (cut)"))
+        return 0
+    except (ExportError, BagReadError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+
+
+def main(argv=None) -> int:
+    """Stand-alone entry (``python -m sequence_ai_ros.bag.cli export ...``)."""
+    parser = argparse.ArgumentParser(prog="sequence-ai")
+    sub = parser.add_subparsers(dest="command", required=True)
+    add_parser(sub)
+    return run(parser.parse_args(["bag", *(sys.argv[1:] if argv is None else argv)]))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,95 @@
+"""Episode markers: the JSON the driver publishes on ``~/episode`` and the recorder writes to bags.
+
+The driver calls :func:`start_event` when an ``Act`` goal starts driving and :func:`end_event`
+when it has ended (its result filled); both return the ``std_msgs/String`` payload (JSON text).
+The recorder, told to record around ``Act`` goals, opens a bag on ``start`` and closes it on
+``end``. The start marker carries the driver's observation-assembly settings (views, resolved
+topics, transports, time bases, alignments, joint names, max sensor age), so an export rebuilds
+observations with exactly the rules the driver used live (:func:`assembler_from_start`).
+
+Start: ``{"event": "start", "source": "act", "task", "max_seconds", "goal_id", "t_ns",
+"views", "camera_topics", "camera_transports", "camera_time_bases", "camera_alignments",
+"joint_state_topic", "joint_state_type", "joint_state_time_base", "joint_state_alignment",
+"joint_names", "gripper_joint", "max_sensor_age_s", "command_topic", "command_type"}``.
+End: ``{"event": "end", "source": "act", "goal_id", "t_ns", "outcome": {Act result fields},
+"label": {"success": true | false | null}}`` (``null`` when the driver has no success check).
+"""
+from __future__ import annotations
+
+import json
+import time
+from typing import Optional
+
+_RESULT_FIELDS = ("reason", "actions", "chunks", "seconds", "underruns", "underrun_s", "max_seam_jump",
+                  "instruction_swaps", "max_instruction_lag_s", "action_space", "message")
+
+
+def _resolve(node, topic: str) -> str:
+    try:
+        return node.resolve_topic_name(topic)
+    except Exception:  # older rclpy: relative names resolve against the node namespace
+        ns = node.get_namespace().rstrip("/")
+        return topic if topic.startswith("/") else f"{ns}/{topic}"
+
+
+def _per_view(values, n: int, default: str) -> list:
+    values = list(values or [])
+    return values if len(values) == n else [default] * n
+
+
+def assembly_settings(node, p: dict) -> dict:
+    """The observation-assembly part of a start marker, from driver-style parameters ``p``."""
+    views = list(p["camera_views"])
+    return {
+        "views": views,
+        "camera_topics": [_resolve(node, t) for t in p["camera_topics"]],
+        "camera_transports": _per_view(p.get("camera_transports"), len(views), "raw"),
+        "camera_time_bases": _per_view(p.get("camera_time_bases"), len(views), "receive"),
+        "camera_alignments": _per_view(p.get("camera_alignments"), len(views), "latest"),
+        "joint_state_topic": _resolve(node, p["joint_state_topic"]),
+        "joint_state_type": p.get("joint_state_type", "sensor_msgs/msg/JointState"),
+        "joint_state_time_base": p.get("joint_state_time_base", "receive"),
+        "joint_state_alignment": p.get("joint_state_alignment", "latest"),
+        "joint_names": list(p["joint_names"]),
+        "gripper_joint": p.get("gripper_joint") or None,
+        "max_sensor_age_s": float(p.get("max_sensor_age_s", 0.5)),
+        "command_topic": _resolve(node, p["command_topic"]),
+        "command_type": p.get("command_type", "float64_multi_array"),
+    }
+
+
+def start_event(driver, goal) -> str:
+    """JSON start marker for an ``Act`` goal that is starting on ``driver`` (a PolicyDriver)."""
+    gid = getattr(getattr(driver, "_goal_handle", None), "goal_id", None)
+    event = {"event": "start", "source": "act", "task": goal.instruction,
+             "max_seconds": float(goal.max_seconds), "goal_id": bytes(gid.uuid).hex() if gid is not None else None,
+             "t_ns": time.time_ns(), **assembly_settings(driver, driver._p)}
+    return json.dumps(event)
+
+
+def end_event(driver, result, success: Optional[bool]) -> str:
+    """JSON end marker: the ``Act`` result (the RunOutcome) and the success label (or ``None``)."""
+    outcome = {k: getattr(result, k) for k in _RESULT_FIELDS if hasattr(result, k)}
+    return json.dumps({"event": "end", "source": "act", "t_ns": time.time_ns(), "outcome": outcome,
+                       "label": {"success": success}})
+
+
+def assembler_from_start(start: dict, clock, header_clock):
+    """An :class:`~sequence_ai_ros.observation.ObservationAssembler` configured as the start
+    marker says, reading time from ``clock``/``header_clock`` (s) -- the exporter's bag clock.
+
+    Raises:
+        ValueError: the marker lacks views or joint names (not a recorder/driver marker).
+    """
+    from ..observation import JOINT_STREAM, ObservationAssembler, StreamRule
+
+    views = list(start.get("views") or [])
+    n = len(views)
+    rules = {v: StreamRule(tb, al) for v, tb, al in zip(
+        views, _per_view(start.get("camera_time_bases"), n, "receive"),
+        _per_view(start.get("camera_alignments"), n, "latest"))}
+    rules[JOINT_STREAM] = StreamRule(start.get("joint_state_time_base", "receive"),
+                                     start.get("joint_state_alignment", "latest"))
+    return ObservationAssembler(views, list(start.get("joint_names") or []), start.get("gripper_joint") or None,
+                                max_age_s=float(start.get("max_sensor_age_s", 0.5)), clock=clock,
+                                rules=rules, header_clock=header_clock)

@@ -1,0 +1,279 @@
+"""Reading episode bags back, including bags cut short by a crash or SIGKILL.
+
+A complete bag (``metadata.yaml`` present, MCAP footer intact) is read with ``rosbags``'
+:class:`~rosbags.rosbag2.Reader`. A cut bag has neither: :func:`recover_mcap` walks the MCAP's
+top-level records, keeps every complete one (so every closed chunk), and appends an MCAP
+``DataEnd`` + ``Footer`` so that ``rosbags``' MCAP reader can scan it; at most the chunk being
+filled when the process died is lost. :func:`repair_bag` (``sequence-ai bag repair``) makes that
+permanent: it rewrites the bag with a fresh ``metadata.yaml``.
+
+Messages are deserialized with ``rclpy.serialization`` (``rosbags``' own CDR reader rejects some
+messages rclpy writes, e.g. a JointState with empty arrays), so reading needs the ROS
+environment (``. scripts/env.sh``).
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import struct
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator, Optional
+
+from . import COMPRESSED_SUFFIX, EPISODE_TOPIC, INSTRUCTION_TOPIC
+
+_MAGIC = b"\x89MCAP0\r\n"
+_OP_HEADER, _OP_FOOTER, _OP_DATA_END = 0x01, 0x02, 0x0F
+
+
+class BagReadError(RuntimeError):
+    """A bag cannot be read (not a bag, no MCAP file, nothing recoverable)."""
+
+
+@dataclass
+class RecoveryReport:
+    """What :func:`recover_mcap` kept: ``kept_bytes`` of ``total_bytes`` (the rest was a partial
+    record), and whether the file was complete already."""
+
+    path: Path
+    total_bytes: int
+    kept_bytes: int
+    complete: bool
+
+
+def _mcap_file(bag: Path) -> Path:
+    bag = Path(bag)
+    if bag.is_file() and bag.suffix == ".mcap":
+        return bag
+    files = sorted(bag.glob("*.mcap"))
+    if not files:
+        raise BagReadError(f"{bag} holds no .mcap file: pass a rosbag2 bag directory written by the recorder")
+    if len(files) > 1:
+        raise BagReadError(f"{bag} holds {len(files)} .mcap files; the recorder writes one per bag")
+    return files[0]
+
+
+def _complete(mcap: Path) -> bool:
+    size = mcap.stat().st_size
+    if size < 8 + 37:
+        return False
+    with open(mcap, "rb") as f:
+        f.seek(-8, os.SEEK_END)
+        return f.read(8) == _MAGIC
+
+
+def recover_mcap(src: Path, dst: Path) -> RecoveryReport:
+    """Copy the complete top-level records of MCAP file ``src`` to ``dst`` and close it properly.
+
+    Raises:
+        BagReadError: ``src`` is not an MCAP file or holds no complete record after its header.
+    """
+    total = src.stat().st_size
+    with open(src, "rb") as f, open(dst, "wb") as out:
+        if f.read(8) != _MAGIC:
+            raise BagReadError(f"{src} is not an MCAP file (bad magic)")
+        out.write(_MAGIC)
+        kept = 8
+        while True:
+            head = f.read(9)
+            if len(head) < 9:
+                break
+            op, length = struct.unpack("<BQ", head)
+            if op in (_OP_DATA_END, _OP_FOOTER) or kept + 9 + length > total:
+                break   # the summary section starts, or the record was cut
+            body = f.read(length)
+            if len(body) < length:
+                break
+            out.write(head)
+            out.write(body)
+            kept += 9 + length
+        if kept <= 8:
+            raise BagReadError(f"{src}: nothing recoverable (not even the MCAP header)")
+        out.write(struct.pack("<BQI", _OP_DATA_END, 4, 0))                     # DataEnd, crc 0
+        out.write(struct.pack("<BQQQI", _OP_FOOTER, 20, 0, 0, 0))             # Footer, no summary
+        out.write(_MAGIC)
+    return RecoveryReport(path=src, total_bytes=total, kept_bytes=kept, complete=_complete(src))
+
+
+@dataclass
+class RawMessage:
+    """One message as stored: ``topic``, ``msgtype`` (``pkg/msg/Name``), log time ``t_ns``, CDR ``raw``."""
+
+    topic: str
+    msgtype: str
+    t_ns: int
+    raw: bytes
+
+
+def iter_raw(bag: Path) -> Iterator[RawMessage]:
+    """Yield every message of a bag in log-time order, recovering a cut bag on the fly.
+
+    Raises:
+        BagReadError: not a bag, or nothing recoverable.
+    """
+    bag = Path(bag)
+    mcap = _mcap_file(bag)
+    if (mcap.parent / "metadata.yaml").exists() and _complete(mcap):
+        from rosbags.rosbag2 import Reader
+
+        with Reader(mcap.parent) as reader:
+            for conn, t_ns, raw in reader.messages():
+                yield RawMessage(conn.topic, conn.msgtype, t_ns, bytes(raw))
+        return
+    from rosbags.rosbag2.storage_mcap import McapReader
+
+    with tempfile.TemporaryDirectory(prefix="seqai-recover-") as tmp:
+        fixed = Path(tmp) / mcap.name
+        recover_mcap(mcap, fixed)
+        reader = McapReader(fixed)
+        reader.open()
+        try:
+            msgs = sorted(
+                ((t_ns, i, conn, bytes(raw)) for i, (conn, t_ns, raw)
+                 in enumerate(reader.messages_scan(reader.connections))),
+                key=lambda m: (m[0], m[1]),
+            )
+        finally:
+            reader.close()
+    for t_ns, _, conn, raw in msgs:
+        yield RawMessage(conn.topic, conn.msgtype, t_ns, raw)
+
+
+def repair_bag(bag: Path) -> dict:
+    """Rewrite a cut bag in place as a complete one (MCAP footer, index, ``metadata.yaml``).
+
+    A complete bag is left as is. The repaired bag is built beside the original and swapped in
+    at the end, so a failure leaves the original untouched.
+
+    Returns:
+        ``{"bag", "repaired" (bool), "messages", "kept_bytes", "total_bytes"}``.
+    Raises:
+        BagReadError: not a bag, or nothing recoverable.
+    """
+    from rosbags.rosbag2 import StoragePlugin, Writer
+    from rosbags.rosbag2.storage_mcap import McapReader
+
+    bag = Path(bag).resolve()
+    mcap = _mcap_file(bag)
+    if (bag / "metadata.yaml").exists() and _complete(mcap):
+        return {"bag": str(bag), "repaired": False, "messages": None,
+                "kept_bytes": mcap.stat().st_size, "total_bytes": mcap.stat().st_size}
+    tmp = Path(tempfile.mkdtemp(prefix=f".{bag.name}.repair-", dir=bag.parent))
+    try:
+        fixed = tmp / "recovered.mcap"
+        report = recover_mcap(mcap, fixed)
+        reader = McapReader(fixed)
+        reader.open()
+        out = tmp / bag.name
+        n = 0
+        try:
+            with Writer(out, version=9, storage_plugin=StoragePlugin.MCAP) as writer:
+                from rosbags.typesys import Stores, get_typestore
+
+                store = get_typestore(Stores.ROS2_JAZZY)
+                conns = {}
+                for c in reader.connections:
+                    if c.digest:
+                        conns[c.id] = writer.add_connection(c.topic, c.msgtype, msgdef=c.msgdef.data, rihs01=c.digest)
+                    else:   # MCAP channels carry no hash: take it from the Jazzy type store
+                        conns[c.id] = writer.add_connection(c.topic, c.msgtype, typestore=store)
+                msgs = sorted(((t, i, c, bytes(r)) for i, (c, t, r) in enumerate(reader.messages_scan(reader.connections))),
+                              key=lambda m: (m[0], m[1]))
+                for t, _, c, raw in msgs:
+                    writer.write(conns[c.id], t, raw)
+                    n += 1
+        finally:
+            reader.close()
+        # swap: the original directory's files are replaced by the repaired ones
+        backup = tmp / "original"
+        os.rename(bag, backup)
+        os.rename(out, bag)
+        return {"bag": str(bag), "repaired": True, "messages": n,
+                "kept_bytes": report.kept_bytes, "total_bytes": report.total_bytes}
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+# -- episodes ------------------------------------------------------------------------------------
+@dataclass
+class RecordedEpisode:
+    """One bag's content, deserialized (rclpy message objects), grouped by stream.
+
+    ``start``/``end``: the JSON episode markers (``end`` is ``None`` for a cut bag);
+    ``images``: view -> [(t_ns, sensor_msgs/CompressedImage)]; ``joints``: [(t_ns, JointState)];
+    ``commands``: [(t_ns, [float])]; ``instructions``: [(t_ns, str)]. Times are log times (ns).
+    """
+
+    path: Path
+    start: dict
+    end: Optional[dict]
+    images: dict = field(default_factory=dict)
+    joints: list = field(default_factory=list)
+    commands: list = field(default_factory=list)
+    instructions: list = field(default_factory=list)
+
+    @property
+    def task(self) -> str:
+        """The instruction in force at the start (the dataset's task string)."""
+        if self.instructions:
+            return self.instructions[0][1]
+        return str(self.start.get("task", ""))
+
+    @property
+    def success(self) -> Optional[bool]:
+        """The episode's label (``None`` when unlabeled or the bag was cut before its end)."""
+        if not self.end:
+            return None
+        label = self.end.get("label") or {}
+        value = label.get("success")
+        return None if value is None else bool(value)
+
+
+def read_episode(bag: Path) -> RecordedEpisode:
+    """Read one episode bag written by the recorder (a cut bag is recovered, see :func:`iter_raw`).
+
+    Raises:
+        BagReadError: not a bag, no episode start marker, or no camera topic of the start marker.
+    """
+    from rclpy.serialization import deserialize_message
+
+    from ..codecs import message_class as get_message
+
+    classes: dict = {}
+    start = end = None
+    rec = RecordedEpisode(path=Path(bag), start={}, end=None)
+    image_topics: dict = {}
+    for m in iter_raw(bag):
+        cls = classes.get(m.msgtype)
+        if cls is None:
+            cls = classes[m.msgtype] = get_message(m.msgtype)
+        msg = deserialize_message(m.raw, cls)
+        if m.topic == EPISODE_TOPIC:
+            event = json.loads(msg.data)
+            if event.get("event") == "start" and start is None:
+                start = event
+                topics = event.get("image_topics") or {
+                    v: _abs(t) + COMPRESSED_SUFFIX for v, t in zip(event.get("views", []), event.get("camera_topics", []))}
+                for view, topic in topics.items():
+                    image_topics[topic] = view
+                    rec.images[view] = []
+            elif event.get("event") == "end":
+                end = event
+        elif m.topic == INSTRUCTION_TOPIC:
+            rec.instructions.append((m.t_ns, str(msg.data)))
+        elif m.topic in image_topics:
+            rec.images[image_topics[m.topic]].append((m.t_ns, msg))
+        elif start is not None and m.topic == _abs(start.get("joint_state_topic", "joint_states")):
+            rec.joints.append((m.t_ns, msg))
+        elif start is not None and m.topic == _abs(start.get("command_topic", "joint_commands")):
+            rec.commands.append((m.t_ns, [float(x) for x in msg.data]))
+    if start is None:
+        raise BagReadError(f"{bag}: no episode start marker on {EPISODE_TOPIC}; was it written by recorder_node?")
+    rec.start, rec.end = start, end
+    return rec
+
+
+def _abs(topic: str) -> str:
+    return topic if topic.startswith("/") else "/" + topic

@@ -1,0 +1,341 @@
+"""``episode_recorder``: records episodes into rosbag2 bags (MCAP), one bag per episode.
+
+Beside the data path, never in it: it subscribes to the topics the driver reads (cameras, joint
+state) and writes (joint commands), with raw subscriptions (CDR bytes, no deserialization in the
+callback), and hands every message to :class:`~sequence_ai_ros.bag.writer.BagWriter`, whose
+thread compresses camera frames to JPEG and writes. Callbacks only enqueue: a full queue drops
+(and counts) instead of waiting, so recording can never slow the control loop.
+
+An episode starts and stops:
+
+* through the ``~/record_episode`` action (``sequence_ai_msgs/action/RecordEpisode``): the goal
+  carries the task prompt; cancelling it (or its ``max_seconds``) ends the episode; the result
+  carries the bag path;
+* automatically around each ``Act`` goal when ``auto_record`` is true: the driver publishes JSON
+  start/end markers on ``<driver>/episode`` (``driver_episode_topic``), which the recorder copies
+  into the bag and uses to open and close it. The start marker holds the driver's assembly
+  settings; the end marker the RunOutcome and the success label.
+
+Topics in the bag: see :mod:`sequence_ai_ros.bag`. Parameters: see ``_PARAMS`` below.
+"""
+from __future__ import annotations
+
+import json
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Optional
+
+import rclpy
+from rclpy.action import ActionServer, CancelResponse, GoalResponse
+from rclpy.callback_groups import MutuallyExclusiveCallbackGroup, ReentrantCallbackGroup
+from rclpy.executors import ExternalShutdownException, MultiThreadedExecutor
+from rclpy.node import Node
+from rcl_interfaces.msg import ParameterDescriptor
+from rclpy.qos import qos_profile_sensor_data
+from rclpy.serialization import deserialize_message, serialize_message
+from std_msgs.msg import String
+
+from sequence_ai_msgs.action import RecordEpisode
+
+from . import codecs
+from .bag import COMPRESSED_SUFFIX, EPISODE_TOPIC, INSTRUCTION_TOPIC
+from .bag.events import assembly_settings
+from .bag.writer import BagWriter, bag_size, prune_bags
+
+_PARAMS = {
+    # name: (default, description)
+    "output_dir": ("bags", "Folder for the bags (one subfolder per episode); relative = from the working directory."),
+    "auto_record": (False, "Record around each Act goal of the driver (from its ~/episode markers)."),
+    "driver_episode_topic": ("policy_driver/episode", "The driver's JSON episode-marker topic (std_msgs/String)."),
+    "driver_instruction_topic": ("policy_driver/instruction", "Instruction swaps sent to the driver (std_msgs/String)."),
+    "camera_views": (["exterior_1", "wrist_left"], "Camera view names (as the driver's camera_views)."),
+    "camera_topics": (["camera/exterior_1/image_raw", "camera/wrist_left/image_raw"],
+                      "Camera topic per view, same order as camera_views."),
+    "camera_transports": ([""], "Per view: raw (sensor_msgs/Image, JPEG-compressed here) or compressed (stored as is); [''] = raw."),
+    "joint_state_topic": ("joint_states", "sensor_msgs/JointState topic."),
+    "joint_names": (["panda_joint1", "panda_joint2", "panda_joint3", "panda_joint4", "panda_joint5",
+                     "panda_joint6", "panda_joint7"], "Arm joints in the policy's order (for RecordEpisode episodes)."),
+    "gripper_joint": ("panda_gripper", "Joint-state name of the gripper; empty = none."),
+    "max_sensor_age_s": (0.5, "Max sensor age written into RecordEpisode start markers (s)."),
+    "command_topic": ("joint_commands", "std_msgs/Float64MultiArray command topic."),
+    "jpeg_quality": (90, "JPEG quality of recorded camera frames (1-100)."),
+    "max_disk_mb": (2048.0, "Disk bound of output_dir (MiB): before a bag starts, the oldest bags are deleted until "
+                            "the rest leave room (a quarter of the bound, at most 64 MiB); a bag that fills the "
+                            "bound drops further messages (counted in the end marker and RecordEpisode result)."),
+    "max_episode_s": (600.0, "Time bound of a RecordEpisode goal whose max_seconds is 0 (s)."),
+    "queue_size": (256, "Writer queue length (messages); when full, messages are dropped and counted."),
+    "chunk_kib": (256, "MCAP chunk size bound (KiB): a SIGKILL loses at most the chunk being filled."),
+    "chunk_s": (1.0, "MCAP chunk age bound (s)."),
+}
+
+
+class EpisodeRecorder(Node):
+    """Records episodes to bags (see the module docstring).
+
+    Attributes useful to tests and tools: ``writer`` (the :class:`BagWriter`, with ``stats``),
+    ``last_bag`` (path of the last closed bag), ``taps`` (callables ``(kind, key, raw, t_ns)``
+    called from the subscription callbacks after enqueueing: ``kind`` is ``image``, ``joints`` or
+    ``command``, ``key`` the view for images).
+    """
+
+    def __init__(self, node_name: str = "episode_recorder", **kwargs) -> None:
+        super().__init__(node_name, **kwargs)
+        for name, (default, description) in _PARAMS.items():
+            self.declare_parameter(name, default, ParameterDescriptor(description=description))
+        p = {name: self.get_parameter(name).value for name in _PARAMS}
+        self._p = p
+        views, topics = list(p["camera_views"]), list(p["camera_topics"])
+        if len(views) != len(topics):
+            raise ValueError(f"camera_views has {len(views)} entries but camera_topics has {len(topics)}")
+        transports = [t for t in (p["camera_transports"] or []) if t] or ["raw"] * len(views)
+        if len(transports) != len(views) or any(t not in ("raw", "compressed") for t in transports):
+            raise ValueError(f"camera_transports must be raw or compressed per view, got {p['camera_transports']}")
+        if not 1 <= int(p["jpeg_quality"]) <= 100:
+            raise ValueError(f"jpeg_quality must be 1..100, got {p['jpeg_quality']}")
+        if float(p["max_disk_mb"]) <= 0:
+            raise ValueError("max_disk_mb must be > 0")
+        self.output_dir = Path(p["output_dir"]).expanduser().resolve()
+        self.output_dir.mkdir(parents=True, exist_ok=True)
+        self._max_bytes = int(float(p["max_disk_mb"]) * 1024 * 1024)
+        self.writer = BagWriter(queue_size=int(p["queue_size"]), chunk_bytes=int(p["chunk_kib"]) * 1024,
+                                chunk_s=float(p["chunk_s"]), max_bag_bytes=self._max_bytes)
+        self.taps: list = []
+        self.last_bag: Optional[Path] = None
+        self._episode: Optional[dict] = None      # start marker of the open episode
+        self._episode_lock = threading.Lock()
+        self._quality = int(p["jpeg_quality"])
+
+        # raw subscriptions: bytes in, bytes to the queue
+        sensors = MutuallyExclusiveCallbackGroup()
+        self._image_topics = {}
+        for view, topic, transport in zip(views, topics, transports):
+            resolved = self.resolve_topic_name(topic)
+            if transport == "raw":
+                bag_topic = resolved + COMPRESSED_SUFFIX
+                self.create_subscription(codecs.message_class("sensor_msgs/msg/Image"), topic,
+                                         lambda raw, v=view, bt=bag_topic: self._on_image(v, bt, raw, True),
+                                         qos_profile_sensor_data, callback_group=sensors, raw=True)
+            else:
+                bag_topic = resolved
+                self.create_subscription(codecs.message_class("sensor_msgs/msg/CompressedImage"), topic,
+                                         lambda raw, v=view, bt=bag_topic: self._on_image(v, bt, raw, False),
+                                         qos_profile_sensor_data, callback_group=sensors, raw=True)
+            self._image_topics[view] = bag_topic
+        from sensor_msgs.msg import JointState
+        from std_msgs.msg import Float64MultiArray
+
+        self._joint_topic = self.resolve_topic_name(p["joint_state_topic"])
+        self._command_topic = self.resolve_topic_name(p["command_topic"])
+        self.create_subscription(JointState, p["joint_state_topic"], self._on_joints, qos_profile_sensor_data,
+                                 callback_group=sensors, raw=True)
+        self.create_subscription(Float64MultiArray, p["command_topic"], self._on_command, 50,
+                                 callback_group=sensors, raw=True)
+        events = MutuallyExclusiveCallbackGroup()
+        if p["auto_record"]:
+            self.create_subscription(String, p["driver_episode_topic"], self._on_driver_episode, 10,
+                                     callback_group=events)
+        self.create_subscription(String, p["driver_instruction_topic"], self._on_instruction, 10,
+                                 callback_group=events)
+        self._action_server = ActionServer(
+            self, RecordEpisode, "~/record_episode", execute_callback=self._execute,
+            goal_callback=self._on_goal, cancel_callback=lambda gh: CancelResponse.ACCEPT,
+            callback_group=ReentrantCallbackGroup())
+
+    # -- episodes ------------------------------------------------------------------------------
+    @property
+    def recording(self) -> bool:
+        """True while an episode's bag is open."""
+        return self._episode is not None
+
+    def start_episode(self, start: dict) -> Path:
+        """Open a bag for an episode and write its start marker and instruction.
+
+        Args:
+            start: the start marker (``event``, ``source``, ``task`` and assembly settings; see
+                :mod:`sequence_ai_ros.bag.events`). ``image_topics`` is added.
+        Returns:
+            the bag directory.
+        Raises:
+            RuntimeError: an episode is already being recorded.
+        """
+        with self._episode_lock:
+            if self._episode is not None:
+                raise RuntimeError("an episode is already being recorded; stop it first")
+            # disk bound: older bags keep at most max_disk_mb minus a margin for this one (a quarter,
+            # at most 64 MiB); this bag may use what is left, then drops (counted) instead of growing
+            margin = min(64 * 1024 * 1024, self._max_bytes // 4)
+            deleted = prune_bags(self.output_dir, self._max_bytes - margin)
+            for d in deleted:
+                self.get_logger().warning(f"disk bound max_disk_mb={self._p['max_disk_mb']}: deleted old bag {d}")
+            others = sum(bag_size(d) for d in self.output_dir.iterdir() if d.is_dir())
+            self.writer.max_bag_bytes = max(margin, self._max_bytes - others)
+            name = time.strftime("episode-%Y%m%d-%H%M%S") + f"-{time.time_ns() % 1_000_000_000:09d}"
+            path = self.output_dir / name
+            start = {**start, "image_topics": dict(self._image_topics)}
+            self.writer.open(path)
+            t = time.time_ns()
+            self._put_string(EPISODE_TOPIC, json.dumps(start), t)
+            self._put_string(INSTRUCTION_TOPIC, str(start.get("task", "")), t)
+            self.writer.flush()
+            self._episode = start
+            return path
+
+    def stop_episode(self, end: Optional[dict] = None):
+        """Write the end marker (``end`` plus drop counts) and close the bag; returns its BagStats.
+
+        Raises:
+            RuntimeError: no episode is being recorded.
+        """
+        with self._episode_lock:
+            if self._episode is None:
+                raise RuntimeError("no episode is being recorded")
+            end = {"event": "end", "source": self._episode.get("source"), "t_ns": time.time_ns(),
+                   "outcome": None, "label": {"success": None}, **(end or {})}
+            end["dropped"] = self.writer.stats.dropped
+            self._put_string(EPISODE_TOPIC, json.dumps(end), time.time_ns(), force=True)
+            self._episode = None
+            stats = self.writer.close()
+            self.last_bag = stats.path
+            self.get_logger().info(
+                f"bag {stats.path}: {stats.written} messages, {stats.dropped} dropped, {stats.bytes / 1e6:.1f} MB")
+            return stats
+
+    def _put_string(self, topic: str, text: str, t_ns: int, force: bool = False) -> None:
+        raw = serialize_message(String(data=text))
+        ok = self.writer.put(topic, "std_msgs/msg/String", t_ns, raw, essential=True)
+        if not ok and force:  # markers matter: wait for room rather than lose the end marker
+            deadline = time.monotonic() + 5.0
+            while not ok and time.monotonic() < deadline:
+                time.sleep(0.005)
+                ok = self.writer.put(topic, "std_msgs/msg/String", t_ns, raw, essential=True)
+
+    # -- driver markers (auto_record) ---------------------------------------------------------
+    def _on_driver_episode(self, msg: String) -> None:
+        try:
+            event = json.loads(msg.data)
+        except ValueError:
+            self.get_logger().error(f"unreadable episode marker ignored: {msg.data[:80]!r}")
+            return
+        if event.get("event") == "start":
+            if self.recording:
+                if self._episode.get("source") != "act":
+                    return  # a RecordEpisode goal owns the recorder
+                self.stop_episode({"outcome": None, "note": "a new Act goal started before this one's end marker"})
+            self.start_episode(event)
+        elif event.get("event") == "end" and self.recording and self._episode.get("source") == "act":
+            self.stop_episode(event)
+
+    def _on_instruction(self, msg: String) -> None:
+        if self.recording and msg.data.strip():
+            self._put_string(INSTRUCTION_TOPIC, msg.data.strip(), time.time_ns())
+
+    # -- sensor / command callbacks: enqueue only ------------------------------------------------
+    def _on_image(self, view: str, bag_topic: str, raw: bytes, compress: bool) -> None:
+        t = time.time_ns()
+        if self._episode is not None:
+            if compress:
+                self.writer.put(bag_topic, "sensor_msgs/msg/Image", t, raw, self._compress)
+            else:
+                self.writer.put(bag_topic, "sensor_msgs/msg/CompressedImage", t, raw)
+        for tap in self.taps:
+            tap("image", view, raw, t)
+
+    def _on_joints(self, raw: bytes) -> None:
+        t = time.time_ns()
+        if self._episode is not None:
+            self.writer.put(self._joint_topic, "sensor_msgs/msg/JointState", t, raw)
+        for tap in self.taps:
+            tap("joints", None, raw, t)
+
+    def _on_command(self, raw: bytes) -> None:
+        t = time.time_ns()
+        if self._episode is not None:
+            self.writer.put(self._command_topic, "std_msgs/msg/Float64MultiArray", t, raw)
+        for tap in self.taps:
+            tap("command", None, raw, t)
+
+    def _compress(self, raw: bytes):
+        """Writer thread: ``sensor_msgs/Image`` CDR -> ``sensor_msgs/CompressedImage`` (JPEG) CDR."""
+        import simplejpeg
+        from sensor_msgs.msg import CompressedImage, Image
+
+        from .observation import image_to_array
+
+        img = deserialize_message(raw, Image)
+        rgb = image_to_array(img)
+        out = CompressedImage(header=img.header, format="rgb8; jpeg compressed rgb8")
+        out.data = simplejpeg.encode_jpeg(rgb, quality=self._quality, colorspace="RGB")
+        return "sensor_msgs/msg/CompressedImage", serialize_message(out)
+
+    # -- RecordEpisode action --------------------------------------------------------------------
+    def _on_goal(self, goal_request) -> GoalResponse:
+        if not goal_request.task.strip():
+            self.get_logger().warning("rejected RecordEpisode goal: empty task")
+            return GoalResponse.REJECT
+        if self.recording or not (goal_request.max_seconds >= 0):
+            self.get_logger().warning("rejected RecordEpisode goal: already recording or bad max_seconds")
+            return GoalResponse.REJECT
+        return GoalResponse.ACCEPT
+
+    def _execute(self, goal_handle):
+        goal = goal_handle.request
+        result = RecordEpisode.Result()
+        limit = goal.max_seconds if goal.max_seconds > 0 else float(self._p["max_episode_s"])
+        start = {"event": "start", "source": "record_episode", "task": goal.task.strip(),
+                 "max_seconds": float(limit), "t_ns": time.time_ns(), **assembly_settings(self, self._p)}
+        t0 = time.monotonic()
+        try:
+            self.start_episode(start)
+        except Exception as exc:
+            result.message = f"{type(exc).__name__}: {exc}"
+            goal_handle.abort()
+            return result
+        while not goal_handle.is_cancel_requested and time.monotonic() - t0 < limit and rclpy.ok(context=self.context):
+            time.sleep(0.05)
+            fb = RecordEpisode.Feedback(elapsed_s=time.monotonic() - t0, messages=self.writer.stats.written,
+                                        dropped=self.writer.stats.dropped)
+            goal_handle.publish_feedback(fb)
+        stats = self.stop_episode({"outcome": {"reason": "canceled" if goal_handle.is_cancel_requested else "timeout",
+                                               "seconds": time.monotonic() - t0}})
+        result.bag_path, result.messages, result.dropped = str(stats.path), stats.written, stats.dropped
+        result.bytes, result.seconds = int(stats.bytes or bag_size(stats.path)), time.monotonic() - t0
+        if goal_handle.is_cancel_requested:
+            goal_handle.canceled()
+        else:
+            goal_handle.succeed()
+        return result
+
+    def destroy_node(self) -> None:
+        try:
+            if self.recording:
+                self.stop_episode({"note": "recorder shut down"})
+            self.writer.shutdown()
+        finally:
+            self._action_server.destroy()
+            super().destroy_node()
+
+
+def main(args=None) -> int:
+    """``ros2 run sequence_ai episode_recorder``: spin until Ctrl-C, close the open bag, shut down."""
+    rclpy.init(args=args)
+    node = None
+    executor = MultiThreadedExecutor(num_threads=3)
+    try:
+        node = EpisodeRecorder()
+        executor.add_node(node)
+        executor.spin()
+    except (KeyboardInterrupt, ExternalShutdownException):
+        pass
+    finally:
+        executor.shutdown()
+        if node is not None:
+            node.destroy_node()
+        if rclpy.ok():
+            rclpy.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

@@ -1,0 +1,379 @@
+"""Capture, for real: the demo's stack drives the sim while episode_recorder writes bags, which
+are then exported to LeRobot v3.0 and v2.1 datasets and checked against what was sent.
+
+Real processes: ``seq serve`` + the demo policy's worker, ``sim_robot`` (MuJoCo), and for the
+SIGKILL test a recorder process of its own; in this process: ``policy_driver``,
+``episode_recorder`` and an action client, sharing one rclpy context.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import av
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+import rclpy
+from rclpy.action import ActionClient
+from rclpy.executors import MultiThreadedExecutor
+from rclpy.parameter import Parameter
+from rclpy.serialization import deserialize_message
+from sensor_msgs.msg import Image, JointState
+
+from sequence_ai.cli import main as sequence_ai_main
+from sequence_ai_msgs.action import Act, RecordEpisode
+from sequence_ai_msgs.srv import CheckSuccess
+from sequence_ai_ros import demo
+from sequence_ai_ros.bag.episode import observations_from_bag
+from sequence_ai_ros.bag.events import assembler_from_start, assembly_settings
+from sequence_ai_ros.bag.reader import iter_raw, read_episode
+from sequence_ai_ros.driver_node import PolicyDriver
+from sequence_ai_ros.recorder_node import EpisodeRecorder
+
+INSTRUCTION = "put the red cube on the green pad"
+FPS = 15
+
+
+def _wait(future, timeout_s):
+    deadline = time.monotonic() + timeout_s
+    while not future.done():
+        assert time.monotonic() < deadline, f"no answer within {timeout_s} s"
+        time.sleep(0.01)
+    return future.result()
+
+
+class Cell:
+    """sim_robot + driver + recorder + client in one rclpy context; run Act goals, keep what was sent."""
+
+    def __init__(self, out: Path):
+        self.out = out
+        self.ctx = rclpy.context.Context()
+        rclpy.init(args=["--ros-args", "--params-file", str(demo.CONFIG_FILE)], context=self.ctx)
+        self.driver = PolicyDriver(context=self.ctx)
+        self.recorder = EpisodeRecorder(context=self.ctx, parameter_overrides=[
+            Parameter("auto_record", value=True), Parameter("output_dir", value=str(out / "bags"))])
+        self.client = rclpy.create_node("capture_test_client", context=self.ctx)
+        self.executor = MultiThreadedExecutor(num_threads=6, context=self.ctx)
+        for n in (self.driver, self.recorder, self.client):
+            self.executor.add_node(n)
+        self.spin = threading.Thread(target=self.executor.spin, daemon=True)
+        self.spin.start()
+        self.act = ActionClient(self.client, Act, "policy_driver/act")
+        self.record = ActionClient(self.client, RecordEpisode, "episode_recorder/record_episode")
+        self.check = self.client.create_client(CheckSuccess, "sim_robot/check_success")
+        assert self.act.wait_for_server(timeout_sec=30.0)
+        assert self.check.wait_for_service(timeout_sec=120.0), "sim_robot did not come up"
+        assert self.driver._wait_for_sensors(), "no sensor data from sim_robot"
+        # the live path: an assembler configured like the driver, fed by the recorder's own callbacks
+        self.live = assembler_from_start(assembly_settings(self.driver, self.driver._p),
+                                         clock=time.monotonic, header_clock=time.time)
+        self.live_obs = {}    # command log time (ns) -> Observation built live at that instant
+        self.probing = False
+        self.recorder.taps.append(self._tap)
+
+    def _tap(self, kind, key, raw, t_ns):
+        try:
+            if kind == "image":
+                self.live.on_image(key, deserialize_message(raw, Image))
+            elif kind == "joints":
+                self.live.on_joint_state(deserialize_message(raw, JointState))
+            elif kind == "command" and self.probing:
+                self.live_obs[t_ns] = self.live.build(INSTRUCTION)
+        except Exception:
+            pass
+
+    def run(self, instruction, max_seconds=45.0, cancel_after_s=None, during=None):
+        self.recorder.last_bag = None
+        handle = _wait(self.act.send_goal_async(Act.Goal(instruction=instruction, max_seconds=max_seconds)), 30)
+        assert handle.accepted
+        res = handle.get_result_async()
+        if cancel_after_s is not None:
+            time.sleep(cancel_after_s)
+            if during is not None:
+                during()
+            _wait(handle.cancel_goal_async(), 10)
+        result = _wait(res, max_seconds + 60).result
+        verdict = _wait(self.check.call_async(CheckSuccess.Request(instruction=instruction)), 30)
+        return result, verdict
+
+    def wait_bag(self, timeout_s=20.0) -> Path:
+        deadline = time.monotonic() + timeout_s
+        while self.recorder.last_bag is None:
+            assert time.monotonic() < deadline, "the recorder did not close a bag"
+            time.sleep(0.05)
+        return self.recorder.last_bag
+
+    def close(self):
+        self.driver.policy.interrupt()
+        self.executor.shutdown(timeout_sec=5.0)
+        self.spin.join(timeout=10)
+        for n in (self.client, self.recorder, self.driver):
+            n.destroy_node()
+        rclpy.shutdown(context=self.ctx)
+
+
+@pytest.fixture(scope="module")
+def cell(tmp_path_factory):
+    out = tmp_path_factory.mktemp("capture")
+    old = dict(os.environ)
+    with demo.local_server(out / "server") as server:
+        demo.deploy(server)
+        os.environ.update(server.env())
+        try:
+            with demo.sim_robot(0, out / "sim_robot.log"):
+                c = Cell(out)
+                try:
+                    yield c
+                finally:
+                    c.close()
+        finally:
+            os.environ.clear()
+            os.environ.update(old)
+
+
+@pytest.fixture(scope="module")
+def recorded(cell):
+    """One real demo run recorded around its Act goal: (bag, Act result, success verdict, commands sent)."""
+    cell.probing = True
+    result, verdict = cell.run(INSTRUCTION)
+    cell.probing = False
+    bag = cell.wait_bag()
+    sent = [values for _, values in cell.driver.trace.commands]
+    return bag, result, verdict, sent
+
+
+def _export(args) -> int:
+    return sequence_ai_main(["bag", "export", *map(str, args)])
+
+
+def test_an_act_goal_is_recorded_as_one_bag_with_its_markers_streams_and_label(recorded, cell):
+    bag, result, verdict, sent = recorded
+    assert result.reason == "until" and verdict.success, (result.reason, verdict.distance_m)
+    assert (bag / "metadata.yaml").exists() and len(list(bag.glob("*.mcap"))) == 1
+    rec = read_episode(bag)
+    assert rec.start["task"] == INSTRUCTION and rec.start["source"] == "act"
+    assert rec.end["outcome"]["actions"] == result.actions == len(sent)
+    assert rec.end["outcome"]["reason"] == "until"
+    assert rec.success is True and rec.end["dropped"] == 0
+    assert rec.instructions[0][1] == INSTRUCTION
+    # every command the driver published is in the bag, in order; the hold (a repeat of the last) follows
+    assert [c for _, c in rec.commands[:len(sent)]] == sent          # float64 through CDR: exact
+    assert len(rec.commands) in (len(sent), len(sent) + 1)
+    # cameras at 15 Hz over the run, JPEG-compressed
+    for view in ("exterior_1", "wrist_left"):
+        frames = rec.images[view]
+        assert abs(len(frames) - result.seconds * FPS) <= 0.2 * result.seconds * FPS + 5, (view, len(frames))
+        assert frames[0][1].format.endswith("jpeg compressed rgb8") and bytes(frames[0][1].data[:2]) == b"\xff\xd8"
+    assert len(rec.joints) >= 0.8 * result.seconds * FPS
+    assert cell.recorder.writer.stats.dropped == 0
+
+
+def _check_dataset(root: Path, version: str, result, sent):
+    info = json.loads((root / "meta" / "info.json").read_text())
+    n = result.actions
+    assert info["codebase_version"] == f"v{version}"
+    assert info["fps"] == FPS and info["total_episodes"] == 1 and info["total_frames"] == n and info["total_tasks"] == 1
+    feats = info["features"]
+    for view in ("exterior_1", "wrist_left"):
+        assert feats[f"observation.images.{view}"]["dtype"] == "video"
+        assert feats[f"observation.images.{view}"]["shape"] == [224, 224, 3]
+    assert feats["observation.state"]["shape"] == [8] and feats["action"]["shape"] == [8]
+    assert feats["observation.state"]["names"][-1] == "panda_gripper"
+    data_file = root / (info["data_path"].format(chunk_index=0, file_index=0) if version == "3.0"
+                        else info["data_path"].format(episode_chunk=0, episode_index=0))
+    table = pq.read_table(data_file)
+    assert table.num_rows == n
+    ts = np.asarray(table.column("timestamp").to_pylist())
+    assert ts == pytest.approx(np.arange(n) / FPS, abs=1e-5)
+    assert table.column("frame_index").to_pylist() == list(range(n))
+    assert table.column("index").to_pylist() == list(range(n))
+    assert set(table.column("episode_index").to_pylist()) == {0}
+    assert set(table.column("task_index").to_pylist()) == {0}
+    action = np.asarray(table.column("action").to_pylist())
+    assert action.shape == (n, 8)
+    assert np.array_equal(action.astype(np.float32), np.asarray(sent, dtype=np.float32))  # commands -> action
+    state = np.asarray(table.column("observation.state").to_pylist())
+    assert state.shape == (n, 8) and np.isfinite(state).all()
+    success = table.column("next.success").to_pylist()
+    assert success[-1] is True and not any(success[:-1])                   # the label, on the last frame
+    # tasks
+    if version == "3.0":
+        tasks = pq.read_table(root / "meta" / "tasks.parquet")
+        assert tasks.column("task").to_pylist() == [INSTRUCTION]
+        eps = pq.read_table(root / "meta" / "episodes" / "chunk-000" / "file-000.parquet").to_pylist()
+        assert eps[0]["length"] == n and eps[0]["tasks"] == [INSTRUCTION]
+        assert eps[0]["dataset_from_index"] == 0 and eps[0]["dataset_to_index"] == n
+        stats = json.loads((root / "meta" / "stats.json").read_text())
+        assert stats["action"]["count"] == [n] and len(stats["action"]["mean"]) == 8
+    else:
+        tasks = [json.loads(x) for x in (root / "meta" / "tasks.jsonl").read_text().splitlines()]
+        assert tasks == [{"task_index": 0, "task": INSTRUCTION}]
+        eps = [json.loads(x) for x in (root / "meta" / "episodes.jsonl").read_text().splitlines()]
+        assert eps == [{"episode_index": 0, "tasks": [INSTRUCTION], "length": n}]
+        assert (root / "meta" / "episodes_stats.jsonl").exists()
+    # videos: one frame per control step, 224x224, decodable with PyAV
+    for view in ("exterior_1", "wrist_left"):
+        key = f"observation.images.{view}"
+        path = root / (info["video_path"].format(video_key=key, chunk_index=0, file_index=0) if version == "3.0"
+                       else info["video_path"].format(episode_chunk=0, video_key=key, episode_index=0))
+        with av.open(str(path)) as container:
+            frames = [f.to_ndarray(format="rgb24") for f in container.decode(video=0)]
+        assert len(frames) == n and frames[0].shape == (224, 224, 3)
+        assert float(np.mean(frames[n // 2])) > 10.0   # a picture, not black
+
+
+@pytest.mark.parametrize("version", ["3.0", "2.1"])
+def test_export_gives_one_frame_per_control_step_with_what_was_sent(recorded, tmp_path, version):
+    bag, result, verdict, sent = recorded
+    out = tmp_path / f"ds-{version}"
+    args = [bag, "--out", out, "--robot-type", "panda"] + (["--version", version] if version != "3.0" else [])
+    assert _export(args) == 0
+    _check_dataset(out, version, result, sent)
+
+
+def test_live_and_exported_observations_are_equal(recorded, cell):
+    bag, result, _, _ = recorded
+    fps, steps = observations_from_bag(read_episode(bag))
+    assert fps == FPS and len(steps) == result.actions
+    compared = 0
+    for t_ns, exported, _ in steps:
+        live = cell.live_obs[t_ns]        # built live, by the recorder's callbacks, at the same command
+        assert live.instruction == exported.instruction == INSTRUCTION
+        assert live.proprioception.joint_positions == exported.proprioception.joint_positions
+        assert live.proprioception.gripper == exported.proprioception.gripper
+        # the same frame per view (header stamps); pixels equal up to the bag's JPEG
+        assert [(f.view, f.timestamp_ms) for f in live.images] == [(f.view, f.timestamp_ms) for f in exported.images]
+        compared += 1
+    assert compared == result.actions
+    import simplejpeg, base64
+    a = simplejpeg.decode_jpeg(base64.b64decode(cell.live_obs[steps[-1][0]].images[0].data))
+    b = simplejpeg.decode_jpeg(base64.b64decode(steps[-1][1].images[0].data))
+    assert np.abs(a.astype(int) - b.astype(int)).mean() < 3.0
+
+
+def test_export_refuses_a_non_empty_dir_appends_on_request_and_never_leaves_half_a_dataset(recorded, tmp_path, capsys):
+    bag = recorded[0]
+    out = tmp_path / "ds"
+    assert _export([bag, "--out", out]) == 0
+    before = sorted(p.relative_to(out) for p in out.rglob("*"))
+    assert _export([bag, "--out", out]) == 1
+    assert "not empty" in capsys.readouterr().err
+    assert _export([bag, "--out", out, "--append"]) == 0
+    info = json.loads((out / "meta" / "info.json").read_text())
+    assert info["total_episodes"] == 2 and info["total_frames"] == 2 * recorded[1].actions
+    eps = pq.read_table(out / "meta" / "episodes" / "chunk-000" / "file-000.parquet").to_pylist()
+    assert [e["dataset_from_index"] for e in eps] == [0, recorded[1].actions]
+    # a failing export (the second bag is not a bag) leaves the dataset as it was and no temp dirs
+    snapshot = sorted(p.relative_to(out) for p in out.rglob("*"))
+    not_a_bag = tmp_path / "empty"
+    not_a_bag.mkdir()
+    assert _export([bag, not_a_bag, "--out", out, "--overwrite"]) == 1
+    assert sorted(p.relative_to(out) for p in out.rglob("*")) == snapshot
+    assert json.loads((out / "meta" / "info.json").read_text())["total_episodes"] == 2
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+    assert _export([bag, not_a_bag, "--out", tmp_path / "fresh"]) == 1
+    assert not (tmp_path / "fresh").exists()
+    assert len(before) > 5
+
+
+def test_record_episode_action_records_until_cancelled_and_returns_the_bag_path(cell):
+    goal = RecordEpisode.Goal(task="watch the cell", max_seconds=0.0)
+    handle = _wait(cell.record.send_goal_async(goal), 30)
+    assert handle.accepted
+    time.sleep(1.5)
+    _wait(handle.cancel_goal_async(), 10)
+    wrapped = _wait(handle.get_result_async(), 30)
+    res = wrapped.result
+    bag = Path(res.bag_path)
+    assert bag.is_dir() and (bag / "metadata.yaml").exists()
+    assert res.messages > 0 and res.dropped == 0 and res.bytes > 10_000 and res.seconds >= 1.5
+    rec = read_episode(bag)
+    assert rec.task == "watch the cell" and rec.start["source"] == "record_episode"
+    assert len(rec.images["exterior_1"]) >= 10 and rec.commands == []
+    assert rec.end["outcome"]["reason"] == "canceled"
+    # empty task is refused
+    refused = _wait(cell.record.send_goal_async(RecordEpisode.Goal(task="  ")), 30)
+    assert not refused.accepted
+
+
+def test_sigkill_during_recording_leaves_a_bag_that_exports_all_but_its_last_chunk(cell, tmp_path):
+    """A recorder process is SIGKILLed mid-run; the cut bag still exports what it held."""
+    out = tmp_path / "killed"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sequence_ai_ros.recorder_node", "--ros-args", "-r", "__node:=killable_recorder",
+         "-p", "auto_record:=true", "-p", f"output_dir:={out}", "-p", "chunk_s:=0.5"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        # the driver's marker topic must see the second subscriber before the goal starts
+        deadline = time.monotonic() + 30
+        topics = ["policy_driver/episode", "joint_states", "joint_commands",
+                  "camera/exterior_1/image_raw", "camera/wrist_left/image_raw"]
+        while any(cell.driver.count_subscribers(t) < 2 for t in topics):
+            assert time.monotonic() < deadline, "recorder process did not come up"
+            time.sleep(0.1)
+        time.sleep(1.0)   # discovery seen in the graph; give the data connections a moment to match
+        kill_at = {}
+
+        def kill():
+            kill_at["t"] = time.monotonic()
+            kill_at["n"] = len(cell.driver.trace.commands)
+            proc.send_signal(signal.SIGKILL)
+
+        cell.run("put the blue cube on the red pad", cancel_after_s=4.0, during=kill)
+        sent = [v for _, v in cell.driver.trace.commands]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+    bags = [p for p in out.iterdir() if p.is_dir()]
+    assert len(bags) == 1
+    cut = bags[0]
+    assert not (cut / "metadata.yaml").exists()   # killed: no metadata, no footer
+    rec = read_episode(cut)
+    assert rec.end is None and rec.task == "put the blue cube on the red pad"
+    recovered = [c for _, c in rec.commands]
+    # all but the last chunk: at most chunk_s (0.5 s) + the flush lag of commands before the kill are missing
+    assert kill_at["n"] - len(recovered) <= int(1.5 * FPS), (kill_at["n"], len(recovered))
+    assert len(recovered) >= 1 and recovered == sent[:len(recovered)]
+    # export reads the cut bag directly, and after repair the bag is complete
+    ds = tmp_path / "ds"
+    assert _export([cut, "--out", ds, "--fps", str(FPS)]) == 0
+    info = json.loads((ds / "meta" / "info.json").read_text())
+    assert abs(info["total_frames"] - len(recovered)) <= 1
+    assert sequence_ai_main(["bag", "repair", str(cut)]) == 0
+    assert (cut / "metadata.yaml").exists()
+    assert sum(1 for m in iter_raw(cut) if m.topic == "/joint_commands") == len(recovered)
+
+
+def test_disk_bound_prunes_the_oldest_bags_and_drops_instead_of_growing(cell, tmp_path):
+    bags = tmp_path / "bounded"
+    old = bags / "episode-00000000-old"
+    old.mkdir(parents=True)
+    (old / "episode-00000000-old.mcap").write_bytes(b"\0" * 300_000)   # an old 300 kB bag
+    bound_mb = 0.25
+    rec = EpisodeRecorder(node_name="bounded_recorder", context=cell.ctx, parameter_overrides=[
+        Parameter("output_dir", value=str(bags)), Parameter("max_disk_mb", value=bound_mb),
+        Parameter("chunk_kib", value=16)])
+    cell.executor.add_node(rec)
+    try:
+        rec.start_episode({"event": "start", "source": "record_episode", "task": "fill the disk",
+                           **assembly_settings(rec, rec._p)})
+        assert not old.exists()                       # pruned before the new bag started
+        time.sleep(3.0)                               # ~45 frames x 2 views of ~10 kB: far over 250 kB
+        stats = rec.stop_episode()
+    finally:
+        cell.executor.remove_node(rec)
+        rec.destroy_node()
+    total = sum(f.stat().st_size for f in bags.rglob("*") if f.is_file())
+    assert stats.dropped_disk > 0
+    # the bound holds within one chunk (16 KiB), the footer and metadata.yaml
+    assert total <= bound_mb * 1024 * 1024 + 16 * 1024 + 32 * 1024, total
+    assert read_episode(stats.path).task == "fill the disk"
