@@ -1,0 +1,607 @@
+"""The eval runner: score deployed policies on a ``@seq.benchmark`` through the normal client.
+
+Where it sits: ``seq eval run`` (``seq/_cli_eval.py``) plans an eval here, then runs it. The
+platform owns the loop; the benchmark only resets, steps, observes and checks. Each env is its
+own process (a simulator each, spawned) that takes episodes off a shared queue and drives them
+through ``sequence_ai.connect(policy)`` -- the gateway handshake, the worker's ``/act``, the
+contract check and the declared bounds, exactly what a robot gets. Two loops:
+
+- ``sim`` (default): observe -> ``policy.predict`` -> step the chunk's ``open_loop_horizon`` rows
+  (or ``eval.steps_per_query``), checking after every step. A simulator waits for each action,
+  so this runs as fast as the sim and the policy allow, and an episode's outcome does not depend
+  on how loaded the machine is.
+- ``realtime`` (``--realtime``): ``policy.act(...)`` with observe/act callables backed by the
+  sim: the robot loop itself (prefetch, pacing at the control frequency, seams), each act()
+  stepping the sim one control period.
+
+Every arm (the policy, a ``--compare`` policy, each ``--sweep`` value) runs the same
+(task, seed) episodes. Episode seeds are ``seed + k`` for k in 0..episodes-1, the same for
+every task.
+"""
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import math
+import multiprocessing as mp
+import os
+import queue
+import re
+import statistics
+import sys
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+from seq._benchmark import BenchmarkSpec, contract_problems, get_benchmark_spec, is_benchmark
+from seq._params import InferParam, ParamError
+
+from .store import EvalStore
+
+__all__ = ["BUILTIN_BENCHMARKS", "EvalError", "Arm", "EvalPlan", "Gate", "load_benchmark", "plan_eval",
+           "run_eval", "summarize", "parse_gate", "check_gates", "EVAL_PARAMS"]
+
+#: Benchmarks that ship with sequence-ai: name -> "module:Class".
+BUILTIN_BENCHMARKS = {"pick-place": "sequence_ai_ros.benchmarks.pick_place:PickPlaceBenchmark"}
+
+#: The eval's own parameters (``--param eval.<name>=v``).
+EVAL_PARAMS = [
+    InferParam("steps_per_query", "int", None, nullable=True),   # rows played per request (None: the chunk's horizon)
+    InferParam("max_steps", "int", 3000),                        # hard cap on steps per episode
+]
+
+
+class EvalError(Exception):
+    """An eval that cannot run as asked. ``code`` is the CLI's error code, ``hint`` what to do."""
+
+    def __init__(self, code: str, detail: str, hint: Optional[str] = None):
+        super().__init__(detail)
+        self.code, self.detail, self.hint = code, detail, hint
+
+
+# ------------------------------------------------------------------------------- benchmarks
+
+def load_benchmark(ref: str) -> tuple[type, str]:
+    """The benchmark class for ``ref`` and the import reference an env process reloads it by.
+
+    ``ref`` is a built-in name (``"pick-place"``), ``"module:Class"``, or ``"path/to/file.py"``
+    (``[:Class]`` when the file has several). Raises EvalError(not_found) when it cannot be found.
+    """
+    target = BUILTIN_BENCHMARKS.get(ref, ref)
+    path_part, _, cls_name = target.partition(":") if not re.match(r"^[A-Za-z]:\\", target) else (target, "", "")
+    if path_part.endswith(".py"):
+        path = Path(path_part).expanduser().resolve()
+        if not path.is_file():
+            raise EvalError("not_found", f"no benchmark file {path_part}",
+                            f"built-in benchmarks: {', '.join(BUILTIN_BENCHMARKS)}")
+        spec = importlib.util.spec_from_file_location(f"_seq_benchmark_{abs(hash(str(path)))}", path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module
+        spec.loader.exec_module(module)
+        ref_out = f"{path}:{{cls}}"
+    elif cls_name:
+        try:
+            module = importlib.import_module(path_part)
+        except ImportError as exc:
+            raise EvalError("not_found", f"cannot import benchmark module {path_part}: {exc}",
+                            "install the sim extra (pip install 'sequence-ai[sim]') for the built-in benchmarks") from None
+        ref_out = f"{path_part}:{{cls}}"
+    else:
+        raise EvalError("not_found", f"unknown benchmark {ref!r}",
+                        f"built-in benchmarks: {', '.join(BUILTIN_BENCHMARKS)}; or give path/to/benchmark.py")
+    classes = [v for v in vars(module).values() if is_benchmark(v) and v.__module__ == module.__name__]
+    if cls_name:
+        classes = [c for c in classes if c.__name__ == cls_name]
+    if len(classes) != 1:
+        raise EvalError("not_found", f"{target} has {len(classes)} @seq.benchmark classes",
+                        "name one: file.py:ClassName")
+    return classes[0], ref_out.format(cls=classes[0].__name__)
+
+
+# ------------------------------------------------------------------------------------ plan
+
+@dataclass
+class Arm:
+    """One side of an eval: a deployed policy with its parameters in force."""
+
+    name: str                                   # label in the report (policy, or policy[k=v])
+    policy: str                                 # deployment name
+    policy_params: dict                         # sent with every request
+    bench_params: dict                          # @seq.setup keywords
+    eval_params: dict                           # steps_per_query, max_steps
+    defaults: dict = field(default_factory=dict)  # name -> value left at its declared default
+    version: Optional[int] = None
+
+
+@dataclass
+class EvalPlan:
+    """What ``seq eval run`` will do; ``--dry-run`` prints it."""
+
+    benchmark: BenchmarkSpec
+    benchmark_ref: str
+    arms: list[Arm]
+    tasks: list[str]
+    episodes: int                               # per task and arm
+    seed: int
+    envs: int
+    videos: bool
+    realtime: bool
+    estimate_episode_s: float
+    estimate_source: str
+
+    @property
+    def total_episodes(self) -> int:
+        return len(self.arms) * len(self.tasks) * self.episodes
+
+    def estimate_wall_s(self) -> float:
+        """Estimated wall-clock (s): the episodes spread over the envs, plus ~5 s of start-up."""
+        waves = math.ceil(self.total_episodes / max(1, min(self.envs, self.total_episodes)))
+        return 5.0 + waves * self.estimate_episode_s
+
+    def jobs(self) -> list[dict]:
+        """Episodes in run order: seed-major, so arms and tasks progress side by side."""
+        return [{"arm": a.name, "task": t, "seed": self.seed + k, "episode": k}
+                for k in range(self.episodes) for t in self.tasks for a in self.arms]
+
+
+def _parse_kv(items: list[str], what: str) -> list[tuple[str, str]]:
+    out = []
+    for item in items or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise EvalError("invalid_request", f"{what} {item!r} is not name=value", f"write e.g. {what} replan_steps=3")
+        out.append((key.strip(), value.strip()))
+    return out
+
+
+def _classify(name: str, bench: BenchmarkSpec, policy_params: list[InferParam]) -> tuple[str, InferParam]:
+    scope, dot, bare = name.partition(".")
+    tables = {"eval": EVAL_PARAMS, "benchmark": bench.params, "policy": policy_params}
+    if dot and scope in tables:
+        for p in tables[scope]:
+            if p.name == bare:
+                return scope, p
+        known = ", ".join(p.name for p in tables[scope]) or "none"
+        raise EvalError("invalid_request", f"{scope} has no parameter {bare!r}", f"{scope} declares: {known}")
+    hits = [(s, p) for s, t in tables.items() if s != "eval" for p in t if p.name == name]
+    if len(hits) == 1:
+        return hits[0]
+    if len(hits) > 1:
+        raise EvalError("invalid_request", f"both the policy and the benchmark declare {name!r}",
+                        f"write policy.{name}=... or benchmark.{name}=...")
+    known = [f"policy.{p.name}" for p in policy_params] + [f"benchmark.{p.name}" for p in bench.params] + \
+            [f"eval.{p.name}" for p in EVAL_PARAMS]
+    raise EvalError("invalid_request", f"unknown parameter {name!r}", f"known: {', '.join(known)}")
+
+
+def plan_eval(*, bench_cls: type, benchmark_ref: str, policy: str, deployments: dict[str, dict],
+              compare: list[str], params: list[str], sweep: list[str], tasks: Optional[str], episodes: int,
+              seed: int, envs: int, videos: bool, realtime: bool, past_episode_s: list[float]) -> EvalPlan:
+    """Check everything an eval needs and lay it out; nothing runs and nothing is reserved.
+
+    ``deployments`` maps each policy name (the policy and every ``--compare``) to its gateway
+    record (``GET /v1/deployments/<name>``: contract, params, version). Raises EvalError with
+    code ``contract_mismatch`` when a policy's contract disagrees with the benchmark's
+    observation/action (eval takes no adapters yet), ``invalid_request`` for a bad parameter,
+    task or count.
+    """
+    bench = get_benchmark_spec(bench_cls)
+    if episodes < 1 or envs < 1:
+        raise EvalError("invalid_request", f"--episodes and --envs must be >= 1 (got {episodes}, {envs})")
+    if videos and "render" not in bench.methods:
+        raise EvalError("invalid_request", f"{bench.name} has no @seq.render method, so it cannot record videos",
+                        "drop --videos, or add a @seq.render method to the benchmark")
+    for name in [policy, *compare]:
+        d = deployments[name]
+        problems = contract_problems(bench, d.get("contract"))
+        if problems:
+            raise EvalError("contract_mismatch",
+                            f"{name} cannot run on {bench.name} as deployed: " + "; ".join(problems),
+                            "adapters (@seq.adapter) are not supported yet: deploy a policy whose contract "
+                            f"matches {bench.name}'s (`seq eval run --dry-run` shows it)")
+    all_tasks = list(bench.tasks)
+    if tasks:
+        if tasks.isdigit():
+            n = int(tasks)
+            if not 1 <= n <= len(all_tasks):
+                raise EvalError("invalid_request", f"--tasks {n}: {bench.name} has {len(all_tasks)} tasks")
+            chosen = all_tasks[:n]
+        else:
+            chosen = [t.strip() for t in tasks.split(",") if t.strip()]
+            unknown = [t for t in chosen if t not in bench.tasks]
+            if unknown:
+                raise EvalError("invalid_request", f"unknown task(s) {unknown}", f"{bench.name}'s tasks: {', '.join(all_tasks)}")
+    else:
+        chosen = all_tasks
+
+    def declared(name: str) -> list[InferParam]:
+        return [InferParam.from_dict(p) for p in deployments[name].get("params") or []]
+
+    base: dict[str, dict] = {"policy": {}, "benchmark": {}, "eval": {}}
+    for key, raw in _parse_kv(params, "--param"):
+        scope, p = _classify(key, bench, declared(policy))
+        try:
+            base[scope][p.name] = p.cast(raw)
+        except ParamError as exc:
+            raise EvalError("invalid_request", str(exc)) from None
+    variants: list[tuple[str, dict]] = [("", {})]
+    for key, raw in _parse_kv(sweep, "--sweep"):
+        scope, p = _classify(key, bench, declared(policy))
+        values = [v.strip() for v in raw.split(",") if v.strip()]
+        if len(values) < 2:
+            raise EvalError("invalid_request", f"--sweep {key} needs two or more values", f"write --sweep {key}=a,b")
+        try:
+            cast = [p.cast(v) for v in values]
+        except ParamError as exc:
+            raise EvalError("invalid_request", str(exc)) from None
+        variants = [(f"{label},{p.name}={v}".lstrip(","), {**over, (scope, p.name): v})
+                    for label, over in variants for v in cast]
+
+    def make_arm(name: str, label: str, over: dict, policy_scope: bool) -> Arm:
+        given = {s: dict(v) for s, v in base.items()}
+        if not policy_scope:
+            given["policy"] = {}  # a --compare policy runs with its own defaults
+        for (scope, key), v in over.items():
+            given[scope][key] = v
+        defaults = {}
+        for p in declared(name):
+            if p.name not in given["policy"]:
+                defaults[f"policy.{p.name}"] = p.default
+        for p in bench.params:
+            if p.name not in given["benchmark"]:
+                given["benchmark"][p.name] = p.default
+                defaults[f"benchmark.{p.name}"] = p.default
+        for p in EVAL_PARAMS:
+            if p.name not in given["eval"]:
+                given["eval"][p.name] = p.default
+                defaults[f"eval.{p.name}"] = p.default
+        return Arm(name=label, policy=name, policy_params=given["policy"], bench_params=given["benchmark"],
+                   eval_params=given["eval"], defaults=defaults, version=deployments[name].get("version"))
+
+    arms = [make_arm(policy, f"{policy}[{label}]" if label else policy, over, True) for label, over in variants]
+    for other in compare:
+        if other == policy:
+            raise EvalError("invalid_request", "--compare names the policy under test", "compare it with another deployment")
+        arms.append(make_arm(other, other, {}, False))
+    if past_episode_s:
+        est, source = statistics.median(past_episode_s), f"median of {len(past_episode_s)} earlier episodes"
+    else:
+        est, source = bench.episode_s_estimate, "the benchmark's declared estimate"
+    # The envs share the machine's cores with the policy workers: more envs than cores run slower each.
+    cores = os.cpu_count() or 1
+    est_scaled = est * max(1.0, min(envs, len(arms) * len(chosen) * episodes) / cores)
+    return EvalPlan(benchmark=bench, benchmark_ref=benchmark_ref, arms=arms, tasks=chosen, episodes=episodes,
+                    seed=seed, envs=envs, videos=videos, realtime=realtime,
+                    estimate_episode_s=est_scaled, estimate_source=source)
+
+
+# ------------------------------------------------------------------------------------ gates
+
+@dataclass
+class Gate:
+    """A bar a metric's overall value must meet, e.g. ``success>=0.9``."""
+
+    metric: str
+    op: str
+    value: float
+
+    def passes(self, x: Optional[float]) -> bool:
+        if x is None or math.isnan(x):
+            return False
+        return {">=": x >= self.value, ">": x > self.value, "<=": x <= self.value,
+                "<": x < self.value, "==": x == self.value}[self.op]
+
+    def __str__(self) -> str:
+        return f"{self.metric}{self.op}{self.value:g}"
+
+
+_GATE = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_.]*)\s*(>=|<=|==|>|<)\s*([-+0-9.eE]+)\s*$")
+
+
+def parse_gate(text: str, bench: BenchmarkSpec) -> Gate:
+    """``"success>=0.9"`` -> Gate; EvalError(invalid_request) on a malformed bar or a metric the
+    benchmark does not report (when it lists its metrics)."""
+    m = _GATE.match(text or "")
+    if not m:
+        raise EvalError("invalid_request", f"--gate {text!r} is not <metric><op><number>",
+                        "write e.g. --gate success>=0.9 (ops: >= > <= < ==)")
+    gate = Gate(m.group(1), m.group(2), float(m.group(3)))
+    if bench.metrics and gate.metric not in bench.metrics:
+        raise EvalError("invalid_request", f"--gate: {bench.name} reports no metric {gate.metric!r}",
+                        f"its metrics: {', '.join(bench.metrics)}")
+    return gate
+
+
+def check_gates(report: dict, gates: list[Gate], policy: str) -> list[dict]:
+    """Each gate against every arm of the policy under test (not --compare arms).
+
+    An arm with errored episodes misses every gate: its score would leave them out."""
+    results = []
+    for arm in report["arms"]:
+        if arm["policy"] != policy:
+            continue
+        for gate in gates:
+            value = (arm["metrics"].get(gate.metric) or {}).get("overall")
+            ok = gate.passes(value) and arm["errors"] == 0
+            results.append({"arm": arm["name"], "gate": str(gate), "value": value, "passed": ok,
+                            "errors": arm["errors"]})
+    return results
+
+
+# --------------------------------------------------------------------------------- summary
+
+def summarize(record: dict, episodes: list[dict]) -> dict:
+    """The report: each metric's mean overall and per task, with episode counts, per arm."""
+    order = list(record.get("metrics") or [])
+    arms_out = []
+    for arm in record["arms"]:
+        eps = [e for e in episodes if e["arm"] == arm["name"]]
+        ok = [e for e in eps if not e.get("error")]
+        names = order + sorted({k for e in ok for k in e["metrics"] if k not in order})
+        metrics = {}
+        for name in names:
+            vals = [e["metrics"][name] for e in ok if name in e["metrics"]]
+            per_task = {}
+            for task in record["tasks"]:
+                tv = [e["metrics"][name] for e in ok if e["task"] == task and name in e["metrics"]]
+                per_task[task] = {"value": statistics.fmean(tv) if tv else None, "episodes": len(tv)}
+            metrics[name] = {"overall": statistics.fmean(vals) if vals else None, "episodes": len(vals),
+                             "per_task": per_task}
+        walls = [e["wall_s"] for e in eps if e.get("wall_s")]
+        arms_out.append({
+            "name": arm["name"], "policy": arm["policy"], "version": arm.get("version"),
+            "params": {"policy": arm["policy_params"], "benchmark": arm["bench_params"], "eval": arm["eval_params"]},
+            "defaults": arm.get("defaults", {}), "episodes": len(eps), "errors": len(eps) - len(ok),
+            "error_messages": sorted({e["error"] for e in eps if e.get("error")})[:5],
+            "metrics": metrics,
+            "wall_s_per_episode": statistics.median(walls) if walls else None,
+            "requests": sum(e.get("requests", 0) for e in eps),
+            "videos": [e["video"] for e in eps if e.get("video")],
+        })
+    return {"id": record["id"], "benchmark": record["benchmark"], "tasks": record["tasks"],
+            "episodes_per_task": record["episodes"], "seeds": record["seeds"], "envs": record["envs"],
+            "loop": record["loop"], "arms": arms_out}
+
+
+# ------------------------------------------------------------------------------------ run
+
+def run_eval(plan: EvalPlan, store: EvalStore, eval_id: str, *, gateway_url: str, api_key: str,
+             on_episode: Optional[Callable[[dict, int, int], None]] = None) -> dict:
+    """Run ``plan`` (already recorded in ``store`` as ``eval_id``); return the final record.
+
+    Spawns ``min(envs, episodes)`` env processes; each builds the benchmark once and runs the
+    episodes it takes off the queue. ``seq eval cancel`` (the store's cancel flag) stops them
+    between polls (0.2 s): the record ends ``canceled`` with the episodes finished so far.
+    ``on_episode(episode, done, total)`` is called in this process as each one lands.
+    """
+    ctx = mp.get_context("spawn")
+    jobs_q, results_q = ctx.Queue(), ctx.Queue()
+    jobs = plan.jobs()
+    for job in jobs:
+        jobs_q.put(job)
+    n_envs = min(plan.envs, len(jobs))
+    for _ in range(n_envs):
+        jobs_q.put(None)
+    videos_dir = store.folder(eval_id) / "videos" if plan.videos else None
+    config = {
+        "benchmark_ref": plan.benchmark_ref, "gateway_url": gateway_url, "api_key": api_key,
+        "arms": {a.name: {"policy": a.policy, "policy_params": a.policy_params, "bench_params": a.bench_params,
+                          "eval_params": a.eval_params} for a in plan.arms},
+        "videos_dir": str(videos_dir) if videos_dir else None, "realtime": plan.realtime,
+    }
+    procs = [ctx.Process(target=_env_main, args=(i, config, jobs_q, results_q), daemon=True,
+                         name=f"seq-eval-env{i}") for i in range(n_envs)]
+    t0 = time.monotonic()
+    for p in procs:
+        p.start()
+    done, status, failure = 0, "done", None
+    try:
+        while done < len(jobs):
+            if store.cancel_requested(eval_id):
+                status = "canceled"
+                break
+            try:
+                msg = results_q.get(timeout=0.2)
+            except queue.Empty:
+                if not any(p.is_alive() for p in procs):
+                    try:
+                        msg = results_q.get(timeout=1.0)
+                    except queue.Empty:
+                        status, failure = "failed", "every env process exited before the episodes were done"
+                        break
+                else:
+                    continue
+            if msg["type"] == "fatal":
+                status, failure = "failed", msg["error"]
+                break
+            episode = msg["episode"]
+            store.add_episode(eval_id, episode)
+            done += 1
+            store.update(eval_id, done_episodes=done)
+            if on_episode is not None:
+                on_episode(episode, done, len(jobs))
+    finally:
+        for p in procs:
+            if p.is_alive() and status != "done":
+                p.terminate()
+        for p in procs:
+            p.join(timeout=10)
+            if p.is_alive():
+                p.kill()
+                p.join()
+    record = store.load(eval_id)
+    report = summarize(record, store.episodes(eval_id))
+    return store.update(eval_id, status=status, error=failure, finished_at=time.time(),
+                        wall_s=time.monotonic() - t0, report=report)
+
+
+# ---------------------------------------------------------------------- env process side
+
+def _load_ref(ref: str) -> type:
+    target, _, cls_name = ref.rpartition(":")
+    if target.endswith(".py"):
+        cls, _ = load_benchmark(f"{target}:{cls_name}")
+        return cls
+    return getattr(importlib.import_module(target), cls_name)
+
+
+def _to_observation(raw: dict, instruction: str):
+    import numpy as np
+    from sequence_ai import ImageFrame, Observation, encode_jpeg
+
+    images = [ImageFrame(view=view, data=encode_jpeg(np.ascontiguousarray(frame, dtype=np.uint8)))
+              for view, frame in (raw.get("images") or {}).items()]
+    proprio = {k: [float(x) for x in (v if hasattr(v, "__len__") else [v])] for k, v in (raw.get("proprio") or {}).items()}
+    return Observation(images=images, proprioception=proprio, instruction=instruction)
+
+
+class _Env:
+    """One benchmark instance inside an env process, re-set-up when an arm's benchmark params differ."""
+
+    def __init__(self, cls: type):
+        self.cls = cls
+        self.spec = get_benchmark_spec(cls)
+        self.inst = None
+        self.params: Optional[dict] = None
+
+    def ensure(self, params: dict):
+        if self.inst is None or params != self.params:
+            self.close()
+            self.inst = self.cls()
+            if "setup" in self.spec.methods:
+                getattr(self.inst, self.spec.methods["setup"])(**params)
+            self.params = dict(params)
+        return self.inst
+
+    def call(self, stage: str, *args):
+        return getattr(self.inst, self.spec.methods[stage])(*args)
+
+    def close(self) -> None:
+        if self.inst is not None and hasattr(self.inst, "close"):
+            try:
+                self.inst.close()
+            except Exception:  # noqa: BLE001 - best effort at teardown
+                pass
+        self.inst = None
+
+
+def _write_gif(frames: list, path: Path, fps: float) -> None:
+    from PIL import Image
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    images = [Image.fromarray(f) for f in frames]
+    images[0].save(path, save_all=True, append_images=images[1:], duration=int(round(1000.0 / fps)), loop=0,
+                   optimize=False)
+
+
+def _episode(env: _Env, policy, arm: dict, job: dict, instruction: str, videos_dir: Optional[Path],
+             realtime: bool) -> dict:
+    spec = env.spec
+    env.ensure(arm["bench_params"])
+    env.call("reset", job["task"], job["seed"])
+    max_steps = int(arm["eval_params"].get("max_steps") or 3000)
+    per_query = arm["eval_params"].get("steps_per_query")
+    every = max(1, int(round(spec.action.control_frequency_hz / spec.video_fps)))
+    frames: list = []
+    state = {"steps": 0, "done": False, "metrics": {}, "requests": 0, "infer_ms": []}
+    if videos_dir is not None:
+        frames.append(env.call("render"))
+
+    def do_step(row) -> None:
+        env.call("step", list(row))
+        state["steps"] += 1
+        if videos_dir is not None and state["steps"] % every == 0:
+            frames.append(env.call("render"))
+        done, metrics = env.call("check")
+        state["metrics"] = dict(metrics)
+        state["done"] = bool(done) or state["steps"] >= max_steps
+
+    t0 = time.monotonic()
+    if realtime:
+        def observe():
+            state["requests"] += 1
+            return _to_observation(env.call("observe"), instruction)
+
+        period = 1.0 / spec.action.control_frequency_hz
+        outcome = policy.act(instruction, observe=observe, act=do_step, until=lambda: state["done"],
+                             validate=lambda row: all(math.isfinite(x) for x in row), hold=lambda: None,
+                             max_seconds=max_steps * period * 4 + 5.0, max_actions=max_steps,
+                             params=arm["policy_params"], progress=False)
+        extra = {"outcome": {"reason": outcome.reason, "actions": outcome.actions, "chunks": outcome.chunks,
+                             "underruns": outcome.underruns, "late_ticks": getattr(outcome, "late_ticks", None),
+                             "max_seam_jump": outcome.max_seam_jump}}
+    else:
+        while not state["done"]:
+            obs = _to_observation(env.call("observe"), instruction)
+            pred = policy.predict(obs, params=arm["policy_params"])
+            state["requests"] += 1
+            if pred.inference_ms is not None:
+                state["infer_ms"].append(pred.inference_ms)
+            rows = pred.action_chunk.actions
+            if not rows:
+                raise RuntimeError("the policy returned an empty action chunk")
+            n = per_query or pred.action_chunk.open_loop_horizon or len(rows)
+            for row in rows[:max(1, min(int(n), len(rows)))]:
+                do_step(row)
+                if state["done"]:
+                    break
+        extra = {}
+    metrics = state["metrics"]
+    if "score" in spec.methods:
+        metrics = dict(env.call("score", dict(metrics)))
+    video = None
+    if videos_dir is not None and frames:
+        safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", job["arm"])
+        path = videos_dir / safe / f"{job['task']}_seed{job['seed']}.gif"
+        _write_gif(frames, path, spec.video_fps)
+        video = str(path)
+    return {"arm": job["arm"], "task": job["task"], "seed": job["seed"], "episode": job["episode"],
+            "metrics": {k: float(v) for k, v in metrics.items()}, "steps": state["steps"],
+            "requests": state["requests"], "wall_s": time.monotonic() - t0,
+            "infer_ms": statistics.median(state["infer_ms"]) if state["infer_ms"] else None,
+            "video": video, "error": None, **extra}
+
+
+def _env_main(index: int, config: dict, jobs_q, results_q) -> None:
+    """Entry point of one env process: set up the benchmark, run episodes until the sentinel."""
+    import sequence_ai
+
+    try:
+        cls = _load_ref(config["benchmark_ref"])
+        env = _Env(cls)
+    except Exception as exc:  # noqa: BLE001 - reported to the parent as the eval's failure
+        results_q.put({"type": "fatal", "error": f"env {index}: cannot load the benchmark: {exc!r}"})
+        return
+    policies: dict = {}
+    videos_dir = Path(config["videos_dir"]) if config["videos_dir"] else None
+    try:
+        while True:
+            job = jobs_q.get()
+            if job is None:
+                break
+            arm = config["arms"][job["arm"]]
+            instruction = env.spec.tasks[job["task"]]
+            t0 = time.monotonic()
+            try:
+                policy = policies.get(arm["policy"])
+                if policy is None:
+                    policy = sequence_ai.connect(arm["policy"], api_key=config["api_key"],
+                                                 gateway_url=config["gateway_url"], validate="strict")
+                    policy.wait_until_ready(timeout_s=600.0)
+                    policies[arm["policy"]] = policy
+                result = _episode(env, policy, arm, job, instruction, videos_dir, config["realtime"])
+            except Exception as exc:  # noqa: BLE001 - one failed episode is reported, the eval goes on
+                result = {"arm": job["arm"], "task": job["task"], "seed": job["seed"], "episode": job["episode"],
+                          "metrics": {}, "steps": 0, "requests": 0, "wall_s": time.monotonic() - t0, "video": None,
+                          "error": f"{type(exc).__name__}: {exc}",
+                          "traceback": traceback.format_exc(limit=6)}
+            results_q.put({"type": "episode", "episode": result})
+    finally:
+        for p in policies.values():
+            try:
+                p.close()
+            except Exception:  # noqa: BLE001
+                pass
+        env.close()
