@@ -2,7 +2,9 @@
 
 Exactly as the served path: 15 Hz, 16-step chunks, replanning every 8 steps from fresh
 renders of both cameras, each JPEG-encoded at quality 95 (Pillow) and decoded before
-perception.
+perception. ``obs_age`` > 0 takes the observation that many steps before the chunk boundary,
+as prefetch does; ``continue_from_command`` passes the last executed row as the
+controller's ``start_command`` (what a policy wrapper remembering its last chunk would do).
 """
 from __future__ import annotations
 
@@ -15,14 +17,14 @@ import numpy as np
 import pytest
 
 os.environ.setdefault("MUJOCO_GL", "egl")
-pytest.importorskip("mujoco")
 from PIL import Image  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "examples" / "pick_place"))
 
-from controller import PickPlaceController, parse_instruction  # noqa: E402
+import kinematics as kin  # noqa: E402
+from controller import MAX_JOINT_STEP, PickPlaceController, parse_instruction  # noqa: E402
 from sequence_ai_ros.panda_sim import PandaPickPlaceSim  # noqa: E402
 
 HZ = 15.0
@@ -35,27 +37,49 @@ def jpeg_roundtrip(img: np.ndarray) -> np.ndarray:
     return np.asarray(Image.open(io.BytesIO(buf.getvalue())).convert("RGB"))
 
 
-def run_episode(sim, seed, instruction, max_s=30.0):
-    """Returns (succeeded, sim seconds, phases seen, moved cube colour or None)."""
+def run_episode(sim, seed, instruction, max_s=30.0, *, obs_age=0,
+                continue_from_command=False):
+    """Returns (succeeded, sim seconds, phases seen, moved cube colours, max step, success
+    info, seam jumps): max step is the largest per-joint command change from the measured
+    joints (or, when continuing, from the last executed command) to a chunk's first row and
+    within a chunk; seam jumps is (chunks - 1, 7): per arm joint, how far each new chunk's
+    first row steps back against the direction the command was moving (rad, >= 0)."""
     sim.reset(seed)
     start = sim.object_positions()
     ctrl = PickPlaceController(chunk_len=16)
     cube, pad = parse_instruction(instruction)
     phases = []
     max_step = 0.0
+    last = prev_last = None
+    backs = []
+
+    def observe():
+        return ({cam: jpeg_roundtrip(sim.render(cam)) for cam in sim.cameras},
+                sim.joint_positions(), np.array([sim.gripper()]))
+
+    images, q_obs, g_obs = observe()
     while sim.time < max_s:
-        images = {cam: jpeg_roundtrip(sim.render(cam)) for cam in sim.cameras}
-        chunk = ctrl.plan(images, sim.joint_positions(), np.array([sim.gripper()]), instruction)
+        start_cmd = last[:7] if continue_from_command and last is not None else None
+        chunk = ctrl.plan(images, q_obs, g_obs, instruction, start_command=start_cmd)
         assert chunk.shape == (16, 8)
         assert np.all(chunk[:, :7] >= sim.JOINT_LIMITS[:7, 0] - 1e-9)
         assert np.all(chunk[:, :7] <= sim.JOINT_LIMITS[:7, 1] + 1e-9)
-        prev = sim.joint_positions()
-        max_step = max(max_step, float(np.abs(chunk[0, :7] - prev).max()),
+        ref = start_cmd if ctrl.last_plan.start == "command" else q_obs
+        max_step = max(max_step, float(np.abs(chunk[0, :7] - ref).max()),
                        float(np.abs(np.diff(chunk[:, :7], axis=0)).max()))
+        if last is not None and prev_last is not None:
+            v = last[:7] - prev_last[:7]
+            jump = chunk[0, :7] - last[:7]
+            backs.append(np.where(np.abs(v) > 1e-3, np.maximum(0.0, -jump * np.sign(v)), 0.0))
         phases.append(ctrl.last_plan.phase)
-        for action in chunk[:HORIZON]:
+        for i, action in enumerate(chunk[:HORIZON]):
+            if i == HORIZON - obs_age:
+                images, q_obs, g_obs = observe()
             sim.set_command(action[:7], action[7])
             sim.step(1.0 / HZ)
+            prev_last, last = last, action
+        if obs_age == 0:
+            images, q_obs, g_obs = observe()
         ok, _ = sim.success(cube, pad)
         if ok and sim.gripper() < 0.1:
             break
@@ -63,7 +87,7 @@ def run_episode(sim, seed, instruction, max_s=30.0):
     moved = [c for c in ("red", "green", "blue")
              if np.linalg.norm(sim.object_positions()[f"cube_{c}"][:2]
                                - start[f"cube_{c}"][:2]) > 0.03]
-    return ok, sim.time, phases, moved, max_step, info
+    return ok, sim.time, phases, moved, max_step, info, np.array(backs).reshape(-1, 7)
 
 
 @pytest.fixture(scope="module")
@@ -80,7 +104,7 @@ def sim():
 ])
 def test_pick_and_place_succeeds(sim, seed, instruction):
     cube, _ = parse_instruction(instruction)
-    ok, t, phases, moved, max_step, info = run_episode(sim, seed, instruction)
+    ok, t, phases, moved, max_step, info, _ = run_episode(sim, seed, instruction)
     assert ok, f"seed {seed} {instruction!r}: failed after {t:.1f} s; {info}; phases {phases}"
     assert t <= 30.0
     assert moved == [cube], f"moved {moved}, expected only the {cube} cube"
@@ -94,7 +118,7 @@ def test_pick_and_place_succeeds(sim, seed, instruction):
 
 
 def test_different_instruction_moves_different_cube(sim):
-    ok, _, _, moved, _, _ = run_episode(sim, 0, "put the green cube on the red pad")
+    ok, _, _, moved, _, _, _ = run_episode(sim, 0, "put the green cube on the red pad")
     assert ok and moved == ["green"]
 
 
@@ -107,3 +131,58 @@ def test_unknown_colour_is_rejected():
     assert parse_instruction("put the red cube on the green pad") == ("red", "green")
     assert parse_instruction("move the BLUE cube onto the red pad") == ("blue", "red")
     assert parse_instruction("green pad gets the red cube") == ("red", "green")
+
+
+def test_chunks_continuing_from_the_last_command_have_no_backward_seam_jumps(sim):
+    """Observations 5 steps old at the boundary (as under prefetch with a slow policy): from
+    the measured joints every chunk starts behind the command (sawtooth of ~0.1-0.3 rad);
+    from ``start_command`` the seams step back only where the path itself turns."""
+    instruction = "put the blue cube on the red pad"
+    _, _, _, _, _, _, lagging = run_episode(sim, 1, instruction, obs_age=5)
+    ok, t, phases, moved, max_step, info, backs = run_episode(
+        sim, 1, instruction, obs_age=5, continue_from_command=True)
+    assert ok, f"failed after {t:.1f} s; {info}; phases {phases}"
+    assert moved == ["blue"]
+    assert max_step <= MAX_JOINT_STEP + 1e-9
+    assert lagging.max() > 0.1, lagging.max(0)      # the problem is real in this set-up
+    assert backs.max() < 0.05, backs.max(0)
+
+
+def test_start_command_far_from_the_measured_joints_is_ignored(sim):
+    sim.reset(0)
+    images = {cam: sim.render(cam) for cam in sim.cameras}
+    q, g = sim.joint_positions(), np.array([sim.gripper()])
+    ctrl = PickPlaceController()
+    from_measured = ctrl.plan(images, q, g, "put the red cube on the green pad")
+    near = ctrl.plan(images, q, g, "put the red cube on the green pad", start_command=q + 0.05)
+    assert ctrl.last_plan.start == "command"
+    assert np.abs(near[0, :7] - (q + 0.05)).max() <= MAX_JOINT_STEP + 1e-9
+    far = ctrl.plan(images, q, g, "put the red cube on the green pad", start_command=q + 1.0)
+    assert ctrl.last_plan.start == "measured"
+    np.testing.assert_allclose(far, from_measured)
+    with pytest.raises(ValueError, match="start_command"):
+        ctrl.plan(images, q, g, "put the red cube on the green pad", start_command=q[:6])
+    with pytest.raises(ValueError, match="start_command"):
+        ctrl.plan(images, q, g, "put the red cube on the green pad",
+                  start_command=np.full(7, np.nan))
+
+
+@pytest.mark.parametrize("path,settle", [
+    ([[0.10, 0.12, 0.13]], 0),                          # long diagonal move
+    ([[-0.1, 0.0, 0.16], [0.05, -0.15, 0.16]], 2),      # rise, corner, then sideways
+    ([[-0.1, 0.0, 0.06]], 0),                           # short vertical descent, then hold
+])
+def test_chunk_tcp_follows_the_cartesian_path_between_ik_keyframes(path, settle):
+    """IK runs only at keyframes; the interpolated rows keep the TCP on the planned line."""
+    ctrl = PickPlaceController()
+    q = kin.READY_POSE.copy()
+    chunk = ctrl._chunk(q, [np.array(w) for w in path], 0.0, settle)
+    targets, _ = ctrl._cartesian_targets(kin.fk(q)[0], [np.array(w) for w in path], settle)
+    held = kin.fk(q)[0]
+    for row, target in zip(chunk, targets):
+        held = held if target is None else target
+        p, R = kin.fk(row[:7])
+        assert np.linalg.norm(p - held) < 3e-3, (p, held)
+        assert np.allclose(R, kin.top_down_rotation(), atol=2e-2)
+    assert np.abs(np.diff(chunk[:, :7], axis=0)).max() <= MAX_JOINT_STEP + 1e-9
+    assert np.abs(chunk[0, :7] - q).max() <= MAX_JOINT_STEP + 1e-9

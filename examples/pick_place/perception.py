@@ -60,11 +60,16 @@ class Detection:
 
 
 def rgb_to_hsv(img: np.ndarray) -> np.ndarray:
-    """(H, W, 3) uint8 RGB -> (H, W, 3) float HSV in [0, 1]."""
-    x = img.astype(np.float32) / 255.0
-    r, g, b = x[..., 0], x[..., 1], x[..., 2]
-    mx = x.max(-1)
-    mn = x.min(-1)
+    """(H, W, 3) uint8 RGB -> (H, W, 3) float32 HSV in [0, 1].
+
+    Works on contiguous channel planes (a max over a length-3 last axis is several times
+    slower in numpy); the values are bit-identical to the straightforward per-pixel form.
+    """
+    x = np.moveaxis(np.asarray(img), -1, 0).astype(np.float32)
+    x /= np.float32(255.0)
+    r, g, b = x
+    mx = np.maximum(np.maximum(r, g), b)
+    mn = np.minimum(np.minimum(r, g), b)
     d = mx - mn
     s = np.where(mx > 1e-6, d / np.maximum(mx, 1e-6), 0.0)
     dd = np.maximum(d, 1e-6)
