@@ -16,31 +16,41 @@ setup(
     description="Self-hosted action-chunk policy serving and a robot client with ROS 2 nodes",
     long_description=open("README.md", encoding="utf-8").read() if __import__("os").path.exists("README.md") else "",
     long_description_content_type="text/markdown",
-    python_requires=">=3.10",
+    # The robot client (sequence_ai, sequence_ai_core) runs on 3.9+; the server, authoring and ROS
+    # parts need 3.10+ (their extras and bootstrap.sh pick that interpreter).
+    python_requires=">=3.9",
     packages=[
         "sequence_ai_core",
         "sequence_ai",
         "seq",
         "sequence_ai_server",
+        "sequence_ai_server.eval",
         "sequence_ai_ros",
+        "sequence_ai_ros.benchmarks",
+        "sequence_ai_ros.bag",
     ],
+    package_data={"seq": ["templates/*/*.py", "templates/*/*.md"]},
     package_dir={"sequence_ai_server": "server/sequence_ai_server"},
     # The robot client is deliberately small: httpx (which brings anyio) and nothing else.
     install_requires=["httpx>=0.27"],
     extras_require={
-        "image": ["pillow>=10", "numpy>=1.24"],
+        # client frames: simplejpeg (libjpeg-turbo) encodes; Pillow resizes and writes depth PNG
+        "image": ["simplejpeg>=1.7", "pillow>=10", "numpy>=1.24"],
         "server": [
             "fastapi>=0.110",
             "uvicorn>=0.29",
             "pydantic>=2.5",
             "numpy>=1.24",
+            "simplejpeg>=1.7",     # worker: JPEG decode (libjpeg-turbo); Pillow stays for PNG / depth
             "pillow>=10",
             "typer>=0.12",
             "rich>=13",
         ],
         "sim": ["mujoco>=3.1", "numpy>=1.24", "pillow>=10", "fast-simplification>=0.2"],
         "demo": ["matplotlib>=3.7"],
-        "test": ["pytest>=8", "pytest-timeout>=2.3"],
+        # episode bags and LeRobot datasets (sequence_ai_ros.bag; `sequence-ai bag`)
+        "data": ["rosbags>=0.10", "pyarrow>=14", "av>=12", "simplejpeg>=1.7", "numpy>=1.24", "pillow>=10"],
+        "test": ["pytest>=8", "pytest-timeout>=2.3", "hypothesis>=6.90", "simplejpeg>=1.7"],
     },
     data_files=[
         ("share/ament_index/resource_index/packages", [f"resource/{ROS_PACKAGE}"]),
@@ -56,6 +66,7 @@ setup(
             # ROS 2 executables (ros2 run sequence_ai <name>)
             "sim_robot = sequence_ai_ros.sim_node:main",
             "policy_driver = sequence_ai_ros.driver_node:main",
+            "episode_recorder = sequence_ai_ros.recorder_node:main",
         ]
     },
     zip_safe=False,

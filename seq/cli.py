@@ -30,6 +30,12 @@ from rich.table import Table
 
 __all__ = ["app", "main"]
 
+# Under `python -m seq.cli` this module is __main__; make `from seq import cli` in the command
+# modules registered below (seq/_cli_*.py) get this same module instead of importing a second copy.
+if __name__ == "__main__":
+    import sys as _sys
+    _sys.modules.setdefault("seq.cli", _sys.modules[__name__])
+
 DEFAULT_GATEWAY = "http://127.0.0.1:8470"
 EXIT = {"unauthorized": 3, "lease_expired": 3, "not_found": 4, "invalid_request": 5, "warming": 6,
         "worker_failed": 6, "unreachable": 6, "timeout": 7}
@@ -153,6 +159,7 @@ def deploy(file: Path = typer.Argument(..., help="the policy file"),
            class_name: Optional[str] = typer.Option(None, "--class", help="the @seq.policy class, if the file has several"),
            wait: bool = typer.Option(True, "--wait/--no-wait", help="block until the worker is ready or failed"),
            timeout: float = typer.Option(1800.0, "--timeout", help="seconds to wait with --wait"),
+           dry_run: bool = typer.Option(False, "--dry-run", help="print what would be deployed (as seq validate); send nothing"),
            gateway: Optional[str] = GatewayOpt, api_key: Optional[str] = ApiKeyOpt,
            data_dir: Optional[Path] = DataDirOpt) -> None:
     """Register FILE with the gateway and start its worker."""
@@ -160,6 +167,11 @@ def deploy(file: Path = typer.Argument(..., help="the policy file"),
         path = file.expanduser().resolve()
         if not path.is_file():
             raise CliError("invalid_request", f"no such file: {file}", hint="give the path of a .py file with a @seq.policy class")
+        if dry_run:
+            from seq._cli_author import validate_target
+            validate_target(f"{path}:{class_name}" if class_name else str(path), name or _default_name(path))
+            out.print("dry run: nothing was sent to the gateway")
+            return
         gw = Gateway(gateway, api_key, data_dir)
         name = name or _default_name(path)
         d = gw.call("POST", "/v1/deployments", json={"name": name, "file": str(path), "class_name": class_name})
@@ -168,6 +180,10 @@ def deploy(file: Path = typer.Argument(..., help="the policy file"),
             out.print(f"status: {d['status']} (seq policy status {name})")
             return
         t0 = time.monotonic()
+        if (d.get("build") or {}).get("status") == "building":   # issue 5: a new version builds beside the serving one
+            from seq._cli_platform import wait_build
+            wait_build(gw, name, d, timeout, out, t0)
+            return
         last_phase = None
         while True:
             d = gw.call("GET", f"/v1/deployments/{name}")
@@ -243,6 +259,22 @@ def policy_stop(name: str, gateway: Optional[str] = GatewayOpt, api_key: Optiona
     except CliError as exc:
         _fail(exc)
     out.print(f"stopped {d['name']} (status {d['status']})")
+
+
+# issue 5 (platform): `seq keys create/ls/revoke`, `seq account`, `seq policy rotate-secret`
+from seq._cli_platform import register as _register_platform  # noqa: E402
+
+_register_platform(app, policy_app, __import__("sys").modules[__name__])
+
+# issue 4 (authoring): `seq validate`, `seq init`, `seq image dockerfile`
+from seq._cli_author import register as _register_author  # noqa: E402
+
+_register_author(app)
+
+# issue 9 (evaluation): `seq eval run/status/report/ls/cancel`
+from seq._cli_eval import eval_app as _eval_app  # noqa: E402
+
+app.add_typer(_eval_app, name="eval")
 
 
 def main() -> None:
