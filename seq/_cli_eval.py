@@ -25,7 +25,20 @@ from typing import List, Optional
 
 import typer
 
-from . import cli as _cli
+
+
+class _LazyCli:
+    """``seq.cli``, imported on first use: cli imports this module to register ``eval``, and the
+    env processes (multiprocessing spawn) re-import the CLI's main module as ``__mp_main__``, so
+    an import at the top would be circular."""
+
+    def __getattr__(self, name):
+        import importlib
+
+        return getattr(importlib.import_module("seq.cli"), name)
+
+
+_cli = _LazyCli()
 
 __all__ = ["eval_app"]
 

@@ -250,6 +250,7 @@ class PolicyDriver(Node):
         self._last_command: Optional[list] = None
         self._goal_handle = None
         self._busy = threading.Lock()
+        self._cancelled_goals: set = set()   # id() of goals whose cancel this node accepted
         self._preempting = None        # the goal handle a new goal is preempting
         self.trace = RunTrace()
         self._instruction: Optional[str] = None   # set while a run is active
@@ -507,9 +508,22 @@ class PolicyDriver(Node):
         return GoalResponse.ACCEPT
 
     def _on_cancel(self, goal_handle) -> CancelResponse:
+        # Remember the cancel before interrupting: the run can end (interrupted) before rclpy has
+        # moved the goal to CANCELING, which happens only after this callback returns.
+        self._cancelled_goals.add(id(goal_handle))
         if goal_handle is self._goal_handle or self._goal_handle is None:
             self.policy.interrupt()  # thread-safe; the loop stops within one control period
         return CancelResponse.ACCEPT
+
+    def _cancel_accepted(self, goal_handle, wait_s: float = 2.0) -> bool:
+        """True when this goal's cancel was accepted; waits briefly for rclpy's CANCELING state."""
+        if id(goal_handle) not in self._cancelled_goals:
+            return goal_handle.is_cancel_requested
+        deadline = time.monotonic() + wait_s
+        while not goal_handle.is_cancel_requested and time.monotonic() < deadline:
+            time.sleep(0.002)
+        self._cancelled_goals.discard(id(goal_handle))
+        return goal_handle.is_cancel_requested
 
     def _wait_for_sensors(self) -> bool:
         deadline = time.monotonic() + float(self._p["sensor_wait_s"])
@@ -607,7 +621,7 @@ class PolicyDriver(Node):
             result.message = "preempted by a new goal"
         elif outcome.reason == "validate":
             result.message = self._stop_reason or ""
-        if outcome.reason == "interrupted" and goal_handle.is_cancel_requested:
+        if outcome.reason == "interrupted" and self._cancel_accepted(goal_handle):
             goal_handle.canceled()
         elif preempted or outcome.reason == "validate":
             goal_handle.abort()
