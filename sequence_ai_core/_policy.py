@@ -9,6 +9,7 @@ each ``run()`` / ``act()``.
 from __future__ import annotations
 
 import asyncio
+import math
 import threading
 import time
 import warnings
@@ -344,6 +345,8 @@ class AsyncPolicy:
             raise ValueError("max_actions is required (there is no run_forever())")
         if max_actions is not None and max_actions < 0:
             raise ValueError("max_actions must be >= 0")
+        if max_seconds is not None and (not math.isfinite(max_seconds) or max_seconds <= 0):
+            raise ValueError(f"max_seconds must be a finite number > 0 (got {max_seconds!r})")
         warn_if_no_validate(validate)
         config = LoopConfig(
             observe=observe, act=act, max_actions=max_actions,
@@ -381,8 +384,9 @@ class AsyncPolicy:
         that long after the first action; the startup wait is bounded by ``startup_timeout_s``.
         Every other keyword of ``run()`` is accepted.
         """
-        if max_seconds is None or max_seconds <= 0:
-            raise ValueError("max_seconds is required and must be > 0: act() drives hardware")
+        if max_seconds is None or not math.isfinite(max_seconds) or max_seconds <= 0:
+            raise ValueError(f"max_seconds is required and must be a finite number > 0 (got {max_seconds!r}): "
+                             "act() drives hardware")
         previous = self._instruction
         self._pin_instruction(instruction)
         try:

@@ -525,10 +525,13 @@ class PolicyDriver(Node):
         self._cancelled_goals.discard(id(goal_handle))
         return goal_handle.is_cancel_requested
 
-    def _wait_for_sensors(self) -> bool:
+    def _wait_for_sensors(self, goal_handle=None) -> bool:
+        """Wait (up to ``sensor_wait_s``) for every stream; False on timeout, a fault or a cancel."""
         deadline = time.monotonic() + float(self._p["sensor_wait_s"])
         while not self.assembler.ready():
             if time.monotonic() > deadline or self.assembler.faults:
+                return False
+            if goal_handle is not None and id(goal_handle) in self._cancelled_goals:
                 return False
             time.sleep(0.02)
         return True
@@ -570,7 +573,13 @@ class PolicyDriver(Node):
         self._status, self._instruction = "starting", goal.instruction
         self.assembler.clear_faults()
         try:
-            if not self._wait_for_sensors():
+            sensors_ok = self._wait_for_sensors(goal_handle)
+            if id(goal_handle) in self._cancelled_goals and self._cancel_accepted(goal_handle):
+                # cancelled before the run started: nothing was published, nothing to hold
+                result.reason, result.message = "interrupted", "cancelled before the run started"
+                goal_handle.canceled()
+                return result
+            if not sensors_ok:
                 faults = self.assembler.faults
                 if faults:
                     result.reason, result.message = "validate", "; ".join(faults.values())

@@ -175,6 +175,17 @@ def test_act_requires_max_seconds(module_gateway, echo):
             policy.act("go", observation, Recorder())  # type: ignore[call-arg]
 
 
+@pytest.mark.parametrize("bad", [0.0, -1.0, float("nan"), float("inf")])
+def test_act_refuses_a_time_bound_that_is_not_a_finite_positive_number(module_gateway, echo, bad):
+    rec = Recorder()
+    with connect(module_gateway, echo) as policy:
+        with pytest.raises(ValueError, match="max_seconds"):
+            policy.act("go", observation, rec, max_seconds=bad, progress=False)
+        with pytest.raises(ValueError, match="max_seconds"):
+            policy.run(observation, rec, max_actions=10, max_seconds=bad, progress=False)
+    assert rec.rows == []
+
+
 def test_set_instruction_counts_swaps_and_lag(module_gateway, echo):
     rec = Recorder()
     with connect(module_gateway, echo, params={"chunk_len": 10, "horizon": 5}) as policy:

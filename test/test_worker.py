@@ -113,6 +113,22 @@ def test_undecodable_frames_and_malformed_bodies_are_400(echo):
     assert "observation" in body["detail"]
 
 
+def test_absurdly_nested_json_is_400_not_500(echo):
+    nested = '{"observation": ' + "[" * 100_000 + "]" * 100_000 + "}"
+    r = echo.client.post("/act", content=nested, headers={"Authorization": f"Bearer {echo.secret}",
+                                                          "Content-Type": "application/json"})
+    body = _error(r, 400, "invalid_request")
+    assert "not valid JSON" in body["detail"]
+    # the worker is still serving on a fresh request
+    assert echo.act({"observation": echo_observation()}).status_code == 200
+
+
+def test_end_episode_must_be_a_json_boolean(echo):
+    body = _error(echo.act({"observation": echo_observation(), "episode_id": "ep-x", "end_episode": "false"}),
+                  400, "invalid_request")
+    assert "end_episode must be true or false" in body["detail"]
+
+
 def test_params_are_cast_and_unknown_names_refused(echo):
     r = echo.act({"observation": echo_observation(), "params": {"chunk_len": "3"}})
     assert r.status_code == 200 and len(r.json()["action_chunk"]["actions"]) == 3

@@ -145,8 +145,8 @@ def parse_act_body(raw: bytes, content_type: str = "application/json") -> tuple[
                    hint=f"send application/json or {BINARY_CONTENT_TYPE}")
     try:
         body = json.loads(text)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise _bad(f"/act body is not valid JSON ({exc})", hint="see docs/design.md for the /act body") from None
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:  # RecursionError: absurd nesting
+        raise _bad(f"/act body is not valid JSON ({str(exc)[:200]})", hint="see docs/design.md for the /act body") from None
     if not isinstance(body, dict):
         raise _bad("/act body must be a JSON object", hint='send {"observation": {...}, "params": {}}')
     if "observation" not in body:
@@ -739,7 +739,9 @@ class PolicyHost:
             raise ApiError("invalid_request", str(exc), details={"reason": "params", "param": exc.name,
                            "declared": [p.to_dict() for p in self.spec.params]},
                            hint="send only the params infer() declares, with allowed values (seq policy status lists them)") from None
-        end = bool(body.get("end_episode", False))
+        end = body.get("end_episode", False)
+        if not isinstance(end, bool):  # "false" is truthy: refuse anything but a JSON boolean
+            raise _bad(f"end_episode must be true or false, got {end!r}", hint='send "end_episode": true')
         if self.spec.infer_mode == "raw":
             return Prepared(body["observation"], params, [], episode_id, end)
         obs, warnings = parse_observation(body["observation"], self.spec, episode_id, blobs)
