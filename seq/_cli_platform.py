@@ -9,11 +9,15 @@
     seq policy rollback NAME [--to N]             build a kept version beside the serving one; it takes over when ready
     seq policy start NAME                         start a stopped deployment's worker
     seq policy rm NAME [--force]                  delete it (refused while it runs or robots hold sessions)
+    seq policy doctor NAME                        state, version, /ping, one synthetic /act (network vs handler ms)
+    seq policy params NAME [k=v ...] [--clear k]  deployment default params (new sessions at once,
+                                                  connected robots at their next lease renewal)
 
 Errors print ``error[<code>]: <detail>`` / ``hint:`` and exit with the codes in ``seq/cli.py``.
 """
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from typing import Optional
@@ -181,3 +185,113 @@ def register(app: typer.Typer, policy_app: typer.Typer, base) -> None:
         except base.CliError as exc:
             base._fail(exc)
         base.out.print(f"rotated the direct secret of {name}; connected robots reconnect on their next call")
+
+    @policy_app.command("params")
+    def policy_params(name: str,
+                      assignments: Optional[list[str]] = typer.Argument(None, help="k=v defaults to set (v is JSON, else text)"),
+                      clear: Optional[list[str]] = typer.Option(None, "--clear", help="drop the default of this param"),
+                      gw: Optional[str] = base.GatewayOpt, api_key: Optional[str] = base.ApiKeyOpt,
+                      data_dir: Optional[Path] = base.DataDirOpt) -> None:
+        """Show or change NAME's default params without a redeploy. New sessions get them at once,
+        connected robots at their next lease renewal; a robot's own params win over a default."""
+        try:
+            updates = {}
+            for a in assignments or []:
+                k, sep, v = a.partition("=")
+                if not sep or not k:
+                    raise base.CliError("invalid_request", f"{a!r} is not k=v", hint="e.g. seq policy params NAME chunk_len=12")
+                try:
+                    updates[k] = json.loads(v)
+                except ValueError:
+                    updates[k] = v
+            g = gateway(gw, api_key, data_dir)
+            if updates or clear:
+                p = g.call("POST", f"/v1/deployments/{name}/params", json={"set": updates, "clear": list(clear or [])})
+            else:
+                p = g.call("GET", f"/v1/deployments/{name}/params")
+        except base.CliError as exc:
+            base._fail(exc)
+        table = Table("param", "type", "declared default", "deployment default")
+        for d in p["declared"]:
+            table.add_row(d["name"], str(d.get("type", "")), json.dumps(d.get("default")),
+                          json.dumps(p["defaults"][d["name"]]) if d["name"] in p["defaults"] else "")
+        base.out.print(table)
+
+    secret_app = typer.Typer(help="Store secrets (encrypted at rest) that policies declare with seq.Secret.from_name.",
+                             no_args_is_help=True)
+    app.add_typer(secret_app, name="secret")
+
+    @secret_app.command("set")
+    def secret_set(name: str, env: list[str] = typer.Option(..., "--env", help="a variable name; repeat for more"),
+                   gw: Optional[str] = base.GatewayOpt, api_key: Optional[str] = base.ApiKeyOpt,
+                   data_dir: Optional[Path] = base.DataDirOpt) -> None:
+        """Create or replace secret NAME. Values are read from stdin (one line per --env, in order)
+        or, on a terminal, from a hidden prompt; never from the command line."""
+        import getpass
+        import sys
+        try:
+            values = {}
+            for var in env:
+                if sys.stdin.isatty():
+                    values[var] = getpass.getpass(f"{var}: ")
+                else:
+                    line = sys.stdin.readline()
+                    if not line:
+                        raise base.CliError("invalid_request", f"stdin ended before the value of {var}",
+                                            hint="send one line per --env, in order")
+                    values[var] = line.rstrip("\r\n")
+            s = gateway(gw, api_key, data_dir).call("PUT", f"/v1/secrets/{name}", json={"env": values})
+        except base.CliError as exc:
+            base._fail(exc)
+        base.out.print(f"stored secret {s['name']} ({', '.join(s['env'])})", highlight=False, markup=False)
+
+    @secret_app.command("ls")
+    def secret_ls(gw: Optional[str] = base.GatewayOpt, api_key: Optional[str] = base.ApiKeyOpt,
+                  data_dir: Optional[Path] = base.DataDirOpt) -> None:
+        """List secrets: names and variable names, never values."""
+        try:
+            rows = gateway(gw, api_key, data_dir).call("GET", "/v1/secrets")["secrets"]
+        except base.CliError as exc:
+            base._fail(exc)
+        table = Table("name", "variables", "updated")
+        for r in rows:
+            table.add_row(r["name"], ", ".join(r["env"]), time.strftime("%Y-%m-%d %H:%M", time.localtime(r["updated_at"])))
+        base.out.print(table)
+
+    @secret_app.command("rm")
+    def secret_rm(name: str, gw: Optional[str] = base.GatewayOpt, api_key: Optional[str] = base.ApiKeyOpt,
+                  data_dir: Optional[Path] = base.DataDirOpt) -> None:
+        """Delete secret NAME (workers already running keep their environment)."""
+        try:
+            gateway(gw, api_key, data_dir).call("DELETE", f"/v1/secrets/{name}")
+        except base.CliError as exc:
+            base._fail(exc)
+        base.out.print(f"removed secret {name}")
+
+    @policy_app.command("doctor")
+    def policy_doctor(name: str, gw: Optional[str] = base.GatewayOpt, api_key: Optional[str] = base.ApiKeyOpt,
+                      data_dir: Optional[Path] = base.DataDirOpt) -> None:
+        """Diagnose NAME: state, serving version, the worker's /ping and one synthetic /act split
+        into network and handler time. Never starts a worker."""
+        try:
+            d = gateway(gw, api_key, data_dir).call("GET", f"/v1/deployments/{name}/doctor")
+        except base.CliError as exc:
+            base._fail(exc)
+        o = base.out
+        o.print(f"deployment  {d['name']} v{d['version']}: {d['status']} ({d['phase']}), {d['sessions']} sessions",
+                highlight=False, markup=False)
+        if d.get("error"):
+            o.print(f"error       {d['error']}", highlight=False, markup=False)
+        w = d.get("worker")
+        if not w:
+            o.print("worker      none running (doctor does not start one; `seq policy start` does)")
+            return
+        ping = w.get("ping") or {}
+        o.print(f"ping        {ping.get('status')} in {ping.get('ms', 0):.1f} ms" if ping.get("status") else
+                f"ping        failed: {ping.get('error')}", highlight=False, markup=False)
+        act = w.get("act")
+        if act and act.get("status") == 200:
+            o.print(f"act         {act['total_ms']:.1f} ms = network {act['network_ms']:.1f} ms + handler "
+                    f"{act['handler_ms']:.1f} ms (request_id {act['request_id']})", highlight=False, markup=False)
+        elif act:
+            o.print(f"act         failed: {act.get('status')} {act.get('error')}", highlight=False, markup=False)
