@@ -45,12 +45,19 @@ setup(
             "pillow>=10",
             "typer>=0.12",
             "rich>=13",
+            "cryptography>=41",       # gateway: secrets encrypted at rest (Fernet)
+            "prometheus-client>=0.19",  # gateway: /metrics
         ],
         "sim": ["mujoco>=3.1", "numpy>=1.24", "pillow>=10", "fast-simplification>=0.2"],
         "demo": ["matplotlib>=3.7"],
         # episode bags and LeRobot datasets (sequence_ai_ros.bag; `sequence-ai bag`)
         "data": ["rosbags>=0.10", "pyarrow>=14", "av>=12", "simplejpeg>=1.7", "numpy>=1.24", "pillow>=10"],
         "test": ["pytest>=8", "pytest-timeout>=2.3", "hypothesis>=6.90", "simplejpeg>=1.7"],
+        # workers placed by Ray (`seq serve --backend ray`); ray 2.60.0 checked here
+        "ray": ["ray[default]>=2.60,<3", "psutil>=5.9"],
+        # the flywheel example's learned policy (examples/flywheel: train.py, learned_policy.py);
+        # pinned: 2.13.0 resolves to the local CPU build here
+        "train": ["torch==2.13.0"],
     },
     data_files=[
         ("share/ament_index/resource_index/packages", [f"resource/{ROS_PACKAGE}"]),

@@ -69,7 +69,7 @@ ROS_WHEELS=(
   ros-jazzy-rosidl-typesupport-fastrtps-cpp ros-jazzy-rosidl-typesupport-interface
   ros-jazzy-rosidl-typesupport-introspection-c ros-jazzy-rosidl-typesupport-introspection-cpp
 )
-PROJECT_SPEC=".[server,sim,demo,test,data]"
+PROJECT_SPEC=".[server,sim,demo,test,data,ray,train]"
 OTHER_WHEELS=(rosbags)
 NODEPS_WHEELS=(dm-robotics-panda)   # Panda MJCF + meshes only; never imported
 

@@ -113,9 +113,17 @@ DataDirOpt = typer.Option(None, "--data-dir", help="data dir (default: $SEQUENCE
 @app.command()
 def serve(host: str = typer.Option("127.0.0.1", help="address to bind"),
           port: int = typer.Option(8470, help="port to bind (0: any free port)"),
-          data_dir: Optional[Path] = DataDirOpt) -> None:
+          data_dir: Optional[Path] = DataDirOpt,
+          backend: str = typer.Option("local", help="where workers run: local (subprocesses) or ray (Ray actors)"),
+          ray_address: str = typer.Option("local", "--ray-address",
+                                          help="with --backend ray: a Ray cluster HOST:PORT, auto, or local (a private loopback head)")) -> None:
     """Run the gateway in the foreground; Ctrl-C stops it and every worker it started."""
     import logging
+    import os
+
+    if backend not in ("local", "ray"):
+        _fail(CliError("invalid_request", f"unknown --backend {backend!r}", hint="use --backend local or --backend ray"))
+    os.environ["SEQ_BACKEND"], os.environ["SEQ_RAY_ADDRESS"] = backend, ray_address   # read by the gateway
 
     from sequence_ai_server.gateway import serve as run_gateway
 
@@ -275,6 +283,11 @@ _register_author(app)
 from seq._cli_eval import eval_app as _eval_app  # noqa: E402
 
 app.add_typer(_eval_app, name="eval")
+
+# issue 7 (capture): `seq policy capture`, `seq policy data export`
+from seq._cli_capture import register as _register_capture  # noqa: E402
+
+_register_capture(policy_app, __import__("sys").modules[__name__])
 
 
 def main() -> None:

@@ -37,8 +37,10 @@ def test_act_goal_puts_the_red_cube_on_the_green_pad(served_policy, tmp_path):
     assert result.distance_m < 0.03
     assert o["action_space"] == "joint_absolute"
     assert o["chunks"] >= 2 and o["actions"] >= o["chunks"]
-    # actions run at 15 Hz: the run's length and its action count agree within a few periods
-    assert abs(o["actions"] - o["seconds"] * 15.0) <= 3 + o["underruns"] * 15, o
+    # actions run at 15 Hz: never faster than the control rate, and (a late tick is dropped, not
+    # burst) at least 80 % of the ticks the run's length holds, on a loaded 2-core machine
+    assert o["actions"] <= o["seconds"] * 15.0 + 2, o
+    assert o["actions"] >= 0.8 * (o["seconds"] - o["underrun_s"]) * 15.0, o
     # max_seam_jump spans every dimension: the gripper's 0 -> 1 close can fall on a seam
     assert 0.0 <= o["max_seam_jump"] <= 1.0, o
     assert len(result.commands) == o["actions"]

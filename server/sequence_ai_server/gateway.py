@@ -55,6 +55,9 @@ from seq._params import InferParam, ParamError, cast_params
 from .errors import ApiError, install_error_handlers, new_request_id
 from .keys import KeyRecord, KeyStore
 from .leases import sign_lease
+from .slots import SlotQueue, slots_of   # issue 5: slots and the waiting line
+from .secrets_store import SecretStore   # issue 5: encrypted secrets, injected only when declared
+from .metrics import CONTENT_TYPE_LATEST, GatewayMetrics   # issue 5: Prometheus /metrics
 
 __all__ = ["Gateway", "create_app", "serve", "main", "default_data_dir", "DEFAULT_HOST", "DEFAULT_PORT"]
 
@@ -126,6 +129,20 @@ class ModelList(BaseModel):
 class ConnectRequest(BaseModel):
     model: str
     params: dict[str, Any] = {}
+    ticket: Optional[str] = None     # a queued robot's place in line (details.ticket of a 503 queued)
+
+
+class SecretSet(BaseModel):
+    env: dict[str, str]
+
+
+class WorkerSecretsRequest(BaseModel):
+    names: list[str]
+
+
+class ParamsUpdate(BaseModel):
+    set: dict[str, Any] = {}
+    clear: list[str] = []
 
 
 class RollbackRequest(BaseModel):
@@ -213,6 +230,8 @@ class Store:
             cols = {r[1] for r in self._db.execute("PRAGMA table_info(deployments)")}
             if "build_json" not in cols:   # a state.db from before versions were built beside
                 self._db.execute("ALTER TABLE deployments ADD COLUMN build_json TEXT")
+            if "defaults_json" not in cols:  # deployment default params (`seq policy params`)
+                self._db.execute("ALTER TABLE deployments ADD COLUMN defaults_json TEXT")
 
     def get(self, name: str) -> Optional[dict]:
         with self._lock:
@@ -293,6 +312,7 @@ class SessionRec:
     params: dict
     created_at: float
     expires_at: float
+    requested: dict = field(default_factory=dict)   # the robot's own params; deployment defaults fill the rest
 
 
 def _write_secret(path: Path, value: str) -> None:
@@ -345,6 +365,10 @@ class Gateway:
         self.store = Store(self.data_dir / "state.db")
         self.keys = KeyStore(self.store._db, self.store._lock)
         self.workers: dict[str, WorkerProc] = {}
+        # scale-out hook (ray_backend.py): $SEQ_BACKEND=ray starts workers as Ray actors through a
+        # launcher whose start() returns a Popen look-alike; None keeps plain local subprocesses
+        from .ray_backend import launcher_from_env
+        self.launcher = launcher_from_env()
         self._lock = threading.RLock()
         self.api_key_file = self.data_dir / "api_key"
         self._ensure_key()
@@ -353,6 +377,11 @@ class Gateway:
         self._activity: dict[str, float] = {}      # deployment -> last connect / renew / /v1/act (unix s)
         self.cold_starts = 0
         self._retiring: list[WorkerProc] = []        # replaced workers draining after a version switch
+        self.queue = SlotQueue()                     # robots waiting for a slot (slots.py)
+        self.secrets = SecretStore(self.store._db, self.store._lock, self.data_dir / "secret.key")
+        self.url: Optional[str] = None               # this gateway's own URL once bound (workers fetch secrets)
+        self._session_s: list[float] = []            # lengths of recent closed sessions (queue estimate)
+        self.max_gpus = int(os.environ["SEQ_MAX_GPUS"]) if os.environ.get("SEQ_MAX_GPUS") else None
         # workers of a previous gateway process are gone (they watch their parent): nothing serves now
         for row in self.store.all():
             if row["status"] in ("starting", "ready"):
@@ -469,6 +498,7 @@ class Gateway:
                 "worker_pid": None, "secret": None, "epoch": epoch, "error": None, "error_details": None,
                 "load_s": load_s, "started_at": None, "ready_at": None, "served": 0, "spec_json": None,
                 "created_at": created, "updated_at": now, "build_json": None,
+                "defaults_json": old.get("defaults_json") if old else None,
             })
             self._spawn(name)
         return self.describe(self.require(name))
@@ -543,6 +573,9 @@ class Gateway:
             activity_file.unlink()
         env["SEQ_WORKER_SECRET_FILE"] = str(secret_file)      # rotation (leases.py)
         env["SEQ_WORKER_ACTIVITY_FILE"] = str(activity_file)  # idle tracking (leases.py)
+        if self.url:
+            env["SEQ_GATEWAY_URL"] = self.url                 # declared secrets are fetched from here
+        env["SEQ_CAPTURE_DIR"] = str(self.data_dir / "capture" / name)  # issue 7: kept episodes (capture.py)
         cmd = [sys.executable, "-m", "sequence_ai_server.worker", "--file", file, "--port", "0",
                "--ready-file", str(ready), "--name", name, "--weights-dir", str(self.data_dir / "weights" / name),
                "--parent-pid", str(os.getpid())]
@@ -550,7 +583,8 @@ class Gateway:
             cmd += ["--class", class_name]
         handle = open(log_path, "ab", buffering=0)
         handle.write(f"\n===== {time.strftime('%Y-%m-%d %H:%M:%S')} starting {name} v{version} =====\n".encode())
-        proc = subprocess.Popen(cmd, stdout=handle, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+        proc = (self.launcher.start if self.launcher else subprocess.Popen)(cmd, stdout=handle,  # backend hook
+                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 env=env, cwd=str(source.parent), start_new_session=True)
         self.cold_starts += 1
         w = WorkerProc(name, proc, ready, log_path, time.time(), log_handle=handle, secret=secret,
@@ -595,6 +629,7 @@ class Gateway:
                 self.store._db.execute("DELETE FROM deployments WHERE name = ?", (name,))
                 self.store._db.execute("DELETE FROM versions WHERE name = ?", (name,))
             shutil.rmtree(self.data_dir / "versions" / name, ignore_errors=True)
+            shutil.rmtree(self.data_dir / "capture" / name, ignore_errors=True)   # issue 7: kept episodes go too
         log.info("removed %s", name)
         return {"name": name, "removed": True}
 
@@ -852,21 +887,134 @@ class Gateway:
         """Admit a session: ensure a worker, cast params, sign a lease token (the direct secret)."""
         if key is not None:
             self.require_scope(key, req.model)
+        self._check_gpu_limit(req.model)
         row = self.ensure_ready(req.model)
         spec = json.loads(row["spec_json"]) if row["spec_json"] else {"contract": {"action": None, "observation": None}, "params": []}
-        declared = [InferParam.from_dict(p) for p in spec.get("params", [])]
-        try:
-            params = cast_params(declared, req.params)
-        except ParamError as exc:
-            raise ApiError("invalid_request", str(exc), details={"param": exc.name, "declared": spec.get("params", [])},
-                           hint="`seq policy status NAME` lists the params this policy declares") from None
+        params = self._session_params(row, req.params)
         now = time.time()
         sess = SessionRec(id="sess_" + secrets.token_hex(8), model=req.model, key_id=key.id if key else "",
                           epoch=row["epoch"], version=row["version"], params=params,
-                          created_at=now, expires_at=now + self.lease_ttl_s)
+                          created_at=now, expires_at=now + self.lease_ttl_s, requested=dict(req.params or {}))
         with self._lock:
+            self._expire_sessions()
+            held = sum(1 for x in self.sessions.values() if x.model == req.model)
+            mean_s = sum(self._session_s) / len(self._session_s) if self._session_s else self.lease_ttl_s
+            # Slots are counted only for a policy that declares @seq.concurrent: the client opens a
+            # new session on every reconnect (rotation, lease expiry) without naming its old one,
+            # which would otherwise queue a lone robot behind its own stale session.
+            if spec.get("concurrency"):
+                self.queue.admit(req.model, key.id if key else "", req.ticket, capacity=slots_of(spec), held=held,
+                                 on_full=spec.get("on_full") or "queue",
+                                 queue_timeout_s=float(spec.get("queue_timeout_s") or 120.0), mean_session_s=mean_s)
             self.sessions[sess.id] = sess
         return self._lease(row, sess)
+
+    def _check_gpu_limit(self, model: str) -> None:
+        """gpu_limit_reached when ``model`` has no worker and $SEQ_MAX_GPUS workers already run
+        (each local worker counts as one card)."""
+        if self.max_gpus is None:
+            return
+        with self._lock:
+            if model in self.workers:
+                return
+            running = sum(1 for k in self.workers if not k.endswith(BUILD_SUFFIX))
+            if running >= self.max_gpus:
+                raise ApiError("gpu_limit_reached", f"{running} workers run and this machine allows {self.max_gpus} "
+                               f"(SEQ_MAX_GPUS); {model!r} cannot start", details={"max_gpus": self.max_gpus},
+                               hint="stop a deployment (`seq policy stop NAME`) or raise SEQ_MAX_GPUS")
+
+    def _session_params(self, row: dict, requested: Optional[dict]) -> dict:
+        """A session's params: the robot's own over the deployment defaults (those the serving
+        version still declares), cast to the declared types. Raises ApiError invalid_request."""
+        spec = json.loads(row["spec_json"]) if row.get("spec_json") else {}
+        declared = [InferParam.from_dict(p) for p in spec.get("params", [])]
+        names = {p.name for p in declared}
+        defaults = json.loads(row["defaults_json"]) if row.get("defaults_json") else {}
+        merged = {**{k: v for k, v in defaults.items() if k in names}, **(requested or {})}
+        try:
+            return cast_params(declared, merged)
+        except ParamError as exc:
+            raise ApiError("invalid_request", str(exc), details={"param": exc.name, "declared": spec.get("params", [])},
+                           hint="`seq policy params NAME` lists the params this policy declares") from None
+
+    def params(self, name: str) -> dict:
+        """``{"name", "defaults": {k: v}, "declared": [param dicts]}``."""
+        row = self.require(name)
+        spec = json.loads(row["spec_json"]) if row.get("spec_json") else {}
+        return {"name": name, "defaults": json.loads(row["defaults_json"]) if row.get("defaults_json") else {},
+                "declared": spec.get("params", [])}
+
+    def doctor(self, name: str) -> dict:
+        """Diagnose ``name`` without starting anything: state, serving version, the running worker's
+        /ping (status, ms) and one synthetic /act (declared-shape black frames and zero vectors) split
+        into ``handler_ms`` (the worker's inference_ms) and ``network_ms`` (the rest of the round
+        trip: transport, decoding, queuing). ``worker`` is null when no worker runs."""
+        from types import SimpleNamespace
+        from seq._contracts import ObservationContract
+        from .errors import new_request_id as _rid
+        from ._hosting import synthetic_observation
+        row = self.require(name)
+        out: dict[str, Any] = {"name": name, "status": row["status"], "phase": row["phase"], "version": row["version"],
+                               "error": row["error"], "sessions": sum(1 for x in self.sessions.values() if x.model == name),
+                               "worker": None}
+        if row["status"] != "ready" or not row["worker_port"]:
+            return out
+        url = f"http://127.0.0.1:{row['worker_port']}"
+        worker: dict[str, Any] = {"url": url, "pid": row["worker_pid"]}
+        with httpx.Client(timeout=30.0) as http:
+            t0 = time.perf_counter()
+            try:
+                r = http.get(f"{url}/ping")
+                worker["ping"] = {"status": r.status_code, "ms": round((time.perf_counter() - t0) * 1000, 3)}
+            except httpx.HTTPError as exc:
+                worker["ping"] = {"status": None, "error": type(exc).__name__}
+            spec = json.loads(row["spec_json"]) if row.get("spec_json") else {}
+            obs_contract = (spec.get("contract") or {}).get("observation")
+            if obs_contract and spec.get("infer_mode", "observation") == "observation":
+                obs = synthetic_observation(SimpleNamespace(observation=ObservationContract.from_dict(obs_contract)))
+                rid = _rid()
+                t0 = time.perf_counter()
+                try:
+                    r = http.post(f"{url}/act", json={"observation": obs, "params": {}},
+                                  headers={"Authorization": f"Bearer {row['secret']}", "X-Request-ID": rid})
+                    total = (time.perf_counter() - t0) * 1000
+                    body = r.json() if r.status_code == 200 else {}
+                    handler = float(body.get("inference_ms") or 0.0)
+                    worker["act"] = {"status": r.status_code, "request_id": rid, "total_ms": round(total, 3),
+                                     "handler_ms": round(handler, 3), "network_ms": round(max(0.0, total - handler), 3),
+                                     "error": None if r.status_code == 200 else r.text[:300]}
+                except httpx.HTTPError as exc:
+                    worker["act"] = {"status": None, "error": type(exc).__name__}
+        out["worker"] = worker
+        return out
+
+    def set_params(self, name: str, update: ParamsUpdate) -> dict:
+        """Change deployment default params without a redeploy: new sessions get them at once,
+        connected robots at their next lease renewal. Values are cast to the declared types;
+        an undeclared name or a bad value is invalid_request."""
+        with self._lock:
+            row = self.require(name)
+            if not row.get("spec_json"):
+                raise ApiError("invalid_request", f"{name} has not loaded yet, so its params are unknown",
+                               hint=f"wait until `seq policy status {name}` says ready")
+            spec = json.loads(row["spec_json"])
+            declared = [InferParam.from_dict(p) for p in spec.get("params", [])]
+            try:
+                cast = cast_params(declared, update.set)
+            except ParamError as exc:
+                raise ApiError("invalid_request", str(exc), details={"param": exc.name},
+                               hint=f"`seq policy params {name}` lists the declared params") from None
+            defaults = json.loads(row["defaults_json"]) if row.get("defaults_json") else {}
+            unknown = [k for k in update.clear if k not in defaults and k not in cast]
+            if unknown:
+                raise ApiError("invalid_request", f"no default set for {', '.join(unknown)}",
+                               hint=f"set ones: {', '.join(sorted(defaults)) or 'none'}")
+            for k in update.clear:
+                defaults.pop(k, None)
+            defaults.update(cast)
+            self.store.update(name, defaults_json=json.dumps(defaults))
+        log.info("default params of %s are now %s", name, defaults)
+        return self.params(name)
 
     def _session(self, session_id: str, key: Optional[KeyRecord]) -> SessionRec:
         sess = self.sessions.get(session_id)
@@ -892,6 +1040,8 @@ class Gateway:
                                hint="connect again (POST /v1/connect) for a new session and lease")
             sess.expires_at = now + self.lease_ttl_s
             self._activity[sess.model] = now
+            with contextlib.suppress(ApiError):   # defaults changed since: the robot gets them now
+                sess.params = self._session_params(row, sess.requested)
             return self._lease(row, sess)
 
     def close_session(self, session_id: str, key: Optional[KeyRecord] = None) -> dict:
@@ -903,6 +1053,7 @@ class Gateway:
             self._session(session_id, key)
             self.sessions.pop(session_id, None)
             self._activity[sess.model] = time.time()
+            self._session_s = (self._session_s + [time.time() - sess.created_at])[-50:]
         return {"session_id": session_id, "closed": True}
 
     def rotate_secret(self, name: str) -> dict:
@@ -970,12 +1121,14 @@ class Gateway:
                       "running_workers": sum(1 for r in rows if r["status"] in ("starting", "ready")),
                       "sessions": sum(1 for s in self.sessions.values() if s.model in names),
                       "benchmarks": 0},
-            "limits": {"lease_ttl_s": self.lease_ttl_s, "max_gpus": None, "self_hosted": True},
+            "limits": {"lease_ttl_s": self.lease_ttl_s, "max_gpus": self.max_gpus, "self_hosted": True},
         }
 
     def close(self) -> None:
         self.stop_all()
         self.store.close()
+        if self.launcher:                # backend hook: disconnect from Ray
+            self.launcher.close()
 
 
 def _terminate(proc: subprocess.Popen) -> None:
@@ -1064,6 +1217,19 @@ def create_app(data_dir: Optional[Path] = None) -> FastAPI:
     async def rotate_secret(name: str, key: KeyRecord = Depends(account_key)) -> dict:
         return await asyncio.to_thread(gw.rotate_secret, name)
 
+    @deployments.get("/{name}/doctor")
+    async def doctor(name: str, key: KeyRecord = Depends(account_key)) -> dict:
+        return await asyncio.to_thread(gw.doctor, name)
+
+    @deployments.get("/{name}/params")
+    async def get_params(name: str, key: KeyRecord = Depends(require_key)) -> dict:
+        gw.require_scope(key, name)
+        return await asyncio.to_thread(gw.params, name)
+
+    @deployments.post("/{name}/params")
+    async def set_params(name: str, body: ParamsUpdate, key: KeyRecord = Depends(account_key)) -> dict:
+        return await asyncio.to_thread(gw.set_params, name, body)
+
     connect = APIRouter(prefix="/v1/connect", tags=["connect"], dependencies=[Depends(require_key)])
 
     @connect.post("", response_model=ConnectResponse)
@@ -1106,6 +1272,40 @@ def create_app(data_dir: Optional[Path] = None) -> FastAPI:
             raise ApiError("not_found", f"no API key {ref!r}", hint="`seq keys ls` lists key ids and names")
         return gw.keys.revoke(rec.id).to_dict()
 
+    secrets_router = APIRouter(prefix="/v1/secrets", tags=["secrets"])
+    app_internal = APIRouter(tags=["internal"])
+
+    @secrets_router.put("/{name}")
+    async def set_secret(name: str, body: SecretSet, key: KeyRecord = Depends(account_key)) -> dict:
+        try:
+            return gw.secrets.set(name, body.env)
+        except ValueError as exc:
+            raise ApiError("invalid_request", str(exc), hint="seq secret set NAME --env VAR [--env VAR ...]") from None
+
+    @secrets_router.get("")
+    async def list_secrets(key: KeyRecord = Depends(account_key)) -> dict:
+        return {"secrets": gw.secrets.list()}
+
+    @secrets_router.delete("/{name}")
+    async def remove_secret(name: str, key: KeyRecord = Depends(account_key)) -> dict:
+        if not gw.secrets.remove(name):
+            raise ApiError("not_found", f"no secret named {name!r}", hint="`seq secret ls` lists them")
+        return {"name": name, "removed": True}
+
+    @app_internal.post("/v1/internal/worker-secrets", include_in_schema=False)
+    async def worker_secrets(body: WorkerSecretsRequest, authorization: Optional[str] = Header(default=None)) -> dict:
+        """A worker's declared secrets; the bearer must be the secret of a worker this gateway runs."""
+        token = (authorization or "").partition(" ")[2]
+        with gw._lock:
+            known = [w.secret for w in list(gw.workers.values()) if w.secret]
+        if not token or not any(hmac.compare_digest(token, k) for k in known):
+            raise ApiError("unauthorized", "only a worker of this gateway may fetch secrets")
+        try:
+            return {"env": gw.secrets.environment(body.names)}
+        except KeyError as exc:
+            raise ApiError("not_found", f"the policy declares secret {exc.args[0]!r}, which is not set",
+                           hint=f"seq secret set {exc.args[0]} --env VAR") from None
+
     account_router = APIRouter(prefix="/v1/account", tags=["account"])
 
     @account_router.get("")
@@ -1119,7 +1319,7 @@ def create_app(data_dir: Optional[Path] = None) -> FastAPI:
         """The worker's /act through the gateway (for curl): body = the worker body plus "model"."""
         try:
             body = json.loads(await request.body())
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: absurdly nested JSON
             raise ApiError("invalid_request", "the body is not JSON",
                            hint='send {"model": NAME, "observation": {...}, "params": {}}') from None
         model = body.pop("model", None) if isinstance(body, dict) else None
@@ -1164,12 +1364,23 @@ def create_app(data_dir: Optional[Path] = None) -> FastAPI:
     app = FastAPI(title="sequence-ai gateway", lifespan=lifespan)
     app.state.gateway = gw
 
+    metrics = GatewayMetrics(gw)   # issue 5: Prometheus /metrics (metrics.py)
+
     @app.middleware("http")
     async def request_id(request: Request, call_next):
         request.state.request_id = new_request_id()
+        started = time.perf_counter()
         response = await call_next(request)
         response.headers.setdefault("X-Request-ID", request.state.request_id)
+        route = getattr(request.scope.get("route"), "path", None) or "unmatched"
+        metrics.observe(route, response.status_code, started)
         return response
+
+    @app.get("/metrics", include_in_schema=False)
+    async def metrics_endpoint() -> Any:
+        from fastapi.responses import Response as RawResponse
+        body = await asyncio.to_thread(metrics.render)
+        return RawResponse(body, media_type=CONTENT_TYPE_LATEST)
 
     install_error_handlers(app)
     app.include_router(models)
@@ -1178,7 +1389,11 @@ def create_app(data_dir: Optional[Path] = None) -> FastAPI:
     app.include_router(sessions)
     app.include_router(keys)
     app.include_router(account_router)
+    app.include_router(secrets_router)
+    app.include_router(app_internal)
     app.include_router(act)
+    from .capture import create_router as _capture_router   # issue 7: capture, labels, export
+    app.include_router(_capture_router(gw, require_key, account_key))
 
     @app.get("/healthz", include_in_schema=False)
     async def healthz() -> dict:
@@ -1209,6 +1424,7 @@ def serve(host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, data_dir: Optional
             await asyncio.sleep(0.01)
         if server.started:
             url = f"http://{host}:{bound}"
+            app.state.gateway.url = url
             info = {"url": url, "port": bound, "pid": os.getpid(),
                     "api_key_file": str(app.state.gateway.api_key_file), "data_dir": str(app.state.gateway.data_dir)}
             if ready_file:

@@ -146,6 +146,12 @@ def create_app(state: WorkerState, secret: str, *, max_body_bytes: int = DEFAULT
     from .leases import DirectAuth
     direct_auth = DirectAuth.from_env(secret)
 
+    # Capture (issue 7): with $SEQ_CAPTURE_DIR set (the gateway sets it) kept episodes are
+    # written by capture.CaptureWriter's own thread; /act only hands it references (offer()).
+    from .capture import CaptureWriter
+    capture = CaptureWriter.from_env()
+    app.state.capture = capture
+
     def check_secret(request: Request) -> None:
         scheme, _, token = request.headers.get("authorization", "").partition(" ")
         if scheme.lower() != "bearer" or not token:
@@ -216,6 +222,9 @@ def create_app(state: WorkerState, secret: str, *, max_body_bytes: int = DEFAULT
         except (TypeError, ValueError) as exc:
             raise ApiError("policy_error", f"infer() returned outputs that are not JSON ({exc})",
                            details={"reason": "outputs"}, hint="return dicts/lists of numbers and strings") from None
+        if capture is not None:   # issue 7: non-blocking hand-off to the capture writer thread
+            capture.offer(raw, request.headers.get("content-type", ""), prepared.episode_id, prepared.params,
+                          chunk, rid, payload["inference_ms"])
         return Response(content, media_type="application/json", headers={"X-Request-ID": rid})
 
     @app.post("/episode/end", responses=_ERRORS)
@@ -281,6 +290,23 @@ def _default_cache_dir(weights_dir: str, name: str) -> str:
     if w.parent.name == "weights":
         return str(w.parent.parent / "cache" / name)
     return str(w.with_name(w.name + "-cache"))
+
+
+def _inject_secrets(names: list, worker_secret: str) -> None:
+    """Platform (issue 5): fetch the policy's declared secrets from the gateway that started this
+    worker ($SEQ_GATEWAY_URL, authenticated with the worker secret) and set them in os.environ.
+    Values are never logged. Raises RuntimeError when there is no gateway or it refuses."""
+    import httpx
+    url = os.environ.get("SEQ_GATEWAY_URL")
+    if not url:
+        raise RuntimeError(f"the policy declares secrets {names} but this worker was not started by a gateway")
+    r = httpx.post(f"{url}/v1/internal/worker-secrets", json={"names": list(names)},
+                   headers={"Authorization": f"Bearer {worker_secret}"}, timeout=30.0)
+    if r.status_code != 200:
+        body = r.json() if r.headers.get("content-type", "").startswith("application/json") else {}
+        raise RuntimeError(f"could not fetch secrets {names}: {body.get('detail') or r.status_code}"
+                           + (f" ({body['hint']})" if body.get("hint") else ""))
+    os.environ.update(r.json()["env"])
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -355,6 +381,8 @@ def main(argv: Optional[list[str]] = None) -> int:
             host = PolicyHost(cls, args.name, mode=args.mode, episode_idle_s=idle_s)
             phase("importing", spec=host.spec.to_dict())
             state.host = host
+            if host.spec.secrets:   # platform (issue 5): declared secrets only, into the env, before load
+                _inject_secrets(host.spec.secrets, secret)
             weights = _resolve_weights_dir(host.spec, args.file, weights_dir)
             host.start(weights, phase)
         except BaseException as exc:  # noqa: BLE001 - report whatever stops the start, then exit
@@ -372,7 +400,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         log.info("serving %s on %s (%d slot(s), mode %s)", host.name, url, len(host.replicas), host.mode)
 
     import uvicorn
-    server = uvicorn.Server(uvicorn.Config(create_app(state, secret, max_body_bytes=args.max_body_bytes),
+    worker_app = create_app(state, secret, max_body_bytes=args.max_body_bytes)
+    server = uvicorn.Server(uvicorn.Config(worker_app,
                                            log_level="warning", access_log=False, lifespan="off",
                                            timeout_graceful_shutdown=5))
     # uvicorn re-raises the signal it caught once it has stopped: make that a no-op.
@@ -409,6 +438,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         if host is not None and host.ready:
             log.info("stopping: calling @seq.shutdown (open episodes end first)")
             host.stop()
+        if worker_app.state.capture is not None:   # issue 7: write the kept steps still queued
+            worker_app.state.capture.close()
         log.info("stopped")
         sys.stdout.flush()
         sys.stderr.flush()
