@@ -197,7 +197,12 @@ def drive(instruction: str, seed: int, max_seconds: float, out_dir: Path, *, can
     say = (lambda *a: None) if quiet else (lambda *a: print(*a, flush=True))
     with ExitStack() as stack:
         stack.enter_context(sim_robot(seed, out_dir / "sim_robot.log"))
-        rclpy.init(args=["--ros-args", "--params-file", str(CONFIG_FILE)])
+        # Ctrl-C must reach us as KeyboardInterrupt (to cancel the goal and let the driver publish
+        # its hold), not shut the ROS context down underneath the running driver.
+        from rclpy.signals import SignalHandlerOptions
+
+        rclpy.init(args=["--ros-args", "--params-file", str(CONFIG_FILE)],
+                   signal_handler_options=SignalHandlerOptions.NO)
         stack.callback(lambda: rclpy.ok() and rclpy.shutdown())
         driver = PolicyDriver()
         client_node = Node("demo_client")
@@ -236,11 +241,20 @@ def drive(instruction: str, seed: int, max_seconds: float, out_dir: Path, *, can
             raise RuntimeError("the Act goal was rejected")
         result_future = handle.get_result_async()
         cancel_time = None
-        if cancel_after_s is not None:
-            time.sleep(cancel_after_s)
-            cancel_time = time.monotonic()
-            _wait(handle.cancel_goal_async(), 10.0)
-        _wait(result_future, max_seconds + 120.0)
+        try:
+            if cancel_after_s is not None:
+                time.sleep(cancel_after_s)
+                cancel_time = time.monotonic()
+                _wait(handle.cancel_goal_async(), 10.0)
+            _wait(result_future, max_seconds + 120.0)
+        except KeyboardInterrupt:
+            say("\nCtrl-C: cancelling the goal; the driver publishes a hold and stops")
+            handle.cancel_goal_async()
+            try:
+                _wait(result_future, 5.0)
+            except TimeoutError:
+                say("the driver did not confirm the cancel within 5 s")
+            raise
         time.sleep(1.0)  # anything published after the end would arrive in this window
         recorder.recording = False
         wrapped = result_future.result()
@@ -287,19 +301,28 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     run_dir = args.out / time.strftime("%Y%m%d-%H%M%S")
     t0 = time.monotonic()
-    with local_server(run_dir / "server") as server:
-        print(f"gateway   {server.url} (data {server.data_dir})", flush=True)
-        deploy(server)
-        print(f"deployed  {MODEL} from {POLICY_FILE.relative_to(REPO)} ({time.monotonic() - t0:.1f} s)", flush=True)
-        os.environ.update(server.env())
-        result = drive(args.instruction, args.seed, args.max_seconds, run_dir)
+    try:
+        with local_server(run_dir / "server") as server:
+            print(f"gateway   {server.url} (data {server.data_dir})", flush=True)
+            deploy(server)
+            print(f"deployed  {MODEL} from {POLICY_FILE.relative_to(REPO)} ({time.monotonic() - t0:.1f} s)",
+                  flush=True)
+            os.environ.update(server.env())
+            result = drive(args.instruction, args.seed, args.max_seconds, run_dir)
+    except KeyboardInterrupt:
+        print("stopped (Ctrl-C); the server, the sim and the driver have been shut down", file=sys.stderr)
+        return 130
     o = result.outcome
     print()
     print(f"RunOutcome(reason={o['reason']}, actions={o['actions']}, chunks={o['chunks']}, "
           f"seconds={o['seconds']:.2f}, underruns={o['underruns']}, max_seam_jump={o['max_seam_jump']:.4f})")
     if o.get("message"):
         print(f"message   {o['message']}")
-    print(f"task      {'SUCCESS' if result.success else 'FAILED'}: cube {result.distance_m * 100:.1f} cm from the pad centre")
+    if o["reason"] == "error":
+        print("task      not attempted: the run ended with an error (see message)")
+    else:
+        print(f"task      {'SUCCESS' if result.success else 'FAILED'}: "
+              f"cube {result.distance_m * 100:.1f} cm from the pad centre")
     print(f"picture   {result.picture}")
     print(f"total     {time.monotonic() - t0:.1f} s")
     (run_dir / "result.json").write_text(json.dumps(

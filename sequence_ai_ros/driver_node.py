@@ -52,6 +52,7 @@ import importlib
 import json
 import math
 import os
+import signal
 import sys
 import threading
 import time
@@ -63,6 +64,7 @@ from rclpy.action import ActionServer, CancelResponse, GoalResponse
 from rclpy.callback_groups import MutuallyExclusiveCallbackGroup, ReentrantCallbackGroup
 from rclpy.exceptions import ParameterUninitializedException
 from rclpy.executors import ExternalShutdownException, MultiThreadedExecutor
+from rclpy.signals import SignalHandlerOptions
 from rclpy.node import Node
 from rclpy.parameter import Parameter
 from rcl_interfaces.msg import ParameterDescriptor
@@ -639,6 +641,18 @@ class PolicyDriver(Node):
         self.get_logger().info(f"Act '{goal.instruction}': {outcome!r}" + (f" ({result.message})" if result.message else ""))
         return result
 
+    def stop_runs(self, timeout_s: float = 3.0) -> bool:
+        """Interrupt the active run (if any) and wait until it has unwound through ``hold``.
+
+        Called on Ctrl-C / SIGTERM before the ROS context goes away, so the hold can still be
+        published. Returns True when no run is active any more, False after ``timeout_s`` (s).
+        """
+        self.policy.interrupt()
+        if self._busy.acquire(timeout=timeout_s):
+            self._busy.release()
+            return True
+        return False
+
     def destroy_node(self) -> None:
         try:
             self.policy.interrupt()
@@ -668,9 +682,19 @@ def outcome_message(result):
     return RunOutcome(**{name: getattr(result, name) for name in RunOutcome.get_fields_and_field_types()})
 
 
+def _raise_keyboard_interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
 def main(args=None) -> int:
-    """``ros2 run sequence_ai policy_driver``: spin until Ctrl-C, then shut down cleanly."""
-    rclpy.init(args=args)
+    """``ros2 run sequence_ai policy_driver``: spin until Ctrl-C / SIGTERM, then shut down cleanly.
+
+    rclpy's own signal handler would invalidate the ROS context at once, before an active run
+    could publish its hold; so the node takes SIGINT/SIGTERM itself: interrupt the run, wait for
+    the hold to be published (up to 3 s), then shut down.
+    """
+    rclpy.init(args=args, signal_handler_options=SignalHandlerOptions.NO)
+    signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
     node = None
     executor = MultiThreadedExecutor(num_threads=6)
     try:
@@ -680,8 +704,8 @@ def main(args=None) -> int:
     except (KeyboardInterrupt, ExternalShutdownException):
         pass
     finally:
-        if node is not None:
-            node.policy.interrupt()
+        if node is not None and not node.stop_runs(timeout_s=3.0):
+            node.get_logger().error("the active run did not unwind within 3 s of the shutdown request")
         executor.shutdown()
         if node is not None:
             node.destroy_node()

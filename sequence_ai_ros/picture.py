@@ -55,7 +55,10 @@ def render_run_picture(result, path: Path, n_frames: int = 6) -> Path:
             ax.axvline(result.hold_time - t0, color="red", lw=1.2, label="hold")
     ax.set_xlabel("time since goal (s)")
     ax.set_ylabel("command (rad; gripper 0 open .. 1 closed)")
-    ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
+    if commands:
+        ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
+    else:
+        ax.text(0.5, 0.5, "no command was published", ha="center", va="center", transform=ax.transAxes)
     o = result.outcome
     fig.suptitle(
         f"{result.instruction!r} (seed {result.seed}) -> {o['reason']}, {o['actions']} actions / "
