@@ -1,0 +1,236 @@
+"""Flywheel step 3: train the learned pick-and-place policy from a LeRobot dataset.
+
+    python examples/flywheel/train.py DATASET --out CHECKPOINT_DIR [--minutes 15 | --steps N]
+                                      [--batch 64] [--lr 1e-3] [--successes-only] [--threads 2]
+
+Reads the dataset ``sequence-ai bag export --format lerobot`` wrote (LeRobot v3.0) with pyarrow
+(``meta/info.json``, ``meta/tasks.parquet``, ``meta/episodes/...``, ``data/...parquet``) and PyAV
+(``videos/observation.images.<view>/...mp4``) -- no hub, nothing fetched. Every frame ``t`` is
+one sample: both cameras (area-resized to 96x96), ``observation.state`` (8), the frame's task
+index, and the target chunk ``action[t : t+16]`` (the episode's last row repeats past its end).
+States and actions are normalised with the dataset's mean/std. Loss: L1. Images get a random
+shift of up to 4 px (pad + crop) while training.
+
+Writes ``CHECKPOINT_DIR/policy.pt`` (config with the task strings, weights, normalisation) and
+``CHECKPOINT_DIR/train.json`` (samples, steps, seconds, final loss).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+_HERE = Path(__file__).resolve().parent
+if str(_HERE) not in sys.path:
+    sys.path.insert(0, str(_HERE))
+
+
+class DatasetError(RuntimeError):
+    """The folder is not a LeRobot v3.0 dataset this script can read (the message says why)."""
+
+
+def _decode_video(path: Path, size: int) -> np.ndarray:
+    """All frames of an mp4 as uint8 ``(T, size, size, 3)`` (area-resized like at inference)."""
+    import av
+    import torch
+
+    from model import preprocess
+
+    with av.open(str(path)) as container:
+        frames = [f.to_ndarray(format="rgb24") for f in container.decode(video=0)]
+    if not frames:
+        raise DatasetError(f"{path}: no video frames")
+    x = preprocess(torch.from_numpy(np.stack(frames)), size)              # (T, 3, S, S) in [-1, 1]
+    return ((x + 1.0) * 127.5).round().clamp(0, 255).to(torch.uint8).permute(0, 2, 3, 1).numpy()
+
+
+def load_dataset(root: Path, views, image_size: int = 96, successes_only: bool = False) -> dict:
+    """Read a LeRobot v3.0 dataset into memory.
+
+    Returns ``{"images": {view: (N, S, S, 3) uint8}, "state": (N, 8) f32, "action": (N, 8) f32,
+    "task": (N,) int64, "episode": (N,) int64, "frame": (N,) int64, "ep_end": (N,) int64 (index of
+    the episode's last frame), "tasks": [str], "episodes": int, "fps": int}``.
+    Raises DatasetError when files are missing or the version is not 3.0.
+    """
+    import pyarrow.parquet as pq
+
+    info_path = root / "meta" / "info.json"
+    if not info_path.exists():
+        raise DatasetError(f"{root}: no meta/info.json (export one with `sequence-ai bag export ... --format lerobot`)")
+    info = json.loads(info_path.read_text())
+    if info.get("codebase_version") != "v3.0":
+        raise DatasetError(f"{root}: LeRobot {info.get('codebase_version')}; this script reads v3.0 (export --version 3.0)")
+    for v in views:
+        if f"observation.images.{v}" not in info["features"]:
+            raise DatasetError(f"{root}: no camera {v!r}; the dataset has "
+                               f"{[k for k in info['features'] if k.startswith('observation.images.')]}")
+    t = pq.read_table(root / "meta" / "tasks.parquet")
+    tasks = [s for _, s in sorted(zip(t.column("task_index").to_pylist(), t.column("task").to_pylist()))]
+    eps = pq.read_table(root / "meta" / "episodes" / "chunk-000" / "file-000.parquet").to_pylist()
+    data_cache: dict = {}
+    parts = {k: [] for k in ("state", "action", "task", "episode", "frame", "ep_end")}
+    images = {v: [] for v in views}
+    success_col: dict = {}
+    n = 0
+    kept = 0
+    for ep in sorted(eps, key=lambda r: r["episode_index"]):
+        key = (ep["data/chunk_index"], ep["data/file_index"])
+        if key not in data_cache:
+            data_cache.clear()
+            data_cache[key] = pq.read_table(root / info["data_path"].format(chunk_index=key[0], file_index=key[1]))
+        table = data_cache[key]
+        idx = np.asarray(table.column("episode_index").to_pylist())
+        rows = np.nonzero(idx == ep["episode_index"])[0]
+        success = bool(np.any(np.asarray(table.column("next.success").to_pylist())[rows]))
+        success_col[ep["episode_index"]] = success
+        if successes_only and not success:
+            continue
+        state = np.asarray(table.column("observation.state").to_pylist(), dtype=np.float32)[rows]
+        action = np.asarray(table.column("action").to_pylist(), dtype=np.float32)[rows]
+        task = np.asarray(table.column("task_index").to_pylist(), dtype=np.int64)[rows]
+        T = len(rows)
+        for v in views:
+            k = f"observation.images.{v}"
+            path = root / info["video_path"].format(video_key=k, chunk_index=ep[f"videos/{k}/chunk_index"],
+                                                    file_index=ep[f"videos/{k}/file_index"])
+            frames = _decode_video(path, image_size)
+            start = int(round(float(ep[f"videos/{k}/from_timestamp"]) * info["fps"]))
+            frames = frames[start:start + T]
+            if len(frames) != T:
+                raise DatasetError(f"{path}: {len(frames)} frames for an episode of {T}")
+            images[v].append(frames)
+        parts["state"].append(state)
+        parts["action"].append(action)
+        parts["task"].append(task)
+        parts["episode"].append(np.full(T, ep["episode_index"]))
+        parts["frame"].append(np.arange(T))
+        parts["ep_end"].append(np.full(T, n + T - 1))
+        n += T
+        kept += 1
+    if kept == 0:
+        raise DatasetError(f"{root}: no episodes to train on" + (" (no successful ones)" if successes_only else ""))
+    out = {k: np.concatenate(v) for k, v in parts.items()}
+    out["images"] = {v: np.concatenate(f) for v, f in images.items()}
+    out.update(tasks=tasks, episodes=kept, fps=int(info["fps"]),
+               successes=sum(success_col.values()), total_episodes=len(eps))
+    return out
+
+
+def train(dataset: Path, out_dir: Path, *, minutes: float = None, steps: int = None, batch: int = 32,
+          lr: float = 1e-3, successes_only: bool = False, threads: int = 2, seed: int = 0,
+          log_every: int = 100, quiet: bool = False) -> dict:
+    """Train on ``dataset`` for ``steps`` optimiser steps or ``minutes`` of wall time (whichever
+    is given; both: the first reached) and write ``out_dir/policy.pt``; returns the summary
+    written to ``out_dir/train.json``. Raises ValueError when neither bound is given."""
+    import torch
+    import torch.nn.functional as F
+
+    from model import ModelConfig, VisuomotorPolicy, save_checkpoint
+
+    if minutes is None and steps is None:
+        raise ValueError("give minutes= or steps= (training is bounded)")
+    torch.manual_seed(seed)
+    torch.set_num_threads(max(1, int(threads)))
+    rng = np.random.default_rng(seed)
+    say = (lambda *a: None) if quiet else (lambda *a: print(*a, flush=True))
+    t_load = time.monotonic()
+    cfg = ModelConfig()
+    data = load_dataset(dataset, cfg.views, cfg.image_size, successes_only)
+    cfg.tasks = list(data["tasks"])
+    n = len(data["state"])
+    say(f"dataset {dataset}: {data['episodes']} episodes ({data['successes']} successful of {data['total_episodes']}), "
+        f"{n} frames, {len(cfg.tasks)} tasks; loaded in {time.monotonic() - t_load:.1f} s")
+    s_mean, s_std = data["state"].mean(0), data["state"].std(0) + 1e-3
+    a_mean, a_std = data["action"].mean(0), data["action"].std(0) + 1e-3
+    stats = {"state_mean": s_mean.tolist(), "state_std": s_std.tolist(),
+             "action_mean": a_mean.tolist(), "action_std": a_std.tolist()}
+    state_n = torch.from_numpy((data["state"] - s_mean) / s_std)
+    action_n = torch.from_numpy((data["action"] - a_mean) / a_std)
+    task = torch.from_numpy(data["task"])
+    ep_end = data["ep_end"]
+    imgs = {v: torch.from_numpy(f) for v, f in data["images"].items()}
+    offsets = np.arange(cfg.horizon)
+
+    model = VisuomotorPolicy(cfg)
+    n_params = sum(p.numel() for p in model.parameters())
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=1e-4)
+    say(f"model: {n_params / 1e6:.2f} M parameters; batch {batch}, lr {lr}, "
+        f"{'%d steps' % steps if steps else ''}{' / ' if steps and minutes else ''}{'%.1f min' % minutes if minutes else ''}")
+
+    def shift(x: torch.Tensor, pad: int = 4) -> torch.Tensor:
+        b, c, h, w = x.shape
+        x = F.pad(x, (pad, pad, pad, pad), mode="replicate")
+        dx, dy = rng.integers(0, 2 * pad + 1, size=2)
+        return x[:, :, dy:dy + h, dx:dx + w]
+
+    t0 = time.monotonic()
+    deadline = t0 + minutes * 60.0 if minutes is not None else float("inf")
+    max_steps = steps if steps is not None else 10 ** 9
+    # cosine decay over the planned steps, or (time bound) over the time
+    step, running, losses = 0, None, []
+    model.train()
+    while step < max_steps and time.monotonic() < deadline:
+        frac = step / max_steps if steps is not None else (time.monotonic() - t0) / (deadline - t0)
+        for g in opt.param_groups:
+            g["lr"] = lr * 0.5 * (1.0 + np.cos(np.pi * min(1.0, frac)))
+        idx = rng.integers(0, n, size=batch)
+        tgt_idx = np.minimum(idx[:, None] + offsets[None, :], ep_end[idx][:, None])
+        images = {v: shift(preprocess_u8(f[idx], cfg.image_size)) for v, f in imgs.items()}
+        pred = model(images, state_n[idx], task[idx])
+        loss = F.l1_loss(pred, action_n[torch.from_numpy(tgt_idx)])
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        step += 1
+        running = loss.item() if running is None else 0.98 * running + 0.02 * loss.item()
+        if step % log_every == 0 or step == 1:
+            losses.append((step, running))
+            say(f"  step {step:6d}  {time.monotonic() - t0:7.1f} s  L1 {running:.4f}")
+    train_s = time.monotonic() - t0
+    out_dir.mkdir(parents=True, exist_ok=True)
+    summary = {"dataset": str(dataset), "episodes": data["episodes"], "successful_episodes": data["successes"],
+               "frames": n, "tasks": cfg.tasks, "parameters": n_params, "steps": step, "batch": batch,
+               "train_s": round(train_s, 1), "final_l1": running, "threads": int(threads), "losses": losses}
+    model.eval()
+    save_checkpoint(out_dir / "policy.pt", model, stats, {"train": {k: v for k, v in summary.items() if k != "losses"}})
+    (out_dir / "train.json").write_text(json.dumps(summary, indent=2))
+    say(f"trained {step} steps in {train_s:.1f} s (L1 {running:.4f}); wrote {out_dir / 'policy.pt'} "
+        f"({(out_dir / 'policy.pt').stat().st_size / 1e6:.2f} MB)")
+    return summary
+
+
+def preprocess_u8(frames, size: int):
+    """uint8 ``(B, S, S, 3)`` tensor (already ``size``) -> float ``(B, 3, S, S)`` in [-1, 1]."""
+    from model import preprocess
+
+    return preprocess(frames, size)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description="Train the learned pick-and-place policy from a LeRobot v3.0 dataset.")
+    ap.add_argument("dataset", type=Path)
+    ap.add_argument("--out", type=Path, required=True, help="checkpoint folder (policy.pt, train.json)")
+    ap.add_argument("--minutes", type=float, default=None, help="wall-time bound (min)")
+    ap.add_argument("--steps", type=int, default=None, help="optimiser steps bound")
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--threads", type=int, default=2, help="torch CPU threads")
+    ap.add_argument("--successes-only", action="store_true", help="train on the successful episodes only")
+    a = ap.parse_args(argv)
+    if a.minutes is None and a.steps is None:
+        a.minutes = 15.0
+    try:
+        train(a.dataset, a.out, minutes=a.minutes, steps=a.steps, batch=a.batch, lr=a.lr,
+              successes_only=a.successes_only, threads=a.threads)
+    except DatasetError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

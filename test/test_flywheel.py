@@ -1,0 +1,131 @@
+"""The data flywheel example end to end at toy scale (examples/flywheel/run_flywheel.py).
+
+Real everything, small: ``seq serve``, the closed-form policy's worker, two recorded episodes
+(the sim driven through the client, bags written by the recorder's BagWriter), the project's
+exporter (``sequence-ai bag export --format lerobot``), a few torch training steps, ``seq deploy``
+of the learned policy with that checkpoint, and ``seq eval run learned --compare pick-place`` on
+one short episode. It proves the plumbing, not the success rate (see examples/flywheel/README.md
+for the full-scale figures).
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+FLYWHEEL = REPO / "examples" / "flywheel"
+EPISODES = 2
+SIM_S = 2.0            # sim-time bound of each recorded / evaluated episode (s): 31 control steps
+STEPS_PER_EPISODE = 31  # rows of 0.066 s of sim time until the 2 s bound is reached
+
+
+@pytest.fixture(scope="module")
+def flywheel(tmp_path_factory):
+    out = tmp_path_factory.mktemp("flywheel")
+    proc = subprocess.run(
+        [sys.executable, str(FLYWHEEL / "run_flywheel.py"), "--out", str(out), "--episodes", str(EPISODES),
+         "--max-seconds", str(SIM_S), "--jobs", "1", "--train-steps", "3", "--train-batch", "8", "--eval-episodes", "1",
+         "--eval-envs", "1", "--eval-tasks", "1", "--eval-max-seconds", str(SIM_S)],
+        capture_output=True, text=True, timeout=400)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    summary = json.loads((out / "flywheel.json").read_text())
+    return out, summary, proc.stdout
+
+
+def test_record_writes_one_labelled_bag_per_episode_in_the_recorders_format(flywheel):
+    out, summary, _ = flywheel
+    from sequence_ai_ros.bag.reader import read_episode
+
+    recs = json.loads((out / "record.json").read_text())
+    assert [r["task"] for r in recs] == ["red-on-green", "red-on-blue"]   # pairs cycle with the seeds
+    assert [r["seed"] for r in recs] == [0, 1]
+    for r in recs:
+        ep = read_episode(Path(r["bag"]))
+        assert ep.task == r["instruction"]
+        assert ep.start["views"] == ["exterior_1", "wrist_left"]
+        assert ep.success is False and r["success"] is False   # 2 s is too short to place a cube
+        assert ep.end["outcome"]["actions"] == r["actions"] == STEPS_PER_EPISODE
+        assert len(ep.commands) == STEPS_PER_EPISODE
+        assert all(len(m) == STEPS_PER_EPISODE for m in ep.images.values())
+        # log times are simulated time: commands one control period apart (the sim advances a
+        # whole number of 2 ms physics steps per 1/15 s row: 0.066 s)
+        dt = np.diff([t for t, _ in ep.commands]) * 1e-9
+        assert np.ptp(dt) < 1e-6 and abs(dt[0] - 1.0 / 15.0) < 0.002
+    assert summary["record"] == {**summary["record"], "episodes": EPISODES, "failed": 0, "successes": 0}
+
+
+def test_export_makes_a_lerobot_dataset_whose_tasks_are_the_instructions(flywheel):
+    out, _, _ = flywheel
+    import pyarrow.parquet as pq
+
+    info = json.loads((out / "dataset" / "meta" / "info.json").read_text())
+    assert info["codebase_version"] == "v3.0" and info["fps"] == 15 and info["robot_type"] == "panda"
+    assert info["total_episodes"] == EPISODES and info["total_frames"] == EPISODES * STEPS_PER_EPISODE
+    tasks = pq.read_table(out / "dataset" / "meta" / "tasks.parquet").column("task").to_pylist()
+    assert sorted(tasks) == ["put the red cube on the blue pad", "put the red cube on the green pad"]
+
+
+def test_train_reads_the_dataset_and_writes_a_small_checkpoint_conditioned_on_its_tasks(flywheel):
+    out, summary, _ = flywheel
+    sys.path.insert(0, str(FLYWHEEL))
+    import torch
+    from model import load_checkpoint
+
+    t = summary["train"]
+    assert t["steps"] == 3 and t["frames"] == EPISODES * STEPS_PER_EPISODE and t["episodes"] == EPISODES
+    assert np.isfinite(t["final_l1"]) and 0 < t["final_l1"] < 5
+    ck = out / "checkpoint" / "policy.pt"
+    assert 0.1e6 < ck.stat().st_size < 5e6
+    model, stats, _ = load_checkpoint(ck)
+    assert sorted(model.cfg.tasks) == ["put the red cube on the blue pad", "put the red cube on the green pad"]
+    imgs = {v: torch.zeros(1, 3, 96, 96) for v in model.cfg.views}
+    with torch.no_grad():
+        a = model(imgs, torch.zeros(1, 8), torch.tensor([0]))
+        b = model(imgs, torch.zeros(1, 8), torch.tensor([1]))
+    assert a.shape == (1, 16, 8)
+    assert not torch.allclose(a, b)   # the task embedding changes the chunk
+    assert len(stats["action_mean"]) == 8 and all(s > 0 for s in stats["action_std"])
+
+
+def test_the_learned_policy_is_deployed_from_the_weights_dir_and_evaluated_against_the_teacher(flywheel):
+    out, summary, stdout = flywheel
+    assert summary["deploy"]["weights"] == str(out / "server" / "weights" / "learned" / "policy.pt")
+    ev = summary["eval"]
+    assert ev["rc"] == 0 and ev["id"].startswith("ev-")
+    report = ev["report"]
+    assert "arm learned (policy learned v1): 1 episode(s), 0 error(s)" in report
+    assert "arm pick-place (policy pick-place v1): 1 episode(s), 0 error(s)" in report
+    rows = [line.split(",") for line in ev["csv"].strip().splitlines()]
+    header, body = rows[0], rows[1:]
+    arms = {r[header.index("arm")] for r in body}
+    assert arms == {"learned", "pick-place"}
+    # both arms stepped the sim to the 2 s bound (the learned one answered every query)
+    for r in body:
+        assert float(r[header.index("episode_s")]) == pytest.approx(SIM_S, abs=0.1)
+
+
+def test_the_learned_policy_returns_chunks_and_refuses_an_instruction_it_was_not_trained_on(flywheel):
+    out, _, _ = flywheel
+    sys.path.insert(0, str(FLYWHEEL))
+    import seq
+    from learned_policy import LearnedPickPlacePolicy
+
+    policy = LearnedPickPlacePolicy()
+    policy.load(str(out / "checkpoint"))
+    assert policy.checkpoint == str(out / "checkpoint" / "policy.pt")
+    img = np.zeros((224, 224, 3), np.uint8)
+
+    def obs(text):
+        return seq.Observation(images={"exterior_1": img, "wrist_left": img},
+                               proprio={"joint_positions": np.zeros(7), "gripper": np.zeros(1)}, instruction=text)
+
+    chunk = policy.infer(obs("Put the red cube on the green pad."))   # case and full stop forgiven
+    assert np.asarray(chunk.actions).shape == (16, 8) and chunk.open_loop_horizon == 8
+    assert np.isfinite(np.asarray(chunk.actions)).all()
+    with pytest.raises(seq.PolicyInputError, match="put the red cube on the green pad"):
+        policy.infer(obs("put the purple cube on the moon"))
