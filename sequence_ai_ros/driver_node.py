@@ -52,19 +52,15 @@ import importlib
 import json
 import math
 import os
-import signal
 import sys
 import threading
 import time
 from dataclasses import dataclass, field
 from typing import List, Optional
 
-import rclpy
 from rclpy.action import ActionServer, CancelResponse, GoalResponse
 from rclpy.callback_groups import MutuallyExclusiveCallbackGroup, ReentrantCallbackGroup
 from rclpy.exceptions import ParameterUninitializedException
-from rclpy.executors import ExternalShutdownException, MultiThreadedExecutor
-from rclpy.signals import SignalHandlerOptions
 from rclpy.node import Node
 from rclpy.parameter import Parameter
 from rcl_interfaces.msg import ParameterDescriptor
@@ -78,6 +74,7 @@ from sequence_ai_msgs.action import Act
 from sequence_ai_msgs.srv import CheckSuccess
 
 from . import codecs
+from ._spin import spin_node
 from .codecs import SensorDataError
 from .observation import JOINT_STREAM, ObservationAssembler, SensorError, StreamRule
 from .bag import events as _capture  # issue 7: episode markers for recorder_node
@@ -682,36 +679,18 @@ def outcome_message(result):
     return RunOutcome(**{name: getattr(result, name) for name in RunOutcome.get_fields_and_field_types()})
 
 
-def _raise_keyboard_interrupt(signum, frame):
-    raise KeyboardInterrupt
+def _stop_runs(node: "PolicyDriver") -> None:
+    if not node.stop_runs(timeout_s=3.0):
+        node.get_logger().error("the active run did not unwind within 3 s of the shutdown request")
 
 
 def main(args=None) -> int:
     """``ros2 run sequence_ai policy_driver``: spin until Ctrl-C / SIGTERM, then shut down cleanly.
 
-    rclpy's own signal handler would invalidate the ROS context at once, before an active run
-    could publish its hold; so the node takes SIGINT/SIGTERM itself: interrupt the run, wait for
-    the hold to be published (up to 3 s), then shut down.
+    On the signal the active run is interrupted and its hold published (waiting up to 3 s) while
+    the ROS context is still valid; then the node shuts down (``_spin.spin_node``).
     """
-    rclpy.init(args=args, signal_handler_options=SignalHandlerOptions.NO)
-    signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
-    node = None
-    executor = MultiThreadedExecutor(num_threads=6)
-    try:
-        node = PolicyDriver()
-        executor.add_node(node)
-        executor.spin()
-    except (KeyboardInterrupt, ExternalShutdownException):
-        pass
-    finally:
-        if node is not None and not node.stop_runs(timeout_s=3.0):
-            node.get_logger().error("the active run did not unwind within 3 s of the shutdown request")
-        executor.shutdown()
-        if node is not None:
-            node.destroy_node()
-        if rclpy.ok():
-            rclpy.shutdown()
-    return 0
+    return spin_node(PolicyDriver, threads=6, args=args, on_stop=_stop_runs)
 
 
 if __name__ == "__main__":

@@ -30,7 +30,6 @@ from typing import Optional
 import rclpy
 from rclpy.action import ActionServer, CancelResponse, GoalResponse
 from rclpy.callback_groups import MutuallyExclusiveCallbackGroup, ReentrantCallbackGroup
-from rclpy.executors import ExternalShutdownException, MultiThreadedExecutor
 from rclpy.node import Node
 from rcl_interfaces.msg import ParameterDescriptor
 from rclpy.qos import qos_profile_sensor_data
@@ -40,6 +39,7 @@ from std_msgs.msg import String
 from sequence_ai_msgs.action import RecordEpisode
 
 from . import codecs
+from ._spin import spin_node
 from .bag import COMPRESSED_SUFFIX, EPISODE_TOPIC, INSTRUCTION_TOPIC
 from .bag.events import assembly_settings
 from .bag.writer import BagWriter, bag_size, prune_bags
@@ -319,22 +319,7 @@ class EpisodeRecorder(Node):
 
 def main(args=None) -> int:
     """``ros2 run sequence_ai episode_recorder``: spin until Ctrl-C, close the open bag, shut down."""
-    rclpy.init(args=args)
-    node = None
-    executor = MultiThreadedExecutor(num_threads=3)
-    try:
-        node = EpisodeRecorder()
-        executor.add_node(node)
-        executor.spin()
-    except (KeyboardInterrupt, ExternalShutdownException):
-        pass
-    finally:
-        executor.shutdown()
-        if node is not None:
-            node.destroy_node()
-        if rclpy.ok():
-            rclpy.shutdown()
-    return 0
+    return spin_node(EpisodeRecorder, threads=3, args=args)
 
 
 if __name__ == "__main__":

@@ -31,9 +31,7 @@ from typing import Optional
 os.environ.setdefault("MUJOCO_GL", "egl")
 
 import numpy as np
-import rclpy
 from rclpy.callback_groups import MutuallyExclusiveCallbackGroup
-from rclpy.executors import ExternalShutdownException, MultiThreadedExecutor
 from rclpy.node import Node
 from rcl_interfaces.msg import ParameterDescriptor
 from rclpy.qos import qos_profile_sensor_data
@@ -43,6 +41,7 @@ from std_msgs.msg import Float64MultiArray
 from sequence_ai_msgs.srv import CheckSuccess, ResetScene
 
 from .panda_sim import PandaPickPlaceSim
+from ._spin import spin_node
 from .task import TaskError, parse_pick_place
 
 VIEWS = ("exterior_1", "wrist_left")
@@ -200,23 +199,8 @@ class SimRobotNode(Node):
 
 
 def main(args=None) -> int:
-    """``ros2 run sequence_ai sim_robot``: spin until Ctrl-C, then shut down cleanly."""
-    rclpy.init(args=args)
-    node = None
-    executor = MultiThreadedExecutor(num_threads=2)
-    try:
-        node = SimRobotNode()
-        executor.add_node(node)
-        executor.spin()
-    except (KeyboardInterrupt, ExternalShutdownException):
-        pass
-    finally:
-        executor.shutdown()
-        if node is not None:
-            node.destroy_node()
-        if rclpy.ok():
-            rclpy.shutdown()
-    return 0
+    """``ros2 run sequence_ai sim_robot``: spin until Ctrl-C / SIGTERM, then shut down cleanly."""
+    return spin_node(SimRobotNode, threads=2, args=args)
 
 
 if __name__ == "__main__":

@@ -174,7 +174,9 @@ def test_commands_arrive_at_the_contract_rate_with_feedback_and_status(ros, echo
     assert len(run) == res.actions + 1                      # every action + the hold at the timeout
     periods = np.diff(run[:-1])
     assert statistics.median(periods) == pytest.approx(PERIOD_S, abs=0.004)
-    assert abs(res.actions - 3.0 * 15) <= 3 + res.underruns * 15
+    # never faster than 15 Hz; a tick more than a period late is dropped (resync), not burst
+    assert res.actions <= res.seconds * 15 + 2, res
+    assert res.actions >= 0.8 * (res.seconds - res.underrun_s) * 15, res
     # feedback at >= 2 Hz while running, carrying the instruction and status
     fb_times = [t for t, f in goal.feedback]
     assert len(fb_times) >= 2 * 2.5, len(fb_times)

@@ -1,0 +1,54 @@
+"""One ``main()`` for every node here: spin until Ctrl-C / SIGTERM, then shut down in order.
+
+rclpy's default signal handler invalidates the ROS context the moment Ctrl-C arrives, before a
+node can publish anything on its way out (the driver's hold, the recorder's end-of-episode
+marker). So the process takes SIGINT and SIGTERM itself: the signal becomes KeyboardInterrupt in
+the main thread, ``on_stop(node)`` runs while the context is still valid, and only then are the
+executor, the node and rclpy shut down -- joined, so rclpy's C++ layer does not abort at exit.
+"""
+from __future__ import annotations
+
+import signal
+from typing import Callable, Optional
+
+import rclpy
+from rclpy.executors import ExternalShutdownException, MultiThreadedExecutor
+from rclpy.node import Node
+from rclpy.signals import SignalHandlerOptions
+
+
+def _raise_keyboard_interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
+def spin_node(make_node: Callable[[], Node], *, threads: int, args=None,
+              on_stop: Optional[Callable[[Node], None]] = None) -> int:
+    """Create the node with ``make_node()``, spin it on ``threads`` executor threads, stop cleanly.
+
+    Args:
+        make_node: builds the node (after ``rclpy.init``).
+        threads: MultiThreadedExecutor threads.
+        args: command-line arguments for ``rclpy.init`` (``--ros-args ...``).
+        on_stop: called with the node after Ctrl-C / SIGTERM, before anything is shut down.
+    Returns:
+        0, the process exit code.
+    """
+    rclpy.init(args=args, signal_handler_options=SignalHandlerOptions.NO)
+    signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
+    node = None
+    executor = MultiThreadedExecutor(num_threads=threads)
+    try:
+        node = make_node()
+        executor.add_node(node)
+        executor.spin()
+    except (KeyboardInterrupt, ExternalShutdownException):
+        pass
+    finally:
+        if node is not None and on_stop is not None:
+            on_stop(node)
+        executor.shutdown()
+        if node is not None:
+            node.destroy_node()
+        if rclpy.ok():
+            rclpy.shutdown()
+    return 0
