@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Optional
 
 from ._errors import DeclarationError
@@ -277,7 +277,7 @@ class Image:
                 raise DeclarationError("Image.env", f"{k}: expected a string value, got {type(v).__name__}")
             if _CREDENTIAL_NAME.search(k) or _CREDENTIAL_VALUE.search(v):
                 raise DeclarationError("Image.env", f"{k} looks like a credential; the image is not a place for secrets",
-                                       f'store it with `seq secret set` and declare secrets=[seq.Secret.from_name(...)]')
+                                       'store it with `seq secret set` and declare secrets=[seq.Secret.from_name(...)]')
         return self._add(ImageStep("env", (), (), tuple(sorted(items.items()))))
 
     def to_dict(self) -> dict:

@@ -1060,7 +1060,7 @@ class Gateway:
         """Give the running worker a new secret: every lease token signed with the old one answers
         401 at the worker and its client reconnects. Sessions stay open."""
         with self._lock:
-            row = self.require(name)
+            self.require(name)
             secret = secrets.token_urlsafe(32)
             self.store.update(name, secret=secret)
             w = self.workers.get(name)

@@ -23,14 +23,12 @@ from __future__ import annotations
 
 import ast
 import contextlib
-import json
 import logging
 import os
 import signal
 import subprocess
 import tempfile
 import threading
-import time
 from pathlib import Path
 from typing import Any, Optional
 

@@ -33,7 +33,7 @@ import time
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Callable, Optional
 
 from seq._benchmark import BenchmarkSpec, contract_problems, get_benchmark_spec, is_benchmark
 from seq._params import InferParam, ParamError
