@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-rclpy = pytest.importorskip("rclpy")
+import rclpy  # noqa: E402
 from rclpy.action import ActionClient, ActionServer  # noqa: E402
 from rclpy.executors import MultiThreadedExecutor  # noqa: E402
 
@@ -117,7 +117,9 @@ def test_action_round_trip(ros_context):
     for name, value in RESULT_FIELDS.items():
         assert getattr(result, name) == value, name
     assert received_goals == [("put the red cube on the green pad", 12.5)]
-    # Feedback is best effort in timing but arrives in order; the last one reports completion.
-    assert [f.chunks for f in feedback] == [1, 2, 3][-len(feedback):]
-    if feedback:
-        assert feedback[-1].progress == pytest.approx(1.0)
+    # Feedback is best effort (a message may be dropped, and the result can overtake the last one),
+    # but what arrives arrives in order and intact.
+    chunks = [f.chunks for f in feedback]
+    assert chunks == sorted(set(chunks)) and set(chunks) <= {1, 2, 3}, chunks
+    for f in feedback:
+        assert f.progress == pytest.approx(f.chunks / 3.0) and f.actions == 8 * f.chunks

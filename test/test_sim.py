@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 os.environ.setdefault("MUJOCO_GL", "egl")
-mujoco = pytest.importorskip("mujoco")
+import mujoco  # noqa: E402  (after MUJOCO_GL is set)
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
