@@ -38,6 +38,7 @@ from typing import Any, Callable, Mapping, Optional
 from ._contracts import ActionContract, ObservationContract
 from ._errors import DeclarationError
 from ._params import InferParam, discover_params
+from ._policy import stage_marker
 
 __all__ = ["benchmark", "Benchmark", "BenchmarkSpec", "setup", "reset", "observe", "step", "check",
            "score", "render", "is_benchmark", "get_benchmark_spec"]
@@ -63,18 +64,7 @@ class Benchmark:
 
 
 def _marker(stage: str) -> Callable:
-    def mark(fn: Callable) -> Callable:
-        if not callable(fn):
-            raise DeclarationError(f"@seq.{stage}", f"must decorate a method, got {fn!r}")
-        current = getattr(fn, _MARK, None)
-        if current not in (None, stage):
-            raise DeclarationError(f"@seq.{stage}", f"{fn.__name__} is already marked @seq.{current}",
-                                   "each method has one benchmark stage")
-        setattr(fn, _MARK, stage)
-        return fn
-    mark.__name__ = stage
-    mark.__doc__ = f"Mark the benchmark method that {_WHAT[stage]}."
-    return mark
+    return stage_marker(stage, _MARK, "benchmark stage", f"Mark the benchmark method that {_WHAT[stage]}.")
 
 
 setup = _marker("setup")

@@ -40,18 +40,30 @@ class Policy:
     """Optional base class for a policy; the decorator is what makes a class servable."""
 
 
-def _marker(stage: str) -> Callable:
+def stage_marker(stage: str, attr: str, kind: str, doc: str) -> Callable:
+    """Build the ``@seq.<stage>`` decorator that tags a method with ``attr = stage``.
+
+    Shared by the policy lifecycle (``attr`` ``__seq_stage__``) and the benchmark stages
+    (``__seq_benchmark_stage__``). Raises ``DeclarationError`` at decoration time when the target
+    is not callable or already carries another stage of the same ``kind``.
+    """
     def mark(fn: Callable) -> Callable:
         if not callable(fn):
             raise DeclarationError(f"@seq.{stage}", f"must decorate a method, got {fn!r}")
-        if getattr(fn, _MARK, None) not in (None, stage):
-            raise DeclarationError(f"@seq.{stage}", f"{fn.__name__} is already marked @seq.{getattr(fn, _MARK)}",
-                                   "each method has one lifecycle stage")
-        setattr(fn, _MARK, stage)
+        current = getattr(fn, attr, None)
+        if current not in (None, stage):
+            raise DeclarationError(f"@seq.{stage}", f"{fn.__name__} is already marked @seq.{current}",
+                                   f"each method has one {kind}")
+        setattr(fn, attr, stage)
         return fn
     mark.__name__ = stage
-    mark.__doc__ = f"Mark the method that runs at the {stage} stage of the worker's lifecycle."
+    mark.__doc__ = doc
     return mark
+
+
+def _marker(stage: str) -> Callable:
+    return stage_marker(stage, _MARK, "lifecycle stage",
+                        f"Mark the method that runs at the {stage} stage of the worker's lifecycle.")
 
 
 load = _marker("load")

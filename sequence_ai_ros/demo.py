@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Optional
 
 import httpx
+from sequence_ai_server._proc import stop_process
 
 REPO = Path(__file__).resolve().parent.parent
 POLICY_FILE = REPO / "examples" / "pick_place" / "policy.py"
@@ -45,13 +46,7 @@ def _free_port() -> int:
 
 
 def _terminate(proc: subprocess.Popen, timeout_s: float = 10.0) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    stop_process(proc, signal.SIGINT, grace_s=timeout_s)
 
 
 @dataclass

@@ -19,7 +19,6 @@ import io
 import json
 import os
 import secrets
-import signal
 import subprocess
 import sys
 import time
@@ -27,6 +26,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 import httpx
+from sequence_ai_server._proc import stop_process
 
 ROOT = Path(__file__).resolve().parent.parent
 POLICIES = Path(__file__).resolve().parent / "policies"
@@ -59,14 +59,7 @@ def _wait_file(path: Path, proc: subprocess.Popen, timeout: float, log: Path) ->
 
 
 def _stop(proc: subprocess.Popen, timeout: float = 15.0) -> int:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-    return proc.returncode
+    return stop_process(proc, grace_s=timeout)
 
 
 def png_b64(width: int = 64, height: int = 64, color=(0, 0, 0), fmt: str = "PNG") -> str:
