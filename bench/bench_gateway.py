@@ -9,6 +9,8 @@ deploys test/policies/echo_policy.py and measures, in one run:
     is ready (key check, session admit, lease signing) -> p50 / p99 / mean in ms;
   - warm /v1/act through the gateway versus /act straight on the worker (one 64x64 PNG) -> p50 ms
     and the ratio (what the gateway proxy costs a curl user);
+  - warm connect under a 50/50 traffic split between v1 (a side worker) and v2 (serving) ->
+    p50 per version and the share each got (``seq policy traffic echo v1=50 v2=50``);
   - cold start: ``seq policy stop``-equivalent, then connect -> 503 warming ... -> 200, polled
     every 20 ms -> median / min / max seconds, with the gateway's Retry-After estimate beside it.
 
@@ -84,6 +86,27 @@ def main() -> int:
                         proxied.append((t2 - t1) * 1000.0)
             print(f"warm act          direct p50 {pct(direct, 50):.2f} ms   via /v1/act p50 {pct(proxied, 50):.2f} ms   "
                   f"ratio {pct(proxied, 50) / pct(direct, 50):.2f}x")
+
+            variant = Path(tmp) / "echo_v2" / "echo_policy.py"
+            variant.parent.mkdir()
+            variant.write_text(Path(ECHO_POLICY).read_text() + "\n# v2\n")
+            assert gw.deploy(str(variant), "echo")["version"] == 2
+            r = c.post("/v1/deployments/echo/traffic", json={"split": {"v1": 50, "v2": 50}})
+            assert r.status_code == 200, r.text
+            while c.get("/v1/deployments/echo/traffic").json()["side_workers"][0]["worker"] != "ready":
+                time.sleep(0.05)                          # v1's side worker loads beside the serving v2
+            by_version: dict[int, list[float]] = {1: [], 2: []}
+            for _ in range(args.connects):
+                t0 = time.perf_counter()
+                r = c.post("/v1/connect", json={"model": "echo"})
+                ms = (time.perf_counter() - t0) * 1000.0
+                assert r.status_code == 200, r.text
+                by_version[r.json()["version"]].append(ms)
+                c.delete(f"/v1/sessions/{r.json()['session_id']}")
+            n = sum(len(v) for v in by_version.values())
+            print(f"split connect     v1 (side) p50 {pct(by_version[1], 50):.2f} ms  v2 (serving) p50 "
+                  f"{pct(by_version[2], 50):.2f} ms  share v1 {len(by_version[1]) / n:.3f} (asked 0.500)")
+            c.post("/v1/deployments/echo/traffic", json={"clear": True})
 
             colds, estimates = [], []
             for _ in range(args.colds):

@@ -12,6 +12,15 @@
     seq policy doctor NAME                        state, version, /ping, one synthetic /act (network vs handler ms)
     seq policy params NAME [k=v ...] [--clear k]  deployment default params (new sessions at once,
                                                   connected robots at their next lease renewal)
+    seq policy traffic NAME [vN=SHARE ...]        a canary split between versions; with no split, show it
+        [--pin KEY vN] [--unpin KEY] [--clear]    pin a robot key to a version; --clear: all to serving
+    seq policy logs NAME [--request-id R]         the gateway's and the workers' JSON log lines, merged by
+        [--lines N] [--follow] [--json]           time; --follow keeps printing new ones (Ctrl-C ends)
+
+    seq volume put NAME DIR                       upload DIR as the next version of volume NAME (resumable:
+                                                  run it again after an interruption; md5 checked)
+    seq volume ls [--limit N] [--cursor C]        name, state, version, size, files, used by
+    seq volume rm NAME                            refused while a deployment's weights name it
 
 Errors print ``error[<code>]: <detail>`` / ``hint:`` and exit with the codes in ``seq/cli.py``.
 """
@@ -55,6 +64,15 @@ def wait_build(gw, name: str, d: dict, timeout: float, out, t0: float) -> dict:
         d = gw.call("GET", f"/v1/deployments/{name}")
 
 
+def _log_line(rec: dict) -> str:
+    """One JSON log record for a terminal: ``HH:MM:SS.mmm LEVEL component vN [request_id] message``."""
+    t = float(rec.get("time") or 0)
+    stamp = time.strftime("%H:%M:%S", time.localtime(t)) + f".{int((t % 1) * 1000):03d}"
+    version = f" v{rec['version']}" if rec.get("version") else ""
+    rid = f" [{rec['request_id']}]" if rec.get("request_id") else ""
+    return f"{stamp} {rec.get('level', ''):7} {rec.get('component', '')}{version}{rid} {rec.get('message', '')}"
+
+
 def register(app: typer.Typer, policy_app: typer.Typer, base) -> None:
     """Add the ``keys`` group, ``account`` and ``policy versions/rollback/rotate-secret`` to the CLI.
     ``base`` is the calling seq.cli module (its Gateway client, options, CliError and printer)."""
@@ -67,6 +85,11 @@ def register(app: typer.Typer, policy_app: typer.Typer, base) -> None:
     def gateway(gw: Optional[str], key: Optional[str], data_dir: Optional[Path]) -> "base.Gateway":
         return base.Gateway(gw, key, data_dir)
 
+    def call(gw: Optional[str], key: Optional[str], data_dir: Optional[Path], method: str, path: str, **kw) -> dict:
+        """One gateway request for a command; a failure prints ``error[<code>]`` / ``hint:`` and
+        exits with the code's exit status (seq/cli.py's table)."""
+        return base._call(gw, key, data_dir, method, path, **kw)
+
     @keys_app.command("create")
     def keys_create(name: Optional[str] = typer.Option(None, "--name", help="a label, e.g. the robot's name"),
                     deployment: Optional[str] = typer.Option(None, "--deployment",
@@ -74,10 +97,7 @@ def register(app: typer.Typer, policy_app: typer.Typer, base) -> None:
                     gw: Optional[str] = base.GatewayOpt, api_key: Optional[str] = base.ApiKeyOpt,
                     data_dir: Optional[Path] = base.DataDirOpt) -> None:
         """Create a key. The plaintext is printed once, on stdout, and stored nowhere."""
-        try:
-            k = gateway(gw, api_key, data_dir).call("POST", "/v1/keys", json={"name": name, "deployment": deployment})
-        except base.CliError as exc:
-            base._fail(exc)
+        k = call(gw, api_key, data_dir, "POST", "/v1/keys", json={"name": name, "deployment": deployment})
         scope = f"bound to {k['deployment']}" if k.get("deployment") else "account-wide"
         base.err.print(f"created {k['id']}{' (' + k['name'] + ')' if k.get('name') else ''}, {scope}; "
                        "it is shown only now", highlight=False, markup=False)
@@ -87,10 +107,7 @@ def register(app: typer.Typer, policy_app: typer.Typer, base) -> None:
     def keys_ls(gw: Optional[str] = base.GatewayOpt, api_key: Optional[str] = base.ApiKeyOpt,
                 data_dir: Optional[Path] = base.DataDirOpt) -> None:
         """List keys (never their values)."""
-        try:
-            rows = gateway(gw, api_key, data_dir).call("GET", "/v1/keys")["keys"]
-        except base.CliError as exc:
-            base._fail(exc)
+        rows = call(gw, api_key, data_dir, "GET", "/v1/keys")["keys"]
         table = Table("id", "name", "prefix", "deployment", "created", "status")
         for k in rows:
             table.add_row(k["id"], k.get("name") or "", k["prefix"] + "…", k.get("deployment") or "(all)",
@@ -103,20 +120,14 @@ def register(app: typer.Typer, policy_app: typer.Typer, base) -> None:
                     gw: Optional[str] = base.GatewayOpt, api_key: Optional[str] = base.ApiKeyOpt,
                     data_dir: Optional[Path] = base.DataDirOpt) -> None:
         """Revoke a key: every request with it is refused from now on (401)."""
-        try:
-            k = gateway(gw, api_key, data_dir).call("DELETE", f"/v1/keys/{ref}")
-        except base.CliError as exc:
-            base._fail(exc)
+        k = call(gw, api_key, data_dir, "DELETE", f"/v1/keys/{ref}")
         base.out.print(f"revoked {k['id']}{' (' + k['name'] + ')' if k.get('name') else ''}")
 
     @app.command("account")
     def account(gw: Optional[str] = base.GatewayOpt, api_key: Optional[str] = base.ApiKeyOpt,
                 data_dir: Optional[Path] = base.DataDirOpt) -> None:
         """Usage and limits of the account the key belongs to."""
-        try:
-            a = gateway(gw, api_key, data_dir).call("GET", "/v1/account")
-        except base.CliError as exc:
-            base._fail(exc)
+        a = call(gw, api_key, data_dir, "GET", "/v1/account")
         k, u = a["key"], a["usage"]
         base.out.print(f"key       {k['id']}{' (' + k['name'] + ')' if k.get('name') else ''}"
                        + (f", bound to {k['deployment']}" if k.get("deployment") else ", account-wide"))
@@ -127,10 +138,7 @@ def register(app: typer.Typer, policy_app: typer.Typer, base) -> None:
     def policy_versions(name: str, gw: Optional[str] = base.GatewayOpt, api_key: Optional[str] = base.ApiKeyOpt,
                         data_dir: Optional[Path] = base.DataDirOpt) -> None:
         """List NAME's kept versions (newest first)."""
-        try:
-            v = gateway(gw, api_key, data_dir).call("GET", f"/v1/deployments/{name}/versions")
-        except base.CliError as exc:
-            base._fail(exc)
+        v = call(gw, api_key, data_dir, "GET", f"/v1/deployments/{name}/versions")
         table = Table("version", "status", "serving", "load s", "created", "file / error")
         for r in v["versions"]:
             table.add_row(f"v{r['version']}", r["status"], "*" if r["serving"] else "",
@@ -159,10 +167,7 @@ def register(app: typer.Typer, policy_app: typer.Typer, base) -> None:
     def policy_start(name: str, gw: Optional[str] = base.GatewayOpt, api_key: Optional[str] = base.ApiKeyOpt,
                      data_dir: Optional[Path] = base.DataDirOpt) -> None:
         """Start NAME's worker (serving version); connect would also start it."""
-        try:
-            d = gateway(gw, api_key, data_dir).call("POST", f"/v1/deployments/{name}/start")
-        except base.CliError as exc:
-            base._fail(exc)
+        d = call(gw, api_key, data_dir, "POST", f"/v1/deployments/{name}/start")
         base.out.print(f"starting {d['name']} v{d['version']} (status {d['status']})")
 
     @policy_app.command("rm")
@@ -170,20 +175,14 @@ def register(app: typer.Typer, policy_app: typer.Typer, base) -> None:
                   gw: Optional[str] = base.GatewayOpt, api_key: Optional[str] = base.ApiKeyOpt,
                   data_dir: Optional[Path] = base.DataDirOpt) -> None:
         """Delete NAME with its kept versions."""
-        try:
-            gateway(gw, api_key, data_dir).call("POST", f"/v1/deployments/{name}/remove", params={"force": force})
-        except base.CliError as exc:
-            base._fail(exc)
+        call(gw, api_key, data_dir, "POST", f"/v1/deployments/{name}/remove", params={"force": force})
         base.out.print(f"removed {name}")
 
     @policy_app.command("rotate-secret")
     def rotate_secret(name: str, gw: Optional[str] = base.GatewayOpt, api_key: Optional[str] = base.ApiKeyOpt,
                       data_dir: Optional[Path] = base.DataDirOpt) -> None:
         """Give NAME's worker a new direct secret; connected robots reconnect on their next call."""
-        try:
-            gateway(gw, api_key, data_dir).call("POST", f"/v1/deployments/{name}/rotate-secret")
-        except base.CliError as exc:
-            base._fail(exc)
+        call(gw, api_key, data_dir, "POST", f"/v1/deployments/{name}/rotate-secret")
         base.out.print(f"rotated the direct secret of {name}; connected robots reconnect on their next call")
 
     @policy_app.command("params")
@@ -217,6 +216,159 @@ def register(app: typer.Typer, policy_app: typer.Typer, base) -> None:
                           json.dumps(p["defaults"][d["name"]]) if d["name"] in p["defaults"] else "")
         base.out.print(table)
 
+    @policy_app.command("traffic")
+    def policy_traffic(name: str,
+                       split: Optional[list[str]] = typer.Argument(None, help="vN=SHARE pairs (v5=10 v4=90); "
+                                                                   "with --pin, the one version to pin to"),
+                       pin: Optional[str] = typer.Option(None, "--pin", help="a robot key (bound to NAME) to pin: --pin arm-7 v5"),
+                       unpin: Optional[str] = typer.Option(None, "--unpin", help="let this key follow the split again"),
+                       clear: bool = typer.Option(False, "--clear", help="drop the split and pins: all to the serving version"),
+                       gw: Optional[str] = base.GatewayOpt, api_key: Optional[str] = base.ApiKeyOpt,
+                       data_dir: Optional[Path] = base.DataDirOpt) -> None:
+        """Split new sessions between NAME's versions (a canary), pin a robot key to one, or show
+        the split. A session keeps the version it started on for all its lease renewals."""
+        path = f"/v1/deployments/{name}/traffic"
+        try:
+            if pin is not None:
+                if len(split or []) != 1:
+                    raise base.CliError("invalid_request", "--pin takes a key and one version",
+                                        hint=f"seq policy traffic {name} --pin arm-7 v5")
+                body: Optional[dict] = {"pin": pin, "version": split[0]}
+            elif unpin is not None or clear:
+                if split:
+                    raise base.CliError("invalid_request", "--unpin/--clear take no split",
+                                        hint=f"seq policy traffic {name} --clear")
+                body = {"unpin": unpin} if unpin is not None else {"clear": True}
+            elif split:
+                shares = {}
+                for item in split:
+                    v, sep, share = item.partition("=")
+                    if not sep or not v:
+                        raise base.CliError("invalid_request", f"{item!r} is not vN=SHARE",
+                                            hint=f"e.g. seq policy traffic {name} v5=10 v4=90")
+                    shares[v] = share
+                body = {"split": shares}
+            else:
+                body = None
+        except base.CliError as exc:
+            base._fail(exc)
+        t = call(gw, api_key, data_dir, "GET", path) if body is None else call(gw, api_key, data_dir, "POST", path, json=body)
+        table = Table("version", "share", "sessions", "worker")
+        if t["split"]:
+            for r in t["split"]:
+                table.add_row(f"v{r['version']}", f"{r['share_pct']:g} %", str(r["sessions"]), r["worker"])
+        else:
+            table.add_row(f"v{t['serving']}", "100 %", "", "serving")
+        base.out.print(table)
+        for p in t["pins"]:
+            base.out.print(f"pinned  {p['key_name'] or p['key']} -> v{p['version']} ({p['worker']})",
+                           highlight=False, markup=False)
+
+    @policy_app.command("logs")
+    def policy_logs(name: str,
+                    request_id: Optional[str] = typer.Option(None, "--request-id", "--rid",
+                                                             help="only this request's lines (the request_id of an error)"),
+                    lines: int = typer.Option(200, "--lines", "-n", help="how many of the newest lines"),
+                    follow: bool = typer.Option(False, "--follow", "-f", help="keep printing new lines"),
+                    as_json: bool = typer.Option(False, "--json", help="print the JSON objects as stored"),
+                    interval: float = typer.Option(0.5, "--interval", hidden=True),
+                    gw: Optional[str] = base.GatewayOpt, api_key: Optional[str] = base.ApiKeyOpt,
+                    data_dir: Optional[Path] = base.DataDirOpt) -> None:
+        """Print NAME's structured log: the gateway's lines about it and its workers' lines, oldest
+        first. Each line: time, level, component, version, [request_id], message."""
+        def show(recs: list) -> None:
+            for rec in recs:
+                print(json.dumps(rec) if as_json else _log_line(rec), flush=True)
+
+        params = {"lines": lines, **({"request_id": request_id} if request_id else {})}
+        path = f"/v1/deployments/{name}/logs"
+        recs = call(gw, api_key, data_dir, "GET", path, params=params)["lines"]
+        show(recs)
+        last = recs[-1]["time"] if recs else time.time() - 1.0
+        try:
+            while follow:
+                time.sleep(interval)
+                recs = call(gw, api_key, data_dir, "GET", path, params={**params, "lines": 10000, "since": last})["lines"]
+                show(recs)
+                if recs:
+                    last = recs[-1]["time"]
+        except KeyboardInterrupt:
+            pass
+
+    volume_app = typer.Typer(help="Upload weights once as a named, versioned volume (weights=\"vol://NAME@vN\").",
+                             no_args_is_help=True)
+    app.add_typer(volume_app, name="volume")
+
+    @volume_app.command("put")
+    def volume_put(name: str, directory: Path = typer.Argument(..., help="the directory to upload"),
+                   chunk_mb: float = typer.Option(8.0, "--chunk-mb", help="MiB per request (the gateway takes 32)"),
+                   gw: Optional[str] = base.GatewayOpt, api_key: Optional[str] = base.ApiKeyOpt,
+                   data_dir: Optional[Path] = base.DataDirOpt) -> None:
+        """Upload DIR as the next version of volume NAME. Every file's md5 is checked before the
+        version becomes active; an interrupted put resumes when run again with the same files."""
+        import hashlib
+        root = directory.expanduser()
+        if not root.is_dir():
+            base._fail(base.CliError("invalid_request", f"{directory} is not a directory",
+                                     hint="seq volume put NAME ./checkpoints/NAME"))
+        files = []
+        for p in sorted(x for x in root.rglob("*") if x.is_file()):
+            h = hashlib.md5()
+            with open(p, "rb") as f:
+                for block in iter(lambda: f.read(1 << 20), b""):
+                    h.update(block)
+            files.append({"path": p.relative_to(root).as_posix(), "size": p.stat().st_size, "md5": h.hexdigest()})
+        if not files:
+            base._fail(base.CliError("invalid_request", f"{directory} holds no files", hint="point at a checkpoint directory"))
+        g = gateway(gw, api_key, data_dir)
+        step = max(1, int(chunk_mb * 1024 * 1024))
+        try:
+            up = g.call("POST", f"/v1/volumes/{name}/uploads", json={"files": files})
+            v, sent = up["version"], 0
+            if up["resumed"]:
+                base.err.print(f"resuming the upload of {name} v{v}", highlight=False, markup=False)
+            for f in files:
+                offset = up["have"].get(f["path"], 0)
+                offset = 0 if offset > f["size"] else offset
+                with open(root / f["path"], "rb") as fh:
+                    fh.seek(offset)
+                    while True:
+                        data = fh.read(step)
+                        if not data and offset > 0:
+                            break
+                        g.call("PUT", f"/v1/volumes/{name}/uploads/{v}", params={"path": f["path"], "offset": offset},
+                               content=data, headers={"Content-Type": "application/octet-stream"})
+                        offset += len(data)
+                        sent += len(data)
+                        if offset >= f["size"]:
+                            break
+            d = g.call("POST", f"/v1/volumes/{name}/uploads/{v}/complete")
+        except base.CliError as exc:
+            base._fail(exc)
+        base.out.print(f"uploaded {name} v{d['version']}: {d['files']} files, {d['size']} bytes ({sent} sent), "
+                       f"md5 verified; use weights=\"{d['uri']}\"", highlight=False, markup=False)
+
+    @volume_app.command("ls")
+    def volume_ls(limit: int = typer.Option(50, "--limit"), cursor: Optional[str] = typer.Option(None, "--cursor"),
+                  gw: Optional[str] = base.GatewayOpt, api_key: Optional[str] = base.ApiKeyOpt,
+                  data_dir: Optional[Path] = base.DataDirOpt) -> None:
+        """List volumes: name, state, newest version, size, files, and the deployments using it."""
+        page = call(gw, api_key, data_dir, "GET", "/v1/volumes", params={"limit": limit, **({"cursor": cursor} if cursor else {})})
+        table = Table("name", "state", "version", "size", "files", "versions", "used by")
+        for r in page["volumes"]:
+            table.add_row(r["name"], r["state"], f"v{r['version']}", str(r["size"]), str(r["files"]),
+                          ", ".join(f"v{x}" for x in r["versions"]), ", ".join(r["used_by"]))
+        base.out.print(table)
+        if page.get("next_cursor"):
+            base.out.print(f"more: --cursor {page['next_cursor']}", highlight=False, markup=False)
+
+    @volume_app.command("rm")
+    def volume_rm(name: str, gw: Optional[str] = base.GatewayOpt, api_key: Optional[str] = base.ApiKeyOpt,
+                  data_dir: Optional[Path] = base.DataDirOpt) -> None:
+        """Delete volume NAME (every version); refused while a deployment's weights name it."""
+        call(gw, api_key, data_dir, "DELETE", f"/v1/volumes/{name}")
+        base.out.print(f"removed volume {name}")
+
     secret_app = typer.Typer(help="Store secrets (encrypted at rest) that policies declare with seq.Secret.from_name.",
                              no_args_is_help=True)
     app.add_typer(secret_app, name="secret")
@@ -249,10 +401,7 @@ def register(app: typer.Typer, policy_app: typer.Typer, base) -> None:
     def secret_ls(gw: Optional[str] = base.GatewayOpt, api_key: Optional[str] = base.ApiKeyOpt,
                   data_dir: Optional[Path] = base.DataDirOpt) -> None:
         """List secrets: names and variable names, never values."""
-        try:
-            rows = gateway(gw, api_key, data_dir).call("GET", "/v1/secrets")["secrets"]
-        except base.CliError as exc:
-            base._fail(exc)
+        rows = call(gw, api_key, data_dir, "GET", "/v1/secrets")["secrets"]
         table = Table("name", "variables", "updated")
         for r in rows:
             table.add_row(r["name"], ", ".join(r["env"]), time.strftime("%Y-%m-%d %H:%M", time.localtime(r["updated_at"])))
@@ -262,10 +411,7 @@ def register(app: typer.Typer, policy_app: typer.Typer, base) -> None:
     def secret_rm(name: str, gw: Optional[str] = base.GatewayOpt, api_key: Optional[str] = base.ApiKeyOpt,
                   data_dir: Optional[Path] = base.DataDirOpt) -> None:
         """Delete secret NAME (workers already running keep their environment)."""
-        try:
-            gateway(gw, api_key, data_dir).call("DELETE", f"/v1/secrets/{name}")
-        except base.CliError as exc:
-            base._fail(exc)
+        call(gw, api_key, data_dir, "DELETE", f"/v1/secrets/{name}")
         base.out.print(f"removed secret {name}")
 
     @policy_app.command("doctor")
@@ -273,10 +419,7 @@ def register(app: typer.Typer, policy_app: typer.Typer, base) -> None:
                       data_dir: Optional[Path] = base.DataDirOpt) -> None:
         """Diagnose NAME: state, serving version, the worker's /ping and one synthetic /act split
         into network and handler time. Never starts a worker."""
-        try:
-            d = gateway(gw, api_key, data_dir).call("GET", f"/v1/deployments/{name}/doctor")
-        except base.CliError as exc:
-            base._fail(exc)
+        d = call(gw, api_key, data_dir, "GET", f"/v1/deployments/{name}/doctor")
         o = base.out
         o.print(f"deployment  {d['name']} v{d['version']}: {d['status']} ({d['phase']}), {d['sessions']} sessions",
                 highlight=False, markup=False)
@@ -287,8 +430,15 @@ def register(app: typer.Typer, policy_app: typer.Typer, base) -> None:
             o.print("worker      none running (doctor does not start one; `seq policy start` does)")
             return
         ping = w.get("ping") or {}
-        o.print(f"ping        {ping.get('status')} in {ping.get('ms', 0):.1f} ms" if ping.get("status") else
+        state = f" {ping['state']}" if ping.get("state") else ""
+        if ping.get("state") == "degraded":
+            state += f" (an inference has run {ping.get('oldest_request_s', 0):.1f} s; no synthetic /act sent)"
+        o.print(f"ping        {ping.get('status')}{state} in {ping.get('ms', 0):.1f} ms" if ping.get("status") else
                 f"ping        failed: {ping.get('error')}", highlight=False, markup=False)
+        health = d.get("health") or {}
+        if health:
+            o.print(f"health      pid {health.get('pid')} {health['state']}"
+                    + (f", now pid {health.get('new_pid')}" if health.get("new_pid") else ""), highlight=False, markup=False)
         act = w.get("act")
         if act and act.get("status") == 200:
             o.print(f"act         {act['total_ms']:.1f} ms = network {act['network_ms']:.1f} ms + handler "

@@ -105,6 +105,16 @@ class Gateway:
         return body
 
 
+def _call(gateway: Optional[str], api_key: Optional[str], data_dir: Optional[Path], method: str, path: str,
+          **kw: Any) -> dict:
+    """One gateway request for a command: the JSON body, or on failure ``error[<code>]`` /
+    ``hint:`` on stderr and exit with the code's status (the table above)."""
+    try:
+        return Gateway(gateway, api_key, data_dir).call(method, path, **kw)
+    except CliError as exc:
+        _fail(exc)
+
+
 GatewayOpt = typer.Option(None, "--gateway", help="gateway URL (default: $SEQUENCES_GATEWAY_URL or http://127.0.0.1:8470)")
 ApiKeyOpt = typer.Option(None, "--api-key", help="API key (default: $SEQUENCES_API_KEY or <data-dir>/api_key)")
 DataDirOpt = typer.Option(None, "--data-dir", help="data dir (default: $SEQUENCES_HOME or ~/.sequence-ai)")
@@ -215,10 +225,7 @@ def deploy(file: Path = typer.Argument(..., help="the policy file"),
 def policy_ls(gateway: Optional[str] = GatewayOpt, api_key: Optional[str] = ApiKeyOpt,
               data_dir: Optional[Path] = DataDirOpt) -> None:
     """List deployments."""
-    try:
-        rows = Gateway(gateway, api_key, data_dir).call("GET", "/v1/deployments")["deployments"]
-    except CliError as exc:
-        _fail(exc)
+    rows = _call(gateway, api_key, data_dir, "GET", "/v1/deployments")["deployments"]
     table = Table("name", "version", "status", "phase", "worker", "load s", "file")
     for d in rows:
         table.add_row(d["name"], f"v{d['version']}", d["status"], d.get("phase") or "", d.get("worker_url") or "",
@@ -230,10 +237,7 @@ def policy_ls(gateway: Optional[str] = GatewayOpt, api_key: Optional[str] = ApiK
 def policy_status(name: str, gateway: Optional[str] = GatewayOpt, api_key: Optional[str] = ApiKeyOpt,
                   data_dir: Optional[Path] = DataDirOpt) -> None:
     """Show one deployment: status, worker, contract, params, and the error if it failed."""
-    try:
-        d = Gateway(gateway, api_key, data_dir).call("GET", f"/v1/deployments/{name}")
-    except CliError as exc:
-        _fail(exc)
+    d = _call(gateway, api_key, data_dir, "GET", f"/v1/deployments/{name}")
     out.print(f"[bold]{d['name']}[/] v{d['version']}  status={d['status']}  phase={d.get('phase')}")
     out.print(f"  file      {d['file']}" + (f" ({d['class_name']})" if d.get("class_name") else ""))
     if d.get("worker_url"):
@@ -256,16 +260,20 @@ def policy_status(name: str, gateway: Optional[str] = GatewayOpt, api_key: Optio
         out.print(f"  declared  {recorded} (recorded; not used self-hosted)")
     if d.get("error"):
         err.print(f"  error     {d['error']}", markup=False, highlight=False)
+    health = d.get("health") or {}
+    if health:   # a worker the health check found jammed (an inference past timeouts.request)
+        what = ("jammed: a fresh worker is starting" if health["state"] == "jammed"
+                else f"replaced by pid {health.get('new_pid')}")
+        out.print(f"  health    worker pid {health.get('pid')} {what} (an inference ran "
+                  f"{health.get('oldest_request_s', 0):.1f} s; timeouts.request {health.get('request_timeout_s')} s)",
+                  markup=False, highlight=False)
 
 
 @policy_app.command("stop")
 def policy_stop(name: str, gateway: Optional[str] = GatewayOpt, api_key: Optional[str] = ApiKeyOpt,
                 data_dir: Optional[Path] = DataDirOpt) -> None:
     """Stop a deployment's worker (the next connect starts it again)."""
-    try:
-        d = Gateway(gateway, api_key, data_dir).call("DELETE", f"/v1/deployments/{name}")
-    except CliError as exc:
-        _fail(exc)
+    d = _call(gateway, api_key, data_dir, "DELETE", f"/v1/deployments/{name}")
     out.print(f"stopped {d['name']} (status {d['status']})")
 
 

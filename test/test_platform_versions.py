@@ -9,8 +9,6 @@ import threading
 import time
 from pathlib import Path
 
-import pytest
-
 import sequence_ai
 from _core_support import observation
 from _servers import ECHO_POLICY, POLICIES, ROOT, _env

@@ -522,6 +522,7 @@ class _Replica:
         self.instance: Any = None
         self.queue: "queue.Queue[_Item]" = queue.Queue()
         self.busy = False
+        self.busy_since = 0.0      # time.monotonic() when the current item started (valid while busy)
         self.thread: Optional[threading.Thread] = None
 
     def load_instance(self) -> None:
@@ -581,6 +582,7 @@ class _Replica:
             first = self.queue.get()
             if first is None:
                 return
+            self.busy_since = time.monotonic()
             self.busy = True
             try:
                 if first.episode_end is not None:
@@ -763,6 +765,13 @@ class PolicyHost:
                 ep.last_seen = now
                 return self.replicas[ep.replica]
             return min(self.replicas, key=lambda r: r.queue.qsize() + r.busy)
+
+    def oldest_request_s(self, now: Optional[float] = None) -> float:
+        """Seconds the longest-running item (an inference or an episode end) has been running on
+        any replica; 0.0 when every replica is idle. Read by /ping to report a jammed worker."""
+        now = time.monotonic() if now is None else now
+        ages = [now - r.busy_since for r in self.replicas if r.busy]
+        return max(ages, default=0.0)
 
     def submit(self, prepared: Prepared, replica: Optional[int] = None) -> concurrent.futures.Future:
         """Queue a prepared request on its replica. -> Future of (result, seconds, batch size);

@@ -19,6 +19,14 @@ Endpoints (see docs/design.md for the bodies):
     GET    /v1/deployments/{name}      key
     DELETE /v1/deployments/{name}      key   (stops the worker)
     POST   /v1/connect                 key
+    GET|POST /v1/deployments/{name}/traffic   account key (canary split and pins; traffic.py)
+    GET    /v1/deployments/{name}/logs        account key (JSON logs merged by time; logs.py)
+    /v1/volumes ...                    account key (volumes.py)
+    (and keys, secrets, sessions, versions, params, doctor: see docs/design.md)
+
+A health task pings every serving worker each 2 s; one whose /ping says ``degraded`` (an
+inference ran past timeouts.request) is replaced by a fresh worker of the same version
+(``replace_jammed``). Request bodies over 32 MiB are refused with 413 (``BodyLimit``).
 
     python -m sequence_ai_server.gateway [--host 127.0.0.1] [--port 8470] [--data-dir DIR] [--ready-file F]
 """
@@ -58,6 +66,9 @@ from .leases import sign_lease
 from .slots import SlotQueue, slots_of   # issue 5: slots and the waiting line
 from .secrets_store import SecretStore   # issue 5: encrypted secrets, injected only when declared
 from .metrics import CONTENT_TYPE_LATEST, GatewayMetrics   # issue 5: Prometheus /metrics
+from .logs import DEPLOYMENT, GATEWAY_LOG, REQUEST_ID, install_json_log, read_logs
+from .volumes import VolumeError, VolumeStore
+from .traffic import TrafficError, TrafficRouter, dump_policy, load_policy, parse_split, parse_version
 
 __all__ = ["Gateway", "create_app", "serve", "main", "default_data_dir", "DEFAULT_HOST", "DEFAULT_PORT"]
 
@@ -69,9 +80,15 @@ DEFAULT_LOAD_ESTIMATE_S = 30.0
 LEASE_TTL_S = 300.0            # default lease; $SEQ_LEASE_TTL_S overrides (tests use a few seconds)
 DEFAULT_IDLE_TIMEOUT_S = 600.0  # when the policy declares none (seq._policy default)
 STOP_GRACE_S = 10.0
+JAMMED_GRACE_S = 2.0        # a jammed worker (replace_jammed) is killed this long after SIGTERM
 KEEP_VERSIONS = 5
 BUILD_SUFFIX = ".build"     # workers[name + BUILD_SUFFIX]: the version building beside the serving one
+SIDE_MARK = "@v"            # workers[f"{name}@v{N}"]: a kept version serving a traffic split or a pin
+HEALTH_INTERVAL_S = 2.0     # how often running workers are pinged for a jammed inference ($SEQ_HEALTH_INTERVAL_S)
+MAX_BODY_BYTES = 32 * 1024 * 1024   # the largest request body the gateway reads (the worker's cap too)
 _NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
+_DEPLOYMENT_PATH = re.compile(r"^/v1/deployments/([a-z0-9][a-z0-9_-]{0,62})(?:/|$)")
+_QUIET_ROUTES = {"/metrics", "/healthz", "/v1/deployments/{name}/logs", "/v1/deployments/{name}"}  # polled: not logged
 
 
 def default_data_dir() -> Path:
@@ -108,6 +125,7 @@ class Deployment(BaseModel):
     spec: Optional[dict[str, Any]] = None
     details: Optional[dict[str, Any]] = None
     build: Optional[dict[str, Any]] = None     # the version building beside the serving one (or the last one that did)
+    health: Optional[dict[str, Any]] = None    # a jammed worker seen by the health check: state jammed | replaced
 
 
 class DeploymentList(BaseModel):
@@ -147,6 +165,20 @@ class ParamsUpdate(BaseModel):
 
 class RollbackRequest(BaseModel):
     to: Optional[int] = None
+
+
+class VolumeUpload(BaseModel):
+    """``seq volume put``: the manifest of a directory, ``[{"path", "size", "md5"}]`` (volumes.py)."""
+    files: list[dict[str, Any]]
+
+
+class TrafficUpdate(BaseModel):
+    """``seq policy traffic``: one of a split (``{"v5": 10, "v4": 90}``), a pin, an unpin or clear."""
+    split: Optional[dict[str, Any]] = None   # shares are checked by traffic.parse_split
+    pin: Optional[str] = None          # key id or name (a key bound to this deployment)
+    version: Optional[str] = None      # the pin's version, "v5" or "5"
+    unpin: Optional[str] = None
+    clear: bool = False
 
 
 class KeyCreate(BaseModel):
@@ -232,6 +264,8 @@ class Store:
                 self._db.execute("ALTER TABLE deployments ADD COLUMN build_json TEXT")
             if "defaults_json" not in cols:  # deployment default params (`seq policy params`)
                 self._db.execute("ALTER TABLE deployments ADD COLUMN defaults_json TEXT")
+            if "traffic_json" not in cols:   # canary split and pins (`seq policy traffic`, traffic.py)
+                self._db.execute("ALTER TABLE deployments ADD COLUMN traffic_json TEXT")
 
     def get(self, name: str) -> Optional[dict]:
         with self._lock:
@@ -299,6 +333,9 @@ class WorkerProc:
     class_name: Optional[str] = None
     file_sha: Optional[str] = None
     spec: Optional[dict] = None
+    port: Optional[int] = None          # a side worker (SIDE_MARK) once ready; serving ones keep it in the row
+    epoch: int = 0                      # a side worker's lease epoch
+    error: Optional[str] = None         # a side worker that failed to load: why
 
 
 @dataclass
@@ -313,6 +350,7 @@ class SessionRec:
     created_at: float
     expires_at: float
     requested: dict = field(default_factory=dict)   # the robot's own params; deployment defaults fill the rest
+    side: str = ""     # workers key of the side worker (a split/pinned version); "" = the serving worker
 
 
 def _write_secret(path: Path, value: str) -> None:
@@ -363,6 +401,7 @@ class Gateway:
         for sub in ("logs", "run", "weights"):
             (self.data_dir / sub).mkdir(exist_ok=True)
         self.store = Store(self.data_dir / "state.db")
+        self._json_log = install_json_log(self.data_dir / "logs" / GATEWAY_LOG, "gateway")   # logs.py
         self.keys = KeyStore(self.store._db, self.store._lock)
         self.workers: dict[str, WorkerProc] = {}
         # scale-out hook (ray_backend.py): $SEQ_BACKEND=ray starts workers as Ray actors through a
@@ -379,9 +418,14 @@ class Gateway:
         self._retiring: list[WorkerProc] = []        # replaced workers draining after a version switch
         self.queue = SlotQueue()                     # robots waiting for a slot (slots.py)
         self.secrets = SecretStore(self.store._db, self.store._lock, self.data_dir / "secret.key")
+        self.volumes = VolumeStore(self.store._db, self.store._lock, self.data_dir / "volumes", self.volume_users)
         self.url: Optional[str] = None               # this gateway's own URL once bound (workers fetch secrets)
         self._session_s: list[float] = []            # lengths of recent closed sessions (queue estimate)
         self.max_gpus = int(os.environ["SEQ_MAX_GPUS"]) if os.environ.get("SEQ_MAX_GPUS") else None
+        self.traffic = TrafficRouter()               # canary split between versions (traffic.py)
+        self._side_failed: dict[str, dict] = {}      # side worker key -> why its last start failed
+        self._health: dict[str, dict] = {}           # deployment -> the last jammed-worker event (replace_jammed)
+        self.health_interval_s = float(os.environ.get("SEQ_HEALTH_INTERVAL_S") or HEALTH_INTERVAL_S)
         # workers of a previous gateway process are gone (they watch their parent): nothing serves now
         for row in self.store.all():
             if row["status"] in ("starting", "ready"):
@@ -438,6 +482,7 @@ class Gateway:
             contract=spec["contract"] if spec else None, params=spec["params"] if spec else [],
             spec=spec, details=details,
             build=json.loads(row["build_json"]) if row.get("build_json") else None,
+            health=self._health.get(row["name"]),
         )
 
     def require(self, name: str) -> dict:
@@ -576,6 +621,9 @@ class Gateway:
         if self.url:
             env["SEQ_GATEWAY_URL"] = self.url                 # declared secrets are fetched from here
         env["SEQ_CAPTURE_DIR"] = str(self.data_dir / "capture" / name)  # issue 7: kept episodes (capture.py)
+        env["SEQ_VOLUMES_DIR"] = str(self.data_dir / "volumes")   # weights="vol://NAME@vN" (volumes.py)
+        env["SEQ_JSON_LOG"] = str(self.data_dir / "logs" / f"{name}.jsonl")   # structured log (logs.py)
+        env["SEQ_DEPLOYMENT_VERSION"] = str(version)
         cmd = [sys.executable, "-m", "sequence_ai_server.worker", "--file", file, "--port", "0",
                "--ready-file", str(ready), "--name", name, "--weights-dir", str(self.data_dir / "weights" / name),
                "--parent-pid", str(os.getpid())]
@@ -617,13 +665,15 @@ class Gateway:
         with self._lock:
             row = self.require(name)
             held = sum(1 for x in self.sessions.values() if x.model == name)
-            running = name in self.workers or (name + BUILD_SUFFIX) in self.workers
+            running = name in self.workers or (name + BUILD_SUFFIX) in self.workers or bool(self._sides(name))
             if (held or running) and not force:
                 raise ApiError("invalid_request",
                                f"{name} is {'serving ' + str(held) + ' session(s)' if held else row['status']}; not removed",
                                hint=f"stop it first (`seq policy stop {name}`) or pass --force")
             self._stop_process(name + BUILD_SUFFIX)
             self._stop_process(name)
+            self._stop_sides(name)
+            self.traffic.forget(name)
             self._drop_sessions(name)
             with self.store._lock:
                 self.store._db.execute("DELETE FROM deployments WHERE name = ?", (name,))
@@ -653,6 +703,7 @@ class Gateway:
         with self._lock:
             self.require(name)
             self._stop_process(name)
+            self._stop_sides(name)
             self._drop_sessions(name)
             self.store.update(name, status="stopped", phase="stopped", worker_port=None, worker_pid=None)
         return self.describe(self.require(name))
@@ -683,9 +734,12 @@ class Gateway:
             for key, w in list(self.workers.items()):
                 if key.endswith(BUILD_SUFFIX):
                     self._poll_build(key, w)
+                elif SIDE_MARK in key:
+                    self._poll_side(key, w)
                 else:
                     self._poll_one(key, w)
             self._reap_retiring()
+            self._reap_side()
             self._expire_sessions()
             self._idle_and_min_workers()
 
@@ -717,6 +771,16 @@ class Gateway:
                               build_json=json.dumps({**build, "status": "switching", "phase": "ready", "load_s": load_s}))
             if row["version"] != w.version:
                 self.store.update_version(name, row["version"], status="retired")
+            jam = self._health.get(name)
+            if jam and jam.get("state") == "jammed":
+                self._health[name] = {**jam, "state": "replaced", "replaced_at": now, "new_pid": w.proc.pid}
+                log.warning("%s: the jammed worker (pid %s) is replaced by pid %d", name, jam.get("pid"), w.proc.pid)
+            pol = load_policy(row.get("traffic_json"))
+            if pol["split"]:   # a new serving version takes every new session (pins stay)
+                pol["split"] = {}
+                self.store.update(name, traffic_json=dump_policy(pol))
+                self.traffic.forget(name)
+                log.info("%s v%d took over: its traffic split is cleared", name, w.version)
             self.store.update_version(name, w.version, status="ready", load_s=load_s, error=None)
             # the new worker serves from here on; the old one's tokens stop working at once
             # (its clients reconnect to the new version) and it drains and exits in the background
@@ -727,6 +791,8 @@ class Gateway:
                 with contextlib.suppress(ProcessLookupError):
                     old.proc.send_signal(signal.SIGTERM)
                 old.retired_at = time.time()
+                if jam and jam.get("state") == "jammed":
+                    old.grace_s = JAMMED_GRACE_S     # its replica thread is stuck: do not wait long
                 self._retiring.append(old)
             else:
                 self.store.update(name, build_json=json.dumps({**build, "status": "ready", "load_s": load_s}))
@@ -761,7 +827,7 @@ class Gateway:
     def _reap_retiring(self) -> None:
         for old in list(self._retiring):
             if old.proc.poll() is None:
-                if time.time() - getattr(old, "retired_at", 0.0) < STOP_GRACE_S:
+                if time.time() - getattr(old, "retired_at", 0.0) < getattr(old, "grace_s", STOP_GRACE_S):
                     continue
                 old.proc.kill()
                 old.proc.wait()
@@ -864,6 +930,9 @@ class Gateway:
                 row = self.store.get(model)
                 status = row["status"]
             self._activity[model] = time.time()
+            jam = self._health.get(model)
+            if status == "ready" and jam and jam.get("state") == "jammed":
+                self._refuse_jammed(model, row, jam)
             if status == "starting":
                 estimate = row["load_s"] or DEFAULT_LOAD_ESTIMATE_S
                 elapsed = time.time() - (row["started_at"] or time.time())
@@ -873,6 +942,62 @@ class Gateway:
                                details={"phase": row["phase"], "elapsed_s": round(elapsed, 1), "estimate_s": estimate},
                                hint="retry after Retry-After seconds; the client waits this out for you")
             return row
+
+    def _refuse_jammed(self, model: str, row: dict, jam: dict) -> None:
+        """A connect while a jammed worker is being replaced: 503 warming until the fresh worker
+        takes over, worker_failed when the replacement itself failed to load."""
+        build = json.loads(row["build_json"]) if row.get("build_json") else {}
+        if build.get("status") == "failed":
+            raise ApiError("worker_failed", f"the worker of {model!r} is jammed (an inference ran {jam['oldest_request_s']:.0f} s) "
+                           f"and its replacement failed: {build.get('error')}", details=build.get("details"),
+                           hint=f"`seq policy status {model}`; the log is {self.data_dir / 'logs' / (model + '.log')}")
+        estimate = row["load_s"] or DEFAULT_LOAD_ESTIMATE_S
+        remaining = max(1.0, estimate - (time.time() - jam["since"]))
+        raise ApiError("warming", f"the worker of {model!r} is jammed (an inference has run "
+                       f"{jam['oldest_request_s']:.0f} s); a fresh one is starting, about {remaining:.0f} s left",
+                       retry_after_s=round(remaining, 1), details={"phase": "replacing", "estimate_s": estimate},
+                       hint="retry after Retry-After seconds; the client waits this out for you")
+
+    # -- health: a worker whose inference hangs still answers /ping, with status degraded
+    def health_targets(self) -> list[tuple[str, str]]:
+        """``(deployment, worker_url)`` of every serving worker not already being replaced."""
+        out = []
+        with self._lock:
+            for name in list(self.workers):
+                if name.endswith(BUILD_SUFFIX) or SIDE_MARK in name or (name + BUILD_SUFFIX) in self.workers:
+                    continue
+                row = self.store.get(name)
+                if row and row["status"] == "ready" and row["worker_port"]:
+                    out.append((name, f"http://127.0.0.1:{row['worker_port']}"))
+        return out
+
+    def replace_jammed(self, name: str, ping: dict, port: Optional[int] = None) -> bool:
+        """``name``'s worker answered /ping ``degraded`` (an inference ran past timeouts.request):
+        start a fresh worker of the same version beside it. Until it is ready new connects get 503
+        warming; once it is, it takes over like a new version (new sessions go there, the jammed
+        worker's secret is rotated so its robots reconnect, and it is stopped). Returns False when
+        nothing was done (not serving, or a build already runs beside it)."""
+        with self._lock:
+            row = self.store.get(name)
+            if row is None or row["status"] != "ready" or name not in self.workers or (name + BUILD_SUFFIX) in self.workers:
+                return False
+            if port is not None and row["worker_port"] != port:
+                return False                 # the ping came from a worker that has been replaced since
+            now = time.time()
+            self._health[name] = {"state": "jammed", "since": now, "pid": row["worker_pid"], "version": row["version"],
+                                  "oldest_request_s": float(ping.get("oldest_request_s") or 0.0),
+                                  "request_timeout_s": ping.get("request_timeout_s")}
+            kept = {v["version"]: v for v in self.store.versions(name)}
+            source = Path(kept[row["version"]]["source_file"]) if row["version"] in kept else Path(row["file"])
+            w = self._launch(name, name + BUILD_SUFFIX, row["file"], row["class_name"], row["version"], source)
+            w.file_sha = row["file_sha"]
+            self.store.update(name, build_json=json.dumps({"version": row["version"], "status": "building",
+                                                           "phase": "spawning", "started_at": now,
+                                                           "reason": "replacing a jammed worker"}))
+        log.warning("%s: worker pid %s is jammed (an inference has run %.1f s, timeouts.request %s s); "
+                    "starting a fresh one", name, row["worker_pid"], self._health[name]["oldest_request_s"],
+                    ping.get("request_timeout_s"))
+        return True
 
     def _lease(self, row: dict, sess: SessionRec) -> ConnectResponse:
         spec = json.loads(row["spec_json"]) if row["spec_json"] else {"contract": {"action": None, "observation": None}}
@@ -884,9 +1009,16 @@ class Gateway:
         )
 
     def connect(self, req: ConnectRequest, key: Optional[KeyRecord] = None) -> ConnectResponse:
-        """Admit a session: ensure a worker, cast params, sign a lease token (the direct secret)."""
+        """Admit a session: pick its version (a pin, the traffic split, else the serving one), ensure
+        that version's worker, cast params, sign a lease token (the direct secret)."""
         if key is not None:
             self.require_scope(key, req.model)
+        current = self.require(req.model)
+        version, split = self._route(current, key)      # a traffic split or a pin may pick another version
+        if version != current["version"]:
+            side = self._connect_on_version(req, key, version, split)
+            if side is not None:
+                return side
         self._check_gpu_limit(req.model)
         row = self.ensure_ready(req.model)
         spec = json.loads(row["spec_json"]) if row["spec_json"] else {"contract": {"action": None, "observation": None}, "params": []}
@@ -897,7 +1029,7 @@ class Gateway:
                           created_at=now, expires_at=now + self.lease_ttl_s, requested=dict(req.params or {}))
         with self._lock:
             self._expire_sessions()
-            held = sum(1 for x in self.sessions.values() if x.model == req.model)
+            held = sum(1 for x in self.sessions.values() if x.model == req.model and not x.side)
             mean_s = sum(self._session_s) / len(self._session_s) if self._session_s else self.lease_ttl_s
             # Slots are counted only for a policy that declares @seq.concurrent: the client opens a
             # new session on every reconnect (rotation, lease expiry) without naming its old one,
@@ -907,15 +1039,253 @@ class Gateway:
                                  on_full=spec.get("on_full") or "queue",
                                  queue_timeout_s=float(spec.get("queue_timeout_s") or 120.0), mean_session_s=mean_s)
             self.sessions[sess.id] = sess
+            if split is not None:
+                self.traffic.admitted(req.model, split, sess.version)
+        log.info("admitted %s on v%d", sess.id, sess.version, extra={"deployment": req.model, "version": sess.version})
         return self._lease(row, sess)
 
-    def _check_gpu_limit(self, model: str) -> None:
-        """gpu_limit_reached when ``model`` has no worker and $SEQ_MAX_GPUS workers already run
-        (each local worker counts as one card)."""
+    # -- traffic: a canary split and key pins between versions (traffic.py)
+    def _usable_versions(self, name: str, row: dict) -> dict[int, dict]:
+        """The versions a split or pin may name: the serving one and kept ones that served."""
+        kept = {v["version"]: v for v in self.store.versions(name)}
+        return {n: v for n, v in kept.items() if n == row["version"] or v["status"] in ("ready", "retired")}
+
+    def _route(self, row: dict, key: Optional[KeyRecord]) -> tuple[int, Optional[dict[int, float]]]:
+        """The version a new session of ``row`` starts on, and the split it was drawn from (None
+        for a pin or no split). A pin or split naming a version no longer kept is ignored."""
+        pol = load_policy(row.get("traffic_json"))
+        if not pol["split"] and not pol["pins"]:
+            return row["version"], None
+        usable = self._usable_versions(row["name"], row)
+        if key is not None and pol["pins"].get(key.id) in usable:
+            return pol["pins"][key.id], None
+        split = {v: w for v, w in pol["split"].items() if v in usable}
+        if split and sum(split.values()) > 0:
+            return self.traffic.pick(row["name"], split), split
+        return row["version"], None
+
+    def _sides(self, name: str) -> list[str]:
+        prefix = name + SIDE_MARK
+        return [k for k in self.workers if k.startswith(prefix)]
+
+    def _stop_sides(self, name: str) -> None:
+        for k in self._sides(name):
+            self._stop_process(k)
+            self._side_failed.pop(k, None)
+        for k in [k for k in self._side_failed if k.startswith(name + SIDE_MARK)]:
+            self._side_failed.pop(k, None)
+
+    @staticmethod
+    def _side_row(row: dict, w: WorkerProc) -> dict:
+        """``row`` as seen by a session on side worker ``w`` (its port, secret, epoch and spec)."""
+        return {**row, "status": "ready", "worker_port": w.port, "secret": w.secret, "epoch": w.epoch,
+                "version": w.version, "spec_json": json.dumps(w.spec) if w.spec else row.get("spec_json")}
+
+    def _start_side(self, name: str, version: int) -> WorkerProc:
+        """Launch kept version ``version`` of ``name`` as a side worker (``workers[name@vN]``)."""
+        v = {x["version"]: x for x in self.store.versions(name)}[version]
+        sk = f"{name}{SIDE_MARK}{version}"
+        self._side_failed.pop(sk, None)
+        w = self._launch(name, sk, v["file"], v["class_name"], version, Path(v["source_file"]))
+        w.epoch = secrets.randbelow(2 ** 31)
+        log.info("started %s v%d beside the serving version for its traffic split/pins", name, version)
+        return w
+
+    def _connect_on_version(self, req: ConnectRequest, key: Optional[KeyRecord], version: int,
+                            split: Optional[dict[int, float]]) -> Optional[ConnectResponse]:
+        """Admit a session on a version other than the serving one (its side worker); None when
+        ``version`` turned out to be the serving one. Raises ApiError warming while that version's
+        worker loads (it is started here if needed) and worker_failed once when it failed to load."""
+        name = req.model
+        sk = f"{name}{SIDE_MARK}{version}"
+        with self._lock:
+            row = self.require(name)
+            if version == row["version"]:
+                return None
+            w = self.workers.get(sk)
+            if w is not None:
+                self._poll_side(sk, w)
+                w = self.workers.get(sk)
+            if w is None:
+                failed = self._side_failed.pop(sk, None)
+                if failed is not None:
+                    raise ApiError("worker_failed", f"v{version} of {name!r} failed to start: {failed['error']}",
+                                   details=failed.get("details"),
+                                   hint=f"`seq policy traffic {name} --clear` sends new sessions to the serving version; "
+                                        f"the log is {self.data_dir / 'logs' / (name + '.log')}")
+                self._check_gpu_limit(name, sk)
+                w = self._start_side(name, version)
+            self._activity[sk] = time.time()
+            if not w.port:
+                kept = {x["version"]: x for x in self.store.versions(name)}.get(version) or {}
+                estimate = kept.get("load_s") or row["load_s"] or DEFAULT_LOAD_ESTIMATE_S
+                elapsed = time.time() - w.started_at
+                remaining = max(1.0, estimate - elapsed)
+                raise ApiError("warming", f"v{version} of {name!r} is starting for its traffic share; about {remaining:.0f} s left",
+                               retry_after_s=round(remaining, 1),
+                               details={"phase": "loading", "version": version, "elapsed_s": round(elapsed, 1),
+                                        "estimate_s": estimate},
+                               hint="retry after Retry-After seconds; the client waits this out for you")
+            srow = self._side_row(row, w)
+            params = self._session_params(srow, req.params)
+            now = time.time()
+            sess = SessionRec(id="sess_" + secrets.token_hex(8), model=name, key_id=key.id if key else "",
+                              epoch=w.epoch, version=version, params=params, created_at=now,
+                              expires_at=now + self.lease_ttl_s, requested=dict(req.params or {}), side=sk)
+            self._expire_sessions()
+            self.sessions[sess.id] = sess
+            if split is not None:
+                self.traffic.admitted(name, split, version)
+        log.info("admitted %s on v%d (side worker)", sess.id, version, extra={"deployment": name, "version": version})
+        return self._lease(srow, sess)
+
+    def _poll_side(self, key: str, w: WorkerProc) -> None:
+        """A side worker: note its port once ready; record why it failed if it exits while loading."""
+        code = w.proc.poll()
+        if code is None:
+            if w.port is None and w.ready_file.exists():
+                ready = _read_json(w.ready_file)
+                if ready and ready.get("port"):
+                    w.port = int(ready["port"])
+                    w.spec = ready.get("spec") or w.spec
+                    log.info("%s v%d (side) is ready on port %d after %.2fs", w.name, w.version, w.port,
+                             time.time() - w.started_at)
+            elif w.port is None and time.time() - w.started_at > w.startup_timeout_s:
+                self.workers.pop(key, None)
+                w.stopping = True
+                _terminate(w.proc)
+                self._side_failed[key] = {"error": f"worker did not load within the startup timeout "
+                                                   f"({w.startup_timeout_s:g} s)", "details": {"log_tail": _log_tail(w.log_path)}}
+            return
+        self.workers.pop(key, None)
+        if w.log_handle:
+            w.log_handle.close()
+        if w.stopping:
+            return
+        err = _read_json(Path(str(w.ready_file) + ".error"))
+        where = "while serving" if w.port else f"while {(err or {}).get('phase') or 'starting'}"
+        msg = f"worker failed {where}: {err.get('detail')}" if err else f"worker {_exit_reason(code)} {where}"
+        self._side_failed[key] = {"error": msg, "details": {"exit_code": code, "log_tail": _log_tail(w.log_path),
+                                                            "remote_traceback": (err or {}).get("traceback")}}
+        log.warning("%s v%d (side): %s", w.name, w.version, msg)
+
+    def _reap_side(self) -> None:
+        """Stop a side worker no session holds once no split or pin names its version (or it has
+        become the serving one), or after the policy's idle_timeout without a session."""
+        now = time.time()
+        for key, w in list(self.workers.items()):
+            if SIDE_MARK not in key or any(s.side == key for s in self.sessions.values()):
+                continue
+            row = self.store.get(w.name)
+            if row is not None:
+                pol = load_policy(row.get("traffic_json"))
+                wanted = w.version != row["version"] and (pol["split"].get(w.version, 0) > 0
+                                                          or w.version in pol["pins"].values())
+                idle_timeout = float(self._spec_value(row, "idle_timeout", DEFAULT_IDLE_TIMEOUT_S))
+                last = max(w.started_at, self._activity.get(key, 0.0))
+                with contextlib.suppress(OSError, AttributeError):
+                    last = max(last, w.activity_file.stat().st_mtime)
+                if wanted and now - last <= idle_timeout:
+                    continue
+            log.info("stopping the side worker %s v%d (no split or pin needs it)", w.name, w.version)
+            self._stop_process(key)
+
+    def traffic_view(self, name: str) -> dict:
+        """``{"name", "serving", "split": [{"version", "share_pct", "sessions", "worker"}], "pins": [{"key",
+        "key_name", "version", "worker"}], "side_workers": [{"version", "pid", "worker", "sessions"}]}``;
+        ``split`` is empty when every new session goes to the serving version; ``side_workers`` are the
+        running workers of versions other than the serving one.
+        ``sessions`` counts sessions admitted per version since the split was set; ``worker`` is
+        serving | ready | loading | failed | not running."""
+        with self._lock:
+            row = self.require(name)
+            pol = load_policy(row.get("traffic_json"))
+            total = sum(pol["split"].values()) or 1.0
+            counts = self.traffic.counts(name, pol["split"]) if pol["split"] else {}
+
+            def worker(v: int) -> str:
+                if v == row["version"]:
+                    return "serving"
+                sk = f"{name}{SIDE_MARK}{v}"
+                w = self.workers.get(sk)
+                if w is not None:
+                    return "ready" if w.port else "loading"
+                return "failed" if sk in self._side_failed else "not running"
+
+            split = [{"version": v, "share_pct": round(share / total * 100, 3), "sessions": counts.get(v, 0),
+                      "worker": worker(v)} for v, share in sorted(pol["split"].items(), reverse=True)]
+            names = {r.id: r.name for r in self.keys.list()}
+            pins = [{"key": k, "key_name": names.get(k), "version": v, "worker": worker(v)}
+                    for k, v in sorted(pol["pins"].items())]
+            sides = [{"version": self.workers[k].version, "pid": self.workers[k].proc.pid, "worker": worker(self.workers[k].version),
+                      "sessions": sum(1 for x in self.sessions.values() if x.side == k)} for k in sorted(self._sides(name))]
+        return {"name": name, "serving": row["version"], "split": split, "pins": pins, "side_workers": sides}
+
+    def set_traffic(self, name: str, upd: TrafficUpdate) -> dict:
+        """Apply one of: a split, a pin, an unpin, or clear (split and pins). Versions must be the
+        serving one or kept ones that served; a pinned key must be bound to ``name``. Workers for
+        the named versions start at once while the deployment runs. Raises ApiError
+        invalid_request (bad split, several actions, unbound key) or not_found (version, key)."""
+        chosen = [upd.split is not None, upd.pin is not None, upd.unpin is not None, upd.clear]
+        if sum(chosen) != 1:
+            raise ApiError("invalid_request", "give exactly one of a split, --pin KEY vN, --unpin KEY or --clear",
+                           hint=f"e.g. seq policy traffic {name} v5=10 v4=90")
+        with self._lock:
+            row = self.require(name)
+            pol = load_policy(row.get("traffic_json"))
+            usable = self._usable_versions(name, row)
+            hint_versions = f"`seq policy versions {name}` lists them; serving or kept: " + \
+                ", ".join(f"v{v}" for v in sorted(usable, reverse=True))
+            try:
+                if upd.clear:
+                    pol = {"split": {}, "pins": {}}
+                elif upd.split is not None:
+                    split = parse_split(upd.split)
+                    bad = [v for v in split if v not in usable]
+                    if bad:
+                        raise ApiError("not_found", f"{name} has no serving or kept version {', '.join(f'v{v}' for v in bad)}",
+                                       hint=hint_versions)
+                    pol["split"] = split
+                elif upd.pin is not None:
+                    rec = self.keys.find(upd.pin)
+                    if rec is None or rec.revoked_at is not None:
+                        raise ApiError("not_found", f"no live API key {upd.pin!r}", hint="`seq keys ls` lists keys")
+                    if rec.deployment != name:
+                        raise ApiError("invalid_request", f"key {upd.pin!r} is not bound to {name}; only a robot key "
+                                       "of this deployment can be pinned",
+                                       hint=f"seq keys create --name arm-7 --deployment {name}")
+                    if upd.version is None:
+                        raise ApiError("invalid_request", "a pin needs a version", hint=f"seq policy traffic {name} --pin {upd.pin} v2")
+                    v = parse_version(upd.version)
+                    if v not in usable:
+                        raise ApiError("not_found", f"{name} has no serving or kept version v{v}", hint=hint_versions)
+                    pol["pins"][rec.id] = v
+                else:
+                    rec = self.keys.find(upd.unpin or "")
+                    if rec is None or rec.id not in pol["pins"]:
+                        raise ApiError("not_found", f"key {upd.unpin!r} is not pinned on {name}",
+                                       hint=f"`seq policy traffic {name}` lists the pins")
+                    pol["pins"].pop(rec.id)
+            except TrafficError as exc:
+                raise ApiError("invalid_request", str(exc), hint=f"e.g. seq policy traffic {name} v5=10 v4=90") from None
+            self.store.update(name, traffic_json=dump_policy(pol))
+            self.traffic.forget(name)
+            # start the named versions' workers now, so the first sessions sent there find them loading or ready
+            if row["status"] in ("ready", "starting"):
+                wanted = {v for v, share in pol["split"].items() if share > 0} | set(pol["pins"].values())
+                for v in sorted(wanted - {row["version"]}):
+                    if f"{name}{SIDE_MARK}{v}" not in self.workers:
+                        self._start_side(name, v)
+        log.info("traffic of %s is now split=%s pins=%s", name, pol["split"], pol["pins"])
+        return self.traffic_view(name)
+
+    def _check_gpu_limit(self, model: str, worker_key: Optional[str] = None) -> None:
+        """gpu_limit_reached when ``model`` (or its side worker ``worker_key``) has no worker and
+        $SEQ_MAX_GPUS workers already run (each local worker counts as one card)."""
         if self.max_gpus is None:
             return
         with self._lock:
-            if model in self.workers:
+            if (worker_key or model) in self.workers:
                 return
             running = sum(1 for k in self.workers if not k.endswith(BUILD_SUFFIX))
             if running >= self.max_gpus:
@@ -966,8 +1336,15 @@ class Gateway:
             try:
                 r = http.get(f"{url}/ping")
                 worker["ping"] = {"status": r.status_code, "ms": round((time.perf_counter() - t0) * 1000, 3)}
+                with contextlib.suppress(ValueError, AttributeError):
+                    body = r.json()
+                    worker["ping"].update(state=body.get("status"), oldest_request_s=body.get("oldest_request_s"))
             except httpx.HTTPError as exc:
                 worker["ping"] = {"status": None, "error": type(exc).__name__}
+            out["health"] = self._health.get(name)
+            if worker["ping"].get("state") == "degraded":   # a jammed worker: a synthetic /act would only queue
+                out["worker"] = worker
+                return out
             spec = json.loads(row["spec_json"]) if row.get("spec_json") else {}
             obs_contract = (spec.get("contract") or {}).get("observation")
             if obs_contract and spec.get("infer_mode", "observation") == "observation":
@@ -1033,6 +1410,9 @@ class Gateway:
                 self._session(session_id, key)
             now = time.time()
             row = self.store.get(sess.model) if sess else None
+            if row is not None and sess is not None and sess.side:    # a split/pinned version: its own worker
+                w = self.workers.get(sess.side)
+                row = self._side_row(row, w) if w is not None and w.port and w.proc.poll() is None else None
             if sess is None or now > sess.expires_at or row is None or row["status"] != "ready" or row["epoch"] != sess.epoch:
                 if sess is not None:
                     self.sessions.pop(session_id, None)
@@ -1040,16 +1420,20 @@ class Gateway:
                                hint="connect again (POST /v1/connect) for a new session and lease")
             sess.expires_at = now + self.lease_ttl_s
             self._activity[sess.model] = now
+            if sess.side:
+                self._activity[sess.side] = now
             with contextlib.suppress(ApiError):   # defaults changed since: the robot gets them now
                 sess.params = self._session_params(row, sess.requested)
             return self._lease(row, sess)
 
     def close_session(self, session_id: str, key: Optional[KeyRecord] = None) -> dict:
-        """End a session at once (frees its slot). Closing an unknown or already-closed one is a no-op."""
+        """End a session at once (frees its slot). Closing an unknown or already-closed one is a no-op.
+        A queued robot's ticket (``q_…``) closes its place in line the same way."""
         with self._lock:
             sess = self.sessions.get(session_id)
             if sess is None:
-                return {"session_id": session_id, "closed": False}
+                left = self.queue.leave(session_id, key.id if key else "")
+                return {"session_id": session_id, "closed": left}
             self._session(session_id, key)
             self.sessions.pop(session_id, None)
             self._activity[sess.model] = time.time()
@@ -1108,6 +1492,28 @@ class Gateway:
                 log.info("%s declares min_workers=%d: starting its worker", name, min_workers)
                 self._spawn(name)
 
+    def logs(self, name: str, request_id: Optional[str] = None, lines: int = 200,
+             since: Optional[float] = None) -> dict:
+        """``{"name", "lines": [JSON log records]}``: the gateway's and ``name``'s workers' JSON log
+        lines merged by time (logs.read_logs). not_found when neither the deployment nor its log exists."""
+        if self.store.get(name) is None and not (self.data_dir / "logs" / f"{name}.jsonl").exists():
+            self.require(name)
+        if not 1 <= lines <= 10000:
+            raise ApiError("invalid_request", f"lines must be between 1 and 10000, got {lines}", hint="e.g. --lines 200")
+        return {"name": name, "lines": read_logs(self.data_dir / "logs", name, request_id=request_id, lines=lines,
+                                                 since=since)}
+
+    def volume_users(self, volume: str) -> list[str]:
+        """Deployments whose declared weights name ``vol://<volume>`` (any version)."""
+        users = []
+        for row in self.store.all():
+            spec = json.loads(row["spec_json"]) if row.get("spec_json") else {}
+            weights = spec.get("weights")
+            refs = list(weights.values()) if isinstance(weights, dict) else [weights]
+            if any(isinstance(r, str) and re.match(rf"^vol://{re.escape(volume)}(@v\d+)?/?$", r) for r in refs):
+                users.append(row["name"])
+        return users
+
     def account(self, key: KeyRecord) -> dict:
         """Usage and limits of this local account (one machine, no billing)."""
         rows = self.store.all()
@@ -1127,8 +1533,51 @@ class Gateway:
     def close(self) -> None:
         self.stop_all()
         self.store.close()
+        logging.getLogger("sequence_ai_server").removeHandler(self._json_log)
+        self._json_log.close()
         if self.launcher:                # backend hook: disconnect from Ray
             self.launcher.close()
+
+
+class BodyLimit:
+    """ASGI middleware: refuse a request body over ``max_bytes`` with 413 payload_too_large in
+    the common error shape. A declared Content-Length is checked before anything is read; a
+    chunked body is counted as it streams and cut off at the limit (the handler reading it gets
+    the same ApiError). Default: MAX_BODY_BYTES (32 MiB, the worker's cap); $SEQ_GATEWAY_MAX_BODY_BYTES
+    overrides."""
+
+    def __init__(self, app: Any, max_bytes: int = MAX_BODY_BYTES):
+        self.app = app
+        self.max_bytes = int(max_bytes)
+
+    def _error(self, size: Optional[int]) -> ApiError:
+        what = f"the body is {size} bytes" if size is not None else "the body is over the limit"
+        return ApiError("payload_too_large", f"{what}; this gateway takes at most {self.max_bytes} bytes",
+                        hint="send camera frames as JPEG (see docs) or fewer/smaller views",
+                        details={"max_bytes": self.max_bytes}, request_id=new_request_id())
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        length = dict(scope.get("headers") or []).get(b"content-length")
+        if length is not None and length.isdigit() and int(length) > self.max_bytes:
+            resp = self._error(int(length)).response()
+            resp.headers["Connection"] = "close"
+            await resp(scope, receive, send)
+            return
+        seen = 0
+
+        async def counted() -> dict:
+            nonlocal seen
+            message = await receive()
+            if message.get("type") == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.max_bytes:
+                    raise self._error(None)
+            return message
+
+        await self.app(scope, counted, send)
 
 
 def _terminate(proc: subprocess.Popen) -> None:
@@ -1221,6 +1670,19 @@ def create_app(data_dir: Optional[Path] = None) -> FastAPI:
     async def doctor(name: str, key: KeyRecord = Depends(account_key)) -> dict:
         return await asyncio.to_thread(gw.doctor, name)
 
+    @deployments.get("/{name}/logs")
+    async def get_logs(name: str, request_id: Optional[str] = None, lines: int = 200, since: Optional[float] = None,
+                       key: KeyRecord = Depends(account_key)) -> dict:
+        return await asyncio.to_thread(gw.logs, name, request_id, lines, since)
+
+    @deployments.get("/{name}/traffic")
+    async def get_traffic(name: str, key: KeyRecord = Depends(account_key)) -> dict:
+        return await asyncio.to_thread(gw.traffic_view, name)
+
+    @deployments.post("/{name}/traffic")
+    async def set_traffic(name: str, body: TrafficUpdate, key: KeyRecord = Depends(account_key)) -> dict:
+        return await asyncio.to_thread(gw.set_traffic, name, body)
+
     @deployments.get("/{name}/params")
     async def get_params(name: str, key: KeyRecord = Depends(require_key)) -> dict:
         gw.require_scope(key, name)
@@ -1233,7 +1695,8 @@ def create_app(data_dir: Optional[Path] = None) -> FastAPI:
     connect = APIRouter(prefix="/v1/connect", tags=["connect"], dependencies=[Depends(require_key)])
 
     @connect.post("", response_model=ConnectResponse)
-    async def connect_(body: ConnectRequest, key: KeyRecord = Depends(require_key)) -> ConnectResponse:
+    async def connect_(request: Request, body: ConnectRequest, key: KeyRecord = Depends(require_key)) -> ConnectResponse:
+        request.state.deployment = body.model     # the request's log line names it (logs.py)
         return await asyncio.to_thread(gw.connect, body, key)
 
     sessions = APIRouter(prefix="/v1/sessions", tags=["sessions"])
@@ -1306,6 +1769,38 @@ def create_app(data_dir: Optional[Path] = None) -> FastAPI:
             raise ApiError("not_found", f"the policy declares secret {exc.args[0]!r}, which is not set",
                            hint=f"seq secret set {exc.args[0]} --env VAR") from None
 
+    volumes_router = APIRouter(prefix="/v1/volumes", tags=["volumes"])
+
+    def _volume_call(fn, *args):
+        try:
+            return fn(*args)
+        except VolumeError as exc:
+            raise ApiError(exc.code, str(exc), hint=exc.hint or "seq volume put NAME DIR") from None
+
+    @volumes_router.get("")
+    async def list_volumes(limit: int = 50, cursor: Optional[str] = None, key: KeyRecord = Depends(account_key)) -> dict:
+        if not 1 <= limit <= 500:
+            raise ApiError("invalid_request", f"limit must be 1..500, got {limit}", hint="--limit 50")
+        return await asyncio.to_thread(_volume_call, gw.volumes.list, limit, cursor)
+
+    @volumes_router.post("/{name}/uploads")
+    async def begin_upload(name: str, body: VolumeUpload, key: KeyRecord = Depends(account_key)) -> dict:
+        return await asyncio.to_thread(_volume_call, gw.volumes.begin, name, body.files)
+
+    @volumes_router.put("/{name}/uploads/{version}")
+    async def write_upload(name: str, version: int, path: str, offset: int, request: Request,
+                           key: KeyRecord = Depends(account_key)) -> dict:
+        data = await request.body()
+        return await asyncio.to_thread(_volume_call, gw.volumes.write, name, version, path, offset, data)
+
+    @volumes_router.post("/{name}/uploads/{version}/complete")
+    async def complete_upload(name: str, version: int, key: KeyRecord = Depends(account_key)) -> dict:
+        return await asyncio.to_thread(_volume_call, gw.volumes.complete, name, version)
+
+    @volumes_router.delete("/{name}")
+    async def remove_volume(name: str, key: KeyRecord = Depends(account_key)) -> dict:
+        return await asyncio.to_thread(_volume_call, gw.volumes.remove, name)
+
     account_router = APIRouter(prefix="/v1/account", tags=["account"])
 
     @account_router.get("")
@@ -1327,6 +1822,7 @@ def create_app(data_dir: Optional[Path] = None) -> FastAPI:
             raise ApiError("invalid_request", 'the body needs "model": the deployment name',
                            hint='send {"model": NAME, "observation": {...}, "params": {}}')
         gw.require_scope(key, model)
+        request.state.deployment = model
         row = await asyncio.to_thread(gw.ensure_ready, model)
         rid = request.state.request_id
         try:
@@ -1350,13 +1846,32 @@ def create_app(data_dir: Optional[Path] = None) -> FastAPI:
                 except Exception:
                     log.exception("supervisor poll failed")
                 await asyncio.sleep(0.1)
+        async def health() -> None:
+            """Ping every serving worker each health_interval_s; a degraded one is replaced."""
+            async with httpx.AsyncClient(timeout=httpx.Timeout(5.0)) as http:
+                while True:
+                    await asyncio.sleep(gw.health_interval_s)
+                    try:
+                        for name, url in await asyncio.to_thread(gw.health_targets):
+                            try:
+                                r = await http.get(f"{url}/ping")
+                                body = r.json() if r.status_code == 200 else {}
+                            except (httpx.HTTPError, ValueError):
+                                continue          # a dead worker is the supervisor's business
+                            if body.get("status") == "degraded":
+                                await asyncio.to_thread(gw.replace_jammed, name, body, int(url.rsplit(":", 1)[1]))
+                    except Exception:
+                        log.exception("health check failed")
         task = asyncio.create_task(supervise())
+        health_task = asyncio.create_task(health())
         try:
             yield
         finally:
             task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            health_task.cancel()
+            for t in (task, health_task):
+                with contextlib.suppress(asyncio.CancelledError):
+                    await t
             log.info("stopping all workers")
             await proxy.aclose()
             await asyncio.to_thread(gw.close)
@@ -1369,11 +1884,18 @@ def create_app(data_dir: Optional[Path] = None) -> FastAPI:
     @app.middleware("http")
     async def request_id(request: Request, call_next):
         request.state.request_id = new_request_id()
+        REQUEST_ID.set(request.state.request_id)              # every log line of this request carries it
+        m = _DEPLOYMENT_PATH.match(request.url.path)
+        DEPLOYMENT.set(m.group(1) if m else None)
         started = time.perf_counter()
         response = await call_next(request)
         response.headers.setdefault("X-Request-ID", request.state.request_id)
         route = getattr(request.scope.get("route"), "path", None) or "unmatched"
         metrics.observe(route, response.status_code, started)
+        if route not in _QUIET_ROUTES:
+            log.log(logging.WARNING if response.status_code >= 500 else logging.INFO, "%s %s -> %d in %.1f ms",
+                    request.method, request.url.path, response.status_code, (time.perf_counter() - started) * 1000,
+                    extra={"deployment": getattr(request.state, "deployment", None) or (m.group(1) if m else None)})
         return response
 
     @app.get("/metrics", include_in_schema=False)
@@ -1383,12 +1905,14 @@ def create_app(data_dir: Optional[Path] = None) -> FastAPI:
         return RawResponse(body, media_type=CONTENT_TYPE_LATEST)
 
     install_error_handlers(app)
+    app.add_middleware(BodyLimit, max_bytes=int(os.environ.get("SEQ_GATEWAY_MAX_BODY_BYTES") or MAX_BODY_BYTES))
     app.include_router(models)
     app.include_router(deployments)
     app.include_router(connect)
     app.include_router(sessions)
     app.include_router(keys)
     app.include_router(account_router)
+    app.include_router(volumes_router)
     app.include_router(secrets_router)
     app.include_router(app_internal)
     app.include_router(act)

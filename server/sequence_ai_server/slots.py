@@ -13,8 +13,9 @@ start for it (the machine's GPU limit), and a new robot is
     ``queue_timeout_s`` (default 120 s);
   - refused at once with ``deployment_full`` under ``on_full="reject"``.
 
-A robot that stops asking for ABANDON_S is dropped from the line. Connecting to a stopped
-deployment while ``$SEQ_MAX_GPUS`` workers already run answers ``gpu_limit_reached``.
+A robot that stops asking for ABANDON_S is dropped from the line; one that gives up sooner
+closes its ticket (``DELETE /v1/sessions/{ticket}``, ``SlotQueue.leave``) and is out at once.
+Connecting to a stopped deployment while ``$SEQ_MAX_GPUS`` workers already run answers ``gpu_limit_reached``.
 """
 from __future__ import annotations
 
@@ -73,6 +74,17 @@ class SlotQueue:
     def drop(self, model: str) -> None:
         with self._lock:
             self._lines.pop(model, None)
+
+    def leave(self, ticket: str, holder: str) -> bool:
+        """Take ``ticket`` out of its line at once (its robot gave up waiting); True when it was
+        there. Only the key that queued it may: ``holder`` is that key's id ("" without keys)."""
+        with self._lock:
+            for line in self._lines.values():
+                for t in line:
+                    if t.id == ticket and t.holder == holder:
+                        line.remove(t)
+                        return True
+        return False
 
     def admit(self, model: str, holder: str, ticket: Optional[str], *, capacity: int, held: int,
               on_full: str, queue_timeout_s: float, mean_session_s: float, now: Optional[float] = None) -> None:

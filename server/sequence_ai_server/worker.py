@@ -53,6 +53,7 @@ from pydantic import BaseModel
 from ._hosting import (BINARY_CONTENT_TYPE, DEFAULT_MAX_BODY_BYTES, EPISODE_IDLE_S, PolicyError, PolicyHost,
                        export_compile_caches, finish_chunk, load_policy_class)
 from .errors import ApiError, ErrorBody, install_error_handlers, new_request_id
+from .logs import REQUEST_ID, install_json_log
 
 __all__ = ["PolicyHost", "WorkerState", "load_policy_class", "create_app", "main"]
 
@@ -91,9 +92,11 @@ class EpisodeEnd(BaseModel):
 
 
 class PingResponse(BaseModel):
-    status: str
+    status: str                                  # ready | degraded (an inference runs past timeouts.request)
     name: Optional[str] = None
     pid: int
+    oldest_request_s: float = 0.0                # age of the longest-running inference (0 when idle)
+    request_timeout_s: Optional[float] = None    # the policy's timeouts.request
 
 
 def _schema(model: type[BaseModel]) -> dict:
@@ -177,9 +180,14 @@ def create_app(state: WorkerState, secret: str, *, max_body_bytes: int = DEFAULT
 
     @app.get("/ping", response_model=PingResponse, responses={503: {"model": ErrorBody}})
     async def ping() -> PingResponse:
-        """ready once the policy has loaded and passed its synthetic check; 503 warming before."""
-        state.ready_host()
-        return PingResponse(status="ready", name=state.name, pid=os.getpid())
+        """ready once the policy has loaded and passed its synthetic check; 503 warming before.
+        ``degraded`` (still 200) while an inference has run longer than ``timeouts.request``: the
+        worker is jammed and the gateway replaces it (clients treat anything but ready as not ready)."""
+        host = state.ready_host()
+        oldest = host.oldest_request_s()
+        limit = host.spec.timeouts.request
+        return PingResponse(status="degraded" if oldest > limit else "ready", name=state.name, pid=os.getpid(),
+                            oldest_request_s=round(oldest, 3), request_timeout_s=limit)
 
     @app.get("/info")
     async def info() -> dict:
@@ -244,7 +252,11 @@ def create_app(state: WorkerState, secret: str, *, max_body_bytes: int = DEFAULT
         incoming = request.headers.get("x-request-id", "")
         ok = 0 < len(incoming) <= 64 and all(c.isalnum() or c in "-_." for c in incoming)
         request.state.request_id = incoming if ok else new_request_id()
-        return await call_next(request)
+        REQUEST_ID.set(request.state.request_id)    # the JSON log lines of this request carry it (logs.py)
+        response = await call_next(request)
+        if response.status_code >= 400:
+            log.info("%s %s -> %d", request.method, request.url.path, response.status_code)
+        return response
 
     install_error_handlers(app)
     return app
@@ -265,6 +277,10 @@ def _resolve_weights_dir(spec: Any, file: str, weights_dir: str) -> Any:
     """A local directory named by weights= is handed to load as is; otherwise the deployment's
     own directory (created, nothing fetched self-hosted). Named parts -> {part: directory}."""
     def one(ref: Any, part: Optional[str]) -> str:
+        if isinstance(ref, str) and ref.startswith("vol://"):   # an uploaded volume (volumes.py), read-only
+            from .volumes import resolve_volume
+            root = os.environ.get("SEQ_VOLUMES_DIR") or str(Path(weights_dir).parent.parent / "volumes")
+            return str(resolve_volume(Path(root), ref))
         if isinstance(ref, str):
             local = ref[len("file://"):] if ref.startswith("file://") else ref
             if "://" not in local:
@@ -328,6 +344,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--parent-pid", type=int, default=None, help="exit when this process goes away")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stdout, format="%(asctime)s worker %(levelname)s %(message)s")
+    if os.environ.get("SEQ_JSON_LOG"):   # the gateway's structured log for this deployment (logs.py)
+        version = os.environ.get("SEQ_DEPLOYMENT_VERSION")
+        install_json_log(Path(os.environ["SEQ_JSON_LOG"]), "worker", deployment=args.name,
+                         version=int(version) if version and version.isdigit() else None)
     secret = args.secret or os.environ.get("SEQ_WORKER_SECRET")
     if not secret:
         parser.error("a direct secret is required: --secret or $SEQ_WORKER_SECRET")
@@ -432,7 +452,12 @@ def main(argv: Optional[list[str]] = None) -> int:
         await task
 
     try:
-        asyncio.run(serve())
+        try:   # uvloop (libuv) when installed: ~0.5 ms less CPU per /act than asyncio's selector loop
+            import uvloop
+        except ImportError:
+            asyncio.run(serve())
+        else:
+            uvloop.run(serve())
     finally:
         host = state.host
         if host is not None and host.ready:

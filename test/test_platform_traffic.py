@@ -1,0 +1,169 @@
+"""Traffic between versions (issue 5): `seq policy traffic NAME v2=30 v1=70` splits new sessions
+between versions in that proportion, a session keeps its version for its lease renewals, a robot
+key pinned to a version gets every new session there, --unpin/--clear/rollback send sessions
+back to the split/the serving version, and the request body limit answers 413. Real gateway,
+real worker processes per version, real `seq` CLI."""
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from _servers import ECHO_POLICY, ROOT, _env, echo_observation
+
+SEQ_MAIN = "from seq.cli import main; main()"   # what the `seq` console script runs
+
+
+def _seq(gw, *args, env=None, timeout=60):
+    return subprocess.run([sys.executable, "-c", SEQ_MAIN, *args], capture_output=True, text=True,
+                          env=_env({**gw.env(), "COLUMNS": "250", **(env or {})}), timeout=timeout, cwd=str(ROOT))
+
+
+def _variant(tmp: Path, tag: str) -> str:
+    """The echo policy with a comment appended: a new version of the same deployment."""
+    path = tmp / "echo_traffic.py"
+    path.write_text(Path(ECHO_POLICY).read_text() + f"\n# variant {tag}\n")
+    return str(path)
+
+
+def _session(gw, name: str, key: str | None = None, timeout: float = 60.0) -> dict:
+    """Connect (waiting out 503 warming, e.g. a split's version still loading) and return the body."""
+    headers = {"Authorization": f"Bearer {key or gw.api_key}"}
+    deadline = time.monotonic() + timeout
+    while True:
+        r = gw.client.post("/v1/connect", json={"model": name, "params": {}}, headers=headers)
+        if r.status_code == 200:
+            return r.json()
+        assert r.status_code == 503 and r.json()["code"] == "warming" and time.monotonic() < deadline, r.text
+        time.sleep(0.1)
+
+
+def _close(gw, conn: dict, key: str | None = None) -> None:
+    r = gw.client.delete(f"/v1/sessions/{conn['session_id']}", headers={"Authorization": f"Bearer {key or gw.api_key}"})
+    assert r.status_code == 200 and r.json()["closed"] is True
+
+
+def _traffic(gw, **body) -> dict:
+    """POST /v1/deployments/canary/traffic (what `seq policy traffic` sends)."""
+    r = gw.client.post("/v1/deployments/canary/traffic", json=body)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def _versions_of(gw, name: str, n: int, key: str | None = None) -> list[int]:
+    """The versions of ``n`` sessions opened (and closed) one after another."""
+    out = []
+    for _ in range(n):
+        conn = _session(gw, name, key)
+        out.append(conn["version"])
+        _close(gw, conn, key)
+    return out
+
+
+@pytest.fixture(scope="module")
+def two_versions(module_gateway, tmp_path_factory):
+    """Deployment "canary" with v1 kept and v2 serving."""
+    gw = module_gateway
+    tmp = tmp_path_factory.mktemp("traffic")
+    assert gw.deploy(_variant(tmp, "one"), "canary")["version"] == 1
+    d = gw.deploy(_variant(tmp, "two"), "canary")
+    assert d["version"] == 2 and d["status"] == "ready"
+    return gw
+
+
+def test_a_canary_split_over_200_sessions_lands_within_5_percent_of_the_asked_share(two_versions):
+    gw = two_versions
+    r = _seq(gw, "policy", "traffic", "canary", "v1=30", "v2=70")
+    assert r.returncode == 0, r.stderr
+    assert "v1" in r.stdout and "30 %" in r.stdout and "70 %" in r.stdout
+    first = _session(gw, "canary")          # waits while v1's worker loads beside the serving v2
+    _close(gw, first)
+    versions = [first["version"]] + _versions_of(gw, "canary", 199)
+    share_v1 = versions.count(1) / len(versions)
+    assert set(versions) == {1, 2}
+    assert abs(share_v1 - 0.30) <= 0.05, share_v1
+    t = gw.client.get("/v1/deployments/canary/traffic").json()
+    assert {s["version"]: s["sessions"] for s in t["split"]} == {1: versions.count(1), 2: versions.count(2)}
+    assert {s["version"]: s["worker"] for s in t["split"]} == {1: "ready", 2: "serving"}
+    assert [(w["version"], w["worker"], w["sessions"]) for w in t["side_workers"]] == [(1, "ready", 0)]
+    r = _seq(gw, "policy", "traffic", "canary")
+    assert r.returncode == 0 and f"{versions.count(1)}" in r.stdout and "ready" in r.stdout
+
+
+def test_a_session_keeps_its_version_and_worker_through_lease_renewals(two_versions):
+    gw = two_versions
+    _traffic(gw, split={"v1": 50, "v2": 50})
+    conns = [_session(gw, "canary") for _ in range(4)]
+    by_version = {c["version"]: c for c in conns}
+    assert set(by_version) == {1, 2}
+    assert by_version[1]["worker_url"] != by_version[2]["worker_url"]
+    _traffic(gw, split={"v2": 100})                                      # the split moves on
+    for c in conns:
+        renewed = gw.client.post(f"/v1/sessions/{c['session_id']}/renew")
+        assert renewed.status_code == 200, renewed.text
+        body = renewed.json()
+        assert (body["version"], body["worker_url"]) == (c["version"], c["worker_url"])
+        act = httpx.post(body["worker_url"] + "/act", json={"observation": echo_observation(), "params": {}},
+                         headers={"Authorization": f"Bearer {body['direct_secret']}"}, timeout=30)
+        assert act.status_code == 200 and len(act.json()["action_chunk"]["actions"]) == 10
+    for c in conns:
+        _close(gw, c)
+    assert _versions_of(gw, "canary", 5) == [2] * 5
+
+
+def test_a_pinned_robot_key_gets_every_new_session_on_its_version_until_unpinned(two_versions):
+    gw = two_versions
+    robot_key = gw.client.post("/v1/keys", json={"name": "arm-7", "deployment": "canary"}).json()["key"]
+    _traffic(gw, split={"v2": 100})
+    r = _seq(gw, "policy", "traffic", "canary", "--pin", "arm-7", "v1")
+    assert r.returncode == 0, r.stderr
+    assert "arm-7 -> v1" in r.stdout
+    assert _versions_of(gw, "canary", 10, key=robot_key) == [1] * 10
+    assert _versions_of(gw, "canary", 5) == [2] * 5            # other keys follow the split
+    r = _seq(gw, "policy", "traffic", "canary", "--unpin", "arm-7")
+    assert r.returncode == 0 and "arm-7" not in r.stdout
+    assert _versions_of(gw, "canary", 5, key=robot_key) == [2] * 5
+    # only a key bound to this deployment can be pinned, to a kept version
+    r = _seq(gw, "policy", "traffic", "canary", "--pin", "local", "v1")
+    assert r.returncode == 5 and "error[invalid_request]" in r.stderr and "not bound to canary" in r.stderr
+    r = _seq(gw, "policy", "traffic", "canary", "--pin", "arm-7", "v9")
+    assert r.returncode == 4 and "error[not_found]: canary has no serving or kept version v9" in r.stderr
+
+
+def test_clear_and_rollback_send_every_new_session_to_the_serving_version(two_versions):
+    gw = two_versions
+    robot_key = gw.client.post("/v1/keys", json={"name": "arm-8", "deployment": "canary"}).json()["key"]
+    _traffic(gw, split={"v1": 50, "v2": 50})
+    _traffic(gw, pin="arm-8", version="v1")
+    assert set(_versions_of(gw, "canary", 6)) == {1, 2}
+    r = _seq(gw, "policy", "traffic", "canary", "--clear")
+    assert r.returncode == 0 and "100 %" in r.stdout and "pinned" not in r.stdout
+    assert _versions_of(gw, "canary", 6) == [2] * 6
+    assert _versions_of(gw, "canary", 3, key=robot_key) == [2] * 3
+    deadline = time.monotonic() + 20    # no split or pin needs v1 any more: its side worker stops
+    while gw.client.get("/v1/deployments/canary/traffic").json()["side_workers"]:
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    # a rollback takes over every new session and drops a split set before it
+    _traffic(gw, split={"v1": 10, "v2": 90})
+    r = _seq(gw, "policy", "rollback", "canary", "--to", "1")
+    assert r.returncode == 0, r.stderr
+    assert gw.client.get("/v1/deployments/canary/traffic").json()["split"] == []
+    assert _versions_of(gw, "canary", 6) == [1] * 6
+    r = _seq(gw, "policy", "traffic", "canary", "v1=abc")
+    assert r.returncode == 5 and "error[invalid_request]: the share of v1 ('abc') is not a number" in r.stderr
+
+
+def test_a_body_over_the_gateway_limit_is_refused_with_413_in_the_common_error_shape(module_gateway):
+    gw = module_gateway
+    big = b"x" * (32 * 1024 * 1024 + 1)
+    r = gw.client.post("/v1/act", content=big, headers={"Content-Type": "application/json"})
+    assert r.status_code == 413
+    body = r.json()
+    assert body["code"] == "payload_too_large" and body["retryable"] is False
+    assert "at most 33554432 bytes" in body["detail"] and body["request_id"].startswith("req_") and body["hint"]
+    assert gw.client.get("/healthz").status_code == 200    # the gateway serves on
