@@ -60,6 +60,7 @@ from pydantic import BaseModel
 
 from seq._params import InferParam, ParamError, cast_params
 
+from ._proc import stop_process
 from .errors import ApiError, install_error_handlers, new_request_id
 from .keys import KeyRecord, KeyStore
 from .leases import sign_lease
@@ -1581,15 +1582,7 @@ class BodyLimit:
 
 
 def _terminate(proc: subprocess.Popen) -> None:
-    if proc.poll() is not None:
-        return
-    with contextlib.suppress(ProcessLookupError):
-        proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(timeout=STOP_GRACE_S)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
+    stop_process(proc, grace_s=STOP_GRACE_S)
 
 
 # ---------------------------------------------------------------- the app
