@@ -7,8 +7,10 @@ JPEG sizes are realistic), joint states and joint commands, all at ``--rate`` Hz
 (``episode_recorder``) runs as its own process, as on a robot. Two phases of ``--seconds``
 each, in one run: idle (subscribed, not recording) and recording (a RecordEpisode goal).
 Printed: recorder CPU (% of one core, from /proc utime+stime) idle vs recording and their ratio,
-messages written, messages dropped, bag MB/s, and the publisher's period jitter (median and
-p99 |period - 1/rate|, ms) in each phase: recording must not disturb the loop that publishes.
+messages written, messages dropped, bag MB/s, the publisher's period jitter (median and
+p99 |period - 1/rate|, ms) in each phase (recording must not disturb the loop that publishes),
+and the pre-roll the bag starts with (the latest sample of each sensor stream from before the
+episode started, and how old it was then, ms).
 """
 from __future__ import annotations
 
@@ -100,6 +102,17 @@ def jitter_ms(periods, period):
     return statistics.median(dev), dev[min(len(dev) - 1, int(0.99 * len(dev)))]
 
 
+def preroll_ages_ms(bag: Path) -> dict:
+    """Messages logged before a bag's start marker (the recorder's pre-roll): topic -> age at the
+    marker (ms)."""
+    from sequence_ai_ros.bag import EPISODE_TOPIC
+    from sequence_ai_ros.bag.reader import iter_raw
+
+    msgs = list(iter_raw(bag))
+    start = next(m.t_ns for m in msgs if m.topic == EPISODE_TOPIC)
+    return {m.topic: (start - m.t_ns) / 1e6 for m in msgs if m.t_ns < start}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seconds", type=float, default=20.0, help="length of each phase (s)")
@@ -152,6 +165,8 @@ def main() -> int:
         print(f"  bag                      {res.bytes / 1e6:.1f} MB, {res.bytes / 1e6 / res.seconds:.2f} MB/s")
         print(f"  publisher jitter idle    median {idle_jit[0]:.2f} ms, p99 {idle_jit[1]:.2f} ms")
         print(f"  publisher jitter rec.    median {rec_jit[0]:.2f} ms, p99 {rec_jit[1]:.2f} ms")
+        pre = preroll_ages_ms(Path(res.bag_path))
+        print(f"  pre-roll at start        {len(pre)} messages ({', '.join(f'{t} {a:.0f} ms' for t, a in pre.items())})")
     finally:
         ex.shutdown()
         spin.join(timeout=10)

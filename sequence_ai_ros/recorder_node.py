@@ -16,6 +16,21 @@ An episode starts and stops:
   into the bag and uses to open and close it. The start marker holds the driver's assembly
   settings; the end marker the RunOutcome and the success label.
 
+Pre-roll: the recorder always keeps the latest message of each sensor stream (every camera view
+and the joint state), recording or not, and writes those at the start of an episode with their
+original receipt times. The driver builds its first observation from samples that arrived before
+the goal started, so without them the first command(s) of an episode would have no observation
+in force in the bag, and the export would lose those control steps. Commands are what the
+episode does, so only those received at or after the start marker's ``t_ns`` (when the driver
+built it) are written from the short backlog kept for this: a command the driver published
+before the recorder got round to its start marker is kept, one from before the episode is not.
+
+Labels: ``~/label_episode`` (``sequence_ai_msgs/srv/LabelEpisode``) gives an episode its success
+label (the dataset's ``next.success``): the episode being recorded (a label marker is written at
+once and the end marker carries the label), or a closed bag, which is rewritten with a label
+marker added (:func:`~sequence_ai_ros.bag.reader.label_bag`). RecordEpisode episodes have no
+success check, so this is how they are labeled; for Act episodes it overrides the driver's check.
+
 Topics in the bag: see :mod:`sequence_ai_ros.bag`. Parameters: see ``_PARAMS`` below.
 """
 from __future__ import annotations
@@ -24,6 +39,7 @@ import json
 import sys
 import threading
 import time
+from collections import deque
 from pathlib import Path
 from typing import Optional
 
@@ -37,11 +53,13 @@ from rclpy.serialization import deserialize_message, serialize_message
 from std_msgs.msg import String
 
 from sequence_ai_msgs.action import RecordEpisode
+from sequence_ai_msgs.srv import LabelEpisode
 
 from . import codecs
 from ._spin import spin_node
 from .bag import COMPRESSED_SUFFIX, EPISODE_TOPIC, INSTRUCTION_TOPIC
 from .bag.events import assembly_settings
+from .bag.reader import label_bag, label_event
 from .bag.writer import BagWriter, bag_size, prune_bags
 
 _PARAMS = {
@@ -77,7 +95,8 @@ class EpisodeRecorder(Node):
     Attributes useful to tests and tools: ``writer`` (the :class:`BagWriter`, with ``stats``),
     ``last_bag`` (path of the last closed bag), ``taps`` (callables ``(kind, key, raw, t_ns)``
     called from the subscription callbacks after enqueueing: ``kind`` is ``image``, ``joints`` or
-    ``command``, ``key`` the view for images).
+    ``command``, ``key`` the view for images), ``preroll`` (bag topic -> the latest sensor
+    message, written at the next episode start; see the module docstring).
     """
 
     def __init__(self, node_name: str = "episode_recorder", **kwargs) -> None:
@@ -105,6 +124,12 @@ class EpisodeRecorder(Node):
         self.last_bag: Optional[Path] = None
         self._episode: Optional[dict] = None      # start marker of the open episode
         self._episode_lock = threading.Lock()
+        # pre-roll: bag topic -> (topic, msgtype, receipt t_ns, raw CDR, transform); guarded by
+        # _stream_lock together with the recording switch, so each message is written once
+        self.preroll: dict = {}
+        self._recent_commands: deque = deque(maxlen=64)   # (receipt t_ns, raw CDR), for the start race
+        self._stream_lock = threading.Lock()
+        self._label: Optional[dict] = None        # label given while the open episode records
         self._quality = int(p["jpeg_quality"])
 
         # raw subscriptions: bytes in, bytes to the queue
@@ -138,6 +163,8 @@ class EpisodeRecorder(Node):
                                      callback_group=events)
         self.create_subscription(String, p["driver_instruction_topic"], self._on_instruction, 10,
                                  callback_group=events)
+        self.create_service(LabelEpisode, "~/label_episode", self._on_label,
+                            callback_group=MutuallyExclusiveCallbackGroup())
         self._action_server = ActionServer(
             self, RecordEpisode, "~/record_episode", execute_callback=self._execute,
             goal_callback=self._on_goal, cancel_callback=lambda gh: CancelResponse.ACCEPT,
@@ -178,8 +205,18 @@ class EpisodeRecorder(Node):
             t = time.time_ns()
             self._put_string(EPISODE_TOPIC, json.dumps(start), t)
             self._put_string(INSTRUCTION_TOPIC, str(start.get("task", "")), t)
+            self._label = None
+            with self._stream_lock:
+                # the pre-roll, queued before any live message (callbacks wait for this lock)
+                for topic, msgtype, t_ns, raw, transform in self.preroll.values():
+                    self.writer.put(topic, msgtype, t_ns, raw, transform)
+                since = start.get("t_ns")
+                if isinstance(since, int):   # commands of this episode that beat its start marker here
+                    for t_ns, raw in self._recent_commands:
+                        if t_ns >= since:
+                            self.writer.put(self._command_topic, "std_msgs/msg/Float64MultiArray", t_ns, raw)
+                self._episode = start
             self.writer.flush()
-            self._episode = start
             return path
 
     def stop_episode(self, end: Optional[dict] = None):
@@ -193,9 +230,14 @@ class EpisodeRecorder(Node):
                 raise RuntimeError("no episode is being recorded")
             end = {"event": "end", "source": self._episode.get("source"), "t_ns": time.time_ns(),
                    "outcome": None, "label": {"success": None}, **(end or {})}
+            if self._label is not None:   # given through ~/label_episode: it wins over the driver's check
+                if end.get("label") != self._label:
+                    end["label_check"] = end.get("label")
+                end["label"] = dict(self._label)
             end["dropped"] = self.writer.stats.dropped
+            with self._stream_lock:
+                self._episode = None
             self._put_string(EPISODE_TOPIC, json.dumps(end), time.time_ns(), force=True)
-            self._episode = None
             stats = self.writer.close()
             self.last_bag = stats.path
             self.get_logger().info(
@@ -232,27 +274,35 @@ class EpisodeRecorder(Node):
             self._put_string(INSTRUCTION_TOPIC, msg.data.strip(), time.time_ns())
 
     # -- sensor / command callbacks: enqueue only ------------------------------------------------
+    def _sensor(self, topic: str, msgtype: str, t_ns: int, raw: bytes, transform=None) -> None:
+        """Keep a sensor message as its stream's pre-roll and, while recording, queue it."""
+        entry = (topic, msgtype, t_ns, raw, transform)
+        with self._stream_lock:
+            self.preroll[topic] = entry
+            if self._episode is not None:
+                self.writer.put(*entry)
+
     def _on_image(self, view: str, bag_topic: str, raw: bytes, compress: bool) -> None:
         t = time.time_ns()
-        if self._episode is not None:
-            if compress:
-                self.writer.put(bag_topic, "sensor_msgs/msg/Image", t, raw, self._compress)
-            else:
-                self.writer.put(bag_topic, "sensor_msgs/msg/CompressedImage", t, raw)
+        if compress:
+            self._sensor(bag_topic, "sensor_msgs/msg/Image", t, raw, self._compress)
+        else:
+            self._sensor(bag_topic, "sensor_msgs/msg/CompressedImage", t, raw)
         for tap in self.taps:
             tap("image", view, raw, t)
 
     def _on_joints(self, raw: bytes) -> None:
         t = time.time_ns()
-        if self._episode is not None:
-            self.writer.put(self._joint_topic, "sensor_msgs/msg/JointState", t, raw)
+        self._sensor(self._joint_topic, "sensor_msgs/msg/JointState", t, raw)
         for tap in self.taps:
             tap("joints", None, raw, t)
 
     def _on_command(self, raw: bytes) -> None:
         t = time.time_ns()
-        if self._episode is not None:
-            self.writer.put(self._command_topic, "std_msgs/msg/Float64MultiArray", t, raw)
+        with self._stream_lock:
+            self._recent_commands.append((t, raw))
+            if self._episode is not None:
+                self.writer.put(self._command_topic, "std_msgs/msg/Float64MultiArray", t, raw)
         for tap in self.taps:
             tap("command", None, raw, t)
 
@@ -268,6 +318,50 @@ class EpisodeRecorder(Node):
         out = CompressedImage(header=img.header, format="rgb8; jpeg compressed rgb8")
         out.data = simplejpeg.encode_jpeg(rgb, quality=self._quality, colorspace="RGB")
         return "sensor_msgs/msg/CompressedImage", serialize_message(out)
+
+    # -- labels ----------------------------------------------------------------------------------
+    def label_episode(self, success: Optional[bool], notes: str = "", bag_path: str = "") -> Path:
+        """Give an episode its success label (the dataset's ``next.success``).
+
+        Args:
+            success: the label (``None`` = unlabeled).
+            notes: free text kept with the label.
+            bag_path: empty = the episode being recorded (its end marker will carry the label;
+                a label marker is written now too), or, when none is, the last bag closed;
+                else a bag directory, rewritten with a label marker added.
+        Returns:
+            the labeled bag's directory.
+        Raises:
+            RuntimeError: nothing to label (no episode recorded yet by this node).
+            BagReadError: ``bag_path`` is not an episode bag (or is the bag being written).
+        """
+        label = {"success": None if success is None else bool(success), "notes": str(notes)}
+        with self._episode_lock:
+            open_bag = self.writer.stats.path if self._episode is not None else None
+            target = Path(bag_path).expanduser().resolve() if bag_path else None
+            if self._episode is not None and (target is None or target == Path(open_bag).resolve()):
+                self._label = label
+                self._put_string(EPISODE_TOPIC, label_event(label["success"], label["notes"]), time.time_ns(),
+                                 force=True)
+                self.writer.flush()
+                return Path(open_bag)
+            if target is None:
+                if self.last_bag is None:
+                    raise RuntimeError("no episode has been recorded yet: nothing to label")
+                target = Path(self.last_bag)
+        label_bag(target, label["success"], label["notes"])
+        return target
+
+    def _on_label(self, request, response):
+        try:
+            response.bag_path = str(self.label_episode(request.success, request.notes, request.bag_path.strip()))
+            response.ok = True
+            self.get_logger().info(f"labeled {response.bag_path}: success={request.success}")
+        except (RuntimeError, OSError) as exc:   # BagReadError is a RuntimeError
+            response.ok, response.bag_path = False, ""
+            response.message = f"{type(exc).__name__}: {exc}"
+            self.get_logger().warning(f"label refused: {response.message}")
+        return response
 
     # -- RecordEpisode action --------------------------------------------------------------------
     def _on_goal(self, goal_request) -> GoalResponse:

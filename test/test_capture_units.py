@@ -126,3 +126,90 @@ def test_append_refuses_episodes_that_do_not_match_and_leaves_the_dataset_untouc
         write_dataset([_episode(3, "pick", True)], out, version="3.0", mode="append")
     assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
     assert [p.name for p in tmp_path.iterdir()] == ["ds"]
+
+
+# -- episode bags built by hand: the recorder's pre-roll and labels ---------------------------------
+_JOINTS = ["j1", "j2", "j3"]
+_START_NS = 1_000_000_000_000          # the start marker's log time
+_PERIOD_NS = 66_666_667                # 15 Hz
+
+
+def _episode_bag(path, n_commands: int = 10, label=None):
+    """A recorder-style bag: one joint state and one camera frame logged *before* the start marker
+    (the pre-roll), then commands and sensors at 15 Hz, then an end marker carrying ``label``.
+    Returns the pre-roll joint positions."""
+    import simplejpeg
+    from sensor_msgs.msg import CompressedImage, JointState
+
+    def joints(t_ns, q):
+        return serialize_message(JointState(name=_JOINTS, position=q))
+
+    def frame(t_ns):
+        msg = CompressedImage(format="rgb8; jpeg compressed rgb8")
+        msg.header.stamp.sec, msg.header.stamp.nanosec = divmod(t_ns, 1_000_000_000)
+        msg.data = simplejpeg.encode_jpeg(np.full((32, 48, 3), 120, np.uint8), colorspace="RGB")
+        return serialize_message(msg)
+
+    start = {"event": "start", "source": "record_episode", "task": "stack the cups", "views": ["front"],
+             "image_topics": {"front": "/cam/front/compressed"}, "joint_names": _JOINTS, "gripper_joint": None,
+             "joint_state_topic": "/joint_states", "command_topic": "/joint_commands", "max_sensor_age_s": 0.5}
+    w = BagWriter()
+    w.open(path)
+    pre_q = [0.1, 0.2, 0.3]
+    w.put("/joint_states", "sensor_msgs/msg/JointState", _START_NS - 40_000_000, joints(0, pre_q))
+    w.put("/cam/front/compressed", "sensor_msgs/msg/CompressedImage", _START_NS - 30_000_000, frame(_START_NS - 30_000_000))
+    w.put(EPISODE_TOPIC, "std_msgs/msg/String", _START_NS, serialize_message(String(data=json.dumps(start))))
+    for i in range(n_commands):
+        t = _START_NS + 5_000_000 + i * _PERIOD_NS          # the first command precedes every in-episode sample
+        w.put("/joint_commands", "std_msgs/msg/Float64MultiArray", t, serialize_message(Float64MultiArray(data=[float(i)] * 3)))
+        w.put("/joint_states", "sensor_msgs/msg/JointState", t + 20_000_000, joints(t, [float(i)] * 3))
+        w.put("/cam/front/compressed", "sensor_msgs/msg/CompressedImage", t + 25_000_000, frame(t + 25_000_000))
+    end = {"event": "end", "source": "record_episode", "outcome": {"reason": "canceled"}, "label": {"success": label}}
+    w.put(EPISODE_TOPIC, "std_msgs/msg/String", _START_NS + (n_commands + 1) * _PERIOD_NS,
+          serialize_message(String(data=json.dumps(end))))
+    w.close()
+    w.shutdown()
+    return pre_q
+
+
+def test_pre_roll_samples_logged_before_the_start_marker_give_the_first_command_its_observation(tmp_path):
+    from sequence_ai_ros.bag.episode import observations_from_bag
+    from sequence_ai_ros.bag.reader import read_episode
+
+    pre_q = _episode_bag(tmp_path / "bag", n_commands=10)
+    rec = read_episode(tmp_path / "bag")
+    assert rec.joints[0][0] == _START_NS - 40_000_000 and len(rec.joints) == 11
+    assert rec.images["front"][0][0] == _START_NS - 30_000_000 and len(rec.images["front"]) == 11
+    fps, steps = observations_from_bag(rec)
+    assert fps == 15 and len(steps) == 10                 # one step per command, the first included
+    assert steps[0][1].proprioception.joint_positions == pytest.approx(pre_q)
+    assert steps[0][2] == [0.0] * 3 and steps[1][1].proprioception.joint_positions == pytest.approx([0.0] * 3)
+
+
+def test_label_bag_relabels_a_closed_or_cut_bag_and_the_newest_label_wins(tmp_path):
+    from sequence_ai_ros.bag.reader import BagReadError, label_bag, read_episode
+
+    bag = tmp_path / "bag"
+    _episode_bag(bag, label=True)
+    assert read_episode(bag).success is True              # the end marker's label
+    n = sum(1 for _ in iter_raw(bag))
+    assert label_bag(bag, False, "slipped")["messages"] == n + 1
+    rec = read_episode(bag)
+    assert rec.success is False and rec.label == {"success": False, "notes": "slipped"} and rec.end is not None
+    assert [p.name for p in tmp_path.iterdir()] == ["bag"]  # the rewrite left nothing beside it
+    # a cut bag (no metadata.yaml, no footer) comes out repaired and labeled
+    cut = tmp_path / "cut"
+    _episode_bag(cut, label=None)
+    (cut / "metadata.yaml").unlink()
+    mcap = next(cut.glob("*.mcap"))
+    mcap.write_bytes(mcap.read_bytes()[:-200])
+    label_bag(cut, True)
+    assert (cut / "metadata.yaml").exists() and read_episode(cut).success is True
+    # the same from the command line: back to unlabeled, then failed with a note
+    from sequence_ai.cli import main as sequence_ai_main
+
+    assert sequence_ai_main(["bag", "label", str(cut), "--clear"]) == 0 and read_episode(cut).success is None
+    assert sequence_ai_main(["bag", "label", str(cut), "--failure", "--notes", "dropped it"]) == 0
+    assert read_episode(cut).label == {"success": False, "notes": "dropped it"}
+    with pytest.raises(BagReadError, match="no .mcap"):
+        label_bag(tmp_path, True)

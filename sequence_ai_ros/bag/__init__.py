@@ -28,11 +28,17 @@ topic                                  type                               what
                                                                           names), last ``{"event":
                                                                           "end", "outcome": {RunOutcome
                                                                           fields}, "label": {"success":
-                                                                          bool|null}, "dropped": n}``
+                                                                          bool|null}, "dropped": n}``;
+                                                                          between or after them, label
+                                                                          markers ``{"event": "label",
+                                                                          "success", "notes"}`` (the
+                                                                          newest one is the label)
 =====================================  =================================  =============================
 
 Message log times are the recorder's receipt times (ns, ``time.time_ns()``), as ``ros2 bag
-record`` does. Chunks are closed and flushed small (``chunk_bytes``/``chunk_s``), so a bag cut by
+record`` does. The first message of each sensor stream (camera views, joint states) may be logged
+before the start marker: it is the recorder's pre-roll, the sample in force when the episode
+started (see ``recorder_node``). Chunks are closed and flushed small (``chunk_bytes``/``chunk_s``), so a bag cut by
 SIGKILL loses at most its last chunk: :func:`.reader.repair_bag` (``sequence-ai bag repair``)
 rewrites it whole, and the reader recovers such a bag on the fly.
 

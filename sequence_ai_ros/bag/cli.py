@@ -3,6 +3,7 @@
     sequence-ai bag export BAG [BAG ...] --out DIR [--format lerobot] [--fps N]
                            [--version 3.0|2.1] [--append | --overwrite] [--robot-type NAME]
     sequence-ai bag repair BAG [BAG ...]
+    sequence-ai bag label BAG [BAG ...] (--success | --failure | --clear) [--notes TEXT]
     sequence-ai bag info BAG [BAG ...]
 
 ``sequence_ai.cli`` imports this module only when ``bag`` is asked for, so the client keeps its
@@ -32,6 +33,13 @@ def add_parser(sub) -> None:
     g.add_argument("--overwrite", action="store_true", help="replace an existing dataset at --out")
     r = bsub.add_parser("repair", help="rewrite bags cut by a crash as complete bags (all complete chunks kept)")
     r.add_argument("bags", nargs="+", type=Path)
+    lb = bsub.add_parser("label", help="set the success label of recorded episodes (-> next.success)")
+    lb.add_argument("bags", nargs="+", type=Path)
+    lg = lb.add_mutually_exclusive_group(required=True)
+    lg.add_argument("--success", dest="success", action="store_const", const=True, help="the episode succeeded")
+    lg.add_argument("--failure", dest="success", action="store_const", const=False, help="the episode failed")
+    lg.add_argument("--clear", dest="clear", action="store_true", help="back to unlabeled")
+    lb.add_argument("--notes", default="", help="free text kept with the label")
     i = bsub.add_parser("info", help="episode markers and message counts of bags")
     i.add_argument("bags", nargs="+", type=Path)
 
@@ -41,7 +49,7 @@ def run(args) -> int:
     try:
         from .episode import ExportError, frames_from_bag
         from .lerobot import write_dataset
-        from .reader import BagReadError, read_episode, repair_bag
+        from .reader import BagReadError, label_bag, read_episode, repair_bag
     except ImportError as exc:
         print(f"error: {exc}. Install the data extra: pip install 'sequence-ai[data]', "
               "and source scripts/env.sh (ROS messages)", file=sys.stderr)
@@ -65,6 +73,11 @@ def run(args) -> int:
                           f"({rep['kept_bytes']} of {rep['total_bytes']} bytes)")
                 else:
                     print(f"ok       {rep['bag']}: complete, nothing to do")
+        elif args.bag_command == "label":
+            success = None if args.clear else args.success
+            for bag in args.bags:
+                rep = label_bag(bag, success, args.notes)
+                print(f"labeled  {rep['bag']}: success={success}")
         elif args.bag_command == "info":
             for bag in args.bags:
                 rec = read_episode(bag)

@@ -18,9 +18,10 @@ import os
 import shutil
 import struct
 import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import Iterator, Optional, Sequence
 
 from . import COMPRESSED_SUFFIX, EPISODE_TOPIC, INSTRUCTION_TOPIC
 
@@ -141,6 +142,59 @@ def iter_raw(bag: Path) -> Iterator[RawMessage]:
         yield RawMessage(conn.topic, conn.msgtype, t_ns, raw)
 
 
+def _rewrite(bag: Path, extra: Sequence["RawMessage"] = ()) -> tuple:
+    """Rewrite bag directory ``bag`` in place as a complete bag holding every recoverable message
+    plus ``extra``; returns ``(messages written, RecoveryReport)``.
+
+    The new bag is built beside the original (a hidden sibling folder) and swapped in at the end,
+    so a failure leaves the original untouched.
+    """
+    from rosbags.rosbag2 import StoragePlugin, Writer
+    from rosbags.rosbag2.storage_mcap import McapReader
+    from rosbags.typesys import Stores, get_typestore
+
+    bag = Path(bag).resolve()
+    mcap = _mcap_file(bag)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{bag.name}.rewrite-", dir=bag.parent))
+    try:
+        fixed = tmp / "recovered.mcap"
+        report = recover_mcap(mcap, fixed)
+        reader = McapReader(fixed)
+        reader.open()
+        out = tmp / bag.name
+        n = 0
+        try:
+            with Writer(out, version=9, storage_plugin=StoragePlugin.MCAP) as writer:
+                store = get_typestore(Stores.ROS2_JAZZY)
+                conns: dict = {}
+                by_topic: dict = {}
+                for c in reader.connections:
+                    if c.digest:
+                        conns[c.id] = writer.add_connection(c.topic, c.msgtype, msgdef=c.msgdef.data, rihs01=c.digest)
+                    else:   # MCAP channels carry no hash: take it from the Jazzy type store
+                        conns[c.id] = writer.add_connection(c.topic, c.msgtype, typestore=store)
+                    by_topic[c.topic] = conns[c.id]
+                msgs = [(t, i, conns[c.id], bytes(r)) for i, (c, t, r) in enumerate(reader.messages_scan(reader.connections))]
+                for j, m in enumerate(extra):
+                    conn = by_topic.get(m.topic)
+                    if conn is None:
+                        conn = by_topic[m.topic] = writer.add_connection(m.topic, m.msgtype, typestore=store)
+                    msgs.append((m.t_ns, len(msgs) + j, conn, m.raw))
+                msgs.sort(key=lambda m: (m[0], m[1]))
+                for t, _, conn, raw in msgs:
+                    writer.write(conn, t, raw)
+                    n += 1
+        finally:
+            reader.close()
+        # swap: the original directory's files are replaced by the rewritten ones
+        backup = tmp / "original"
+        os.rename(bag, backup)
+        os.rename(out, bag)
+        return n, report
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def repair_bag(bag: Path) -> dict:
     """Rewrite a cut bag in place as a complete one (MCAP footer, index, ``metadata.yaml``).
 
@@ -152,48 +206,52 @@ def repair_bag(bag: Path) -> dict:
     Raises:
         BagReadError: not a bag, or nothing recoverable.
     """
-    from rosbags.rosbag2 import StoragePlugin, Writer
-    from rosbags.rosbag2.storage_mcap import McapReader
-
     bag = Path(bag).resolve()
     mcap = _mcap_file(bag)
     if (bag / "metadata.yaml").exists() and _complete(mcap):
         return {"bag": str(bag), "repaired": False, "messages": None,
                 "kept_bytes": mcap.stat().st_size, "total_bytes": mcap.stat().st_size}
-    tmp = Path(tempfile.mkdtemp(prefix=f".{bag.name}.repair-", dir=bag.parent))
-    try:
-        fixed = tmp / "recovered.mcap"
-        report = recover_mcap(mcap, fixed)
-        reader = McapReader(fixed)
-        reader.open()
-        out = tmp / bag.name
-        n = 0
-        try:
-            with Writer(out, version=9, storage_plugin=StoragePlugin.MCAP) as writer:
-                from rosbags.typesys import Stores, get_typestore
+    n, report = _rewrite(bag)
+    return {"bag": str(bag), "repaired": True, "messages": n,
+            "kept_bytes": report.kept_bytes, "total_bytes": report.total_bytes}
 
-                store = get_typestore(Stores.ROS2_JAZZY)
-                conns = {}
-                for c in reader.connections:
-                    if c.digest:
-                        conns[c.id] = writer.add_connection(c.topic, c.msgtype, msgdef=c.msgdef.data, rihs01=c.digest)
-                    else:   # MCAP channels carry no hash: take it from the Jazzy type store
-                        conns[c.id] = writer.add_connection(c.topic, c.msgtype, typestore=store)
-                msgs = sorted(((t, i, c, bytes(r)) for i, (c, t, r) in enumerate(reader.messages_scan(reader.connections))),
-                              key=lambda m: (m[0], m[1]))
-                for t, _, c, raw in msgs:
-                    writer.write(conns[c.id], t, raw)
-                    n += 1
-        finally:
-            reader.close()
-        # swap: the original directory's files are replaced by the repaired ones
-        backup = tmp / "original"
-        os.rename(bag, backup)
-        os.rename(out, bag)
-        return {"bag": str(bag), "repaired": True, "messages": n,
-                "kept_bytes": report.kept_bytes, "total_bytes": report.total_bytes}
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+
+def label_event(success: Optional[bool], notes: str = "", t_ns: Optional[int] = None) -> str:
+    """JSON text of a label marker: ``{"event": "label", "success": true|false|null, "notes", "t_ns"}``.
+
+    Written on the episode topic; the newest label marker of a bag is the episode's label
+    (:attr:`RecordedEpisode.success`), whatever the end marker says.
+    """
+    return json.dumps({"event": "label", "success": None if success is None else bool(success),
+                       "notes": str(notes), "t_ns": int(time.time_ns() if t_ns is None else t_ns)})
+
+
+def label_bag(bag: Path, success: Optional[bool], notes: str = "") -> dict:
+    """Label a closed (or cut) episode bag after the fact: add a label marker, rewriting the bag.
+
+    The marker's log time is now (after the end marker), so it is the bag's newest label. A cut
+    bag comes out repaired (complete, with ``metadata.yaml``). The rewrite is built beside the
+    bag and swapped in, so a failure leaves the bag as it was.
+
+    Args:
+        bag: a bag directory written by ``episode_recorder``.
+        success: the label (``True``/``False``; ``None`` clears it to unlabeled).
+        notes: free text kept in the marker.
+    Returns:
+        ``{"bag", "success", "notes", "messages"}``.
+    Raises:
+        BagReadError: not a bag written by the recorder (no start marker), or nothing recoverable.
+    """
+    from rclpy.serialization import serialize_message
+    from std_msgs.msg import String
+
+    bag = Path(bag).resolve()
+    if not bag.is_dir():
+        raise BagReadError(f"{bag} is not a bag directory")
+    read_episode(bag)   # refuses what is not an episode bag before touching it
+    raw = serialize_message(String(data=label_event(success, notes)))
+    n, _ = _rewrite(bag, [RawMessage(EPISODE_TOPIC, "std_msgs/msg/String", time.time_ns(), raw)])
+    return {"bag": str(bag), "success": success, "notes": notes, "messages": n}
 
 
 # -- episodes ------------------------------------------------------------------------------------
@@ -202,8 +260,11 @@ class RecordedEpisode:
     """One bag's content, deserialized (rclpy message objects), grouped by stream.
 
     ``start``/``end``: the JSON episode markers (``end`` is ``None`` for a cut bag);
+    ``labels``: the label markers (JSON, log-time order; see :func:`label_event`);
     ``images``: view -> [(t_ns, sensor_msgs/CompressedImage)]; ``joints``: [(t_ns, JointState)];
     ``commands``: [(t_ns, [float])]; ``instructions``: [(t_ns, str)]. Times are log times (ns).
+    Sensor messages logged before the start marker are the recorder's pre-roll (the latest
+    sample of each stream when the episode started) and belong to the episode.
     """
 
     path: Path
@@ -213,6 +274,7 @@ class RecordedEpisode:
     joints: list = field(default_factory=list)
     commands: list = field(default_factory=list)
     instructions: list = field(default_factory=list)
+    labels: list = field(default_factory=list)
 
     @property
     def task(self) -> str:
@@ -222,12 +284,19 @@ class RecordedEpisode:
         return str(self.start.get("task", ""))
 
     @property
+    def label(self) -> dict:
+        """The episode's label ``{"success": bool|None, "notes": str}``: the newest label marker,
+        else the end marker's label, else unlabeled (a cut bag with no label marker)."""
+        if self.labels:
+            newest = self.labels[-1]
+            return {"success": newest.get("success"), "notes": str(newest.get("notes") or "")}
+        label = (self.end or {}).get("label") or {}
+        return {"success": label.get("success"), "notes": str(label.get("notes") or "")}
+
+    @property
     def success(self) -> Optional[bool]:
-        """The episode's label (``None`` when unlabeled or the bag was cut before its end)."""
-        if not self.end:
-            return None
-        label = self.end.get("label") or {}
-        value = label.get("success")
+        """The episode's success label (``None`` when unlabeled); see :attr:`label`."""
+        value = self.label["success"]
         return None if value is None else bool(value)
 
 
@@ -235,7 +304,7 @@ def read_episode(bag: Path) -> RecordedEpisode:
     """Read one episode bag written by the recorder (a cut bag is recovered, see :func:`iter_raw`).
 
     Raises:
-        BagReadError: not a bag, no episode start marker, or no camera topic of the start marker.
+        BagReadError: not a bag, or no episode start marker.
     """
     from rclpy.serialization import deserialize_message
 
@@ -245,6 +314,18 @@ def read_episode(bag: Path) -> RecordedEpisode:
     start = end = None
     rec = RecordedEpisode(path=Path(bag), start={}, end=None)
     image_topics: dict = {}
+    pending: list = []   # messages logged before the start marker (the pre-roll), sorted once it is seen
+
+    def place(t_ns: int, topic: str, msg) -> None:
+        if topic == INSTRUCTION_TOPIC:
+            rec.instructions.append((t_ns, str(msg.data)))
+        elif topic in image_topics:
+            rec.images[image_topics[topic]].append((t_ns, msg))
+        elif topic == _abs(start.get("joint_state_topic", "joint_states")):
+            rec.joints.append((t_ns, msg))
+        elif topic == _abs(start.get("command_topic", "joint_commands")):
+            rec.commands.append((t_ns, [float(x) for x in msg.data]))
+
     for m in iter_raw(bag):
         cls = classes.get(m.msgtype)
         if cls is None:
@@ -252,23 +333,25 @@ def read_episode(bag: Path) -> RecordedEpisode:
         msg = deserialize_message(m.raw, cls)
         if m.topic == EPISODE_TOPIC:
             event = json.loads(msg.data)
-            if event.get("event") == "start" and start is None:
+            kind = event.get("event")
+            if kind == "start" and start is None:
                 start = event
                 topics = event.get("image_topics") or {
                     v: _abs(t) + COMPRESSED_SUFFIX for v, t in zip(event.get("views", []), event.get("camera_topics", []))}
                 for view, topic in topics.items():
                     image_topics[topic] = view
                     rec.images[view] = []
-            elif event.get("event") == "end":
+                for t_ns, topic, early in pending:
+                    place(t_ns, topic, early)
+                pending = []
+            elif kind == "end":
                 end = event
-        elif m.topic == INSTRUCTION_TOPIC:
-            rec.instructions.append((m.t_ns, str(msg.data)))
-        elif m.topic in image_topics:
-            rec.images[image_topics[m.topic]].append((m.t_ns, msg))
-        elif start is not None and m.topic == _abs(start.get("joint_state_topic", "joint_states")):
-            rec.joints.append((m.t_ns, msg))
-        elif start is not None and m.topic == _abs(start.get("command_topic", "joint_commands")):
-            rec.commands.append((m.t_ns, [float(x) for x in msg.data]))
+            elif kind == "label":
+                rec.labels.append(event)
+        elif start is None:
+            pending.append((m.t_ns, m.topic, msg))
+        else:
+            place(m.t_ns, m.topic, msg)
     if start is None:
         raise BagReadError(f"{bag}: no episode start marker on {EPISODE_TOPIC}; was it written by recorder_node?")
     rec.start, rec.end = start, end
