@@ -13,22 +13,30 @@ The whole data path passes through here, in order:
    for a ros2_control forward controller, ``trajectory_msgs/JointTrajectory`` or
    ``sensor_msgs/JointState``).
 
-Publishing and pacing. The core already owns the schedule: action *k* is due at
+Publishing and pacing. The core owns the schedule: action *k* is due at
 ``t0 + k / control_frequency_hz`` on ``time.monotonic()`` (drift-free, resynced rather than
-bursting when late), and it calls ``act(row)`` at that instant on the goal's thread. The driver
-publishes from inside that paced callback. A second ROS timer fed by the core would schedule the
-same deadlines twice and add a thread hop (and a queue that can hold a row after a cancel); the
-goal thread is this design's "own callback group". ``bench/bench_publish_jitter.py`` measures
-the resulting publish period error.
+bursting when late), and it calls ``act(row)`` at that instant on the goal's thread -- an asyncio
+loop that also observes, encodes and parses HTTP, whose timers wake up to 1 ms late (epoll's
+millisecond timeout) and later still when another thread holds the GIL. So ``act(row)`` only
+hands the row to the node's publisher thread (``_CommandGate``), which publishes it on its own
+monotonic grid, one control period apart, ``publish_delay_ms`` after the core's deadline: the
+core's wake-up jitter is absorbed by that small fixed delay instead of reaching the robot.
+``publish_delay_ms: 0`` publishes straight from the core's callback (no thread). The process's
+GIL switch interval is lowered in ``main()`` (``GIL_SWITCH_INTERVAL_S``) so a thread that wakes
+at its deadline waits less for the interpreter. ``bench/bench_publish_jitter.py`` measures the
+publish period error.
 
 Control rate. It comes from the policy's contract (``control_frequency_hz``). The
 ``control_rate_hz`` parameter is a cross-check only: 0 (default) accepts the contract, any
 other value that disagrees with it makes the node refuse to start (``ValueError``).
 
 Stopping. Cancelling the goal calls ``Policy.interrupt()``; the core unwinds through ``hold``,
-which publishes one hold command (``hold_mode``: the last command, or zeros for the arm joints
-of a velocity interface) and latches the publisher shut, so no command can follow the hold.
-Every early ending (cancel, preempt, validate, error, timeout) goes through ``hold``.
+which publishes one hold command (``hold_mode``: the last published command, or zeros for the
+arm joints of a velocity interface) and latches the publisher shut, so no command can follow the
+hold: a row still waiting in the publisher thread is dropped (the latch and the thread's publish
+share one lock). Every early ending (cancel, preempt, validate, error, timeout) goes through
+``hold``; a run that ends ``completed`` / ``until`` first lets its last queued row go out, then
+latches. The result's ``actions`` counts commands actually published.
 
 Sensors. Before every action ``validate`` asks the assembler for problems: a stale stream
 (older than ``max_sensor_age_s``) or a malformed message (wrong encoding, wrong size) ends the
@@ -55,6 +63,7 @@ import os
 import sys
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import List, Optional
 
@@ -78,6 +87,12 @@ from ._spin import spin_node
 from .codecs import SensorDataError
 from .observation import JOINT_STREAM, ObservationAssembler, SensorError, StreamRule
 from .bag import events as _capture  # issue 7: episode markers for recorder_node
+
+GIL_SWITCH_INTERVAL_S = 0.0005
+"""sys.setswitchinterval() that ``main()`` sets for the driver process (s; CPython's default is
+0.005): a thread woken at its publish deadline waits at most about this long for the GIL held by
+an rclpy executor thread running Python code. A process-wide setting, so the node's constructor
+leaves it alone; an embedding process (the demo, the benchmark) may set it the same way."""
 
 _S = Parameter.Type.STRING_ARRAY
 _D = Parameter.Type.DOUBLE_ARRAY
@@ -111,6 +126,11 @@ _PARAMS = {
     "command_interface": ("position", "position or velocity: which field JointTrajectory/JointState commands fill."),
     "command_joint_names": (_S, "Names for JointTrajectory/JointState commands; empty = joint_names + gripper_joint."),
     "hold_mode": ("hold_last", "hold_last (publish the last command once) or zeros (zero the arm joints, for velocity interfaces)."),
+    "publish_delay_ms": (2.0, "Commands go out on the driver's own monotonic grid this long (ms) after the core's "
+                              "paced deadline, absorbing its wake-up jitter; must be below half a control period; "
+                              "0 = publish from the core's callback directly."),
+    "realtime_priority": (0, "SCHED_FIFO priority (1-99) of the publisher thread (publish_delay_ms > 0); 0 = normal "
+                             "scheduling. Needs CAP_SYS_NICE or an rtprio limit; refused by the OS = a warning."),
     "control_rate_hz": (0.0, "Cross-check of the contract's control_frequency_hz (Hz); 0 = accept the contract. A mismatch refuses to start."),
     "max_sensor_age_s": (0.5, "A frame or joint state older than this (s) stops the run (reason validate) with a hold."),
     "sensor_wait_s": (10.0, "How long a goal waits for the first frames and joint state (s)."),
@@ -168,6 +188,184 @@ def _per_view(values, views, default, name, choices=None) -> List[str]:
     return values
 
 
+def set_thread_realtime(priority: int) -> Optional[str]:
+    """Put the calling thread under ``SCHED_FIFO`` at ``priority`` (1..99); 0 = leave it alone.
+
+    Returns None on success (or for 0), else why not (the OS said no: needs CAP_SYS_NICE or an
+    ``rtprio`` limit, e.g. ``ulimit -r 99`` / ``/etc/security/limits.conf``; or not Linux).
+    """
+    if priority <= 0:
+        return None
+    if not hasattr(os, "sched_setscheduler"):
+        return "SCHED_FIFO is not available on this OS"
+    try:
+        os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(int(priority)))  # 0: this thread (Linux)
+    except OSError as exc:
+        return f"SCHED_FIFO priority {priority} refused ({exc.strerror}): grant CAP_SYS_NICE or an rtprio limit"
+    return None
+
+
+class _CommandGate:
+    """Where every joint command leaves the driver: the publisher thread and the hold latch.
+
+    The core calls ``submit(values)`` at each action's paced deadline, on its asyncio thread.
+
+    - ``delay_s == 0``: the row is published right there, inside the core's callback.
+    - ``delay_s > 0`` and the period known (``open`` / ``set_period``): the row is queued with a
+      due time on the gate's own grid and the gate's thread publishes it then
+      (``time.monotonic()`` seconds)::
+
+          d = min(delay_s, period_s / 2)
+          due(0) = arrival(0) + d
+          due(k) = max(due(k-1) + period_s, arrival(k) + d)
+
+      so rows leave exactly one control period apart, ``d`` (plus the worst wake-up
+      lateness of the core so far) after the core's deadlines. A row that arrives later than
+      its slot allows (the core woke late, or resynced after an underrun) moves the grid later
+      -- one irregular period -- and never earlier, so there is no burst and no catching up.
+      The first row of a run waits ``d``: at most half a period. Later rows wait ``d`` plus the
+      largest lateness of the core since it last resynced (it resyncs when more than a period
+      late), so a row leaves at most about ``d`` + one period after the core's deadline.
+
+    Safety, all under one lock (``cond``): ``hold(target)`` latches the gate, drops whatever is
+    queued and publishes the hold once; the thread re-checks the latch and the queue under the
+    same lock immediately before it publishes. So a queued row never follows a hold, a cancel or
+    a stop; nothing is published while latched (between runs). ``open()`` starts a run;
+    ``drain()`` ends one that finished normally (its last rows go out, then the latch).
+
+    Args:
+        publish: ``publish(values)`` sends one command (called with the lock held).
+        delay_s: see above (s, >= 0).
+        on_published: ``on_published(t, values, due)`` after each published row: when it went
+            out and when it was due (monotonic s; ``due`` is None without the thread).
+        rt_priority: SCHED_FIFO priority of the publisher thread (0 = normal scheduling).
+        on_rt_error: called with the reason when ``rt_priority`` could not be applied.
+    """
+
+    def __init__(self, publish, delay_s: float, on_published, rt_priority: int = 0, on_rt_error=None) -> None:
+        if not (delay_s >= 0.0 and math.isfinite(delay_s)):
+            raise ValueError(f"publish delay must be a finite number of seconds >= 0, got {delay_s}")
+        self._publish = publish
+        self._on_published = on_published
+        self.delay_s = float(delay_s)
+        self.cond = threading.Condition()
+        self.latched = True               # no command before a run starts, none after its hold
+        self.last: Optional[list] = None  # the last published row of this run
+        self.accepted = 0                 # rows handed over by the core in this run
+        self.regrids = 0                  # rows that moved the grid later (diagnostics)
+        self._queue: deque = deque()      # (due monotonic s, values)
+        self._next_due: Optional[float] = None
+        self._period_s: Optional[float] = None
+        self._stopped = False
+        self._thread = None
+        self._rt_priority = int(rt_priority)
+        self._on_rt_error = on_rt_error
+        if self.delay_s > 0:
+            self._thread = threading.Thread(target=self._run, name="policy_driver_publisher", daemon=True)
+            self._thread.start()
+
+    def open(self, period_s: Optional[float]) -> None:
+        """Start a run: unlatch, empty grid; ``period_s`` (s) is the control period, None = unknown yet."""
+        with self.cond:
+            self.latched, self.last, self.accepted, self.regrids = False, None, 0, 0
+            self._queue.clear()
+            self._next_due = None
+            self._period_s = period_s
+
+    def set_period(self, period_s: float) -> None:
+        """The control period (s) of the chunk that is starting (the node refuses rate changes)."""
+        with self.cond:
+            self._period_s = float(period_s)
+
+    def submit(self, values: list) -> bool:
+        """Take one row from the core (at its deadline); False when latched (the row is dropped)."""
+        arrival = time.monotonic()
+        with self.cond:
+            if self.latched:
+                return False
+            self.accepted += 1
+            if self._thread is None or self._period_s is None:
+                self._emit(values)
+                return True
+            due = arrival + min(self.delay_s, 0.5 * self._period_s)  # the first row: < one period late
+            if self._next_due is not None:
+                if due > self._next_due + 1e-4:
+                    self.regrids += 1
+                due = max(due, self._next_due)
+            self._next_due = due + self._period_s
+            self._queue.append((due, values))
+            self.cond.notify_all()
+            return True
+
+    def hold(self, target_for) -> Optional[list]:
+        """Latch, drop queued rows and publish ``target_for(last)`` once; None if already latched.
+
+        ``target_for(last_published_or_None)`` returns the hold command (or None: nothing to send).
+        Returns the command published (or [] when there was nothing to publish).
+        """
+        with self.cond:
+            if self.latched:
+                return None
+            self.latched = True
+            self._queue.clear()
+            self.cond.notify_all()
+            target = target_for(self.last)
+            if target is None:
+                return []
+            self._publish(target)
+            return target
+
+    def drain(self, timeout_s: float) -> bool:
+        """End a run that finished normally: wait (up to ``timeout_s``) for queued rows, then latch.
+
+        Returns True when every queued row went out (rows left after the timeout are dropped).
+        """
+        deadline = time.monotonic() + timeout_s
+        with self.cond:
+            while self._queue and not self.latched and not self._stopped:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self.cond.wait(left)
+            flushed = not self._queue
+            self.latched = True
+            self._queue.clear()
+            return flushed
+
+    def stop(self) -> None:
+        """Latch and end the publisher thread (joined, up to 2 s)."""
+        with self.cond:
+            self._stopped = True
+            self.latched = True
+            self._queue.clear()
+            self.cond.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout=2.0)
+
+    def _emit(self, values: list, due: Optional[float] = None) -> None:
+        self._publish(values)
+        self.last = values
+        self._on_published(time.monotonic(), values, due)
+
+    def _run(self) -> None:
+        why = set_thread_realtime(self._rt_priority)
+        if why is not None and self._on_rt_error is not None:
+            self._on_rt_error(why)
+        with self.cond:
+            while not self._stopped:
+                if self.latched or not self._queue:
+                    self.cond.wait()
+                    continue
+                due, values = self._queue[0]
+                left = due - time.monotonic()
+                if left > 0:
+                    self.cond.wait(left)  # a hold, a stop or a new row wakes it: everything is re-checked
+                    continue
+                self._queue.popleft()
+                self._emit(values, due)
+                self.cond.notify_all()    # drain() waits for the queue to empty
+
+
 class PolicyDriver(Node):
     """Drives a robot from ``Act`` goals with a deployed policy (see the module docstring).
 
@@ -207,6 +405,9 @@ class PolicyDriver(Node):
         self._joint_type = str(p["joint_state_type"])
         codecs.joint_decoder(self._joint_type)
         self._encoder = codecs.command_encoder(str(p["command_type"]))
+        delay_ms = float(p["publish_delay_ms"])
+        if not (delay_ms >= 0.0 and math.isfinite(delay_ms)):
+            raise ValueError(f"publish_delay_ms must be >= 0 (0 = no publisher thread), got {delay_ms}")
         self._lower = list(p["joint_lower"] or []) or None   # typed, unset by default
         self._upper = list(p["joint_upper"] or []) or None
         self._n_arm = len(p["joint_names"])
@@ -220,6 +421,10 @@ class PolicyDriver(Node):
         try:
             contract = self.policy.contract or {}
             self.control_rate_hz = self._check_rate(contract)
+            if delay_ms > 0 and self.control_rate_hz and delay_ms / 1000.0 >= 0.5 / self.control_rate_hz:
+                raise ValueError(
+                    f"publish_delay_ms={delay_ms:g} is not below half the control period of {p['model']} "
+                    f"({500.0 / self.control_rate_hz:.3g} ms at {self.control_rate_hz:g} Hz): lower it, or set 0")
             cams = ((contract.get("observation") or {}).get("cameras") or {})
             sizes = {v: (int(c["width"]), int(c["height"])) for v, c in cams.items()
                      if v in views and isinstance(c, dict) and "width" in c}
@@ -244,9 +449,11 @@ class PolicyDriver(Node):
                                  self._on_joint_state, qos_profile_sensor_data, callback_group=sensors)
         self._cmd_pub = self.create_publisher(codecs.message_class(self._encoder.msg_type), p["command_topic"], 10)
 
-        self._pub_lock = threading.Lock()
-        self._latched = True           # no command before a run starts, none after its hold
-        self._last_command: Optional[list] = None
+        rt = int(p["realtime_priority"])
+        if not 0 <= rt <= 99:
+            raise ValueError(f"realtime_priority must be 0 (off) or a SCHED_FIFO priority 1..99, got {rt}")
+        self._gate = _CommandGate(self._publish, delay_ms / 1000.0, self._published, rt,
+                                  lambda why: self.get_logger().warning(f"publisher thread not real-time: {why}"))
         self._goal_handle = None
         self._busy = threading.Lock()
         self._cancelled_goals: set = set()   # id() of goals whose cancel this node accepted
@@ -409,35 +616,36 @@ class PolicyDriver(Node):
                                    self._p["command_interface"], self.get_clock().now().to_msg())
         self._cmd_pub.publish(msg)
 
+    def _published(self, t: float, values: list, due: Optional[float]) -> None:
+        """The gate published ``values`` at monotonic ``t`` (s; ``due`` unused): record it in the trace."""
+        self.trace.commands.append((t, values))
+
     def _send(self, action) -> None:
-        """Publish one action unless a hold has latched (called by the core at the action's deadline)."""
-        values = [float(x) for x in action]
-        with self._pub_lock:
-            if self._latched:
-                return
-            self._publish(values)
-            self._last_command = values
-            self.trace.commands.append((time.monotonic(), values))
-        self._status = "running"
+        """Hand one action to the publisher (called by the core at the action's deadline).
+
+        Dropped when a hold has latched the gate; see ``_CommandGate`` for when it is published.
+        """
+        if self._gate.submit([float(x) for x in action]):
+            self._status = "running"
+
+    def _hold_target(self, last: Optional[list]) -> Optional[list]:
+        """The hold command for ``hold_mode``, from the last published command (or the arm's state)."""
+        target = last
+        if target is None:  # stopped before the first command: hold where the arm is
+            q = self.assembler.latest_joint_positions()
+            g = self.assembler.latest_gripper()
+            target = None if q is None else q + ([g] if g is not None else [])
+        if target is not None and self._p["hold_mode"] == "zeros":
+            # velocity interface: stop the arm joints; the gripper keeps its last command
+            target = [0.0] * min(self._n_arm, len(target)) + list(target[self._n_arm:])
+        return target
 
     def _hold(self) -> None:
-        """Publish one hold command, then latch: nothing is published after it."""
-        with self._pub_lock:
-            if self._latched:
-                return
-            self._latched = True
-            target = self._last_command
-            if target is None:  # stopped before the first action: hold where the arm is
-                q = self.assembler.latest_joint_positions()
-                g = self.assembler.latest_gripper()
-                target = None if q is None else q + ([g] if g is not None else [])
-            if target is not None and self._p["hold_mode"] == "zeros":
-                # velocity interface: stop the arm joints; the gripper keeps its last command
-                target = [0.0] * min(self._n_arm, len(target)) + list(target[self._n_arm:])
-            if target is not None:
-                self._publish(target)
+        """Publish one hold command, then latch: nothing is published after it (queued rows are dropped)."""
+        target = self._gate.hold(self._hold_target)
+        if target is not None:
             self.trace.hold_time = time.monotonic()
-            self.trace.hold_command = target
+            self.trace.hold_command = target or None
 
     def _validate(self, action) -> bool:
         """Sensors fresh and well-formed; action finite and inside the configured bounds."""
@@ -481,7 +689,9 @@ class PolicyDriver(Node):
             raise ValueError(f"chunk at {hz} Hz contradicts the control rate {self.control_rate_hz} Hz")
         if self._observed_at is not None:
             self._obs_to_chunk_s = time.monotonic() - self._observed_at
-        self.trace.seams.append(len(self.trace.commands))
+        if hz:
+            self._gate.set_period(1.0 / float(hz))
+        self.trace.seams.append(self._gate.accepted)  # this chunk's first row is the next one accepted
 
     def _on_underrun(self) -> None:
         self._underruns += 1
@@ -588,8 +798,7 @@ class PolicyDriver(Node):
                 self.get_logger().error(f"Act goal not started ({result.reason}): {result.message}")
                 goal_handle.abort()
                 return result
-            with self._pub_lock:
-                self._latched, self._last_command = False, None
+            self._gate.open(1.0 / self.control_rate_hz if self.control_rate_hz else None)
             self._task_done = False
             until = (lambda: self._task_done) if self._success_client is not None else None
             self._episode_pub.publish(String(data=_capture.start_event(self, goal)))  # capture (issue 7)
@@ -619,10 +828,11 @@ class PolicyDriver(Node):
                 return result
         finally:
             self._goal_handle, self._instruction, self._status = None, None, "idle"
-            with self._pub_lock:
-                self._latched = True  # nothing is published between runs
+            # a normal ending lets its last queued row go out (an early one has latched already)
+            self._gate.drain(timeout_s=self._gate.delay_s + (1.0 / (self.control_rate_hz or 15.0)) + 0.5)
         self._last_outcome = outcome
         _fill_result(result, outcome)
+        result.actions = len(self.trace.commands)  # published: a row queued when the hold came was dropped
         preempted = self._preempting is goal_handle and outcome.reason == "interrupted"
         if preempted:
             self._preempting = None
@@ -653,6 +863,7 @@ class PolicyDriver(Node):
     def destroy_node(self) -> None:
         try:
             self.policy.interrupt()
+            self._gate.stop()
             self.policy.__exit__(None, None, None)
         finally:
             self._action_server.destroy()
@@ -688,8 +899,10 @@ def main(args=None) -> int:
     """``ros2 run sequence_ai policy_driver``: spin until Ctrl-C / SIGTERM, then shut down cleanly.
 
     On the signal the active run is interrupted and its hold published (waiting up to 3 s) while
-    the ROS context is still valid; then the node shuts down (``_spin.spin_node``).
+    the ROS context is still valid; then the node shuts down (``_spin.spin_node``). The process's
+    GIL switch interval is set to ``GIL_SWITCH_INTERVAL_S`` first (see there).
     """
+    sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
     return spin_node(PolicyDriver, threads=6, args=args, on_stop=_stop_runs)
 
 

@@ -24,7 +24,7 @@ from std_msgs.msg import Float64MultiArray, String
 
 from _servers import ECHO_POLICY
 from sequence_ai_msgs.action import Act
-from sequence_ai_ros.driver_node import PolicyDriver, outcome_message
+from sequence_ai_ros.driver_node import PolicyDriver, _CommandGate, outcome_message, set_thread_realtime
 
 PERIOD_S = 1.0 / 15.0
 JOINTS = [f"panda_joint{i}" for i in range(1, 8)]
@@ -193,8 +193,9 @@ def test_commands_arrive_at_the_contract_rate_with_feedback_and_status(ros, echo
     assert outcome_message(res).actions == res.actions
 
 
-def test_cancel_publishes_the_hold_within_one_control_period_then_silence(ros, echo_server):
-    robot, driver, client, _ = setup_driver(ros, echo_server)
+@pytest.mark.parametrize("delay_ms", [2.0, 0.0], ids=["publisher_thread", "from_the_core_callback"])
+def test_cancel_publishes_the_hold_within_one_control_period_then_silence(ros, echo_server, delay_ms):
+    robot, driver, client, _ = setup_driver(ros, echo_server, publish_delay_ms=delay_ms)
     goal = Goal(client, max_seconds=20.0)
     wait(lambda: len(robot.commands) >= 15, 10.0, "commands")
     t_cancel = time.monotonic()
@@ -312,3 +313,109 @@ def test_control_rate_parameter_contradicting_the_contract_is_refused(ros, echo_
     ok = PolicyDriver(context=ros.ctx, parameter_overrides=driver_params(echo_server, control_rate_hz=15.0))
     assert ok.control_rate_hz == 15.0
     ros.add(ok)
+
+
+def test_publish_delay_and_realtime_priority_out_of_range_are_refused_at_start(ros, echo_server):
+    # the echo policy runs at 15 Hz: half a period is 33.3 ms
+    with pytest.raises(ValueError, match="publish_delay_ms=40 is not below half the control period"):
+        PolicyDriver(context=ros.ctx, parameter_overrides=driver_params(echo_server, publish_delay_ms=40.0))
+    with pytest.raises(ValueError, match="publish_delay_ms must be >= 0"):
+        PolicyDriver(context=ros.ctx, parameter_overrides=driver_params(echo_server, publish_delay_ms=-1.0))
+    with pytest.raises(ValueError, match="realtime_priority must be 0"):
+        PolicyDriver(context=ros.ctx, parameter_overrides=driver_params(echo_server, realtime_priority=100))
+
+
+class _Sent:
+    """What a _CommandGate published, in order: (monotonic s, values, due or None for the hold)."""
+
+    def __init__(self):
+        self.rows = []      # via on_published: (t, values, due)
+        self.all = []       # every publish call, hold included: (t, values)
+
+    def publish(self, values):
+        self.all.append((time.monotonic(), list(values)))
+
+    def published(self, t, values, due):
+        self.rows.append((t, list(values), due))
+
+
+def test_a_row_queued_in_the_publisher_thread_never_follows_the_hold():
+    sent = _Sent()
+    gate = _CommandGate(sent.publish, 0.2, sent.published)
+    try:
+        gate.open(period_s=1.0)
+        assert gate.submit([1.0])
+        wait(lambda: len(sent.all) == 1, 5.0, "the first row")
+        assert gate.submit([2.0])                    # due one period after the first: still queued
+        hold = gate.hold(lambda last: last)          # the cancel: hold the last published row
+        assert hold == [1.0]
+        assert not gate.submit([3.0])                # latched: dropped
+        time.sleep(1.5)                              # past the queued row's due time
+        assert [v for _, v in sent.all] == [[1.0], [1.0]]
+        assert gate.hold(lambda last: last) is None  # the hold is published once
+        assert gate.drain(timeout_s=0.5)             # nothing left to flush
+    finally:
+        gate.stop()
+    assert len(sent.all) == 2
+
+
+def test_rows_leave_the_publisher_one_control_period_apart_and_the_last_is_flushed():
+    period, delay = 0.05, 0.01
+    rng = np.random.default_rng(0)
+    sent = _Sent()
+    gate = _CommandGate(sent.publish, delay, sent.published)
+    arrivals = []
+    try:
+        gate.open(period_s=period)
+        t0 = time.monotonic()
+        for k in range(20):   # the core's deadlines, woken 0..4 ms late
+            left = t0 + k * period + rng.uniform(0.0, 0.004) - time.monotonic()
+            if left > 0:
+                time.sleep(left)
+            arrivals.append(time.monotonic())
+            assert gate.submit([float(k)])
+        assert gate.drain(timeout_s=2.0)             # a normal ending: the last row still goes out
+    finally:
+        gate.stop()
+    assert [v for _, v, _ in sent.rows] == [[float(k)] for k in range(20)]
+    t = np.array([r[0] for r in sent.rows])
+    due = np.array([r[2] for r in sent.rows])
+    gaps = np.diff(due)
+    # the grid: exactly one period apart, or later when a row came late (a regrid); never a burst
+    assert np.all(gaps >= period - 1e-9)
+    assert np.count_nonzero(gaps > period + 1e-4) == gate.regrids
+    assert due[0] - arrivals[0] <= delay + 1e-3      # the first row waits the delay, < one period
+    assert np.all(due >= np.array(arrivals) + delay - 1e-9)
+    assert np.all(t >= due)                          # never early
+    assert np.median(t - due) < period / 2           # on time, give or take the shared machine
+
+
+def test_publish_delay_over_half_a_period_is_capped_at_half_a_period():
+    sent = _Sent()
+    gate = _CommandGate(sent.publish, 0.2, sent.published)
+    try:
+        gate.open(period_s=0.02)
+        before = time.monotonic()
+        assert gate.submit([1.0])
+        assert gate.drain(timeout_s=2.0)
+    finally:
+        gate.stop()
+    (t, _, due), = sent.rows
+    assert due - before <= 0.01 + 1e-3
+
+
+def test_realtime_priority_is_applied_to_the_thread_or_the_reason_is_given():
+    out = {}
+
+    def body():
+        out["why"] = set_thread_realtime(5)
+        out["policy"] = os.sched_getscheduler(0)
+
+    th = threading.Thread(target=body)
+    th.start()
+    th.join()
+    if out["why"] is None:
+        assert out["policy"] == os.SCHED_FIFO
+    else:
+        assert "CAP_SYS_NICE" in out["why"] and out["policy"] != os.SCHED_FIFO
+    assert set_thread_realtime(0) is None and os.sched_getscheduler(0) != os.SCHED_FIFO
