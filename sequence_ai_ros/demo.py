@@ -186,8 +186,9 @@ def drive(instruction: str, seed: int, max_seconds: float, out_dir: Path, *, can
     from sequence_ai_msgs.action import Act
     from sequence_ai_msgs.srv import CheckSuccess
 
-    from .driver_node import PolicyDriver
+    from .driver_node import GIL_SWITCH_INTERVAL_S, PolicyDriver
 
+    sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)   # as the driver node's own main() does
     out_dir.mkdir(parents=True, exist_ok=True)
     say = (lambda *a: None) if quiet else (lambda *a: print(*a, flush=True))
     with ExitStack() as stack:
