@@ -31,14 +31,17 @@ setup(
     ],
     package_data={"seq": ["templates/*/*.py", "templates/*/*.md"]},
     package_dir={"sequence_ai_server": "server/sequence_ai_server"},
-    # The robot client is deliberately small: httpx (which brings anyio) and nothing else.
-    install_requires=["httpx>=0.27"],
+    # The robot client is deliberately small: httpx (which brings anyio) and sniffio, which
+    # httpcore imports on every request and, when it is missing, re-searches sys.path for each
+    # time (~0.2-0.9 ms of CPU per /act; bench/bench_client.py).
+    install_requires=["httpx>=0.27", "sniffio>=1.3"],
     extras_require={
         # client frames: simplejpeg (libjpeg-turbo) encodes; Pillow resizes and writes depth PNG
         "image": ["simplejpeg>=1.7", "pillow>=10", "numpy>=1.24"],
         "server": [
             "fastapi>=0.110",
             "uvicorn>=0.29",
+            "uvloop>=0.19; sys_platform != 'win32'",   # worker: the /act event loop (bench_client.py)
             "pydantic>=2.5",
             "numpy>=1.24",
             "simplejpeg>=1.7",     # worker: JPEG decode (libjpeg-turbo); Pillow stays for PNG / depth

@@ -146,6 +146,25 @@ def bench_overhead(gw, model, n, worker_pid):
               f"bytes {rows[1][5] / base['bytes']:.3f}x")
     if not BASELINE_PY.exists():
         print(f"   (openpi baseline not run: {BASELINE_PY} missing; run_client_benches.py creates it)")
+    print(f"   bytes per binary request, frames above (gradient + per-pixel noise 0..11): {rows[1][5]}; "
+          f"{sim_frames_bytes()}")
+
+
+def sim_frames_bytes() -> str:
+    """Binary /act body size for two 224x224 frames rendered from the pick-place sim (the demo's
+    cameras): a second, rendered-scene reference for the bytes goal."""
+    try:
+        from sequence_ai_ros.panda_sim import PandaPickPlaceSim
+        sim = PandaPickPlaceSim(seed=0, image_size=224)
+        frames = {"exterior_1": sim.render("exterior_1"), "wrist_left": sim.render("wrist_left")}
+    except Exception as exc:  # noqa: BLE001 - the sim extra is optional for this one line
+        return f"sim-rendered frames: not measured ({type(exc).__name__}: {exc})"
+    obs = sequence_ai.observation(CONTRACT, images=frames, joints=[0.1] * 7, gripper=[0.5],
+                                  instruction="put the red cube on the green pad")
+    from sequence_ai_core import encode_act_body
+    from sequence_ai_core._types import observation_to_wire
+    body, _ = encode_act_body({"observation": observation_to_wire(obs, None), "params": {}}, True)
+    return f"two 224x224 frames rendered from the pick-place sim (exterior + wrist): {len(body)}"
 
 
 # --------------------------------------------------------------------------- 3
@@ -254,7 +273,8 @@ def main(argv=None):
             gw.deploy(str(slow_src), "bench-client-slow", wait=True, timeout=120)
             pid = gw.status("bench-client")["pid"]
             print(f"sequence-ai client benchmarks (loopback, {os.cpu_count()} CPUs, "
-                  f"python {sys.version.split()[0]})")
+                  f"python {sys.version.split()[0]}, load average at start "
+                  f"{os.getloadavg()[0]:.1f}: other processes share these CPUs)")
             bench_connection_reuse(gw, "bench-client", n // 3)
             bench_overhead(gw, "bench-client", n, pid)
             bench_prefetch(gw, "bench-client", 60 if args.quick else 150)

@@ -11,6 +11,7 @@ Wire client, chunk buffer, prefetch, seam, pacing, interrupt and typed errors, o
     _interrupt.py  the thread-safe stop flag and the loop's single wait point
     _loop.py       run()/act(): the control loop and its endings
     _policy.py     AsyncPolicy, the handle that ties them together
+    _options.py    ConnectOptions: connect()/aconnect() keywords, checked and documented once
     _errors.py     the exception tree
     _types.py      wire dataclasses (Observation, ActionChunk, RunOutcome, ...)
 
@@ -30,7 +31,8 @@ from ._errors import (
     Unavailable,
     from_response,
 )
-from ._policy import DEFAULT_BODY_FORMAT, DEFAULT_TIMEOUT_S, AsyncPolicy
+from ._options import DEFAULT_BODY_FORMAT, DEFAULT_TIMEOUT_S, ConnectOptions
+from ._policy import AsyncPolicy
 from ._types import (
     ActionChunk,
     ImageFrame,
@@ -46,6 +48,7 @@ from ._wire import BINARY_CONTENT_TYPE, encode_act_body, fetch_models
 
 __all__ = [
     "AsyncPolicy",
+    "ConnectOptions",
     "Limits",
     "ActionChunk",
     "ImageFrame",

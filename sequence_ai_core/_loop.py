@@ -34,6 +34,11 @@ Decisions, in one place:
   ``progress="auto"``, to stderr only when it is a terminal.
 - Interrupt: the flag is checked at every wake and immediately before every ``act``; in-flight
   requests are cancelled and buffered rows dropped.
+- Episode: every request of one run carries the run's ``episode_id``; when the run ends, however
+  it ends (exception included), after ``hold()``, the worker is told the episode is over
+  (``POST /episode/end``) so the policy's ``@seq.on_episode`` frees its state at once. The
+  answer is awaited for half a control period at most (the worker answers only after the
+  episode's queued acts), so run() still returns within one period of an interrupt.
 """
 from __future__ import annotations
 
@@ -112,6 +117,7 @@ class ControlLoop:
         self.fetch: Optional[asyncio.Task] = None
         self.fetch_started = 0.0
         self.fetch_version = 0
+        self.requests = 0
         self.out = RunOutcome(reason="")
         self.k = 0
         self.pacer: Optional[Pacer] = None
@@ -142,8 +148,16 @@ class ControlLoop:
             self.buffer.clear()
             self.interrupt.unbind()
             self.out.seconds = time.monotonic() - t_start
-            if self.cfg.hold is not None and (reason is None or reason in EARLY_ENDINGS):
-                await _call(self.cfg.hold)
+            try:
+                if self.cfg.hold is not None and (reason is None or reason in EARLY_ENDINGS):
+                    await _call(self.cfg.hold)
+            finally:
+                if self.requests:
+                    self.p._wire.end_episode_soon(self.episode_id)
+                # the episode end (and leaving a line, if the run waited in one) get half a
+                # period to be answered; the rest finishes in the background
+                period = self.pacer.period_s if self.pacer is not None else 1.0 / _DEFAULT_HZ
+                await self.p._wire.settle(period / 2)
         self.out.reason = reason
         self.out.actions = self.k
         self.out.chunks = self.buffer.chunks_started
@@ -292,6 +306,7 @@ class ControlLoop:
         instruction, version = self.p._instruction_now()
         wire = self.p._check(observation_to_wire(observation, instruction))
         self.fetch_version = version
+        self.requests += 1
         self.fetch = asyncio.ensure_future(
             self.p._wire.act(wire, params=self.cfg.params, episode_id=self.episode_id))
         self.fetch.add_done_callback(lambda _t: self.interrupt.poke())

@@ -22,15 +22,13 @@ from ._errors import ChunkExhausted, ContractMismatch, SequencesError, Unavailab
 from ._interrupt import Interrupt
 from ._limits import Limits
 from ._loop import ControlLoop, LoopConfig
+from ._options import DEFAULT_BODY_FORMAT, DEFAULT_TIMEOUT_S, ConnectOptions, print_queue_position
 from ._prefetch import LatencyEstimate
 from ._types import ModelInfo, Prediction, RunOutcome, observation_to_wire
 from ._wire import Wire, fetch_models
 
 __all__ = ["AsyncPolicy", "DEFAULT_TIMEOUT_S", "DEFAULT_BODY_FORMAT", "warn_if_no_validate"]
 
-DEFAULT_TIMEOUT_S = 60.0
-# /act body format: "auto" sends the binary framing and falls back to JSON on a 415.
-DEFAULT_BODY_FORMAT = "auto"
 _warned_no_validate = False
 
 
@@ -49,35 +47,30 @@ def warn_if_no_validate(validate: Any, stacklevel: int = 3) -> None:
 class AsyncPolicy:
     """A connection to one deployed model, for asyncio code (``async with aconnect(...)``).
 
-    Construct with ``sequence_ai.aconnect()``; see it for the arguments. One AsyncPolicy holds
-    one action buffer: one control loop drives it at a time.
+    Construct with ``sequence_ai.aconnect()`` (or ``AsyncPolicy(model, **options)``); the
+    options are ``ConnectOptions``' fields, documented there. One AsyncPolicy holds one action
+    buffer: one control loop drives it at a time.
+
+    Raises TypeError for an unknown option, ValueError for a bad value (see ConnectOptions).
     """
 
-    def __init__(
-        self,
-        model: str,
-        *,
-        api_key: Optional[str] = None,
-        gateway_url: Optional[str] = None,
-        params: Optional[Dict[str, Any]] = None,
-        expect: Optional[Dict[str, Any]] = None,
-        validate: str = "warn",
-        on_warming: Optional[Callable[[float, Optional[float]], Any]] = None,
-        on_queue: Optional[Callable[..., Any]] = None,
-        timeout_s: float = DEFAULT_TIMEOUT_S,
-        body_format: str = DEFAULT_BODY_FORMAT,
-    ) -> None:
-        if validate not in ("warn", "strict", "off"):
-            raise ValueError(f'validate must be "warn", "strict" or "off", not {validate!r}')
+    def __init__(self, model: str, options: Optional[ConnectOptions] = None, **kwargs: Any) -> None:
+        if options is None:
+            options = ConnectOptions.from_kwargs("AsyncPolicy", kwargs)
+        elif kwargs:
+            raise TypeError("pass either a ConnectOptions or keyword options, not both")
+        if not isinstance(model, str) or not model:
+            raise ValueError(f"model must be a deployment name (a non-empty str), not {model!r}")
         self.model = model
-        self.gateway_url = resolve_gateway_url(gateway_url)
-        self._wire = Wire(self.gateway_url, resolve_api_key(api_key), model, params, timeout_s,
-                          body_format=body_format)
+        self.options = options
+        self.gateway_url = resolve_gateway_url(options.gateway_url)
+        self._on_queue = options.on_queue if options.on_queue is not None else print_queue_position()
+        self._wire = Wire(self.gateway_url, resolve_api_key(options.api_key), model, options.params,
+                          options.timeout_s, body_format=options.body_format, on_queue=self._on_queue)
         self.last_episode_id: Optional[str] = None
-        self._expect = dict(expect) if expect else None
-        self._validate_mode = validate
-        self._on_warming = on_warming
-        self._on_queue = on_queue  # no queue on a self-hosted gateway yet; kept for the signature
+        self._expect = dict(options.expect) if options.expect else None
+        self._validate_mode = options.validate
+        self._on_warming = options.on_warming
         self._buffer = ChunkBuffer()
         self._interrupt = Interrupt()
         self._latency = LatencyEstimate()
@@ -95,14 +88,20 @@ class AsyncPolicy:
         """Handshake with the gateway now, so a wrong key or model fails here.
 
         A warming worker is not an error here: ``run()``/``act()``/``wait_until_ready()`` wait it
-        out, ``predict()`` raises ``Unavailable(warming=True)``.
+        out, ``predict()`` raises ``Unavailable(warming=True)``. A deployment whose every slot is
+        taken puts the robot in line here, before any control loop: ``on_queue(position,
+        estimate_s)`` is called for each answer and the connect asks again (Retry-After) until
+        a slot frees. ``interrupt()`` (from any thread or task) stops that wait within one
+        control period and gives the place in line up.
 
         Raises:
             AuthError, InvalidRequest (unknown model), ContractMismatch (``expect=``),
-            TransportError (gateway unreachable).
+            TransportError (gateway unreachable), Unavailable (code ``queue_timeout``: waited the
+            deployment's ``queue_timeout_s`` in line; ``deployment_full`` under on_full="reject"),
+            SequencesError (code ``interrupted``: interrupt() during the wait in line).
         """
         try:
-            await self._wire.handshake()
+            await self._interruptible(self._wire.join(), "waiting in line for a slot")
         except Unavailable as exc:
             if not exc.warming:
                 raise
@@ -110,8 +109,34 @@ class AsyncPolicy:
         self._check_expect()
         return self
 
+    async def _interruptible(self, coro: Any, doing: str) -> Any:
+        """Await ``coro`` as a task that ``interrupt()`` cancels (within one control period).
+
+        Clears the interrupt flag first, like the start of a run. Raises SequencesError (code
+        ``interrupted``) when interrupted; a cancellation from outside cancels the task too.
+        """
+        self._interrupt.bind()
+        task = asyncio.ensure_future(coro)
+        task.add_done_callback(lambda _t: self._interrupt.poke())
+        try:
+            while not task.done():
+                if self._interrupt.is_set:
+                    raise SequencesError(f"interrupted while {doing}", code="interrupted", retryable=True,
+                                         hint="connect again (or run()) when you want the robot to go on")
+                await self._interrupt.sleep_until(math.inf)
+            return task.result()
+        finally:
+            self._interrupt.unbind()
+            if not task.done():
+                task.cancel()
+                try:
+                    await task
+                except BaseException:  # noqa: BLE001 - cancelled; its own cleanup ran
+                    pass
+
     async def aclose(self) -> None:
-        """Stop any run (interrupt) and close the connections."""
+        """Stop any run (interrupt), close the session (its slot frees at once) or give up a
+        place in line, and close the connections."""
         self._interrupt.set()
         await self._wire.aclose()
 
@@ -145,7 +170,9 @@ class AsyncPolicy:
         return self._wire.reconnects
 
     async def ready(self) -> Tuple[bool, Optional[float]]:
-        """``(True, None)`` when the model can serve now, ``(False, eta_s)`` while it warms. Does not block."""
+        """``(True, None)`` when the model can serve now, ``(False, eta_s)`` while it warms or
+        waits in line for a slot (eta: the gateway's estimate, s). Does not block: one attempt;
+        a queued robot keeps its place for the next call (and gives it up on close)."""
         if self._wire.session is not None and await self._wire.ping():
             return True, None
         try:
@@ -153,6 +180,10 @@ class AsyncPolicy:
         except Unavailable as exc:
             if exc.warming:
                 return False, exc.retry_after_s
+            if exc.code == "queued":
+                details = exc.details or {}
+                self._on_queue(int(details.get("position") or 0), details.get("estimate_s"))
+                return False, details.get("estimate_s", exc.retry_after_s)
             raise
         self._check_expect()
         return True, None

@@ -7,11 +7,25 @@ A call is two phases and the gateway is in only the first::
 
 Transparent fallback: a 401 from the worker (rotated secret, expired lease) or a dropped
 connection sends the wire back through the gateway for fresh coordinates, once, and the call
-is replayed. A second failure is raised. The lease is also renewed *before* it lapses: the
+is replayed. A second failure is raised. The old session is resumed when the gateway still
+holds it (``POST /v1/sessions/{id}/renew`` hands back a token signed with the current secret
+and the worker's current address), else closed (``DELETE /v1/sessions/{id}``) *before* a new
+one is opened, so a robot never waits in line behind its own stale session. The lease is also renewed *before* it lapses: the
 handshake's ``ttl_s`` (else ``expires_at``) sets a local monotonic renewal time, and the first
 request after it goes through the gateway first. A 503 warming from the gateway becomes
 ``Unavailable(warming=True, retry_after_s=...)``; waiting it out is the loop's decision, not
 the wire's.
+
+Waiting in line (``join``): when every slot of the deployment is taken the gateway answers 503
+``queued`` with ``details {position, estimate_s, ticket}``. The wire keeps the ticket, calls
+``on_queue(position, estimate_s)`` and asks again after Retry-After (clamped to
+QUEUE_POLL_MIN_S..QUEUE_POLL_MAX_S, well inside the gateway's abandon time) with the ticket, until
+it is admitted or the gateway refuses with ``queue_timeout``. Cancelling the wait (interrupt,
+Ctrl-C, close) gives the place up: ``DELETE /v1/sessions/{ticket}``.
+
+Episodes: ``end_episode_soon`` (``POST {worker}/episode/end``) is how ``run()`` ends the episode it
+drove, so the policy's ``@seq.on_episode`` frees its state at once rather than after the
+worker's idle timeout.
 
 Body formats for /act (docs/design.md): JSON (base64 frames; what curl and non-Python
 controllers send) or the binary framing ``application/vnd.sequence-ai.act+bin`` (a 4-byte
@@ -21,15 +35,16 @@ falls back to JSON for the rest of the session when a worker answers 415.
 """
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import time
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import httpx
 
-from ._errors import ConnectionLost, SequencesError, TransportError, from_response
+from ._errors import ConnectionLost, SequencesError, TransportError, Unavailable, from_response
 from ._types import ModelInfo, Prediction
 
 __all__ = ["Session", "Wire", "fetch_models", "encode_act_body", "BINARY_CONTENT_TYPE",
@@ -39,6 +54,19 @@ BINARY_CONTENT_TYPE = "application/vnd.sequence-ai.act+bin"
 BODY_FORMATS = ("json", "binary", "auto")
 # Renew a lease this long before it lapses (s), or a tenth of its ttl when that is shorter.
 LEASE_MARGIN_S = 5.0
+# Asking again while queued: the gateway's Retry-After, clamped to this range (s). The gateway
+# drops a robot that has not asked for 15 s (slots.ABANDON_S).
+QUEUE_POLL_MIN_S = 0.25
+QUEUE_POLL_MAX_S = 5.0
+# Bound on the best-effort calls made while unwinding (episode end, leaving the line, closing).
+COURTESY_TIMEOUT_S = 2.0
+
+
+def _seconds(value: Any) -> Optional[float]:
+    try:
+        return None if value is None else float(value)
+    except (TypeError, ValueError):
+        return None
 
 
 def _raw(data: Any) -> bytes:
@@ -157,11 +185,14 @@ class Wire:
         timeout_s: per-request HTTP timeout in seconds.
         body_format: "json" (default), "binary" or "auto" (binary, falling back to JSON for the
             session when the worker answers 415).
+        on_queue: ``(position, estimate_s) -> None`` for each ``queued`` answer while ``join``
+            waits in line; None: silent.
     """
 
     def __init__(self, gateway_url: str, api_key: str, model: str,
                  params: Optional[Dict[str, Any]] = None, timeout_s: float = 60.0,
-                 body_format: str = "json") -> None:
+                 body_format: str = "json",
+                 on_queue: Optional[Callable[[int, Optional[float]], Any]] = None) -> None:
         if body_format not in BODY_FORMATS:
             raise ValueError(f"body_format must be one of {BODY_FORMATS}, not {body_format!r}")
         self.body_format = body_format
@@ -173,8 +204,13 @@ class Wire:
         self.session: Optional[Session] = None
         self.reconnects = 0
         self.renewals = 0
+        self.resumed = 0                        # reconnects that kept the session (renewed)
         self._api_key = api_key
         self._http: Optional[httpx.AsyncClient] = None
+        self.on_queue = on_queue
+        self.ticket: Optional[str] = None       # our place in a deployment's line, while queued
+        self.queued_answers = 0                 # 503 queued answers seen (all joins)
+        self._background: List["asyncio.Future[Any]"] = []   # courtesy calls still finishing
 
     @property
     def http(self) -> httpx.AsyncClient:
@@ -183,8 +219,15 @@ class Wire:
         return self._http
 
     async def aclose(self) -> None:
-        """End the session (best effort) and close the connections."""
+        """End the session and give up any place in line (best effort), close the connections."""
         await self.close_session()
+        await self.leave_line()
+        for task in self._background:
+            try:
+                await task
+            except BaseException:  # noqa: BLE001 - a courtesy call
+                pass
+        self._background.clear()
         if self._http is not None:
             await self._http.aclose()
             self._http = None
@@ -208,11 +251,18 @@ class Wire:
             raise TransportError(f"{method} {url} failed: {exc!r}") from exc
 
     async def handshake(self) -> Session:
-        """``POST /v1/connect``: fresh worker coordinates. Raises the mapped error on failure."""
+        """One ``POST /v1/connect`` (with our ticket when queued): fresh worker coordinates.
+
+        Raises the mapped error on failure; a full deployment is ``Unavailable`` with code
+        ``queued`` (its ``details.ticket`` is kept: the next handshake keeps the place).
+        """
         url = f"{self.gateway_url}/v1/connect"
+        body: Dict[str, Any] = {"model": self.model, "params": self.params}
+        if self.ticket:
+            body["ticket"] = self.ticket
         try:
             response = await self._send(
-                "POST", url, json={"model": self.model, "params": self.params},
+                "POST", url, json=body,
                 headers={"Authorization": f"Bearer {self._api_key}"},
             )
         except _DROPPED as exc:
@@ -221,8 +271,99 @@ class Wire:
                 hint="is it running? `seq serve` starts it; SEQUENCES_GATEWAY_URL points elsewhere",
             ) from exc
         if response.is_error:
-            raise from_response(response)
+            error = from_response(response)
+            if error.code == "queued":
+                self.ticket = str((error.details or {}).get("ticket") or "") or self.ticket
+            elif error.code in ("queue_timeout", "deployment_full"):
+                self.ticket = None  # the gateway has taken us out of the line
+            raise error
+        self.ticket = None  # admitted: the line is behind us
         return self._adopt(response.json(), time.monotonic())
+
+    async def join(self) -> Session:
+        """Handshake, waiting in line while every slot of the deployment is taken.
+
+        Each ``queued`` answer calls ``on_queue(position, estimate_s)`` and the next attempt
+        follows Retry-After (clamped to QUEUE_POLL_MIN_S..QUEUE_POLL_MAX_S). Cancelling the
+        task gives the place in line up (a ``DELETE`` of the ticket, in the background).
+
+        Raises:
+            Unavailable: code ``queue_timeout`` once the deployment's ``queue_timeout_s`` ran
+                out, ``warming`` while a worker loads (the caller decides whether to wait), and
+                every other error of ``handshake``.
+        """
+        try:
+            while True:
+                try:
+                    return await self.handshake()
+                except Unavailable as exc:
+                    if exc.code != "queued":
+                        raise
+                    self.queued_answers += 1
+                    details = exc.details or {}
+                    if self.on_queue is not None:
+                        self.on_queue(int(details.get("position") or 0), _seconds(details.get("estimate_s")))
+                    pause = exc.retry_after_s if exc.retry_after_s is not None else 1.0
+                    await asyncio.sleep(min(max(pause, QUEUE_POLL_MIN_S), QUEUE_POLL_MAX_S))
+        except asyncio.CancelledError:
+            self._leave_in_background()
+            raise
+
+    def _leave_in_background(self) -> None:
+        """Give the place in line up without holding up a cancellation (interrupt-to-hold)."""
+        ticket, self.ticket = self.ticket, None
+        if ticket:
+            self._background = [t for t in self._background if not t.done()]
+            self._background.append(asyncio.ensure_future(self._delete(ticket)))
+
+    async def leave_line(self) -> None:
+        """Give up our place in line now (best effort): ``DELETE /v1/sessions/{ticket}``."""
+        ticket, self.ticket = self.ticket, None
+        if ticket:
+            await self._delete(ticket)
+
+    async def _delete(self, session_or_ticket: str) -> None:
+        """Best-effort ``DELETE /v1/sessions/{id}`` (a session, or a ticket in line)."""
+        try:
+            await self.http.delete(f"{self.gateway_url}/v1/sessions/{session_or_ticket}",
+                                   headers={"Authorization": f"Bearer {self._api_key}"},
+                                   timeout=COURTESY_TIMEOUT_S)
+        except Exception:  # noqa: BLE001 - a courtesy; the gateway drops stale entries anyway
+            pass
+
+    def end_episode_soon(self, episode_id: str) -> "asyncio.Future[bool]":
+        """Start ``POST {worker}/episode/end`` in the background: the policy's ``@seq.on_episode``
+        runs for ``episode_id``.
+
+        The worker registers the end on receipt but answers only after the episode's queued acts
+        (an interrupted slow inference), so nobody waits for it here: ``settle(wait_s)`` gives it
+        a bounded time and ``aclose`` awaits it. The task's result is True when the worker
+        confirmed, False when it could not be sent (no session, worker gone); it never raises,
+        and the worker also ends an episode left idle for 5 minutes.
+        """
+        task = asyncio.ensure_future(self._end_episode(episode_id))
+        self._background = [t for t in self._background if not t.done()] + [task]
+        return task
+
+    async def settle(self, wait_s: float) -> None:
+        """Give the background courtesy calls (episode end, leaving the line) up to ``wait_s``
+        seconds to finish; those still running go on in the background."""
+        pending = [t for t in self._background if not t.done()]
+        if pending and wait_s > 0:
+            await asyncio.wait(pending, timeout=wait_s)
+
+    async def _end_episode(self, episode_id: str) -> bool:
+        session = self.session
+        if session is None:
+            return False
+        try:
+            response = await self.http.post(
+                f"{session.worker_url}/episode/end", json={"episode_id": episode_id},
+                headers={"Authorization": f"Bearer {session.direct_secret}"},
+                timeout=COURTESY_TIMEOUT_S)
+        except Exception:  # noqa: BLE001
+            return False
+        return response.status_code == 200
 
     def _adopt(self, body: Dict[str, Any], received: float) -> Session:
         """Take the coordinates of a connect (or renew) answer as the current session."""
@@ -261,7 +402,7 @@ class Wire:
         while True:
             session = self.session
             if session is None:
-                session = await self.handshake()
+                session = await self.join()
             elif session.lease_due:  # renew before it lapses rather than eat a 401
                 session = await self.renew()
             binary = self.body_format != "json"
@@ -304,7 +445,7 @@ class Wire:
         """
         session = self.session
         if session is None:
-            return await self.handshake()
+            return await self.join()
         if session.session_id:
             try:
                 response = await self._send(
@@ -317,7 +458,7 @@ class Wire:
                 self.renewals += 1
                 return self._adopt(response.json(), time.monotonic())
         try:
-            await self._reconnect()
+            await self._replace(session)
         except TransportError:
             self.session = session
             session.renew_at = time.monotonic() + 1.0
@@ -328,17 +469,32 @@ class Wire:
         session = self.session
         if session is None or not session.session_id or self._http is None:
             return
-        try:
-            await self._http.delete(f"{self.gateway_url}/v1/sessions/{session.session_id}",
-                                    headers={"Authorization": f"Bearer {self._api_key}"},
-                                    timeout=2.0)
-        except Exception:  # noqa: BLE001 - closing is a courtesy; the lease lapses anyway
-            pass
+        await self._delete(session.session_id)
 
     async def _reconnect(self) -> None:
-        self.session = None
+        """Fresh coordinates after a 401 or a dropped connection: resume the session when the
+        gateway still holds it, else close it and open a new one (waiting in line if need be)."""
         self.reconnects += 1
-        await self.handshake()
+        old = self.session
+        if old is not None and old.session_id:
+            try:
+                response = await self._send(
+                    "POST", f"{self.gateway_url}/v1/sessions/{old.session_id}/renew",
+                    headers={"Authorization": f"Bearer {self._api_key}"})
+            except _DROPPED as exc:
+                raise TransportError(f"cannot reach the gateway at {self.gateway_url}: {exc!r}") from exc
+            if response.status_code == 200:
+                self.resumed += 1
+                self._adopt(response.json(), time.monotonic())
+                return
+        await self._replace(old)
+
+    async def _replace(self, old: Optional[Session]) -> None:
+        """Close ``old`` at the gateway (its slot frees at once), then join for a new session."""
+        self.session = old
+        await self.close_session()
+        self.session = None
+        await self.join()
 
     async def ping(self) -> bool:
         """True when the worker from the current session answers ``GET /ping`` ready."""

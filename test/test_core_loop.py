@@ -344,6 +344,45 @@ def test_lookahead_holds_more_chunks_and_keeps_the_horizon(module_gateway, echo)
     assert rec.row_indices == [0, 1, 2, 3] * 6
 
 
+@pytest.mark.parametrize("lookahead", [1, 3])
+def test_lookahead_caps_chunks_ahead_with_one_request_in_flight(module_gateway, echo, lookahead):
+    """With a refill budget far above the buffer (seeded: 2 s against 133 ms chunks) the loop
+    wants every chunk it can get: exactly ``lookahead`` are held or requested ahead of the
+    playing one, never more, and never two requests at once."""
+    counts = {"requests": 0, "started": 0, "in_flight": 0, "max_in_flight": 0}
+    ahead = []
+
+    def observe():
+        counts["requests"] += 1
+        ahead.append(counts["requests"] - counts["started"])  # this request included
+        return observation()
+
+    def on_chunk(chunk, first):
+        counts["started"] += 1
+
+    with connect(module_gateway, echo, params={"chunk_len": 2, "latency_ms": 5}) as policy:
+        wire = policy._engine._wire
+        act = wire.act
+
+        async def counted(*args, **kwargs):  # the real request, counted
+            counts["in_flight"] += 1
+            counts["max_in_flight"] = max(counts["max_in_flight"], counts["in_flight"])
+            try:
+                return await act(*args, **kwargs)
+            finally:
+                counts["in_flight"] -= 1
+
+        wire.act = counted
+        for _ in range(8):
+            policy._engine._latency.add(2.0)
+        rec = Recorder()
+        out = policy.run(observe, rec, on_chunk=on_chunk, max_actions=24, lookahead=lookahead, progress=False)
+    assert out.reason == "completed" and out.actions == 24
+    assert counts["max_in_flight"] == 1
+    assert max(ahead) == lookahead, ahead
+    assert rec.row_indices == [0, 1] * 12
+
+
 def test_a_policy_connected_on_one_thread_runs_on_another(module_gateway, echo):
     policy = connect(module_gateway, echo)
     result = {}

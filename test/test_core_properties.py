@@ -45,6 +45,12 @@ class ScriptedWire:
         chunk = self.chunks[i % len(self.chunks)]
         return Prediction(action_chunk=chunk, latency_s=0.0)
 
+    def end_episode_soon(self, episode_id):
+        self.ended = episode_id
+
+    async def settle(self, wait_s):
+        pass
+
     async def aclose(self):
         pass
 

@@ -221,3 +221,52 @@ def test_encode_jpeg_gives_base64_jpeg():
 def test_public_namespace_is_flat():
     for name in sequence_ai.__all__:
         assert hasattr(sequence_ai, name)
+
+
+# ------------------------------------------------------------------ connect options
+
+def test_connect_and_aconnect_take_the_same_options_declared_once():
+    import dataclasses
+    import inspect
+
+    from sequence_ai_core import ConnectOptions
+
+    names = [f.name for f in dataclasses.fields(ConnectOptions)]
+    for fn in (sequence_ai.connect, sequence_ai.aconnect):
+        params = inspect.signature(fn).parameters
+        assert list(params) == ["model", *names]
+        assert params["validate"].default == "warn" and params["body_format"].default == "auto"
+        assert params["timeout_s"].default == 60.0
+    policy = sequence_ai.aconnect("m", gateway_url="http://127.0.0.1:9", api_key="k", params={"a": 1},
+                                  timeout_s=5.0)
+    assert policy.options == ConnectOptions(gateway_url="http://127.0.0.1:9", api_key="k", params={"a": 1},
+                                            timeout_s=5.0)
+    assert policy._wire.timeout_s == 5.0 and policy._wire.params == {"a": 1}
+
+
+def test_bad_connect_options_are_refused_with_what_to_pass():
+    with pytest.raises(TypeError, match="aconnect.*'on_queued'.*on_queue"):
+        sequence_ai.aconnect("m", api_key="k", on_queued=print)
+    with pytest.raises(ValueError, match='validate must be "warn", "strict" or "off"'):
+        sequence_ai.aconnect("m", api_key="k", validate="loud")
+    with pytest.raises(ValueError, match="body_format"):
+        sequence_ai.aconnect("m", api_key="k", body_format="xml")
+    with pytest.raises(ValueError, match="timeout_s"):
+        sequence_ai.aconnect("m", api_key="k", timeout_s=0)
+    with pytest.raises(TypeError, match="on_queue must be a callable"):
+        sequence_ai.aconnect("m", api_key="k", on_queue="print")
+    with pytest.raises(TypeError, match="connect\\(\\) got unexpected"):
+        sequence_ai.connect("m", api_key="k", gateway="http://x")
+
+
+def test_the_default_queue_line_prints_when_the_position_changes(capsys):
+    from sequence_ai_core._options import print_queue_position
+
+    line = print_queue_position()
+    for position, eta in ((3, 90.0), (3, 88.0), (2, 61.4), (1, None)):
+        line(position, eta)
+    assert capsys.readouterr().err.splitlines() == [
+        "[sequences] queued for a GPU slot: position 3, about 90s …",
+        "[sequences] queued for a GPU slot: position 2, about 61s …",
+        "[sequences] queued for a GPU slot: position 1 …",
+    ]

@@ -2,6 +2,8 @@
 typed errors, and the non-loop ways to drive (predict, next_action)."""
 from __future__ import annotations
 
+import importlib.abc
+import sys
 import time
 
 import pytest
@@ -147,3 +149,31 @@ def test_ready_and_wait_until_ready_on_a_cold_deployment(module_gateway, tmp_pat
         waited = policy.wait_until_ready(timeout_s=60)
         assert waited > 0 and policy.ready() == (True, None)
         assert len(policy.predict(observation()).action_chunk) == 10
+
+
+class _ImportSpy(importlib.abc.MetaPathFinder):
+    """Records every module lookup that reaches the import system (a module not yet imported)."""
+
+    def __init__(self):
+        self.names = []
+
+    def find_spec(self, name, path, target=None):
+        self.names.append(name)
+        return None
+
+
+def test_a_request_on_the_hot_path_looks_up_no_module(module_gateway, echo):
+    # httpcore imports sniffio on every request; were it missing, each /act would search
+    # sys.path for it again (setup.py installs it with the client)
+    with connect(module_gateway, echo) as policy:
+        obs = observation()
+        policy.predict(obs)
+        policy.predict(obs)
+        spy = _ImportSpy()
+        sys.meta_path.insert(0, spy)
+        try:
+            for _ in range(5):
+                assert len(policy.predict(obs).action_chunk.actions) == 10
+        finally:
+            sys.meta_path.remove(spy)
+    assert spy.names == []
