@@ -247,19 +247,39 @@ def create_app(state: WorkerState, secret: str, *, max_body_bytes: int = DEFAULT
             raise exc.to_api_error() from None
         return {"episode_id": body.episode_id, "ended": known}
 
-    @app.middleware("http")
-    async def request_id(request: Request, call_next):
-        incoming = request.headers.get("x-request-id", "")
-        ok = 0 < len(incoming) <= 64 and all(c.isalnum() or c in "-_." for c in incoming)
-        request.state.request_id = incoming if ok else new_request_id()
-        REQUEST_ID.set(request.state.request_id)    # the JSON log lines of this request carry it (logs.py)
-        response = await call_next(request)
-        if response.status_code >= 400:
-            log.info("%s %s -> %d", request.method, request.url.path, response.status_code)
-        return response
-
+    app.add_middleware(_RequestIdMiddleware)
     install_error_handlers(app)
     return app
+
+
+class _RequestIdMiddleware:
+    """Pure ASGI middleware (no BaseHTTPMiddleware task group on the /act hot path): takes a
+    well-formed ``X-Request-ID`` (1-64 of ``[A-Za-z0-9._-]``) or makes one, puts it in
+    ``request.state.request_id`` and the JSON log context (logs.py), and logs replies >= 400."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        incoming = next((v.decode("latin-1") for k, v in scope["headers"] if k == b"x-request-id"), "")
+        ok = 0 < len(incoming) <= 64 and all(c.isalnum() or c in "-_." for c in incoming)
+        rid = incoming if ok else new_request_id()
+        scope.setdefault("state", {})["request_id"] = rid
+        REQUEST_ID.set(rid)
+        status = 0
+
+        async def send_and_see(message: dict) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        await self.app(scope, receive, send_and_see)
+        if status >= 400:
+            log.info("%s %s -> %d", scope["method"], scope["path"], status)
 
 
 # ---------------------------------------------------------------- process entry point
