@@ -16,6 +16,12 @@ from typing import Optional
 
 __all__ = ["Interrupt"]
 
+FINE_WAIT_S = 0.0015
+"""The last stretch of a timed wait is a blocking ``time.sleep`` (s). asyncio's epoll timeout is
+rounded to whole milliseconds, so a ``call_later`` wakes up to ~1 ms late (a median 1.3 ms at
+100 Hz measured by bench/bench_publish_jitter.py's author); the loop wakes this much early and
+sleeps the rest with the OS's nanosecond timer. It blocks the event loop for at most this long."""
+
 
 def _wake(fut: "asyncio.Future[None]") -> None:
     if not fut.done():
@@ -64,6 +70,7 @@ class Interrupt:
         """Sleep until ``time.monotonic()`` reaches ``deadline`` (``math.inf``: until poked).
 
         Returns early, without error, when poked or interrupted; the caller re-checks its state.
+        The event loop runs until ``FINE_WAIT_S`` before the deadline; the rest is a blocking sleep.
         """
         if self._poked or self._flag.is_set():
             self._poked = False
@@ -73,12 +80,24 @@ class Interrupt:
             return
         loop = asyncio.get_running_loop()
         fut = loop.create_future()
-        handle = None if math.isinf(delay) else loop.call_later(delay, _wake, fut)
+        coarse = delay - FINE_WAIT_S
+        handle = None
+        if math.isinf(delay):
+            pass
+        elif coarse > 0:
+            handle = loop.call_later(coarse, _wake, fut)
+        else:
+            _wake(fut)
         self._waiter = fut
         try:
             await fut
         finally:
             self._waiter = None
+            woken = self._poked or self._flag.is_set()
             self._poked = False
             if handle is not None:
                 handle.cancel()
+        if not woken and not math.isinf(deadline):
+            rest = deadline - time.monotonic()
+            if 0 < rest <= FINE_WAIT_S:
+                time.sleep(rest)
