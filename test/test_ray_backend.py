@@ -1,12 +1,16 @@
 """Workers placed by Ray (server/sequence_ai_server/ray_backend.py) behind the real gateway.
 
-One Ray head on 127.0.0.1 (small memory settings, no dashboard) is started for the module and
-stopped by PID at the end; the gateway runs with ``SEQ_BACKEND=ray``. The robot path stays
-direct: connect at the gateway, ``/act`` straight to the worker the actor runs."""
+A Ray head plus one more node, both on 127.0.0.1 (small memory settings, no dashboard, one
+logical GPU each), are started once for the module and stopped by PID at the end; the gateway
+runs with ``SEQ_BACKEND=ray`` and ``SEQ_RAY_GPUS_PER_NODE=1``, so ``gpu="L4:2"`` is a group of
+two members, one on each node, joined by torch.distributed over gloo. The robot path stays
+direct: connect at the gateway, ``/act`` straight to the worker the actor runs (for a group:
+the fan-out front on rank 0's node)."""
 from __future__ import annotations
 
 import json
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -22,9 +26,12 @@ import pytest
 
 from _core_support import ECHO, Recorder, connect, observation, unique
 from _servers import GatewayProcess, ROOT
-from sequence_ai_server.ray_backend import actor_options, declared_resources, max_workers
+from sequence_ai_server.ray_backend import actor_options, declared_resources, group_layout, max_workers
 
 pytestmark = pytest.mark.filterwarnings("ignore:run\\(\\)/act\\(\\) called with validate=None")
+
+
+RAY_AUTH = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)}   # the module cluster's own
 
 
 def _free_port() -> int:
@@ -33,51 +40,95 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _ray_node(args: list, temp: str, log_name: str, env: dict) -> tuple[subprocess.Popen, Path]:
+    """Start ``ray start ... --block`` on loopback; returns (process, its log). Wait for it
+    with ``_wait_node``."""
+    log_path = Path(temp) / log_name
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen([str(Path(sys.executable).parent / "ray"), "start", "--block",
+                                 "--node-ip-address=127.0.0.1", "--disable-usage-stats", *args],
+                                stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    return proc, log_path
+
+
+def _wait_node(proc: subprocess.Popen, log_path: Path, timeout: float = 90.0) -> None:
+    """Until the node's log says its runtime started (AssertionError if it exits or times out)."""
+    deadline = time.monotonic() + timeout
+    while "Ray runtime started" not in log_path.read_text():
+        assert proc.poll() is None, log_path.read_text()[-3000:]
+        assert time.monotonic() < deadline, log_path.read_text()[-3000:]
+        time.sleep(0.2)
+
+
+def _stop_tree(procs: list) -> None:
+    """SIGTERM alone leaves Ray processes alive: collect every tree first, then SIGTERM,
+    then SIGKILL whatever is left, by PID."""
+    tree = []
+    for proc in procs:
+        tree.append(proc.pid)
+        try:
+            tree += [c.pid for c in psutil.Process(proc.pid).children(recursive=True)]
+        except psutil.NoSuchProcess:
+            pass
+    for sig, pause in ((signal.SIGTERM, 2.0), (signal.SIGKILL, 0.0)):
+        for pid in tree:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        time.sleep(pause)
+    for proc in procs:
+        proc.wait(timeout=10)
+
+
+class _Cluster:
+    """The module's Ray cluster: ``address`` (the head's GCS), ``second_node()`` waits for the
+    other node (it joins in the background while the first tests run)."""
+
+    def __init__(self, address: str, second: tuple):
+        self.address = address
+        self._second = second
+
+    def second_node(self) -> None:
+        _wait_node(*self._second)
+
+
 @pytest.fixture(scope="module")
-def ray_head():
-    """``ray start --head --block`` on loopback; yields its GCS address."""
+def ray_cluster():
+    """A Ray head plus one more node, both on 127.0.0.1 with small memory settings and one
+    logical GPU each (so ``gpu="L4:2"`` with one card per machine spans both). Both are
+    stopped by PID at the end."""
     port = _free_port()
     temp = tempfile.mkdtemp(prefix="/tmp/rayt")      # short: Ray's unix socket paths are length-limited
-    env = dict(os.environ, RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", RAY_USAGE_STATS_ENABLED="0",
+    # token auth with a token of our own: independent of ~/.ray/auth_token (which a local
+    # ray.init() writes and a later `ray start` would pick up)
+    env = dict(os.environ, RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", RAY_USAGE_STATS_ENABLED="0", **RAY_AUTH,
                PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "server"), os.environ.get("PYTHONPATH", "")]))
-    ray_bin = str(Path(sys.executable).parent / "ray")
-    log = open(Path(temp) / "head.log", "wb")
-    proc = subprocess.Popen([ray_bin, "start", "--head", "--block", "--node-ip-address=127.0.0.1", f"--port={port}",
-                             "--num-cpus=4", "--num-gpus=0", "--object-store-memory=100000000",
-                             "--include-dashboard=false", "--disable-usage-stats", f"--temp-dir={temp}"],
-                            stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, (Path(temp) / "head.log").read_text()[-3000:]
-        if "Ray runtime started" in (Path(temp) / "head.log").read_text():
-            break
-        time.sleep(0.2)
-    else:
-        raise TimeoutError((Path(temp) / "head.log").read_text()[-3000:])
+    procs = []
     try:
-        yield f"127.0.0.1:{port}"
+        head = _ray_node(["--head", f"--port={port}", "--num-cpus=4", "--num-gpus=1",
+                          "--object-store-memory=80000000", "--include-dashboard=false", f"--temp-dir={temp}"],
+                         temp, "head.log", env)
+        procs.append(head[0])
+        _wait_node(*head)
+        # a joining node refuses to start with the flag at 0 (Ray's single-machine mode); it is
+        # still pinned to 127.0.0.1, and the tests run in a loopback-only network namespace
+        second = _ray_node([f"--address=127.0.0.1:{port}", "--num-cpus=2", "--num-gpus=1",
+                            "--object-store-memory=80000000"], temp, "node2.log",
+                           dict(env, RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="1"))
+        procs.append(second[0])
+        yield _Cluster(f"127.0.0.1:{port}", second)
     finally:
-        # SIGTERM alone leaves Ray processes alive: collect the whole tree first, then kill by PID
-        tree = [proc.pid] + [c.pid for c in psutil.Process(proc.pid).children(recursive=True)]
-        for pid in tree:
-            try:
-                os.kill(pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-        time.sleep(2)
-        for pid in tree:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        proc.wait(timeout=10)
-        log.close()
+        _stop_tree(procs)
 
 
 @pytest.fixture(scope="module")
-def ray_gateway(ray_head, tmp_path_factory):
-    gw = GatewayProcess.start(tmp_path_factory.mktemp("ray-gw"),
-                              env={"SEQ_BACKEND": "ray", "SEQ_RAY_ADDRESS": ray_head}, timeout=90)
+def ray_gateway(ray_cluster, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("ray-gw")
+    gw = GatewayProcess.start(tmp, env={"SEQ_BACKEND": "ray", "SEQ_RAY_ADDRESS": ray_cluster.address, **RAY_AUTH,
+                                        "SEQ_RAY_GPUS_PER_NODE": "1",
+                                        "GROUP_EPISODE_LOG": str(tmp / "group-episodes.log"),
+                                        "EPISODE_LOG": str(tmp / "episodes.log")}, timeout=90)
     yield gw
     gw.close()
 
@@ -91,11 +142,32 @@ def ray_echo(ray_gateway):
     return name
 
 
+GROUP = str(ROOT / "test" / "policies" / "group_policy.py")
+EPISODES = str(ROOT / "test" / "policies" / "episode_policy.py")
+
+
+def _ready(gw, name: str) -> dict:
+    """The newest ready file the gateway mirrored from the actor(s) for ``name``."""
+    paths = sorted((gw.data_dir / "run").glob(f"{name}.*.ready.json"), key=lambda p: p.stat().st_mtime)
+    assert paths, f"no ready file for {name}"
+    return json.loads(paths[-1].read_text())
+
+
 def _worker_pid(gw, name: str) -> int:
     """The worker's pid, from the ready file the gateway mirrored from the actor."""
-    for path in sorted((gw.data_dir / "run").glob(f"{name}.*.ready.json"), key=lambda p: p.stat().st_mtime):
-        pid = json.loads(path.read_text())["pid"]
-    return pid
+    return _ready(gw, name)["pid"]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _act(lease: dict, body: dict) -> httpx.Response:
+    return httpx.post(lease["worker_url"] + "/act", json=body, timeout=60,
+                      headers={"Authorization": f"Bearer {lease['direct_secret']}"})
 
 
 def test_policy_resources_map_to_actor_options(tmp_path):
@@ -103,10 +175,36 @@ def test_policy_resources_map_to_actor_options(tmp_path):
     f.write_text("import seq\n@seq.policy(gpu='H100:2', max_gpus=6, cpu=(2, 4), memory=8)\nclass P(seq.Policy):\n    pass\n")
     res = declared_resources(str(f))
     assert res == {"gpu": "H100:2", "max_gpus": 6, "cpu": (2, 4), "memory": 8}
-    assert actor_options(res) == {"num_cpus": 2.0, "num_gpus": 2, "memory": 8 << 30}
+    assert actor_options(res, per_node=8) == {"num_cpus": 2.0, "num_gpus": 2, "memory": 8 << 30}
     assert max_workers(res) == 3
-    assert actor_options(declared_resources(ECHO)) == {"num_cpus": 1.0, "num_gpus": 0}
+    assert actor_options(declared_resources(ECHO), per_node=8) == {"num_cpus": 1.0, "num_gpus": 0}
     assert max_workers(declared_resources(ECHO)) is None
+
+
+def test_cards_past_one_machine_make_a_group_of_whole_machines():
+    assert group_layout({"gpu": "H100:16"}, per_node=8) == (2, 8)
+    assert group_layout({"gpu": "H100:8"}, per_node=8) == (1, 8)
+    assert group_layout({"gpu": ["H100:2", "A100:2"]}, per_node=1) == (2, 1)
+    assert group_layout({"gpu": "cpu"}, per_node=1) == (1, 0)
+    assert actor_options({"gpu": "H100:16", "cpu": 4}, per_node=8) == {"num_cpus": 4.0, "num_gpus": 8}
+    assert max_workers({"gpu": "H100:16", "max_gpus": 32}) == 2
+    with pytest.raises(ValueError, match="not whole machines of 8"):
+        group_layout({"gpu": "H100:12"}, per_node=8)
+    with pytest.raises(ValueError, match="at most 256"):
+        group_layout({"gpu": "H100:264"}, per_node=8)
+    with pytest.raises(ValueError, match="leave replicas_per_gpu of @seq.concurrent unset"):
+        group_layout({"gpu": "H100:16", "concurrent": {"replicas_per_gpu": 2}}, per_node=8)
+
+
+def test_group_declaration_is_read_from_the_policy_file_without_importing_it(tmp_path):
+    f = tmp_path / "g.py"
+    f.write_text("import seq\nraise SystemExit('never imported')\n"
+                 "@seq.policy(gpu='H100:16')\n@seq.concurrent(replicas_per_gpu=2)\nclass G(seq.Policy):\n    pass\n")
+    res = declared_resources(str(f))
+    assert res == {"gpu": "H100:16", "concurrent": {"replicas_per_gpu": 2}}
+    with pytest.raises(ValueError, match="one copy of the model"):
+        actor_options(res, per_node=8)
+    assert declared_resources(GROUP) == {"gpu": "L4:2"} and group_layout(declared_resources(GROUP), per_node=1) == (2, 1)
 
 
 def test_echo_policy_on_a_ray_actor_serves_the_normal_client_without_underruns(ray_gateway, ray_echo):
@@ -117,6 +215,7 @@ def test_echo_policy_on_a_ray_actor_serves_the_normal_client_without_underruns(r
     assert "ray" in " ".join(actor.cmdline()).lower() or "Worker" in actor.name(), actor.cmdline()
     rec = Recorder()
     with connect(ray_gateway, name, params={"chunk_len": 10}) as policy:
+        policy.predict(observation())        # one request first: the worker's first-call costs are not the run's
         out = policy.run(observation, rec, max_actions=45, progress=False)
     assert out.reason == "completed" and out.actions == 45 and out.underruns == 0, out
     assert rec.rows[0][1] == 0.0 and rec.rows[0][0] >= 1.0
@@ -175,3 +274,88 @@ def test_worker_actor_killed_mid_run_fires_hold_and_the_next_connect_recovers(ra
     with connect(ray_gateway, name) as policy:
         out = policy.run(observation, Recorder(), max_actions=5, progress=False)
     assert out.actions == 5 and body["worker_url"].startswith("http://127.0.0.1:")
+
+
+# ---------------------------------------------------------------- a model across machines
+
+@pytest.fixture(scope="module")
+def ray_group(ray_cluster, ray_gateway):
+    """group_policy.py (gpu="L4:2", one card per machine here) deployed once: two members."""
+    ray_cluster.second_node()
+    name = unique("ray-group")
+    dep = ray_gateway.deploy(GROUP, name, wait=True, timeout=150)
+    assert dep["status"] == "ready", dep
+    return name
+
+
+def test_two_member_group_runs_every_request_on_both_machines_and_rank_0_answers(ray_gateway, ray_group):
+    name = ray_group
+    lease = ray_gateway.connect_ready(name, timeout=120)
+    ready = _ready(ray_gateway, name)
+    members = ready["group"]
+    assert [m["rank"] for m in members] == [0, 1]
+    # placed by a STRICT_SPREAD placement group: one member on each Ray node (the second node hosts one)
+    assert members[0]["node_id"] != members[1]["node_id"], members
+    assert {m["node_ip"] for m in members} == {"127.0.0.1"}
+    # robots get the group's front on rank 0's node, not a member's own port
+    assert lease["worker_url"] == ready["url"] and lease["worker_url"] not in {m["url"] for m in members}
+    for i in range(3):
+        r = _act(lease, {"observation": {"n": i}})
+        assert r.status_code == 200, r.text
+        out = r.json()["outputs"]
+        # the all_reduce only returns once both members ran infer: 1 + 2, and both pids
+        assert out["rank"] == 0 and out["world"] == 2 and out["sum"] == 3 and out["echo"] == i, out
+        assert out["pids"] == [m["pid"] for m in members] and len(set(out["pids"])) == 2
+    env = out["env"]                      # as the policy module saw them at import time
+    assert env["RANK"] == "0" and env["WORLD_SIZE"] == "2" and env["LOCAL_RANK"] == "0"
+    assert env["MASTER_ADDR"] == "127.0.0.1" and 1024 <= int(env["MASTER_PORT"]) <= 65535
+    # an episode's end runs on every member too (their on_episode all_reduce meets)
+    log_file = ray_gateway.data_dir.parent / "group-episodes.log"
+    r = _act(lease, {"observation": {"n": 9}, "episode_id": "ep-g", "end_episode": True})
+    assert r.status_code == 200, r.text
+    deadline = time.monotonic() + 20
+    while len(log_file.read_text().splitlines() if log_file.exists() else []) < 2:
+        assert time.monotonic() < deadline, "on_episode did not run on both members"
+        time.sleep(0.1)
+    assert sorted(log_file.read_text().splitlines()) == ["ep-g 0 3", "ep-g 1 3"]
+    assert "[rank 1] " in ray_gateway.log(name)      # the second member's log reached the gateway
+
+
+def test_a_lost_group_member_stops_the_whole_group_and_the_next_connect_starts_a_new_one(ray_gateway, ray_group):
+    name = ray_group
+    ray_gateway.connect_ready(name, timeout=120)
+    members = _ready(ray_gateway, name)["group"]
+    os.kill(members[1]["pid"], signal.SIGKILL)                     # one machine's process dies
+    deadline = time.monotonic() + 30
+    while _alive(members[0]["pid"]):
+        assert time.monotonic() < deadline, "rank 0 kept running after rank 1 was lost"
+        time.sleep(0.1)
+    dep = ray_gateway.wait_until(name, ("failed",), timeout=30)     # the gateway saw the group end
+    assert dep["phase"] == "exited", dep
+    assert "group_member_lost" in ray_gateway.log(name)
+    lease = ray_gateway.connect_ready(name, timeout=150)          # 503 while a new group boots, then served
+    fresh = _ready(ray_gateway, name)["group"]
+    assert {m["pid"] for m in fresh}.isdisjoint(m["pid"] for m in members)
+    r = _act(lease, {"observation": {"n": 1}})
+    assert r.status_code == 200 and r.json()["outputs"]["sum"] == 3, r.text
+
+
+# ---------------------------------------------------------------- episodes on Ray
+
+def test_two_robots_with_episodes_each_stay_on_their_own_replica(ray_gateway):
+    name = unique("ray-episodes")
+    dep = ray_gateway.deploy(EPISODES, name, wait=True, timeout=120)
+    assert dep["status"] == "ready", dep
+    robots = {"a": ray_gateway.connect_ready(name, timeout=60), "b": ray_gateway.connect_ready(name, timeout=60)}
+    assert robots["a"]["session_id"] != robots["b"]["session_id"]
+    seen: dict = {"a": [], "b": []}
+    for _ in range(4):                                   # interleaved, as two robots' loops would be
+        for robot, lease in robots.items():
+            eid = f"ep-{robot}"
+            r = _act(lease, {"observation": {"episode": eid}, "episode_id": eid})
+            assert r.status_code == 200, r.text
+            seen[robot].append(r.json()["outputs"])
+    for robot, outs in seen.items():
+        assert len({o["replica"] for o in outs}) == 1, (robot, outs)      # sticky: one replica per episode
+        assert [o["steps"] for o in outs] == [1, 2, 3, 4], (robot, outs)
+    assert seen["a"][0]["replica"] != seen["b"][0]["replica"]
