@@ -50,6 +50,7 @@ import subprocess
 import sys
 import threading
 import time
+from urllib.parse import urlsplit
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
@@ -267,6 +268,8 @@ class Store:
                 self._db.execute("ALTER TABLE deployments ADD COLUMN defaults_json TEXT")
             if "traffic_json" not in cols:   # canary split and pins (`seq policy traffic`, traffic.py)
                 self._db.execute("ALTER TABLE deployments ADD COLUMN traffic_json TEXT")
+            if "worker_host" not in cols:    # the host a worker listens on (Ray: its node's IP)
+                self._db.execute("ALTER TABLE deployments ADD COLUMN worker_host TEXT")
 
     def get(self, name: str) -> Optional[dict]:
         with self._lock:
@@ -335,6 +338,7 @@ class WorkerProc:
     file_sha: Optional[str] = None
     spec: Optional[dict] = None
     port: Optional[int] = None          # a side worker (SIDE_MARK) once ready; serving ones keep it in the row
+    host: Optional[str] = None          # with port: the side worker's host (from its ready file)
     epoch: int = 0                      # a side worker's lease epoch
     error: Optional[str] = None         # a side worker that failed to load: why
 
@@ -477,7 +481,7 @@ class Gateway:
         details = json.loads(row["error_details"]) if row.get("error_details") else None
         return Deployment(
             name=row["name"], version=row["version"], status=row["status"], phase=row["phase"],
-            worker_url=f"http://127.0.0.1:{row['worker_port']}" if row["status"] == "ready" and row["worker_port"] else None,
+            worker_url=_worker_url(row) if row["status"] == "ready" and row["worker_port"] else None,
             error=row["error"], load_s=row["load_s"], file=row["file"], class_name=row["class_name"],
             pid=row["worker_pid"], started_at=row["started_at"], ready_at=row["ready_at"],
             contract=spec["contract"] if spec else None, params=spec["params"] if spec else [],
@@ -766,6 +770,7 @@ class Gateway:
             spec = ready.get("spec") or w.spec
             self.store.update(name, version=w.version, file=w.file, class_name=w.class_name, file_sha=w.file_sha,
                               status="ready", phase="ready", worker_port=int(ready["port"]), worker_pid=w.proc.pid,
+                              worker_host=_ready_host(ready),
                               secret=w.secret, epoch=row["epoch"] + 1, error=None, error_details=None,
                               load_s=load_s, started_at=w.started_at, ready_at=now, served=1,
                               spec_json=json.dumps(spec) if spec else row["spec_json"],
@@ -867,7 +872,7 @@ class Gateway:
             if ready and ready.get("port"):
                 now = time.time()
                 self.store.update(name, status="ready", phase="ready", worker_port=int(ready["port"]),
-                                  ready_at=now, load_s=round(now - w.started_at, 3), served=1,
+                                  worker_host=_ready_host(ready), ready_at=now, load_s=round(now - w.started_at, 3), served=1,
                                   spec_json=json.dumps(ready["spec"]) if ready.get("spec") else row["spec_json"])
                 log.info("%s is ready on port %s after %.2fs", name, ready["port"], now - w.started_at)
                 self.store.update_version(name, row["version"], status="ready", load_s=round(now - w.started_at, 3))
@@ -969,7 +974,7 @@ class Gateway:
                     continue
                 row = self.store.get(name)
                 if row and row["status"] == "ready" and row["worker_port"]:
-                    out.append((name, f"http://127.0.0.1:{row['worker_port']}"))
+                    out.append((name, _worker_url(row)))
         return out
 
     def replace_jammed(self, name: str, ping: dict, port: Optional[int] = None) -> bool:
@@ -1004,7 +1009,7 @@ class Gateway:
         spec = json.loads(row["spec_json"]) if row["spec_json"] else {"contract": {"action": None, "observation": None}}
         token = sign_lease(row["secret"], sess.id, sess.epoch, sess.expires_at)
         return ConnectResponse(
-            session_id=sess.id, worker_url=f"http://127.0.0.1:{row['worker_port']}", direct_secret=token,
+            session_id=sess.id, worker_url=_worker_url(row), direct_secret=token,
             lease=Lease(ttl_s=self.lease_ttl_s, expires_at=sess.expires_at, epoch=sess.epoch),
             contract=spec["contract"], params=sess.params, version=sess.version,
         )
@@ -1079,7 +1084,7 @@ class Gateway:
     @staticmethod
     def _side_row(row: dict, w: WorkerProc) -> dict:
         """``row`` as seen by a session on side worker ``w`` (its port, secret, epoch and spec)."""
-        return {**row, "status": "ready", "worker_port": w.port, "secret": w.secret, "epoch": w.epoch,
+        return {**row, "status": "ready", "worker_port": w.port, "worker_host": w.host, "secret": w.secret, "epoch": w.epoch,
                 "version": w.version, "spec_json": json.dumps(w.spec) if w.spec else row.get("spec_json")}
 
     def _start_side(self, name: str, version: int) -> WorkerProc:
@@ -1148,6 +1153,7 @@ class Gateway:
                 ready = _read_json(w.ready_file)
                 if ready and ready.get("port"):
                     w.port = int(ready["port"])
+                    w.host = _ready_host(ready)
                     w.spec = ready.get("spec") or w.spec
                     log.info("%s v%d (side) is ready on port %d after %.2fs", w.name, w.version, w.port,
                              time.time() - w.started_at)
@@ -1330,7 +1336,7 @@ class Gateway:
                                "worker": None}
         if row["status"] != "ready" or not row["worker_port"]:
             return out
-        url = f"http://127.0.0.1:{row['worker_port']}"
+        url = _worker_url(row)
         worker: dict[str, Any] = {"url": url, "pid": row["worker_pid"]}
         with httpx.Client(timeout=30.0) as http:
             t0 = time.perf_counter()
@@ -1543,8 +1549,8 @@ class Gateway:
 class BodyLimit:
     """ASGI middleware: refuse a request body over ``max_bytes`` with 413 payload_too_large in
     the common error shape. A declared Content-Length is checked before anything is read; a
-    chunked body is counted as it streams and cut off at the limit (the handler reading it gets
-    the same ApiError). Default: MAX_BODY_BYTES (32 MiB, the worker's cap); $SEQ_GATEWAY_MAX_BODY_BYTES
+    chunked body is counted as it streams and cut off at the limit (the handler sees the client
+    leave; whatever it answers is replaced by the same 413). Default: MAX_BODY_BYTES (32 MiB, the worker's cap); $SEQ_GATEWAY_MAX_BODY_BYTES
     overrides."""
 
     def __init__(self, app: Any, max_bytes: int = MAX_BODY_BYTES):
@@ -1567,18 +1573,52 @@ class BodyLimit:
             resp.headers["Connection"] = "close"
             await resp(scope, receive, send)
             return
-        seen = 0
+        seen, over, started = 0, False, False
 
         async def counted() -> dict:
-            nonlocal seen
+            # Past the limit the app is told the client left (it stops reading) and its answer is
+            # replaced by the 413 below: raising here would reach the app as a body-parse error
+            # (400) or an exception group (500) instead.
+            nonlocal seen, over
+            if over:
+                return {"type": "http.disconnect"}
             message = await receive()
             if message.get("type") == "http.request":
                 seen += len(message.get("body", b""))
-                if seen > self.max_bytes:
-                    raise self._error(None)
+                if seen > self.max_bytes and not started:
+                    over = True
+                    return {"type": "http.disconnect"}
             return message
 
-        await self.app(scope, counted, send)
+        async def guarded(message: dict) -> None:
+            nonlocal started
+            if over:
+                return              # the app's answer to a cut-off body is dropped
+            started = True
+            await send(message)
+
+        try:
+            await self.app(scope, counted, guarded)
+        except Exception:
+            if not over:
+                raise
+        if over:
+            resp = self._error(None).response()
+            resp.headers["Connection"] = "close"
+            await resp(scope, receive, send)
+
+
+def _ready_host(ready: dict) -> Optional[str]:
+    """The host in a worker's ready file (``host``, else the one in ``url``): 127.0.0.1 for a local
+    worker, the node's IP for a Ray worker on another machine. None when it names none."""
+    if ready.get("host"):
+        return str(ready["host"])
+    return urlsplit(str(ready.get("url") or "")).hostname
+
+
+def _worker_url(row: dict) -> str:
+    """Where robots reach a ready deployment's worker: ``http://HOST:PORT`` (HOST defaults to loopback)."""
+    return f"http://{row.get('worker_host') or '127.0.0.1'}:{row['worker_port']}"
 
 
 def _terminate(proc: subprocess.Popen) -> None:
@@ -1819,7 +1859,7 @@ def create_app(data_dir: Optional[Path] = None) -> FastAPI:
         row = await asyncio.to_thread(gw.ensure_ready, model)
         rid = request.state.request_id
         try:
-            resp = await proxy.post(f"http://127.0.0.1:{row['worker_port']}/act", json=body,
+            resp = await proxy.post(f"{_worker_url(row)}/act", json=body,
                                     headers={"Authorization": f"Bearer {row['secret']}", "X-Request-ID": rid})
         except httpx.HTTPError as exc:
             raise ApiError("worker_failed", f"the worker of {model!r} did not answer: {type(exc).__name__}",
