@@ -28,11 +28,10 @@ The launcher interface the gateway uses is one method, ``start(cmd, *, stdout, e
 **popen_kwargs)``, returning a handle that behaves like ``subprocess.Popen`` (``pid``,
 ``poll``, ``wait``, ``send_signal``, ``terminate``, ``kill``, ``returncode``), plus ``close()``.
 
-Limits of this slice: the gateway still builds ``worker_url`` from ``127.0.0.1`` and the worker
-port. The worker binds its node's IP and the ready file it gets from here carries the full
-``url`` (and, for a group, ``host``), so a worker on another machine needs only the gateway to
-hand out that URL. ``$SEQ_CAPTURE_DIR`` and ``$SEQ_GATEWAY_URL`` (declared secrets) name the
-gateway's machine as well.
+The worker binds its node's IP and the ready file it gets from here carries the full ``url``
+(and, for a group, ``host``); the gateway hands robots that host (``worker_host``), so a worker
+on another machine is reached directly. Limits of this slice: ``$SEQ_CAPTURE_DIR`` and
+``$SEQ_GATEWAY_URL`` (declared secrets) still name the gateway's machine.
 """
 from __future__ import annotations
 
