@@ -197,14 +197,26 @@ def test_set_instruction_counts_swaps_and_lag(module_gateway, echo):
 
 # ------------------------------------------------------------------ interrupt
 
+class _Marks(dict):
+    """Times the interrupting thread noted; reading one first waits for that thread, which a
+    loaded machine can preempt between interrupt() returning and noting the time."""
+
+    thread = None
+
+    def __getitem__(self, key):
+        if self.thread is not None:
+            self.thread.join(10.0)
+        return super().__getitem__(key)
+
+
 def _interrupt_and_measure(policy, rec, when):
-    marks = {}
+    marks = _Marks()
 
     def fire():
         policy.interrupt()
         marks["returned"] = time.monotonic()
 
-    after(when, fire)
+    marks.thread = after(when, fire)
     return marks
 
 
