@@ -7,7 +7,8 @@ progress while the loop sleeps between actions.
 
 One thread drives a Policy at a time: a call from a second thread while one is active raises
 ``SequencesError`` (code ``busy``) instead of interleaving two robots' plans. ``interrupt()`` and
-``set_instruction()`` are the exceptions: they are safe from any thread at any time.
+``set_instruction()`` are the exceptions: they are safe from any thread at any time; ``close()``
+from another thread interrupts the driving call and waits for it to end before closing.
 """
 from __future__ import annotations
 
@@ -38,6 +39,7 @@ class Policy:
         self._engine = engine
         self._loop = asyncio.new_event_loop()
         self._busy = threading.Lock()
+        self._owner: Optional[int] = None     # the thread inside _call (close() from another waits)
         self._closed = False
 
     def _call(self, coro: Awaitable[Any]) -> Any:
@@ -49,6 +51,7 @@ class Policy:
             raise SequencesError(
                 "this Policy is already driving on another thread (or re-entered from a callback)",
                 code="busy", hint="one Policy per control loop: connect() once per robot")
+        self._owner = threading.get_ident()
         try:
             task = self._loop.create_task(coro)  # type: ignore[arg-type]
             try:
@@ -64,6 +67,7 @@ class Policy:
                         pass
                 raise
         finally:
+            self._owner = None
             self._busy.release()
 
     # ------------------------------------------------------------ lifecycle
@@ -73,15 +77,35 @@ class Policy:
         return self
 
     def close(self) -> None:
-        """Stop any run, close the connections and the private event loop. Idempotent."""
+        """Stop any run, close the connections and the private event loop. Idempotent.
+
+        Safe from another thread: a call driving there is interrupted (a run holds and returns
+        within one control period; a request in flight is cancelled) and close() waits for it,
+        at most the connection's ``timeout_s``. Raises SequencesError (code ``busy``), leaving the
+        Policy open, when that call has not ended by then or when close() is called from inside
+        one of its own callbacks."""
         if self._closed:
             return
         self._engine.interrupt()
+        owner = self._owner
+        if owner is not None and owner != threading.get_ident():
+            if self._busy.acquire(timeout=self._engine.options.timeout_s):
+                self._busy.release()
+        busy = False
         try:
             self._call(self._engine.aclose())
+        except SequencesError as exc:
+            busy = exc.code == "busy"
+            if busy:      # the loop still runs that call: closing it now would raise RuntimeError
+                raise SequencesError(
+                    "close() while a call on this Policy is still running (on another thread, or close() "
+                    "was called from one of its callbacks); it was interrupted but the Policy stays open",
+                    code="busy", hint="call close() after run()/predict() returns, or from the thread that drives it") from None
+            raise
         finally:
-            self._closed = True
-            self._loop.close()
+            if not busy:
+                self._closed = True
+                self._loop.close()
 
     def __enter__(self) -> "Policy":
         return self

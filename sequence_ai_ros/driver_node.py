@@ -408,6 +408,9 @@ class PolicyDriver(Node):
         delay_ms = float(p["publish_delay_ms"])
         if not (delay_ms >= 0.0 and math.isfinite(delay_ms)):
             raise ValueError(f"publish_delay_ms must be >= 0 (0 = no publisher thread), got {delay_ms}")
+        rt = int(p["realtime_priority"])     # checked before connect(): a refused start holds no session
+        if not 0 <= rt <= 99:
+            raise ValueError(f"realtime_priority must be 0 (off) or a SCHED_FIFO priority 1..99, got {rt}")
         self._lower = list(p["joint_lower"] or []) or None   # typed, unset by default
         self._upper = list(p["joint_upper"] or []) or None
         self._n_arm = len(p["joint_names"])
@@ -449,9 +452,6 @@ class PolicyDriver(Node):
                                  self._on_joint_state, qos_profile_sensor_data, callback_group=sensors)
         self._cmd_pub = self.create_publisher(codecs.message_class(self._encoder.msg_type), p["command_topic"], 10)
 
-        rt = int(p["realtime_priority"])
-        if not 0 <= rt <= 99:
-            raise ValueError(f"realtime_priority must be 0 (off) or a SCHED_FIFO priority 1..99, got {rt}")
         self._gate = _CommandGate(self._publish, delay_ms / 1000.0, self._published, rt,
                                   lambda why: self.get_logger().warning(f"publisher thread not real-time: {why}"))
         self._goal_handle = None

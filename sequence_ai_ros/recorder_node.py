@@ -357,7 +357,7 @@ class EpisodeRecorder(Node):
             response.bag_path = str(self.label_episode(request.success, request.notes, request.bag_path.strip()))
             response.ok = True
             self.get_logger().info(f"labeled {response.bag_path}: success={request.success}")
-        except (RuntimeError, OSError) as exc:   # BagReadError is a RuntimeError
+        except Exception as exc:   # BagReadError, OSError, ...: answered, never raised into the executor
             response.ok, response.bag_path = False, ""
             response.message = f"{type(exc).__name__}: {exc}"
             self.get_logger().warning(f"label refused: {response.message}")

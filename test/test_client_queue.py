@@ -284,3 +284,31 @@ def test_run_ends_its_episode_even_when_act_raises(slot_gateway, one_slot):
         assert rec.holds == 1
         assert wait_for(lambda: policy.last_episode_id in ended_episodes(slot_gateway), 2.0)
         assert ended_episodes(slot_gateway)[policy.last_episode_id] >= 1
+
+
+def test_close_from_another_thread_while_a_predict_is_in_flight_waits_for_it_and_frees_the_slot(slot_gateway, one_slot):
+    """A supervisor thread closing the robot's Policy mid-request: close() returns without error
+    once the driving call has ended (before: RuntimeError 'Cannot close a running event loop'),
+    the session is gone from the gateway and the next robot gets the only slot without queueing."""
+    policy = connect(slot_gateway, one_slot, params={"latency_ms": 800})
+    got: dict = {}
+
+    def drive():
+        try:
+            got["rows"] = len(policy.predict(observation()).action_chunk.actions)
+        except sequence_ai.SequencesError as exc:
+            got["code"] = exc.code
+
+    t = threading.Thread(target=drive)
+    t.start()
+    time.sleep(0.3)                       # the predict is on the worker (infer sleeps 0.8 s)
+    policy.close()
+    t.join(5)
+    assert not t.is_alive() and (got.get("rows") == 10 or got.get("code") in ("interrupted", "closed")), got
+    with pytest.raises(sequence_ai.SequencesError) as err:
+        policy.predict(observation())
+    assert err.value.code == "closed"
+    assert wait_for(lambda: gauge(slot_gateway, "seq_gateway_sessions", one_slot) == 0, 5.0)
+    queue = QueueLog()
+    with connect(slot_gateway, one_slot, on_queue=queue):
+        assert queue.calls == []

@@ -167,3 +167,49 @@ def test_a_body_over_the_gateway_limit_is_refused_with_413_in_the_common_error_s
     assert body["code"] == "payload_too_large" and body["retryable"] is False
     assert "at most 33554432 bytes" in body["detail"] and body["request_id"].startswith("req_") and body["hint"]
     assert gw.client.get("/healthz").status_code == 200    # the gateway serves on
+
+
+def test_a_chunked_body_over_the_gateway_limit_is_refused_with_413_not_a_parse_error(module_gateway):
+    """No Content-Length: the body is counted as it streams; a JSON route and the raw volume
+    upload route both answer 413 payload_too_large (not 400 'error parsing the body' or 500)."""
+    gw = module_gateway
+
+    def chunks():
+        for _ in range(33):
+            yield b" " * (1024 * 1024)
+
+    for method, path, params in (("POST", "/v1/connect", None),
+                                 ("PUT", "/v1/volumes/big/uploads/1", {"path": "a", "offset": 0})):
+        r = gw.client.request(method, path, content=chunks(), params=params, headers={"Content-Type": "application/json"})
+        assert r.status_code == 413, (path, r.text)
+        assert r.json()["code"] == "payload_too_large" and "at most 33554432 bytes" in r.json()["detail"]
+    assert gw.client.get("/healthz").status_code == 200
+
+
+def test_shares_whose_sum_overflows_a_float_are_refused_naming_the_fix():
+    """Each 1e308 is finite but two add up to inf, which would show every version as 0 %."""
+    from sequence_ai_server.traffic import TrafficError, parse_split
+
+    with pytest.raises(TrafficError, match="more than a float holds; give percentages"):
+        parse_split({"v1": 1e308, "v2": 1e308})
+    assert parse_split({"v1": 1e308}) == {1: 1e308}
+    assert parse_split({"v2": "30", "1": 30}) == {2: 30.0, 1: 30.0}     # weights need not sum to 100
+
+
+def test_a_split_that_needs_a_worker_past_seq_max_gpus_is_refused_and_changes_nothing(tmp_path):
+    """One card (SEQ_MAX_GPUS=1) and v2 serving: a split naming v1 would start a second worker.
+    It is refused with gpu_limit_reached before anything is stored (it used to start v1 anyway)."""
+    from _servers import GatewayProcess
+
+    gw = GatewayProcess.start(tmp_path, env={"SEQ_MAX_GPUS": "1"})
+    try:
+        gw.deploy(_variant(tmp_path, "one"), "capped")
+        assert gw.deploy(_variant(tmp_path, "two"), "capped")["version"] == 2
+        r = gw.client.post("/v1/deployments/capped/traffic", json={"split": {"v1": 10, "v2": 90}})
+        assert r.status_code != 200 and r.json()["code"] == "gpu_limit_reached", r.text
+        assert "SEQ_MAX_GPUS" in r.json()["detail"] and "traffic unchanged" in r.json()["detail"] and r.json()["hint"]
+        view = gw.client.get("/v1/deployments/capped/traffic").json()
+        assert view["split"] == [] and view["side_workers"] == []
+        assert _versions_of(gw, "capped", 3) == [2, 2, 2]
+    finally:
+        gw.close()

@@ -105,3 +105,24 @@ def test_an_interrupted_put_resumes_and_a_bad_md5_never_becomes_active(module_ga
     assert [(v["name"], v["version"], v["versions"], v["uploading"]) for v in listed] == [("resume", 1, [1], [2])]
     r = gw.client.post("/v1/volumes/resume/uploads", json={"files": [{"path": "../x", "size": 1, "md5": "0" * 32}]})
     assert r.status_code == 400 and "'..'" in r.json()["detail"]
+
+
+def test_a_manifest_path_longer_than_the_file_system_takes_is_refused_with_a_typed_error(module_gateway):
+    """A name over 255 bytes (or a path over 2048) is invalid_request naming the limit, not a
+    500 from the file system; the gateway serves on."""
+    gw = module_gateway
+    for path in ("x" * 256, "a/" + "é" * 128, "/".join(["d" * 200] * 11)):
+        r = gw.client.post("/v1/volumes/longnames/uploads", json={"files": [{"path": path, "size": 1, "md5": "0" * 32}]})
+        assert r.status_code == 400, r.text
+        assert r.json()["code"] == "invalid_request" and "too long" in r.json()["detail"] and r.json()["hint"]
+    r = gw.client.post("/v1/volumes/longnames/uploads", json={"files": [{"path": "x" * 255, "size": 1, "md5": "0" * 32}]})
+    assert r.status_code == 200 and r.json()["version"] == 1
+
+
+def test_a_manifest_naming_a_path_as_both_file_and_folder_is_refused_up_front(module_gateway):
+    """``a`` and ``a/b`` cannot both be files; begin says so (before, the second write was a 500)."""
+    gw = module_gateway
+    files = [{"path": "w/a", "size": 1, "md5": "0" * 32}, {"path": "w/a/b", "size": 1, "md5": "0" * 32}]
+    r = gw.client.post("/v1/volumes/clash/uploads", json={"files": files})
+    assert r.status_code == 400 and r.json()["code"] == "invalid_request", r.text
+    assert "w/a is both a file and a folder" in r.json()["detail"]

@@ -6,6 +6,7 @@ command it receives with its arrival time. The echo policy declares 15 Hz joint_
 from __future__ import annotations
 
 import os
+import re
 import statistics
 import threading
 import time
@@ -323,6 +324,20 @@ def test_publish_delay_and_realtime_priority_out_of_range_are_refused_at_start(r
         PolicyDriver(context=ros.ctx, parameter_overrides=driver_params(echo_server, publish_delay_ms=-1.0))
     with pytest.raises(ValueError, match="realtime_priority must be 0"):
         PolicyDriver(context=ros.ctx, parameter_overrides=driver_params(echo_server, realtime_priority=100))
+
+
+def test_a_start_refused_for_realtime_priority_leaves_no_session_at_the_gateway(ros, echo_server):
+    """The check runs before connect(): a refused driver does not hold a session (which would
+    keep a one-slot deployment's only slot until its lease ran out)."""
+    def sessions():
+        m = re.search(r'^seq_gateway_sessions{deployment="echo-ros"} ([0-9.e+-]+)$', echo_server.client.get("/metrics").text, re.M)
+        return float(m.group(1)) if m else 0.0
+
+    before = sessions()
+    for bad in (-1, 100):
+        with pytest.raises(ValueError, match="realtime_priority must be 0"):
+            PolicyDriver(context=ros.ctx, parameter_overrides=driver_params(echo_server, realtime_priority=bad))
+    assert sessions() == before
 
 
 class _Sent:

@@ -240,7 +240,8 @@ def label_bag(bag: Path, success: Optional[bool], notes: str = "") -> dict:
     Returns:
         ``{"bag", "success", "notes", "messages"}``.
     Raises:
-        BagReadError: not a bag written by the recorder (no start marker), or nothing recoverable.
+        BagReadError: not a bag written by the recorder (no start marker), nothing recoverable,
+            or damaged bytes that cannot be decoded.
     """
     from rclpy.serialization import serialize_message
     from std_msgs.msg import String
@@ -248,9 +249,15 @@ def label_bag(bag: Path, success: Optional[bool], notes: str = "") -> dict:
     bag = Path(bag).resolve()
     if not bag.is_dir():
         raise BagReadError(f"{bag} is not a bag directory")
-    read_episode(bag)   # refuses what is not an episode bag before touching it
     raw = serialize_message(String(data=label_event(success, notes)))
-    n, _ = _rewrite(bag, [RawMessage(EPISODE_TOPIC, "std_msgs/msg/String", time.time_ns(), raw)])
+    try:
+        read_episode(bag)   # refuses what is not an episode bag before touching it
+        n, _ = _rewrite(bag, [RawMessage(EPISODE_TOPIC, "std_msgs/msg/String", time.time_ns(), raw)])
+    except BagReadError:
+        raise
+    except Exception as exc:   # damaged bytes surface as UnicodeDecodeError, rosbags ReaderError, ...
+        raise BagReadError(f"{bag} is damaged and cannot be labeled ({type(exc).__name__}: {exc}); "
+                           "the bag was left as it was") from exc
     return {"bag": str(bag), "success": success, "notes": notes, "messages": n}
 
 

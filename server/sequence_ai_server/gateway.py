@@ -1232,7 +1232,8 @@ class Gateway:
         """Apply one of: a split, a pin, an unpin, or clear (split and pins). Versions must be the
         serving one or kept ones that served; a pinned key must be bound to ``name``. Workers for
         the named versions start at once while the deployment runs. Raises ApiError
-        invalid_request (bad split, several actions, unbound key) or not_found (version, key)."""
+        invalid_request (bad split, several actions, unbound key), not_found (version, key) or
+        gpu_limit_reached (those workers would pass $SEQ_MAX_GPUS; nothing is changed)."""
         chosen = [upd.split is not None, upd.pin is not None, upd.unpin is not None, upd.clear]
         if sum(chosen) != 1:
             raise ApiError("invalid_request", "give exactly one of a split, --pin KEY vN, --unpin KEY or --clear",
@@ -1275,14 +1276,24 @@ class Gateway:
                     pol["pins"].pop(rec.id)
             except TrafficError as exc:
                 raise ApiError("invalid_request", str(exc), hint=f"e.g. seq policy traffic {name} v5=10 v4=90") from None
-            self.store.update(name, traffic_json=dump_policy(pol))
-            self.traffic.forget(name)
-            # start the named versions' workers now, so the first sessions sent there find them loading or ready
+            # the named versions' workers start now, so the first sessions sent there find them loading
+            # or ready; each is one more card, so SEQ_MAX_GPUS is checked before anything is stored
+            start: list[int] = []
             if row["status"] in ("ready", "starting"):
                 wanted = {v for v, share in pol["split"].items() if share > 0} | set(pol["pins"].values())
-                for v in sorted(wanted - {row["version"]}):
-                    if f"{name}{SIDE_MARK}{v}" not in self.workers:
-                        self._start_side(name, v)
+                start = [v for v in sorted(wanted - {row["version"]}) if f"{name}{SIDE_MARK}{v}" not in self.workers]
+            if start and self.max_gpus is not None:
+                running = sum(1 for k in self.workers if not k.endswith(BUILD_SUFFIX))
+                if running + len(start) > self.max_gpus:
+                    raise ApiError("gpu_limit_reached",
+                                   f"{', '.join(f'v{v}' for v in start)} of {name} would need {len(start)} more worker(s); "
+                                   f"{running} run and this machine allows {self.max_gpus} (SEQ_MAX_GPUS); traffic unchanged",
+                                   details={"max_gpus": self.max_gpus},
+                                   hint="stop a deployment (`seq policy stop NAME`) or raise SEQ_MAX_GPUS")
+            self.store.update(name, traffic_json=dump_policy(pol))
+            self.traffic.forget(name)
+            for v in start:
+                self._start_side(name, v)
         log.info("traffic of %s is now split=%s pins=%s", name, pol["split"], pol["pins"])
         return self.traffic_view(name)
 

@@ -49,8 +49,8 @@ def parse_version(text: Any) -> int:
 def parse_split(items: dict[str, Any]) -> dict[int, float]:
     """``{"v5": 10, "v4": 90}`` -> ``{5: 10.0, 4: 90.0}``.
 
-    Shares are weights: any non-negative numbers with a positive sum (10/90, 1/9 and 0.1/0.9 are
-    the same split). A version may appear once. Raises TrafficError naming the bad entry."""
+    Shares are weights: any non-negative numbers with a positive, finite sum (10/90, 1/9 and
+    0.1/0.9 are the same split). A version may appear once. Raises TrafficError naming the bad entry."""
     if not items:
         raise TrafficError("an empty split; give at least one version=share, e.g. v5=10 v4=90")
     out: dict[int, float] = {}
@@ -65,8 +65,11 @@ def parse_split(items: dict[str, Any]) -> dict[int, float]:
         if not f >= 0 or f == float("inf"):
             raise TrafficError(f"the share of v{v} ({share!r}) must be a finite number >= 0")
         out[v] = f
-    if sum(out.values()) <= 0:
+    total = sum(out.values())
+    if total <= 0:
         raise TrafficError("the shares add up to 0; give at least one version a positive share")
+    if total == float("inf"):        # each share finite, their sum is not: every share would read as 0 %
+        raise TrafficError("the shares add up to more than a float holds; give percentages, e.g. v5=10 v4=90")
     return out
 
 

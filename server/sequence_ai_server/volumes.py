@@ -38,6 +38,8 @@ __all__ = ["VolumeError", "VolumeStore", "resolve_volume", "parse_volume_uri"]
 _NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_.-]{0,62}$")     # as seq.Volume.from_name accepts
 _URI = re.compile(r"^vol://([A-Za-z][A-Za-z0-9_.-]{0,62})(?:@v(\d+))?/?$")
 MAX_FILES = 100_000
+MAX_NAME_BYTES = 255       # one path part (NAME_MAX of Linux file systems)
+MAX_PATH_BYTES = 2048      # a whole relative path (the volume root adds its own prefix under PATH_MAX)
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS volumes (
@@ -91,12 +93,17 @@ def resolve_volume(volumes_dir: Path, uri: str) -> Path:
 
 
 def _safe_relpath(path: Any) -> str:
-    """A manifest path: relative, '/'-separated, no '..', no empty parts. Raises VolumeError."""
+    """A manifest path: relative, '/'-separated, no '..', no empty parts, each part at most
+    MAX_NAME_BYTES and the whole at most MAX_PATH_BYTES (UTF-8). Raises VolumeError."""
     if not isinstance(path, str) or not path or "\\" in path or "\x00" in path:
         raise VolumeError("invalid_request", f"file path {path!r} is not a relative POSIX path")
     p = PurePosixPath(path)
     if p.is_absolute() or any(part in ("", ".", "..") for part in path.split("/")):
         raise VolumeError("invalid_request", f"file path {path!r} must be relative with no '.' or '..' parts")
+    longest = max(len(part.encode("utf-8", "surrogatepass")) for part in path.split("/"))
+    if longest > MAX_NAME_BYTES or len(path.encode("utf-8", "surrogatepass")) > MAX_PATH_BYTES:
+        raise VolumeError("invalid_request", f"file path {path[:60]!r}... is too long: at most {MAX_NAME_BYTES} bytes "
+                          f"per name and {MAX_PATH_BYTES} in all", hint="rename the file (file systems refuse longer names)")
     return str(p)
 
 
@@ -166,6 +173,11 @@ class VolumeStore:
                 raise VolumeError("invalid_request", f"{path} appears twice in the manifest")
             seen.add(path)
             manifest.append({"path": path, "size": size, "md5": md5})
+        folders = {str(parent) for path in seen for parent in PurePosixPath(path).parents}
+        clash = sorted(seen & folders)
+        if clash:
+            raise VolumeError("invalid_request", f"{clash[0]} is both a file and a folder in the manifest",
+                              hint="a path names a file or a folder, not both; rename one of them")
         manifest.sort(key=lambda x: x["path"])
         sha = hashlib.sha256(json.dumps(manifest).encode()).hexdigest()
         rows = self._rows(name)
