@@ -5,12 +5,21 @@
 """
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+# Under pytest-xdist (scripts/test.sh runs two workers) each worker gets its own DDS domain, so two
+# test files that both start a sim robot and a driver never hear each other's topics. The base is
+# the per-shell ROS_DOMAIN_ID scripts/env.sh picked (1..100); domains stay within 0..101.
+_worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+if _worker.startswith("gw") and _worker[2:].isdigit():
+    _base = int(os.environ.get("ROS_DOMAIN_ID", "1"))
+    os.environ["ROS_DOMAIN_ID"] = str((_base + 50 * int(_worker[2:]) - 1) % 101 + 1)
 
 from _servers import ECHO_POLICY, GatewayProcess  # noqa: E402
 
