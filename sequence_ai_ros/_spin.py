@@ -5,6 +5,10 @@ node can publish anything on its way out (the driver's hold, the recorder's end-
 marker). So the process takes SIGINT and SIGTERM itself: the signal becomes KeyboardInterrupt in
 the main thread, ``on_stop(node)`` runs while the context is still valid, and only then are the
 executor, the node and rclpy shut down -- joined, so rclpy's C++ layer does not abort at exit.
+
+Python runs a signal handler only when the main thread is back in the interpreter, and without
+rclpy's own handler nothing wakes an executor that waits with no timer due (an idle recorder).
+So the main thread spins in ``SPIN_WAKE_S`` slices: a signal is acted on within that long.
 """
 from __future__ import annotations
 
@@ -15,6 +19,10 @@ import rclpy
 from rclpy.executors import ExternalShutdownException, MultiThreadedExecutor
 from rclpy.node import Node
 from rclpy.signals import SignalHandlerOptions
+
+
+SPIN_WAKE_S = 0.2
+"""The longest the main thread waits in one executor slice (s): the bound on signal latency."""
 
 
 def _raise_keyboard_interrupt(signum, frame):
@@ -35,12 +43,14 @@ def spin_node(make_node: Callable[[], Node], *, threads: int, args=None,
     """
     rclpy.init(args=args, signal_handler_options=SignalHandlerOptions.NO)
     signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
+    signal.signal(signal.SIGINT, _raise_keyboard_interrupt)   # also when started with SIGINT ignored (a shell's `&`)
     node = None
     executor = MultiThreadedExecutor(num_threads=threads)
     try:
         node = make_node()
         executor.add_node(node)
-        executor.spin()
+        while rclpy.ok():
+            executor.spin_once(timeout_sec=SPIN_WAKE_S)
     except (KeyboardInterrupt, ExternalShutdownException):
         pass
     finally:

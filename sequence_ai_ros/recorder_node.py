@@ -169,6 +169,9 @@ class EpisodeRecorder(Node):
             self, RecordEpisode, "~/record_episode", execute_callback=self._execute,
             goal_callback=self._on_goal, cancel_callback=lambda gh: CancelResponse.ACCEPT,
             callback_group=ReentrantCallbackGroup())
+        self.get_logger().info(
+            f"recording to {self.output_dir} ({'one bag per Act goal (auto_record)' if p['auto_record'] else 'on RecordEpisode goals'}); "
+            f"cameras {dict(zip(views, topics))}, joints {self._joint_topic}, commands {self._command_topic}")
 
     # -- episodes ------------------------------------------------------------------------------
     @property
