@@ -284,6 +284,9 @@ def register(app: typer.Typer, policy_app: typer.Typer, base) -> None:
         path = f"/v1/deployments/{name}/logs"
         recs = call(gw, api_key, data_dir, "GET", path, params=params)["lines"]
         show(recs)
+        if request_id and not recs and not follow:   # like grep: nothing matched is a non-zero exit
+            base.err.print(f"no log lines of {name} carry request id {request_id}", highlight=False, markup=False)
+            raise typer.Exit(1)
         last = recs[-1]["time"] if recs else time.time() - 1.0
         try:
             while follow:

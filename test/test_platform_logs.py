@@ -87,6 +87,9 @@ def test_the_request_id_of_a_client_error_finds_its_lines_with_seq_policy_logs(l
     assert r.returncode == 0 and r.stdout.strip()
     assert all(json.loads(x)["request_id"] == direct.json()["request_id"] for x in r.stdout.splitlines())
     assert "asked to fail with KeyError" in r.stdout
+    # an id nothing carries says so and exits 1 (like grep), rather than printing nothing
+    r = _seq(gw, "policy", "logs", "logged", "--request-id", "req_nothing_has_this")
+    assert r.returncode == 1 and r.stdout == "" and "no log lines of logged carry request id req_nothing_has_this" in r.stderr
 
 
 def test_logs_lines_limits_and_an_unknown_deployment_is_not_found(logged):

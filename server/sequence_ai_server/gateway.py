@@ -946,7 +946,7 @@ class Gateway:
                 raise ApiError("warming", f"deployment {model!r} is starting ({row['phase']}); about {remaining:.0f} s left",
                                retry_after_s=round(remaining, 1),
                                details={"phase": row["phase"], "elapsed_s": round(elapsed, 1), "estimate_s": estimate},
-                               hint="retry after Retry-After seconds; the client waits this out for you")
+                               hint="retry after Retry-After seconds (run()/act() wait this out before their first action; predict() does not)")
             return row
 
     def _refuse_jammed(self, model: str, row: dict, jam: dict) -> None:
@@ -962,7 +962,7 @@ class Gateway:
         raise ApiError("warming", f"the worker of {model!r} is jammed (an inference has run "
                        f"{jam['oldest_request_s']:.0f} s); a fresh one is starting, about {remaining:.0f} s left",
                        retry_after_s=round(remaining, 1), details={"phase": "replacing", "estimate_s": estimate},
-                       hint="retry after Retry-After seconds; the client waits this out for you")
+                       hint="retry after Retry-After seconds (run()/act() wait this out before their first action; predict() does not)")
 
     # -- health: a worker whose inference hangs still answers /ping, with status degraded
     def health_targets(self) -> list[tuple[str, str]]:
@@ -1131,7 +1131,7 @@ class Gateway:
                                retry_after_s=round(remaining, 1),
                                details={"phase": "loading", "version": version, "elapsed_s": round(elapsed, 1),
                                         "estimate_s": estimate},
-                               hint="retry after Retry-After seconds; the client waits this out for you")
+                               hint="retry after Retry-After seconds (run()/act() wait this out before their first action; predict() does not)")
             srow = self._side_row(row, w)
             params = self._session_params(srow, req.params)
             now = time.time()
