@@ -45,17 +45,23 @@ def wait_build(gw, name: str, d: dict, timeout: float, out, t0: float) -> dict:
     deployment) or failed (raises the CLI's worker_failed error, saying the old version serves on)."""
     base = _BASE
     last = None
+    serving = d["version"]                       # the version serving when the build began
+    building = (d.get("build") or {}).get("version")
+    # the same version again (an unchanged file): a fresh worker of it, not a new version
+    beside = (f"a fresh v{building} worker beside the serving one" if building == serving
+              else f"v{building} beside the serving v{serving}")
     while True:
         b = d.get("build") or {}
         if b.get("phase") != last:
             last = b.get("phase")
-            out.print(f"  {time.monotonic() - t0:6.1f}s  {last} (v{b.get('version')} beside the serving v{d['version']})")
+            out.print(f"  {time.monotonic() - t0:6.1f}s  {last} ({beside})")
         if b.get("status") in ("ready", "switching"):
-            out.print(f"[bold green]ready[/]: {name} v{d['version']} at {d['worker_url']} (load {d['load_s']:.1f} s)")
+            out.print(f"[bold green]ready[/]: {name} v{b.get('version', d['version'])} at {d['worker_url']} "
+                      f"(load {d['load_s']:.1f} s)")
             return d
         if b.get("status") == "failed":
             e = base._show_failure({**d, "error": b.get("error"), "details": b.get("details")})
-            e.detail = f"v{b.get('version')} failed to build; v{d['version']} keeps serving: {e.detail}"
+            e.detail = f"v{b.get('version')} failed to build; v{serving} keeps serving: {e.detail}"
             raise e
         if time.monotonic() - t0 > timeout:
             raise base.CliError("timeout", f"{name} v{b.get('version')} is still {b.get('phase')} after {timeout:g} s",
@@ -421,7 +427,10 @@ def register(app: typer.Typer, policy_app: typer.Typer, base) -> None:
     def policy_doctor(name: str, gw: Optional[str] = base.GatewayOpt, api_key: Optional[str] = base.ApiKeyOpt,
                       data_dir: Optional[Path] = base.DataDirOpt) -> None:
         """Diagnose NAME: state, serving version, the worker's /ping and one synthetic /act split
-        into network and handler time. Never starts a worker."""
+        into network and handler time. Never starts a worker. Exits 0 when the /act answered,
+        also when the policy refused the synthetic input (400: printed, not a fault) or the
+        deployment is stopped; 1 when the /act failed (5xx or no response: the typed error's code,
+        detail and hint are printed) or the deployment failed."""
         d = call(gw, api_key, data_dir, "GET", f"/v1/deployments/{name}/doctor")
         o = base.out
         o.print(f"deployment  {d['name']} v{d['version']}: {d['status']} ({d['phase']}), {d['sessions']} sessions",
@@ -431,6 +440,8 @@ def register(app: typer.Typer, policy_app: typer.Typer, base) -> None:
         w = d.get("worker")
         if not w:
             o.print("worker      none running (doctor does not start one; `seq policy start` does)")
+            if d["status"] == "failed":
+                raise typer.Exit(1)     # a deployment whose worker failed does not serve
             return
         ping = w.get("ping") or {}
         state = f" {ping['state']}" if ping.get("state") else ""
@@ -446,5 +457,22 @@ def register(app: typer.Typer, policy_app: typer.Typer, base) -> None:
         if act and act.get("status") == 200:
             o.print(f"act         {act['total_ms']:.1f} ms = network {act['network_ms']:.1f} ms + handler "
                     f"{act['handler_ms']:.1f} ms (request_id {act['request_id']})", highlight=False, markup=False)
+        elif act and act.get("status") == 400:
+            # the policy's own check refused the synthetic input: the deployment itself works
+            o.print(f"act         refused by the policy: error[{act.get('code') or 'invalid_request'}] (400): "
+                    f"{act.get('detail') or act.get('error')}", highlight=False, markup=False, soft_wrap=True)
+            if act.get("hint"):
+                o.print(f"            hint: {act['hint']}", highlight=False, markup=False, soft_wrap=True)
+            o.print("            not a broken deployment: doctor sends black frames and zero vectors, which this "
+                    "policy refuses; a real robot's observation may pass", highlight=False, markup=False, soft_wrap=True)
         elif act:
-            o.print(f"act         failed: {act.get('status')} {act.get('error')}", highlight=False, markup=False)
+            status = act.get("status")
+            o.print(f"act         failed: error[{act.get('code') or 'unreachable'}] "
+                    f"({status if status else 'no response'}): {act.get('detail') or act.get('error')}",
+                    highlight=False, markup=False, soft_wrap=True)
+            if act.get("hint"):
+                o.print(f"            hint: {act['hint']}", highlight=False, markup=False, soft_wrap=True)
+            if act.get("request_id"):
+                o.print(f"            request_id: {act['request_id']} (`seq policy logs {d['name']} "
+                        f"--request-id {act['request_id']}`)", highlight=False, markup=False, soft_wrap=True)
+            raise typer.Exit(1)     # a 5xx or a transport failure: the deployment does not serve

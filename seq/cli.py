@@ -193,7 +193,16 @@ def deploy(file: Path = typer.Argument(..., help="the policy file"),
         gw = Gateway(gateway, api_key, data_dir)
         name = name or _default_name(path)
         d = gw.call("POST", "/v1/deployments", json={"name": name, "file": str(path), "class_name": class_name})
-        out.print(f"deploying [bold]{name}[/] v{d['version']} from {path}")
+        b = d.get("build") or {}
+        if b.get("status") == "building" and b.get("version") == d["version"]:
+            # the gateway keeps an unchanged file's version and restarts it beside itself
+            out.print(f"{name}: {path} is unchanged since v{d['version']}, so no new version; "
+                      f"v{d['version']} keeps serving while a fresh worker of it starts beside it",
+                      highlight=False, markup=False)
+        elif b.get("status") == "building":
+            out.print(f"deploying [bold]{name}[/] v{b['version']} from {path} (v{d['version']} serves until it is ready)")
+        else:
+            out.print(f"deploying [bold]{name}[/] v{d['version']} from {path}")
         if not wait:
             out.print(f"status: {d['status']} (seq policy status {name})")
             return

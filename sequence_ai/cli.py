@@ -20,7 +20,7 @@ import httpx
 
 from sequence_ai_core import resolve_api_key, resolve_gateway_url
 
-from . import InvalidRequest, SequencesError, __version__, connect, models
+from . import InvalidRequest, PolicyError, SequencesError, __version__, connect, models
 
 
 def _describe_contract(contract) -> str:
@@ -76,7 +76,13 @@ def _synthetic_observation(contract: Any) -> Optional[Any]:
 def doctor(model: Optional[str], gateway: Optional[str], calls: int, api_key: Optional[str] = None) -> int:
     """Check the key, the gateway, a real connect and the connection reuse; print a report.
 
-    Returns 0 when every check passed (prints ``ready``), 1 otherwise.
+    ``model`` None checks the only deployment; with several it lists them and asks for
+    ``--model NAME`` (returns 2) rather than guessing. A policy that refuses the synthetic
+    observation (400) is noted, not failed; a policy error (5xx) on it fails the check. A policy
+    with no contract (its own inputs) gets its worker's ``GET /ping`` timed instead of ``/act``.
+
+    Returns 0 when every check passed (prints ``ready``), 1 otherwise, 2 when the model to
+    check is ambiguous.
     """
     url = resolve_gateway_url(gateway)
     ok = True
@@ -113,9 +119,17 @@ def doctor(model: Optional[str], gateway: Optional[str], calls: int, api_key: Op
             print("  credit        n/a (this gateway keeps no account)")
     if not valid:
         return 1
-    if model is None:
-        ready = [m.get("name") for m in catalogue if m.get("status") == "ready"]
-        model = ready[0] if ready else (catalogue[0].get("name") if catalogue else None)
+    if model is None and len(catalogue) > 1:
+        print(f"\n  model         not chosen: {len(catalogue)} deployments, pick one with --model NAME")
+        for m in catalogue:
+            print(f"                {m.get('name')}  v{m.get('version')}  {m.get('status')}")
+        print(f"  hint          sequence-ai doctor --model {catalogue[0].get('name')}")
+        return 2
+    if model is None and catalogue:
+        model = catalogue[0].get("name")
+        print(f"\n  model         {model} (the only deployment)")
+    elif model is not None:
+        print(f"\n  model         {model}")
     if model is None:
         print("\n  connect       no deployment to connect to: seq deploy <policy file>")
         return 1
@@ -123,7 +137,7 @@ def doctor(model: Optional[str], gateway: Optional[str], calls: int, api_key: Op
         t0 = time.perf_counter()
         policy = connect(model, api_key=key, gateway_url=url)
     except SequencesError as exc:
-        print(f"\n  connect       {model}: FAILED error[{exc.code}]: {exc.message}")
+        print(f"  connect       {model}: FAILED error[{exc.code}]: {exc.message}")
         if exc.hint:
             print(f"  hint          {exc.hint}")
         return 1
@@ -131,13 +145,18 @@ def doctor(model: Optional[str], gateway: Optional[str], calls: int, api_key: Op
         try:
             policy.wait_until_ready(timeout_s=300)
         except SequencesError as exc:
-            print(f"\n  connect       {model}: not ready: {exc.message}")
+            print(f"  connect       {model}: not ready: {exc.message}")
             return 1
         session = policy._engine._wire.session
         lease = (session.lease or {}) if session else {}
-        print(f"\n  connect       {model}  ->  worker up at {session.worker_url if session else '?'}, "
+        print(f"  connect       {model}  ->  worker up at {session.worker_url if session else '?'}, "
               f"lease {lease.get('ttl_s', '?')}s  ({(time.perf_counter() - t0) * 1000.0:.0f} ms)")
-        obs = _synthetic_observation(policy.contract)
+        # no contract: the policy defines its own inputs, so no synthetic observation fits it
+        declared = (policy.contract or {}).get("observation")
+        obs = _synthetic_observation(policy.contract) if declared else None
+        if obs is None:
+            print("  note          no contract (the policy defines its own inputs): timing its worker's "
+                  "GET /ping, not /act")
         if obs is not None:
             what = "POST /act"
 
@@ -152,8 +171,16 @@ def doctor(model: Optional[str], gateway: Optional[str], calls: int, api_key: Op
             try:
                 policy.predict(obs)  # warm the path once
             except InvalidRequest as exc:
-                print(f"  note          the policy refused the synthetic observation ({exc.message[:80]}); "
+                print(f"  note          {model} refused doctor's synthetic observation (black frames, zero "
+                      f"vectors), error[{exc.code}]: {exc.message}\n"
+                      "                not a broken deployment: a real robot's observation may pass; "
                       "timing its refusals")
+            except PolicyError as exc:
+                print(f"  act           {model}: FAILED error[{exc.code}]: {exc.message}")
+                if exc.hint:
+                    print(f"  hint          {exc.hint}")
+                print("\nnot ready")
+                return 1
             reused = _median_ms(act_once, calls)
 
             def fresh() -> None:
@@ -192,7 +219,8 @@ def main(argv=None) -> int:
     p_models.add_argument("--gateway", default=None, help="gateway URL (default $SEQUENCES_GATEWAY_URL or local)")
     sub.add_parser("version", help="print the client version")
     p_doc = sub.add_parser("doctor", help="check key, gateway, a real connect, and connection reuse")
-    p_doc.add_argument("--model", default=None, help="deployment to connect to (default: the first ready one)")
+    p_doc.add_argument("--model", default=None, help="deployment to check (default: the only one; "
+                       "with several, they are listed and doctor asks for this)")
     p_doc.add_argument("--gateway", default=None, help="gateway URL (default $SEQUENCES_GATEWAY_URL or local)")
     p_doc.add_argument("--calls", type=int, default=20, help="calls per latency figure (default 20)")
     p_doc.add_argument("--api-key", default=None, help="API key (default $SEQUENCES_API_KEY)")

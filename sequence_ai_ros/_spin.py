@@ -13,6 +13,7 @@ So the main thread spins in ``SPIN_WAKE_S`` slices: a signal is acted on within 
 from __future__ import annotations
 
 import signal
+import threading
 from typing import Callable, Optional
 
 import rclpy
@@ -27,6 +28,29 @@ SPIN_WAKE_S = 0.2
 
 def _raise_keyboard_interrupt(signum, frame):
     raise KeyboardInterrupt
+
+
+def stop_executor(executor: MultiThreadedExecutor, timeout_s: float = 5.0) -> None:
+    """Stop ``executor`` and let the callbacks it already handed to its thread pool finish,
+    *before* the caller destroys its nodes.
+
+    ``Executor.shutdown()`` of the rclpy here returns without waiting for them, so a timer or
+    subscription callback queued in the pool ran after ``destroy_node()`` and failed with
+    "cannot use Destroyable because destruction was requested"; nobody read that exception, and
+    rclpy printed "The following exception was never retrieved" when the task was collected.
+    This joins the pool (at most ``timeout_s`` s for the executor's own wait) and reads every
+    finished task's exception, so teardown is quiet. Call it from a thread that is not one of
+    the executor's own. Waits at most about ``2 * timeout_s``. Raises nothing.
+    """
+    executor.shutdown(timeout_sec=timeout_s)
+    pool = getattr(executor, "_executor", None)           # MultiThreadedExecutor's ThreadPoolExecutor
+    if pool is not None:   # bounded: a callback stuck for good must not hang the process at exit
+        joiner = threading.Thread(target=pool.shutdown, kwargs={"wait": True}, daemon=True)
+        joiner.start()
+        joiner.join(timeout_s)
+    for task in list(getattr(executor, "_futures", ()) or ()):
+        if task.done():
+            task.exception()    # marks it read; a callback's error here is teardown noise
 
 
 def spin_node(make_node: Callable[[], Node], *, threads: int, args=None,
@@ -56,7 +80,7 @@ def spin_node(make_node: Callable[[], Node], *, threads: int, args=None,
     finally:
         if node is not None and on_stop is not None:
             on_stop(node)
-        executor.shutdown()
+        stop_executor(executor)
         if node is not None:
             node.destroy_node()
         if rclpy.ok():

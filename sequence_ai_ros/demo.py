@@ -186,6 +186,7 @@ def drive(instruction: str, seed: int, max_seconds: float, out_dir: Path, *, can
     from sequence_ai_msgs.action import Act
     from sequence_ai_msgs.srv import CheckSuccess
 
+    from ._spin import stop_executor
     from .driver_node import GIL_SWITCH_INTERVAL_S, PolicyDriver
 
     sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)   # as the driver node's own main() does
@@ -213,6 +214,7 @@ def drive(instruction: str, seed: int, max_seconds: float, out_dir: Path, *, can
             driver.policy.interrupt()
             executor.shutdown()
             spin.join(timeout=10)
+            stop_executor(executor)     # callbacks still queued run before their nodes go (quiet teardown)
             driver.destroy_node()
             client_node.destroy_node()
 

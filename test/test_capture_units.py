@@ -133,10 +133,11 @@ _START_NS = 1_000_000_000_000          # the start marker's log time
 _PERIOD_NS = 66_666_667                # 15 Hz
 
 
-def _episode_bag(path, n_commands: int = 10, label=None):
+def _episode_bag(path, n_commands: int = 10, label=None, end_marker: bool = True):
     """A recorder-style bag: one joint state and one camera frame logged *before* the start marker
-    (the pre-roll), then commands and sensors at 15 Hz, then an end marker carrying ``label``.
-    Returns the pre-roll joint positions."""
+    (the pre-roll), then commands and sensors at 15 Hz, then an end marker carrying ``label``
+    (none with ``end_marker=False``: a recording cut before its end). Returns the pre-roll joint
+    positions."""
     import simplejpeg
     from sensor_msgs.msg import CompressedImage, JointState
 
@@ -164,8 +165,9 @@ def _episode_bag(path, n_commands: int = 10, label=None):
         w.put("/joint_states", "sensor_msgs/msg/JointState", t + 20_000_000, joints(t, [float(i)] * 3))
         w.put("/cam/front/compressed", "sensor_msgs/msg/CompressedImage", t + 25_000_000, frame(t + 25_000_000))
     end = {"event": "end", "source": "record_episode", "outcome": {"reason": "canceled"}, "label": {"success": label}}
-    w.put(EPISODE_TOPIC, "std_msgs/msg/String", _START_NS + (n_commands + 1) * _PERIOD_NS,
-          serialize_message(String(data=json.dumps(end))))
+    if end_marker:
+        w.put(EPISODE_TOPIC, "std_msgs/msg/String", _START_NS + (n_commands + 1) * _PERIOD_NS,
+              serialize_message(String(data=json.dumps(end))))
     w.close()
     w.shutdown()
     return pre_q
@@ -245,3 +247,24 @@ def test_label_bag_on_damaged_bytes_raises_bag_read_error_and_leaves_the_bag_as_
             refused += 1
             assert mcap.read_bytes() == bytes(damaged)
     assert refused >= 10     # most damage is refused (seeded: the same variants every run)
+
+
+def test_bag_export_of_a_cut_bag_warns_naming_it_and_still_exports(tmp_path, capsys):
+    """A bag cut by a crash (no end marker, no metadata.yaml, no footer) is exported -- recovering
+    it is the point -- with a warning naming it; a complete bag exports without one."""
+    from sequence_ai.cli import main as sequence_ai_main
+
+    whole, cut = tmp_path / "whole", tmp_path / "cut"
+    _episode_bag(whole, label=True)
+    _episode_bag(cut, end_marker=False)
+    (cut / "metadata.yaml").unlink()
+    mcap = next(cut.glob("*.mcap"))
+    mcap.write_bytes(mcap.read_bytes()[:-200])
+    assert sequence_ai_main(["bag", "export", str(whole), "--out", str(tmp_path / "ds_whole")]) == 0
+    assert "warning" not in capsys.readouterr().err
+    assert sequence_ai_main(["bag", "export", str(whole), str(cut), "--out", str(tmp_path / "ds")]) == 0
+    got = capsys.readouterr()
+    warnings = [line for line in got.err.splitlines() if line.startswith("warning:")]
+    assert len(warnings) == 1 and str(cut) in warnings[0] and str(whole) + " " not in warnings[0]
+    assert "no end marker" in warnings[0] and "last chunk may be missing" in warnings[0] and "no outcome" in warnings[0]
+    assert "+2 episodes" in got.out

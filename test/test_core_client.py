@@ -359,6 +359,25 @@ def test_doctor_checks_key_gateway_connect_and_connection_reuse(module_gateway, 
     assert out.rstrip().endswith("ready")
 
 
+def test_doctor_with_several_deployments_lists_them_and_asks_for_model(module_gateway, echo, capsys):
+    """No --model and more than one deployment: doctor names them and asks, never guesses (exit 2);
+    with --model it says which it checked, and a contract-less policy gets its /ping timed, not a
+    synthetic /act it would refuse."""
+    raw = unique("raw-doctor")
+    module_gateway.deploy(str(POLICIES / "raw_policy.py"), raw, wait=True)
+    rc = cli.main(["doctor", "--gateway", module_gateway.url, "--calls", "1", "--api-key", module_gateway.api_key])
+    out = capsys.readouterr().out
+    assert rc == 2, out
+    assert "pick one with --model NAME" in out and f"                {echo}  v1" in out and f"{raw}  v1" in out
+    assert "connect       " not in out
+    rc = cli.main(["doctor", "--gateway", module_gateway.url, "--model", raw, "--calls", "2",
+                   "--api-key", module_gateway.api_key])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert f"model         {raw}\n" in out and "GET /ping" in out and "no contract" in out
+    assert out.rstrip().endswith("ready")
+
+
 def test_doctor_reports_a_wrong_key(module_gateway, echo, capsys):
     rc = cli.main(["doctor", "--gateway", module_gateway.url, "--model", echo, "--calls", "1",
                    "--api-key", "seq_local_wrong"])

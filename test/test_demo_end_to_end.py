@@ -74,3 +74,48 @@ def test_cancel_publishes_the_hold_within_one_control_period_and_nothing_after(s
     # and nothing followed it (drive() listens for a further second after the result)
     assert all(t <= hold_t for t, _ in received)
     assert result.outcome["actions"] == len(result.commands)
+
+
+def test_teardown_runs_queued_callbacks_before_destroy_and_prints_no_unretrieved_exception():
+    """The demo's teardown (``_spin.stop_executor`` then ``destroy_node``): callbacks the executor
+    had already queued in its pool run while their node is alive, so rclpy never prints
+    "The following exception was never retrieved: cannot use Destroyable ..." (it did, twice, on
+    an ordinary demo run). Busy timers keep the pool's queue full at the moment of shutdown."""
+    import contextlib
+    import gc
+    import io
+    import threading
+    import time
+
+    import rclpy
+    from rclpy.callback_groups import ReentrantCallbackGroup
+    from rclpy.executors import MultiThreadedExecutor
+    from rclpy.node import Node
+
+    from sequence_ai_ros._spin import stop_executor
+
+    printed, ran = io.StringIO(), []
+    for _ in range(3):
+        ctx = rclpy.Context()
+        rclpy.init(context=ctx)
+        try:
+            node = Node("teardown_probe", context=ctx)
+            group = ReentrantCallbackGroup()
+            for _ in range(4):   # 1 kHz timers whose callbacks take 10 ms: two threads fall behind
+                node.create_timer(0.001, lambda: (ran.append(1), time.sleep(0.01)), callback_group=group)
+            executor = MultiThreadedExecutor(num_threads=2, context=ctx)
+            executor.add_node(node)
+            spin = threading.Thread(target=executor.spin, daemon=True)
+            spin.start()
+            time.sleep(0.3)
+            with contextlib.redirect_stderr(printed):
+                executor.shutdown()
+                spin.join(timeout=5)
+                stop_executor(executor)
+                node.destroy_node()
+                del executor, spin, node
+                gc.collect()
+        finally:
+            ctx.try_shutdown()
+    assert len(ran) > 20                       # the timers did fire: the pool was busy at shutdown
+    assert "never retrieved" not in printed.getvalue(), printed.getvalue()

@@ -132,6 +132,41 @@ def test_a_machine_at_its_gpu_limit_answers_gpu_limit_reached(tmp_path):
         gw.close()
 
 
+def _failing_echo(tmp_path: Path, fail: str) -> str:
+    """The echo policy failing with ``fail`` on every /act after the worker's own load check
+    (its first call), as if ``fail`` were sent as the param."""
+    src = Path(ECHO_POLICY).read_text()
+    old = "        self.counter += 1\n        if fail:"
+    assert old in src
+    path = tmp_path / f"echo_fails_{fail.lower()}.py"
+    path.write_text(src.replace(old, f"        self.counter += 1\n        fail = fail or ('{fail}' if self.counter > 1 else '')"
+                                     "\n        if fail:"))
+    return str(path)
+
+
+def test_policy_doctor_prints_a_refusal_readably_and_fails_only_on_a_policy_error(module_gateway, tmp_path):
+    """A 400 refusal of the synthetic input: code, whole detail and hint printed, exit 0 (the
+    deployment serves); a 500 policy_error: the typed error printed, exit 1."""
+    gw = module_gateway
+    gw.deploy(_failing_echo(tmp_path, "PolicyInputError"), "doc-refuses")
+    act = gw.client.get("/v1/deployments/doc-refuses/doctor").json()["worker"]["act"]
+    assert (act["status"], act["code"], act["detail"]) == (400, "invalid_request", "asked to fail with PolicyInputError")
+    r = _seq(gw, "policy", "doctor", "doc-refuses")
+    assert r.returncode == 0, r.stderr
+    assert "refused by the policy: error[invalid_request] (400): asked to fail with PolicyInputError" in r.stdout
+    assert "hint: " in r.stdout and "not a broken deployment" in r.stdout and '{"' not in r.stdout
+    gw.deploy(_failing_echo(tmp_path, "KeyError"), "doc-raises")
+    r = _seq(gw, "policy", "doctor", "doc-raises")
+    assert r.returncode == 1, r.stdout
+    assert "act         failed: error[policy_error] (500): the policy raised KeyError" in r.stdout
+    assert "hint: " in r.stdout and '{"' not in r.stdout
+    broken = tmp_path / "echo_broken.py"      # fails its own load check: a failed deployment
+    broken.write_text(Path(ECHO_POLICY).read_text().replace('fail: str = "", horizon', 'fail: str = "KeyError", horizon'))
+    assert gw.deploy(str(broken), "doc-failed")["status"] == "failed"
+    r = _seq(gw, "policy", "doctor", "doc-failed")
+    assert r.returncode == 1 and "doc-failed v1: failed" in r.stdout and "KeyError" in r.stdout
+
+
 def test_policy_doctor_reports_state_ping_and_a_split_act_without_starting_a_worker(module_gateway):
     gw = module_gateway
     gw.deploy(ECHO_POLICY, "doc")

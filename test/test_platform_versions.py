@@ -75,6 +75,25 @@ def test_a_new_version_builds_beside_the_old_one_while_a_robot_keeps_acting(modu
     assert [(x["version"], x["status"], x["serving"]) for x in v["versions"]] == [(2, "ready", True), (1, "retired", False)]
 
 
+def test_seq_deploy_prints_the_version_it_builds_and_the_one_serving(module_gateway, tmp_path):
+    """A changed file prints the new number (v2) beside the serving v1 and never "serving v2";
+    the same file again says it is unchanged, which version serves, and makes no new version."""
+    gw = module_gateway
+    assert gw.deploy(_variant(tmp_path, "p1"), "words")["version"] == 1
+    r = _seq(gw, "deploy", _variant(tmp_path, "p2"), "--name", "words")
+    assert r.returncode == 0, r.stderr
+    assert "deploying words v2 from" in r.stdout and "v1 serves until it is ready" in r.stdout
+    assert "(v2 beside the serving v1)" in r.stdout and "ready: words v2" in r.stdout
+    assert "serving v2" not in r.stdout and "deploying words v1" not in r.stdout
+    r = _seq(gw, "deploy", _variant(tmp_path, "p2"), "--name", "words")     # the same file again
+    assert r.returncode == 0, r.stderr
+    assert "is unchanged since v2, so no new version; v2 keeps serving" in r.stdout
+    assert "beside the serving v2" not in r.stdout and "deploying words" not in r.stdout
+    assert "ready: words v2" in r.stdout
+    v = gw.client.get("/v1/deployments/words/versions").json()
+    assert [x["version"] for x in v["versions"]] == [2, 1] and v["serving"] == 2
+
+
 def test_a_failed_build_changes_nothing_and_says_why(module_gateway, tmp_path):
     gw = module_gateway
     d = gw.deploy(ECHO_POLICY, "keeps")

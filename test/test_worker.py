@@ -157,6 +157,8 @@ def test_a_policy_exception_is_500_policy_error_with_type_and_traceback(echo):
 def test_policy_input_error_is_400_with_its_message(echo):
     body = _error(echo.act({"observation": echo_observation(), "params": {"fail": "PolicyInputError"}}), 400, "invalid_request")
     assert body["detail"] == "asked to fail with PolicyInputError"
+    # the refusal may be about the instruction or a param: the hint claims no observation
+    assert "observation" not in body["hint"] and "refused this request" in body["hint"]
 
 
 def test_open_loop_horizon_is_passed_through(echo):

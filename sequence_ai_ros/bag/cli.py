@@ -44,6 +44,16 @@ def add_parser(sub) -> None:
     i.add_argument("bags", nargs="+", type=Path)
 
 
+def _warn_if_cut(episodes):
+    """Pass ``EpisodeFrames`` through, warning on stderr for each one whose bag had no end
+    marker: it is exported (recovering such a bag is the point), but the user should know."""
+    for ep in episodes:
+        if ep.cut:
+            print(f"warning: {ep.source} has no end marker (the recording was cut, e.g. by a crash): exported "
+                  "what was recovered, but its last chunk may be missing and it has no outcome", file=sys.stderr)
+        yield ep
+
+
 def run(args) -> int:
     """Run a parsed ``bag`` command; returns the exit code (0 ok, 1 a typed error)."""
     try:
@@ -60,7 +70,7 @@ def run(args) -> int:
             for bag in args.bags:
                 if not bag.exists():
                     raise BagReadError(f"{bag} does not exist")
-            episodes = (frames_from_bag(b, fps=args.fps) for b in args.bags)
+            episodes = _warn_if_cut(frames_from_bag(b, fps=args.fps) for b in args.bags)
             summary = write_dataset(episodes, args.out, version=args.version, mode=mode, robot_type=args.robot_type)
             print(f"wrote {summary['out']} (LeRobot v{summary['version']}): +{summary['added_episodes']} episodes, "
                   f"+{summary['added_frames']} frames; now {summary['episodes']} episodes, {summary['frames']} frames, "

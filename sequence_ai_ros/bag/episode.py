@@ -46,6 +46,8 @@ class EpisodeFrames:
         state_names / action_names: names per dimension (``info.json`` ``names``).
         source: where it came from (bag path or episode id), for messages.
         tasks: per-frame task (instruction in force), length T; defaults to ``task`` everywhere.
+        cut: the bag had no end marker (the recording was cut, e.g. by a crash): the episode has
+            no outcome and its last chunk may be missing. False for synthetic episodes.
     """
 
     task: str
@@ -58,6 +60,7 @@ class EpisodeFrames:
     action_names: List[str] = field(default_factory=list)
     source: str = ""
     tasks: Optional[List[str]] = None
+    cut: bool = False
 
     def __post_init__(self) -> None:
         n = len(self.state)
@@ -194,5 +197,5 @@ def frames_from_bag(bag: Path, fps: Optional[float] = None) -> EpisodeFrames:
         task=rec.task, fps=float(fps), images=images, state=state, action=action, success=rec.success,
         state_names=names if len(names) == state.shape[1] else [f"s{i}" for i in range(state.shape[1])],
         action_names=names if len(names) == action.shape[1] else [f"a{i}" for i in range(action.shape[1])],
-        source=str(bag), tasks=[obs.instruction for _, obs, _ in steps],
+        source=str(bag), tasks=[obs.instruction for _, obs, _ in steps], cut=rec.end is None,
     )

@@ -480,7 +480,8 @@ class PolicyError(Exception):
         if isinstance(self.exc, seq.PolicyInputError):
             return ApiError("invalid_request", str(self.exc) or "the policy refused this input",
                             details={"exception_type": self.exception_type},
-                            hint="the policy refused this observation; its message says why")
+                            hint="the policy's own check refused this request (a PolicyInputError, not a "
+                                 "server fault); its message says what to change in what you sent")
         builtin = type(self.exc).__module__ == "builtins"
         return ApiError("policy_error", f"the policy raised {self.exception_type} in {self.stage}(): {self.exc}",
                         details={"exception_type": self.exception_type, "builtin": builtin,

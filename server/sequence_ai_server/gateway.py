@@ -538,7 +538,11 @@ class Gateway:
                 w.file_sha = sha
                 self.store.update(name, build_json=json.dumps({"version": version, "status": "building",
                                                                "phase": "spawning", "started_at": now}))
-                log.info("building %s v%d beside the serving v%d", name, version, old["version"])
+                if version == old["version"]:
+                    log.info("%s: the same file again (v%d, no new version): a fresh worker of it starts "
+                             "beside the serving one", name, version)
+                else:
+                    log.info("building %s v%d beside the serving v%d", name, version, old["version"])
                 return self.describe(self.require(name))
             self._stop_process(name)
             epoch, load_s, created = (0, None, now) if old is None else (old["epoch"], old["load_s"], old["created_at"])
@@ -1377,7 +1381,16 @@ class Gateway:
                     handler = float(body.get("inference_ms") or 0.0)
                     worker["act"] = {"status": r.status_code, "request_id": rid, "total_ms": round(total, 3),
                                      "handler_ms": round(handler, 3), "network_ms": round(max(0.0, total - handler), 3),
-                                     "error": None if r.status_code == 200 else r.text[:300]}
+                                     "error": None}
+                    if r.status_code != 200:   # the worker's typed error, whole: code, detail, hint
+                        try:
+                            err = r.json()
+                        except ValueError:
+                            err = {}
+                        if not isinstance(err, dict):
+                            err = {}
+                        worker["act"].update(code=err.get("code"), detail=err.get("detail") or r.text[:2000],
+                                             hint=err.get("hint"), error=err.get("detail") or r.text[:2000])
                 except httpx.HTTPError as exc:
                     worker["act"] = {"status": None, "error": type(exc).__name__}
         out["worker"] = worker
