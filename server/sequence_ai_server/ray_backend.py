@@ -455,8 +455,10 @@ class RayWorker:
 
     def __init__(self, actors: list, cmd: list, ready_file: str, secret_file: Optional[str],
                  activity_file: Optional[str], log_handle: Any, on_exit: Any = None,
-                 launch: Optional[tuple] = None, placement_group: Any = None):
+                 launch: Optional[tuple] = None, placement_group: Any = None, asks: Optional[dict] = None):
         self.args = cmd
+        self._asks = asks                       # the actor options, named in the "not placed yet" log line
+        self._placing_noted = False
         self.actors = list(actors)
         self.actor = self.actors[0]
         self.returncode: Optional[int] = None
@@ -528,8 +530,24 @@ class RayWorker:
             try:
                 return ray.get(refs, timeout=5.0)
             except GetTimeoutError:
+                if self.actor_pid is None and not self._placing_noted:
+                    self._note_placing()
                 continue                                   # still placing / booting the actors
         raise TimeoutError("handle finished")
+
+    def _note_placing(self) -> None:
+        """Say once in the deployment's log that no actor answered yet (Ray may lack the
+        resources it asks for: without this, a deploy that cannot be placed reads as a silent
+        'spawning' until the caller's timeout)."""
+        import ray
+        self._placing_noted = True
+        try:
+            free = {k: v for k, v in ray.available_resources().items() if k in ("CPU", "GPU", "memory")}
+        except Exception:  # noqa: BLE001 - only a hint; the cluster may be busy or gone
+            free = "unknown"
+        self._write_log(0, f"the worker actor is not up after 5 s: Ray is still placing or starting it (each of "
+                           f"{len(self.actors)} asks {self._asks}; free in the cluster now: {free}); it starts "
+                           "once resources free up -- add a node or stop another deployment\n".encode())
 
     def _start_group(self) -> None:
         cmd, env, cwd = self._launch
@@ -649,10 +667,12 @@ class RayWorker:
 
     def send_signal(self, sig: int) -> None:
         """SIGKILL kills the actors at once; any other signal asks every member to stop (the
-        worker's own SIGTERM path: open episodes end, @seq.shutdown runs; SIGKILL after 5 s)."""
+        worker's own SIGTERM path: open episodes end, @seq.shutdown runs; SIGKILL after 5 s).
+        A worker no actor has answered for yet (still waiting for Ray to place it) has nothing
+        to drain: any signal kills it at once (a queued stop would only run once placed)."""
         if self.returncode is not None:
             return
-        if sig == signal.SIGKILL:
+        if sig == signal.SIGKILL or self.actor_pid is None:
             self.kill()
         elif not self._stop_sent:
             self._stop_sent = True
@@ -759,7 +779,7 @@ class RayLauncher:
                 self._live.get(name, set()).discard(w)
         handle = RayWorker(actors, cmd, ready_file, env.get("SEQ_WORKER_SECRET_FILE"),
                            env.get("SEQ_WORKER_ACTIVITY_FILE"), stdout, on_exit=gone, launch=launch,
-                           placement_group=pg)
+                           placement_group=pg, asks=opts)
         with self._lock:
             if handle.returncode is None:
                 live.add(handle)
