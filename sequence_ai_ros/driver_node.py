@@ -69,10 +69,8 @@ from typing import List, Optional
 
 from rclpy.action import ActionServer, CancelResponse, GoalResponse
 from rclpy.callback_groups import MutuallyExclusiveCallbackGroup, ReentrantCallbackGroup
-from rclpy.exceptions import ParameterUninitializedException
 from rclpy.node import Node
 from rclpy.parameter import Parameter
-from rcl_interfaces.msg import ParameterDescriptor
 from rclpy.qos import qos_profile_sensor_data
 from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
 from std_msgs.msg import String
@@ -83,6 +81,7 @@ from sequence_ai_msgs.action import Act
 from sequence_ai_msgs.srv import CheckSuccess
 
 from . import codecs
+from ._params import declare_parameters
 from ._spin import spin_node
 from .codecs import SensorDataError
 from .observation import JOINT_STREAM, ObservationAssembler, SensorError, StreamRule
@@ -381,9 +380,7 @@ class PolicyDriver(Node):
 
     def __init__(self, node_name: str = "policy_driver", **kwargs) -> None:
         super().__init__(node_name, **kwargs)
-        for name, (default, description) in _PARAMS.items():
-            self.declare_parameter(name, default, ParameterDescriptor(description=description))
-        p = {name: self._param(name) for name in _PARAMS}
+        p = declare_parameters(self, _PARAMS)   # floats accept YAML integers (_params.py)
         self._p = p
         for name, choices in _CHOICES.items():
             if p[name] not in choices:
@@ -493,13 +490,6 @@ class PolicyDriver(Node):
             cancel_callback=self._on_cancel,
             callback_group=ReentrantCallbackGroup(),
         )
-
-    def _param(self, name: str):
-        """A parameter's value; None for a typed array parameter left unset (= empty)."""
-        try:
-            return self.get_parameter(name).value
-        except ParameterUninitializedException:
-            return None
 
     def _check_rate(self, contract: dict) -> Optional[float]:
         """The control rate (Hz) from the contract, cross-checked with ``control_rate_hz``."""

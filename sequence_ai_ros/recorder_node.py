@@ -47,7 +47,6 @@ import rclpy
 from rclpy.action import ActionServer, CancelResponse, GoalResponse
 from rclpy.callback_groups import MutuallyExclusiveCallbackGroup, ReentrantCallbackGroup
 from rclpy.node import Node
-from rcl_interfaces.msg import ParameterDescriptor
 from rclpy.qos import qos_profile_sensor_data
 from rclpy.serialization import deserialize_message, serialize_message
 from std_msgs.msg import String
@@ -56,6 +55,7 @@ from sequence_ai_msgs.action import RecordEpisode
 from sequence_ai_msgs.srv import LabelEpisode
 
 from . import codecs
+from ._params import declare_parameters
 from ._spin import spin_node
 from .bag import COMPRESSED_SUFFIX, EPISODE_TOPIC, INSTRUCTION_TOPIC
 from .bag.events import assembly_settings
@@ -101,9 +101,7 @@ class EpisodeRecorder(Node):
 
     def __init__(self, node_name: str = "episode_recorder", **kwargs) -> None:
         super().__init__(node_name, **kwargs)
-        for name, (default, description) in _PARAMS.items():
-            self.declare_parameter(name, default, ParameterDescriptor(description=description))
-        p = {name: self.get_parameter(name).value for name in _PARAMS}
+        p = declare_parameters(self, _PARAMS)   # floats accept YAML integers (_params.py)
         self._p = p
         views, topics = list(p["camera_views"]), list(p["camera_topics"])
         if len(views) != len(topics):

@@ -326,6 +326,16 @@ def test_publish_delay_and_realtime_priority_out_of_range_are_refused_at_start(r
         PolicyDriver(context=ros.ctx, parameter_overrides=driver_params(echo_server, realtime_priority=100))
 
 
+def test_a_float_parameter_given_as_an_integer_is_taken_and_a_non_number_is_refused_naming_it(ros, echo_server):
+    # YAML `publish_delay_ms: 2` is an integer; rclpy alone would refuse it with a type error
+    driver = PolicyDriver(context=ros.ctx, parameter_overrides=driver_params(echo_server, publish_delay_ms=2,
+                                                                             control_rate_hz=15))
+    ros.add(driver)
+    assert driver.get_parameter("publish_delay_ms").value == 2 and driver.control_rate_hz == 15.0
+    with pytest.raises(ValueError, match="parameter publish_delay_ms takes a number .* got 'two'"):
+        PolicyDriver(context=ros.ctx, parameter_overrides=driver_params(echo_server, publish_delay_ms="two"))
+
+
 def test_a_start_refused_for_realtime_priority_leaves_no_session_at_the_gateway(ros, echo_server):
     """The check runs before connect(): a refused driver does not hold a session (which would
     keep a one-slot deployment's only slot until its lease ran out)."""
