@@ -38,6 +38,7 @@ __all__ = ["register", "wait_build"]
 
 
 _BASE = None   # the seq.cli module that registered us (it may be __main__ under `python -m seq.cli`)
+FOLLOW_OVERLAP_S = 2.0   # seq policy logs --follow re-reads this much before the newest line it saw (s)
 
 
 def wait_build(gw, name: str, d: dict, timeout: float, out, t0: float) -> dict:
@@ -293,14 +294,26 @@ def register(app: typer.Typer, policy_app: typer.Typer, base) -> None:
         if request_id and not recs and not follow:   # like grep: nothing matched is a non-zero exit
             base.err.print(f"no log lines of {name} carry request id {request_id}", highlight=False, markup=False)
             raise typer.Exit(1)
+        # --follow asks again for lines since a little before the newest one seen (the gateway's and
+        # the workers' files are merged by time, so a line stamped earlier can be written later) and
+        # skips what it already printed.
+        def key(rec: dict) -> tuple:
+            return (rec.get("time"), rec.get("pid"), rec.get("component"), rec.get("message"))
+
+        seen = {key(r) for r in recs}
         last = recs[-1]["time"] if recs else time.time() - 1.0
+        floor = last            # the tail above ends here: nothing older is printed later
         try:
             while follow:
                 time.sleep(interval)
-                recs = call(gw, api_key, data_dir, "GET", path, params={**params, "lines": 10000, "since": last})["lines"]
-                show(recs)
+                recs = call(gw, api_key, data_dir, "GET", path,
+                            params={**params, "lines": 10000, "since": last - FOLLOW_OVERLAP_S})["lines"]
+                fresh = [r for r in recs if r["time"] > floor and key(r) not in seen]
+                show(fresh)
+                seen.update(key(r) for r in fresh)
                 if recs:
-                    last = recs[-1]["time"]
+                    last = max(last, recs[-1]["time"])
+                    seen = {k for k in seen if k[0] is None or k[0] >= last - 2 * FOLLOW_OVERLAP_S}
         except KeyboardInterrupt:
             pass
 
