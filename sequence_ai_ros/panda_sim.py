@@ -309,6 +309,27 @@ class CameraModel:
                          self.fy * c[:, 1] / c[:, 2] + self.cy], axis=1)
 
 
+#: Light randomisation at ``light_jitter`` = 1 (each draw uniform in +-): sun and headlight
+#: brightness (fraction), per-channel colour tint of the sun (fraction), tilt of the sun's
+#: direction (rad, toward a random azimuth), headlight ambient (fraction). Chosen so that
+#: the closed-form policy's colour segmentation still works at 1 (tested), while a learned
+#: policy sees visibly different shading from episode to episode.
+LIGHT_BRIGHTNESS = 0.35
+LIGHT_TINT = 0.12
+LIGHT_TILT_RAD = 0.5
+LIGHT_AMBIENT = 0.35
+
+
+def _check_light_jitter(value) -> float:
+    try:
+        j = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"light_jitter must be a number in [0, 1], got {value!r}") from None
+    if not (0.0 <= j <= 1.0):
+        raise ValueError(f"light_jitter must be in [0, 1] (0 = fixed light, 1 = the full LIGHT_* ranges), got {j}")
+    return j
+
+
 class PandaPickPlaceSim:
     """Panda pick-and-place simulation.
 
@@ -318,6 +339,9 @@ class PandaPickPlaceSim:
         visual_mesh_faces: draw the robot with meshes decimated to about this many faces per
             link (``VISUAL_MESH_FACES``; cached under ``~/.cache/sequence-ai``); ``None`` draws
             the full-resolution asset meshes. Collision geometry is the same either way.
+        light_jitter: 0 (default) keeps the fixed light; up to 1 draws the sun's brightness,
+            tint and direction and the ambient light from each reset's seed (``LIGHT_*``
+            ranges scaled by it). Raises ValueError outside [0, 1].
 
     Control: ``set_command(q, gripper)`` sets the 7 arm joint position targets (rad) and the
     gripper target (0 open .. 1 closed); ``step(dt_s)`` advances physics; the arm's
@@ -333,8 +357,9 @@ class PandaPickPlaceSim:
     cameras = (EXTERIOR_CAMERA, WRIST_CAMERA)
 
     def __init__(self, seed: int = 0, image_size: int = 224,
-                 visual_mesh_faces: int | None = VISUAL_MESH_FACES):
+                 visual_mesh_faces: int | None = VISUAL_MESH_FACES, light_jitter: float = 0.0):
         self.image_size = int(image_size)
+        self.light_jitter = _check_light_jitter(light_jitter)
         self.visual_mesh_faces = visual_mesh_faces
         self._spec = self._build_spec()
         with warnings.catch_warnings():  # the arm is attached with an empty prefix on purpose
@@ -353,6 +378,9 @@ class PandaPickPlaceSim:
         self._cube_dadr = {c: m.jnt_dofadr[m.joint(f"cube_{c}_joint").id] for c in COLOURS}
         self._pad_body = {c: m.body(f"pad_{c}").id for c in COLOURS}
         self._tcp_site = m.site(TCP_SITE).id
+        self._sun = m.light("sun").id
+        self._light0 = {"dir": m.light_dir[self._sun].copy(), "diffuse": m.light_diffuse[self._sun].copy(),
+                        "ambient": m.vis.headlight.ambient.copy(), "head": m.vis.headlight.diffuse.copy()}
         self._renderer = None
         self.seed = None
         self.reset(seed)
@@ -481,8 +509,33 @@ class PandaPickPlaceSim:
                 return {k: (float(v[0]), float(v[1])) for k, v in placed.items()}
         raise RuntimeError(f"could not place objects for seed {seed}")
 
+    def _set_lighting(self, seed: int) -> dict:
+        """Set the sun and the headlight for ``seed`` (scaled by ``light_jitter``; 0 = the fixed
+        light). Drawn from its own stream, ``default_rng([seed, 1])``, so the same seed gives the
+        same object layout whatever the jitter. Returns what was set:
+        ``{"brightness", "tint" (3,), "tilt_rad", "ambient"}``."""
+        m, j, base = self.model, self.light_jitter, self._light0
+        rng = np.random.default_rng([int(seed), 1])
+        brightness = float(1.0 + j * rng.uniform(-LIGHT_BRIGHTNESS, LIGHT_BRIGHTNESS))
+        tint = 1.0 + j * rng.uniform(-LIGHT_TINT, LIGHT_TINT, size=3)
+        tilt = float(j * rng.uniform(0.0, LIGHT_TILT_RAD))
+        azimuth = float(rng.uniform(-math.pi, math.pi))
+        ambient = float(1.0 + j * rng.uniform(-LIGHT_AMBIENT, LIGHT_AMBIENT))
+        d0 = base["dir"] / np.linalg.norm(base["dir"])
+        # tilt the sun's direction by `tilt` toward a random azimuth (about an axis normal to it)
+        axis = np.cross(d0, [math.cos(azimuth), math.sin(azimuth), 0.0])
+        axis /= max(np.linalg.norm(axis), 1e-9)
+        new_dir = (d0 * math.cos(tilt) + np.cross(axis, d0) * math.sin(tilt)
+                   + axis * np.dot(axis, d0) * (1 - math.cos(tilt)))
+        m.light_dir[self._sun] = new_dir
+        m.light_diffuse[self._sun] = np.clip(base["diffuse"] * brightness * tint, 0.0, 1.0)
+        m.vis.headlight.ambient[:] = np.clip(base["ambient"] * ambient, 0.0, 1.0)
+        m.vis.headlight.diffuse[:] = np.clip(base["head"] * brightness, 0.0, 1.0)
+        return {"brightness": brightness, "tint": tint.tolist(), "tilt_rad": tilt, "ambient": ambient}
+
     def reset(self, seed: int | None = None) -> None:
-        """Reset to the ready pose with gripper open and objects placed from ``seed``.
+        """Reset to the ready pose with gripper open, objects placed from ``seed`` and (with
+        ``light_jitter`` > 0) the light drawn from it too.
 
         ``seed=None`` reuses the current seed.
         """
@@ -498,6 +551,7 @@ class PandaPickPlaceSim:
             a = self._cube_qadr[c]
             d.qpos[a:a + 3] = [cx, cy, TABLE_Z + CUBE_HALF + 0.0005]
             d.qpos[a + 3:a + 7] = [1, 0, 0, 0]
+        self.light = self._set_lighting(self.seed)
         d.qpos[self._arm_qadr] = READY_POSE
         d.qpos[self._finger_qadr] = GRIPPER_MAX_OPENING / 2
         self._q_cmd = READY_POSE.copy()

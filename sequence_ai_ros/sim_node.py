@@ -33,14 +33,14 @@ os.environ.setdefault("MUJOCO_GL", "egl")
 import numpy as np
 from rclpy.callback_groups import MutuallyExclusiveCallbackGroup
 from rclpy.node import Node
-from rcl_interfaces.msg import ParameterDescriptor
 from rclpy.qos import qos_profile_sensor_data
 from sensor_msgs.msg import Image, JointState
 from std_msgs.msg import Float64MultiArray
 
 from sequence_ai_msgs.srv import CheckSuccess, ResetScene
 
-from .panda_sim import PandaPickPlaceSim
+from ._params import declare_parameters
+from .panda_sim import PandaPickPlaceSim, _check_light_jitter
 from ._spin import spin_node
 from .task import TaskError, parse_pick_place
 
@@ -52,19 +52,21 @@ class SimRobotNode(Node):
 
     def __init__(self, node_name: str = "sim_robot", **kwargs) -> None:
         super().__init__(node_name, **kwargs)
-        self.declare_parameter("seed", 0, ParameterDescriptor(description="Scene seed: cube and pad placement."))
-        self.declare_parameter(
-            "publish_rate_hz", 15.0,
-            ParameterDescriptor(description="Camera and joint-state publishing rate (Hz); physics steps in real time."),
-        )
-        self.declare_parameter("image_size", 224, ParameterDescriptor(description="Square camera resolution (px)."))
-        self.declare_parameter("frame_id_prefix", "", ParameterDescriptor(description="Prefix for header frame ids."))
-        self._rate = float(self.get_parameter("publish_rate_hz").value)
+        p = declare_parameters(self, {
+            "seed": (0, "Scene seed: cube and pad placement (and the light, with light_jitter > 0)."),
+            "publish_rate_hz": (15.0, "Camera and joint-state publishing rate (Hz); physics steps in real time."),
+            "image_size": (224, "Square camera resolution (px)."),
+            "frame_id_prefix": ("", "Prefix for header frame ids."),
+            "light_jitter": (0.0, "0 = the fixed light; up to 1 draws brightness, tint and the sun's direction "
+                                  "from the seed (the pick-place benchmark's default is 1)."),
+        })
+        self._rate = p["publish_rate_hz"]
         if self._rate <= 0:
             raise ValueError(f"publish_rate_hz must be > 0, got {self._rate}")
-        self._seed = int(self.get_parameter("seed").value)
-        self._size = int(self.get_parameter("image_size").value)
-        self._prefix = str(self.get_parameter("frame_id_prefix").value)
+        self._seed = int(p["seed"])
+        self._size = int(p["image_size"])
+        self._prefix = str(p["frame_id_prefix"])
+        self._light_jitter = _check_light_jitter(p["light_jitter"])
 
         self._image_pubs = {
             v: self.create_publisher(Image, f"camera/{v}/image_raw", qos_profile_sensor_data) for v in VIEWS
@@ -133,7 +135,7 @@ class SimRobotNode(Node):
     # -- the physics thread ---------------------------------------------------------------------
     def _physics_loop(self) -> None:
         try:
-            sim = PandaPickPlaceSim(seed=self._seed, image_size=self._size)
+            sim = PandaPickPlaceSim(seed=self._seed, image_size=self._size, light_jitter=self._light_jitter)
         except BaseException as exc:  # reported by __init__
             self._error = exc
             self._ready.set()

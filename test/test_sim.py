@@ -130,6 +130,60 @@ def test_perception_locates_objects(sim, seed):
         assert np.linalg.norm(pad.xy - pos[f"pad_{c}"][:2]) < 0.005, c
 
 
+@pytest.fixture(scope="module")
+def lit_sim():
+    s = PandaPickPlaceSim(seed=0, light_jitter=1.0)
+    yield s
+    s.close()
+
+
+def test_light_jitter_draws_the_light_from_the_seed_and_leaves_the_layout_alone(sim, lit_sim):
+    sim.reset(7)
+    lit_sim.reset(7)
+    assert sim.light == {"brightness": 1.0, "tint": [1.0, 1.0, 1.0], "tilt_rad": 0.0, "ambient": 1.0}
+    first = dict(lit_sim.light)
+    for k, v in sim.object_positions().items():                 # same seed, same layout
+        np.testing.assert_allclose(lit_sim.object_positions()[k], v, atol=1e-9)
+    img7 = lit_sim.render("exterior_1").astype(float)
+    lit_sim.reset(8)
+    assert lit_sim.light != first
+    lit_sim.reset(7)
+    assert lit_sim.light == first                                 # the same seed, the same light
+    np.testing.assert_array_equal(lit_sim.render("exterior_1"), img7)
+    # the spread at jitter 1: brightness within +-35 %, tint +-12 %, tilt <= 0.5 rad
+    draws = []
+    for seed in range(40):
+        lit_sim.reset(seed)
+        draws.append(lit_sim.light)
+    b = [d["brightness"] for d in draws]
+    assert 0.65 <= min(b) < 0.85 and 1.15 < max(b) <= 1.35
+    assert all(0.88 <= t <= 1.12 for d in draws for t in d["tint"])
+    assert all(0.0 <= d["tilt_rad"] <= 0.5 for d in draws) and max(d["tilt_rad"] for d in draws) > 0.3
+    means = []
+    for seed in (int(np.argmin(b)), int(np.argmax(b))):          # the darkest and brightest scenes differ visibly
+        lit_sim.reset(seed)
+        means.append(lit_sim.render("exterior_1").mean())
+    assert means[1] - means[0] > 20
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3, 4, 5])
+def test_perception_locates_objects_under_randomised_light(lit_sim, seed):
+    lit_sim.reset(seed)
+    img = lit_sim.render("exterior_1")
+    pos = lit_sim.object_positions()
+    for c in COLOURS:
+        cube, pad = perc.find_cube(img, c), perc.find_pad(img, c)
+        assert cube is not None and pad is not None, (c, lit_sim.light)
+        assert np.linalg.norm(cube.xy - pos[f"cube_{c}"][:2]) < 0.005, (c, lit_sim.light)
+        assert np.linalg.norm(pad.xy - pos[f"pad_{c}"][:2]) < 0.005, (c, lit_sim.light)
+
+
+@pytest.mark.parametrize("bad", [-0.1, 1.5, "bright", None])
+def test_light_jitter_outside_0_to_1_is_refused_naming_the_range(bad):
+    with pytest.raises(ValueError, match=r"light_jitter must be"):
+        PandaPickPlaceSim(seed=0, light_jitter=bad)
+
+
 def test_fk_matches_mujoco(sim):
     rng = np.random.default_rng(0)
     base_pos, base_rot = sim.robot_base_pose()
