@@ -2,8 +2,8 @@
 
 Real everything, small: ``seq serve``, the closed-form policy's worker, two recorded episodes
 (the sim driven through the client, bags written by the recorder's BagWriter), the project's
-exporter (``sequence-ai bag export --format lerobot``), a few torch training steps, ``seq deploy``
-of the learned policy with that checkpoint, and ``seq eval run learned --compare pick-place`` on
+exporter (``sequence-ai bag export --format lerobot``), a few torch training steps, ``seq volume
+put`` of that checkpoint and ``seq deploy`` of the learned policy that loads it, and ``seq eval run learned --compare pick-place`` on
 one short episode. It proves the plumbing, not the success rate (see examples/flywheel/README.md
 for the full-scale figures).
 """
@@ -92,9 +92,12 @@ def test_train_reads_the_dataset_and_writes_a_small_checkpoint_conditioned_on_it
     assert len(stats["action_mean"]) == 8 and all(s > 0 for s in stats["action_std"])
 
 
-def test_the_learned_policy_is_deployed_from_the_weights_dir_and_evaluated_against_the_teacher(flywheel):
+def test_the_learned_policy_is_deployed_from_a_volume_and_evaluated_against_the_teacher(flywheel):
     out, summary, stdout = flywheel
-    assert summary["deploy"]["weights"] == str(out / "server" / "weights" / "learned" / "policy.pt")
+    # the checkpoint went up as version 1 of the volume the policy declares, byte for byte
+    assert summary["deploy"]["volume"].startswith("uploaded pick-place-learned v1: 2 files")
+    copies = list((out / "server" / "volumes").rglob("policy.pt"))
+    assert len(copies) == 1 and copies[0].read_bytes() == (out / "checkpoint" / "policy.pt").read_bytes()
     ev = summary["eval"]
     assert ev["rc"] == 0 and ev["id"].startswith("ev-")
     report = ev["report"]

@@ -1,16 +1,16 @@
 """The learned pick-and-place policy (flywheel step 4): the demo policy's contract, a trained net.
 
-Deploy with ``seq deploy examples/flywheel/learned_policy.py --name learned``. Same contract as
+Deploy with ``seq volume put pick-place-learned examples/flywheel/checkpoint`` (the weights, see
+below) then ``seq deploy examples/flywheel/learned_policy.py --name learned``. Same contract as
 ``examples/pick_place/policy.py`` (exterior + wrist cameras 224x224, 7 joints + gripper; 16 x 8
 absolute joint targets at 15 Hz, replanned every ``open_loop_horizon`` = 8 rows), so the driver,
 the demo and ``seq eval run ... --benchmark pick-place`` run it unchanged.
 
-Weights: the checkpoint is ``policy.pt`` written by ``train.py``. ``load`` takes it from the
-deployment's weights directory (``<data dir>/weights/<name>/policy.pt``, where a self-hosted
-gateway looks for a deployment's files; ``run_flywheel.py`` copies a fresh checkpoint there before
-``seq deploy``); when that has none, from ``checkpoint/policy.pt`` beside this file (the
-checkpoint shipped with the example). This gateway has no ``seq volume`` yet; with volumes the
-declaration becomes ``weights="vol://pick-place-learned@v1"`` and nothing else changes.
+Weights: ``policy.pt`` written by ``train.py``, uploaded as the volume ``pick-place-learned``
+(``seq volume put pick-place-learned DIR``; ``run_flywheel.py`` uploads each fresh checkpoint, and
+``sequence-ai-demo --policy learned`` uploads the one shipped in ``checkpoint/`` beside this
+file). ``weights="vol://pick-place-learned"`` names the newest version; the worker hands that
+version's directory, read-only, to ``load``. Pin one with ``vol://pick-place-learned@v2``.
 
 The instruction must be one of the dataset's task strings (case, spacing and a final full stop
 are forgiven); anything else is refused with a 400 listing them -- the policy was trained to
@@ -33,7 +33,8 @@ import seq  # noqa: E402
 # The Panda's joint limits (rad) and the gripper range, as the closed-form policy declares them.
 BOUNDS = [(-2.8973, 2.8973), (-1.7628, 1.7628), (-2.8973, 2.8973), (-3.0718, -0.0698),
           (-2.8973, 2.8973), (-0.0175, 3.7525), (-2.8973, 2.8973), (0.0, 1.0)]
-SHIPPED = Path(_HERE) / "checkpoint" / "policy.pt"
+VOLUME = "pick-place-learned"
+SHIPPED = Path(_HERE) / "checkpoint"        # the checkpoint shipped with the example (policy.pt)
 
 
 def _norm(text: str) -> str:
@@ -41,6 +42,7 @@ def _norm(text: str) -> str:
 
 
 @seq.policy(
+    weights=f"vol://{VOLUME}",
     action=seq.ActionContract(robot="panda", action_space=seq.ActionSpace.JOINT_ABSOLUTE,
                               action_dim=8, control_frequency_hz=15.0, bounds=BOUNDS),
     observation=seq.ObservationContract(cameras={"exterior_1": seq.Camera(224, 224),
@@ -52,23 +54,21 @@ class LearnedPickPlacePolicy(seq.Policy):
 
     @seq.load
     def load(self, weights_dir):
-        """Load ``policy.pt`` (see the module docstring for where from).
+        """Load ``policy.pt`` from the volume's directory ``weights_dir``.
 
         Raises:
-            FileNotFoundError: neither the weights directory nor the example has a checkpoint.
+            FileNotFoundError: the volume version holds no ``policy.pt``.
         """
         import torch
 
         from model import load_checkpoint
 
         torch.set_num_threads(1)   # one chunk is ~ms of work; leave the cores to the sim and the loop
-        path = Path(weights_dir) / "policy.pt" if weights_dir else None
-        if path is None or not path.exists():
-            path = SHIPPED
+        path = Path(weights_dir) / "policy.pt"
         if not path.exists():
             raise FileNotFoundError(
-                f"no policy.pt in {weights_dir} nor {SHIPPED}; train one (examples/flywheel/train.py) and copy it "
-                f"to the deployment's weights directory, or run examples/flywheel/run_flywheel.py")
+                f"no policy.pt in {weights_dir} (volume {VOLUME}); upload a checkpoint folder with "
+                f"`seq volume put {VOLUME} {SHIPPED}` (the shipped one) or one train.py wrote")
         self.model, stats, self.extra = load_checkpoint(path)
         self.checkpoint = str(path)
         self.cfg = self.model.cfg

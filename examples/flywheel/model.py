@@ -1,7 +1,8 @@
 """The learned pick-and-place policy's network, shared by ``train.py`` and ``learned_policy.py``.
 
 A small visuomotor policy: per camera a CNN whose last layer is a set of keypoint heat maps read
-out by a spatial softmax (expected x, y per keypoint), the proprio vector (7 joints rad +
+out by a spatial softmax (expected x, y per keypoint; the middle features are modulated by the
+task embedding, FiLM), the proprio vector (7 joints rad +
 gripper 0..1, normalised), and a learned embedding of the task string; an MLP maps them to a
 chunk of ``horizon`` future joint-target rows (8 values each, normalised). Trained with L1.
 
@@ -30,7 +31,7 @@ class ModelConfig:
     state_dim: int = 8         # 7 joints (rad) + gripper
     action_dim: int = 8
     horizon: int = 16          # rows per predicted chunk
-    hidden: int = 256
+    hidden: int = 512
 
 
 def preprocess(frames: torch.Tensor, size: int) -> torch.Tensor:
@@ -58,13 +59,20 @@ class SpatialSoftmax(nn.Module):
 
 class KeypointEncoder(nn.Module):
     """One camera: a 4-layer CNN (96 -> 24 px, about 16 M multiply-adds) -> ``keypoints`` heat maps
-    -> spatial softmax."""
+    -> spatial softmax. The task embedding modulates the middle features (FiLM: ``x * (1 + g) + b``,
+    ``g, b`` linear in the embedding, zero at init), so the keypoints can follow the cube and pad
+    the instruction names rather than all six objects."""
 
-    def __init__(self, image_size: int, keypoints: int):
+    def __init__(self, image_size: int, keypoints: int, task_dim: int):
         super().__init__()
-        self.net = nn.Sequential(
+        self.stem = nn.Sequential(
             nn.Conv2d(3, 16, 5, stride=2, padding=2), nn.ReLU(),                        # 96 -> 48
             nn.Conv2d(16, 32, 3, stride=2, padding=1), nn.GroupNorm(4, 32), nn.ReLU(),  # 48 -> 24
+        )
+        self.film = nn.Linear(task_dim, 2 * 32)
+        nn.init.zeros_(self.film.weight)
+        nn.init.zeros_(self.film.bias)
+        self.head = nn.Sequential(
             nn.Conv2d(32, 32, 3, padding=1), nn.GroupNorm(4, 32), nn.ReLU(),
             nn.Conv2d(32, 32, 3, padding=1), nn.GroupNorm(4, 32), nn.ReLU(),
             nn.Conv2d(32, keypoints, 1),
@@ -72,8 +80,11 @@ class KeypointEncoder(nn.Module):
         side = image_size // 4
         self.softmax = SpatialSoftmax(side, side)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.softmax(self.net(x))
+    def forward(self, x: torch.Tensor, task_emb: torch.Tensor) -> torch.Tensor:
+        h = self.stem(x)
+        g, b = self.film(task_emb).chunk(2, dim=-1)
+        h = h * (1.0 + g[:, :, None, None]) + b[:, :, None, None]
+        return self.softmax(self.head(h))
 
 
 class VisuomotorPolicy(nn.Module):
@@ -83,7 +94,8 @@ class VisuomotorPolicy(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.cfg = cfg
-        self.encoders = nn.ModuleDict({v: KeypointEncoder(cfg.image_size, cfg.keypoints) for v in cfg.views})
+        self.encoders = nn.ModuleDict({v: KeypointEncoder(cfg.image_size, cfg.keypoints, cfg.task_dim)
+                                       for v in cfg.views})
         self.task_embedding = nn.Embedding(max(1, len(cfg.tasks)), cfg.task_dim)
         d_in = 2 * cfg.keypoints * len(cfg.views) + cfg.task_dim + cfg.state_dim
         self.head = nn.Sequential(
@@ -93,8 +105,9 @@ class VisuomotorPolicy(nn.Module):
         )
 
     def forward(self, images: dict, state: torch.Tensor, task: torch.Tensor) -> torch.Tensor:
-        feats = [self.encoders[v](images[v]) for v in self.cfg.views]
-        z = torch.cat(feats + [self.task_embedding(task), state], dim=-1)
+        emb = self.task_embedding(task)
+        feats = [self.encoders[v](images[v], emb) for v in self.cfg.views]
+        z = torch.cat(feats + [emb, state], dim=-1)
         return self.head(z).reshape(-1, self.cfg.horizon, self.cfg.action_dim)
 
 
@@ -110,6 +123,10 @@ def load_checkpoint(path) -> tuple:
     """
     ck = torch.load(path, map_location="cpu", weights_only=True)
     model = VisuomotorPolicy(ModelConfig(**ck["config"]))
-    model.load_state_dict(ck["state_dict"])
+    try:
+        model.load_state_dict(ck["state_dict"])
+    except RuntimeError as exc:
+        raise RuntimeError(f"{path} was written by another version of model.py (its layers do not match this "
+                           f"network: {str(exc).splitlines()[0]}); retrain it with train.py") from None
     model.eval()
     return model, ck["stats"], ck.get("extra", {})

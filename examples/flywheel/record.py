@@ -229,6 +229,7 @@ def record(out_dir: Path, episodes: int, *, first_seed: int = 0, max_seconds: fl
     for p in procs:
         p.start()
     out = []
+    finished = False
     try:
         while len(out) < episodes:
             try:
@@ -240,11 +241,14 @@ def record(out_dir: Path, episodes: int, *, first_seed: int = 0, max_seconds: fl
             out.append(r)
             if not quiet:
                 _say(r)
+        finished = True
     finally:
         for p in procs:
+            if not finished:        # interrupted or failed: stop recording now, do not wait it out
+                p.terminate()
             p.join(timeout=30)
             if p.is_alive():
-                p.terminate()
+                p.kill()
     return sorted(out, key=lambda r: (r["seed"]))
 
 

@@ -1,8 +1,8 @@
 """The data flywheel end to end: record -> export -> train -> deploy -> eval against the teacher.
 
-    python examples/flywheel/run_flywheel.py [--out DIR] [--episodes 120] [--max-seconds 30]
-        [--train-minutes 15 | --train-steps N] [--eval-episodes 10] [--eval-envs 2] [--jobs 2]
-        [--gate success>=0.5] [--ship]
+    python examples/flywheel/run_flywheel.py [--out DIR] [--episodes 300] [--max-seconds 15]
+        [--train-minutes 60 | --train-steps N] [--train-batch 64] [--train-successes-only]
+        [--eval-episodes 10] [--eval-envs 2] [--eval-seed 100000] [--jobs 2] [--gate success>=0.5] [--ship]
 
 What runs, each as the real thing (``. scripts/env.sh`` first):
 
@@ -13,13 +13,15 @@ What runs, each as the real thing (``. scripts/env.sh`` first):
 3. ``sequence-ai bag export DIR/bags/* --out DIR/dataset --format lerobot`` -- the project's
    exporter, LeRobot v3.0;
 4. ``train.py DIR/dataset --out DIR/checkpoint`` (torch, CPU);
-5. the checkpoint copied to the gateway's weights directory for ``learned``
-   (``DIR/server/weights/learned/policy.pt``) and ``seq deploy learned_policy.py --name learned``;
-6. ``seq eval run learned --benchmark pick-place --compare pick-place`` -- both policies on the
-   same seeds, per colour pair.
+5. ``seq volume put pick-place-learned DIR/checkpoint`` (the next version of the volume the
+   learned policy declares, ``weights="vol://pick-place-learned"``) and ``seq deploy
+   learned_policy.py --name learned``;
+6. ``seq eval run learned --benchmark pick-place --seed 100000 --compare pick-place`` -- both
+   policies on the same unseen scenes (seeds from 100000: no layout or light a demonstration
+   had), per colour pair.
 
-``--ship`` copies the checkpoint to ``examples/flywheel/checkpoint/`` (what the deployment falls
-back to on a fresh machine). Writes ``DIR/flywheel.json`` with every step's figures; exits 0 when
+``--ship`` copies the checkpoint to ``examples/flywheel/checkpoint/`` (what ``sequence-ai-demo
+--policy learned`` and the eval test upload on a fresh machine). Writes ``DIR/flywheel.json`` with every step's figures; exits 0 when
 every step ran (and ``--gate``, if given, passed), else the failing step's code.
 """
 from __future__ import annotations
@@ -38,6 +40,7 @@ _HERE = Path(__file__).resolve().parent
 REPO = _HERE.parent.parent
 if str(_HERE) not in sys.path:
     sys.path.insert(0, str(_HERE))
+EVAL_SEED = 100_000      # eval scenes (layout and light) start here; demonstrations use seeds 0..episodes-1
 
 
 def _run(cmd: list, env: dict, timeout: float, what: str, log=None) -> subprocess.CompletedProcess:
@@ -52,10 +55,11 @@ def _run(cmd: list, env: dict, timeout: float, what: str, log=None) -> subproces
 
 def flywheel(out: Path, *, episodes: int, max_seconds: float, train_minutes=None, train_steps=None,
              eval_episodes: int = 10, eval_envs: int = 2, eval_tasks: int = 6, eval_max_seconds: float = None,
-             train_batch: int = 32, jobs: int = 2, gate: str = None, ship: bool = False, quiet: bool = False) -> dict:
+             train_batch: int = 64, train_successes_only: bool = False, jobs: int = 2, gate: str = None,
+             ship: bool = False, quiet: bool = False, eval_seed: int = EVAL_SEED) -> dict:
     """Run the six steps (see the module docstring) under ``out``; returns the summary dict
     (also written to ``out/flywheel.json``). Raises RuntimeError naming the step that failed."""
-    from sequence_ai_ros.demo import deploy, local_server
+    from sequence_ai_ros.demo import deploy, deploy_learned, local_server
 
     import record
 
@@ -101,6 +105,7 @@ def flywheel(out: Path, *, episodes: int, max_seconds: float, train_minutes=None
             t = time.monotonic()
             ckpt = out / "checkpoint"
             cmd = [sys.executable, _HERE / "train.py", dataset, "--out", ckpt, "--batch", train_batch]
+            cmd += ["--successes-only"] if train_successes_only else []
             cmd += ["--steps", train_steps] if train_steps is not None else []
             cmd += ["--minutes", train_minutes] if train_minutes is not None else []
             res = _run(cmd, env, 4 * 3600, "train", log)
@@ -114,19 +119,18 @@ def flywheel(out: Path, *, episodes: int, max_seconds: float, train_minutes=None
                 shutil.copy2(ckpt / "policy.pt", _HERE / "checkpoint" / "policy.pt")
                 shutil.copy2(ckpt / "train.json", _HERE / "checkpoint" / "train.json")
 
-            # 4. deploy the learned policy with the fresh checkpoint in its weights directory
+            # 4. upload the fresh checkpoint as the next version of the volume the learned policy
+            #    loads (weights="vol://pick-place-learned", newest version) and deploy it
             t = time.monotonic()
-            wdir = server.data_dir / "weights" / "learned"
-            wdir.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(ckpt / "policy.pt", wdir / "policy.pt")
-            deploy(server, _HERE / "learned_policy.py", "learned")
-            summary["deploy"] = {"name": "learned", "weights": str(wdir / "policy.pt"), "wall_s": round(time.monotonic() - t, 1)}
-            say(f"deployed  learned from {wdir / 'policy.pt'} in {summary['deploy']['wall_s']} s")
+            line = deploy_learned(server, ckpt, "learned")
+            summary["deploy"] = {"name": "learned", "volume": line.strip(), "wall_s": round(time.monotonic() - t, 1)}
+            say(f"deployed  learned ({line.strip()}) in {summary['deploy']['wall_s']} s")
 
             # 5. eval against the closed-form teacher, same seeds
             t = time.monotonic()
             cmd = [sys.executable, "-m", "seq.cli", "eval", "run", "learned", "--benchmark", "pick-place",
-                   "--envs", eval_envs, "--episodes", eval_episodes, "--tasks", eval_tasks, "--compare", "pick-place"]
+                   "--envs", eval_envs, "--episodes", eval_episodes, "--tasks", eval_tasks, "--seed", eval_seed,
+                   "--compare", "pick-place"]
             if eval_max_seconds is not None:
                 cmd += ["--param", f"max_seconds={eval_max_seconds:g}"]
             if gate:
@@ -149,27 +153,37 @@ def flywheel(out: Path, *, episodes: int, max_seconds: float, train_minutes=None
 
 
 def main(argv=None) -> int:
+    from sequence_ai_ros.demo import exit_on_sigterm
+
+    exit_on_sigterm()      # a killed run stops its gateway and workers too
     ap = argparse.ArgumentParser(description="record -> export -> train -> deploy -> eval (the data flywheel)")
     ap.add_argument("--out", type=Path, default=REPO / "runs" / time.strftime("flywheel-%Y%m%d-%H%M%S"))
-    ap.add_argument("--episodes", type=int, default=120, help="demonstrations to record")
-    ap.add_argument("--max-seconds", type=float, default=30.0, help="sim-time bound per recorded episode (s)")
+    ap.add_argument("--episodes", type=int, default=300, help="demonstrations to record")
+    ap.add_argument("--max-seconds", type=float, default=15.0,
+                    help="sim-time bound per recorded episode (s; the teacher needs 8-10)")
     ap.add_argument("--jobs", type=int, default=2, help="recording processes")
     ap.add_argument("--train-minutes", type=float, default=None)
     ap.add_argument("--train-steps", type=int, default=None)
-    ap.add_argument("--train-batch", type=int, default=32)
+    ap.add_argument("--train-batch", type=int, default=64)
+    ap.add_argument("--train-successes-only", action="store_true",
+                    help="train on the demonstrations the sim labelled successful only")
     ap.add_argument("--eval-episodes", type=int, default=10, help="episodes per colour pair and policy")
     ap.add_argument("--eval-envs", type=int, default=2)
     ap.add_argument("--eval-tasks", type=int, default=6, help="colour pairs to evaluate (first N)")
+    ap.add_argument("--eval-seed", type=int, default=EVAL_SEED,
+                    help="first eval seed (default: far from the recorded seeds 0.., so no eval scene was a demonstration)")
     ap.add_argument("--eval-max-seconds", type=float, default=None, help="sim-time bound per eval episode (s)")
     ap.add_argument("--gate", default=None, help="e.g. success>=0.5 (eval exits 8 when missed)")
     ap.add_argument("--ship", action="store_true", help="copy the checkpoint into examples/flywheel/checkpoint/")
     a = ap.parse_args(argv)
     if a.train_minutes is None and a.train_steps is None:
-        a.train_minutes = 15.0
+        a.train_minutes = 60.0
     try:
         s = flywheel(a.out, episodes=a.episodes, max_seconds=a.max_seconds, train_minutes=a.train_minutes,
                      train_steps=a.train_steps, eval_episodes=a.eval_episodes, eval_envs=a.eval_envs,
-                     eval_tasks=a.eval_tasks, eval_max_seconds=a.eval_max_seconds, train_batch=a.train_batch, jobs=a.jobs, gate=a.gate, ship=a.ship)
+                     eval_tasks=a.eval_tasks, eval_max_seconds=a.eval_max_seconds, eval_seed=a.eval_seed,
+                     train_batch=a.train_batch, train_successes_only=a.train_successes_only, jobs=a.jobs,
+                     gate=a.gate, ship=a.ship)
     except RuntimeError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

@@ -1,7 +1,8 @@
 """Flywheel step 3: train the learned pick-and-place policy from a LeRobot dataset.
 
-    python examples/flywheel/train.py DATASET --out CHECKPOINT_DIR [--minutes 15 | --steps N]
+    python examples/flywheel/train.py DATASET --out CHECKPOINT_DIR [--minutes 60 | --steps N]
                                       [--batch 64] [--lr 1e-3] [--successes-only] [--threads 2]
+                                      [--save-every-min M]
 
 Reads the dataset ``sequence-ai bag export --format lerobot`` wrote (LeRobot v3.0) with pyarrow
 (``meta/info.json``, ``meta/tasks.parquet``, ``meta/episodes/...``, ``data/...parquet``) and PyAV
@@ -9,7 +10,8 @@ Reads the dataset ``sequence-ai bag export --format lerobot`` wrote (LeRobot v3.
 one sample: both cameras (area-resized to 96x96), ``observation.state`` (8), the frame's task
 index, and the target chunk ``action[t : t+16]`` (the episode's last row repeats past its end).
 States and actions are normalised with the dataset's mean/std. Loss: L1. Images get a random
-shift of up to 4 px (pad + crop) while training.
+shift of up to 4 px (pad + crop) while training. With 17 or more episodes, every 17th is held
+out and its open-loop L1 is printed every ten log lines and stored as ``held_out_l1``.
 
 Writes ``CHECKPOINT_DIR/policy.pt`` (config with the task strings, weights, normalisation) and
 ``CHECKPOINT_DIR/train.json`` (samples, steps, seconds, final loss).
@@ -120,12 +122,14 @@ def load_dataset(root: Path, views, image_size: int = 96, successes_only: bool =
     return out
 
 
-def train(dataset: Path, out_dir: Path, *, minutes: float = None, steps: int = None, batch: int = 32,
+def train(dataset: Path, out_dir: Path, *, minutes: float = None, steps: int = None, batch: int = 64,
           lr: float = 1e-3, successes_only: bool = False, threads: int = 2, seed: int = 0,
-          log_every: int = 100, quiet: bool = False) -> dict:
+          log_every: int = 100, quiet: bool = False, save_every_min: float = None) -> dict:
     """Train on ``dataset`` for ``steps`` optimiser steps or ``minutes`` of wall time (whichever
     is given; both: the first reached) and write ``out_dir/policy.pt``; returns the summary
-    written to ``out_dir/train.json``. Raises ValueError when neither bound is given."""
+    written to ``out_dir/train.json``. ``save_every_min``: also write ``policy.pt`` every that many
+    minutes while training (replaced atomically; evaluate a run before it ends). Raises
+    ValueError when neither bound is given."""
     import torch
     import torch.nn.functional as F
 
@@ -133,6 +137,8 @@ def train(dataset: Path, out_dir: Path, *, minutes: float = None, steps: int = N
 
     if minutes is None and steps is None:
         raise ValueError("give minutes= or steps= (training is bounded)")
+    if save_every_min is not None and not save_every_min > 0:
+        raise ValueError(f"save_every_min must be > 0 minutes, got {save_every_min}")
     torch.manual_seed(seed)
     torch.set_num_threads(max(1, int(threads)))
     rng = np.random.default_rng(seed)
@@ -154,6 +160,14 @@ def train(dataset: Path, out_dir: Path, *, minutes: float = None, steps: int = N
     ep_end = data["ep_end"]
     imgs = {v: torch.from_numpy(f) for v, f in data["images"].items()}
     offsets = np.arange(cfg.horizon)
+    # held-out episodes: every 17th when there are 17 or more (17 is prime to six, so from 102
+    # episodes on every task has one); open-loop L1 on them checks that the net generalises to
+    # layouts and light it has not seen
+    held = (data["episode"] % 17 == 16) if data["episodes"] >= 17 else np.zeros(n, bool)
+    train_idx = np.nonzero(~held)[0]
+    val_idx = np.nonzero(held)[0]
+    if len(val_idx) > 1024:
+        val_idx = np.sort(rng.choice(val_idx, 1024, replace=False))
 
     model = VisuomotorPolicy(cfg)
     n_params = sum(p.numel() for p in model.parameters())
@@ -167,38 +181,72 @@ def train(dataset: Path, out_dir: Path, *, minutes: float = None, steps: int = N
         dx, dy = rng.integers(0, 2 * pad + 1, size=2)
         return x[:, :, dy:dy + h, dx:dx + w]
 
+    def chunk_targets(idx: np.ndarray) -> torch.Tensor:
+        return action_n[torch.from_numpy(np.minimum(idx[:, None] + offsets[None, :], ep_end[idx][:, None]))]
+
+    def val_l1():       # float, or None when nothing is held out
+        if len(val_idx) == 0:
+            return None
+        model.eval()
+        total = 0.0
+        with torch.no_grad():
+            for k in range(0, len(val_idx), 256):
+                idx = val_idx[k:k + 256]
+                pred = model({v: preprocess_u8(f[idx], cfg.image_size) for v, f in imgs.items()},
+                             state_n[idx], task[idx])
+                total += F.l1_loss(pred, chunk_targets(idx), reduction="sum").item()
+        model.train()
+        return total / (len(val_idx) * cfg.horizon * cfg.action_dim)
+
+    say(f"train on {len(train_idx)} frames, hold out {len(val_idx)} frames of "
+        f"{len(np.unique(data['episode'][held]))} episodes")
     t0 = time.monotonic()
     deadline = t0 + minutes * 60.0 if minutes is not None else float("inf")
     max_steps = steps if steps is not None else 10 ** 9
     # cosine decay over the planned steps, or (time bound) over the time
     step, running, losses = 0, None, []
+    out_dir.mkdir(parents=True, exist_ok=True)
+    last_save = t0
+
+    def save(extra: dict) -> None:
+        tmp = out_dir / "policy.pt.tmp"
+        model.eval()
+        save_checkpoint(tmp, model, stats, extra)
+        model.train()
+        tmp.replace(out_dir / "policy.pt")
+
     model.train()
     while step < max_steps and time.monotonic() < deadline:
         frac = step / max_steps if steps is not None else (time.monotonic() - t0) / (deadline - t0)
         for g in opt.param_groups:
             g["lr"] = lr * 0.5 * (1.0 + np.cos(np.pi * min(1.0, frac)))
-        idx = rng.integers(0, n, size=batch)
-        tgt_idx = np.minimum(idx[:, None] + offsets[None, :], ep_end[idx][:, None])
+        idx = train_idx[rng.integers(0, len(train_idx), size=batch)]
         images = {v: shift(preprocess_u8(f[idx], cfg.image_size)) for v, f in imgs.items()}
         pred = model(images, state_n[idx], task[idx])
-        loss = F.l1_loss(pred, action_n[torch.from_numpy(tgt_idx)])
+        loss = F.l1_loss(pred, chunk_targets(idx))
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
         step += 1
         running = loss.item() if running is None else 0.98 * running + 0.02 * loss.item()
         if step % log_every == 0 or step == 1:
-            losses.append((step, running))
-            say(f"  step {step:6d}  {time.monotonic() - t0:7.1f} s  L1 {running:.4f}")
+            val = val_l1() if step % (10 * log_every) == 0 else None
+            losses.append((step, running) if val is None else (step, running, val))
+            say(f"  step {step:6d}  {time.monotonic() - t0:7.1f} s  L1 {running:.4f}"
+                + ("" if val is None else f"  held-out L1 {val:.4f}"))
+        if save_every_min and time.monotonic() - last_save >= save_every_min * 60.0:
+            last_save = time.monotonic()
+            save({"train": {"steps": step, "partial": True, "l1": running}})
     train_s = time.monotonic() - t0
-    out_dir.mkdir(parents=True, exist_ok=True)
+    final_val = val_l1()
     summary = {"dataset": str(dataset), "episodes": data["episodes"], "successful_episodes": data["successes"],
                "frames": n, "tasks": cfg.tasks, "parameters": n_params, "steps": step, "batch": batch,
-               "train_s": round(train_s, 1), "final_l1": running, "threads": int(threads), "losses": losses}
-    model.eval()
-    save_checkpoint(out_dir / "policy.pt", model, stats, {"train": {k: v for k, v in summary.items() if k != "losses"}})
+               "train_s": round(train_s, 1), "final_l1": running, "held_out_l1": final_val,
+               "held_out_frames": int(len(val_idx)), "threads": int(threads), "losses": losses}
+    save({"train": {k: v for k, v in summary.items() if k != "losses"}})
     (out_dir / "train.json").write_text(json.dumps(summary, indent=2))
-    say(f"trained {step} steps in {train_s:.1f} s (L1 {running:.4f}); wrote {out_dir / 'policy.pt'} "
+    held_txt = "none held out" if final_val is None else f"held-out {final_val:.4f}"
+    say(f"trained {step} steps in {train_s:.1f} s (L1 {running:.4f}, {held_txt}); wrote {out_dir / 'policy.pt'} "
         f"({(out_dir / 'policy.pt').stat().st_size / 1e6:.2f} MB)")
     return summary
 
@@ -216,17 +264,18 @@ def main(argv=None) -> int:
     ap.add_argument("--out", type=Path, required=True, help="checkpoint folder (policy.pt, train.json)")
     ap.add_argument("--minutes", type=float, default=None, help="wall-time bound (min)")
     ap.add_argument("--steps", type=int, default=None, help="optimiser steps bound")
-    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--threads", type=int, default=2, help="torch CPU threads")
     ap.add_argument("--successes-only", action="store_true", help="train on the successful episodes only")
+    ap.add_argument("--save-every-min", type=float, default=None, help="also write policy.pt every N minutes")
     a = ap.parse_args(argv)
     if a.minutes is None and a.steps is None:
-        a.minutes = 15.0
+        a.minutes = 60.0
     try:
         train(a.dataset, a.out, minutes=a.minutes, steps=a.steps, batch=a.batch, lr=a.lr,
-              successes_only=a.successes_only, threads=a.threads)
-    except DatasetError as exc:
+              successes_only=a.successes_only, threads=a.threads, save_every_min=a.save_every_min)
+    except (DatasetError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     return 0
