@@ -44,8 +44,10 @@ app = typer.Typer(help="Author, serve and deploy sequence-ai policies.", no_args
 policy_app = typer.Typer(help="Inspect and control deployments.", no_args_is_help=True)
 app.add_typer(policy_app, name="policy")
 
-out = Console()
-err = Console(stderr=True)
+# soft_wrap: a line is never broken at the terminal width, so piped output (scripts, logs) keeps
+# whole lines; tables still fit the width
+out = Console(soft_wrap=True)
+err = Console(stderr=True, soft_wrap=True)
 
 
 class CliError(Exception):

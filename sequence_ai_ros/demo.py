@@ -1,10 +1,13 @@
 """The main job, end to end: deploy a policy locally and drive the simulated Franka with it.
 
-``python -m sequence_ai_ros.demo [--instruction TEXT] [--seed N]`` (the README's first command
-wraps it with the install step). What runs, each as the real thing:
+``python -m sequence_ai_ros.demo [--instruction TEXT] [--seed N] [--policy closed-form|learned]
+[--light-jitter 0..1] [--max-seconds S]`` (the README's first command wraps it with the install
+step). What runs, each as the real thing:
 
 1. ``seq serve`` -- the local gateway, on 127.0.0.1 (a process);
-2. ``seq deploy examples/pick_place/policy.py`` -- the demo policy's worker (a process);
+2. ``seq deploy examples/pick_place/policy.py`` -- the demo policy's worker (a process); with
+   ``--policy learned``, ``seq volume put pick-place-learned examples/flywheel/checkpoint`` then
+   ``seq deploy examples/flywheel/learned_policy.py`` -- the trained net instead;
 3. ``sim_robot`` -- the MuJoCo Panda cell as a ROS 2 robot (a process);
 4. ``policy_driver`` -- our driver node (in this process), sent an ``Act`` goal through a real
    ROS 2 action client, as a VLM tool call would.
@@ -12,7 +15,8 @@ wraps it with the install step). What runs, each as the real thing:
 It prints the RunOutcome, whether the task succeeded (the sim's own check: cube within 3 cm of the
 pad centre and at rest), and the path of a picture of the run (exterior-camera frames + the
 commanded joints with chunk seams marked). ``launch/demo.launch.py`` starts the same nodes under
-``ros2 launch`` on a real ROS 2 install.
+``ros2 launch`` on a real ROS 2 install. Ctrl-C or SIGTERM stops the goal (the driver holds) and
+then every process it started.
 """
 from __future__ import annotations
 
@@ -37,6 +41,12 @@ REPO = Path(__file__).resolve().parent.parent
 POLICY_FILE = REPO / "examples" / "pick_place" / "policy.py"
 CONFIG_FILE = REPO / "config" / "panda_sim.yaml"
 MODEL = "pick-place"
+# The learned policy (examples/flywheel): its file, its deployment name, the volume it loads
+# (weights="vol://pick-place-learned") and the checkpoint shipped with the example.
+LEARNED_FILE = REPO / "examples" / "flywheel" / "learned_policy.py"
+LEARNED_MODEL = "pick-place-learned"
+LEARNED_VOLUME = "pick-place-learned"
+LEARNED_CHECKPOINT = REPO / "examples" / "flywheel" / "checkpoint"
 
 
 def _free_port() -> int:
@@ -106,11 +116,33 @@ def deploy(server: Server, policy_file: Path = POLICY_FILE, name: str = MODEL, t
         raise RuntimeError(f"seq deploy failed ({out.returncode}):\n{out.stdout}\n{out.stderr}")
 
 
+def put_volume(server: Server, name: str, directory: Path, timeout_s: float = 300.0) -> str:
+    """``seq volume put NAME DIR``; returns the CLI's last line (``... vol://NAME@vN``); raises
+    ``RuntimeError`` with the CLI's output on failure."""
+    out = subprocess.run([sys.executable, "-m", "seq.cli", "volume", "put", name, str(directory)],
+                         env=server.env(), capture_output=True, text=True, timeout=timeout_s)
+    if out.returncode != 0:
+        raise RuntimeError(f"seq volume put failed ({out.returncode}):\n{out.stdout}\n{out.stderr}")
+    lines = [x for x in out.stdout.splitlines() if x.startswith("uploaded ")]
+    return lines[-1] if lines else out.stdout.strip()
+
+
+def deploy_learned(server: Server, checkpoint_dir: Path = LEARNED_CHECKPOINT, name: str = LEARNED_MODEL) -> str:
+    """Upload ``checkpoint_dir`` (holding ``policy.pt``) as the next version of the volume
+    ``pick-place-learned`` and deploy the learned policy as ``name``; returns the volume line.
+    Raises ``FileNotFoundError`` when there is no checkpoint, ``RuntimeError`` when a step fails."""
+    if not (Path(checkpoint_dir) / "policy.pt").is_file():
+        raise FileNotFoundError(f"no policy.pt in {checkpoint_dir}; train one with examples/flywheel/run_flywheel.py")
+    line = put_volume(server, LEARNED_VOLUME, Path(checkpoint_dir))
+    deploy(server, LEARNED_FILE, name)
+    return line
+
+
 @contextmanager
-def sim_robot(seed: int, log_path: Path, namespace: str = ""):
+def sim_robot(seed: int, log_path: Path, namespace: str = "", light_jitter: float = 0.0):
     """Start the ``sim_robot`` node as its own process (the robot is not part of the driver)."""
     args = [sys.executable, "-m", "sequence_ai_ros.sim_node", "--ros-args", "--params-file", str(CONFIG_FILE),
-            "-p", f"seed:={seed}"]
+            "-p", f"seed:={seed}", "-p", f"light_jitter:={float(light_jitter)}"]
     if namespace:
         args += ["-r", f"__ns:={namespace}"]
     log = open(log_path, "ab")
@@ -171,8 +203,9 @@ class _Recorder:
 
 
 def drive(instruction: str, seed: int, max_seconds: float, out_dir: Path, *, cancel_after_s: Optional[float] = None,
-          picture: bool = True, quiet: bool = False) -> DemoResult:
-    """Run the sim + driver against an already-deployed ``pick-place`` model; return the result.
+          picture: bool = True, quiet: bool = False, model: str = MODEL, light_jitter: float = 0.0) -> DemoResult:
+    """Run the sim + driver against an already-deployed model (``model``, default ``pick-place``);
+    return the result.
 
     Needs ``SEQUENCES_GATEWAY_URL`` / ``SEQUENCES_API_KEY`` in the environment (``Server.env()``)
     and the ROS environment (``scripts/env.sh``). ``cancel_after_s`` cancels the goal that many
@@ -193,7 +226,7 @@ def drive(instruction: str, seed: int, max_seconds: float, out_dir: Path, *, can
     out_dir.mkdir(parents=True, exist_ok=True)
     say = (lambda *a: None) if quiet else (lambda *a: print(*a, flush=True))
     with ExitStack() as stack:
-        stack.enter_context(sim_robot(seed, out_dir / "sim_robot.log"))
+        stack.enter_context(sim_robot(seed, out_dir / "sim_robot.log", light_jitter=light_jitter))
         # Ctrl-C must reach us as KeyboardInterrupt (to cancel the goal and let the driver publish
         # its hold), not shut the ROS context down underneath the running driver.
         from rclpy.signals import SignalHandlerOptions
@@ -201,7 +234,9 @@ def drive(instruction: str, seed: int, max_seconds: float, out_dir: Path, *, can
         rclpy.init(args=["--ros-args", "--params-file", str(CONFIG_FILE)],
                    signal_handler_options=SignalHandlerOptions.NO)
         stack.callback(lambda: rclpy.ok() and rclpy.shutdown())
-        driver = PolicyDriver()
+        from rclpy.parameter import Parameter
+
+        driver = PolicyDriver(parameter_overrides=[Parameter("model", value=model)])
         client_node = Node("demo_client")
         recorder = _Recorder(client_node, "camera/exterior_1/image_raw", "joint_commands")
         executor = MultiThreadedExecutor(num_threads=4)
@@ -287,29 +322,57 @@ def _wait(future, timeout_s: float) -> None:
         time.sleep(0.01)
 
 
+def exit_on_sigterm() -> None:
+    """Make SIGTERM (``kill``, ``timeout``, a service stop) raise ``SystemExit(143)`` in the main
+    thread, so ``with`` blocks unwind: the gateway, its workers and the sim are stopped, not
+    orphaned (Python's default for SIGTERM ends the process without running them)."""
+    def _exit(signum, frame):
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)     # a second SIGTERM must not cut the unwinding short
+        sys.exit(128 + signum)
+
+    signal.signal(signal.SIGTERM, _exit)
+
+
 def main(argv=None) -> int:
+    exit_on_sigterm()
     parser = argparse.ArgumentParser(
         prog="sequence-ai-demo",
         description="Deploy the pick-and-place demo policy locally and drive the simulated Franka with it over ROS 2.",
     )
     parser.add_argument("--instruction", default="put the red cube on the green pad")
-    parser.add_argument("--seed", type=int, default=0, help="scene seed (cube and pad placement)")
+    parser.add_argument("--seed", type=int, default=0,
+                        help="scene seed: cube and pad placement (and the light, with --light-jitter)")
     parser.add_argument("--max-seconds", type=float, default=45.0, help="time bound of the Act goal (s)")
     parser.add_argument("--out", type=Path, default=REPO / "runs", help="where run folders are written")
+    parser.add_argument("--policy", choices=["closed-form", "learned"], default="closed-form",
+                        help="closed-form: examples/pick_place/policy.py (colour segmentation + IK); learned: the "
+                             "visuomotor net trained by examples/flywheel, its shipped checkpoint uploaded as a volume")
+    parser.add_argument("--light-jitter", type=float, default=0.0,
+                        help="0 = the fixed light; up to 1 draws the light from the seed (as the pick-place benchmark does)")
     args = parser.parse_args(argv)
+    if not 0.0 <= args.light_jitter <= 1.0:
+        parser.error(f"--light-jitter takes a number in [0, 1], got {args.light_jitter}")
     run_dir = args.out / time.strftime("%Y%m%d-%H%M%S")
     t0 = time.monotonic()
     try:
         with local_server(run_dir / "server") as server:
             print(f"gateway   {server.url} (data {server.data_dir})", flush=True)
-            deploy(server)
-            print(f"deployed  {MODEL} from {POLICY_FILE.relative_to(REPO)} ({time.monotonic() - t0:.1f} s)",
-                  flush=True)
+            if args.policy == "learned":
+                line = deploy_learned(server)
+                model, source = LEARNED_MODEL, f"{LEARNED_FILE.relative_to(REPO)} ({line.strip()})"
+            else:
+                deploy(server)
+                model, source = MODEL, str(POLICY_FILE.relative_to(REPO))
+            print(f"deployed  {model} from {source} ({time.monotonic() - t0:.1f} s)", flush=True)
             os.environ.update(server.env())
-            result = drive(args.instruction, args.seed, args.max_seconds, run_dir)
+            result = drive(args.instruction, args.seed, args.max_seconds, run_dir, model=model,
+                           light_jitter=args.light_jitter)
     except KeyboardInterrupt:
         print("stopped (Ctrl-C); the server, the sim and the driver have been shut down", file=sys.stderr)
         return 130
+    except (RuntimeError, FileNotFoundError, TimeoutError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     o = result.outcome
     print()
     print(f"RunOutcome(reason={o['reason']}, actions={o['actions']}, chunks={o['chunks']}, "
