@@ -19,6 +19,7 @@ and exits with:
 from __future__ import annotations
 
 import os
+import re
 import time
 from pathlib import Path
 from typing import Any, Optional
@@ -169,8 +170,14 @@ def _show_failure(d: dict) -> CliError:
         extra = "\n".join(tb.rstrip().splitlines()[-12:])
     elif details.get("log_tail"):
         extra = "\n".join(details["log_tail"][-12:])
-    return CliError("worker_failed", d.get("error") or "the worker failed", extra=extra,
-                    hint=f"fix the policy and deploy again; `seq policy status {d['name']}` shows the error")
+    error = d.get("error") or "the worker failed"
+    missing = re.search(r"no volume named '([^']+)'", error + "\n" + (extra or ""))
+    if missing:     # the policy is fine; its weights were never uploaded
+        hint = (f"upload the weights first: `seq volume put {missing.group(1)} DIR`, then deploy again "
+                f"(`seq volume ls` lists what this gateway has)")
+    else:
+        hint = f"fix the policy and deploy again; `seq policy status {d['name']}` shows the error"
+    return CliError("worker_failed", error, extra=extra, hint=hint)
 
 
 @app.command()

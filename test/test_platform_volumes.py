@@ -73,6 +73,11 @@ def test_a_missing_volume_fails_the_load_and_says_how_to_upload_it(module_gatewa
     gw = module_gateway
     d = gw.deploy(VOLUME_POLICY, "vol-missing")
     assert d["status"] == "failed" and "no volume named 'ckpt'" in d["error"] and "seq volume put ckpt" in d["error"]
+    # the CLI's hint points at the upload, not at the policy (which is fine)
+    out = _seq(gw, "deploy", VOLUME_POLICY, "--name", "vol-missing-cli", "--wait", timeout=120)
+    assert out.returncode == 6, out.stdout + out.stderr
+    assert "hint: upload the weights first: `seq volume put ckpt DIR`" in out.stderr, out.stderr
+    assert "fix the policy" not in out.stderr
 
 
 def test_an_interrupted_put_resumes_and_a_bad_md5_never_becomes_active(module_gateway, tmp_path):
