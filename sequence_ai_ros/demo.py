@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -264,7 +265,8 @@ def drive(instruction: str, seed: int, max_seconds: float, out_dir: Path, *, can
         if not driver._wait_for_sensors():
             raise RuntimeError("no camera/joint data from sim_robot")
 
-        say(f"goal: {instruction!r} (seed {seed}, max {max_seconds:.0f} s)")
+        light = f", light_jitter {light_jitter:g}" if light_jitter else ""
+        say(f"goal: {instruction!r} (policy {model}, seed {seed}{light}, max {max_seconds:.0f} s)")
         recorder.recording = True
         goal = Act.Goal(instruction=instruction, max_seconds=float(max_seconds))
         send = act_client.send_goal_async(goal)
@@ -339,7 +341,9 @@ def main(argv=None) -> int:
         prog="sequence-ai-demo",
         description="Deploy the pick-and-place demo policy locally and drive the simulated Franka with it over ROS 2.",
     )
-    parser.add_argument("--instruction", default="put the red cube on the green pad")
+    parser.add_argument("--instruction", default="put the red cube on the green pad",
+                        help="'put the <red|green|blue> cube on the <red|green|blue> pad' (the learned policy "
+                             "knows exactly these six pairings; the closed-form one reads any text naming two colours)")
     parser.add_argument("--seed", type=int, default=0,
                         help="scene seed: cube and pad placement (and the light, with --light-jitter)")
     parser.add_argument("--max-seconds", type=float, default=45.0, help="time bound of the Act goal (s)")
@@ -359,7 +363,10 @@ def main(argv=None) -> int:
             print(f"gateway   {server.url} (data {server.data_dir})", flush=True)
             if args.policy == "learned":
                 line = deploy_learned(server)
-                model, source = LEARNED_MODEL, f"{LEARNED_FILE.relative_to(REPO)} ({line.strip()})"
+                m = re.match(r"uploaded (\S+) v(\d+): (\d+) files, (\d+) bytes", line)
+                weights = (f"weights: volume {m.group(1)} v{m.group(2)}, {m.group(3)} files, "
+                           f"{int(m.group(4)) / 1e6:.1f} MB" if m else line.strip())
+                model, source = LEARNED_MODEL, f"{LEARNED_FILE.relative_to(REPO)} ({weights})"
             else:
                 deploy(server)
                 model, source = MODEL, str(POLICY_FILE.relative_to(REPO))
