@@ -95,6 +95,7 @@ def test_eval_run_of_the_demo_policy_prints_a_report_and_passes_its_gate(demo_ev
     for task in ("red-on-green", "red-on-blue", "green-on-red"):
         assert re.search(rf"^  {task}\s+1\s+1\.000", text, re.M), text
     assert "policy.open_loop_horizon=8 (default)" in text and "benchmark.max_seconds=30.0 (default)" in text
+    assert "benchmark.light_jitter=1.0 (default)" in text          # scored under randomised light
     assert "gate success>=0.9 on pick-place: 1.000 PASS" in text
     gifs = re.findall(r"^\s+(\S+\.gif)$", text, re.M)
     assert len(gifs) == 3
