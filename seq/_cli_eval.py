@@ -245,6 +245,12 @@ def eval_run(policy: str = typer.Argument(..., help="the deployed policy (deploy
         _fail("canceled", f"eval {eval_id} was canceled after {record['done_episodes']} episode(s)")
     if record["status"] == "failed":
         _fail("failed", f"eval {eval_id} failed: {record.get('error')}")
+    scoreless = [a for a in record["report"]["arms"] if a["errors"] and a["errors"] >= a["episodes"]]
+    if scoreless:       # nothing was measured: a bad parameter or a broken env, not a result
+        a = scoreless[0]
+        first = (a.get("error_messages") or ["see the report"])[0]
+        _fail("failed", f"eval {eval_id}: every episode of {a['name']} errored ({a['errors']}), e.g. {first}",
+              f"see `seq eval report {eval_id}`")
     missed = [r for r in results if not r["passed"]]
     if missed:
         _fail("gate_failed", "; ".join(f"{r['arm']}: {r['gate']} not met ({_fmt(r['value'])})" for r in missed),

@@ -155,6 +155,14 @@ def test_a_missed_gate_exits_8_and_compare_runs_the_same_episodes(gw):
     assert all(e["metrics"]["episode_s"] == pytest.approx(2.0, abs=0.07) for e in episodes)
 
 
+def test_an_eval_whose_every_episode_errored_exits_non_zero_naming_the_error(gw):
+    out = seq_cli(gw, "eval", "run", "still", "--benchmark", "pick-place", "--tasks", "1", "--envs", "1",
+                  "--param", "light_jitter=2", "--param", "max_seconds=1")
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert "error[failed]" in out.stderr and "every episode of still errored (1)" in out.stderr, out.stderr
+    assert "light_jitter must be in [0, 1]" in out.stderr
+
+
 def test_dry_run_prints_the_layout_and_an_estimate_and_starts_nothing(gw):
     before = set((gw.data_dir / "evals").iterdir()) if (gw.data_dir / "evals").exists() else set()
     out = seq_here(gw, "eval", "run", "pick-place", "--benchmark", "pick-place", "--envs", "2", "--episodes", "2",
