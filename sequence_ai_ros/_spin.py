@@ -13,6 +13,7 @@ So the main thread spins in ``SPIN_WAKE_S`` slices: a signal is acted on within 
 from __future__ import annotations
 
 import signal
+import sys
 import threading
 from typing import Callable, Optional
 
@@ -63,7 +64,8 @@ def spin_node(make_node: Callable[[], Node], *, threads: int, args=None,
         args: command-line arguments for ``rclpy.init`` (``--ros-args ...``).
         on_stop: called with the node after Ctrl-C / SIGTERM, before anything is shut down.
     Returns:
-        0, the process exit code.
+        the process exit code: 0, or 2 when ``make_node`` refused a parameter (``ValueError``,
+        printed as one ``error:`` line).
     """
     rclpy.init(args=args, signal_handler_options=SignalHandlerOptions.NO)
     signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
@@ -71,7 +73,11 @@ def spin_node(make_node: Callable[[], Node], *, threads: int, args=None,
     node = None
     executor = MultiThreadedExecutor(num_threads=threads)
     try:
-        node = make_node()
+        try:
+            node = make_node()
+        except ValueError as exc:      # a bad parameter: say which, no traceback
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
         executor.add_node(node)
         while rclpy.ok():
             executor.spin_once(timeout_sec=SPIN_WAKE_S)

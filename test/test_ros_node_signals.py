@@ -42,3 +42,12 @@ def test_an_idle_recorder_exits_cleanly_and_promptly_on_a_signal(tmp_path, sig):
     assert code == 0 and "Traceback" not in text, text
     assert took < STOP_WITHIN_S, f"took {took:.2f} s to stop"
     assert f"recording to {tmp_path / 'bags'}" in text
+
+
+@pytest.mark.parametrize("value, says", [("5", "light_jitter must be in [0, 1]"),
+                                         ("abc", "parameter light_jitter takes a number")])
+def test_a_bad_parameter_stops_the_node_with_one_error_line_not_a_traceback(value, says):
+    proc = subprocess.run([sys.executable, "-m", "sequence_ai_ros.sim_node", "--ros-args", "-p", f"light_jitter:={value}"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert f"error: {says}" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
