@@ -227,7 +227,7 @@ def drive(instruction: str, seed: int, max_seconds: float, out_dir: Path, *, can
     out_dir.mkdir(parents=True, exist_ok=True)
     say = (lambda *a: None) if quiet else (lambda *a: print(*a, flush=True))
     with ExitStack() as stack:
-        stack.enter_context(sim_robot(seed, out_dir / "sim_robot.log", light_jitter=light_jitter))
+        sim_proc = stack.enter_context(sim_robot(seed, out_dir / "sim_robot.log", light_jitter=light_jitter))
         # Ctrl-C must reach us as KeyboardInterrupt (to cancel the goal and let the driver publish
         # its hold), not shut the ROS context down underneath the running driver.
         from rclpy.signals import SignalHandlerOptions
@@ -260,8 +260,13 @@ def drive(instruction: str, seed: int, max_seconds: float, out_dir: Path, *, can
         check = client_node.create_client(CheckSuccess, "sim_robot/check_success")
         if not act_client.wait_for_server(timeout_sec=30.0):
             raise RuntimeError("policy_driver/act action server did not appear within 30 s")
-        if not check.wait_for_service(timeout_sec=120.0):
-            raise RuntimeError(f"sim_robot did not come up within 120 s; see {out_dir / 'sim_robot.log'}")
+        deadline = time.monotonic() + 120.0
+        while not check.wait_for_service(timeout_sec=0.5):
+            if sim_proc.poll() is not None:       # it died starting: say so now, not after 120 s
+                raise RuntimeError(f"sim_robot exited with {sim_proc.returncode} while starting; "
+                                   f"see {out_dir / 'sim_robot.log'}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"sim_robot did not come up within 120 s; see {out_dir / 'sim_robot.log'}")
         if not driver._wait_for_sensors():
             raise RuntimeError("no camera/joint data from sim_robot")
 
@@ -356,6 +361,8 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if not 0.0 <= args.light_jitter <= 1.0:
         parser.error(f"--light-jitter takes a number in [0, 1], got {args.light_jitter}")
+    if args.seed < 0:
+        parser.error(f"--seed takes a non-negative integer, got {args.seed}")
     run_dir = args.out / time.strftime("%Y%m%d-%H%M%S")
     t0 = time.monotonic()
     try:

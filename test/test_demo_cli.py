@@ -110,3 +110,10 @@ def test_sigterm_stops_the_demo_and_the_gateway_worker_and_sim_it_started(run_de
     assert proc.wait(timeout=60) == 143, "".join(before)
     gone, alive = psutil.wait_procs(children, timeout=30)
     assert not alive, [p.pid for p in alive]
+
+
+def test_a_negative_seed_is_refused_before_anything_starts(run_demo):
+    proc, lines = run_demo("--policy", "learned", "--seed", "-1")
+    assert proc.wait(timeout=60) == 2
+    out = "".join(iter(lines.get, None))
+    assert "--seed takes a non-negative integer, got -1" in out and "deployed" not in out, out

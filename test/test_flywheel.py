@@ -132,3 +132,27 @@ def test_the_learned_policy_returns_chunks_and_refuses_an_instruction_it_was_not
     assert np.isfinite(np.asarray(chunk.actions)).all()
     with pytest.raises(seq.PolicyInputError, match="put the red cube on the green pad"):
         policy.infer(obs("put the purple cube on the moon"))
+
+
+def test_train_refuses_an_empty_budget_and_writes_nothing(flywheel, tmp_path):
+    out, _, _ = flywheel
+    sys.path.insert(0, str(FLYWHEEL))
+    from train import train
+
+    for kw in ({"steps": 0}, {"minutes": -1.0}, {"steps": 3, "save_every_min": 0}):
+        with pytest.raises(ValueError, match="must be > 0"):
+            train(out / "dataset", tmp_path / "ck", **kw)
+    assert not (tmp_path / "ck").exists()
+
+
+def test_a_file_that_is_not_a_checkpoint_is_refused_by_name(tmp_path):
+    sys.path.insert(0, str(FLYWHEEL))
+    import torch
+    from model import load_checkpoint
+
+    junk, other = tmp_path / "junk.pt", tmp_path / "other.pt"
+    junk.write_bytes(bytes(range(256)) * 64)
+    torch.save({"foo": torch.zeros(3)}, other)
+    for path in (junk, other):
+        with pytest.raises(RuntimeError, match=r"is not a checkpoint written by train\.py"):
+            load_checkpoint(path)

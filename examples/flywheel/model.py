@@ -121,8 +121,14 @@ def load_checkpoint(path) -> tuple:
 
     ``stats``: ``{"state_mean", "state_std", "action_mean", "action_std"}`` (lists of 8 floats).
     """
-    ck = torch.load(path, map_location="cpu", weights_only=True)
-    model = VisuomotorPolicy(ModelConfig(**ck["config"]))
+    try:
+        ck = torch.load(path, map_location="cpu", weights_only=True)
+        cfg = ModelConfig(**ck["config"])
+        ck["state_dict"], ck["stats"]
+    except Exception as exc:   # noqa: BLE001 - unpickling errors, a dict of something else, bad config
+        raise RuntimeError(f"{path} is not a checkpoint written by train.py ({type(exc).__name__}: "
+                           f"{str(exc).splitlines()[0][:200] if str(exc) else ''})") from None
+    model = VisuomotorPolicy(cfg)
     try:
         model.load_state_dict(ck["state_dict"])
     except RuntimeError as exc:

@@ -137,6 +137,10 @@ def train(dataset: Path, out_dir: Path, *, minutes: float = None, steps: int = N
 
     if minutes is None and steps is None:
         raise ValueError("give minutes= or steps= (training is bounded)")
+    if steps is not None and not steps > 0:
+        raise ValueError(f"steps must be > 0, got {steps}")
+    if minutes is not None and not minutes > 0:
+        raise ValueError(f"minutes must be > 0, got {minutes}")
     if save_every_min is not None and not save_every_min > 0:
         raise ValueError(f"save_every_min must be > 0 minutes, got {save_every_min}")
     torch.manual_seed(seed)
