@@ -268,7 +268,7 @@ def drive(instruction: str, seed: int, max_seconds: float, out_dir: Path, *, can
             if time.monotonic() > deadline:
                 raise RuntimeError(f"sim_robot did not come up within 120 s; see {out_dir / 'sim_robot.log'}")
         if not driver._wait_for_sensors():
-            raise RuntimeError("no camera/joint data from sim_robot")
+            raise RuntimeError(f"no camera/joint data from sim_robot; see {out_dir / 'sim_robot.log'}")
 
         light = f", light_jitter {light_jitter:g}" if light_jitter else ""
         say(f"goal: {instruction!r} (policy {model}, seed {seed}{light}, max {max_seconds:.0f} s)")

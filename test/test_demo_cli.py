@@ -117,3 +117,26 @@ def test_a_negative_seed_is_refused_before_anything_starts(run_demo):
     assert proc.wait(timeout=60) == 2
     out = "".join(iter(lines.get, None))
     assert "--seed takes a non-negative integer, got -1" in out and "deployed" not in out, out
+
+
+def test_a_sim_that_dies_starting_fails_the_run_at_once_naming_its_log(tmp_path, monkeypatch):
+    from sequence_ai_ros import demo
+
+    with demo.local_server(tmp_path / "server") as server:
+        demo.deploy(server)
+        for k, v in server.env().items():
+            monkeypatch.setenv(k, v)
+        t0 = time.monotonic()
+        # the node either exits or stays up without a sim (its thread failed): the run ends
+        # either way, pointing at the sim's log
+        with pytest.raises(RuntimeError, match=r"sim_robot.*; see .*sim_robot\.log"):
+            demo.drive("put the red cube on the green pad", seed=-1, max_seconds=5.0, out_dir=tmp_path, picture=False)
+        assert time.monotonic() - t0 < 60                # not the 120 s service wait
+    assert "expected non-negative integer" in (tmp_path / "sim_robot.log").read_text()
+
+
+def test_deploy_learned_without_a_checkpoint_says_how_to_make_one(tmp_path):
+    from sequence_ai_ros import demo
+
+    with pytest.raises(FileNotFoundError, match=r"no policy\.pt in .*; train one with examples/flywheel/run_flywheel\.py"):
+        demo.deploy_learned(server=None, checkpoint_dir=tmp_path)

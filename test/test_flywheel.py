@@ -156,3 +156,17 @@ def test_a_file_that_is_not_a_checkpoint_is_refused_by_name(tmp_path):
     for path in (junk, other):
         with pytest.raises(RuntimeError, match=r"is not a checkpoint written by train\.py"):
             load_checkpoint(path)
+
+
+def test_a_checkpoint_from_another_model_version_is_refused_with_the_fix(tmp_path):
+    sys.path.insert(0, str(FLYWHEEL))
+    import torch
+    from model import ModelConfig, VisuomotorPolicy, load_checkpoint, save_checkpoint
+
+    path = tmp_path / "policy.pt"
+    save_checkpoint(path, VisuomotorPolicy(ModelConfig(tasks=["a", "b"])), {}, {})
+    ck = torch.load(path, weights_only=True)
+    ck["state_dict"] = {k.replace("stem.", "net."): v for k, v in ck["state_dict"].items()}   # the pre-FiLM names
+    torch.save(ck, path)
+    with pytest.raises(RuntimeError, match=r"written by another version of model\.py .* retrain it with train\.py"):
+        load_checkpoint(path)
