@@ -311,7 +311,15 @@ def eval_report(eval_id: str, csv_path: Optional[str] = typer.Option(None, "--cs
         if csv_path == "-":
             sys.stdout.write(text)
         else:
-            Path(csv_path).write_text(text)
+            target = Path(csv_path).expanduser()
+            if target.is_dir():
+                _fail("invalid_request", f"--csv {csv_path} is a folder", "give a file path, e.g. --csv report.csv")
+            tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")   # renamed into place: never half a file
+            try:
+                tmp.write_text(text)
+                os.replace(tmp, target)
+            finally:
+                tmp.unlink(missing_ok=True)
             _say(f"wrote {csv_path}")
         return
     if as_json:

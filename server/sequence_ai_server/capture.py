@@ -30,11 +30,13 @@ gateway: on every ``GET``/export). ``Gateway.remove`` deletes the whole director
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
 import logging
 import os
 import queue
 import re
+import secrets
 import shutil
 import tempfile
 import threading
@@ -45,7 +47,8 @@ from typing import Any, Iterator, Optional
 log = logging.getLogger("sequence_ai_server.capture")
 
 __all__ = ["CaptureConfig", "CaptureWriter", "capture_dir", "keeps", "prune", "summary", "write_label",
-           "read_episodes", "export_jsonl", "export_lerobot", "create_router", "DEFAULT_RETENTION_DAYS"]
+           "read_episodes", "export_jsonl", "export_lerobot", "check_export_target", "is_own_export",
+           "ExportRefused", "EXPORT_MARKER", "create_router", "DEFAULT_RETENTION_DAYS"]
 
 DEFAULT_RETENTION_DAYS = 30.0     # spec 001 "Field data": --retention-days default
 CONFIG_POLL_S = 2.0               # how often a worker re-reads config.json (a stat; read on change)
@@ -335,39 +338,168 @@ def read_episodes(directory: Path) -> Iterator[tuple[str, list[dict], Optional[d
 
 # ---------------------------------------------------------------- export
 
-def _prepare_out(out: Path, mode: str) -> None:
-    if mode not in ("new", "overwrite", "append"):
+EXPORT_MARKER = ".sequence-ai-export.json"   # written inside every export dir this server makes
+EXPORT_KEY_FILE = "export.key"               # <data_dir>/export.key: signs the markers (0600)
+_EXPORT_MODES = ("new", "overwrite", "append")
+
+
+class ExportRefused(CaptureError):
+    """An export target the server will not write: the data dir, a folder inside or above it, a
+    file, or a non-empty folder that is not an earlier export of this server (overwrite/append).
+    The message names the path, the rule and what to do."""
+
+
+def _export_key(data_dir: Path) -> bytes:
+    """This server's export key (``<data_dir>/export.key``, 32 random bytes as hex, mode 0600),
+    created on first use. Markers are signed with it, so a marker copied elsewhere does not count."""
+    path = Path(data_dir) / EXPORT_KEY_FILE
+    try:
+        fd = os.open(str(path), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        return path.read_text().strip().encode()
+    key = secrets.token_hex(32)
+    with os.fdopen(fd, "w") as f:
+        f.write(key)
+    return key.encode()
+
+
+def _marker_mac(key: bytes, out: Path, export_id: str) -> str:
+    return hmac.new(key, f"{export_id}\n{out}".encode(), hashlib.sha256).hexdigest()
+
+
+def is_own_export(out: Path, data_dir: Path) -> bool:
+    """True when ``out`` (a resolved directory) holds this server's export marker, signed for
+    exactly that path. A missing, symlinked, unreadable or foreign marker is False."""
+    marker = Path(out) / EXPORT_MARKER
+    try:
+        if marker.is_symlink() or not marker.is_file():
+            return False
+        d = json.loads(marker.read_text())
+        export_id, mac = str(d["export_id"]), str(d["mac"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+    return hmac.compare_digest(_marker_mac(_export_key(data_dir), Path(out), export_id), mac)
+
+
+def _write_marker(target: Path, out: Path, data_dir: Path, fmt: str, deployment: Optional[str]) -> None:
+    export_id = secrets.token_hex(16)
+    (target / EXPORT_MARKER).write_text(json.dumps({
+        "export_id": export_id, "server": "sequence-ai gateway", "path": str(out), "format": fmt,
+        "deployment": deployment, "created_at": time.time(),
+        "mac": _marker_mac(_export_key(data_dir), out, export_id)}, indent=2))
+
+
+def check_export_target(out: Any, data_dir: Path, mode: str = "new") -> Path:
+    """Where an export may go: ``out`` resolved (symlinks and ``..``), checked against the rules.
+
+    Rules: ``out`` is absolute; it is not the server's data dir, nor inside it, nor one of its
+    ancestors; it is not a file; a non-empty ``out`` is refused for mode ``new``
+    (DatasetExistsError) and, for ``overwrite``/``append``, unless it is an earlier export of this
+    server (its :data:`EXPORT_MARKER`, signed for that path).
+
+    Returns the resolved directory. Raises ExportRefused / CaptureError (invalid_request) or
+    DatasetExistsError, each naming the path and what to do."""
+    if mode not in _EXPORT_MODES:
         raise CaptureError(f"mode must be new, append or overwrite, got {mode!r}")
-    if out.exists() and any(out.iterdir()) and mode == "new":
-        from sequence_ai_ros.bag.lerobot import DatasetExistsError
-        raise DatasetExistsError(f"{out} is not empty; pass --overwrite (or --append for lerobot)")
+    raw = Path(str(out)).expanduser()
+    if not raw.is_absolute():
+        raise CaptureError(f"out must be an absolute path, got {str(out)!r}")
+    resolved = raw.resolve()
+    data = Path(data_dir).resolve()
+    where = f"{raw}" + (f" (resolves to {resolved})" if resolved != raw else "")
+    if resolved == data:
+        rule = "is the server's data dir"
+    elif data in resolved.parents:
+        rule = f"is inside the server's data dir {data}"
+    elif resolved in data.parents:
+        rule = f"is an ancestor of the server's data dir {data}"
+    else:
+        rule = None
+    if rule:
+        raise ExportRefused(f"refused: out {where} {rule}; an export never goes into or over the server's "
+                            f"own state. Pick a folder outside {data}")
+    if resolved.exists() and not resolved.is_dir():
+        raise ExportRefused(f"refused: out {where} is a file, not a folder; pick a new or empty folder")
+    if resolved.is_dir() and any(resolved.iterdir()):
+        if mode == "new":
+            from sequence_ai_ros.bag.lerobot import DatasetExistsError
+            raise DatasetExistsError(f"{where} is not empty; pass --overwrite to replace an earlier export "
+                                     "(or --append for lerobot)")
+        if not is_own_export(resolved, data):
+            raise ExportRefused(
+                f"refused: out {where} is not empty and is not an earlier export of this server (no valid "
+                f"{EXPORT_MARKER} in it); --{mode} only replaces an export this server wrote there. "
+                "Pick a new or empty folder, or remove that folder yourself")
+    return resolved
 
 
-def export_jsonl(directory: Path, out: Path, mode: str = "new") -> dict:
-    """Copy the kept files as they are (episodes/, frames/, labels/) to ``out``, atomically
-    (a temp sibling renamed into place). Returns ``{"out", "episodes", "steps"}``.
-    Raises DatasetExistsError (``out`` not empty and mode new), CaptureError (append)."""
-    directory, out = Path(directory), Path(out)
+def _staged_export(out: Path, mode: str, data_dir: Path, fmt: str, deployment: Optional[str],
+                   build: Any) -> dict:
+    """Run ``build(target)`` (it creates the directory ``target`` and returns a summary) in a temp
+    folder beside ``out``, sign it with the export marker and move it into place: a new ``out`` is
+    renamed in; an empty one keeps its folder and gets the files; an earlier export of this server
+    is swapped out and only then deleted. A failure anywhere leaves ``out`` as it was.
+
+    ``out`` must come from :func:`check_export_target` (re-checked right before the swap)."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.export-", dir=out.parent))
+    try:
+        target = staging / "new"
+        if mode == "append" and out.is_dir() and any(out.iterdir()):
+            shutil.copytree(out, target, symlinks=True, ignore=shutil.ignore_patterns(EXPORT_MARKER))
+        res = build(target)
+        _write_marker(target, out, data_dir, fmt, deployment)
+        check_export_target(out, data_dir, mode)   # nothing else was put there meanwhile
+        if out.is_dir() and any(out.iterdir()):
+            old = staging / "old"
+            os.rename(out, old)
+            try:
+                os.rename(target, out)
+            except BaseException:
+                os.rename(old, out)
+                raise
+        elif out.is_dir():
+            moved = []
+            try:
+                for child in sorted(target.iterdir()):
+                    os.rename(child, out / child.name)
+                    moved.append(out / child.name)
+            except BaseException:
+                for p in moved:
+                    shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
+                raise
+        else:
+            os.rename(target, out)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return {**res, "out": str(out)}
+
+
+def _copy_kept(directory: Path, target: Path) -> dict:
+    target.mkdir()
+    steps = n = 0
+    for sub in ("episodes", "frames", "labels"):
+        if (directory / sub).exists():
+            shutil.copytree(directory / sub, target / sub, ignore=shutil.ignore_patterns(".*"))
+    for p in (target / "episodes").glob("*.jsonl") if (target / "episodes").exists() else []:
+        n += 1
+        steps += sum(1 for _ in open(p, "rb"))
+    return {"format": "jsonl", "episodes": n, "steps": steps}
+
+
+def export_jsonl(directory: Path, out: Path, mode: str = "new", *, data_dir: Optional[Path] = None) -> dict:
+    """Copy the kept files as they are (episodes/, frames/, labels/) to ``out``, built in a temp
+    folder beside it and moved into place (:func:`_staged_export`); ``out`` gets the export marker.
+    ``data_dir`` (default: ``directory``'s grandparent, the capture layout) is the server's, which
+    ``out`` may not touch. Returns ``{"out", "format", "episodes", "steps"}``.
+    Raises DatasetExistsError (``out`` not empty and mode new), ExportRefused (see
+    :func:`check_export_target`), CaptureError (append)."""
+    directory = Path(directory)
+    data_dir = Path(data_dir) if data_dir is not None else directory.parent.parent
     if mode == "append":
         raise CaptureError("--append is for --format lerobot; jsonl exports are whole copies (use --overwrite)")
-    _prepare_out(out, mode)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
-        n = steps = 0
-        for sub in ("episodes", "frames", "labels"):
-            if (directory / sub).exists():
-                shutil.copytree(directory / sub, tmp / sub, ignore=shutil.ignore_patterns(".*"))
-        for p in (tmp / "episodes").glob("*.jsonl") if (tmp / "episodes").exists() else []:
-            n += 1
-            steps += sum(1 for _ in open(p, "rb"))
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return {"out": str(out), "format": "jsonl", "episodes": n, "steps": steps}
+    target = check_export_target(out, data_dir, mode)
+    return _staged_export(target, mode, data_dir, "jsonl", directory.name, lambda t: _copy_kept(directory, t))
 
 
 def frames_from_kept(directory: Path, episode_id: str, steps: list[dict], label: Optional[dict], fps: float):
@@ -437,18 +569,28 @@ def act_rate_hz(episodes: list) -> float:
 
 
 def export_lerobot(directory: Path, out: Path, *, version: str = "3.0", mode: str = "new",
-                   fps: Optional[float] = None, robot_type: Optional[str] = None) -> dict:
-    """Write every kept episode as a LeRobot dataset (``write_dataset``, v3.0 or v2.1).
-    ``fps`` defaults to :func:`act_rate_hz`. Returns write_dataset's summary plus ``fps``.
-    Raises ExportError (no kept episode, mismatched episodes), DatasetExistsError."""
+                   fps: Optional[float] = None, robot_type: Optional[str] = None,
+                   data_dir: Optional[Path] = None) -> dict:
+    """Write every kept episode as a LeRobot dataset (``write_dataset``, v3.0 or v2.1), built in a
+    temp folder beside ``out`` and moved into place with the export marker (as
+    :func:`export_jsonl`; ``append`` adds to an earlier export of this server). ``fps`` defaults
+    to :func:`act_rate_hz`. Returns write_dataset's summary plus ``fps``.
+    Raises ExportError (no kept episode, mismatched episodes), DatasetExistsError, ExportRefused."""
     from sequence_ai_ros.bag.episode import ExportError
     from sequence_ai_ros.bag.lerobot import write_dataset
+    directory = Path(directory)
+    data_dir = Path(data_dir) if data_dir is not None else directory.parent.parent
+    target = check_export_target(out, data_dir, mode)
     episodes = list(read_episodes(directory))
     if not episodes:
         raise ExportError(f"no kept episodes in {directory}; turn capture on with `seq policy capture NAME --rate R`")
     rate = float(fps) if fps else act_rate_hz(episodes)
     frames = [frames_from_kept(directory, ep, steps, label, rate) for ep, steps, label in episodes]
-    res = write_dataset(frames, Path(out), version=version, mode=mode, robot_type=robot_type)
+
+    def build(t: Path) -> dict:
+        return write_dataset(frames, t, version=version, mode="append" if t.exists() else "new",
+                             robot_type=robot_type)
+    res = _staged_export(target, mode, data_dir, "lerobot", directory.name, build)
     return {**res, "format": "lerobot", "fps": rate}
 
 
@@ -487,7 +629,8 @@ def create_router(gw: Any, require_key: Any, account_key: Any):
     * ``GET  /v1/deployments/{name}/capture``           settings and what is kept (prunes first)
     * ``PUT  /v1/deployments/{name}/capture``           ``{"rate", "images", "retention_days"}`` or ``{"off": true}``
     * ``POST /v1/deployments/{name}/capture/export``    ``{"format", "out", "version", "mode", "fps"}``
-      writes on the gateway's machine (self-hosted: the CLI's machine)
+      writes on the gateway's machine (self-hosted: the CLI's machine); account key only, and
+      ``out`` follows :func:`check_export_target`
     * ``POST /v1/episodes/{episode_id}/label``          ``{"model", "success", "notes"}`` (API key)
     """
     import asyncio
@@ -528,28 +671,34 @@ def create_router(gw: Any, require_key: Any, account_key: Any):
         await asyncio.to_thread(cfg.save, d)
         return await asyncio.to_thread(show, name)
 
+    export_lock = threading.Lock()   # one export at a time: two into one folder would race the swap
+
     @router.post("/v1/deployments/{name}/capture/export")
-    async def export(name: str, body: ExportReq, key: Any = Depends(require_key)) -> dict:
-        gw.require_scope(key, name)
+    async def export(name: str, body: ExportReq, key: Any = Depends(account_key)) -> dict:
         d = where(name)
-        out = Path(body.out).expanduser()
-        if not out.is_absolute():
-            raise ApiError("invalid_request", f"out must be an absolute path, got {body.out!r}",
-                           hint="the CLI resolves --out for you")
         from sequence_ai_ros.bag.episode import ExportError
 
         def run() -> dict:
-            prune(d, CaptureConfig.load(d).retention_days)
-            if body.format == "jsonl":
-                return export_jsonl(d, out, body.mode)
-            if body.format == "lerobot":
-                return export_lerobot(d, out, version=body.version, mode=body.mode, fps=body.fps)
-            raise CaptureError(f"--format must be lerobot or jsonl, got {body.format!r}")
+            with export_lock:
+                prune(d, CaptureConfig.load(d).retention_days)
+                if body.format == "jsonl":
+                    return export_jsonl(d, body.out, body.mode, data_dir=gw.data_dir)
+                if body.format == "lerobot":
+                    return export_lerobot(d, body.out, version=body.version, mode=body.mode, fps=body.fps,
+                                          data_dir=gw.data_dir)
+                raise CaptureError(f"--format must be lerobot or jsonl, got {body.format!r}")
         try:
             return {"name": name, **await asyncio.to_thread(run)}
+        except ExportRefused as exc:
+            raise ApiError("invalid_request", str(exc), hint="nothing was written or deleted",
+                           details={"reason": "export_target", "out": body.out}) from None
         except (ExportError, CaptureError) as exc:
             raise ApiError("invalid_request", str(exc),
-                           hint="--overwrite replaces an existing export" if "not empty" in str(exc) else None) from None
+                           hint="--overwrite replaces an earlier export" if "not empty" in str(exc) else None) from None
+        except OSError as exc:   # the target's file system refused (permissions, space, ...)
+            raise ApiError("invalid_request", f"could not write the export to {body.out}: {type(exc).__name__}: {exc}",
+                           hint="an earlier export there is left as it was; check the folder's permissions and free space",
+                           details={"reason": "export_write", "out": body.out}) from None
 
     @router.post("/v1/episodes/{episode_id}/label")
     async def label(episode_id: str, body: LabelReq, key: Any = Depends(require_key)) -> dict:

@@ -1425,9 +1425,10 @@ class Gateway:
         return self.params(name)
 
     def _session(self, session_id: str, key: Optional[KeyRecord]) -> SessionRec:
+        """The open session ``session_id`` as ``key`` may see it: an account key any session, a
+        robot key only the sessions it opened itself (another robot's is not_found, as unknown)."""
         sess = self.sessions.get(session_id)
-        if sess is None or (key is not None and key.deployment is not None and key.id != sess.key_id
-                            and key.deployment != sess.model):
+        if sess is None or (key is not None and key.deployment is not None and key.id != sess.key_id):
             raise ApiError("not_found", f"no open session {session_id!r}",
                            hint="it was closed or its lease ran out; connect again (POST /v1/connect)")
         return sess
@@ -1812,14 +1813,17 @@ def create_app(data_dir: Optional[Path] = None) -> FastAPI:
             raise ApiError("not_found", f"no secret named {name!r}", hint="`seq secret ls` lists them")
         return {"name": name, "removed": True}
 
-    @app_internal.post("/v1/internal/worker-secrets", include_in_schema=False)
-    async def worker_secrets(body: WorkerSecretsRequest, authorization: Optional[str] = Header(default=None)) -> dict:
-        """A worker's declared secrets; the bearer must be the secret of a worker this gateway runs."""
+    def worker_secret(authorization: Optional[str] = Header(default=None)) -> None:
+        """Dependency: the bearer is the direct secret of a worker this gateway runs (checked before the body)."""
         token = (authorization or "").partition(" ")[2]
         with gw._lock:
             known = [w.secret for w in list(gw.workers.values()) if w.secret]
         if not token or not any(hmac.compare_digest(token, k) for k in known):
             raise ApiError("unauthorized", "only a worker of this gateway may fetch secrets")
+
+    @app_internal.post("/v1/internal/worker-secrets", include_in_schema=False, dependencies=[Depends(worker_secret)])
+    async def worker_secrets(body: WorkerSecretsRequest) -> dict:
+        """A worker's declared secrets; the bearer must be the secret of a worker this gateway runs."""
         try:
             return {"env": gw.secrets.environment(body.names)}
         except KeyError as exc:

@@ -149,7 +149,18 @@ class VolumeStore:
                               hint="letters, digits, '_', '-' or '.', starting with a letter (up to 63)")
 
     def _staging(self, name: str, version: int) -> Path:
-        return self.root / name / f".upload-v{version}"
+        return self._inside(self.root / name / f".upload-v{version}", f"the upload of {name!r} v{version}")
+
+    def _inside(self, path: Path, what: str) -> Path:
+        """``path`` when it resolves (symlinks, ``..``) inside the volumes root; else VolumeError
+        invalid_request naming both (a link planted under the root never redirects a write or rm)."""
+        root = self.root.resolve()
+        real = Path(path).resolve()
+        if real != root and root not in real.parents:
+            raise VolumeError("invalid_request", f"{what}: {path} resolves to {real}, outside the volumes root {root}; refused",
+                              hint="the volumes root holds only what the gateway wrote; remove the link there "
+                                   "and run `seq volume put` again")
+        return Path(path)
 
     # -- upload
     def begin(self, name: str, files: list[dict]) -> dict:
@@ -208,7 +219,7 @@ class VolumeStore:
         want = {x["path"]: x for x in json.loads(row["manifest_json"])}.get(path)
         if want is None:
             raise VolumeError("invalid_request", f"{path} is not in the manifest of {name} v{version}")
-        target = self._staging(name, version) / path
+        target = self._inside(self._staging(name, version) / path, f"{name} v{version}: {path}")
         with self._files_lock:
             target.parent.mkdir(parents=True, exist_ok=True)
             held = target.stat().st_size if target.is_file() else 0
@@ -243,7 +254,7 @@ class VolumeStore:
                 p.unlink()
                 raise VolumeError("invalid_request", f"{x['path']}: md5 {got} does not match the manifest's {x['md5']}",
                                   hint="the file changed or was corrupted in transit; run `seq volume put` again")
-        final = self.root / name / f"v{version}"
+        final = self._inside(self.root / name / f"v{version}", f"volume {name!r} v{version}")
         for dirpath, dirnames, filenames in os.walk(staging):
             for f in filenames:
                 os.chmod(os.path.join(dirpath, f), stat.S_IRUSR | stat.S_IRGRP | stat.S_IROTH)
@@ -283,13 +294,17 @@ class VolumeStore:
     def remove(self, name: str) -> dict:
         """Delete every version of ``name``. Refused (invalid_request) while a deployment uses it;
         not_found when there is none."""
+        self._check_name(name)
         if not self._rows(name):
             raise VolumeError("not_found", f"no volume named {name!r}", hint="`seq volume ls` lists them")
         users = self._in_use(name)
         if users:
             raise VolumeError("invalid_request", f"volume {name!r} is used by deployment(s) {', '.join(users)}; not removed",
                               hint=f"remove those first (`seq policy rm {users[0]}`)")
-        root = self.root / name
+        root = self._inside(self.root / name, f"volume {name!r}")
+        if root.is_symlink():
+            raise VolumeError("invalid_request", f"volume {name!r}: {root} is a link, not a folder the gateway wrote; "
+                              "refused", hint=f"remove the link {root} yourself")
         for dirpath, _, _ in os.walk(root):
             os.chmod(dirpath, 0o755)
         shutil.rmtree(root, ignore_errors=True)

@@ -33,7 +33,7 @@ import time
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 from seq._benchmark import BenchmarkSpec, contract_problems, get_benchmark_spec, is_benchmark
 from seq._params import InferParam, ParamError
@@ -487,13 +487,38 @@ class _Env:
         self.inst = None
 
 
+def _path_part(text: Any) -> str:
+    """One file-name part from an arm or task name: characters other than letters, digits, ``_``,
+    ``.`` and ``-`` become ``_``, leading dots go (no ``..``, no hidden files); never empty."""
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", str(text)).lstrip(".")[:120] or "_"
+
+
+def video_path(videos_dir: Path, arm: str, task: str, seed: int) -> Path:
+    """Where an episode's GIF goes: ``<videos_dir>/<arm>/<task>_seed<seed>.gif``, each name made
+    safe by :func:`_path_part`. Raises EvalError(invalid_request) if the result would still land
+    outside ``videos_dir`` (a link planted there)."""
+    path = Path(videos_dir) / _path_part(arm) / f"{_path_part(task)}_seed{int(seed)}.gif"
+    root = Path(videos_dir).resolve()
+    if root not in path.resolve().parents:
+        raise EvalError("invalid_request", f"video {path} resolves outside the eval's videos folder {root}",
+                        "remove the link under the videos folder")
+    return path
+
+
 def _write_gif(frames: list, path: Path, fps: float) -> None:
+    """Write ``frames`` (HxWx3 uint8) as a looping GIF at ``fps``, to a temp file beside ``path``
+    renamed into place (no half-written GIF)."""
     from PIL import Image
 
     path.parent.mkdir(parents=True, exist_ok=True)
     images = [Image.fromarray(f) for f in frames]
-    images[0].save(path, save_all=True, append_images=images[1:], duration=int(round(1000.0 / fps)), loop=0,
-                   optimize=False)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        images[0].save(tmp, format="GIF", save_all=True, append_images=images[1:],
+                       duration=int(round(1000.0 / fps)), loop=0, optimize=False)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def _episode(env: _Env, policy, arm: dict, job: dict, instruction: str, videos_dir: Optional[Path],
@@ -553,8 +578,7 @@ def _episode(env: _Env, policy, arm: dict, job: dict, instruction: str, videos_d
         metrics = dict(env.call("score", dict(metrics)))
     video = None
     if videos_dir is not None and frames:
-        safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", job["arm"])
-        path = videos_dir / safe / f"{job['task']}_seed{job['seed']}.gif"
+        path = video_path(videos_dir, job["arm"], job["task"], job["seed"])
         _write_gif(frames, path, spec.video_fps)
         video = str(path)
     return {"arm": job["arm"], "task": job["task"], "seed": job["seed"], "episode": job["episode"],

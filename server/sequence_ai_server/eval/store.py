@@ -34,7 +34,9 @@ class EvalStore:
         return f"ev-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
 
     def folder(self, eval_id: str) -> Path:
-        if not eval_id or "/" in eval_id or eval_id.startswith("."):
+        """``<root>/<eval_id>``; an id that could name anything else (empty, a ``/``, ``\\`` or NUL in
+        it, a leading dot, ``..``) is EvalNotFound, so no command reaches outside ``root``."""
+        if not eval_id or any(c in eval_id for c in "/\\\x00") or eval_id.startswith("."):
             raise EvalNotFound(eval_id)
         return self.root / eval_id
 
