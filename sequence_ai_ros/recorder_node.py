@@ -30,12 +30,17 @@ label (the dataset's ``next.success``): the episode being recorded (a label mark
 once and the end marker carries the label), or a closed bag, which is rewritten with a label
 marker added (:func:`~sequence_ai_ros.bag.reader.label_bag`). RecordEpisode episodes have no
 success check, so this is how they are labeled; for Act episodes it overrides the driver's check.
+Only bags this recorder wrote can be relabeled: a folder directly in its ``output_dir`` (after
+resolving symlinks and ``..``) whose start marker carries this recorder's id (``recorder``, kept
+in ``<output_dir>/.recorder-id``); any other path is refused with a reason and left untouched.
 
 Topics in the bag: see :mod:`sequence_ai_ros.bag`. Parameters: see ``_PARAMS`` below.
 """
 from __future__ import annotations
 
 import json
+import os
+import secrets
 import sys
 import threading
 import time
@@ -59,7 +64,7 @@ from ._params import declare_parameters
 from ._spin import spin_node
 from .bag import COMPRESSED_SUFFIX, EPISODE_TOPIC, INSTRUCTION_TOPIC
 from .bag.events import assembly_settings
-from .bag.reader import label_bag, label_event
+from .bag.reader import BagReadError, label_bag, label_event, read_episode
 from .bag.writer import BagWriter, bag_size, prune_bags
 
 _PARAMS = {
@@ -115,6 +120,7 @@ class EpisodeRecorder(Node):
             raise ValueError("max_disk_mb must be > 0")
         self.output_dir = Path(p["output_dir"]).expanduser().resolve()
         self.output_dir.mkdir(parents=True, exist_ok=True)
+        self.recorder_id = _recorder_id(self.output_dir)   # in every start marker: labels check it
         self._max_bytes = int(float(p["max_disk_mb"]) * 1024 * 1024)
         self.writer = BagWriter(queue_size=int(p["queue_size"]), chunk_bytes=int(p["chunk_kib"]) * 1024,
                                 chunk_s=float(p["chunk_s"]), max_bag_bytes=self._max_bytes)
@@ -201,7 +207,7 @@ class EpisodeRecorder(Node):
             self.writer.max_bag_bytes = max(margin, self._max_bytes - others)
             name = time.strftime("episode-%Y%m%d-%H%M%S") + f"-{time.time_ns() % 1_000_000_000:09d}"
             path = self.output_dir / name
-            start = {**start, "image_topics": dict(self._image_topics)}
+            start = {**start, "image_topics": dict(self._image_topics), "recorder": self.recorder_id}
             self.writer.open(path)
             t = time.time_ns()
             self._put_string(EPISODE_TOPIC, json.dumps(start), t)
@@ -329,17 +335,19 @@ class EpisodeRecorder(Node):
             notes: free text kept with the label.
             bag_path: empty = the episode being recorded (its end marker will carry the label;
                 a label marker is written now too), or, when none is, the last bag closed;
-                else a bag directory, rewritten with a label marker added.
+                else a bag directory this recorder wrote (absolute, or relative to ``output_dir``),
+                rewritten with a label marker added.
         Returns:
             the labeled bag's directory.
         Raises:
             RuntimeError: nothing to label (no episode recorded yet by this node).
-            BagReadError: ``bag_path`` is not an episode bag (or is the bag being written).
+            BagReadError: ``bag_path`` is not an episode bag, or not one this recorder wrote in its
+                ``output_dir`` (checked after resolving symlinks; nothing is touched then).
         """
         label = {"success": None if success is None else bool(success), "notes": str(notes)}
         with self._episode_lock:
             open_bag = self.writer.stats.path if self._episode is not None else None
-            target = Path(bag_path).expanduser().resolve() if bag_path else None
+            target = (self.output_dir / Path(bag_path).expanduser()).resolve() if bag_path else None
             if self._episode is not None and (target is None or target == Path(open_bag).resolve()):
                 self._label = label
                 self._put_string(EPISODE_TOPIC, label_event(label["success"], label["notes"]), time.time_ns(),
@@ -350,8 +358,24 @@ class EpisodeRecorder(Node):
                 if self.last_bag is None:
                     raise RuntimeError("no episode has been recorded yet: nothing to label")
                 target = Path(self.last_bag)
+            else:
+                self._check_own_bag(bag_path, target)
         label_bag(target, label["success"], label["notes"])
         return target
+
+    def _check_own_bag(self, given: str, target: Path) -> None:
+        """Refuse (BagReadError) a ``target`` that is not a bag folder directly in ``output_dir``
+        whose start marker carries this recorder's id."""
+        where = given if str(target) == given else f"{given} (resolves to {target})"
+        if target.parent != self.output_dir:
+            raise BagReadError(f"refused: {where} is not in this recorder's output_dir {self.output_dir}; "
+                               "only bags this recorder wrote there can be labeled (label a copy with "
+                               "`sequence-ai bag label PATH`)")
+        start = read_episode(target).start   # BagReadError for what is not an episode bag
+        if start.get("recorder") != self.recorder_id:
+            raise BagReadError(f"refused: {where} was not written by this recorder (its start marker has "
+                               f"recorder {start.get('recorder')!r}, this one is {self.recorder_id!r}); "
+                               "label it with `sequence-ai bag label PATH`")
 
     def _on_label(self, request, response):
         try:
@@ -410,6 +434,20 @@ class EpisodeRecorder(Node):
         finally:
             self._action_server.destroy()
             super().destroy_node()
+
+
+def _recorder_id(output_dir: Path) -> str:
+    """This output_dir's recorder id (``<output_dir>/.recorder-id``, created 0600 on first start):
+    every bag the recorder starts there carries it in its start marker."""
+    path = output_dir / ".recorder-id"
+    try:
+        fd = os.open(str(path), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        return path.read_text().strip()
+    rid = "rec-" + secrets.token_hex(8)
+    with os.fdopen(fd, "w") as f:
+        f.write(rid)
+    return rid
 
 
 def main(args=None) -> int:
