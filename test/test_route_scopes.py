@@ -98,11 +98,12 @@ def gw(tmp_path_factory):
         g.close()
 
 
-def _call(gw, method: str, path: str, key) -> httpx.Response:
+def _call(gw, method: str, path: str, key, body: bytes = b"{}") -> httpx.Response:
     headers = {"Authorization": f"Bearer {key}"} if key else {}
-    kw = {} if method == "GET" else {"json": {}}
+    kw = {} if method == "GET" else {"content": body, "headers": {**headers, "Content-Type": "application/json"}}
     if path == "/v1/volumes/{name}/uploads/{version}":
         kw = {"content": b"x", "params": {"path": "a.bin", "offset": 0}}
+    headers = kw.pop("headers", headers)
     name = ROBOT_DEPLOYMENT
     return httpx.request(method, gw.url + _url(path, name), headers=headers, timeout=30, **kw)
 
@@ -112,11 +113,42 @@ ACCOUNT = sorted(k for k, v in DOC.items() if v == "account")
 
 @pytest.mark.parametrize("method,path", ACCOUNT, ids=[f"{m} {p}" for m, p in ACCOUNT])
 def test_a_robot_key_gets_401_key_bound_on_every_account_route(gw, method, path):
-    r = _call(gw, method, path, gw.robot_key)
-    assert r.status_code == 401, f"{method} {path} with a robot key: {r.status_code} {r.text[:300]}"
-    body = r.json()
-    assert body["code"] == "unauthorized" and body["details"]["reason"] == "key_bound", body
-    assert body["details"]["deployment"] == ROBOT_DEPLOYMENT and "account key" in body["hint"]
+    """Its own deployment in the path, a well-formed body and a malformed one: 401 key_bound
+    each time (the scope is checked before the body is read)."""
+    for body in (b"{}", b"{not json"):
+        r = _call(gw, method, path, gw.robot_key, body)
+        assert r.status_code == 401, f"{method} {path} with a robot key: {r.status_code} {r.text[:300]}"
+        err = r.json()
+        assert err["code"] == "unauthorized" and err["details"]["reason"] == "key_bound", err
+        assert err["details"]["deployment"] == ROBOT_DEPLOYMENT and "account key" in err["hint"]
+        assert r.headers["X-Request-ID"] == err["request_id"]
+
+
+KEYED = sorted(k for k, v in DOC.items() if v in ("robot", "account"))
+
+
+@pytest.mark.parametrize("method,path", KEYED, ids=[f"{m} {p}" for m, p in KEYED])
+def test_credentials_are_checked_before_the_body_is_read(gw, method, path):
+    """No key, or an unknown one, with a malformed body: 401, never the body's 400."""
+    for key in (None, "seq_local_not-a-key"):
+        r = _call(gw, method, path, key, b"{not json")
+        assert r.status_code == 401 and r.json()["code"] == "unauthorized", (key, r.status_code, r.text[:300])
+
+
+def test_the_scopes_the_code_enforces_are_the_documented_ones(tmp_path):
+    """Scopes read off each route's own dependencies (what CredentialsFirst enforces) = the table."""
+    from sequence_ai_server.gateway import create_app, route_scopes
+
+    app = create_app(tmp_path / "home")
+    try:
+        mw = next(m for m in app.user_middleware if m.cls.__name__ == "CredentialsFirst")
+        enforced = {(m, p): sc for m, p, sc in route_scopes(app.routes, mw.kwargs["markers"])}
+    finally:
+        app.state.gateway.close()
+    as_doc = {"key": "robot", "account": "account", "worker": "worker secret", "none": "none"}
+    differ = {k: (as_doc[v], DOC.get(k)) for k, v in enforced.items() if as_doc[v] != DOC.get(k)}
+    assert not differ, f"(enforced, documented) scopes differ: {differ}"
+    assert len(enforced) == len(DOC)
 
 
 ROBOT_NAMED = sorted(k for k, v in DOC.items() if v == "robot" and "{name}" in k[1])

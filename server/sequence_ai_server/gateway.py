@@ -24,6 +24,11 @@ Endpoints (see docs/design.md for the bodies):
     /v1/volumes ...                    account key (volumes.py)
     (and keys, secrets, sessions, versions, params, doctor: see docs/design.md)
 
+Who may call each route (none / robot key bound to its deployment / account key / a worker's
+direct secret) is the table in docs/design.md ("Who may call what"); each route states it with its
+key dependency (``account_key``, ``require_key``, ``worker_secret``), and ``CredentialsFirst``
+checks that from the headers before any body is read.
+
 A health task pings every serving worker each 2 s; one whose /ping says ``degraded`` (an
 inference ran past timeouts.request) is replaced by a fresh worker of the same version
 (``replace_jammed``). Request bodies over 32 MiB are refused with 413 (``BodyLimit``).
@@ -1633,6 +1638,85 @@ class BodyLimit:
             await resp(scope, receive, send)
 
 
+def _bearer_or_api_key(authorization: Optional[str], x_api_key: Optional[str]) -> Optional[str]:
+    """The API key a request carries: ``Authorization: Bearer <key>``, else ``X-API-Key``."""
+    scheme, _, token = (authorization or "").partition(" ")
+    return token if scheme.lower() == "bearer" and token else x_api_key
+
+
+def _check_worker_bearer(gw: "Gateway", authorization: Optional[str]) -> None:
+    """The bearer must be the direct secret of a worker this gateway runs; else 401 unauthorized."""
+    token = (authorization or "").partition(" ")[2]
+    with gw._lock:
+        known = [w.secret for w in list(gw.workers.values()) if w.secret]
+    if not token or not any(hmac.compare_digest(token, k) for k in known):
+        raise ApiError("unauthorized", "only a worker of this gateway may fetch secrets")
+
+
+def route_scopes(routes: Any, markers: dict, prefix: str = "") -> list[tuple[str, str, str]]:
+    """``[(method, path, scope)]`` for every route under ``routes`` (FastAPI's included routers
+    followed, HEAD left out). A route's scope is read off its dependencies: the first of
+    ``markers`` (``{dependency callable: scope}``, in priority order) found among them, else
+    ``"none"``."""
+    out = []
+    for route in routes:
+        inner = getattr(route, "original_router", None)       # FastAPI >= 0.120 keeps included routers as nodes
+        if inner is not None:
+            context = getattr(route, "include_context", None)
+            out += route_scopes(inner.routes, markers, prefix + (getattr(context, "prefix", "") or ""))
+            continue
+        calls: set = set()
+        stack = [getattr(route, "dependant", None)]
+        while stack:
+            d = stack.pop()
+            for sub in getattr(d, "dependencies", None) or ():
+                calls.add(sub.call)
+                stack.append(sub)
+        scope = next((v for k, v in markers.items() if k in calls), "none")
+        out += [(m, prefix + route.path, scope) for m in sorted(getattr(route, "methods", None) or ()) if m != "HEAD"]
+    return out
+
+
+class CredentialsFirst:
+    """ASGI middleware: the caller's credentials are checked from the headers before any route
+    reads its body. Each route's scope comes from its own dependencies (:func:`route_scopes`):
+    ``account`` (an account key; a robot key is 401 ``key_bound``), ``key`` (any live key; the
+    route narrows a robot key to its deployment itself), ``worker`` (a worker's direct secret),
+    ``none``. A missing, unknown or revoked key is 401 here; the route's dependency checks again."""
+
+    def __init__(self, app: Any, gateway: "Gateway", fastapi_app: Any, markers: dict):
+        self.app, self.gw, self._fastapi, self._markers = app, gateway, fastapi_app, markers
+        self._table: Optional[list] = None
+
+    def _scope_of(self, method: str, path: str) -> Optional[str]:
+        if self._table is None:
+            from starlette.routing import compile_path
+            self._table = [(m, compile_path(p)[0], sc) for m, p, sc in route_scopes(self._fastapi.routes, self._markers)]
+        method = "GET" if method == "HEAD" else method
+        return next((sc for m, rx, sc in self._table if m == method and rx.match(path)), None)
+
+    def _check(self, scope_name: str, headers: dict) -> None:
+        auth = headers.get(b"authorization", b"").decode("latin-1") or None
+        if scope_name == "worker":
+            _check_worker_bearer(self.gw, auth)
+            return
+        rec = self.gw.authenticate(_bearer_or_api_key(auth, headers.get(b"x-api-key", b"").decode("latin-1") or None))
+        if scope_name == "account":
+            self.gw.require_scope(rec)
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            needed = self._scope_of(scope["method"], scope["path"])
+            if needed not in (None, "none"):
+                try:
+                    await asyncio.to_thread(self._check, needed, dict(scope.get("headers") or []))
+                except ApiError as exc:
+                    exc.request_id = exc.request_id or new_request_id()
+                    await exc.response()(scope, receive, send)
+                    return
+        await self.app(scope, receive, send)
+
+
 def _ready_host(ready: dict) -> Optional[str]:
     """The host in a worker's ready file (``host``, else the one in ``url``): 127.0.0.1 for a local
     worker, the node's IP for a Ray worker on another machine. None when it names none."""
@@ -1660,11 +1744,7 @@ def create_app(data_dir: Optional[Path] = None) -> FastAPI:
 
     def require_key(request: Request, authorization: Optional[str] = Header(default=None),
                     x_api_key: Optional[str] = Header(default=None)) -> KeyRecord:
-        key = x_api_key
-        scheme, _, token = (authorization or "").partition(" ")
-        if scheme.lower() == "bearer" and token:
-            key = token
-        rec = gw.authenticate(key)
+        rec = gw.authenticate(_bearer_or_api_key(authorization, x_api_key))
         request.state.key = rec
         return rec
 
@@ -1814,12 +1894,8 @@ def create_app(data_dir: Optional[Path] = None) -> FastAPI:
         return {"name": name, "removed": True}
 
     def worker_secret(authorization: Optional[str] = Header(default=None)) -> None:
-        """Dependency: the bearer is the direct secret of a worker this gateway runs (checked before the body)."""
-        token = (authorization or "").partition(" ")[2]
-        with gw._lock:
-            known = [w.secret for w in list(gw.workers.values()) if w.secret]
-        if not token or not any(hmac.compare_digest(token, k) for k in known):
-            raise ApiError("unauthorized", "only a worker of this gateway may fetch secrets")
+        """Dependency: the bearer is the direct secret of a worker this gateway runs."""
+        _check_worker_bearer(gw, authorization)
 
     @app_internal.post("/v1/internal/worker-secrets", include_in_schema=False, dependencies=[Depends(worker_secret)])
     async def worker_secrets(body: WorkerSecretsRequest) -> dict:
@@ -1967,6 +2043,9 @@ def create_app(data_dir: Optional[Path] = None) -> FastAPI:
 
     install_error_handlers(app)
     app.add_middleware(BodyLimit, max_bytes=int(os.environ.get("SEQ_GATEWAY_MAX_BODY_BYTES") or MAX_BODY_BYTES))
+    # outermost: credentials before any body is read (scopes read off each route's dependencies)
+    app.add_middleware(CredentialsFirst, gateway=gw, fastapi_app=app,
+                       markers={account_key: "account", worker_secret: "worker", require_key: "key"})
     app.include_router(models)
     app.include_router(deployments)
     app.include_router(connect)
