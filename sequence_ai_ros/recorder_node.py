@@ -440,14 +440,18 @@ def _recorder_id(output_dir: Path) -> str:
     """This output_dir's recorder id (``<output_dir>/.recorder-id``, created 0600 on first start):
     every bag the recorder starts there carries it in its start marker."""
     path = output_dir / ".recorder-id"
-    try:
-        fd = os.open(str(path), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except FileExistsError:
-        return path.read_text().strip()
-    rid = "rec-" + secrets.token_hex(8)
-    with os.fdopen(fd, "w") as f:
-        f.write(rid)
-    return rid
+    if not path.exists():
+        tmp = output_dir / f".recorder-id.{os.getpid()}.{threading.get_ident()}"
+        fd = os.open(str(tmp), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write("rec-" + secrets.token_hex(8))
+        try:
+            os.link(tmp, path)       # appears whole, once: two recorders starting together agree
+        except FileExistsError:
+            pass
+        finally:
+            tmp.unlink()
+    return path.read_text().strip()
 
 
 def main(args=None) -> int:

@@ -353,14 +353,18 @@ def _export_key(data_dir: Path) -> bytes:
     """This server's export key (``<data_dir>/export.key``, 32 random bytes as hex, mode 0600),
     created on first use. Markers are signed with it, so a marker copied elsewhere does not count."""
     path = Path(data_dir) / EXPORT_KEY_FILE
-    try:
-        fd = os.open(str(path), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except FileExistsError:
-        return path.read_text().strip().encode()
-    key = secrets.token_hex(32)
-    with os.fdopen(fd, "w") as f:
-        f.write(key)
-    return key.encode()
+    if not path.exists():
+        tmp = path.with_name(f".{EXPORT_KEY_FILE}.{os.getpid()}.{threading.get_ident()}")
+        fd = os.open(str(tmp), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(secrets.token_hex(32))
+        try:
+            os.link(tmp, path)       # appears whole, once: a racing creator reads the winner's key
+        except FileExistsError:
+            pass
+        finally:
+            tmp.unlink()
+    return path.read_text().strip().encode()
 
 
 def _marker_mac(key: bytes, out: Path, export_id: str) -> str:
