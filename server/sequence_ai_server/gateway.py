@@ -1660,7 +1660,7 @@ def route_scopes(routes: Any, markers: dict, prefix: str = "") -> list[tuple[str
     ``"none"``."""
     out = []
     for route in routes:
-        inner = getattr(route, "original_router", None)       # FastAPI >= 0.120 keeps included routers as nodes
+        inner = getattr(route, "original_router", None)       # newer FastAPI keeps included routers as nodes
         if inner is not None:
             context = getattr(route, "include_context", None)
             out += route_scopes(inner.routes, markers, prefix + (getattr(context, "prefix", "") or ""))
