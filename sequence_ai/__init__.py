@@ -30,6 +30,7 @@ from sequence_ai_core import (
     SequencesError,
     TransportError,
     Unavailable,
+    LimitWarning,
 )
 
 from ._connect import aconnect, connect, models
@@ -65,4 +66,5 @@ __all__ = [
     "ChunkExhausted",
     "TransportError",
     "ConnectionLost",
+    "LimitWarning",
 ]
