@@ -169,8 +169,15 @@ def describe(path: Path, cls: type, name: Optional[str] = None) -> list[str]:
 
 
 def validate_target(target: str, name: Optional[str] = None) -> None:
-    """Print what would be deployed, or the declaration error; exit 1 / 2 on failure."""
+    """Print what would be deployed, or the declaration error; exit 1 / 2 on failure. An
+    ``@seq.adapter`` file gets ``seq adapter check``'s classification of its steps."""
     import seq
+    from seq._adapter import file_declares_adapter
+    file_part = target if Path(target).exists() else target.partition(":")[0]
+    if Path(file_part).is_file() and file_declares_adapter(Path(file_part)):
+        from seq._cli_adapter import adapter_check
+        adapter_check(target=target, benchmark=None, policy=None, param=[], gateway=None, api_key=None, data_dir=None)
+        return
     try:
         path, cls = load_declared(target)
     except _Usage as exc:
