@@ -36,6 +36,8 @@ from sequence_ai_core import (
 from ._connect import aconnect, connect, models
 from ._image import encode, encode_jpeg, observation
 from ._sync import Policy
+from ._prepare import prepare, to_joint_positions
+from . import recipes
 
 __version__ = "0.1.0"
 
@@ -67,4 +69,7 @@ __all__ = [
     "TransportError",
     "ConnectionLost",
     "LimitWarning",
+    "prepare",
+    "to_joint_positions",
+    "recipes",
 ]
