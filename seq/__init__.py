@@ -9,6 +9,9 @@
         @seq.infer
         def infer(self, obs: seq.Observation, *, replan_steps: int = 5) -> seq.ActionChunk: ...
 
+``@seq.benchmark`` declares a simulated benchmark and ``@seq.adapter`` the bridge an eval runs
+between a benchmark and a policy that disagree (``seq/_adapter.py``).
+
 The declaration is validated at import; ``seq deploy my_policy.py`` hands the file to the local
 gateway, which starts a worker process for it. The ``seq`` command lives in ``seq.cli``.
 """
