@@ -9,6 +9,9 @@
         @seq.infer
         def infer(self, obs: seq.Observation, *, replan_steps: int = 5) -> seq.ActionChunk: ...
 
+``@seq.benchmark`` declares a simulated benchmark and ``@seq.adapter`` the bridge an eval runs
+between a benchmark and a policy that disagree (``seq/_adapter.py``).
+
 The declaration is validated at import; ``seq deploy my_policy.py`` hands the file to the local
 gateway, which starts a worker process for it. The ``seq`` command lives in ``seq.cli``.
 """
@@ -20,6 +23,7 @@ from ._policy import Policy, PolicySpec, get_spec, infer, is_policy, load, on_ep
 from ._resources import Image, ImageStep, Secret, Timeouts, Volume, Weights
 from ._scaling import Batching, Concurrency, batched, concurrent
 from ._types import ActionChunk, Observation
+from ._adapter import Adapter, AdapterSpec, action_step, adapter, get_adapter_spec, is_adapter, observation_step
 
 __version__ = "0.1.0"
 
@@ -33,4 +37,18 @@ __all__ = [
     "DeclarationError", "PolicyInputError",
     "benchmark", "Benchmark", "BenchmarkSpec", "get_benchmark_spec", "is_benchmark",
     "setup", "reset", "observe", "step", "check", "score", "render",
+    "adapter", "Adapter", "AdapterSpec", "observation_step", "action_step", "is_adapter", "get_adapter_spec",
+    "adapter_source",
 ]
+
+
+def adapter_source(name: str, version: "int | None" = None, *, gateway_url: "str | None" = None,
+                   api_key: "str | None" = None) -> str:
+    """The file of adapter ``name`` version ``version`` (default: its latest), exactly as it was
+    registered with ``seq deploy``. Asks the gateway (``$SEQUENCES_GATEWAY_URL``, key from
+    ``$SEQUENCES_API_KEY`` or the data dir's ``api_key``).
+
+    Raises LookupError for an unknown adapter or version, RuntimeError for any other refusal.
+    """
+    from ._adapter_registry import fetch_version
+    return fetch_version(name, version, gateway_url=gateway_url, api_key=api_key)["source"]

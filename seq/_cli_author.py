@@ -43,6 +43,8 @@ TEMPLATES: dict[str, Template] = {t.name: t for t in (
              _REPO / "examples" / "pick_place"),
     Template("pi05-droid", "pi0.5 on DROID with openpi (declaration only here: serving needs a GPU)",
              _HERE / "templates" / "pi05-droid"),
+    Template("toy-adapter", "a @seq.adapter (policy_io=\"own\") between the pick-place benchmark and toy-policy",
+             _HERE / "templates" / "toy-adapter"),
 )}
 _COPY_SUFFIXES = (".py", ".md", ".txt", ".json", ".yaml", ".toml")
 
@@ -167,8 +169,15 @@ def describe(path: Path, cls: type, name: Optional[str] = None) -> list[str]:
 
 
 def validate_target(target: str, name: Optional[str] = None) -> None:
-    """Print what would be deployed, or the declaration error; exit 1 / 2 on failure."""
+    """Print what would be deployed, or the declaration error; exit 1 / 2 on failure. An
+    ``@seq.adapter`` file gets ``seq adapter check``'s classification of its steps."""
     import seq
+    from seq._adapter import file_declares_adapter
+    file_part = target if Path(target).exists() else target.partition(":")[0]
+    if Path(file_part).is_file() and file_declares_adapter(Path(file_part)):
+        from seq._cli_adapter import adapter_check
+        adapter_check(target=target, benchmark=None, policy=None, param=[], gateway=None, api_key=None, data_dir=None)
+        return
     try:
         path, cls = load_declared(target)
     except _Usage as exc:
@@ -249,6 +258,10 @@ def register(app: typer.Typer) -> None:
             raise typer.Exit(2)
         target = directory or Path(template)
         out.print(f"wrote {len(files)} file(s) to {target}: {', '.join(f.name for f in files)}", markup=False)
+        if any(f.name == "adapter.py" for f in files):
+            out.print(f"next: seq adapter check {target / 'adapter.py'}   then: seq deploy {target / 'adapter.py'}",
+                      markup=False)
+            return
         out.print(f"next: seq validate {target / 'policy.py'}   then: seq deploy {target / 'policy.py'}", markup=False)
 
     image_app = typer.Typer(help="The policy's container image spec.", no_args_is_help=True)

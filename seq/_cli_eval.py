@@ -1,6 +1,7 @@
 """``seq eval``: score a deployed policy on a simulated benchmark.
 
-    seq eval run POLICY --benchmark NAME [--envs N] [--episodes K] [--tasks N|a,b] [--seed S]
+    seq eval run POLICY --benchmark NAME [--adapter NAME[@vN]|FILE.py[:CLASS]] [--envs N] [--episodes K]
+                 [--tasks N|a,b] [--seed S]
                  [--param k=v]... [--sweep k=a,b]... [--compare OTHER]... [--gate success>=0.9]...
                  [--videos] [--realtime] [--dry-run]
     seq eval status ID
@@ -80,8 +81,11 @@ def _fmt(value) -> str:
 def _params_line(arm: dict) -> str:
     parts = []
     defaults = arm.get("defaults") or {}
-    for scope in ("policy", "benchmark", "eval"):
-        given = arm["params"][scope] if "params" in arm else arm[f"{scope}_params" if scope != "benchmark" else "bench_params"]
+    for scope in ("policy", "benchmark", "adapter", "eval"):
+        if "params" in arm:
+            given = arm["params"].get(scope) or {}
+        else:
+            given = arm.get(f"{scope}_params" if scope != "benchmark" else "bench_params") or {}
         items = {**{k.split(".", 1)[1]: v for k, v in defaults.items() if k.startswith(scope + ".")}, **given}
         for k, v in items.items():
             mark = " (default)" if f"{scope}.{k}" in defaults else ""
@@ -93,6 +97,12 @@ def _print_report(report: dict, gates: Optional[list] = None) -> None:
     _say(f"report {report['id']}: benchmark {report['benchmark']}, {len(report['tasks'])} task(s) x "
          f"{report['episodes_per_task']} episode(s), seeds {report['seeds'][0]}..{report['seeds'][-1]}, "
          f"{report['envs']} env(s), {report['loop']} loop")
+    if report.get("adapter"):
+        ad = report["adapter"]
+        lossy = report.get("adapter_lossy") or []
+        _say(f"adapter {ad['name']}@v{ad['version']}: " + (f"lossy ({len(lossy)} step(s))" if lossy else "lossless"))
+        for item in lossy:
+            _say(f"  lossy    {item['kind']} step {item['method']}: {item['reason']}")
     for arm in report["arms"]:
         version = f" v{arm['version']}" if arm.get("version") is not None else ""
         _say()
@@ -154,6 +164,8 @@ def eval_run(policy: str = typer.Argument(..., help="the deployed policy (deploy
              param: List[str] = typer.Option([], "--param", help="k=v for the policy, the benchmark (setup) or eval.*"),
              sweep: List[str] = typer.Option([], "--sweep", help="k=a,b: one arm per value"),
              compare: List[str] = typer.Option([], "--compare", help="another deployed policy, run on the same episodes"),
+             adapter: Optional[str] = typer.Option(None, "--adapter", help="NAME[@vN] of a registered @seq.adapter, or "
+                                                   "FILE.py[:CLASS] (registered first) between the benchmark and the policy"),
              gate: List[str] = typer.Option([], "--gate", help="metric>=bar; exit 8 when missed"),
              videos: bool = typer.Option(False, "--videos", help="record a GIF per episode"),
              realtime: bool = typer.Option(False, "--realtime", help="drive with policy.act (paced, prefetching) "
@@ -173,6 +185,16 @@ def eval_run(policy: str = typer.Argument(..., help="the deployed policy (deploy
                 raise _cli.CliError("worker_failed", f"{name} failed to deploy: {d.get('error')}",
                                     hint=f"`seq policy status {name}` shows why; deploy it again")
             deployments[name] = d
+        adapter_rec = None
+        if adapter:
+            from seq._adapter_registry import resolve as _resolve_adapter
+            try:
+                adapter_rec = _resolve_adapter(gw, adapter)
+            except (FileNotFoundError, LookupError) as exc:
+                raise _cli.CliError("not_found", str(exc), hint="`seq adapter ls` lists the registered adapters")
+            except Exception as exc:  # noqa: BLE001 - a local file that fails to import or declare
+                raise _cli.CliError("invalid_request", f"adapter {adapter}: {type(exc).__name__}: {exc}",
+                                    hint=f"`seq adapter check {adapter}` shows the declaration")
     except _cli.CliError as exc:
         _cli._fail(exc)
     store = _store(data_dir)
@@ -191,17 +213,24 @@ def eval_run(policy: str = typer.Argument(..., help="the deployed policy (deploy
         plan = plan_eval(bench_cls=bench_cls, benchmark_ref=ref, policy=policy, deployments=deployments,
                          compare=list(compare), params=list(param), sweep=list(sweep), tasks=tasks,
                          episodes=episodes, seed=seed, envs=envs, videos=videos, realtime=realtime,
-                         past_episode_s=past)
+                         past_episode_s=past, adapter=adapter_rec)
     except EvalError as exc:
         _fail(exc.code, exc.detail, exc.hint)
         return
     loop = "realtime" if realtime else "sim"
     arms = [{"name": a.name, "policy": a.policy, "version": a.version, "policy_params": a.policy_params,
-             "bench_params": a.bench_params, "eval_params": a.eval_params, "defaults": a.defaults} for a in plan.arms]
+             "bench_params": a.bench_params, "eval_params": a.eval_params, "defaults": a.defaults,
+             "adapter_params": a.adapter_params} for a in plan.arms]
     _say(("dry run: nothing started\n" if dry_run else "") +
          f"benchmark  {spec.name} ({ref}), {loop} loop")
     _say(f"tasks      {len(plan.tasks)} of {len(spec.tasks)}: {', '.join(plan.tasks)}")
     _say(f"episodes   {plan.episodes} per task and arm, seeds {seed}..{seed + plan.episodes - 1}")
+    if plan.adapter:
+        ad = plan.adapter
+        _say(f"adapter    {ad['name']}@v{ad['version']} ({ad.get('policy_io')}), "
+             + (f"lossy: {len(ad['lossy'])} step(s)" if ad.get("lossy") else "lossless"))
+        for item in ad.get("lossy") or []:
+            _say(f"  lossy    {item['kind']} step {item['method']}: {item['reason']}")
     _say(f"arms       {len(arms)}")
     for a in arms:
         version = f" v{a['version']}" if a.get("version") is not None else ""
@@ -220,6 +249,7 @@ def eval_run(policy: str = typer.Argument(..., help="the deployed policy (deploy
                   "benchmark": spec.name, "benchmark_ref": ref, "policy": policy, "arms": arms,
                   "tasks": plan.tasks, "episodes": plan.episodes, "seeds": [seed + k for k in range(plan.episodes)],
                   "envs": plan.envs, "videos": videos, "loop": loop, "metrics": spec.metrics,
+                  "adapter": plan.adapter,
                   "total_episodes": plan.total_episodes, "done_episodes": 0, "gates": [str(g) for g in gates]})
     _say(f"eval       {eval_id} (seq eval status {eval_id}; seq eval cancel {eval_id})")
     def progress(ep: dict, done: int, total: int) -> None:

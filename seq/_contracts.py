@@ -90,9 +90,22 @@ class Camera:
 class ActionContract:
     """What every action chunk is: robot, action space, width of a row, rate, and optional limits.
 
-    bounds: one ``(low, high)`` per dimension; max_delta: the largest change between consecutive
-    rows, one number for all dimensions or one per dimension. A chunk outside them is clipped (its
-    warnings name each step and dimension) or, with ``on_violation="refuse"``, refused.
+    bounds: one ``(low, high)`` per dimension, in the action space's units. max_delta: the most
+    one step may move, one number for all dimensions or one per dimension; what a step is
+    depends on the action space:
+
+    - ``JOINT_ABSOLUTE`` / ``EE_ABSOLUTE`` (targets) and ``JOINT_VELOCITY`` (speeds): the change
+      between consecutive commanded rows. The worker bounds it inside each chunk; the robot
+      client bounds it from the last executed row, so it holds across chunk seams too.
+    - ``JOINT_DELTA`` / ``EE_DELTA``: a row is itself the step, so max_delta bounds each value's
+      magnitude (``|row[d]| <= max_delta[d]``), and a seam adds nothing. It applies to every
+      dimension, a gripper included: give one number per dimension (e.g. ``[0.05] * 7 + [1.0]``)
+      to leave a gripper that takes positions its full range.
+
+    Outside them a chunk is clipped (the response's warnings name each step and dimension; the
+    client warns with ``sequence_ai.LimitWarning``) or, with ``on_violation="refuse"``, refused:
+    the worker answers 500 policy_error ``details.reason="bounds"``, and the client ends the run
+    through ``hold`` with ``PolicyError`` rather than send a row it would have had to clip.
     """
 
     robot: str

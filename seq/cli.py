@@ -194,6 +194,10 @@ def deploy(file: Path = typer.Argument(..., help="the policy file"),
         path = file.expanduser().resolve()
         if not path.is_file():
             raise CliError("invalid_request", f"no such file: {file}", hint="give the path of a .py file with a @seq.policy class")
+        if not dry_run and _declares_adapter(path):   # an adapter registers; nothing builds
+            from seq._cli_adapter import deploy_adapter
+            deploy_adapter(path, class_name, gateway, api_key, data_dir)
+            return
         if dry_run:
             from seq._cli_author import validate_target
             validate_target(f"{path}:{class_name}" if class_name else str(path), name or _default_name(path))
@@ -309,6 +313,12 @@ _register_author(app)
 from seq._cli_eval import eval_app as _eval_app  # noqa: E402
 
 app.add_typer(_eval_app, name="eval")
+
+# adapters: `seq adapter ls/show/pull/check` (seq deploy adapter.py registers one)
+from seq._cli_adapter import adapter_app as _adapter_app  # noqa: E402
+from seq._adapter import file_declares_adapter as _declares_adapter  # noqa: E402
+
+app.add_typer(_adapter_app, name="adapter")
 
 # issue 7 (capture): `seq policy capture`, `seq policy data export`
 from seq._cli_capture import register as _register_capture  # noqa: E402

@@ -30,11 +30,14 @@ from sequence_ai_core import (
     SequencesError,
     TransportError,
     Unavailable,
+    LimitWarning,
 )
 
 from ._connect import aconnect, connect, models
 from ._image import encode, encode_jpeg, observation
 from ._sync import Policy
+from ._prepare import prepare, to_joint_positions
+from . import recipes
 
 __version__ = "0.1.0"
 
@@ -65,4 +68,8 @@ __all__ = [
     "ChunkExhausted",
     "TransportError",
     "ConnectionLost",
+    "LimitWarning",
+    "prepare",
+    "to_joint_positions",
+    "recipes",
 ]

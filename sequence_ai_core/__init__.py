@@ -43,7 +43,7 @@ from ._types import (
     RunOutcome,
     is_absolute_action_space,
 )
-from ._limits import Limits
+from ._limits import Limits, LimitWarning, max_delta_rule
 from ._wire import BINARY_CONTENT_TYPE, encode_act_body, fetch_models
 
 __all__ = [
@@ -78,4 +78,6 @@ __all__ = [
     "TransportError",
     "ConnectionLost",
     "from_response",
+    "LimitWarning",
+    "max_delta_rule",
 ]

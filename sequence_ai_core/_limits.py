@@ -3,16 +3,24 @@
 The worker already clips every chunk into the model's declared limits (``bounds``,
 ``max_delta``) and names each clipped value in the response's warnings. It sees one chunk at
 a time, though, so it cannot know the step from the last action *executed* on the robot to the
-first row of the next chunk. This module closes that gap, right before a row reaches ``act``:
+first row of the next chunk. This module closes that gap, right before a row reaches ``act``.
 
-- ``bounds`` (one ``[low, high]`` per dimension): every row, every action space. A conforming
-  worker never sends a value outside them, so for it this changes nothing; it is what makes
-  "no action outside the declared bounds reaches act" true whatever the server did.
-- ``max_delta`` (the most one step may move from the last, a float or one per dimension):
-  absolute action spaces only, measured from the last executed row, so it holds across seams.
-  A delta or velocity row *is* the step; bounding "the change between two increments" would
-  rewrite increments the model chose, so delta chunks pass through untouched (their
-  magnitude is what ``bounds`` limits).
+What ``max_delta`` bounds depends on what a row means (``max_delta_rule``); the worker's
+``finish_chunk`` applies the same rule inside a chunk:
+
+- absolute spaces (``joint_absolute``, ``ee_absolute``) and velocity spaces (``joint_velocity``):
+  a row is a level the robot is commanded to (a target, a speed), so a step is the change
+  between consecutive commanded rows. It is measured from the last *executed* row, seams
+  included: the first row of a new chunk may move at most ``max_delta`` from it.
+- delta spaces (``joint_delta``, ``ee_delta``): a row *is* the step, so ``max_delta`` bounds each
+  value's magnitude, ``|row[d]| <= max_delta[d]``. A seam adds nothing (the previous increment
+  does not change what this one moves), and the row-to-row difference of two increments is not
+  a motion, so it is not bounded.
+
+``bounds`` (one ``[low, high]`` per dimension) apply to every row of every action space.
+With ``on_violation="refuse"`` a row that would need clipping is not clipped: ``apply`` raises
+``PolicyError`` (``details.reason = "bounds"``), as the worker refuses such a chunk, and the run
+ends through ``hold``.
 
 Pure Python, no numpy: rows are short lists and this runs once per action.
 """
@@ -20,9 +28,24 @@ from __future__ import annotations
 
 from typing import Any, List, Mapping, Optional, Sequence, Tuple
 
-from ._types import is_absolute_action_space
+from ._errors import PolicyError
 
-__all__ = ["Limits"]
+__all__ = ["Limits", "LimitWarning", "max_delta_rule"]
+
+
+class LimitWarning(UserWarning):
+    """The client clipped a row into the declared bounds / max_delta before it reached ``act``."""
+
+
+def max_delta_rule(action_space: Optional[str]) -> str:
+    """What ``max_delta`` bounds for rows of ``action_space``.
+
+    Returns ``"magnitude"`` for delta spaces (each value is a step: ``|v| <= max_delta``) and
+    ``"change"`` for every other space (absolute, velocity, unknown): the difference between
+    consecutive commanded rows, across chunk seams too.
+    """
+    name = (action_space or "").lower()
+    return "magnitude" if "delta" in name else "change"
 
 
 def _per_dim(value: Any, dim: int) -> Optional[List[float]]:
@@ -39,31 +62,36 @@ class Limits:
 
     Args:
         bounds: ``[[low, high], ...]`` one pair per dimension (units of the action space), or None.
-        max_delta: the largest change between consecutive executed rows, one float for every
-            dimension or one per dimension (action-space units per step), or None.
-        action_space: the declared action space; ``max_delta`` applies only when it is absolute.
+        max_delta: the largest step, one float for every dimension or one per dimension
+            (action-space units per step), or None; what a step is follows ``max_delta_rule``.
+        action_space: the declared action space (a chunk's own label overrides it per row).
+        on_violation: ``"clip"`` (default) clips; ``"refuse"`` makes ``apply`` raise instead.
     """
 
     def __init__(self, bounds: Optional[Sequence[Sequence[float]]] = None,
-                 max_delta: Any = None, action_space: Optional[str] = None) -> None:
+                 max_delta: Any = None, action_space: Optional[str] = None,
+                 on_violation: str = "clip") -> None:
         self.low: Optional[List[float]] = None
         self.high: Optional[List[float]] = None
         if bounds:
             self.low = [float(pair[0]) for pair in bounds]
             self.high = [float(pair[1]) for pair in bounds]
         self.action_space = action_space
-        self.absolute = is_absolute_action_space(action_space)
+        self.on_violation = on_violation or "clip"
         dim = len(self.low) if self.low is not None else (
             len(max_delta) if isinstance(max_delta, (list, tuple)) else 0)
         self.max_delta = _per_dim(max_delta, dim) if isinstance(max_delta, (list, tuple)) else (
             None if max_delta is None else abs(float(max_delta)))
+        #: what the last ``apply`` changed, one line per value ("dim 3: ..."); empty when nothing
+        self.last_violations: List[str] = []
 
     @classmethod
     def from_contract(cls, action: Optional[Mapping[str, Any]]) -> Optional["Limits"]:
         """Limits from the handshake's action contract; None when it declares none."""
         if not action or (not action.get("bounds") and action.get("max_delta") is None):
             return None
-        return cls(action.get("bounds"), action.get("max_delta"), action.get("action_space"))
+        return cls(action.get("bounds"), action.get("max_delta"), action.get("action_space"),
+                   action.get("on_violation") or "clip")
 
     def _delta(self, i: int) -> Optional[float]:
         md = self.max_delta
@@ -79,33 +107,49 @@ class Limits:
 
         Args:
             row: the next action (floats).
-            last: the last action executed, or None at the start of a run (no step to bound).
+            last: the last action executed, or None at the start of a run (no change to bound).
             action_space: the chunk's own action space (falls back to the declared one).
 
         Returns:
-            ``(row, n_clipped)``: a new list when anything changed, ``row`` itself otherwise.
+            ``(row, n_clipped)``: a new list when anything changed, ``row`` itself otherwise;
+            ``last_violations`` names each changed value.
+
+        Raises:
+            PolicyError: ``on_violation="refuse"`` and the row is outside the limits
+                (``code="policy_error"``, ``details = {"reason": "bounds", "violations": [...]}``).
         """
-        absolute = is_absolute_action_space(action_space) if action_space else self.absolute
+        rule = max_delta_rule(action_space or self.action_space)
         out: Optional[List[float]] = None
         clipped = 0
+        violations: List[str] = []
         for i, value in enumerate(row):
             v = float(value)
-            if absolute and last is not None and i < len(last):
-                md = self._delta(i)
-                if md is not None:
+            md = self._delta(i)
+            if md is not None:
+                if rule == "magnitude":
+                    if v > md or v < -md:
+                        violations.append(f"dim {i}: a step of {v:.6g}, max_delta {md:.6g}")
+                        v = md if v > 0 else -md
+                elif last is not None and i < len(last):
                     prev = float(last[i])
-                    if v > prev + md:
-                        v = prev + md
-                    elif v < prev - md:
-                        v = prev - md
+                    if v > prev + md or v < prev - md:
+                        violations.append(f"dim {i}: moves {v - prev:.6g} from the last executed action, "
+                                          f"max_delta {md:.6g}")
+                        v = prev + md if v > prev else prev - md
             if self.low is not None and i < len(self.low):
-                if v < self.low[i]:
-                    v = self.low[i]
-                elif v > self.high[i]:  # type: ignore[index]
-                    v = self.high[i]  # type: ignore[index]
+                if v < self.low[i] or v > self.high[i]:  # type: ignore[index]
+                    violations.append(f"dim {i}: {v:.6g} outside [{self.low[i]:.6g}, {self.high[i]:.6g}]")  # type: ignore[index]
+                    v = min(max(v, self.low[i]), self.high[i])  # type: ignore[index]
             if v != value and v == v:  # changed (NaN compares unequal to itself: not ours to fix)
                 if out is None:
                     out = [float(x) for x in row]
                 out[i] = v
                 clipped += 1
+        self.last_violations = violations
+        if violations and self.on_violation == "refuse":
+            more = f" (and {len(violations) - 1} more)" if len(violations) > 1 else ""
+            raise PolicyError(
+                f"action violates the declared limits before it reached act(): {violations[0]}{more}",
+                details={"reason": "bounds", "violations": violations},
+                hint='the contract says on_violation="refuse"; declare "clip" to have the client clip instead')
         return (out if out is not None else list(row)), clipped

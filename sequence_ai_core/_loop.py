@@ -29,7 +29,9 @@ Decisions, in one place:
 - ``max_seconds`` (``act()``) bounds motion: its clock starts at the first action; the startup
   wait is bounded by ``startup_timeout_s`` instead.
 - Limits: each row is clipped into the declared bounds / max_delta (``_limits.py``) right
-  before validate and act, against the last executed row, so they hold across seams.
+  before validate and act, against the last executed row, so they hold across seams; a chunk
+  that needed it raises one ``LimitWarning``; ``on_violation="refuse"`` ends the run instead
+  (``PolicyError``, reason ``bounds``, after ``hold``).
 - Progress: "starting …", "running …", "done: RunOutcome(...)" go to ``on_status`` and, with
   ``progress="auto"``, to stderr only when it is a terminal.
 - Interrupt: the flag is checked at every wake and immediately before every ``act``; in-flight
@@ -48,12 +50,13 @@ import math
 import sys
 import time
 import uuid
+import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Optional
 
 from ._buffer import ChunkBuffer, Entry
 from ._errors import SequencesError, Unavailable
-from ._limits import Limits
+from ._limits import Limits, LimitWarning
 from ._pacing import Pacer
 from ._types import RunOutcome, observation_to_wire
 
@@ -124,6 +127,7 @@ class ControlLoop:
         self.motion_end = math.inf
         self.limits: Optional[Limits] = None
         self._limits_from: Any = None
+        self._warned_chunk: Optional[int] = None
         self._print = self._progress_printer(config.progress)
 
     # ---------------------------------------------------------------- entry
@@ -250,7 +254,9 @@ class ControlLoop:
         if self.limits is not None:
             row, clipped = self.limits.apply(row, self.buffer.last_action,
                                              entry.chunk.action_space if entry else None)
-            self.out.clipped += clipped
+            if clipped:
+                self.out.clipped += clipped
+                self._warn_clipped(entry)
         if cfg.validate is not None and not await _call(cfg.validate, row):
             raise _Stop("validate")
         self._check_interrupt()  # nothing reaches act() once the interrupt is seen
@@ -346,6 +352,19 @@ class ControlLoop:
             self.out.max_instruction_lag_s = max(self.out.max_instruction_lag_s or 0.0, lag)
         if self.cfg.on_chunk is not None:
             self.cfg.on_chunk(entry.chunk, entry.first_action_index)
+
+    def _warn_clipped(self, entry: Optional[Entry]) -> None:
+        """One ``LimitWarning`` per chunk the client had to clip (the seam row, mostly)."""
+        key = id(entry)
+        if key == self._warned_chunk:
+            return
+        self._warned_chunk = key
+        first = self.buffer.last_action is not None and entry is not None and self.k == entry.first_action_index
+        where = "the first action of a chunk (its seam)" if first else f"action {self.k}"
+        text = (f"clipped {where} into the declared limits before act(): "
+                + "; ".join(self.limits.last_violations[:4]))
+        warnings.warn(text, LimitWarning, stacklevel=2)
+        self._print(text)
 
     def _refresh_limits(self) -> None:
         """Rebuild the client-side limits when the handshake's contract changed (a reconnect)."""

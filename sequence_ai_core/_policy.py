@@ -20,7 +20,7 @@ from ._config import resolve_api_key, resolve_gateway_url
 from ._contract import check_expect, check_observation, drop_undeclared_views
 from ._errors import ChunkExhausted, ContractMismatch, SequencesError, Unavailable
 from ._interrupt import Interrupt
-from ._limits import Limits
+from ._limits import Limits, LimitWarning
 from ._loop import ControlLoop, LoopConfig
 from ._options import DEFAULT_BODY_FORMAT, DEFAULT_TIMEOUT_S, ConnectOptions, print_queue_position
 from ._prefetch import LatencyEstimate
@@ -296,8 +296,11 @@ class AsyncPolicy:
         entry = started or self._buffer.current
         limits = Limits.from_contract((self.contract or {}).get("action"))
         if limits is not None:
-            row, _ = limits.apply(row, self._buffer.last_action,
-                                  entry.chunk.action_space if entry else None)
+            row, clipped = limits.apply(row, self._buffer.last_action,
+                                        entry.chunk.action_space if entry else None)
+            if clipped:
+                warnings.warn("clipped an action into the declared limits before returning it: "
+                              + "; ".join(limits.last_violations[:4]), LimitWarning, stacklevel=3)
         self._buffer.executed(row)
         return row
 

@@ -422,10 +422,22 @@ def _seq(*args: str):
 def test_init_list_names_every_template():
     r = _seq("init", "--list")
     assert r.returncode == 0
-    assert [line.split()[0] for line in r.stdout.splitlines()] == list(TEMPLATES) == ["toy-policy", "pick-place", "pi05-droid"]
+    assert [line.split()[0] for line in r.stdout.splitlines()] == list(TEMPLATES) == [
+        "toy-policy", "pick-place", "pi05-droid", "toy-adapter"]
 
 
-@pytest.mark.parametrize("template", list(TEMPLATES))
+def test_the_toy_adapter_template_scaffolds_and_seq_validate_classifies_its_steps(tmp_path):
+    target = tmp_path / "mine"
+    r = _seq("init", "toy-adapter", str(target))
+    assert r.returncode == 0, r.stderr
+    assert "next: seq adapter check" in r.stdout and (target / "adapter.py").is_file()
+    r = _seq("validate", str(target / "adapter.py"))
+    assert r.returncode == 0, r.stderr
+    assert "toy-adapter (ToyAdapter in adapter.py), policy_io own" in r.stdout
+    assert "lossy: the policy sees joint 1 only" in r.stdout and "params     adapter.target=0.5" in r.stdout
+
+
+@pytest.mark.parametrize("template", [t for t in TEMPLATES if t != "toy-adapter"])
 def test_every_template_scaffolds_and_passes_seq_validate(template, tmp_path):
     target = tmp_path / "mine"
     r = _seq("init", template, str(target))

@@ -4,7 +4,8 @@
   exception from act, max_actions);
 - no action outside the declared bounds reaches ``act``, and consecutive absolute actions never
   move more than ``max_delta``, seams included;
-- delta chunks are never modified (not by smoothing, not by the seam guard).
+- delta chunks within their limits are never modified (not by smoothing, not by the seam
+  guard), and no delta value beyond ``max_delta`` reaches ``act`` (a delta row is the step).
 
 Hundreds of runs do not fit a real server's round trips, so here the worker's answers come from
 ``ScriptedWire``, an in-process stand-in for ``_wire.Wire.act`` that returns generated chunks
@@ -150,7 +151,10 @@ def test_no_action_outside_the_declared_limits_reaches_act(chunks, delays, prefe
        delays=delays, prefetch=st.booleans(), smooth=st.integers(0, 4), lookahead=st.integers(1, 3))
 def test_delta_chunks_are_never_modified(space, chunk_rows, delays, prefetch, smooth, lookahead):
     chunks = [ActionChunk(actions=r, action_space=space, control_frequency_hz=HZ) for r in chunk_rows]
-    contract = {"action": {"action_space": space, "bounds": [[-0.5, 0.5]] * DIM, "max_delta": 0.01}}
+    # rows within their limits (a delta row's magnitude is what max_delta bounds; velocity rows
+    # are bounded by their change, so no max_delta for them here): smoothing never touches them
+    max_delta = None if space == "joint_velocity" else 0.5
+    contract = {"action": {"action_space": space, "bounds": [[-0.5, 0.5]] * DIM, "max_delta": max_delta}}
     policy = make_policy(chunks, delays, contract)
     acted = []
     total = 20
@@ -168,3 +172,28 @@ def test_delta_chunks_are_never_modified(space, chunk_rows, delays, prefetch, sm
         i += 1
     assert acted == [list(map(float, r)) for r in expected[:total]]
     assert out.clipped == 0 and not math.isnan(out.max_seam_jump)
+
+
+@SETTINGS
+@given(space=st.sampled_from(["joint_delta", "ee_delta"]),
+       chunk_rows=st.lists(st.lists(st.lists(st.floats(-0.5, 0.5, allow_nan=False), min_size=DIM, max_size=DIM),
+                                    min_size=1, max_size=6), min_size=1, max_size=4),
+       delays=delays, prefetch=st.booleans(), smooth=st.integers(0, 4), max_delta=st.floats(0.01, 0.4))
+def test_no_delta_step_over_max_delta_reaches_act(space, chunk_rows, delays, prefetch, smooth, max_delta):
+    chunks = [ActionChunk(actions=r, action_space=space, control_frequency_hz=HZ) for r in chunk_rows]
+    contract = {"action": {"action_space": space, "bounds": [[-0.5, 0.5]] * DIM, "max_delta": max_delta}}
+    policy = make_policy(chunks, delays, contract)
+    acted = []
+
+    async def main():
+        return await policy.run(observe, acted.append, max_actions=20, validate=lambda r: True,
+                                prefetch=prefetch, smooth_seam=smooth, progress=False)
+
+    asyncio.run(main())
+    expected = []
+    i = 0
+    while len(expected) < 20:
+        expected.extend(chunk_rows[i % len(chunk_rows)])
+        i += 1
+    # each value is the policy's, clipped to +-max_delta: nothing else changes it, seams included
+    assert acted == [[min(max(float(v), -max_delta), max_delta) for v in r] for r in expected[:20]]

@@ -11,7 +11,8 @@ it today, and another launcher (a Ray actor, say) can drive the same object. The
     (libjpeg-turbo), PNG / 16-bit depth PNG with Pillow. Refusals are ``ApiError`` 400s.
   * ``finish_chunk(result, spec)`` -- the ActionContract check: shape, action_dim, action_space,
     finite values, open_loop_horizon, then bounds / max_delta clipped with a warning per step and
-    dimension or refused (``details.reason = "bounds"``).
+    dimension or refused (``details.reason = "bounds"``). max_delta bounds the change between
+    consecutive rows for absolute and velocity spaces, each value's magnitude for delta spaces.
   * ``PolicyHost`` -- the replicas (``@seq.concurrent``: one instance and one thread each), the
     batcher (``@seq.batched``), sticky episodes (``episode_id`` -> replica; ``@seq.on_episode``
     at episode end, explicit or after ``episode_idle_s`` of quiet).
@@ -400,7 +401,17 @@ def finish_chunk(result: Any, spec: PolicySpec) -> tuple[Optional[dict], list[st
                     violations.append(f"step {t} dim {d}: {arr[t, d]:.6g} outside [{lo[d]:.6g}, {hi[d]:.6g}]")
                 arr = np.clip(arr, lo, hi)
         md = action.max_delta_per_dim()
-        if md is not None and arr.shape[0] > 1:
+        # max_delta follows the action space (the client's seam guard uses the same rule,
+        # sequence_ai_core._limits.max_delta_rule): a delta row IS the step, so each value's
+        # magnitude is bounded; any other row is a level, so the change between rows is.
+        if md is not None and "delta" in action.action_space.value:
+            limit = np.asarray(md)
+            over = np.abs(arr) > limit
+            if over.any():
+                for t, d in np.argwhere(over).tolist():
+                    violations.append(f"step {t} dim {d}: a step of {arr[t, d]:.6g}, max_delta {limit[d]:.6g}")
+                arr = np.clip(arr, -limit, limit)
+        elif md is not None and arr.shape[0] > 1:
             limit = np.asarray(md)
             if (np.abs(np.diff(arr, axis=0)) > limit).any():
                 for t in range(1, arr.shape[0]):

@@ -22,6 +22,7 @@ Endpoints (see docs/design.md for the bodies):
     GET|POST /v1/deployments/{name}/traffic   account key (canary split and pins; traffic.py)
     GET    /v1/deployments/{name}/logs        account key (JSON logs merged by time; logs.py)
     /v1/volumes ...                    account key (volumes.py)
+    /v1/adapters ...                   account key (adapters.py)
     (and keys, secrets, sessions, versions, params, doctor: see docs/design.md)
 
 Who may call each route (none / robot key bound to its deployment / account key / a worker's
@@ -2058,6 +2059,8 @@ def create_app(data_dir: Optional[Path] = None) -> FastAPI:
     app.include_router(act)
     from .capture import create_router as _capture_router   # issue 7: capture, labels, export
     app.include_router(_capture_router(gw, require_key, account_key))
+    from .adapters import create_router as _adapter_router   # registered @seq.adapter files
+    app.include_router(_adapter_router(gw, require_key, account_key))
 
     @app.get("/healthz", include_in_schema=False)
     async def healthz() -> dict:

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+from seq._adapter import AdapterRuntime, check_adapter, get_adapter_spec, load_adapter_file
 from seq._benchmark import BenchmarkSpec, contract_problems, get_benchmark_spec, is_benchmark
 from seq._params import InferParam, ParamError
 
@@ -113,6 +114,7 @@ class Arm:
     eval_params: dict                           # steps_per_query, max_steps
     defaults: dict = field(default_factory=dict)  # name -> value left at its declared default
     version: Optional[int] = None
+    adapter_params: dict = field(default_factory=dict)  # the adapter's __init__ keywords
 
 
 @dataclass
@@ -130,6 +132,7 @@ class EvalPlan:
     realtime: bool
     estimate_episode_s: float
     estimate_source: str
+    adapter: Optional[dict] = None              # the registered version: name, version, path, class_name, spec
 
     @property
     def total_episodes(self) -> int:
@@ -156,9 +159,12 @@ def _parse_kv(items: list[str], what: str) -> list[tuple[str, str]]:
     return out
 
 
-def _classify(name: str, bench: BenchmarkSpec, policy_params: list[InferParam]) -> tuple[str, InferParam]:
+def _classify(name: str, bench: BenchmarkSpec, policy_params: list[InferParam],
+              adapter_params: Optional[list[InferParam]] = None) -> tuple[str, InferParam]:
     scope, dot, bare = name.partition(".")
     tables = {"eval": EVAL_PARAMS, "benchmark": bench.params, "policy": policy_params}
+    if adapter_params is not None:
+        tables["adapter"] = adapter_params
     if dot and scope in tables:
         for p in tables[scope]:
             if p.name == bare:
@@ -169,23 +175,27 @@ def _classify(name: str, bench: BenchmarkSpec, policy_params: list[InferParam]) 
     if len(hits) == 1:
         return hits[0]
     if len(hits) > 1:
-        raise EvalError("invalid_request", f"both the policy and the benchmark declare {name!r}",
-                        f"write policy.{name}=... or benchmark.{name}=...")
+        raise EvalError("invalid_request", f"{' and '.join(s for s, _ in hits)} all declare {name!r}",
+                        f"write {hits[0][0]}.{name}=... (or another scope)")
     known = [f"policy.{p.name}" for p in policy_params] + [f"benchmark.{p.name}" for p in bench.params] + \
-            [f"eval.{p.name}" for p in EVAL_PARAMS]
+            [f"adapter.{p.name}" for p in adapter_params or []] + [f"eval.{p.name}" for p in EVAL_PARAMS]
     raise EvalError("invalid_request", f"unknown parameter {name!r}", f"known: {', '.join(known)}")
 
 
 def plan_eval(*, bench_cls: type, benchmark_ref: str, policy: str, deployments: dict[str, dict],
               compare: list[str], params: list[str], sweep: list[str], tasks: Optional[str], episodes: int,
-              seed: int, envs: int, videos: bool, realtime: bool, past_episode_s: list[float]) -> EvalPlan:
+              seed: int, envs: int, videos: bool, realtime: bool, past_episode_s: list[float],
+              adapter: Optional[dict] = None) -> EvalPlan:
     """Check everything an eval needs and lay it out; nothing runs and nothing is reserved.
 
     ``deployments`` maps each policy name (the policy and every ``--compare``) to its gateway
-    record (``GET /v1/deployments/<name>``: contract, params, version). Raises EvalError with
-    code ``contract_mismatch`` when a policy's contract disagrees with the benchmark's
-    observation/action (eval takes no adapters yet), ``invalid_request`` for a bad parameter,
-    task or count.
+    record (``GET /v1/deployments/<name>``: contract, params, version). ``adapter`` is a
+    registered adapter version (``GET /v1/adapters/<name>/versions/<v>``: name, version, path,
+    class_name, spec) that every arm runs through, or None. Raises EvalError with code
+    ``contract_mismatch`` when a policy's contract disagrees with the benchmark's
+    observation/action and no adapter is given, or when a sample of each side does not fit
+    through the adapter (``seq.check_adapter``); ``invalid_request`` for a bad parameter, task
+    or count, or ``--realtime`` with an adapter.
     """
     bench = get_benchmark_spec(bench_cls)
     if episodes < 1 or envs < 1:
@@ -193,14 +203,23 @@ def plan_eval(*, bench_cls: type, benchmark_ref: str, policy: str, deployments: 
     if videos and "render" not in bench.methods:
         raise EvalError("invalid_request", f"{bench.name} has no @seq.render method, so it cannot record videos",
                         "drop --videos, or add a @seq.render method to the benchmark")
+    adapter_cls = None
+    adapter_declared: Optional[list[InferParam]] = None
+    if adapter is not None:
+        if realtime:
+            raise EvalError("invalid_request", "--realtime does not take an adapter yet",
+                            "drop --realtime: the sim loop runs every action step of the adapter")
+        adapter_cls = _load_adapter(adapter)
+        adapter_declared = list(get_adapter_spec(adapter_cls).params)
     for name in [policy, *compare]:
         d = deployments[name]
-        problems = contract_problems(bench, d.get("contract"))
-        if problems:
-            raise EvalError("contract_mismatch",
-                            f"{name} cannot run on {bench.name} as deployed: " + "; ".join(problems),
-                            "adapters (@seq.adapter) are not supported yet: deploy a policy whose contract "
-                            f"matches {bench.name}'s (`seq eval run --dry-run` shows it)")
+        if adapter is None:
+            problems = contract_problems(bench, d.get("contract"))
+            if problems:
+                raise EvalError("contract_mismatch",
+                                f"{name} cannot run on {bench.name} as deployed: " + "; ".join(problems),
+                                "pass --adapter NAME[@vN] (a @seq.adapter registered with `seq deploy adapter.py`) "
+                                f"that bridges them, or deploy a policy whose contract matches {bench.name}'s")
     all_tasks = list(bench.tasks)
     if tasks:
         if tasks.isdigit():
@@ -219,16 +238,16 @@ def plan_eval(*, bench_cls: type, benchmark_ref: str, policy: str, deployments: 
     def declared(name: str) -> list[InferParam]:
         return [InferParam.from_dict(p) for p in deployments[name].get("params") or []]
 
-    base: dict[str, dict] = {"policy": {}, "benchmark": {}, "eval": {}}
+    base: dict[str, dict] = {"policy": {}, "benchmark": {}, "eval": {}, "adapter": {}}
     for key, raw in _parse_kv(params, "--param"):
-        scope, p = _classify(key, bench, declared(policy))
+        scope, p = _classify(key, bench, declared(policy), adapter_declared)
         try:
             base[scope][p.name] = p.cast(raw)
         except ParamError as exc:
             raise EvalError("invalid_request", str(exc)) from None
     variants: list[tuple[str, dict]] = [("", {})]
     for key, raw in _parse_kv(sweep, "--sweep"):
-        scope, p = _classify(key, bench, declared(policy))
+        scope, p = _classify(key, bench, declared(policy), adapter_declared)
         values = [v.strip() for v in raw.split(",") if v.strip()]
         if len(values) < 2:
             raise EvalError("invalid_request", f"--sweep {key} needs two or more values", f"write --sweep {key}=a,b")
@@ -257,14 +276,29 @@ def plan_eval(*, bench_cls: type, benchmark_ref: str, policy: str, deployments: 
             if p.name not in given["eval"]:
                 given["eval"][p.name] = p.default
                 defaults[f"eval.{p.name}"] = p.default
+        for p in adapter_declared or []:
+            if p.name not in given["adapter"]:
+                given["adapter"][p.name] = p.default
+                defaults[f"adapter.{p.name}"] = p.default
         return Arm(name=label, policy=name, policy_params=given["policy"], bench_params=given["benchmark"],
-                   eval_params=given["eval"], defaults=defaults, version=deployments[name].get("version"))
+                   eval_params=given["eval"], defaults=defaults, version=deployments[name].get("version"),
+                   adapter_params=given["adapter"])
 
     arms = [make_arm(policy, f"{policy}[{label}]" if label else policy, over, True) for label, over in variants]
     for other in compare:
         if other == policy:
             raise EvalError("invalid_request", "--compare names the policy under test", "compare it with another deployment")
         arms.append(make_arm(other, other, {}, False))
+    if adapter_cls is not None:
+        # a sample of each side through the adapter, per policy: refuse up front what cannot fit
+        for arm in arms:
+            found = check_adapter(adapter_cls, bench, deployments[arm.policy].get("contract"), arm.adapter_params)
+            if found["problems"]:
+                raise EvalError("contract_mismatch",
+                                f"{arm.policy} cannot run on {bench.name} through {adapter['name']}@v{adapter['version']}: "
+                                + "; ".join(found["problems"]),
+                                f"`seq adapter check {adapter.get('path')} --benchmark {bench.name} --policy {arm.policy}` "
+                                "shows where they do not fit")
     if past_episode_s:
         est, source = statistics.median(past_episode_s), f"median of {len(past_episode_s)} earlier episodes"
     else:
@@ -274,7 +308,18 @@ def plan_eval(*, bench_cls: type, benchmark_ref: str, policy: str, deployments: 
     est_scaled = est * max(1.0, min(envs, len(arms) * len(chosen) * episodes) / cores)
     return EvalPlan(benchmark=bench, benchmark_ref=benchmark_ref, arms=arms, tasks=chosen, episodes=episodes,
                     seed=seed, envs=envs, videos=videos, realtime=realtime,
-                    estimate_episode_s=est_scaled, estimate_source=source)
+                    estimate_episode_s=est_scaled, estimate_source=source,
+                    adapter={k: v for k, v in adapter.items() if k != "source"} if adapter else None)
+
+
+def _load_adapter(adapter: dict) -> type:
+    """The class of a registered adapter version (imported from the gateway's copy)."""
+    try:
+        return load_adapter_file(adapter["path"], adapter["class_name"],
+                                 module_name=f"_seq_adapter_{adapter['name'].replace('-', '_')}_v{adapter['version']}")
+    except Exception as exc:  # noqa: BLE001 - the file is the user's: say which and why
+        raise EvalError("invalid_request", f"adapter {adapter['name']}@v{adapter['version']} cannot be loaded: "
+                        f"{type(exc).__name__}: {exc}", "`seq adapter pull` it, fix it and `seq deploy` it again") from None
 
 
 # ------------------------------------------------------------------------------------ gates
@@ -352,7 +397,8 @@ def summarize(record: dict, episodes: list[dict]) -> dict:
         walls = [e["wall_s"] for e in eps if e.get("wall_s")]
         arms_out.append({
             "name": arm["name"], "policy": arm["policy"], "version": arm.get("version"),
-            "params": {"policy": arm["policy_params"], "benchmark": arm["bench_params"], "eval": arm["eval_params"]},
+            "params": {"policy": arm["policy_params"], "benchmark": arm["bench_params"], "eval": arm["eval_params"],
+                       **({"adapter": arm["adapter_params"]} if arm.get("adapter_params") else {})},
             "defaults": arm.get("defaults", {}), "episodes": len(eps), "errors": len(eps) - len(ok),
             "error_messages": sorted({e["error"] for e in eps if e.get("error")})[:5],
             "metrics": metrics,
@@ -360,9 +406,13 @@ def summarize(record: dict, episodes: list[dict]) -> dict:
             "requests": sum(e.get("requests", 0) for e in eps),
             "videos": [e["video"] for e in eps if e.get("video")],
         })
+    adapter = record.get("adapter")
     return {"id": record["id"], "benchmark": record["benchmark"], "tasks": record["tasks"],
             "episodes_per_task": record["episodes"], "seeds": record["seeds"], "envs": record["envs"],
-            "loop": record["loop"], "arms": arms_out}
+            "loop": record["loop"], "arms": arms_out,
+            "adapter": ({"name": adapter["name"], "version": adapter["version"],
+                         "policy_io": adapter.get("policy_io")} if adapter else None),
+            "adapter_lossy": list((adapter or {}).get("lossy") or [])}
 
 
 # ------------------------------------------------------------------------------------ run
@@ -388,7 +438,9 @@ def run_eval(plan: EvalPlan, store: EvalStore, eval_id: str, *, gateway_url: str
     config = {
         "benchmark_ref": plan.benchmark_ref, "gateway_url": gateway_url, "api_key": api_key,
         "arms": {a.name: {"policy": a.policy, "policy_params": a.policy_params, "bench_params": a.bench_params,
-                          "eval_params": a.eval_params} for a in plan.arms},
+                          "eval_params": a.eval_params, "adapter_params": a.adapter_params} for a in plan.arms},
+        "adapter": ({k: plan.adapter[k] for k in ("name", "version", "path", "class_name", "policy_io")}
+                    if plan.adapter else None),
         "videos_dir": str(videos_dir) if videos_dir else None, "realtime": plan.realtime,
     }
     procs = [ctx.Process(target=_env_main, args=(i, config, jobs_q, results_q), daemon=True,
@@ -521,8 +573,22 @@ def _write_gif(frames: list, path: Path, fps: float) -> None:
         tmp.unlink(missing_ok=True)
 
 
+def _ask_own(own: dict, policy_name: str, inputs: Any, params: dict) -> Any:
+    """One request to a policy with its own inputs and outputs (``policy_io="own"``), through
+    the gateway's ``POST /v1/act``: ``inputs`` is sent as the observation, unchanged; returns
+    what infer returned. Raises RuntimeError naming the gateway's error."""
+    r = own["http"].post("/v1/act", json={"model": policy_name, "observation": inputs, "params": params or {}})
+    try:
+        body = r.json()
+    except ValueError:
+        body = {"detail": r.text[:300]}
+    if r.status_code != 200:
+        raise RuntimeError(f"{policy_name} answered {r.status_code} {body.get('code')}: {body.get('detail')}")
+    return body.get("outputs")
+
+
 def _episode(env: _Env, policy, arm: dict, job: dict, instruction: str, videos_dir: Optional[Path],
-             realtime: bool) -> dict:
+             realtime: bool, adapter: Optional[AdapterRuntime] = None, own: Optional[dict] = None) -> dict:
     spec = env.spec
     env.ensure(arm["bench_params"])
     env.call("reset", job["task"], job["seed"])
@@ -557,6 +623,29 @@ def _episode(env: _Env, policy, arm: dict, job: dict, instruction: str, videos_d
         extra = {"outcome": {"reason": outcome.reason, "actions": outcome.actions, "chunks": outcome.chunks,
                              "underruns": outcome.underruns, "late_ticks": getattr(outcome, "late_ticks", None),
                              "max_seam_jump": outcome.max_seam_jump}}
+    elif adapter is not None:
+        # benchmark observation -> adapter -> policy -> adapter -> benchmark rows
+        while not state["done"]:
+            raw = dict(env.call("observe"))
+            raw.setdefault("instruction", instruction)
+            inputs = adapter.to_policy(raw)
+            horizon = None
+            if adapter.spec.policy_io == "own":
+                answer = _ask_own(own, arm["policy"], inputs, arm["policy_params"])
+            else:
+                obs = _to_observation(inputs, inputs.get("instruction") or instruction)
+                pred = policy.predict(obs, params=arm["policy_params"])
+                if pred.inference_ms is not None:
+                    state["infer_ms"].append(pred.inference_ms)
+                answer, horizon = pred.action_chunk.actions, pred.action_chunk.open_loop_horizon
+            state["requests"] += 1
+            rows = adapter.to_benchmark(answer)
+            n = per_query or horizon or len(rows)
+            for row in rows[:max(1, min(int(n), len(rows)))]:
+                do_step(row)
+                if state["done"]:
+                    break
+        extra = {}
     else:
         while not state["done"]:
             obs = _to_observation(env.call("observe"), instruction)
@@ -599,6 +688,20 @@ def _env_main(index: int, config: dict, jobs_q, results_q) -> None:
         results_q.put({"type": "fatal", "error": f"env {index}: cannot load the benchmark: {exc!r}"})
         return
     policies: dict = {}
+    adapters: dict = {}
+    own: Optional[dict] = None
+    adapter_ref = config.get("adapter")
+    adapter_cls = None
+    if adapter_ref is not None:
+        try:
+            adapter_cls = _load_adapter(adapter_ref)
+        except EvalError as exc:
+            results_q.put({"type": "fatal", "error": f"env {index}: {exc.detail}"})
+            return
+        if get_adapter_spec(adapter_cls).policy_io == "own":
+            import httpx
+            own = {"http": httpx.Client(base_url=config["gateway_url"], timeout=httpx.Timeout(600.0, connect=10.0),
+                                        headers={"Authorization": f"Bearer {config['api_key']}"})}
     videos_dir = Path(config["videos_dir"]) if config["videos_dir"] else None
     try:
         while True:
@@ -609,13 +712,23 @@ def _env_main(index: int, config: dict, jobs_q, results_q) -> None:
             instruction = env.spec.tasks[job["task"]]
             t0 = time.monotonic()
             try:
+                adapter = None
+                if adapter_cls is not None:      # one instance per arm's parameters, kept across episodes
+                    key = repr(sorted((arm.get("adapter_params") or {}).items()))
+                    adapter = adapters.get(key)
+                    if adapter is None:
+                        adapter = adapters[key] = AdapterRuntime(adapter_cls, arm.get("adapter_params"))
+                    if own is not None:
+                        result = _episode(env, None, arm, job, instruction, videos_dir, False, adapter, own)
+                        results_q.put({"type": "episode", "episode": result})
+                        continue
                 policy = policies.get(arm["policy"])
                 if policy is None:
                     policy = sequence_ai.connect(arm["policy"], api_key=config["api_key"],
                                                  gateway_url=config["gateway_url"], validate="strict")
                     policy.wait_until_ready(timeout_s=600.0)
                     policies[arm["policy"]] = policy
-                result = _episode(env, policy, arm, job, instruction, videos_dir, config["realtime"])
+                result = _episode(env, policy, arm, job, instruction, videos_dir, config["realtime"], adapter)
             except Exception as exc:  # noqa: BLE001 - one failed episode is reported, the eval goes on
                 result = {"arm": job["arm"], "task": job["task"], "seed": job["seed"], "episode": job["episode"],
                           "metrics": {}, "steps": 0, "requests": 0, "wall_s": time.monotonic() - t0, "video": None,
@@ -628,4 +741,6 @@ def _env_main(index: int, config: dict, jobs_q, results_q) -> None:
                 p.close()
             except Exception:  # noqa: BLE001
                 pass
+        if own is not None:
+            own["http"].close()
         env.close()
