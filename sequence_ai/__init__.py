@@ -32,7 +32,7 @@ from sequence_ai_core import (
     Unavailable,
 )
 
-from ._connect import aconnect, connect, models
+from ._connect import account, aconnect, connect, models
 from ._image import encode, encode_jpeg, observation
 from ._sync import Policy
 
@@ -42,6 +42,7 @@ __all__ = [
     "connect",
     "aconnect",
     "models",
+    "account",
     "encode_jpeg",
     "Policy",
     "AsyncPolicy",

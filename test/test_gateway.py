@@ -71,7 +71,7 @@ def test_deploy_then_connect_then_act_directly_on_the_worker(gateway):
     r = httpx.post(c["worker_url"] + "/act", json={"observation": echo_observation()},
                    headers={"Authorization": f"Bearer {gateway.api_key}"})
     assert r.status_code == 401   # the API key is not the direct secret
-    models = httpx.get(gateway.url + "/v1/models").json()["models"]
+    models = httpx.get(gateway.url + "/v1/models", params={"kind": "model"}).json()["models"]
     assert [(m["name"], m["status"]) for m in models] == [("echo", "ready")]
     assert {p["name"] for p in models[0]["params"]} == {"chunk_len", "latency_ms", "fail", "horizon"}
 
