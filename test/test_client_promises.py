@@ -295,7 +295,7 @@ def test_every_sync_api_works_from_inside_run_callbacks(module_gateway, echo):
 
     def observe():
         if not got:
-            got["models"] = [m.short_id for m in sequence_ai.models(module_gateway.url, kind="model")]
+            got["models"] = [m.name for m in sequence_ai.models(module_gateway.url)]
             got["account"] = sequence_ai.account(api_key=module_gateway.api_key, gateway_url=module_gateway.url)
             with connect(module_gateway, echo) as other:      # another Policy, driven from this callback
                 got["chunk"] = len(other.predict(observation()).action_chunk)
