@@ -36,8 +36,9 @@ def connect(model: str, **options: Any) -> Policy:
     Raises:
         AuthError: no key (the hint names the local key file) or a refused key.
         InvalidRequest: unknown model.  ContractMismatch: ``expect`` not met.
-        Unavailable: code ``queue_timeout`` (waited the deployment's queue_timeout_s in line) or
-            ``deployment_full`` (on_full="reject").
+        Unavailable: code ``queue_timeout`` (waited the deployment's queue_timeout_s in line),
+            ``deployment_full`` (on_full="reject"), or ``deployment_stopped`` (``seq policy stop``;
+            refused until ``seq policy start NAME``, which the hint names).
         TransportError: the gateway cannot be reached.
         TypeError / ValueError: an unknown option or a bad value.
     """

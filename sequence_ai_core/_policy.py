@@ -212,7 +212,7 @@ class AsyncPolicy:
         """This model's catalogue row (contract, params, status), fetched once."""
         if self._catalogue_row is None:
             for row in await fetch_models(self.gateway_url):
-                if row.name == self.model:
+                if row.name == self.model and row.kind == "model":   # not a template of that name
                     self._catalogue_row = row
         return self._catalogue_row
 

@@ -9,15 +9,16 @@ secret, and from then on talks to the worker directly. The gateway
     supervises it: a worker that exits while loading marks the deployment failed with the
     policy's own error; one that dies after serving is marked failed and restarted by the next connect,
   - answers connect with 503 warming + Retry-After while a worker loads (estimated from the
-    last measured load, else 30 s), and starts a stopped deployment's worker,
+    last measured load, else 30 s), and starts the worker of a deployment stopped for idleness (not one stopped with
+    `seq policy stop`: that refuses connects until `seq policy start`),
   - terminates every worker when it shuts down.
 
 Endpoints (see docs/design.md for the bodies):
-    GET    /v1/models                  no key
+    GET    /v1/models                  no key (deployments, then templates; ?kind= ?endpoint=; catalogue.py)
     GET    /v1/deployments             key
     POST   /v1/deployments             key
     GET    /v1/deployments/{name}      key
-    DELETE /v1/deployments/{name}      key   (stops the worker)
+    DELETE /v1/deployments/{name}      key   (emergency stop: connects refused until POST .../start)
     POST   /v1/connect                 key
     GET|POST /v1/deployments/{name}/traffic   account key (canary split and pins; traffic.py)
     GET    /v1/deployments/{name}/logs        account key (JSON logs merged by time; logs.py)
