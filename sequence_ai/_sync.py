@@ -25,7 +25,6 @@ from sequence_ai_core._policy import warn_if_no_validate
 from sequence_ai_core import (
     AsyncPolicy,
     ModelInfo,
-    Prediction,
     RunOutcome,
     SequencesError,
 )

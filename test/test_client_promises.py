@@ -19,7 +19,6 @@ lines, the spec's own call shapes.
 from __future__ import annotations
 
 import io
-import json
 import os
 import py_compile
 import select
