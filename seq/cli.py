@@ -229,6 +229,9 @@ def deploy(file: Path = typer.Argument(..., help="the policy file"),
                 out.print(f"  {time.monotonic() - t0:6.1f}s  {last_phase}")
             if d["status"] == "ready":
                 out.print(f"[bold green]ready[/]: {name} v{d['version']} at {d['worker_url']} (load {d['load_s']:.1f} s)")
+                if d.get("stopped_at"):   # a redeploy does not lift `seq policy stop`
+                    out.print(f"note: {name} is stopped (`seq policy stop`): connects are refused until "
+                              f"`seq policy start {name}`", markup=False, highlight=False)
                 return
             if d["status"] in ("failed", "stopped"):
                 raise _show_failure(d)
