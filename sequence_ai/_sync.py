@@ -9,7 +9,8 @@ Every sync call also works from inside a callback of another ``run()`` (or any c
 running an event loop on this thread): that loop is blocked while the callback runs, so this
 one runs to completion meanwhile (``run_blocking``).
 
-One thread drives a Policy at a time: a call from a second thread while one is active raises
+One thread drives a Policy at a time (its own callbacks may read its properties, call
+``interrupt()``, ``set_instruction()`` and ``spec()``, but not drive it again): a call from a second thread while one is active raises
 ``SequencesError`` (code ``busy``) instead of interleaving two robots' plans. ``interrupt()`` and
 ``set_instruction()`` are the exceptions: they are safe from any thread at any time; ``close()``
 from another thread interrupts the driving call and waits for it to end before closing.
@@ -196,7 +197,10 @@ class Policy:
         return self._call(self._engine.wait_until_ready(timeout_s))
 
     def spec(self) -> Optional[ModelInfo]:
-        """This model's catalogue row, fetched once."""
+        """This model's catalogue row, fetched once. Also from inside this Policy's own callbacks
+        (it uses a connection of its own, not the Policy's)."""
+        if self._owner == threading.get_ident() and not self._closed:
+            return run_blocking(self._engine.spec())
         return self._call(self._engine.spec())
 
     @property

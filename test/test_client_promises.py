@@ -305,12 +305,13 @@ def test_every_sync_api_works_from_inside_run_callbacks(module_gateway, echo):
 
     def act(row):
         got.setdefault("act_models", len(sequence_ai.models(module_gateway.url)))
+        got.setdefault("spec", policy.spec())                  # the driving Policy's own catalogue row
 
     with connect(module_gateway, echo) as policy:
         out = policy.run(observe, act, max_actions=3, validate=lambda row: True, progress=False)
     assert out.reason == "completed" and out.actions == 3
     assert echo in got["models"] and got["account"]["usage"]["policies"] >= 1
-    assert got["chunk"] == 10 and got["act_models"] >= 1
+    assert got["chunk"] == 10 and got["act_models"] >= 1 and got["spec"].short_id == echo
 
 
 # ------------------------------------------------------------------ 11. python -m
