@@ -5,8 +5,12 @@
                                                      keep that share of episodes (running workers pick
                                                      it up within seconds; no redeploy)
     seq policy capture NAME --off                    stop keeping; what was kept stays for its retention
-    seq policy data export NAME --out DIR [--format lerobot|jsonl] [--version 3.0|2.1]
+    seq policy data export NAME --out DIR [--format lerobot|jsonl] [--version 2.1|3.0]
                                  [--fps N] [--append | --overwrite]
+
+``--format lerobot`` writes LeRobot dataset format v2.1 by default, the format the platform
+documents and every lerobot release before 0.4 reads; ``--version 3.0`` writes the format
+lerobot 0.4.0 and later read (their ``convert_dataset_v21_to_v30`` also migrates a v2.1 one).
 
 The export runs on the gateway, which writes ``--out`` on its own machine (self-hosted: this one).
 """
@@ -68,7 +72,9 @@ def register(policy_app: typer.Typer, base) -> None:
     def export(name: str,
                out: Path = typer.Option(..., "--out", help="the dataset directory"),
                fmt: str = typer.Option("lerobot", "--format", help="lerobot (a LeRobot dataset) or jsonl (files as kept)"),
-               version: str = typer.Option("3.0", "--version", help="LeRobot format: 3.0 or 2.1"),
+               version: str = typer.Option("2.1", "--version",
+                                           help="LeRobot dataset format: 2.1 (default; lerobot < 0.4 and openpi "
+                                                "read it) or 3.0 (lerobot >= 0.4)"),
                fps: Optional[float] = typer.Option(None, "--fps", help="frames per second (default: the measured /act rate)"),
                append: bool = typer.Option(False, "--append", help="add episodes to an existing dataset (lerobot)"),
                overwrite: bool = typer.Option(False, "--overwrite", help="replace what is at --out"),

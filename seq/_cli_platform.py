@@ -133,13 +133,11 @@ def register(app: typer.Typer, policy_app: typer.Typer, base) -> None:
     @app.command("account")
     def account(gw: Optional[str] = base.GatewayOpt, api_key: Optional[str] = base.ApiKeyOpt,
                 data_dir: Optional[Path] = base.DataDirOpt) -> None:
-        """Usage and limits of the account the key belongs to."""
+        """Usage (policies, benchmarks) and configured limits of the key's account; no balance self-hosted."""
         a = call(gw, api_key, data_dir, "GET", "/v1/account")
-        k, u = a["key"], a["usage"]
-        base.out.print(f"key       {k['id']}{' (' + k['name'] + ')' if k.get('name') else ''}"
-                       + (f", bound to {k['deployment']}" if k.get("deployment") else ", account-wide"))
-        base.out.print(f"policies  {u['policies']} deployed, {u['running_workers']} running, {u['sessions']} sessions")
-        base.out.print(f"limits    lease {a['limits']['lease_ttl_s']:g} s; self-hosted, no balance")
+        from sequence_ai.cli import account_lines
+        for line in account_lines(a):
+            base.out.print(line, highlight=False, markup=False)
 
     @policy_app.command("versions")
     def policy_versions(name: str, gw: Optional[str] = base.GatewayOpt, api_key: Optional[str] = base.ApiKeyOpt,
@@ -173,7 +171,7 @@ def register(app: typer.Typer, policy_app: typer.Typer, base) -> None:
     @policy_app.command("start")
     def policy_start(name: str, gw: Optional[str] = base.GatewayOpt, api_key: Optional[str] = base.ApiKeyOpt,
                      data_dir: Optional[Path] = base.DataDirOpt) -> None:
-        """Start NAME's worker (serving version); connect would also start it."""
+        """Let robots connect to NAME again after `seq policy stop`, and start its worker (serving version)."""
         d = call(gw, api_key, data_dir, "POST", f"/v1/deployments/{name}/start")
         base.out.print(f"starting {d['name']} v{d['version']} (status {d['status']})")
 

@@ -4,7 +4,7 @@
     seq deploy FILE [--name NAME] [--class CLS] [--wait/--no-wait] [--timeout S]
     seq policy ls
     seq policy status NAME
-    seq policy stop NAME
+    seq policy stop NAME        emergency stop: workers end, connects refused until `seq policy start NAME`
 
 Commands other than serve read the API key from --api-key, then $SEQUENCES_API_KEY, then
 ``<data_dir>/api_key``; the gateway from --gateway, then $SEQUENCES_GATEWAY_URL, then
@@ -18,6 +18,7 @@ and exits with:
 """
 from __future__ import annotations
 
+import json
 import os
 import re
 import time
@@ -232,6 +233,9 @@ def deploy(file: Path = typer.Argument(..., help="the policy file"),
                 out.print(f"  {time.monotonic() - t0:6.1f}s  {last_phase}")
             if d["status"] == "ready":
                 out.print(f"[bold green]ready[/]: {name} v{d['version']} at {d['worker_url']} (load {d['load_s']:.1f} s)")
+                if d.get("stopped_at"):   # a redeploy does not lift `seq policy stop`
+                    out.print(f"note: {name} is stopped (`seq policy stop`): connects are refused until "
+                              f"`seq policy start {name}`", markup=False, highlight=False)
                 return
             if d["status"] in ("failed", "stopped"):
                 raise _show_failure(d)
@@ -280,6 +284,17 @@ def policy_status(name: str, gateway: Optional[str] = GatewayOpt, api_key: Optio
     recorded = {k: v for k, v in (spec.get("resources") or {}).items() if v is not None}
     if recorded:
         out.print(f"  declared  {recorded} (recorded; not used self-hosted)")
+    if d.get("stopped_at"):
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(d["stopped_at"]))
+        out.print(f"  stopped   {when} by `seq policy stop`: connects are refused until `seq policy start {d['name']}`",
+                  markup=False, highlight=False)
+    sessions = d.get("sessions")
+    if sessions is not None:
+        out.print(f"  robots    {len(sessions)} connected" + (" (params: its own over the deployment's defaults, "
+                  "as of its last lease renewal)" if sessions else ""), markup=False, highlight=False)
+        for x in sessions:
+            out.print(f"    {x['session_id']}  key {x['key_id'] or '-'}  v{x['version']}  params "
+                      f"{json.dumps(x['params'], sort_keys=True)}", markup=False, highlight=False)
     if d.get("error"):
         err.print(f"  error     {d['error']}", markup=False, highlight=False)
     health = d.get("health") or {}
@@ -294,9 +309,10 @@ def policy_status(name: str, gateway: Optional[str] = GatewayOpt, api_key: Optio
 @policy_app.command("stop")
 def policy_stop(name: str, gateway: Optional[str] = GatewayOpt, api_key: Optional[str] = ApiKeyOpt,
                 data_dir: Optional[Path] = DataDirOpt) -> None:
-    """Stop a deployment's worker (the next connect starts it again)."""
+    """Emergency stop: every worker of NAME ends now and every connect is refused until `seq policy start NAME`."""
     d = _call(gateway, api_key, data_dir, "DELETE", f"/v1/deployments/{name}")
-    out.print(f"stopped {d['name']} (status {d['status']})")
+    out.print(f"stopped {d['name']}: its workers ended and robots are disconnected; every connect is refused "
+              f"until `seq policy start {d['name']}`", highlight=False, markup=False)
 
 
 # issue 5 (platform): `seq keys create/ls/revoke`, `seq account`, `seq policy rotate-secret`

@@ -33,7 +33,7 @@ from sequence_ai_core import (
     LimitWarning,
 )
 
-from ._connect import aconnect, connect, models
+from ._connect import account, aconnect, connect, models
 from ._image import encode, encode_jpeg, observation
 from ._sync import Policy
 from ._prepare import prepare, to_joint_positions
@@ -45,6 +45,7 @@ __all__ = [
     "connect",
     "aconnect",
     "models",
+    "account",
     "encode_jpeg",
     "Policy",
     "AsyncPolicy",

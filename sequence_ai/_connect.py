@@ -8,16 +8,15 @@ from it). Defaults come from ``sequence_ai_core._config``: the key from ``api_ke
 """
 from __future__ import annotations
 
-import asyncio
 import inspect
-from typing import Any, List, Optional
+from typing import Any, Dict, List, Optional
 
 from sequence_ai_core import AsyncPolicy, ConnectOptions, ModelInfo, fetch_models, resolve_gateway_url
 from sequence_ai_core._options import options_signature
 
-from ._sync import Policy
+from ._sync import Policy, run_blocking
 
-__all__ = ["connect", "aconnect", "models"]
+__all__ = ["connect", "aconnect", "models", "account"]
 
 
 def connect(model: str, **options: Any) -> Policy:
@@ -37,8 +36,9 @@ def connect(model: str, **options: Any) -> Policy:
     Raises:
         AuthError: no key (the hint names the local key file) or a refused key.
         InvalidRequest: unknown model.  ContractMismatch: ``expect`` not met.
-        Unavailable: code ``queue_timeout`` (waited the deployment's queue_timeout_s in line) or
-            ``deployment_full`` (on_full="reject").
+        Unavailable: code ``queue_timeout`` (waited the deployment's queue_timeout_s in line),
+            ``deployment_full`` (on_full="reject"), or ``deployment_stopped`` (``seq policy stop``;
+            refused until ``seq policy start NAME``, which the hint names).
         TransportError: the gateway cannot be reached.
         TypeError / ValueError: an unknown option or a bad value.
     """
@@ -64,10 +64,69 @@ connect.__signature__ = options_signature(inspect.signature(connect))  # type: i
 aconnect.__signature__ = options_signature(inspect.signature(aconnect))  # type: ignore[attr-defined]
 
 
-def models(gateway_url: Optional[str] = None, *, timeout_s: float = 10.0) -> List[ModelInfo]:
-    """The gateway's catalogue: one ``ModelInfo`` per deployment. Needs no API key.
+def models(gateway_url: Optional[str] = None, *, kind: Optional[str] = None,
+           endpoint: Optional[str] = None, timeout_s: float = 10.0) -> List[ModelInfo]:
+    """The gateway's catalogue: one ``ModelInfo`` per deployment, then one per ``seq init``
+    template. Needs no API key. Works from inside a ``run()`` callback too.
 
-    Raises TransportError when the gateway cannot be reached.
+    Args:
+        gateway_url: default ``$SEQUENCES_GATEWAY_URL``, else ``http://127.0.0.1:8470``.
+        kind: ``"model"`` (deployments only) or ``"template"`` (templates only); None: both.
+        endpoint: ``"act"``: only what ``connect()`` can drive (templates have no endpoint).
+        timeout_s: HTTP timeout (s).
+
+    Returns a list (key it yourself: ``{m.short_id: m for m in models()}``).
+
+    Raises:
+        ValueError: an unknown ``kind`` or ``endpoint``.
+        TransportError: the gateway cannot be reached.
     """
+    if kind not in (None, "model", "template"):
+        raise ValueError(f'kind must be "model", "template" or None, not {kind!r}')
+    if endpoint not in (None, "act"):
+        raise ValueError(f'endpoint must be "act" or None, not {endpoint!r} (chat and decide are '
+                         "not served by a self-hosted gateway)")
     url = resolve_gateway_url(gateway_url)
-    return asyncio.run(fetch_models(url, timeout_s))
+    rows = run_blocking(fetch_models(url, timeout_s))
+    return [m for m in rows if (kind is None or m.kind == kind) and (endpoint is None or m.endpoint == endpoint)]
+
+
+def account(*, api_key: Optional[str] = None, gateway_url: Optional[str] = None,
+            timeout_s: float = 10.0) -> Dict[str, Any]:
+    """The read-only status of the account ``api_key`` belongs to (``GET /v1/account``).
+
+    Returns a dict::
+
+        {"key":     {"id", "name", "deployment", ...},     # the key itself (never its secret)
+         "balance": None,                                  # self-hosted: there is no money to count
+         "self_hosted": True,
+         "usage":   {"policies": 1, "benchmarks": 0, "running_workers": 1, "sessions": 0},
+         "limits":  {"max_gpus": None | int, "lease_ttl_s": 300.0, ...}}
+
+    ``balance`` is None on a self-hosted gateway, which meters nothing in money (the hosted
+    service is prepaid); ``limits`` are the caps this gateway is configured with (None: no cap).
+    Works from inside a ``run()`` callback too.
+
+    Raises:
+        AuthError: no key, or a refused one.  TransportError: the gateway cannot be reached.
+    """
+    from sequence_ai_core import resolve_api_key
+    from sequence_ai_core._wire import _client
+    from sequence_ai_core import TransportError
+    from sequence_ai_core._errors import from_response
+
+    key = resolve_api_key(api_key)
+    url = resolve_gateway_url(gateway_url)
+
+    async def fetch() -> Dict[str, Any]:
+        async with _client(timeout_s) as http:
+            try:
+                response = await http.get(f"{url}/v1/account", headers={"Authorization": f"Bearer {key}"})
+            except Exception as exc:  # noqa: BLE001 - httpx's errors become ours
+                raise TransportError(f"cannot reach the gateway at {url}: {exc!r}",
+                                     hint="is it running? `seq serve` starts it") from exc
+        if response.is_error:
+            raise from_response(response)
+        return response.json()
+
+    return run_blocking(fetch())

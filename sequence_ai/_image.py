@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import base64
 import io
+import math
 import warnings
 from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
 
@@ -78,7 +79,7 @@ def _contract_of(model: Any) -> Optional[Dict[str, Any]]:
         return None
     if isinstance(model, str):
         from ._connect import models
-        rows = {m.name: m for m in models()}
+        rows = {m.short_id: m for m in models(kind="model")}
         if model not in rows:
             raise ContractMismatch(f"no deployment named {model!r} in the catalogue "
                                    f"(have: {sorted(rows)})", code="not_found")
@@ -215,38 +216,71 @@ def _widths(contract: Optional[Mapping[str, Any]]) -> Dict[str, int]:
     return {k: int(v) for k, v in proprio.items() if isinstance(v, int)}
 
 
-def observation(model: Any, *, images: Mapping[str, Any], joints: Sequence[float],
+def _frames_of(view: str, given: Any, history: int) -> list:
+    """A view's frames, oldest first: one frame, or a list/tuple of frames (``history`` > 1)."""
+    if isinstance(given, (list, tuple)) and given and all(
+            hasattr(f, "shape") or (hasattr(f, "mode") and hasattr(f, "size")) for f in given):
+        frames = list(given)
+    else:
+        frames = [given]
+    if len(frames) < history:
+        raise ContractMismatch(
+            f"view {view!r} has {len(frames)} frame(s); the model reads {history} per view (history={history})",
+            hint=f"pass images={{{view!r}: [the last {history} frames, oldest first]}}")
+    return frames[-history:]
+
+
+def observation(model: Any = None, *, images: Mapping[str, Any], joints: Sequence[float],
                 gripper: Optional[Sequence[float]] = None, instruction: str = "",
+                contract: Optional[Mapping[str, Any]] = None,
                 depth: Optional[Mapping[str, Any]] = None, depth_unit: str = "m",
                 joint_velocities: Optional[Sequence[float]] = None,
                 end_effector_pose: Optional[Sequence[float]] = None,
                 timestamp_ms: Optional[float] = None,
                 quality: int = JPEG_QUALITY) -> Observation:
-    """Build an ``Observation`` the model can read, checked against its declaration locally.
+    """Build an ``Observation``; with a model or a contract, checked against its declaration locally.
 
-    Each frame is sized to its declared camera and JPEG-encoded (quality 95); the frames are
-    kept as raw JPEG bytes (the binary /act body sends them as is; JSON base64-encodes them).
+    Three forms::
+
+        observation(images=..., joints=..., gripper=..., instruction=...)     # no check
+        observation(images=..., ..., contract=policy.contract)                # a connected Policy's
+        observation(model_row, images=..., ...)                               # a catalogue row
+
+    Each frame is JPEG-encoded at quality 95 and kept as raw JPEG bytes (the binary /act body
+    sends them as is; JSON base64-encodes them). With a declaration each frame is sized to its
+    declared camera (the worker refuses any other size); without one, the long edge is capped
+    at 640 px and the frame's own size is kept below that.
 
     Args:
-        model: ``ModelInfo``, connected Policy, contract dict or deployment name.
-        images: ``{view: HxWx3 uint8 array or PIL image}`` at the cameras' native size.
+        model: ``ModelInfo`` (``sequence_ai.models()``), connected Policy, contract dict or
+            deployment name; None (default) checks nothing unless ``contract`` is given.
+        images: ``{view: HxWx3 uint8 array or PIL image}`` at the cameras' native size; for a
+            model declaring ``history`` N > 1, a list of the last N frames (oldest first).
         joints: joint positions (rad), the model's ``proprio["joint_positions"]`` wide.
         gripper: gripper state list (a dual-arm robot reports two), when the model reads one.
-        instruction: the task sentence.
+        instruction: the task sentence. Not checked here: ``act()`` and ``set_instruction()``
+            fill it in on the copy that is sent.
+        contract: the declaration to check against, e.g. ``policy.contract`` (the handshake's
+            ``{"action": ..., "observation": ...}``); exclusive with ``model``.
         depth: ``{view: HxW depth map}`` for cameras declared ``depth=True``.
         depth_unit: ``"m"`` (default) or ``"mm"``: the unit of the depth maps given.
         joint_velocities, end_effector_pose: optional proprioception fields.
         timestamp_ms: capture time stamped on every frame (ms), optional.
 
-    Raises:
-        ContractMismatch: a declared view or depth frame is missing, or a proprioception field
-            has the wrong width (named, with the declared width).
+    Raises (all before anything is encoded or sent):
+        ContractMismatch: what the worker would refuse: a declared view or depth frame missing,
+            too few frames for ``history``, a proprioception field missing or of the wrong width
+            (named, with the declared width), a NaN or infinity in one.
         ValueError: a frame's aspect ratio differs from its camera's (crop first), bad pixels.
+        TypeError: both ``model`` and ``contract`` given.
 
-    A view the model does not declare is dropped with a warning naming it, not sent.
+    A view the declaration does not name is dropped with a warning naming it, not sent.
     """
-    contract = _contract_of(model)
+    if model is not None and contract is not None:
+        raise TypeError("pass the model or contract=, not both")
+    contract = _contract_of(model if contract is None else contract)
     sizes = _declared_sizes(contract)
+    history = int(((contract or {}).get("observation") or {}).get("history") or 1)
     if sizes:
         undeclared = [v for v in images if v not in sizes]
         if undeclared:
@@ -264,19 +298,24 @@ def observation(model: Any, *, images: Mapping[str, Any], joints: Sequence[float
               "end_effector_pose": end_effector_pose}
     for name, width in _widths(contract).items():
         value = fields.get(name)
-        have = None if value is None else len(list(value))
+        values = None if value is None else list(value.tolist() if hasattr(value, "tolist") else value)
+        have = None if values is None else len(values)
         if have != width:
             raise ContractMismatch(
                 f"proprioception.{name} has {have if have is not None else 'no'} value(s); "
                 f"the model reads {width}",
                 hint=f"declared: {_widths(contract)}; the gripper is its own field, not a joint")
+        if not all(math.isfinite(float(v)) for v in values):
+            raise ContractMismatch(f"proprioception.{name} contains NaN or infinity: {values}",
+                                   hint="send the last valid reading, or stop: the worker refuses it")
     frames = []
-    for view, frame in images.items():
+    for view, given in images.items():
         if sizes and view not in sizes:
             continue
         size = sizes[view][:2] if view in sizes else None
-        frames.append(ImageFrame(view=view, data=encode_jpeg_bytes(frame, quality, size, view),
-                                 timestamp_ms=timestamp_ms))
+        for frame in _frames_of(view, given, history if view in sizes else 1):
+            frames.append(ImageFrame(view=view, data=encode_jpeg_bytes(frame, quality, size, view),
+                                     timestamp_ms=timestamp_ms))
     obs = Observation(
         images=frames,
         proprioception=Proprioception(joint_positions=joints, gripper=gripper,

@@ -5,7 +5,12 @@ A Policy owns a private asyncio event loop and drives ``sequence_ai_core.AsyncPo
 run on the thread that called ``run()``; the HTTP call is a task on that same loop and makes
 progress while the loop sleeps between actions.
 
-One thread drives a Policy at a time: a call from a second thread while one is active raises
+Every sync call also works from inside a callback of another ``run()`` (or any code already
+running an event loop on this thread): that loop is blocked while the callback runs, so this
+one runs to completion meanwhile (``run_blocking``).
+
+One thread drives a Policy at a time (its own callbacks may read its properties, call
+``interrupt()``, ``set_instruction()`` and ``spec()``, but not drive it again): a call from a second thread while one is active raises
 ``SequencesError`` (code ``busy``) instead of interleaving two robots' plans. ``interrupt()`` and
 ``set_instruction()`` are the exceptions: they are safe from any thread at any time; ``close()``
 from another thread interrupts the driving call and waits for it to end before closing.
@@ -13,19 +18,57 @@ from another thread interrupts the driving call and waits for it to end before c
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
-from typing import Any, Awaitable, Callable, Dict, List, Optional, Tuple
+from typing import Any, Awaitable, Callable, Dict, Iterator, List, Optional, Tuple
 
 from sequence_ai_core._policy import warn_if_no_validate
 from sequence_ai_core import (
     AsyncPolicy,
     ModelInfo,
-    Prediction,
     RunOutcome,
     SequencesError,
 )
 
-__all__ = ["Policy"]
+__all__ = ["Policy", "run_blocking"]
+
+
+@contextlib.contextmanager
+def _outer_loop_set_aside() -> Iterator[None]:
+    """Let a private loop run on a thread whose own loop is mid-callback.
+
+    A sync call made from inside an ``observe()`` / ``act()`` callback (or any code running on an
+    event loop) finds that loop marked running on this thread, and asyncio refuses to start a
+    second one. That loop is blocked for as long as the callback runs, so nothing is lost by
+    running ours to completion meanwhile: the running-loop mark is set aside and put back after.
+    The callback stays on the calling thread.
+    """
+    outer = asyncio._get_running_loop()
+    if outer is None:
+        yield
+        return
+    asyncio._set_running_loop(None)
+    try:
+        yield
+    finally:
+        asyncio._set_running_loop(outer)
+
+
+def run_blocking(coro: Awaitable[Any]) -> Any:
+    """Run ``coro`` to completion on a fresh event loop and return its result.
+
+    Unlike ``asyncio.run()`` this also works where an event loop is already running on this
+    thread (a callback of ``run()``/``act()``, a Jupyter cell): see ``_outer_loop_set_aside``.
+    Exceptions of ``coro`` propagate.
+    """
+    loop = asyncio.new_event_loop()
+    try:
+        with _outer_loop_set_aside():
+            return loop.run_until_complete(coro)
+    finally:
+        with _outer_loop_set_aside():
+            loop.run_until_complete(loop.shutdown_asyncgens())
+        loop.close()
 
 
 class Policy:
@@ -55,14 +98,16 @@ class Policy:
         try:
             task = self._loop.create_task(coro)  # type: ignore[arg-type]
             try:
-                return self._loop.run_until_complete(task)
+                with _outer_loop_set_aside():   # called from another Policy's callback
+                    return self._loop.run_until_complete(task)
             except KeyboardInterrupt:
                 # Ctrl-C landed in the event loop itself: unwind the run through its finally
                 # (hold) before letting the KeyboardInterrupt through.
                 if not task.done():
                     task.cancel()
                     try:
-                        self._loop.run_until_complete(task)
+                        with _outer_loop_set_aside():
+                            self._loop.run_until_complete(task)
                     except BaseException:  # noqa: BLE001
                         pass
                 raise
@@ -152,7 +197,10 @@ class Policy:
         return self._call(self._engine.wait_until_ready(timeout_s))
 
     def spec(self) -> Optional[ModelInfo]:
-        """This model's catalogue row, fetched once."""
+        """This model's catalogue row, fetched once. Also from inside this Policy's own callbacks
+        (it uses a connection of its own, not the Policy's)."""
+        if self._owner == threading.get_ident() and not self._closed:
+            return run_blocking(self._engine.spec())
         return self._call(self._engine.spec())
 
     @property
@@ -177,8 +225,9 @@ class Policy:
         """Change the instruction for the next request without stopping; thread-safe."""
         self._engine.set_instruction(instruction)
 
-    def predict(self, observation: Any, *, params: Optional[Dict[str, Any]] = None) -> Prediction:
-        """One request: the whole action chunk for ``observation``. See AsyncPolicy.predict."""
+    def predict(self, observation: Any, *, params: Optional[Dict[str, Any]] = None) -> Any:
+        """One request: the whole action chunk for ``observation`` (a ``Prediction``); for a policy
+        with no contract, exactly what its infer() returned. See AsyncPolicy.predict."""
         return self._call(self._engine.predict(observation, params=params))
 
     def next_action(self, observation: Any = None) -> List[float]:

@@ -4,7 +4,8 @@ Kept to the standard library (argparse) so the client's footprint stays httpx on
 authoring and server commands live in ``seq``.
 
     sequence-ai doctor [--model NAME] [--gateway URL] [--calls N]   # key, gateway, a real connect, latency
-    sequence-ai models [--gateway URL]     # the catalogue: deployments and what they read/return
+    sequence-ai models [--gateway URL] [--kind model|template]   # the catalogue: deployments and templates
+    sequence-ai account [--gateway URL]    # usage and configured limits of the key's account
     sequence-ai version
     sequence-ai bag export|repair|info ...   # needs the data extra (sequence_ai_ros.bag.cli)
 """
@@ -14,13 +15,13 @@ import argparse
 import statistics
 import sys
 import time
-from typing import Any, Callable, Optional
+from typing import Any, Callable, List, Optional
 
 import httpx
 
 from sequence_ai_core import resolve_api_key, resolve_gateway_url
 
-from . import InvalidRequest, PolicyError, SequencesError, __version__, connect, models
+from . import InvalidRequest, PolicyError, SequencesError, __version__, account, connect, models
 
 
 def _describe_contract(contract) -> str:
@@ -41,6 +42,27 @@ def _describe_contract(contract) -> str:
             f" ({act.get('robot')})"
         )
     return "  ".join(parts)
+
+
+def account_lines(a: dict) -> List[str]:
+    """The lines ``seq account`` / ``sequence-ai account`` print for a ``GET /v1/account`` body."""
+    k, u, lim = a.get("key") or {}, a.get("usage") or {}, a.get("limits") or {}
+
+    def n(v) -> str:
+        return "unknown" if v is None else str(v)
+    lines = [f"key         {k.get('id')}" + (f" ({k['name']})" if k.get("name") else "")
+             + (f", bound to {k['deployment']}" if k.get("deployment") else ", account-wide")]
+    if a.get("balance") is None:
+        lines.append("balance     none: a self-hosted gateway meters nothing in money")
+    else:
+        lines.append(f"balance     {a['balance']}")
+    lines.append(f"policies    {n(u.get('policies'))} deployed, {n(u.get('running_workers'))} running, "
+                 f"{n(u.get('sessions'))} sessions")
+    lines.append(f"benchmarks  {n(u.get('benchmarks'))} available, {n(u.get('evals_running'))} evals running")
+    gpus = lim.get("max_gpus")
+    lines.append(f"limits      workers {'no cap' if gpus is None else gpus} (SEQ_MAX_GPUS), lease "
+                 f"{lim.get('lease_ttl_s', 0):g} s, request body {lim.get('max_body_bytes', 0) / 2**20:g} MiB")
+    return lines
 
 
 def _mask(key: str) -> str:
@@ -99,7 +121,7 @@ def doctor(model: Optional[str], gateway: Optional[str], calls: int, api_key: Op
             r = http.get(f"{url}/v1/models")
             ms = (time.perf_counter() - t0) * 1000.0
             print(f"  gateway       up   {url}  ({ms:.1f} ms)")
-            catalogue = r.json().get("models") or []
+            catalogue = [m for m in r.json().get("models") or [] if m.get("kind", "model") == "model"]
         except (httpx.HTTPError, ValueError) as exc:
             print(f"  gateway       DOWN {url}: {exc!r}\n  hint          `seq serve` starts it; "
                   "SEQUENCES_GATEWAY_URL points elsewhere")
@@ -217,6 +239,11 @@ def main(argv=None) -> int:
     sub.add_parser("bag", help="episode bags: export to LeRobot datasets, repair (sequence-ai bag -h)")
     p_models = sub.add_parser("models", help="list the catalogue (needs no key)")
     p_models.add_argument("--gateway", default=None, help="gateway URL (default $SEQUENCES_GATEWAY_URL or local)")
+    p_models.add_argument("--kind", default=None, choices=("model", "template"),
+                          help="deployments only (model) or templates only (template); default both")
+    p_acct = sub.add_parser("account", help="usage and configured limits of the key's account")
+    p_acct.add_argument("--gateway", default=None, help="gateway URL (default $SEQUENCES_GATEWAY_URL or local)")
+    p_acct.add_argument("--api-key", default=None, help="API key (default $SEQUENCES_API_KEY)")
     sub.add_parser("version", help="print the client version")
     p_doc = sub.add_parser("doctor", help="check key, gateway, a real connect, and connection reuse")
     p_doc.add_argument("--model", default=None, help="deployment to check (default: the only one; "
@@ -234,18 +261,29 @@ def main(argv=None) -> int:
         except SequencesError as exc:
             print(f"error[{exc.code}]: {exc}", file=sys.stderr)
             return 1
+    if args.command == "account":
+        try:
+            for line in account_lines(account(api_key=args.api_key, gateway_url=args.gateway)):
+                print(line)
+            return 0
+        except SequencesError as exc:
+            print(f"error[{exc.code}]: {exc}", file=sys.stderr)
+            if exc.hint:
+                print(f"hint: {exc.hint}", file=sys.stderr)
+            return 1
     try:
-        rows = models(gateway_url=args.gateway)
+        rows = models(gateway_url=args.gateway, kind=args.kind)
     except SequencesError as exc:
         print(f"error[{getattr(exc, 'code', 'error')}]: {exc}", file=sys.stderr)
         hint = getattr(exc, "hint", None)
         if hint:
             print(f"hint: {hint}", file=sys.stderr)
         return 1
-    if not rows:
+    if not any(r.kind == "model" for r in rows) and args.kind != "template":
         print("no deployments yet: seq deploy <policy file>")
     for row in rows:
-        print(f"{row.name:24} {row.status or '?':9} {_describe_contract(row.contract)}")
+        what = row.kind if row.kind == "model" else f"template ({row.template_kind or 'policy'}: seq init {row.short_id})"
+        print(f"{row.short_id:24} {row.status or '?':9} {what:8}  {_describe_contract(row.contract)}")
     return 0
 
 

@@ -33,7 +33,8 @@ Decisions, in one place:
   that needed it raises one ``LimitWarning``; ``on_violation="refuse"`` ends the run instead
   (``PolicyError``, reason ``bounds``, after ``hold``).
 - Progress: "starting …", "running …", "done: RunOutcome(...)" go to ``on_status`` and, with
-  ``progress="auto"``, to stderr only when it is a terminal.
+  ``progress="auto"``, to stderr only when it is a terminal, as one line rewritten in place
+  (``_progress.py``).
 - Interrupt: the flag is checked at every wake and immediately before every ``act``; in-flight
   requests are cancelled and buffered rows dropped.
 - Episode: every request of one run carries the run's ``episode_id``; when the run ends, however
@@ -47,7 +48,6 @@ from __future__ import annotations
 import asyncio
 import inspect
 import math
-import sys
 import time
 import uuid
 import warnings
@@ -58,6 +58,7 @@ from ._buffer import ChunkBuffer, Entry
 from ._errors import SequencesError, Unavailable
 from ._limits import Limits, LimitWarning
 from ._pacing import Pacer
+from ._progress import progress_line
 from ._types import RunOutcome, observation_to_wire
 
 __all__ = ["LoopConfig", "ControlLoop", "EARLY_ENDINGS"]
@@ -128,7 +129,7 @@ class ControlLoop:
         self.limits: Optional[Limits] = None
         self._limits_from: Any = None
         self._warned_chunk: Optional[int] = None
-        self._print = self._progress_printer(config.progress)
+        self._print = progress_line(config.progress)
 
     # ---------------------------------------------------------------- entry
 
@@ -150,6 +151,8 @@ class ControlLoop:
         finally:
             await self._cancel_fetch()
             self.buffer.clear()
+            if reason is None:          # an exception: end the progress line before it surfaces
+                self._print.end()
             self.interrupt.unbind()
             self.out.seconds = time.monotonic() - t_start
             try:
@@ -167,6 +170,7 @@ class ControlLoop:
         self.out.chunks = self.buffer.chunks_started
         self.out.max_seam_jump = self.buffer.max_seam_jump
         self._status(f"done: {self.out!r}")
+        self._print.end()
         return self.out
 
     # -------------------------------------------------------------- startup
@@ -314,7 +318,7 @@ class ControlLoop:
         self.fetch_version = version
         self.requests += 1
         self.fetch = asyncio.ensure_future(
-            self.p._wire.act(wire, params=self.cfg.params, episode_id=self.episode_id))
+            self.p._request(wire, self.cfg.params, self.episode_id, need_chunk=True))
         self.fetch.add_done_callback(lambda _t: self.interrupt.poke())
 
     def _harvest(self) -> None:
@@ -327,7 +331,7 @@ class ControlLoop:
         self._refresh_limits()
         self.latency.add(time.monotonic() - self.fetch_started)
         for warning in prediction.warnings:
-            self._print(f"worker warning: {warning}")
+            self._print.note(f"worker warning: {warning}")
         self.buffer.push(prediction.action_chunk, tag=(self.fetch_version, prediction))
 
     async def _cancel_fetch(self) -> None:
@@ -381,13 +385,3 @@ class ControlLoop:
     def _check_interrupt(self) -> None:
         if self.interrupt.is_set:
             raise _Stop("interrupted")
-
-    @staticmethod
-    def _progress_printer(progress: Any) -> Callable[[str], None]:
-        if progress == "auto":
-            enabled = hasattr(sys.stderr, "isatty") and sys.stderr.isatty()
-        else:
-            enabled = bool(progress)
-        if not enabled:
-            return lambda _text: None
-        return lambda text: print(f"[sequences] {text}", file=sys.stderr, flush=True)

@@ -81,6 +81,7 @@ class AsyncPolicy:
         self._instr_set_at: Dict[int, float] = {}
         self._warned_views: set = set()
         self._catalogue_row: Optional[ModelInfo] = None
+        self._episode_params: Tuple[Optional[str], Dict[str, Any]] = (None, {})
 
     # ------------------------------------------------------------ lifecycle
 
@@ -211,7 +212,7 @@ class AsyncPolicy:
         """This model's catalogue row (contract, params, status), fetched once."""
         if self._catalogue_row is None:
             for row in await fetch_models(self.gateway_url):
-                if row.name == self.model:
+                if row.name == self.model and row.kind == "model":   # not a template of that name
                     self._catalogue_row = row
         return self._catalogue_row
 
@@ -260,11 +261,17 @@ class AsyncPolicy:
         """
         self._interrupt.set()
 
-    async def predict(self, observation: Any, *, params: Optional[Dict[str, Any]] = None) -> Prediction:
+    async def predict(self, observation: Any, *, params: Optional[Dict[str, Any]] = None) -> Any:
         """One request: the whole chunk for ``observation``; you do everything else.
 
         ``observation`` is an ``Observation`` (or its wire dict). An instruction in force
-        (``set_instruction``) replaces the observation's.
+        (``set_instruction``) replaces the observation's. The request runs with the session's
+        inference parameters (the deployment's defaults under the ones connect() named, as of
+        the last lease renewal), with ``params`` over them.
+
+        Returns a ``Prediction`` (``.action_chunk``, ``.warnings``, ``.inference_ms``, ...). For a
+        policy that declares no contract (its own inputs and outputs), returns exactly what its
+        infer() returned, e.g. ``predict({"state": [0.0], "target": [0.5]})`` -> ``{"delta": [0.1]}``.
 
         Raises:
             Unavailable (``.warming`` while the worker loads), PolicyError, InvalidRequest,
@@ -272,7 +279,42 @@ class AsyncPolicy:
         """
         instruction, _ = self._instruction_now()
         wire = self._check(observation_to_wire(observation, instruction))
-        return await self._wire.act(wire, params=params)
+        prediction = await self._request(wire, params)
+        return prediction.outputs if prediction.own_io else prediction
+
+    def _params_for(self, params: Optional[Dict[str, Any]], episode_id: Optional[str]) -> Dict[str, Any]:
+        """The inference parameters of one request: the session's (the deployment's defaults under
+        the ones connect() named, as the gateway last handed them out), then ``params``.
+
+        Within an episode (``episode_id``) the session's are read once, at its first request, so a
+        change learnt at a lease renewal mid-episode takes effect at the next episode."""
+        session = self._wire.session
+        current = dict(session.params) if session is not None and session.params else {}
+        if episode_id is not None:
+            if self._episode_params[0] != episode_id:
+                self._episode_params = (episode_id, current)
+            current = self._episode_params[1]
+        return {**current, **(params or {})}
+
+    async def _request(self, wire: Dict[str, Any], params: Optional[Dict[str, Any]] = None,
+                       episode_id: Optional[str] = None, need_chunk: bool = False) -> Prediction:
+        """One ``/act`` with the parameters in force (``_params_for``); a handshake first when
+        there is no session yet (waiting in line if need be), so the first request of a session
+        already carries the deployment's defaults.
+
+        Raises what the wire raises, and SequencesError (code ``no_action_chunk``) when
+        ``need_chunk`` and the policy answered with its own outputs instead of a chunk."""
+        if self._wire.session is None:
+            await self._wire.join()
+        prediction = await self._wire.act(wire, params=self._params_for(params, episode_id),
+                                          episode_id=episode_id)
+        if need_chunk and prediction.own_io:
+            raise SequencesError(
+                f"{self.model} declares no action contract: it answers with its own outputs, not an "
+                "action chunk", code="no_action_chunk",
+                hint="call predict(inputs) for its outputs; run(), act() and next_action() need a "
+                     "policy that returns an ActionChunk")
+        return prediction
 
     async def next_action(self, observation: Any = None) -> List[float]:
         """The next action from the local buffer; refilled from ``observation`` when empty.
@@ -288,7 +330,9 @@ class AsyncPolicy:
                 raise ChunkExhausted(
                     "the action buffer is empty and no observation was given",
                     hint="pass observation= on every next_action() call")
-            prediction = await self.predict(observation)
+            instruction, _ = self._instruction_now()
+            wire = self._check(observation_to_wire(observation, instruction))
+            prediction = await self._request(wire, need_chunk=True)
             self._buffer.push(prediction.action_chunk)
             if len(self._buffer) == 0:
                 raise SequencesError("the policy returned an empty action chunk", code="empty_chunk")
@@ -367,7 +411,9 @@ class AsyncPolicy:
             on_chunk: ``(chunk: ActionChunk, first_action_index: int) -> None`` when a chunk
                 starts playing.
             progress: "auto" prints status lines to stderr when it is a terminal; True/False force.
-            params: inference parameters for this run's requests (merged over connect's).
+            params: inference parameters for this run's requests, over the session's (the
+                deployment's defaults under connect()'s params), which are read once at the
+                run's first request: a default changed mid-run applies from the next run.
             max_seconds: also stop with ``timeout`` after this many seconds of motion (s).
 
         Raises:

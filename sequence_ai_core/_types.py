@@ -252,6 +252,9 @@ class Prediction:
         inference_ms: time the policy's infer() took on the worker, in ms.
         request_id: the server's request id.
         latency_s: round trip measured by this client, in seconds (includes any reconnect).
+        own_io: True when the answer carries no action chunk but the ``outputs`` of a policy
+            that defines its own inputs and outputs (no contract); ``outputs`` is what its
+            infer() returned. ``predict()`` returns ``outputs`` itself for such a policy.
         extra: unknown response fields, preserved.
     """
 
@@ -261,12 +264,15 @@ class Prediction:
     request_id: Optional[str] = None
     latency_s: Optional[float] = None
     extra: Dict[str, Any] = field(default_factory=dict, repr=False)
+    own_io: bool = False
+    outputs: Any = field(default=None, repr=False)
 
     @classmethod
     def from_wire(cls, data: Mapping[str, Any], *, request_id: Optional[str] = None,
                   latency_s: Optional[float] = None) -> "Prediction":
         known = {"action_chunk", "warnings", "inference_ms", "request_id"}
         ms = data.get("inference_ms")
+        own_io = data.get("action_chunk") is None and "outputs" in data
         return cls(
             action_chunk=ActionChunk.from_wire(data.get("action_chunk") or {}),
             warnings=list(data.get("warnings") or []),
@@ -274,6 +280,8 @@ class Prediction:
             request_id=data.get("request_id") or request_id,
             latency_s=latency_s,
             extra={k: v for k, v in data.items() if k not in known},
+            own_io=own_io,
+            outputs=data.get("outputs"),
         )
 
 
@@ -325,27 +333,61 @@ class RunOutcome:
 class ModelInfo:
     """One row of the gateway's catalogue (``sequence_ai.models()``).
 
+    The per-model numbers are read off the declared contract by the gateway; a policy with no
+    contract (its own inputs and outputs) has None in each of them.
+
     Attributes:
-        name: the deployment name you pass as ``model=``.
-        status: ``starting``, ``ready`` or ``failed``.
+        name: the deployment (or template) name; ``short_id`` is the same string, the key to
+            index rows by: ``{m.short_id: m for m in sequence_ai.models()}``.
+        kind: ``"model"`` (a deployment you can ``connect()`` to) or ``"template"`` (what
+            ``seq init <short_id>`` writes; deploy it first). ``template_kind``: ``"policy"``.
+        endpoint: ``"act"`` for a deployment, None for a template.
+        status: ``starting``, ``ready``, ``failed``, ``stopped`` (or ``template``).
         contract: ``{"action": {...}|None, "observation": {...}|None}`` as declared by the policy.
-        params: the inference parameters the policy declares, with their defaults.
+        params: the inference parameters the policy declares, with their defaults (a list of dicts).
+        camera_views: the camera names to send, in declared order.
+        state_dim: proprioception width, the sum of ``state_layout`` (not ``action_dim``).
+        state_layout: ``{field: width}``, e.g. ``{"joint_positions": 7, "gripper": 1}``.
+        action_dim: floats per returned row.  action_space: what a row means
+            (``joint_absolute``, ``joint_velocity``, ...).  action_semantics: the controller
+            interface the rows are for (the declared action space; ``pass_raw``: nothing converts
+            the rows).  robot: the robot they are for.
+        control_frequency_hz: rows per second (Hz).
+        client_resize: ``{"size": [w, h], "filter": "bilinear"}`` (or ``{"sizes": {view: [w, h]}}``
+            when cameras differ): the exact frame size the worker accepts; ``encode()`` and
+            ``observation()`` produce it.  input_aspect_ratio: w / h of that size.
         extra: any other fields, preserved.
     """
 
     name: str
     status: Optional[str] = None
     contract: Optional[Dict[str, Any]] = None
-    params: Optional[Dict[str, Any]] = None
+    params: Optional[Any] = None
+    short_id: str = ""
+    kind: str = "model"
+    template_kind: Optional[str] = None
+    endpoint: Optional[str] = "act"
+    camera_views: Optional[List[str]] = None
+    state_dim: Optional[int] = None
+    state_layout: Optional[Dict[str, int]] = None
+    action_dim: Optional[int] = None
+    action_space: Optional[str] = None
+    action_semantics: Optional[str] = None
+    robot: Optional[str] = None
+    control_frequency_hz: Optional[float] = None
+    client_resize: Optional[Dict[str, Any]] = None
+    input_aspect_ratio: Optional[float] = None
     extra: Dict[str, Any] = field(default_factory=dict, repr=False)
+
+    _FIELDS = ("name", "status", "contract", "params", "short_id", "kind", "template_kind", "endpoint",
+               "camera_views", "state_dim", "state_layout", "action_dim", "action_space",
+               "action_semantics", "robot", "control_frequency_hz", "client_resize",
+               "input_aspect_ratio")
 
     @classmethod
     def from_wire(cls, data: Mapping[str, Any]) -> "ModelInfo":
-        known = {"name", "status", "contract", "params"}
-        return cls(
-            name=data.get("name", ""),
-            status=data.get("status"),
-            contract=data.get("contract"),
-            params=data.get("params"),
-            extra={k: v for k, v in data.items() if k not in known},
-        )
+        values = {k: data[k] for k in cls._FIELDS if k in data}
+        values.setdefault("name", "")
+        values["short_id"] = values.get("short_id") or values["name"]
+        values.setdefault("kind", "model")
+        return cls(**values, extra={k: v for k, v in data.items() if k not in cls._FIELDS})

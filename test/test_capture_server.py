@@ -179,13 +179,14 @@ def test_export_lerobot_one_frame_per_act_with_task_and_success(capt, tmp_path):
     for version in ("3.0", "2.1"):
         out = tmp_path / f"ds-{version}"
         if version == "3.0":
-            r = _seq(gw, "policy", "data", "export", "capt", "--format", "lerobot", "--out", str(out))
+            r = _seq(gw, "policy", "data", "export", "capt", "--format", "lerobot", "--version", "3.0", "--out", str(out))
             assert r.returncode == 0, r.stderr
-            assert f"exported {len(episodes)} episodes ({sum(counts)} frames" in r.stdout
-        else:   # what `--version 2.1` sends
+            assert f"exported {len(episodes)} episodes ({sum(counts)} frames" in r.stdout and "LeRobot v3.0" in r.stdout
+        else:   # what the documented default (no --version) sends
             gw.client.post("/v1/deployments/capt/capture/export", timeout=120,
-                           json={"format": "lerobot", "out": str(out), "version": "2.1"}).raise_for_status()
+                           json={"format": "lerobot", "out": str(out)}).raise_for_status()
         info = json.loads((out / "meta" / "info.json").read_text())
+        assert info["codebase_version"] == f"v{version}"
         assert info["total_episodes"] == len(episodes) and info["total_frames"] == sum(counts)
         assert info["features"]["observation.state"]["shape"] == [8]
         assert info["features"]["action"]["shape"] == [8]
@@ -213,6 +214,27 @@ def test_export_lerobot_one_frame_per_act_with_task_and_success(capt, tmp_path):
     assert sorted(p.name for p in (j / "episodes").glob("*.jsonl")) == sorted(p.name for p in episodes)
     assert (j / "episodes" / "ep-a.jsonl").read_text() == episodes[0].read_text()
     assert json.loads((j / "labels" / "ep-a.json").read_text())["success"] is False
+
+
+def test_data_export_writes_the_documented_lerobot_v2_1_unless_version_3_0_is_asked(capt, tmp_path):
+    """`seq policy data export NAME --format lerobot --out DIR` writes a LeRobot v2.1 dataset (what
+    the platform documents, and what lerobot before 0.4 reads); `--version 3.0` the newer format."""
+    gw = capt
+    if not any((gw.data_dir / "capture" / "capt" / "episodes").glob("*.jsonl")):   # run on its own
+        _capture(gw, "capt", "--rate", "1.0")
+        Robot(gw, "capt").act("ep-v", params={"chunk_len": 2}, obs=echo_observation())
+        _kept(gw, "capt", "ep-v", 1)
+    default = tmp_path / "default"
+    r = _seq(gw, "policy", "data", "export", "capt", "--format", "lerobot", "--out", str(default))
+    assert r.returncode == 0, r.stderr
+    assert "as LeRobot v2.1 to" in r.stdout
+    assert json.loads((default / "meta" / "info.json").read_text())["codebase_version"] == "v2.1"
+    assert (default / "meta" / "episodes.jsonl").is_file() and (default / "meta" / "tasks.jsonl").is_file()
+    newer = tmp_path / "v3"
+    r = _seq(gw, "policy", "data", "export", "capt", "--format", "lerobot", "--version", "3.0", "--out", str(newer))
+    assert r.returncode == 0, r.stderr
+    assert json.loads((newer / "meta" / "info.json").read_text())["codebase_version"] == "v3.0"
+    assert (newer / "meta" / "tasks.parquet").is_file()
 
 
 def test_retention_deletes_episodes_older_than_the_retention(capt):

@@ -3,6 +3,8 @@ typed errors, and the non-loop ways to drive (predict, next_action)."""
 from __future__ import annotations
 
 import importlib.abc
+import os
+import signal
 import sys
 import time
 
@@ -58,11 +60,12 @@ def test_warming_met_mid_run_is_raised_and_holds(module_gateway, tmp_path):
     name = unique("echo-midrun")
     module_gateway.deploy(ECHO, name, wait=True)
     rec = Recorder()
-    slow = slow_loading_copy(tmp_path, 60)
+    pid = module_gateway.status(name)["pid"]
     with connect(module_gateway, name, params={"chunk_len": 5}) as policy:
-        # Stop the serving worker and deploy a slow-loading one: with nothing serving, the next
-        # /act meets a cold start (a redeploy over a serving version would keep serving instead).
-        after(0.5, lambda: (module_gateway.stop(name), module_gateway.deploy(slow, name, wait=False)))
+        # Kill the serving worker: the robot's reconnect makes the gateway start a new one, so the
+        # next /act meets a cold start. (`seq policy stop` would refuse the reconnect instead:
+        # it is an emergency stop.)
+        after(0.5, lambda: os.kill(pid, signal.SIGKILL))
         with pytest.raises(sequence_ai.Unavailable) as info:
             policy.run(observation, rec, hold=rec.hold, max_actions=500, progress=False)
     assert info.value.warming and rec.holds == 1 and len(rec.rows) > 0

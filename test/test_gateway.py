@@ -71,7 +71,7 @@ def test_deploy_then_connect_then_act_directly_on_the_worker(gateway):
     r = httpx.post(c["worker_url"] + "/act", json={"observation": echo_observation()},
                    headers={"Authorization": f"Bearer {gateway.api_key}"})
     assert r.status_code == 401   # the API key is not the direct secret
-    models = httpx.get(gateway.url + "/v1/models").json()["models"]
+    models = httpx.get(gateway.url + "/v1/models", params={"kind": "model"}).json()["models"]
     assert [(m["name"], m["status"]) for m in models] == [("echo", "ready")]
     assert {p["name"] for p in models[0]["params"]} == {"chunk_len", "latency_ms", "fail", "horizon"}
 
@@ -101,6 +101,7 @@ def test_cold_start_answers_503_warming_with_retry_after_then_ready(gateway, tmp
     assert d["status"] == "ready" and d["load_s"] >= 2.0
     # the next cold start estimates from the measured load time, not the 30 s default
     gateway.stop("slow")
+    assert gateway.client.post("/v1/deployments/slow/start").json()["status"] == "starting"
     r = gateway.connect("slow")
     assert r.status_code == 503 and r.json()["retry_after_s"] <= d["load_s"] + 0.5
 
@@ -143,11 +144,14 @@ def test_a_killed_worker_is_reported_and_the_next_connect_restarts_it(gateway):
     assert gateway.status("echo")["status"] == "ready"
 
 
-def test_delete_stops_the_worker_and_connect_starts_it_again(gateway):
+def test_delete_stops_the_worker_and_connects_are_refused_until_start(gateway):
     d = gateway.deploy(ECHO_POLICY, "echo")
     s = gateway.stop("echo")
     assert s["status"] == "stopped" and not _pid_alive(d["pid"])
-    assert gateway.connect("echo").status_code == 503
+    r = gateway.connect("echo")
+    assert r.status_code == 503 and r.json()["code"] == "deployment_stopped" and r.json()["retryable"] is False
+    assert gateway.status("echo")["pid"] is None                     # the refused connect started nothing
+    assert gateway.client.post("/v1/deployments/echo/start").status_code == 200
     assert gateway.connect_ready("echo")["worker_url"]
 
 

@@ -5,6 +5,8 @@ queue_timeout_s or refuses (deployment_full), closing a session frees its slot a
 machine out of workers answers gpu_limit_reached. Real gateway, workers and `seq` CLI."""
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -120,11 +122,12 @@ def test_a_machine_at_its_gpu_limit_answers_gpu_limit_reached(tmp_path):
     gw = GatewayProcess.start(tmp_path, env={"SEQ_MAX_GPUS": "1"})
     try:
         gw.deploy(ECHO_POLICY, "first")
-        gw.deploy(ECHO_POLICY, "second")
-        gw.stop("second")
+        second = gw.deploy(ECHO_POLICY, "second")
+        os.kill(second["pid"], signal.SIGKILL)          # its worker died: the next connect would start one
+        gw.wait_until("second", ("failed",), timeout=30)
         r = gw.connect("second")
         assert r.status_code == 503 and r.json()["code"] == "gpu_limit_reached"
-        assert r.json()["details"] == {"max_gpus": 1} and gw.status("second")["status"] == "stopped"
+        assert r.json()["details"] == {"max_gpus": 1} and gw.status("second")["pid"] is None
         assert gw.client.get("/v1/account").json()["limits"]["max_gpus"] == 1
         gw.stop("first")
         assert gw.connect_ready("second")["version"] == 1

@@ -228,7 +228,8 @@ def test_echo_policy_on_a_ray_actor_serves_the_normal_client_without_underruns(r
 def test_scale_from_zero_answers_503_then_serves(ray_gateway, ray_echo):
     name = ray_echo
     ray_gateway.connect_ready(name, timeout=90)
-    ray_gateway.stop(name)
+    ray_gateway.stop(name)                           # connects are refused until it is started again
+    assert ray_gateway.client.post(f"/v1/deployments/{name}/start").status_code == 200
     first = ray_gateway.connect(name)
     assert first.status_code == 503 and first.json()["code"] == "warming", first.text
     assert float(first.headers["Retry-After"]) > 0

@@ -572,11 +572,17 @@ def act_rate_hz(episodes: list) -> float:
     return float(max(1, round(1.0 / float(np.median(gaps))))) if gaps else 1.0
 
 
-def export_lerobot(directory: Path, out: Path, *, version: str = "3.0", mode: str = "new",
+# The LeRobot dataset format `seq policy data export --format lerobot` writes unless --version says
+# otherwise: v2.1, the one the platform documents and the one every lerobot release before 0.4
+# reads (openpi's training pipeline still reads it); "3.0" is what lerobot >= 0.4.0 reads.
+DEFAULT_LEROBOT_VERSION = "2.1"
+
+
+def export_lerobot(directory: Path, out: Path, *, version: str = DEFAULT_LEROBOT_VERSION, mode: str = "new",
                    fps: Optional[float] = None, robot_type: Optional[str] = None,
                    data_dir: Optional[Path] = None) -> dict:
-    """Write every kept episode as a LeRobot dataset (``write_dataset``, v3.0 or v2.1), built in a
-    temp folder beside ``out`` and moved into place with the export marker (as
+    """Write every kept episode as a LeRobot dataset (``write_dataset``, v2.1 by default, or v3.0),
+    built in a temp folder beside ``out`` and moved into place with the export marker (as
     :func:`export_jsonl`; ``append`` adds to an earlier export of this server). ``fps`` defaults
     to :func:`act_rate_hz`. Returns write_dataset's summary plus ``fps``.
     Raises ExportError (no kept episode, mismatched episodes), DatasetExistsError, ExportRefused."""
@@ -612,10 +618,10 @@ class CaptureSet(BaseModel):
 
 
 class ExportReq(BaseModel):
-    """POST .../capture/export: format lerobot|jsonl, out (absolute dir), version 3.0|2.1, mode new|append|overwrite, fps (Hz)."""
+    """POST .../capture/export: format lerobot|jsonl, out (absolute dir), version 2.1 (default)|3.0, mode new|append|overwrite, fps (Hz)."""
     format: str = "lerobot"
     out: str
-    version: str = "3.0"
+    version: str = DEFAULT_LEROBOT_VERSION
     mode: str = "new"
     fps: Optional[float] = None
 

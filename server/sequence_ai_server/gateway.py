@@ -9,15 +9,16 @@ secret, and from then on talks to the worker directly. The gateway
     supervises it: a worker that exits while loading marks the deployment failed with the
     policy's own error; one that dies after serving is marked failed and restarted by the next connect,
   - answers connect with 503 warming + Retry-After while a worker loads (estimated from the
-    last measured load, else 30 s), and starts a stopped deployment's worker,
+    last measured load, else 30 s), and starts the worker of a deployment stopped for idleness (not one stopped with
+    `seq policy stop`: that refuses connects until `seq policy start`),
   - terminates every worker when it shuts down.
 
 Endpoints (see docs/design.md for the bodies):
-    GET    /v1/models                  no key
+    GET    /v1/models                  no key (deployments, then templates; ?kind= ?endpoint=; catalogue.py)
     GET    /v1/deployments             key
     POST   /v1/deployments             key
     GET    /v1/deployments/{name}      key
-    DELETE /v1/deployments/{name}      key   (stops the worker)
+    DELETE /v1/deployments/{name}      key   (emergency stop: connects refused until POST .../start)
     POST   /v1/connect                 key
     GET|POST /v1/deployments/{name}/traffic   account key (canary split and pins; traffic.py)
     GET    /v1/deployments/{name}/logs        account key (JSON logs merged by time; logs.py)
@@ -67,6 +68,8 @@ from pydantic import BaseModel
 
 from seq._params import InferParam, ParamError, cast_params
 
+from . import catalogue   # the /v1/models rows: contract-derived fields and templates
+from .errors import CODES as _CODES
 from ._proc import stop_process
 from .errors import ApiError, install_error_handlers, new_request_id
 from .keys import KeyRecord, KeyStore
@@ -93,6 +96,7 @@ KEEP_VERSIONS = 5
 BUILD_SUFFIX = ".build"     # workers[name + BUILD_SUFFIX]: the version building beside the serving one
 SIDE_MARK = "@v"            # workers[f"{name}@v{N}"]: a kept version serving a traffic split or a pin
 HEALTH_INTERVAL_S = 2.0     # how often running workers are pinged for a jammed inference ($SEQ_HEALTH_INTERVAL_S)
+_CODES.setdefault("deployment_stopped", (503, False))   # `seq policy stop`, until `seq policy start`
 MAX_BODY_BYTES = 32 * 1024 * 1024   # the largest request body the gateway reads (the worker's cap too)
 _NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
 _DEPLOYMENT_PATH = re.compile(r"^/v1/deployments/([a-z0-9][a-z0-9_-]{0,62})(?:/|$)")
@@ -134,6 +138,8 @@ class Deployment(BaseModel):
     details: Optional[dict[str, Any]] = None
     build: Optional[dict[str, Any]] = None     # the version building beside the serving one (or the last one that did)
     health: Optional[dict[str, Any]] = None    # a jammed worker seen by the health check: state jammed | replaced
+    stopped_at: Optional[float] = None          # `seq policy stop` (unix s): connects refused until `seq policy start`
+    sessions: Optional[list[dict[str, Any]]] = None   # GET one deployment: each connected robot and what it runs with
 
 
 class DeploymentList(BaseModel):
@@ -141,11 +147,30 @@ class DeploymentList(BaseModel):
 
 
 class ModelEntry(BaseModel):
+    """One catalogue row; the fields after ``params`` are read off the contract (catalogue.py)."""
     name: str
-    version: int
+    version: Optional[int]
     status: str
     contract: Optional[dict[str, Any]]
     params: list[dict[str, Any]]
+    short_id: str
+    kind: str                                   # model | template
+    template_kind: Optional[str] = None         # policy (a template's kind)
+    endpoint: Optional[str] = None              # act; None for a template (deploy it first)
+    description: Optional[str] = None
+    camera_views: Optional[list[str]] = None
+    state_dim: Optional[int] = None
+    state_layout: Optional[dict[str, int]] = None
+    action_dim: Optional[int] = None
+    action_space: Optional[str] = None
+    action_semantics: Optional[str] = None
+    robot: Optional[str] = None
+    control_frequency_hz: Optional[float] = None
+    client_resize: Optional[dict[str, Any]] = None
+    input_aspect_ratio: Optional[float] = None
+    input_resize: Optional[str] = None
+    history: Optional[int] = None
+    pass_raw: bool = True
 
 
 class ModelList(BaseModel):
@@ -276,6 +301,8 @@ class Store:
                 self._db.execute("ALTER TABLE deployments ADD COLUMN traffic_json TEXT")
             if "worker_host" not in cols:    # the host a worker listens on (Ray: its node's IP)
                 self._db.execute("ALTER TABLE deployments ADD COLUMN worker_host TEXT")
+            if "halted_at" not in cols:      # `seq policy stop` (emergency stop) until `seq policy start`
+                self._db.execute("ALTER TABLE deployments ADD COLUMN halted_at REAL")
 
     def get(self, name: str) -> Optional[dict]:
         with self._lock:
@@ -491,7 +518,7 @@ class Gateway:
             error=row["error"], load_s=row["load_s"], file=row["file"], class_name=row["class_name"],
             pid=row["worker_pid"], started_at=row["started_at"], ready_at=row["ready_at"],
             contract=spec["contract"] if spec else None, params=spec["params"] if spec else [],
-            spec=spec, details=details,
+            spec=spec, details=details, stopped_at=row.get("halted_at"),
             build=json.loads(row["build_json"]) if row.get("build_json") else None,
             health=self._health.get(row["name"]),
         )
@@ -559,6 +586,7 @@ class Gateway:
                 "load_s": load_s, "started_at": None, "ready_at": None, "served": 0, "spec_json": None,
                 "created_at": created, "updated_at": now, "build_json": None,
                 "defaults_json": old.get("defaults_json") if old else None,
+                "halted_at": old.get("halted_at") if old else None,   # a redeploy does not lift a stop
             })
             self._spawn(name)
         return self.describe(self.require(name))
@@ -667,9 +695,12 @@ class Gateway:
                           started_at=w.started_at, ready_at=None)
 
     def start(self, name: str) -> Deployment:
-        """Start the serving version's worker (no-op when one runs); returns the deployment."""
+        """Lift an emergency stop (``seq policy stop``) and start the serving version's worker
+        (no-op when one runs); returns the deployment."""
         with self._lock:
-            self.require(name)
+            if self.require(name).get("halted_at"):
+                self.store.update(name, halted_at=None)
+                log.info("%s: stop lifted; robots may connect again", name)
             if not (name in self.workers and self.workers[name].proc.poll() is None):
                 self._spawn(name)
             return self.describe(self.require(name))
@@ -708,20 +739,44 @@ class Gateway:
             w.log_handle.close()
 
     def status(self, name: str) -> Deployment:
+        """The deployment, with ``sessions``: each connected robot's session, its version and the
+        params it runs with (its own over the deployment defaults, as of its last lease renewal:
+        the client switches to new ones at its next episode)."""
         with self._lock:
             w = self.workers.get(name)
             if w is not None:
                 self._poll_one(name, w)
-            return self.describe(self.require(name))
+            d = self.describe(self.require(name))
+            self._expire_sessions()
+            d.sessions = [{"session_id": x.id, "key_id": x.key_id, "version": x.version, "params": dict(x.params),
+                           "own_params": dict(x.requested), "connected_at": x.created_at,
+                           "lease_expires_at": x.expires_at}
+                          for x in sorted(self.sessions.values(), key=lambda x: x.created_at) if x.model == name]
+            return d
 
     def stop(self, name: str) -> Deployment:
+        """Emergency stop: every serving worker of ``name`` (side versions too) ends now, its
+        sessions are dropped (a robot's next /act finds no worker and its reconnect is refused),
+        and every connect is refused with ``deployment_stopped`` until ``start``."""
         with self._lock:
             self.require(name)
             self._stop_process(name)
             self._stop_sides(name)
             self._drop_sessions(name)
-            self.store.update(name, status="stopped", phase="stopped", worker_port=None, worker_pid=None)
+            self.store.update(name, status="stopped", phase="stopped", worker_port=None, worker_pid=None,
+                              halted_at=time.time())
+        log.warning("%s: emergency stop; connects are refused until `seq policy start %s`", name, name)
         return self.describe(self.require(name))
+
+    def _refuse_if_halted(self, row: dict) -> None:
+        """deployment_stopped (503, not retryable) while ``seq policy stop`` holds ``row``."""
+        if row.get("halted_at"):
+            name = row["name"]
+            when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(row["halted_at"]))
+            raise ApiError("deployment_stopped", f"deployment {name!r} was stopped (`seq policy stop`, {when}); "
+                           "it refuses every connect until it is started again",
+                           details={"reason": "stopped", "stopped_at": row["halted_at"]},
+                           hint=f"`seq policy start {name}` lets robots connect again")
 
     def stop_all(self) -> None:
         with self._lock:
@@ -931,6 +986,7 @@ class Gateway:
             row = self.store.get(model)
             if row is None:
                 self.require(model)
+            self._refuse_if_halted(row)
             w = self.workers.get(model)
             if w is not None:
                 self._poll_one(model, w)
@@ -1030,6 +1086,7 @@ class Gateway:
         if key is not None:
             self.require_scope(key, req.model)
         current = self.require(req.model)
+        self._refuse_if_halted(current)
         version, split = self._route(current, key)      # a traffic split or a pin may pick another version
         if version != current["version"]:
             side = self._connect_on_version(req, key, version, split)
@@ -1525,7 +1582,7 @@ class Gateway:
                     self._stop_process(name)
                     self._drop_sessions(name)
                     self.store.update(name, status="stopped", phase="idle", worker_port=None, worker_pid=None)
-            elif min_workers >= 1 and name not in self.workers and (
+            elif min_workers >= 1 and name not in self.workers and not row.get("halted_at") and (
                     row["phase"] in ("idle", "exited") or (row["status"] == "stopped" and row["phase"] != "stopped")):
                 log.info("%s declares min_workers=%d: starting its worker", name, min_workers)
                 self._spawn(name)
@@ -1553,19 +1610,34 @@ class Gateway:
         return users
 
     def account(self, key: KeyRecord) -> dict:
-        """Usage and limits of this local account (one machine, no billing)."""
+        """Usage and configured limits of this local account. ``balance`` is None: a self-hosted
+        gateway meters nothing in money (the hosted service's prepaid balance has no counterpart).
+        ``usage.benchmarks`` counts the benchmarks ``seq eval run`` can name here (the built-in
+        ones), ``usage.evals_running`` the evals in this data dir still running; a key bound to
+        one deployment sees that deployment only."""
+        from .eval.runner import BUILTIN_BENCHMARKS
+        from .eval.store import EvalStore
         rows = self.store.all()
         if key.deployment:
             rows = [r for r in rows if r["name"] == key.deployment]
         names = {r["name"] for r in rows}
+        try:
+            running = sum(1 for e in EvalStore(self.data_dir).all()
+                          if e.get("status") not in ("done", "canceled", "failed")
+                          and {a.get("policy") for a in e.get("arms", [])} & names)
+        except (OSError, ValueError):
+            running = None      # unreadable eval records: unknown, never a guess
         return {
             "key": key.to_dict(),
             "balance": None,
+            "self_hosted": True,
             "usage": {"policies": len(rows),
                       "running_workers": sum(1 for r in rows if r["status"] in ("starting", "ready")),
                       "sessions": sum(1 for s in self.sessions.values() if s.model in names),
-                      "benchmarks": 0},
-            "limits": {"lease_ttl_s": self.lease_ttl_s, "max_gpus": self.max_gpus, "self_hosted": True},
+                      "benchmarks": len(BUILTIN_BENCHMARKS), "evals_running": running},
+            "limits": {"lease_ttl_s": self.lease_ttl_s, "max_gpus": self.max_gpus,
+                       "max_body_bytes": int(os.environ.get("SEQ_GATEWAY_MAX_BODY_BYTES") or MAX_BODY_BYTES),
+                       "self_hosted": True},
         }
 
     def close(self) -> None:
@@ -1756,13 +1828,21 @@ def create_app(data_dir: Optional[Path] = None) -> FastAPI:
     models = APIRouter(prefix="/v1/models", tags=["models"])
 
     @models.get("", response_model=ModelList)
-    async def list_models() -> ModelList:
-        out = []
+    async def list_models(kind: Optional[str] = None, endpoint: Optional[str] = None) -> ModelList:
+        """Deployments (kind=model), then the `seq init` templates (kind=template); ?kind= and
+        ?endpoint=act filter."""
+        if kind is not None and kind not in catalogue.KINDS:
+            raise ApiError("invalid_request", f"unknown kind {kind!r}", hint=f"kind is one of {', '.join(catalogue.KINDS)}")
+        if endpoint is not None and endpoint not in catalogue.ENDPOINTS:
+            raise ApiError("invalid_request", f"no endpoint {endpoint!r} on a self-hosted gateway",
+                           hint=f"endpoint is one of {', '.join(catalogue.ENDPOINTS)} (chat and decide are hosted-only)")
+        rows = []
         for row in gw.store.all():
             d = gw.describe(row)
-            out.append(ModelEntry(name=d.name, version=d.version, status=d.status,
-                                  contract=d.contract, params=d.params))
-        return ModelList(models=out)
+            rows.append(catalogue.model_row(d.name, d.version, d.status, d.contract, d.params))
+        if kind != "model":
+            rows += await asyncio.to_thread(catalogue.template_rows)
+        return ModelList(models=[ModelEntry(**r) for r in catalogue.filter_rows(rows, kind, endpoint)])
 
     deployments = APIRouter(prefix="/v1/deployments", tags=["deployments"], dependencies=[Depends(require_key)])
 

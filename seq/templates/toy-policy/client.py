@@ -1,4 +1,8 @@
-"""Call a deployed toy-policy: ``python client.py`` (needs SEQUENCES_API_KEY and a running gateway)."""
+"""Call a deployed toy-policy: ``python client.py`` (needs SEQUENCES_API_KEY and a running gateway).
+
+toy-policy declares no contract, so ``predict()`` sends this dict as is and returns exactly
+what its infer() returned: ``{"delta": [dx]}``.
+"""
 import sequence_ai
 
 if __name__ == "__main__":
@@ -6,5 +10,5 @@ if __name__ == "__main__":
         x = 0.0
         for _ in range(8):
             out = policy.predict({"state": [x], "target": [0.5]})
-            x += out.outputs["delta"][0] if hasattr(out, "outputs") else out["delta"][0]
+            x += out["delta"][0]
             print(f"x = {x:.3f}")
