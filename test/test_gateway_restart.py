@@ -238,3 +238,44 @@ def test_a_lease_of_a_few_seconds_is_renewed_before_it_lapses_and_the_robot_keep
             assert sessions == 1
     finally:
         gw.close()
+
+
+def test_a_recorded_pid_that_is_now_another_program_is_neither_adopted_nor_signalled(tmp_path):
+    """pid reuse: the record names a live process that is not the worker (not a worker command
+    line, or another start time). The gateway leaves it alone and the deployment reads stopped."""
+    from sequence_ai_server._proc import AdoptedProcess, EXIT_UNKNOWN, process_start
+    from sequence_ai_server.gateway import Gateway, Store
+
+    data_dir = tmp_path / "seq-home"
+    gw = Gateway(data_dir)
+    gw.close()
+    stranger = subprocess.Popen(["sleep", "60"])
+    try:
+        start = process_start(stranger.pid)
+        run = data_dir.resolve() / "run"
+        now = time.time()
+        store = Store(data_dir / "state.db")     # the records a crashed gateway would have left
+        store.insert({"name": "echo", "version": 1, "file": ECHO_POLICY, "class_name": None, "file_sha": None,
+                      "status": "ready", "phase": "ready", "worker_port": 1, "worker_pid": stranger.pid,
+                      "secret": "s", "epoch": 1, "error": None, "error_details": None, "load_s": 1.0,
+                      "started_at": now, "ready_at": now, "served": 1, "spec_json": None,
+                      "created_at": now, "updated_at": now})
+        store.put_worker_records([{"key": "echo", "name": "echo", "role": "serving", "pid": stranger.pid,
+                                   "start": start, "ready_file": str(run / "echo.abc123.ready.json"),
+                                   "log_path": str(data_dir / "logs" / "echo.log"), "started_at": now}])
+        store.close()
+        again = Gateway(data_dir)
+        try:
+            assert "echo" not in again.workers
+            row = again.store.get("echo")
+            assert row["status"] == "stopped" and row["worker_pid"] is None
+            assert again.store.worker_records() == []
+        finally:
+            again.close()
+        assert stranger.poll() is None                    # never signalled: not ours
+        # the same pid with another start time is not the recorded process either
+        assert AdoptedProcess(stranger.pid, start + 1).poll() == EXIT_UNKNOWN
+        assert AdoptedProcess(stranger.pid, start).poll() is None
+    finally:
+        stranger.kill()
+        stranger.wait()

@@ -26,6 +26,10 @@ holds the current phase all along. SIGTERM runs ``@seq.on_episode`` for open epi
         [--mode serve|eval] [--max-body-bytes N] [--parent-pid PID] [--supervisor-file F]
 
 The secret may come from ``$SEQ_WORKER_SECRET`` instead of ``--secret`` (keeps it out of ps).
+Supervision: ``--supervisor-file`` (what the local gateway passes) names the gateway supervising
+the worker; when it dies the worker keeps serving the leases robots hold, a restarted gateway
+adopts it, and without one it stops after the policy's ``idle_timeout`` with no request
+(``_Supervision``). ``--parent-pid`` (a Ray actor) stops it as soon as that process goes away.
 ``$SEQ_EPISODE_IDLE_S`` overrides the 300 s after which an idle episode is ended.
 """
 from __future__ import annotations
