@@ -279,3 +279,40 @@ def test_a_recorded_pid_that_is_now_another_program_is_neither_adopted_nor_signa
     finally:
         stranger.kill()
         stranger.wait()
+
+
+def test_a_restarted_gateway_adopts_a_canary_side_worker_and_its_session_renews_on_it(tmp_path):
+    gws = [_gateway(tmp_path, env={"SEQ_LEASE_TTL_S": "30"})]
+    try:
+        gw = gws[0]
+        variant = tmp_path / "echo_side.py"
+        variant.write_text(Path(ECHO_POLICY).read_text() + "\n# v1\n")
+        assert gw.deploy(str(variant), "canary")["version"] == 1
+        variant.write_text(Path(ECHO_POLICY).read_text() + "\n# v2\n")
+        serving = gw.deploy(str(variant), "canary")
+        assert serving["version"] == 2 and serving["status"] == "ready", serving
+        r = gw.client.post("/v1/deployments/canary/traffic", json={"split": {"v1": 100, "v2": 0}})
+        assert r.status_code == 200, r.text
+        conn = gw.connect_ready("canary")                 # on v1's side worker
+        assert conn["version"] == 1
+        [side] = gw.client.get("/v1/deployments/canary/traffic").json()["side_workers"]
+        assert side["version"] == 1 and side["worker"] == "ready"
+        assert sorted(_worker_pids(gw.data_dir, "canary")) == sorted([serving["pid"], side["pid"]])
+        port = gw.info["port"]
+        _sigkill(gw)
+        gws.append(_gateway(tmp_path, port=port, env={"SEQ_LEASE_TTL_S": "30"}))
+        gw = gws[-1]
+        view = gw.client.get("/v1/deployments/canary/traffic").json()
+        assert [(s["version"], s["pid"], s["worker"], s["sessions"]) for s in view["side_workers"]] == \
+            [(1, side["pid"], "ready", 1)], view
+        assert gw.status("canary")["pid"] == serving["pid"]
+        assert sorted(_worker_pids(gw.data_dir, "canary")) == sorted([serving["pid"], side["pid"]])
+        renewed = gw.client.post(f"/v1/sessions/{conn['session_id']}/renew")
+        assert renewed.status_code == 200 and renewed.json()["version"] == 1, renewed.text
+        r = httpx.post(renewed.json()["worker_url"] + "/act", json={"observation": echo_observation()},
+                       headers={"Authorization": f"Bearer {renewed.json()['direct_secret']}"}, timeout=30)
+        assert r.status_code == 200, r.text
+    finally:
+        for g in gws:
+            if g.proc.poll() is None:
+                g.close()
