@@ -316,3 +316,21 @@ def test_a_restarted_gateway_adopts_a_canary_side_worker_and_its_session_renews_
         for g in gws:
             if g.proc.poll() is None:
                 g.close()
+
+
+def test_a_second_gateway_on_a_data_dir_whose_gateway_still_runs_refuses_to_start(tmp_path):
+    gw = _gateway(tmp_path)
+    try:
+        d = gw.deploy(ECHO_POLICY, "echo")
+        assert d["status"] == "ready", d
+        try:
+            second = _gateway(tmp_path)
+        except RuntimeError as exc:
+            assert f"another gateway (pid {gw.proc.pid}) is running on" in str(exc), str(exc)
+        else:
+            second.close()
+            raise AssertionError("a second gateway started on a data dir in use")
+        assert gw.status("echo")["pid"] == d["pid"] and _worker_pids(gw.data_dir, "echo") == [d["pid"]]
+        assert gw.connect_ready("echo")["worker_url"]
+    finally:
+        gw.close()

@@ -95,6 +95,10 @@ _DEPLOYMENT_PATH = re.compile(r"^/v1/deployments/([a-z0-9][a-z0-9_-]{0,62})(?:/|
 _QUIET_ROUTES = {"/metrics", "/healthz", "/v1/deployments/{name}/logs", "/v1/deployments/{name}"}  # polled: not logged
 
 
+class DataDirInUse(OSError):
+    """Another live gateway supervises the workers of this data dir (raised when a gateway starts)."""
+
+
 def default_data_dir() -> Path:
     return Path(os.environ.get("SEQUENCES_HOME") or Path.home() / ".sequence-ai").expanduser()
 
@@ -627,7 +631,14 @@ class Gateway:
         builds whose worker is gone, keep the open sessions of adopted workers, and stop any other
         worker process of this data dir (one the previous run started but had not recorded)."""
         kept: set[int] = set()
-        for rec in ([] if self.launcher else self.store.worker_records()):
+        records = [] if self.launcher else self.store.worker_records()
+        for rec in records:        # a gateway still running on this data dir keeps its workers
+            sup = _read_json(Path(rec["supervisor_file"])) if rec.get("supervisor_file") else None
+            with contextlib.suppress(KeyError, TypeError, ValueError):
+                if sup and int(sup["pid"]) != os.getpid() and process_alive(int(sup["pid"]), sup.get("start")):
+                    raise DataDirInUse(f"another gateway (pid {sup['pid']}) is running on {self.data_dir} "
+                                       "and supervises its workers; stop it first, or use another --data-dir")
+        for rec in records:
             try:
                 w = self._adopt_one(rec)
             except (KeyError, TypeError, ValueError) as exc:
