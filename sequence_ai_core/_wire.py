@@ -11,8 +11,11 @@ is replayed. A second failure is raised. The old session is resumed when the gat
 holds it (``POST /v1/sessions/{id}/renew`` hands back a token signed with the current secret
 and the worker's current address), else closed (``DELETE /v1/sessions/{id}``) *before* a new
 one is opened, so a robot never waits in line behind its own stale session. The lease is also renewed *before* it lapses: the
-handshake's ``ttl_s`` (else ``expires_at``) sets a local monotonic renewal time, and the first
-request after it goes through the gateway first. A 503 warming from the gateway becomes
+handshake's ``ttl_s`` (else ``expires_at``) and the robot's own request interval set a local
+monotonic renewal time (``lease_margin``), and the first request after it goes through the
+gateway first. A gateway that cannot be reached then (restarting, crashed) does not disturb the
+robot: the worker still honours the lease, the request goes on with it, and the renewal is
+retried with backoff until the lease lapses. A 503 warming from the gateway becomes
 ``Unavailable(warming=True, retry_after_s=...)``; waiting it out is the loop's decision, not
 the wire's.
 
@@ -52,8 +55,28 @@ __all__ = ["Session", "Wire", "fetch_models", "encode_act_body", "BINARY_CONTENT
 
 BINARY_CONTENT_TYPE = "application/vnd.sequence-ai.act+bin"
 BODY_FORMATS = ("json", "binary", "auto")
-# Renew a lease this long before it lapses (s), or a tenth of its ttl when that is shorter.
+# Renew a lease this long before it lapses (s), or a tenth of its ttl when that is shorter ...
 LEASE_MARGIN_S = 5.0
+# ... but never less than this (s): a gateway round trip on a loaded machine, and clock-tick slack ...
+LEASE_MARGIN_FLOOR_S = 1.0
+# ... nor less than this many of the robot's recent intervals between requests (renewal is
+# request-driven: a margin shorter than the interval lets the lease lapse between two requests) ...
+LEASE_MARGIN_INTERVALS = 2.0
+# ... and at most this fraction of the ttl (a lease is renewed at most about twice per ttl).
+LEASE_MARGIN_MAX_FRACTION = 0.5
+# A renewal the gateway did not answer (connection refused, reset, timed out) is retried after
+# RENEW_RETRY_FIRST_S, doubling up to RENEW_RETRY_MAX_S, until the lease lapses (s).
+RENEW_RETRY_FIRST_S = 0.25
+RENEW_RETRY_MAX_S = 2.0
+# The longest a renewal may hold up the request that triggered it (s): the gateway answers one
+# in milliseconds; a hung one must not stall the robot's chunk stream.
+RENEW_TIMEOUT_S = 2.0
+# A renewal runs beside the robot's requests (they go on with the current token) while the lease
+# has more than this left (s): time for the renewal to be answered or to time out (RENEW_TIMEOUT_S)
+# before it lapses. Closer to the lapse the request waits for the renewal.
+RENEW_BESIDE_S = 2.5
+# Request intervals remembered for the margin (the longest of them counts).
+INTERVAL_WINDOW = 8
 # Asking again while queued: the gateway's Retry-After, clamped to this range (s). The gateway
 # drops a robot that has not asked for 15 s (slots.ABANDON_S).
 QUEUE_POLL_MIN_S = 0.25
@@ -138,6 +161,11 @@ class Session:
     params: Dict[str, Any] = field(default_factory=dict)
     epoch: Optional[int] = None
     renew_at: Optional[float] = None  # time.monotonic() after which the lease is renewed first
+    ttl_s: Optional[float] = None     # the lease's length (s)
+    expires_mono: Optional[float] = None   # time.monotonic() at which the lease lapses
+    retry_at: Optional[float] = None  # set while the gateway is unreachable: the next renewal try
+    retries: int = 0                  # renewal tries the gateway did not answer, in a row
+    renew_refused: bool = False       # the gateway refused a renewal: the next request reconnects
 
     @property
     def lease_due(self) -> bool:
@@ -145,15 +173,38 @@ class Session:
         return self.renew_at is not None and time.monotonic() >= self.renew_at
 
 
-def _renew_at(lease: Dict[str, Any], received: float) -> Optional[float]:
-    """Monotonic renewal time for a lease: ttl_s (or expires_at - now) less a margin."""
+def _lease_ttl(lease: Dict[str, Any]) -> Optional[float]:
     ttl = lease.get("ttl_s")
     if ttl is None and lease.get("expires_at") is not None:
         ttl = float(lease["expires_at"]) - time.time()
+    return None if ttl is None else float(ttl)
+
+
+def lease_margin(ttl_s: float, interval_s: Optional[float] = None) -> float:
+    """How long before a lease of ``ttl_s`` seconds lapses it is renewed (s).
+
+    ``max(min(LEASE_MARGIN_S, 10 % of the ttl), LEASE_MARGIN_INTERVALS x interval_s,
+    LEASE_MARGIN_FLOOR_S)``, capped at ``LEASE_MARGIN_MAX_FRACTION`` of the ttl. Where the figures
+    come from: 5 s / 10 % is what a long lease (the gateway's default ttl is 300 s) needs for a
+    gateway round trip with room to retry; renewal happens on a request, so the margin must also
+    span the time between two requests (``interval_s``, the robot's recent longest gap; twice it
+    for jitter), else a lease of a few seconds lapses between a robot's requests (1 s apart, a
+    3 s lease and a 0.3 s margin did); 1 s covers a round trip to a loaded gateway; the cap at
+    half the ttl keeps a slow robot from renewing on every request.
+    """
+    margin = max(min(LEASE_MARGIN_S, 0.1 * ttl_s), LEASE_MARGIN_FLOOR_S)
+    if interval_s is not None:
+        margin = max(margin, LEASE_MARGIN_INTERVALS * interval_s)
+    return min(margin, LEASE_MARGIN_MAX_FRACTION * ttl_s)
+
+
+def _renew_at(lease: Dict[str, Any], received: float, interval_s: Optional[float] = None) -> Optional[float]:
+    """Monotonic renewal time for a lease received at ``received`` (monotonic s): its ttl_s (or
+    expires_at - now) less ``lease_margin``. None when the lease names neither."""
+    ttl = _lease_ttl(lease)
     if ttl is None:
         return None
-    ttl = float(ttl)
-    return received + max(0.0, ttl - min(LEASE_MARGIN_S, 0.1 * ttl))
+    return received + max(0.0, ttl - lease_margin(ttl, interval_s))
 
 
 def _client(timeout_s: float) -> httpx.AsyncClient:
@@ -205,6 +256,11 @@ class Wire:
         self.reconnects = 0
         self.renewals = 0
         self.resumed = 0                        # reconnects that kept the session (renewed)
+        self.renew_failures = 0                 # renewal tries the gateway did not answer (retried)
+        self.last_renewal_left_s: Optional[float] = None   # lease time left at the last renewal (s)
+        self._last_request: Optional[float] = None
+        self._renewal: Optional["asyncio.Future[Optional[bool]]"] = None   # a renewal running beside requests
+        self._intervals: List[float] = []       # recent gaps between /act requests (s)
         self._api_key = api_key
         self._http: Optional[httpx.AsyncClient] = None
         self.on_queue = on_queue
@@ -220,6 +276,7 @@ class Wire:
 
     async def aclose(self) -> None:
         """End the session and give up any place in line (best effort), close the connections."""
+        await self._cancel_renewal()
         await self.close_session()
         await self.leave_line()
         for task in self._background:
@@ -235,6 +292,7 @@ class Wire:
 
     async def aclose_http(self) -> None:
         """Close the pooled connections but keep the session: the next call opens a new one."""
+        await self._cancel_renewal()
         if self._http is not None:
             await self._http.aclose()
             self._http = None
@@ -368,6 +426,7 @@ class Wire:
     def _adopt(self, body: Dict[str, Any], received: float) -> Session:
         """Take the coordinates of a connect (or renew) answer as the current session."""
         lease = body.get("lease") or {}
+        ttl = _lease_ttl(lease)
         self.session = Session(
             session_id=body.get("session_id"),
             worker_url=str(body["worker_url"]).rstrip("/"),
@@ -376,9 +435,35 @@ class Wire:
             contract=body.get("contract") or {},
             params=body.get("params") or {},
             epoch=lease.get("epoch"),
-            renew_at=_renew_at(lease, received),
+            renew_at=_renew_at(lease, received, self.request_interval_s()),
+            ttl_s=ttl,
+            expires_mono=None if ttl is None else received + ttl,
         )
         return self.session
+
+    def request_interval_s(self) -> Optional[float]:
+        """The longest of the last INTERVAL_WINDOW gaps between this wire's /act requests (s);
+        None before the second request."""
+        return max(self._intervals) if self._intervals else None
+
+    def _note_request(self) -> None:
+        now = time.monotonic()
+        if self._last_request is not None:
+            self._intervals = (self._intervals + [now - self._last_request])[-INTERVAL_WINDOW:]
+        self._last_request = now
+
+    def _lease_due(self, session: Session) -> bool:
+        """Renew before this request? After a failed try: once its backoff has passed (until the
+        lease lapses). Else: at ``renew_at``, or earlier once the robot's request interval has
+        grown so that the lease would lapse before its next request (``lease_margin``)."""
+        now = time.monotonic()
+        if session.retry_at is not None:
+            return now >= session.retry_at and (session.expires_mono is None or now < session.expires_mono)
+        if session.renew_at is not None and now >= session.renew_at:
+            return True
+        if session.expires_mono is None or session.ttl_s is None:
+            return False
+        return now >= session.expires_mono - lease_margin(session.ttl_s, self.request_interval_s())
 
     async def act(self, observation: Dict[str, Any], *, params: Optional[Dict[str, Any]] = None,
                   episode_id: Optional[str] = None) -> Prediction:
@@ -397,14 +482,20 @@ class Wire:
         if episode_id is not None:
             body["episode_id"] = episode_id
         started = time.monotonic()
+        self._note_request()
         encoded: Dict[bool, Tuple[bytes, str]] = {}
         attempt = 0
         while True:
             session = self.session
             if session is None:
                 session = await self.join()
-            elif session.lease_due:  # renew before it lapses rather than eat a 401
+            elif session.renew_refused:     # a renewal beside requests was refused: a new session now
                 session = await self.renew()
+            elif self._lease_due(session):  # renew before it lapses rather than eat a 401
+                if session.expires_mono is not None and session.expires_mono - time.monotonic() > RENEW_BESIDE_S:
+                    self._renew_beside(session)   # time enough: the request goes on with the current token
+                else:
+                    session = await self.renew()
             binary = self.body_format != "json"
             if binary not in encoded:
                 encoded[binary] = encode_act_body(body, binary)
@@ -436,32 +527,94 @@ class Wire:
                 latency_s=time.monotonic() - started,
             )
 
+    def _retry_later(self, session: Session) -> Session:
+        """The gateway did not answer a renewal: keep the current coordinates (the worker checks
+        the lease itself, so requests go on) and try again after a backoff (RENEW_RETRY_FIRST_S
+        doubling to RENEW_RETRY_MAX_S), never past the lease's lapse."""
+        self.renew_failures += 1
+        now = time.monotonic()
+        pause = min(RENEW_RETRY_MAX_S, RENEW_RETRY_FIRST_S * (2 ** session.retries))
+        if session.expires_mono is not None:
+            pause = min(pause, max(0.05, (session.expires_mono - now) / 2))
+        session.retries += 1
+        session.retry_at = now + pause
+        return session
+
+    async def _try_renew(self, session: Session) -> Optional[bool]:
+        """One ``POST /v1/sessions/{id}/renew`` for ``session``. True: renewed (the answer is the
+        current session, unless another one replaced ``session`` meanwhile); False: the gateway
+        refused; None: it could not be reached (refused, reset, no answer within RENEW_TIMEOUT_S,
+        or a 5xx from inside it) and a retry is scheduled (``_retry_later``)."""
+        started = time.monotonic()
+        try:
+            response = await self._send(
+                "POST", f"{self.gateway_url}/v1/sessions/{session.session_id}/renew",
+                headers={"Authorization": f"Bearer {self._api_key}"},
+                timeout=min(self.timeout_s, RENEW_TIMEOUT_S))
+        except (TransportError, *_DROPPED):
+            self._retry_later(session)
+            return None
+        if response.status_code == 200:
+            self.renewals += 1
+            if session.expires_mono is not None:
+                self.last_renewal_left_s = session.expires_mono - started
+            if self.session is session:
+                self._adopt(response.json(), started)
+            return True
+        if response.status_code >= 500 and response.status_code != 503:
+            self._retry_later(session)           # a gateway failing inside: the lease still holds
+            return None
+        session.renew_refused = True
+        return False
+
+    def _renew_beside(self, session: Session) -> None:
+        """Renew ``session`` in a background task while requests go on with its current token
+        (a slow or restarting gateway then costs the robot nothing); one at a time."""
+        if self._renewal is not None and not self._renewal.done():
+            return
+
+        async def attempt() -> Optional[bool]:
+            try:
+                return await self._try_renew(session)
+            except Exception:  # noqa: BLE001 - e.g. the connections closed under it: retry later
+                self._retry_later(session)
+                return None
+        self._renewal = asyncio.ensure_future(attempt())
+
+    async def _cancel_renewal(self) -> None:
+        task, self._renewal = self._renewal, None
+        if task is not None and not task.done():
+            task.cancel()
+            try:
+                await task
+            except BaseException:  # noqa: BLE001 - cancelled on purpose
+                pass
+
     async def renew(self) -> Session:
         """Extend the lease before it lapses: ``POST /v1/sessions/{id}/renew`` (same session).
 
         A gateway that refuses (lease already gone, worker restarted, no such route) gets a fresh
-        ``/v1/connect`` instead; an unreachable gateway keeps the current coordinates (the lease
-        has not lapsed yet) and tries again a second later.
+        ``/v1/connect`` instead. A gateway that cannot be reached (refused, reset, or no answer
+        within RENEW_TIMEOUT_S: it is restarting or gone) keeps the current coordinates -- the
+        worker honours the lease until it lapses -- and the renewal is retried with backoff on
+        later requests (``_retry_later``) until it lapses.
         """
         session = self.session
         if session is None:
             return await self.join()
-        if session.session_id:
-            try:
-                response = await self._send(
-                    "POST", f"{self.gateway_url}/v1/sessions/{session.session_id}/renew",
-                    headers={"Authorization": f"Bearer {self._api_key}"})
-            except (TransportError, *_DROPPED):
-                session.renew_at = time.monotonic() + 1.0
+        await self._cancel_renewal()
+        if session.session_id and not session.renew_refused:
+            outcome = await self._try_renew(session)
+            if outcome is None:          # unreachable: go on with the current lease, retry later
                 return session
-            if response.status_code == 200:
-                self.renewals += 1
-                return self._adopt(response.json(), time.monotonic())
+            if outcome:
+                return self.session or session
         try:
             await self._replace(session)
         except TransportError:
             self.session = session
-            session.renew_at = time.monotonic() + 1.0
+            session.renew_refused = False
+            return self._retry_later(session)
         return self.session  # type: ignore[return-value]
 
     async def close_session(self) -> None:

@@ -11,7 +11,9 @@ secret, and from then on talks to the worker directly. The gateway
   - answers connect with 503 warming + Retry-After while a worker loads (estimated from the
     last measured load, else 30 s), and starts the worker of a deployment stopped for idleness (not one stopped with
     `seq policy stop`: that refuses connects until `seq policy start`),
-  - terminates every worker when it shuts down.
+  - terminates every worker when it shuts down; a gateway that dies instead (crash, SIGKILL)
+    leaves its workers serving the leases robots hold, and the next gateway started on the same
+    data dir adopts them (``workers`` and ``sessions`` tables; ``_adopt_workers``).
 
 Endpoints (see docs/design.md for the bodies):
     GET    /v1/models                  no key (deployments, then templates; ?kind= ?endpoint=; catalogue.py)
@@ -70,7 +72,7 @@ from seq._params import InferParam, ParamError, cast_params
 
 from . import catalogue   # the /v1/models rows: contract-derived fields and templates
 from .errors import CODES as _CODES
-from ._proc import stop_process
+from ._proc import EXIT_UNKNOWN, AdoptedProcess, process_alive, process_cmdline, process_start, stop_process
 from .errors import ApiError, install_error_handlers, new_request_id
 from .keys import KeyRecord, KeyStore
 from .leases import sign_lease
@@ -101,6 +103,10 @@ MAX_BODY_BYTES = 32 * 1024 * 1024   # the largest request body the gateway reads
 _NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
 _DEPLOYMENT_PATH = re.compile(r"^/v1/deployments/([a-z0-9][a-z0-9_-]{0,62})(?:/|$)")
 _QUIET_ROUTES = {"/metrics", "/healthz", "/v1/deployments/{name}/logs", "/v1/deployments/{name}"}  # polled: not logged
+
+
+class DataDirInUse(OSError):
+    """Another live gateway supervises the workers of this data dir (raised when a gateway starts)."""
 
 
 def default_data_dir() -> Path:
@@ -273,6 +279,18 @@ CREATE TABLE IF NOT EXISTS versions (
     created_at REAL NOT NULL,
     PRIMARY KEY (name, version)
 );
+CREATE TABLE IF NOT EXISTS workers (
+    key TEXT PRIMARY KEY,
+    name TEXT NOT NULL,
+    role TEXT NOT NULL,
+    pid INTEGER NOT NULL,
+    record_json TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS sessions (
+    id TEXT PRIMARY KEY,
+    model TEXT NOT NULL,
+    record_json TEXT NOT NULL
+);
 CREATE TABLE IF NOT EXISTS keys (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
     hash TEXT NOT NULL UNIQUE,
@@ -346,6 +364,33 @@ class Store:
         with self._lock:
             self._db.execute("DELETE FROM versions WHERE name = ? AND version = ?", (name, version))
 
+    # worker processes (what a restarted gateway needs to adopt them; Gateway._save_workers)
+    def worker_records(self) -> list[dict]:
+        with self._lock:
+            return [json.loads(r["record_json"]) for r in self._db.execute("SELECT record_json FROM workers")]
+
+    def put_worker_records(self, records: list[dict]) -> None:
+        with self._lock:
+            self._db.execute("BEGIN")
+            self._db.execute("DELETE FROM workers")
+            self._db.executemany("INSERT INTO workers (key, name, role, pid, record_json) VALUES (?, ?, ?, ?, ?)",
+                                 [(r["key"], r["name"], r["role"], r["pid"], json.dumps(r)) for r in records])
+            self._db.execute("COMMIT")
+
+    # open sessions (SessionTable)
+    def session_records(self) -> list[dict]:
+        with self._lock:
+            return [json.loads(r["record_json"]) for r in self._db.execute("SELECT record_json FROM sessions")]
+
+    def put_session(self, record: dict) -> None:
+        with self._lock:
+            self._db.execute("INSERT OR REPLACE INTO sessions (id, model, record_json) VALUES (?, ?, ?)",
+                             (record["id"], record["model"], json.dumps(record)))
+
+    def delete_sessions(self, ids: list[str]) -> None:
+        with self._lock:
+            self._db.executemany("DELETE FROM sessions WHERE id = ?", [(i,) for i in ids])
+
     def close(self) -> None:
         with self._lock:
             self._db.close()
@@ -374,6 +419,8 @@ class WorkerProc:
     host: Optional[str] = None          # with port: the side worker's host (from its ready file)
     epoch: int = 0                      # a side worker's lease epoch
     error: Optional[str] = None         # a side worker that failed to load: why
+    proc_start: Optional[int] = None    # the process's start time (_proc.process_start): its identity with the pid
+    supervisor_file: Optional[Path] = None   # {pid, start} of the gateway supervising it (worker --supervisor-file)
 
 
 @dataclass
@@ -389,6 +436,46 @@ class SessionRec:
     expires_at: float
     requested: dict = field(default_factory=dict)   # the robot's own params; deployment defaults fill the rest
     side: str = ""     # workers key of the side worker (a split/pinned version); "" = the serving worker
+
+
+class SessionTable(dict):
+    """``session_id -> SessionRec``, written through to the ``sessions`` table of state.db on every
+    set and removal, so a restarted gateway still knows the sessions whose leases robots hold
+    (renewals go on, slots stay counted). A changed record is stored by setting it again."""
+
+    def __init__(self, store: "Store"):
+        super().__init__()
+        self._store = store
+
+    def load(self) -> list[SessionRec]:
+        """The stored sessions (into this table, without writing); returns them."""
+        out = []
+        for rec in self._store.session_records():
+            with contextlib.suppress(TypeError):
+                sess = SessionRec(**rec)
+                dict.__setitem__(self, sess.id, sess)
+                out.append(sess)
+        return out
+
+    def __setitem__(self, key: str, value: SessionRec) -> None:
+        super().__setitem__(key, value)
+        self._store.put_session(dict(value.__dict__))
+
+    def __delitem__(self, key: str) -> None:
+        super().__delitem__(key)
+        self._store.delete_sessions([key])
+
+    def pop(self, key: str, *default: Any) -> Any:
+        had = key in self
+        value = super().pop(key, *default)
+        if had:
+            self._store.delete_sessions([key])
+        return value
+
+    def clear(self) -> None:
+        ids = list(self)
+        super().clear()
+        self._store.delete_sessions(ids)
 
 
 def _write_secret(path: Path, value: str) -> None:
@@ -420,6 +507,8 @@ def _read_json(path: Path) -> Optional[dict]:
 
 
 def _exit_reason(code: int) -> str:
+    if code == EXIT_UNKNOWN:   # an adopted worker (not our child): its status is its reaper's
+        return "exited (status unknown: the worker was adopted after a gateway restart)"
     if code < 0:
         try:
             return f"was killed by signal {signal.Signals(-code).name}"
@@ -450,7 +539,7 @@ class Gateway:
         self.api_key_file = self.data_dir / "api_key"
         self._ensure_key()
         self.lease_ttl_s = float(os.environ.get("SEQ_LEASE_TTL_S") or LEASE_TTL_S)
-        self.sessions: dict[str, SessionRec] = {}
+        self.sessions: dict[str, SessionRec] = SessionTable(self.store)   # persisted: survives a restart
         self._activity: dict[str, float] = {}      # deployment -> last connect / renew / /v1/act (unix s)
         self.cold_starts = 0
         self._retiring: list[WorkerProc] = []        # replaced workers draining after a version switch
@@ -464,10 +553,179 @@ class Gateway:
         self._side_failed: dict[str, dict] = {}      # side worker key -> why its last start failed
         self._health: dict[str, dict] = {}           # deployment -> the last jammed-worker event (replace_jammed)
         self.health_interval_s = float(os.environ.get("SEQ_HEALTH_INTERVAL_S") or HEALTH_INTERVAL_S)
-        # workers of a previous gateway process are gone (they watch their parent): nothing serves now
+        self._saved_workers: Optional[str] = None     # the last worker records written (_save_workers)
+        self._me = {"pid": os.getpid(), "start": process_start(os.getpid())}   # what supervisor files name
+        # workers of a previous gateway process on this data dir keep serving through its death:
+        # the ones still running are adopted, the rest of what it left is cleaned up
+        self._adopt_workers()
+
+    # -- surviving a gateway restart: what each worker needs recorded, and adopting it again
+    # A local worker does not die with its gateway (worker.py --supervisor-file): robots keep acting
+    # on it with the leases they hold. The ``workers`` table of state.db records every running
+    # worker (pid + start time, ready file, secret files, version, role); a gateway started on the
+    # same data dir adopts each one still running that is really that worker, stops any other
+    # worker of this data dir, and keeps the ``sessions`` table's open sessions of adopted workers.
+    def _write_supervisor(self, path: Path) -> None:
+        """Name this gateway as the supervisor in a worker's supervisor file (atomic replace)."""
+        tmp = Path(f"{path}.tmp")
+        tmp.write_text(json.dumps(self._me))
+        os.replace(tmp, path)
+
+    @staticmethod
+    def _role(key: str) -> str:
+        if key.endswith(BUILD_SUFFIX):
+            return "build"
+        return "side" if SIDE_MARK in key else "serving"
+
+    @staticmethod
+    def _worker_record(key: str, w: WorkerProc, role: str) -> dict:
+        rec = {"key": key, "name": w.name, "role": role, "pid": w.proc.pid, "start": w.proc_start,
+               "ready_file": str(w.ready_file), "log_path": str(w.log_path), "started_at": w.started_at,
+               "startup_timeout_s": w.startup_timeout_s, "secret": w.secret,
+               "secret_file": str(w.secret_file) if w.secret_file else None,
+               "activity_file": str(w.activity_file) if w.activity_file else None,
+               "supervisor_file": str(w.supervisor_file) if w.supervisor_file else None,
+               "version": w.version, "file": w.file, "class_name": w.class_name, "file_sha": w.file_sha,
+               "spec": w.spec, "port": w.port, "host": w.host, "epoch": w.epoch}
+        if role == "retiring":
+            rec.update(retired_at=getattr(w, "retired_at", time.time()), grace_s=getattr(w, "grace_s", STOP_GRACE_S))
+        return rec
+
+    def _save_workers(self) -> None:
+        """Record the running workers (serving, building, side, retiring) in the ``workers`` table,
+        when they changed. Ray workers are not recorded: they stop with their actors."""
+        if self.launcher:
+            return
+        with self._lock:
+            records = [self._worker_record(k, w, self._role(k)) for k, w in self.workers.items()]
+            records += [self._worker_record(f"{w.name}.retiring.{w.proc.pid}", w, "retiring") for w in self._retiring]
+            blob = json.dumps(records, sort_keys=True, default=str)
+            if blob == self._saved_workers:
+                return
+            self.store.put_worker_records(records)
+            self._saved_workers = blob
+
+    def _is_worker(self, url: str, name: str, pid: int) -> bool:
+        """True when ``url``'s ``/ping`` answers as worker ``name`` with process id ``pid``."""
+        for _ in range(3):
+            try:
+                r = httpx.get(f"{url}/ping", timeout=3.0, trust_env=False)
+                body = r.json() if r.status_code == 200 else {}
+                return body.get("name") == name and body.get("pid") == pid
+            except (httpx.HTTPError, ValueError):
+                time.sleep(0.2)
+        return False
+
+    def _stop_in_background(self, proc: Any, why: str) -> None:
+        log.warning("stopping worker pid %d: %s", proc.pid, why)
+        threading.Thread(target=stop_process, args=(proc,), kwargs={"grace_s": STOP_GRACE_S},
+                         name=f"stop-{proc.pid}", daemon=True).start()
+
+    def _adopt_one(self, rec: dict) -> Optional[WorkerProc]:
+        """A WorkerProc over the recorded worker ``rec`` when it still runs and is that worker (same
+        pid and start time, our ready file on its command line, and, once serving, ``/ping`` naming
+        it with that pid); None otherwise (one that is ours but no longer wanted is stopped)."""
+        pid, start = int(rec["pid"]), rec.get("start")
+        if not process_alive(pid, start):
+            return None
+        argv = process_cmdline(pid)
+        if "sequence_ai_server.worker" not in argv or rec.get("ready_file") not in argv:
+            return None
+        proc = AdoptedProcess(pid, start)
+        url = None
+        if rec["role"] == "serving":
+            row = self.store.get(rec["name"])
+            if row is None or row["worker_pid"] != pid or row["status"] not in ("starting", "ready"):
+                self._stop_in_background(proc, f"{rec['name']} no longer runs it")
+                return None
+            if row["status"] == "ready" and row["worker_port"]:
+                url = _worker_url(row)
+        elif rec["role"] == "side" and rec.get("port"):
+            url = f"http://{rec.get('host') or '127.0.0.1'}:{rec['port']}"
+        if url is not None and not self._is_worker(url, rec["name"], pid):
+            self._stop_in_background(proc, f"it does not answer as the worker of {rec['name']} at {url}")
+            return None
+
+        def path(k: str) -> Optional[Path]:
+            return Path(rec[k]) if rec.get(k) else None
+        w = WorkerProc(rec["name"], proc, Path(rec["ready_file"]), Path(rec["log_path"]), float(rec["started_at"]),
+                       startup_timeout_s=float(rec.get("startup_timeout_s") or 1800.0), secret=rec.get("secret") or "",
+                       secret_file=path("secret_file"), activity_file=path("activity_file"),
+                       version=int(rec.get("version") or 0), file=rec.get("file") or "", class_name=rec.get("class_name"),
+                       file_sha=rec.get("file_sha"), spec=rec.get("spec"), port=rec.get("port"), host=rec.get("host"),
+                       epoch=int(rec.get("epoch") or 0), proc_start=start, supervisor_file=path("supervisor_file"))
+        if w.supervisor_file is not None:
+            self._write_supervisor(w.supervisor_file)
+        log.info("adopted the running %s worker of %s v%d (pid %d)", rec["role"], w.name, w.version, pid)
+        return w
+
+    def _adopt_workers(self) -> None:
+        """At start: adopt the recorded workers still running, settle the deployment rows and
+        builds whose worker is gone, keep the open sessions of adopted workers, and stop any other
+        worker process of this data dir (one the previous run started but had not recorded)."""
+        kept: set[int] = set()
+        records = [] if self.launcher else self.store.worker_records()
+        for rec in records:        # a gateway still running on this data dir keeps its workers
+            sup = _read_json(Path(rec["supervisor_file"])) if rec.get("supervisor_file") else None
+            with contextlib.suppress(KeyError, TypeError, ValueError):
+                if sup and int(sup["pid"]) != os.getpid() and process_alive(int(sup["pid"]), sup.get("start")):
+                    raise DataDirInUse(f"another gateway (pid {sup['pid']}) is running on {self.data_dir} "
+                                       "and supervises its workers; stop it first, or use another --data-dir")
+        for rec in records:
+            try:
+                w = self._adopt_one(rec)
+            except (KeyError, TypeError, ValueError) as exc:
+                log.warning("a worker record could not be read (%s); not adopted", exc)
+                continue
+            if w is None:
+                continue
+            kept.add(w.proc.pid)
+            if rec["role"] == "retiring":           # was draining after a version switch: let it finish
+                w.stopping, w.retired_at = True, time.time()
+                w.grace_s = float(rec.get("grace_s") or STOP_GRACE_S)
+                with contextlib.suppress(ProcessLookupError):
+                    w.proc.send_signal(signal.SIGTERM)
+                self._retiring.append(w)
+            else:
+                self.workers[rec["key"]] = w
         for row in self.store.all():
-            if row["status"] in ("starting", "ready"):
-                self.store.update(row["name"], status="stopped", phase="stopped", worker_port=None, worker_pid=None)
+            name = row["name"]
+            if row["status"] in ("starting", "ready") and name not in self.workers:
+                self.store.update(name, status="stopped", phase="stopped", worker_port=None, worker_pid=None)
+            build = json.loads(row["build_json"]) if row.get("build_json") else None
+            if build and build.get("status") == "switching" and not any(w.name == name for w in self._retiring):
+                self.store.update(name, build_json=json.dumps({**build, "status": "ready"}))
+            elif build and build.get("status") == "building" and (name + BUILD_SUFFIX) not in self.workers:
+                msg = "the gateway restarted during the build and its worker was gone"
+                self.store.update(name, build_json=json.dumps({**build, "status": "failed", "phase": "failed", "error": msg}))
+                self.store.update_version(name, build["version"], status="failed", error=msg)
+        now = time.time()
+        for sess in self.sessions.load():
+            row = self.store.get(sess.model)
+            if sess.side:
+                alive = sess.side in self.workers
+            else:
+                alive = (row is not None and row["status"] == "ready" and row["epoch"] == sess.epoch
+                         and sess.model in self.workers)
+            if sess.expires_at < now or not alive:
+                self.sessions.pop(sess.id, None)
+        if not self.launcher:
+            self._stop_unrecorded(kept)
+        self._save_workers()
+
+    def _stop_unrecorded(self, kept: set[int]) -> None:
+        """Stop worker processes of this data dir (ready file under ``<data_dir>/run``) not adopted."""
+        run = str(self.data_dir / "run") + os.sep
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit() or int(entry) in kept or int(entry) == os.getpid():
+                continue
+            argv = process_cmdline(int(entry))
+            if "sequence_ai_server.worker" not in argv or "--ready-file" not in argv:
+                continue
+            i = argv.index("--ready-file")
+            if i + 1 < len(argv) and argv[i + 1].startswith(run) and process_alive(int(entry)):
+                self._stop_in_background(AdoptedProcess(int(entry), process_start(int(entry))),
+                                         "a worker of this data dir that no record names")
 
     # -- keys
     def _ensure_key(self) -> None:
@@ -668,8 +926,14 @@ class Gateway:
         env["SEQ_JSON_LOG"] = str(self.data_dir / "logs" / f"{name}.jsonl")   # structured log (logs.py)
         env["SEQ_DEPLOYMENT_VERSION"] = str(version)
         cmd = [sys.executable, "-m", "sequence_ai_server.worker", "--file", file, "--port", "0",
-               "--ready-file", str(ready), "--name", name, "--weights-dir", str(self.data_dir / "weights" / name),
-               "--parent-pid", str(os.getpid())]
+               "--ready-file", str(ready), "--name", name, "--weights-dir", str(self.data_dir / "weights" / name)]
+        supervisor_file: Optional[Path] = None
+        if self.launcher:       # a Ray actor hosts the worker: it stops with its actor (ray_backend sets the pid)
+            cmd += ["--parent-pid", str(os.getpid())]
+        else:                   # a local worker outlives a gateway crash; a restarted gateway adopts it
+            supervisor_file = run / f"{key}.supervisor"
+            self._write_supervisor(supervisor_file)
+            cmd += ["--supervisor-file", str(supervisor_file)]
         if class_name:
             cmd += ["--class", class_name]
         handle = open(log_path, "ab", buffering=0)
@@ -680,9 +944,11 @@ class Gateway:
         self.cold_starts += 1
         w = WorkerProc(name, proc, ready, log_path, time.time(), log_handle=handle, secret=secret,
                        secret_file=secret_file, activity_file=activity_file, version=version, file=file,
-                       class_name=class_name)
+                       class_name=class_name, supervisor_file=supervisor_file,
+                       proc_start=None if self.launcher else process_start(proc.pid))
         self.workers[key.rsplit(".", 1)[0]] = w
         log.info("started worker for %s v%d (pid %d)", name, version, proc.pid)
+        self._save_workers()
         return w
 
     def _spawn(self, name: str) -> None:
@@ -797,6 +1063,7 @@ class Gateway:
             if w.log_handle:
                 w.log_handle.close()
             self.store.update(w.name, status="stopped", phase="stopped", worker_port=None, worker_pid=None)
+        self._save_workers()
 
     # -- supervision (called every 100 ms)
     def poll(self) -> None:
@@ -812,6 +1079,7 @@ class Gateway:
             self._reap_side()
             self._expire_sessions()
             self._idle_and_min_workers()
+            self._save_workers()
 
     def _poll_build(self, key: str, w: WorkerProc) -> None:
         """A version building beside the serving one: swap it in once ready; a failed build only
@@ -1519,6 +1787,7 @@ class Gateway:
                 self._activity[sess.side] = now
             with contextlib.suppress(ApiError):   # defaults changed since: the robot gets them now
                 sess.params = self._session_params(row, sess.requested)
+            self.sessions[session_id] = sess      # stores the new expiry (SessionTable)
             return self._lease(row, sess)
 
     def close_session(self, session_id: str, key: Optional[KeyRecord] = None) -> dict:

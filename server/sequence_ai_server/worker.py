@@ -23,15 +23,20 @@ holds the current phase all along. SIGTERM runs ``@seq.on_episode`` for open epi
 
     python -m sequence_ai_server.worker --file policy.py [--class C] --port 0 \\
         --secret S --ready-file /tmp/w.json [--name N] [--weights-dir D] [--cache-dir D] \\
-        [--mode serve|eval] [--max-body-bytes N] [--parent-pid PID]
+        [--mode serve|eval] [--max-body-bytes N] [--parent-pid PID] [--supervisor-file F]
 
 The secret may come from ``$SEQ_WORKER_SECRET`` instead of ``--secret`` (keeps it out of ps).
+Supervision: ``--supervisor-file`` (what the local gateway passes) names the gateway supervising
+the worker; when it dies the worker keeps serving the leases robots hold, a restarted gateway
+adopts it, and without one it stops after the policy's ``idle_timeout`` with no request
+(``_Supervision``). ``--parent-pid`` (a Ray actor) stops it as soon as that process goes away.
 ``$SEQ_EPISODE_IDLE_S`` overrides the 300 s after which an idle episode is ended.
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -345,6 +350,57 @@ def _inject_secrets(names: list, worker_secret: str) -> None:
     os.environ.update(r.json()["env"])
 
 
+class _Supervision:
+    """Whether the gateway that supervises this worker is alive, and when an unsupervised worker
+    should stop.
+
+    The gateway keeps ``{"pid", "start"}`` (``_proc.process_start``) in the worker's supervisor
+    file; a restarted gateway that adopts the worker writes its own there. While the process it
+    names is gone (the gateway crashed, or was SIGKILLed) the worker is *orphaned*: it keeps
+    serving the robots whose leases it can still verify itself, and stops once no request has
+    come for the policy's ``idle_timeout`` (seconds; counted from the later of the last request
+    -- the mtime of ``$SEQ_WORKER_ACTIVITY_FILE`` -- and the moment it was orphaned), so a
+    gateway that never comes back leaves no worker running for ever. The gateway's own idle
+    stop does the same while it is alive."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self.orphaned_at: Optional[float] = None
+        self._alive = True
+
+    def gateway_alive(self) -> bool:
+        from ._proc import process_alive
+        try:
+            raw = Path(self.path).read_text()
+            sup = json.loads(raw)
+            pid, start = int(sup["pid"]), sup.get("start")
+        except (OSError, ValueError, KeyError, TypeError):
+            return self._alive            # unreadable for a moment: no change
+        return process_alive(pid, start)
+
+    def orphan_idle_expired(self, host: Optional[PolicyHost]) -> bool:
+        now = time.time()
+        if self.gateway_alive():
+            if self.orphaned_at is not None:
+                log.info("a gateway supervises this worker again")
+            self.orphaned_at, self._alive = None, True
+            return False
+        limit = float(getattr(getattr(host, "spec", None), "idle_timeout", None) or 600.0)
+        if self.orphaned_at is None:
+            self.orphaned_at, self._alive = now, False
+            log.warning("the gateway supervising this worker is gone; it keeps serving valid leases and "
+                        "stops after %g s (idle_timeout) without a request", limit)
+        last = self.orphaned_at
+        activity = os.environ.get("SEQ_WORKER_ACTIVITY_FILE")
+        if activity:
+            with contextlib.suppress(OSError):
+                last = max(last, os.stat(activity).st_mtime)
+        if now - last > limit:
+            log.warning("no gateway and no request for %.0f s (idle_timeout %g s): stopping", now - last, limit)
+            return True
+        return False
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m sequence_ai_server.worker", description=__doc__.split("\n")[0])
     parser.add_argument("--file", required=True, help="the policy file")
@@ -361,7 +417,12 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--max-body-bytes", type=int,
                         default=int(os.environ.get("SEQ_WORKER_MAX_BODY_BYTES", DEFAULT_MAX_BODY_BYTES)))
     parser.add_argument("--load-estimate-s", type=float, default=10.0, help="Retry-After basis while loading")
-    parser.add_argument("--parent-pid", type=int, default=None, help="exit when this process goes away")
+    parser.add_argument("--parent-pid", type=int, default=None,
+                        help="exit when this process goes away (a Ray actor hosting the worker)")
+    parser.add_argument("--supervisor-file", default=None,
+                        help="JSON {pid, start} of the gateway supervising this worker (rewritten by a gateway "
+                             "that adopts it); while that process is gone the worker keeps serving and exits "
+                             "after the policy's idle_timeout without a request")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stdout, format="%(asctime)s worker %(levelname)s %(message)s")
     if os.environ.get("SEQ_JSON_LOG"):   # the gateway's structured log for this deployment (logs.py)
@@ -439,6 +500,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                                         "job_id": state.job_id, "spec": host.spec.to_dict(), "caches": caches})
         log.info("serving %s on %s (%d slot(s), mode %s)", host.name, url, len(host.replicas), host.mode)
 
+    supervision = _Supervision(args.supervisor_file) if args.supervisor_file else None
+
     import uvicorn
     worker_app = create_app(state, secret, max_body_bytes=args.max_body_bytes)
     server = uvicorn.Server(uvicorn.Config(worker_app,
@@ -466,6 +529,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                     host.reap_idle_episodes()
                 if args.parent_pid and os.getppid() != args.parent_pid:
                     log.warning("parent %d went away; stopping", args.parent_pid)
+                    server.should_exit = True
+                if supervision is not None and supervision.orphan_idle_expired(host):
                     server.should_exit = True
                 await asyncio.sleep(min(0.5, idle_s / 4))
         asyncio.create_task(watch())
