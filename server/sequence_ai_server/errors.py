@@ -6,7 +6,7 @@
 | code            | HTTP | retryable | when                                                      |
 |-----------------|------|-----------|-----------------------------------------------------------|
 | invalid_request | 400  | no        | malformed body, contract mismatch, unknown param          |
-| unauthorized    | 401  | no        | missing/wrong API key or direct secret                    |
+| unauthorized    | 401  | no        | missing/wrong API key or direct secret; an ended session  |
 | lease_expired   | 401  | no        | a lease from an older worker epoch                        |
 | not_found       | 404  | no        | unknown deployment / model / route                        |
 | payload_too_large | 413 | no       | a request body over the server's size limit               |

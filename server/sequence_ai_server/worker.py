@@ -31,7 +31,9 @@ gateway ends sessions there, ``leases.py``); ``/ping``, ``/info`` and ``/openapi
         [--mode serve|eval] [--max-body-bytes N] [--parent-pid PID]
 
 The secret may come from ``$SEQ_WORKER_SECRET`` instead of ``--secret`` (keeps it out of ps).
-``$SEQ_EPISODE_IDLE_S`` overrides the 300 s after which an idle episode is ended.
+``$SEQ_EPISODE_IDLE_S`` overrides the 300 s after which an idle episode is ended. A worker started
+by a gateway (``$SEQ_GATEWAY_URL``) polls it for ended sessions every ``$SEQ_REVOCATION_POLL_S``
+(1 s; ``leases.RevocationPoller``); a gateway that does not answer changes nothing on /act.
 """
 from __future__ import annotations
 
