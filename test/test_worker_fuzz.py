@@ -336,7 +336,7 @@ def _record(name: str, n: int, t0: float, driver: Optional[Driver] = None) -> No
     print(f"\nfuzz {name}: {n} cases in {time.monotonic() - t0:.1f} s{extra}; total so far {sum(COUNTS.values())}")
 
 
-def _valid_observation(binary: bool) -> dict:
+def _valid_observation() -> dict:
     obs = {"images": [{"view": "front", "data": FRAMES[1]}, {"view": "wrist", "data": FRAMES[3]}],
            "depth": [{"view": "front", "data": DEPTH_FRAMES[0]}],
            "proprioception": {"joint_positions": [0.1] * 7, "gripper": [0.5]}, "instruction": "stack the cubes"}
@@ -346,8 +346,8 @@ def _valid_observation(binary: bool) -> dict:
 # ---------------------------------------------------------------- the cases named in the issue
 
 def test_a_huge_integer_anywhere_numeric_is_400_naming_the_field_and_the_connection_stays(driver):
-    base = json.dumps({"observation": _valid_observation(False)}, default=lambda b: base64.b64encode(b).decode())
-    body, ctype = encode_act_body({"observation": _valid_observation(False)}, binary=False)
+    base = json.dumps({"observation": _valid_observation()}, default=lambda b: base64.b64encode(b).decode())
+    body, ctype = encode_act_body({"observation": _valid_observation()}, binary=False)
     assert driver.post("/act", body, ctype).status_code == 200
     huge = "1" + "0" * 400
     for field in ("joint_positions", "gripper"):
