@@ -55,7 +55,8 @@ setup(
         "demo": ["matplotlib>=3.7"],
         # episode bags and LeRobot datasets (sequence_ai_ros.bag; `sequence-ai bag`)
         "data": ["rosbags>=0.10", "pyarrow>=14", "av>=12", "simplejpeg>=1.7", "numpy>=1.24", "pillow>=10"],
-        "test": ["pytest>=8", "pytest-timeout>=2.3", "pytest-xdist>=3.5", "hypothesis>=6.90", "simplejpeg>=1.7", "psutil>=5.9"],
+        "test": ["pytest>=8", "pytest-timeout>=2.3", "pytest-xdist>=3.5", "hypothesis>=6.90", "simplejpeg>=1.7", "psutil>=5.9",
+                 "schemathesis>=4.0"],   # schemathesis: the OpenAPI fuzz of the worker and the gateway
         # workers placed by Ray (`seq serve --backend ray`); ray 2.60.0 checked here
         "ray": ["ray[default]>=2.60,<3", "psutil>=5.9"],
         # the flywheel example's learned policy (examples/flywheel: train.py, learned_policy.py);

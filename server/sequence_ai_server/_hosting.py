@@ -236,16 +236,41 @@ def decode_depth(raw: Any, where: str, expect: Optional[tuple[int, int]]) -> np.
     return np.asarray(img, dtype=np.float32) / 1000.0
 
 
+def _fits_float(value: Any) -> bool:
+    """False for an int too large for a 64-bit float (JSON allows any number of digits)."""
+    try:
+        float(value)
+    except OverflowError:
+        return False
+    except (TypeError, ValueError):
+        return True       # not a number at all: the caller's own check names that
+    return True
+
+
 def _proprio(name: str, values: Any) -> np.ndarray:
     if isinstance(values, bool) or not isinstance(values, (list, int, float)):
         raise _bad(f"proprioception.{name} must be a list of numbers, got {type(values).__name__}")
     try:
         arr = np.atleast_1d(np.asarray(values, dtype=np.float64))
-    except (TypeError, ValueError):
+    except OverflowError:
+        raise _bad(f"proprioception.{name} holds a number too large for a 64-bit float",
+                   hint=f"send proprioception.{name} as finite floats in SI units (rad, m)", field=name) from None
+    except (TypeError, ValueError, RecursionError):
         raise _bad(f"proprioception.{name} must be a list of numbers") from None
     if arr.ndim != 1:
         raise _bad(f"proprioception.{name} must be a flat list of numbers, got shape {list(arr.shape)}")
     return arr
+
+
+def _timestamp(value: Any, where: str) -> Optional[float]:
+    """A frame's ``timestamp_ms``: null or a finite number (ms); ApiError otherwise."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not _fits_float(value) \
+            or not np.isfinite(float(value)):
+        raise _bad(f"{where}: timestamp_ms must be a finite number of milliseconds or null, got {str(value)[:40]}",
+                   hint="send the capture time in ms (e.g. time.time() * 1000) or leave it out")
+    return value
 
 
 def parse_observation(raw: Any, spec: PolicySpec, episode_id: Optional[str],
@@ -331,7 +356,7 @@ def parse_observation(raw: Any, spec: PolicySpec, episode_id: Optional[str],
         where = f"view {view!r}"
         arrays = [decode_image(_frame_bytes(f, where, blobs), where, expect) for f in fs]
         images[view] = arrays[0] if history == 1 and len(arrays) == 1 else np.stack(arrays)
-        timestamps[view] = fs[-1].get("timestamp_ms")
+        timestamps[view] = _timestamp(fs[-1].get("timestamp_ms"), where)
     depth: dict[str, np.ndarray] = {}
     for view, d in depth_frames.items():
         cam = contract.cameras.get(view) if contract is not None else None
@@ -747,8 +772,14 @@ class PolicyHost:
         episode_id = body.get("episode_id")
         if episode_id is not None and (not isinstance(episode_id, str) or not 0 < len(episode_id) <= 128):
             raise _bad("episode_id must be a string of 1 to 128 characters")
+        given = body.get("params") or {}
+        if isinstance(given, dict):
+            for name, value in given.items():
+                if isinstance(value, int) and not isinstance(value, bool) and not _fits_float(value):
+                    raise ApiError("invalid_request", f"param {name!r} is a number too large for a 64-bit float",
+                                   details={"reason": "params", "param": name}, hint="send a value in the declared range")
         try:
-            params = cast_params(self.spec.params, body.get("params") or {})
+            params = cast_params(self.spec.params, given)
         except ParamError as exc:
             raise ApiError("invalid_request", str(exc), details={"reason": "params", "param": exc.name,
                            "declared": [p.to_dict() for p in self.spec.params]},

@@ -6,7 +6,7 @@
 | code            | HTTP | retryable | when                                                      |
 |-----------------|------|-----------|-----------------------------------------------------------|
 | invalid_request | 400  | no        | malformed body, contract mismatch, unknown param          |
-| unauthorized    | 401  | no        | missing/wrong API key or direct secret                    |
+| unauthorized    | 401  | no        | missing/wrong API key or direct secret; an ended session  |
 | lease_expired   | 401  | no        | a lease from an older worker epoch                        |
 | not_found       | 404  | no        | unknown deployment / model / route                        |
 | payload_too_large | 413 | no       | a request body over the server's size limit               |
@@ -18,7 +18,10 @@
 
 ``install_error_handlers(app)`` makes every error a FastAPI app raises -- our ``ApiError``,
 pydantic validation errors, Starlette HTTP errors and unexpected exceptions -- come out in
-this shape, with ``request_id`` echoed in the ``X-Request-ID`` header.
+this shape, with ``request_id`` echoed in the ``X-Request-ID`` header. An unexpected exception
+is answered by ``CatchAll`` as a complete 500 ``internal`` response and goes no further: the
+keep-alive connection stays usable (Starlette's own last-resort handler re-raises after its
+answer, and uvicorn then drops the connection without ``Connection: close``).
 """
 from __future__ import annotations
 
@@ -33,7 +36,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-__all__ = ["ErrorBody", "ApiError", "CODES", "install_error_handlers", "new_request_id"]
+__all__ = ["ErrorBody", "ApiError", "CODES", "CatchAll", "install_error_handlers", "new_request_id"]
 
 log = logging.getLogger("sequence_ai_server")
 
@@ -109,7 +112,47 @@ def _field_path(loc: tuple) -> str:
     return ".".join(parts) or "body"
 
 
+def _internal(exc: BaseException, request_id: Optional[str]) -> ApiError:
+    return ApiError("internal", f"internal server error: {type(exc).__name__}: {str(exc)[:500]}",
+                    hint="this is a bug in sequence-ai; the server log has the traceback",
+                    request_id=request_id or new_request_id())
+
+
+class CatchAll:
+    """Pure ASGI middleware: an exception that escapes the app before the response started is
+    answered 500 ``internal`` (the common shape, logged with its traceback) and not re-raised, so
+    the server keeps the keep-alive connection. After the response started nothing can be sent
+    cleanly: it is re-raised and the server closes the connection (the client sees a short body)."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def watch(message: dict) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, receive, watch)
+        except Exception as exc:
+            if started:
+                raise
+            log.exception("unhandled error")
+            await _internal(exc, (scope.get("state") or {}).get("request_id")).response()(scope, receive, send)
+
+
 def install_error_handlers(app: FastAPI) -> None:
+    """Answer every error ``app`` raises in the common shape (see the module docstring); adds
+    ``CatchAll`` as the outermost middleware added so far (call it after the app's own)."""
+    app.add_middleware(CatchAll)
+
     @app.exception_handler(ApiError)
     async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
         if exc.request_id is None:
@@ -135,8 +178,6 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        # Reached only by an exception raised outside CatchAll (a middleware added later).
         log.exception("unhandled error")
-        err = ApiError("internal", f"internal server error: {type(exc).__name__}: {exc}",
-                       hint="this is a bug in sequence-ai; the server log has the traceback",
-                       request_id=_request_id(request))
-        return err.response()
+        return _internal(exc, _request_id(request)).response()

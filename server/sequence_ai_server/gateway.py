@@ -75,7 +75,7 @@ from .errors import CODES as _CODES
 from ._proc import EXIT_UNKNOWN, AdoptedProcess, process_alive, process_cmdline, process_start, stop_process
 from .errors import ApiError, install_error_handlers, new_request_id
 from .keys import KeyRecord, KeyStore
-from .leases import sign_lease
+from .leases import RevocationList, push_revocations, sign_lease
 from .slots import SlotQueue, slots_of   # issue 5: slots and the waiting line
 from .secrets_store import SecretStore   # issue 5: encrypted secrets, injected only when declared
 from .metrics import CONTENT_TYPE_LATEST, GatewayMetrics   # issue 5: Prometheus /metrics
@@ -102,7 +102,8 @@ _CODES.setdefault("deployment_stopped", (503, False))   # `seq policy stop`, unt
 MAX_BODY_BYTES = 32 * 1024 * 1024   # the largest request body the gateway reads (the worker's cap too)
 _NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
 _DEPLOYMENT_PATH = re.compile(r"^/v1/deployments/([a-z0-9][a-z0-9_-]{0,62})(?:/|$)")
-_QUIET_ROUTES = {"/metrics", "/healthz", "/v1/deployments/{name}/logs", "/v1/deployments/{name}"}  # polled: not logged
+_QUIET_ROUTES = {"/metrics", "/healthz", "/v1/deployments/{name}/logs", "/v1/deployments/{name}",
+                 "/v1/internal/revocations"}  # polled: not logged
 
 
 class DataDirInUse(OSError):
@@ -540,6 +541,7 @@ class Gateway:
         self._ensure_key()
         self.lease_ttl_s = float(os.environ.get("SEQ_LEASE_TTL_S") or LEASE_TTL_S)
         self.sessions: dict[str, SessionRec] = SessionTable(self.store)   # persisted: survives a restart
+        self.revoked = RevocationList()              # sessions ended early; workers refuse their tokens (leases.py)
         self._activity: dict[str, float] = {}      # deployment -> last connect / renew / /v1/act (unix s)
         self.cold_starts = 0
         self._retiring: list[WorkerProc] = []        # replaced workers draining after a version switch
@@ -1802,7 +1804,43 @@ class Gateway:
             self.sessions.pop(session_id, None)
             self._activity[sess.model] = time.time()
             self._session_s = (self._session_s + [time.time() - sess.created_at])[-50:]
+        self._revoke_sessions([sess])
         return {"session_id": session_id, "closed": True}
+
+    # -- revocation: an ended session's lease tokens stop working at its worker at once (leases.py)
+    def end_key_sessions(self, key_id: str) -> int:
+        """End every session admitted with key ``key_id`` (the key was revoked); -> how many."""
+        with self._lock:
+            ended = [s for s in self.sessions.values() if s.key_id == key_id]
+            for s in ended:
+                self.sessions.pop(s.id, None)
+        self._revoke_sessions(ended)
+        return len(ended)
+
+    def _revoke_sessions(self, ended: list) -> None:
+        """Record ``ended`` sessions as revoked and push that to the workers holding them before
+        returning (at most ~1 s); a worker the push misses learns it from its 1 s poll."""
+        if not ended:
+            return
+        entries = {s.id: s.expires_at for s in ended}
+        self.revoked.add(entries)
+        targets = []
+        with self._lock:
+            for s in ended:
+                row = self.store.get(s.model)
+                w = self.workers.get(s.side) if s.side else None
+                if w is not None and w.port:
+                    targets.append((f"http://{w.host or '127.0.0.1'}:{w.port}", w.secret))
+                elif not s.side and row is not None and row.get("worker_port"):
+                    targets.append((_worker_url(row), row["secret"]))
+        push_revocations(targets, entries)
+
+    def is_worker_secret(self, token: str) -> bool:
+        """Whether ``token`` is the current or launch secret of a worker this gateway runs."""
+        with self._lock:
+            known = [w.secret for w in list(self.workers.values()) + self._retiring if w.secret]
+            known += [r["secret"] for r in self.store.all() if r.get("secret")]
+        return bool(token) and any(hmac.compare_digest(token.encode(), k.encode()) for k in known)
 
     def rotate_secret(self, name: str) -> dict:
         """Give the running worker a new secret: every lease token signed with the old one answers
@@ -1988,11 +2026,9 @@ def _bearer_or_api_key(authorization: Optional[str], x_api_key: Optional[str]) -
 
 def _check_worker_bearer(gw: "Gateway", authorization: Optional[str]) -> None:
     """The bearer must be the direct secret of a worker this gateway runs; else 401 unauthorized."""
-    token = (authorization or "").partition(" ")[2]
-    with gw._lock:
-        known = [w.secret for w in list(gw.workers.values()) if w.secret]
-    if not token or not any(hmac.compare_digest(token, k) for k in known):
-        raise ApiError("unauthorized", "only a worker of this gateway may fetch secrets")
+    token = (authorization or "").partition(" ")[2].strip()
+    if not token or not gw.is_worker_secret(token):
+        raise ApiError("unauthorized", "only a worker of this gateway may call this route")
 
 
 def route_scopes(routes: Any, markers: dict, prefix: str = "") -> list[tuple[str, str, str]]:
@@ -2221,7 +2257,9 @@ def create_app(data_dir: Optional[Path] = None) -> FastAPI:
         rec = gw.keys.find(ref)
         if rec is None:
             raise ApiError("not_found", f"no API key {ref!r}", hint="`seq keys ls` lists key ids and names")
-        return gw.keys.revoke(rec.id).to_dict()
+        revoked = gw.keys.revoke(rec.id).to_dict()
+        await asyncio.to_thread(gw.end_key_sessions, rec.id)   # its robots' leases stop working now
+        return revoked
 
     secrets_router = APIRouter(prefix="/v1/secrets", tags=["secrets"])
     app_internal = APIRouter(tags=["internal"])
@@ -2255,6 +2293,11 @@ def create_app(data_dir: Optional[Path] = None) -> FastAPI:
         except KeyError as exc:
             raise ApiError("not_found", f"the policy declares secret {exc.args[0]!r}, which is not set",
                            hint=f"seq secret set {exc.args[0]} --env VAR") from None
+
+    @app_internal.get("/v1/internal/revocations", include_in_schema=False, dependencies=[Depends(worker_secret)])
+    async def revocations() -> dict:
+        """Sessions ended early, polled by workers (leases.RevocationPoller); worker secret only."""
+        return {"sessions": gw.revoked.snapshot()}
 
     volumes_router = APIRouter(prefix="/v1/volumes", tags=["volumes"])
 

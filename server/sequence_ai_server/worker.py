@@ -5,7 +5,8 @@ worker's URL and direct secret). The hosting itself -- contracts, decoding, para
 batching, episodes -- lives in ``_hosting.PolicyHost``; this module is the HTTP face and the
 process around it. Per request the worker
 
-  1. refuses a body over the size limit (413) and a wrong bearer secret (401, constant-time),
+  1. refuses a wrong bearer secret (401, constant-time) from the headers alone, before a byte of
+     the body is read (``_AuthFirst``), then a body over the size limit (413),
   2. parses the body (JSON, or the binary framing with raw JPEG/PNG blobs) and checks it against
      the ObservationContract and the declared params, decoding each frame once -- on a thread,
      never on the event loop,
@@ -21,6 +22,10 @@ with one synthetic observation in the background. A start that raises, or runs p
 holds the current phase all along. SIGTERM runs ``@seq.on_episode`` for open episodes, then
 ``@seq.shutdown``.
 
+Who may call what: ``/act`` and ``/episode/end`` take the direct secret (a gateway-signed lease
+token, or the raw worker secret); ``/control/revoke`` takes only the raw worker secret (the
+gateway ends sessions there, ``leases.py``); ``/ping``, ``/info`` and ``/openapi.json`` are open.
+
     python -m sequence_ai_server.worker --file policy.py [--class C] --port 0 \\
         --secret S --ready-file /tmp/w.json [--name N] [--weights-dir D] [--cache-dir D] \\
         [--mode serve|eval] [--max-body-bytes N] [--parent-pid PID] [--supervisor-file F]
@@ -31,6 +36,9 @@ the worker; when it dies the worker keeps serving the leases robots hold, a rest
 adopts it, and without one it stops after the policy's ``idle_timeout`` with no request
 (``_Supervision``). ``--parent-pid`` (a Ray actor) stops it as soon as that process goes away.
 ``$SEQ_EPISODE_IDLE_S`` overrides the 300 s after which an idle episode is ended.
+A worker started by a gateway (``$SEQ_GATEWAY_URL``) polls it for ended sessions every
+``$SEQ_REVOCATION_POLL_S`` (1 s; ``leases.RevocationPoller``); a gateway that does not answer
+changes nothing on /act.
 """
 from __future__ import annotations
 
@@ -96,6 +104,12 @@ class EpisodeEnd(BaseModel):
     episode_id: str
 
 
+class RevokeRequest(BaseModel):
+    """Sessions whose lease tokens this worker refuses from now on: ``{session_id: unix s}``,
+    the time each one's last lease would have expired (the entry is dropped after it)."""
+    sessions: dict[str, float]
+
+
 class PingResponse(BaseModel):
     status: str                                  # ready | degraded (an inference runs past timeouts.request)
     name: Optional[str] = None
@@ -114,6 +128,10 @@ _ACT_BODY = {"requestBody": {"required": True, "content": {
                                      "description": "4-byte big-endian JSON length, the JSON body with "
                                                     "images[].blob = [offset, length], then the raw JPEG/PNG bytes"}}}}}
 _ERRORS = {s: {"model": ErrorBody} for s in (400, 401, 413, 500, 503, 504)}
+_DIRECT_SECURITY = [{"direct_secret": []}]
+CONTROL_MAX_BODY_BYTES = 1024 * 1024          # a /control/revoke body (a few hundred session ids is ~20 KB)
+_DIRECT_PATHS = frozenset({"/act", "/episode/end"})       # lease token or worker secret
+_CONTROL_PATHS = frozenset({"/control/revoke"})          # the raw worker secret only
 
 
 # ---------------------------------------------------------------- the app
@@ -146,13 +164,17 @@ def create_app(state: WorkerState, secret: str, *, max_body_bytes: int = DEFAULT
     rotation via ``$SEQ_WORKER_SECRET_FILE``, idle tracking via ``$SEQ_WORKER_ACTIVITY_FILE``)."""
     app = FastAPI(title=f"sequence-ai worker: {state.name or 'policy'}", docs_url=None, redoc_url=None,
                   openapi_url="/openapi.json",
-                  description="Direct robot -> worker endpoints. Errors share one shape (ErrorBody).")
+                  description="Direct robot -> worker endpoints. Errors share one shape (ErrorBody). "
+                              "/act and /episode/end take the direct secret (a lease token from the gateway's "
+                              "POST /v1/connect, or the worker secret); /control/revoke only the worker secret; "
+                              "/ping and /info are open. Credentials are checked before the body is read.")
 
     # Platform (issue 5): the direct secret may also be a gateway-signed lease token (expired ->
     # 401 lease_expired), the secret is rotated through $SEQ_WORKER_SECRET_FILE, and accepted
     # requests touch $SEQ_WORKER_ACTIVITY_FILE (idle stop). All of it lives in leases.py.
     from .leases import DirectAuth
     direct_auth = DirectAuth.from_env(secret)
+    app.state.direct_auth = direct_auth       # main() starts the revocation poll on it (leases.py)
 
     # Capture (issue 7): with $SEQ_CAPTURE_DIR set (the gateway sets it) kept episodes are
     # written by capture.CaptureWriter's own thread; /act only hands it references (offer()).
@@ -160,27 +182,23 @@ def create_app(state: WorkerState, secret: str, *, max_body_bytes: int = DEFAULT
     capture = CaptureWriter.from_env()
     app.state.capture = capture
 
-    def check_secret(request: Request) -> None:
-        scheme, _, token = request.headers.get("authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not token:
-            raise ApiError("unauthorized", "missing or wrong direct secret",
-                           hint="reconnect through the gateway (POST /v1/connect) for fresh worker coordinates")
-        direct_auth.check(token)
+    # Credentials of /act, /episode/end and /control/* are checked by _AuthFirst (added below)
+    # from the headers alone: an unauthenticated request is answered 401 before its body is read.
 
-    async def read_body(request: Request) -> bytes:
+    async def read_body(request: Request, limit: int = max_body_bytes) -> bytes:
         length = request.headers.get("content-length")
-        if length is not None and length.isdigit() and int(length) > max_body_bytes:
-            raise ApiError("payload_too_large", f"body is {int(length)} bytes; this worker takes at most {max_body_bytes}",
+        if length is not None and length.isdigit() and int(length) > limit:
+            raise ApiError("payload_too_large", f"body is {int(length)} bytes; this worker takes at most {limit}",
                            hint="send JPEG frames at the declared camera size (the binary body avoids base64)",
-                           details={"limit_bytes": max_body_bytes})
+                           details={"limit_bytes": limit})
         if length is not None:
             return await request.body()
         buf = bytearray()
         async for part in request.stream():
             buf += part
-            if len(buf) > max_body_bytes:
-                raise ApiError("payload_too_large", f"body is over this worker's limit of {max_body_bytes} bytes",
-                               details={"limit_bytes": max_body_bytes})
+            if len(buf) > limit:
+                raise ApiError("payload_too_large", f"body is over this worker's limit of {limit} bytes",
+                               details={"limit_bytes": limit})
         return bytes(buf)
 
     @app.get("/ping", response_model=PingResponse, responses={503: {"model": ErrorBody}})
@@ -203,12 +221,13 @@ def create_app(state: WorkerState, secret: str, *, max_body_bytes: int = DEFAULT
                 "batching": d["batching"], "concurrency": d["concurrency"], "slots": len(host.replicas),
                 "mode": host.mode}
 
-    @app.post("/act", response_model=ActResponse, responses=_ERRORS, openapi_extra=_ACT_BODY)
+    @app.post("/act", response_model=ActResponse, responses=_ERRORS,
+              openapi_extra={**_ACT_BODY, "security": _DIRECT_SECURITY})
     async def act(request: Request) -> Response:
-        """One observation -> one action chunk (JSON or binary body; see docs/design.md)."""
+        """One observation -> one action chunk (JSON or binary body; see docs/design.md).
+        Bearer: the direct secret (checked before the body is read)."""
         rid = request.state.request_id
         raw = await read_body(request)
-        check_secret(request)
         host = state.ready_host()
         prepared = await anyio.to_thread.run_sync(host.prepare, raw, request.headers.get("content-type", ""))
         future = asyncio.wrap_future(host.submit(prepared))
@@ -240,10 +259,10 @@ def create_app(state: WorkerState, secret: str, *, max_body_bytes: int = DEFAULT
                           chunk, rid, payload["inference_ms"])
         return Response(content, media_type="application/json", headers={"X-Request-ID": rid})
 
-    @app.post("/episode/end", responses=_ERRORS)
+    @app.post("/episode/end", responses=_ERRORS, openapi_extra={"security": _DIRECT_SECURITY})
     async def episode_end(body: EpisodeEnd, request: Request) -> dict:
-        """End an episode: @seq.on_episode runs on its replica after its queued acts."""
-        check_secret(request)
+        """End an episode: @seq.on_episode runs on its replica after its queued acts.
+        Bearer: the direct secret (checked before the body is read)."""
         host = state.ready_host()
         known = body.episode_id in host.episodes
         try:
@@ -252,9 +271,76 @@ def create_app(state: WorkerState, secret: str, *, max_body_bytes: int = DEFAULT
             raise exc.to_api_error() from None
         return {"episode_id": body.episode_id, "ended": known}
 
+    @app.post("/control/revoke", responses={s: {"model": ErrorBody} for s in (400, 401, 413)},
+              openapi_extra={"security": [{"worker_secret": []}],
+                             "requestBody": {"required": True, "content": {"application/json": {
+                                 "schema": _schema(RevokeRequest)}}}})
+    async def control_revoke(request: Request) -> dict:
+        """The gateway ends sessions here: their lease tokens are refused (401) from the next
+        request on. Bearer: the raw worker secret only (a lease token is refused).
+        -> ``{"revoked": n new, "held": n held}``."""
+        raw = await read_body(request, CONTROL_MAX_BODY_BYTES)
+        try:
+            body = json.loads(raw)
+        except (ValueError, RecursionError):
+            raise ApiError("invalid_request", "the body is not JSON", hint='send {"sessions": {"sess_...": unix_s}}') from None
+        if not isinstance(body, dict) or "sessions" not in body:
+            raise ApiError("invalid_request", 'the body needs "sessions"', hint='send {"sessions": {"sess_...": unix_s}}')
+        try:
+            new = direct_auth.revocations.add(body["sessions"])
+        except ValueError as exc:
+            raise ApiError("invalid_request", str(exc), hint='send {"sessions": {"sess_...": unix_s}}') from None
+        if new:
+            log.info("%d session(s) ended by the gateway; their tokens are refused", new)
+        return {"revoked": new, "held": len(direct_auth.revocations)}
+
+    base_openapi = app.openapi
+
+    def openapi() -> dict:
+        if app.openapi_schema is None:
+            doc = base_openapi()
+            doc.setdefault("components", {})["securitySchemes"] = {
+                "direct_secret": {"type": "http", "scheme": "bearer",
+                                  "description": "the lease token from POST /v1/connect (or the worker secret)"},
+                "worker_secret": {"type": "http", "scheme": "bearer", "description": "the worker secret (the gateway)"}}
+            app.openapi_schema = doc
+        return app.openapi_schema
+
+    app.openapi = openapi
+    app.add_middleware(_AuthFirst, auth=direct_auth)
     app.add_middleware(_RequestIdMiddleware)
     install_error_handlers(app)
     return app
+
+
+class _AuthFirst:
+    """Pure ASGI middleware: the credentials of ``/act``, ``/episode/end`` (the direct secret:
+    a lease token or the worker secret) and ``/control/*`` (the worker secret only) are checked
+    from the request headers; a refused request is answered 401 without reading its body (the
+    server discards whatever of it still arrives, so the connection stays usable)."""
+
+    def __init__(self, app: Any, auth: Any) -> None:
+        self.app = app
+        self.auth = auth
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        path = scope.get("path", "")
+        if scope["type"] == "http" and (path in _DIRECT_PATHS or path in _CONTROL_PATHS):
+            header = next((v.decode("latin-1") for k, v in scope["headers"] if k == b"authorization"), "")
+            scheme, _, token = header.partition(" ")
+            try:
+                if scheme.lower() != "bearer" or not token.strip():
+                    raise ApiError("unauthorized", "missing or wrong direct secret",
+                                   hint="send `Authorization: Bearer <direct_secret>` from POST /v1/connect")
+                if path in _CONTROL_PATHS:
+                    self.auth.check_control(token)
+                else:
+                    self.auth.check(token)
+            except ApiError as exc:
+                exc.request_id = scope.get("state", {}).get("request_id")
+                await exc.response()(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
 
 
 class _RequestIdMiddleware:
@@ -504,6 +590,8 @@ def main(argv: Optional[list[str]] = None) -> int:
 
     import uvicorn
     worker_app = create_app(state, secret, max_body_bytes=args.max_body_bytes)
+    from .leases import RevocationPoller   # sessions the gateway ended, when its push did not arrive
+    RevocationPoller.from_env(worker_app.state.direct_auth)
     server = uvicorn.Server(uvicorn.Config(worker_app,
                                            log_level="warning", access_log=False, lifespan="off",
                                            timeout_graceful_shutdown=5))
