@@ -12,8 +12,10 @@ Decisions, in one place:
   late tick.
 - Open-loop horizon: each chunk plays its first ``open_loop_horizon`` rows (all rows without
   one), then the next chunk takes over (``_buffer.ChunkBuffer``).
-- Prefetch: the next request starts when the buffer's time left falls to the measured refill
-  latency plus one period (``_prefetch.LatencyEstimate``); one request is in flight at a time,
+- Prefetch: the next request starts when the buffer's time left falls to the worst refill
+  turnaround of the last ``_prefetch.WINDOW`` requests (the connection's cold first one left
+  out) plus one period (``_prefetch.LatencyEstimate``; the mean would plan for the typical wait
+  and underrun whenever synchronized robots queue on one replica); one request is in flight at a time,
   and at most ``lookahead`` chunks are held or requested ahead of the playing one. With
   ``prefetch=False`` the loop observes and requests only when an action is due and the buffer
   is empty: strictly closed loop, stall included, and each stall is an underrun.
