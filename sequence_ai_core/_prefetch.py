@@ -23,8 +23,10 @@ Decisions, in one place:
 - The first request of a connection is cold (it opens the connection to the worker, and when a
   fleet starts together every robot's first request lands on the replica at once) and is not
   a sample of the steady state: it is kept apart (``cold_s``) and never enters the window.
-- One control period on top: the loop decides only when it wakes, once per action deadline,
-  so the check that first sees ``time_left <= max + period`` still has at least ``max`` left.
+- One control period on top, for what the turnaround does not measure: the client's own
+  scheduling (a wake that comes late on a busy machine, the answer read and the chunk harvested
+  only when the loop next runs). The loop wakes at the trigger itself (``_loop._prefetch_at``),
+  not only at action deadlines, so the request starts with the whole ``max + period`` ahead.
 - Before any steady-state sample the answer is "start now": the refill that measures is the
   earliest one possible.
 """
@@ -95,6 +97,12 @@ class LatencyEstimate:
         """The refill time to plan for (s): the window's maximum; None before a steady sample."""
         return self.max_s
 
+    def lead_s(self, period_s: float) -> Optional[float]:
+        """How long before the buffer runs dry the next request starts (s): ``max_s + period_s``;
+        None before the first steady-state sample (start now)."""
+        budget = self.budget_s
+        return None if budget is None else budget + period_s
+
     def should_start(self, time_left_s: float, period_s: float) -> bool:
         """Start the next request now?
 
@@ -107,7 +115,5 @@ class LatencyEstimate:
         Returns True when ``time_left_s <= max_s + period_s``, and always before the first
         steady-state sample (the refill that measures starts as early as it can).
         """
-        budget = self.budget_s
-        if budget is None:
-            return True
-        return time_left_s <= budget + period_s
+        lead = self.lead_s(period_s)
+        return lead is None or time_left_s <= lead
