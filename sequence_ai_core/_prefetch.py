@@ -17,9 +17,12 @@ Decisions, in one place:
 - A turnaround is request start to chunk in hand, as the loop measures it (``_loop._harvest``):
   ``observe()``, encoding, the round trip, the queue at the worker, the inference, and the
   loop noticing the answer. That is everything that must fit into the time left.
-- The window is bounded (``WINDOW`` = 12 requests, about 6 s at 15 Hz with 8-row chunks), so a
+- The window is bounded (``WINDOW`` = 16 requests, about 8.5 s at 15 Hz with 8-row chunks), so a
   one-off spike (a GC pause, a start-up burst of robots) is planned for while it is recent and
-  forgotten after ``WINDOW`` further requests instead of staying the maximum forever.
+  forgotten after ``WINDOW`` further requests instead of staying the maximum forever. 16 rather
+  than 8: stalls of a shared host recur every few seconds, and remembering one costs only an
+  earlier request (an observation older by at most the spike), while forgetting it too soon
+  costs an underrun the next time.
 - The first request of a connection is cold (it opens the connection to the worker, and when a
   fleet starts together every robot's first request lands on the replica at once) and is not
   a sample of the steady state: it is kept apart (``cold_s``) and never enters the window.
@@ -39,7 +42,7 @@ from typing import Deque, Optional
 __all__ = ["LatencyEstimate", "WINDOW"]
 
 #: How many recent refills the maximum is taken over (requests).
-WINDOW = 12
+WINDOW = 16
 
 
 class LatencyEstimate:
