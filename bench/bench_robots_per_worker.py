@@ -1,7 +1,8 @@
 """Robots per worker replica: how many synchronized robots one replica serves without underruns.
 
-    python bench/bench_robots_per_worker.py [--robots 16,24,32,64] [--seconds 20] [--procs 4]
-        [--latency-ms 5] [--chunk 8] [--baseline DIR]
+    . scripts/env.sh && scripts/in_loopback_ns.sh python bench/bench_robots_per_worker.py \
+        [--robots 16,24,32,64] [--seconds 20] [--procs 4] [--latency-ms 5] [--chunk 8] \
+        [--baseline DIR]                      # ~4 min; ~7 min with --baseline
 
 Starts a real gateway (``python -m sequence_ai_server.gateway``, temp data dir) on loopback and
 deploys test/policies/echo_policy.py: one worker, one replica, a trivial policy that sleeps
