@@ -12,8 +12,11 @@ Decisions, in one place:
   late tick.
 - Open-loop horizon: each chunk plays its first ``open_loop_horizon`` rows (all rows without
   one), then the next chunk takes over (``_buffer.ChunkBuffer``).
-- Prefetch: the next request starts when the buffer's time left falls to the measured refill
-  latency plus one period (``_prefetch.LatencyEstimate``); one request is in flight at a time,
+- Prefetch: the next request starts when the buffer's time left falls to the worst refill
+  turnaround of the last ``_prefetch.WINDOW`` requests (the connection's cold first one left
+  out) plus one period (``_prefetch.LatencyEstimate``; the mean would plan for the typical wait
+  and underrun whenever synchronized robots queue on one replica). The loop wakes at that
+  moment (``_prefetch_at``), not only at action deadlines; one request is in flight at a time,
   and at most ``lookahead`` chunks are held or requested ahead of the playing one. With
   ``prefetch=False`` the loop observes and requests only when an action is due and the buffer
   is empty: strictly closed loop, stall included, and each stall is an underrun.
@@ -233,11 +236,12 @@ class ControlLoop:
             now = time.monotonic()
             if now >= self.motion_end:
                 raise _Stop("timeout")
-            if cfg.prefetch and self._wants_prefetch(deadline, now):
+            prefetch_at = self._prefetch_at(deadline) if cfg.prefetch else math.inf
+            if now >= prefetch_at:
                 await self._start_fetch()
                 continue
             if now < deadline:
-                await self.interrupt.sleep_until(min(deadline, self.motion_end))
+                await self.interrupt.sleep_until(min(deadline, self.motion_end, prefetch_at))
                 continue
             # action k is due
             if len(self.buffer) == 0:
@@ -294,20 +298,25 @@ class ControlLoop:
 
     # ---------------------------------------------------------------- fetch
 
-    def _wants_prefetch(self, deadline: float, now: float) -> bool:
+    def _prefetch_at(self, deadline: float) -> float:
+        """When (monotonic s) the next request should start: ``-inf`` for now, ``inf`` for not
+        while nothing changes (a request in flight, lookahead full, the buffer outlasting the
+        run). Otherwise the moment the buffer's time left falls to the latency estimate's lead
+        (``LatencyEstimate.lead_s``: worst recent turnaround plus one period); the loop wakes
+        for it rather than waiting for the next action deadline."""
         if self.fetch is not None:
-            return False
+            return math.inf
         if self.buffer.chunks_queued >= max(1, int(self.cfg.lookahead)):
-            return False
+            return math.inf
         rows_left = len(self.buffer)
         if self.cfg.max_actions is not None and self.k + rows_left >= self.cfg.max_actions:
-            return False  # what is buffered already finishes the run
+            return math.inf  # what is buffered already finishes the run
         period = self.pacer.period_s
-        seconds_left = self.buffer.seconds_left(period)
-        if deadline + seconds_left >= self.motion_end:
-            return False  # what is buffered already outlasts max_seconds
-        time_left = deadline + seconds_left - now
-        return self.latency.should_start(time_left, period)
+        dry_at = deadline + self.buffer.seconds_left(period)  # first deadline it cannot supply
+        if dry_at >= self.motion_end:
+            return math.inf  # what is buffered already outlasts max_seconds
+        lead = self.latency.lead_s(period)
+        return -math.inf if lead is None else dry_at - lead
 
     async def _start_fetch(self) -> None:
         """Observe (on this thread) and start the request in the background."""

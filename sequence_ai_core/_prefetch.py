@@ -1,10 +1,37 @@
-"""When to start the next request: a moving estimate of refill latency against buffer time left.
+"""When to start the next request: the worst recent refill turnaround against buffer time left.
 
 The next chunk has to arrive before the current rows run out. The loop knows how many seconds
-of actions it still holds; this module knows how long a refill has been taking (a moving window
-of measured round trips, observe() included). The request starts once the buffer's time left
-drops to the expected latency plus slack: starting earlier would only make the observation
-staler (the overlap is open loop), starting later risks an underrun.
+of actions it still holds; this module knows how long a refill has been taking. The request
+starts once the buffer's time left falls to the planned refill time plus one control period:
+starting earlier only makes the observation staler (the overlap is open loop), starting later
+risks an underrun.
+
+Decisions, in one place:
+
+- The figure planned for is the MAXIMUM of the recent turnarounds, not their mean (nor a mean
+  plus some spread). Turnarounds on a shared worker are not noise around a mean: robots whose
+  requests land together queue behind each other on the replica, so the late ones wait several
+  inference times while the early ones wait none, and which robot is late changes from chunk to
+  chunk. A mean-based plan sizes the slack for the typical wait and underruns on every
+  queued one; the maximum sizes it for the queue the robot has actually met.
+- A turnaround is request start to chunk in hand, as the loop measures it (``_loop._harvest``):
+  ``observe()``, encoding, the round trip, the queue at the worker, the inference, and the
+  loop noticing the answer. That is everything that must fit into the time left.
+- The window is bounded (``WINDOW`` = 16 requests, about 8.5 s at 15 Hz with 8-row chunks), so a
+  one-off spike (a GC pause, a start-up burst of robots) is planned for while it is recent and
+  forgotten after ``WINDOW`` further requests instead of staying the maximum forever. 16 rather
+  than 8: stalls of a shared host recur every few seconds, and remembering one costs only an
+  earlier request (an observation older by at most the spike), while forgetting it too soon
+  costs an underrun the next time.
+- The first request of a connection is cold (it opens the connection to the worker, and when a
+  fleet starts together every robot's first request lands on the replica at once) and is not
+  a sample of the steady state: it is kept apart (``cold_s``) and never enters the window.
+- One control period on top, for what the turnaround does not measure: the client's own
+  scheduling (a wake that comes late on a busy machine, the answer read and the chunk harvested
+  only when the loop next runs). The loop wakes at the trigger itself (``_loop._prefetch_at``),
+  not only at action deadlines, so the request starts with the whole ``max + period`` ahead.
+- Before any steady-state sample the answer is "start now": the refill that measures is the
+  earliest one possible.
 """
 from __future__ import annotations
 
@@ -12,41 +39,72 @@ import statistics
 from collections import deque
 from typing import Deque, Optional
 
-__all__ = ["LatencyEstimate"]
+__all__ = ["LatencyEstimate", "WINDOW"]
+
+#: How many recent refills the maximum is taken over (requests).
+WINDOW = 16
 
 
 class LatencyEstimate:
-    """Moving window of refill latencies (s).
+    """The worst of the last ``window`` refill turnarounds (s), the connection's first excluded.
+
+    One per connected policy (``AsyncPolicy._latency``), kept across its runs.
 
     Args:
-        window: how many recent refills to average.
-        spread: how many standard deviations of jitter to budget for on top of the mean.
+        window: how many recent refills to keep (default ``WINDOW``); must be >= 1.
+
+    Raises:
+        ValueError: window < 1.
     """
 
-    def __init__(self, window: int = 8, spread: float = 2.0) -> None:
-        self._samples: Deque[float] = deque(maxlen=window)
-        self._spread = spread
+    def __init__(self, window: int = WINDOW) -> None:
+        if int(window) < 1:
+            raise ValueError(f"window must be at least 1 request, not {window!r}")
+        self._samples: Deque[float] = deque(maxlen=int(window))
+        self._cold: Optional[float] = None
 
     def add(self, seconds: float) -> None:
-        """Record one measured refill (request start to chunk in hand), in seconds."""
-        self._samples.append(max(0.0, float(seconds)))
+        """Record one measured refill (request start to chunk in hand), in seconds.
+
+        The first call records the cold request (``cold_s``), which is not planned for.
+        A negative figure (a clock oddity) is recorded as 0.
+        """
+        value = max(0.0, float(seconds))
+        if self._cold is None:
+            self._cold = value
+            return
+        self._samples.append(value)
 
     @property
     def samples(self) -> int:
+        """Steady-state samples in the window (the cold request not counted)."""
         return len(self._samples)
 
     @property
+    def cold_s(self) -> Optional[float]:
+        """The first (cold) request's turnaround (s), or None before any request."""
+        return self._cold
+
+    @property
     def mean_s(self) -> Optional[float]:
-        """Mean of the window, or None before the first sample."""
+        """Mean of the window (s), for reports only; None before the first steady sample."""
         return statistics.fmean(self._samples) if self._samples else None
 
     @property
+    def max_s(self) -> Optional[float]:
+        """The worst turnaround in the window (s); None before the first steady sample."""
+        return max(self._samples) if self._samples else None
+
+    @property
     def budget_s(self) -> Optional[float]:
-        """Mean plus ``spread`` standard deviations: the latency to plan for (s)."""
-        if not self._samples:
-            return None
-        sd = statistics.pstdev(self._samples) if len(self._samples) > 1 else 0.0
-        return self.mean_s + self._spread * sd
+        """The refill time to plan for (s): the window's maximum; None before a steady sample."""
+        return self.max_s
+
+    def lead_s(self, period_s: float) -> Optional[float]:
+        """How long before the buffer runs dry the next request starts (s): ``max_s + period_s``;
+        None before the first steady-state sample (start now)."""
+        budget = self.budget_s
+        return None if budget is None else budget + period_s
 
     def should_start(self, time_left_s: float, period_s: float) -> bool:
         """Start the next request now?
@@ -54,11 +112,11 @@ class LatencyEstimate:
         Args:
             time_left_s: seconds until the buffer runs dry (the deadline of the first action
                 it cannot supply, minus now).
-            period_s: one control period (s), kept as slack for scheduling jitter.
+            period_s: one control period (s): the loop checks once per period, so this much
+                is added to cover the gap between two checks.
 
-        With no measurement yet the answer is yes: the first refill is the one that measures.
+        Returns True when ``time_left_s <= max_s + period_s``, and always before the first
+        steady-state sample (the refill that measures starts as early as it can).
         """
-        budget = self.budget_s
-        if budget is None:
-            return True
-        return time_left_s <= budget + period_s
+        lead = self.lead_s(period_s)
+        return lead is None or time_left_s <= lead

@@ -111,11 +111,11 @@ def test_prefetch_starts_when_time_left_falls_to_latency_plus_a_period():
     assert est.should_start(time_left_s=0.30, period_s=0.1)
 
 
-def test_prefetch_budgets_for_jitter():
-    est = LatencyEstimate(spread=2.0)
-    for s in (0.1, 0.3):
+def test_prefetch_budgets_for_the_worst_recent_refill():
+    est = LatencyEstimate()
+    for s in (0.1, 0.1, 0.3):  # the first is the cold one
         est.add(s)
-    assert est.budget_s == pytest.approx(0.2 + 2 * 0.1)
+    assert est.budget_s == pytest.approx(0.3)
 
 
 # ------------------------------------------------------------------ pacing
