@@ -342,8 +342,28 @@ def bag_recorder_id(bag: Path) -> Optional[str]:
         files = [f for f in bag.iterdir() if f.suffix == ".mcap"]
         if len(files) != 1 or files[0].is_symlink() or not files[0].is_file():
             return None
+        st = files[0].stat()
+        key = (str(files[0]), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+        if key in _ID_CACHE:
+            return _ID_CACHE[key]
+        found = _scan_recorder_id(files[0])
+        if len(_ID_CACHE) >= 4096:
+            _ID_CACHE.clear()
+        _ID_CACHE[key] = found
+        return found
+    except Exception:   # unreadable, cut or foreign data: not a bag of ours
+        return None
+
+
+#: bag_recorder_id's answers by (mcap path, device, inode, size, mtime): a closed bag's start marker
+#: does not change, and a rewritten or grown file has another key.
+_ID_CACHE: dict = {}
+
+
+def _scan_recorder_id(mcap: Path) -> Optional[str]:
+    try:
         channels: dict = {}
-        with open(files[0], "rb") as f:
+        with open(mcap, "rb") as f:
             if f.read(8) != _MCAP_MAGIC:
                 return None
             while f.tell() < START_MARKER_SCAN_BYTES:
