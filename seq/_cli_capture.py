@@ -76,8 +76,11 @@ def register(policy_app: typer.Typer, base) -> None:
                                            help="LeRobot dataset format: 2.1 (default; lerobot < 0.4 and openpi "
                                                 "read it) or 3.0 (lerobot >= 0.4)"),
                fps: Optional[float] = typer.Option(None, "--fps", help="frames per second (default: the measured /act rate)"),
-               append: bool = typer.Option(False, "--append", help="add episodes to an existing dataset (lerobot)"),
-               overwrite: bool = typer.Option(False, "--overwrite", help="replace what is at --out"),
+               append: bool = typer.Option(False, "--append", help="add episodes to an earlier export of this "
+                                           "server at --out (lerobot)"),
+               overwrite: bool = typer.Option(False, "--overwrite", help="replace an earlier export of this server "
+                                              "at --out (it carries the server's signed marker); any other "
+                                              "non-empty folder is refused"),
                gw: Optional[str] = base.GatewayOpt, api_key: Optional[str] = base.ApiKeyOpt,
                data_dir: Optional[Path] = base.DataDirOpt) -> None:
         """Write the kept episodes as a LeRobot dataset (one frame per /act) or copy them as JSONL."""

@@ -34,6 +34,10 @@ Only bags this recorder wrote can be relabeled: a folder directly in its ``outpu
 resolving symlinks and ``..``) whose start marker carries this recorder's id (``recorder``, kept
 in ``<output_dir>/.recorder-id``); any other path is refused with a reason and left untouched.
 
+Disk bound (``max_disk_mb``): the same rule decides what may be deleted. Before a bag starts, the
+oldest bags this recorder wrote (real folders directly in ``output_dir`` whose start marker
+carries its id) are deleted until the rest leave room; anything else there is left alone.
+
 Topics in the bag: see :mod:`sequence_ai_ros.bag`. Parameters: see ``_PARAMS`` below.
 """
 from __future__ import annotations
@@ -65,7 +69,7 @@ from ._spin import spin_node
 from .bag import COMPRESSED_SUFFIX, EPISODE_TOPIC, INSTRUCTION_TOPIC
 from .bag.events import assembly_settings
 from .bag.reader import BagReadError, label_bag, label_event, read_episode
-from .bag.writer import BagWriter, bag_size, prune_bags
+from .bag.writer import BagWriter, bag_size, own_bags, prune_bags
 
 _PARAMS = {
     # name: (default, description)
@@ -84,9 +88,11 @@ _PARAMS = {
     "max_sensor_age_s": (0.5, "Max sensor age written into RecordEpisode start markers (s)."),
     "command_topic": ("joint_commands", "std_msgs/Float64MultiArray command topic."),
     "jpeg_quality": (90, "JPEG quality of recorded camera frames (1-100)."),
-    "max_disk_mb": (2048.0, "Disk bound of output_dir (MiB): before a bag starts, the oldest bags are deleted until "
-                            "the rest leave room (a quarter of the bound, at most 64 MiB); a bag that fills the "
-                            "bound drops further messages (counted in the end marker and RecordEpisode result)."),
+    "max_disk_mb": (2048.0, "Disk bound of the bags this recorder wrote in output_dir (MiB): before a bag starts, "
+                            "the oldest of them are deleted until the rest leave room (a quarter of the bound, at "
+                            "most 64 MiB); a bag that fills the bound drops further messages (counted in the end "
+                            "marker and RecordEpisode result). Bags it did not write (another tool's or "
+                            "recorder's, symlinks) are never deleted and do not count."),
     "max_episode_s": (600.0, "Time bound of a RecordEpisode goal whose max_seconds is 0 (s)."),
     "queue_size": (256, "Writer queue length (messages); when full, messages are dropped and counted."),
     "chunk_kib": (256, "MCAP chunk size bound (KiB): a SIGKILL loses at most the chunk being filled."),
@@ -200,10 +206,11 @@ class EpisodeRecorder(Node):
             # disk bound: older bags keep at most max_disk_mb minus a margin for this one (a quarter,
             # at most 64 MiB); this bag may use what is left, then drops (counted) instead of growing
             margin = min(64 * 1024 * 1024, self._max_bytes // 4)
-            deleted = prune_bags(self.output_dir, self._max_bytes - margin)
+            # (only bags this recorder wrote count and are deleted: see prune_bags)
+            deleted = prune_bags(self.output_dir, self._max_bytes - margin, self.recorder_id)
             for d in deleted:
                 self.get_logger().warning(f"disk bound max_disk_mb={self._p['max_disk_mb']}: deleted old bag {d}")
-            others = sum(bag_size(d) for d in self.output_dir.iterdir() if d.is_dir())
+            others = sum(bag_size(d) for d in own_bags(self.output_dir, self.recorder_id))
             self.writer.max_bag_bytes = max(margin, self._max_bytes - others)
             name = time.strftime("episode-%Y%m%d-%H%M%S") + f"-{time.time_ns() % 1_000_000_000:09d}"
             path = self.output_dir / name

@@ -34,6 +34,7 @@ from sequence_ai_ros import demo
 from sequence_ai_ros.bag.episode import observations_from_bag
 from sequence_ai_ros.bag.events import assembler_from_start, assembly_settings
 from sequence_ai_ros.bag.reader import iter_raw, read_episode
+from sequence_ai_ros.bag.writer import bag_size
 from sequence_ai_ros.driver_node import PolicyDriver
 from sequence_ai_ros.recorder_node import EpisodeRecorder
 
@@ -385,16 +386,23 @@ def test_sigkill_during_recording_leaves_a_bag_that_exports_all_but_its_last_chu
 
 
 def test_disk_bound_prunes_the_oldest_bags_and_drops_instead_of_growing(cell, tmp_path):
+    from rclpy.serialization import serialize_message
+
     bags = tmp_path / "bounded"
-    old = bags / "episode-00000000-old"
-    old.mkdir(parents=True)
-    (old / "episode-00000000-old.mcap").write_bytes(b"\0" * 300_000)   # an old 300 kB bag
     bound_mb = 0.25
     rec = EpisodeRecorder(node_name="bounded_recorder", context=cell.ctx, parameter_overrides=[
         Parameter("output_dir", value=str(bags)), Parameter("max_disk_mb", value=bound_mb),
         Parameter("chunk_kib", value=16)])
     cell.executor.add_node(rec)
     try:
+        # an old bag of this recorder: three ~96 kB joint states, over the 192 kB the old bags may keep
+        rec.start_episode({"event": "start", "source": "record_episode", "task": "an old episode",
+                           **assembly_settings(rec, rec._p)})
+        big = serialize_message(JointState(name=["panda_joint1"], position=[0.5] * 12_000))
+        for _ in range(3):
+            rec._on_joints(big)
+        old = rec.stop_episode().path
+        assert bag_size(old) > 192 * 1024
         rec.start_episode({"event": "start", "source": "record_episode", "task": "fill the disk",
                            **assembly_settings(rec, rec._p)})
         assert not old.exists()                       # pruned before the new bag started

@@ -29,8 +29,11 @@ def add_parser(sub) -> None:
     e.add_argument("--version", default="3.0", choices=["3.0", "2.1"], help="LeRobot format version (default 3.0)")
     e.add_argument("--robot-type", default=None, help="info.json robot_type, e.g. panda")
     g = e.add_mutually_exclusive_group()
-    g.add_argument("--append", action="store_true", help="add the episodes to an existing dataset at --out")
-    g.add_argument("--overwrite", action="store_true", help="replace an existing dataset at --out")
+    g.add_argument("--append", action="store_true",
+                   help="add the episodes to an earlier export of this tool at --out (it carries its marker)")
+    g.add_argument("--overwrite", action="store_true",
+                   help="replace an earlier export of this tool at --out (it carries its marker); any other "
+                        "non-empty folder, /, your home and the working directory or above are refused")
     r = bsub.add_parser("repair", help="rewrite bags cut by a crash as complete bags (all complete chunks kept)")
     r.add_argument("bags", nargs="+", type=Path)
     lb = bsub.add_parser("label", help="set the success label of recorded episodes (-> next.success)")
@@ -58,7 +61,7 @@ def run(args) -> int:
     """Run a parsed ``bag`` command; returns the exit code (0 ok, 1 a typed error)."""
     try:
         from .episode import ExportError, frames_from_bag
-        from .lerobot import write_dataset
+        from .lerobot import write_export
         from .reader import BagReadError, label_bag, read_episode, repair_bag
     except ImportError as exc:
         print(f"error: {exc}. Install the data extra: pip install 'sequence-ai[data]', "
@@ -71,7 +74,7 @@ def run(args) -> int:
                 if not bag.exists():
                     raise BagReadError(f"{bag} does not exist")
             episodes = _warn_if_cut(frames_from_bag(b, fps=args.fps) for b in args.bags)
-            summary = write_dataset(episodes, args.out, version=args.version, mode=mode, robot_type=args.robot_type)
+            summary = write_export(episodes, args.out, version=args.version, mode=mode, robot_type=args.robot_type)
             print(f"wrote {summary['out']} (LeRobot v{summary['version']}): +{summary['added_episodes']} episodes, "
                   f"+{summary['added_frames']} frames; now {summary['episodes']} episodes, {summary['frames']} frames, "
                   f"{summary['tasks']} tasks")

@@ -23,16 +23,21 @@ frame of a successful episode), plus ``timestamp``, ``frame_index``, ``episode_i
 Safety of the output: an export into a non-empty directory is refused unless ``mode`` is
 ``append`` (add episodes; features and fps must match) or ``overwrite``. The dataset is built in
 a temporary directory beside ``out`` and renamed into place at the end, so a failure leaves
-either the old dataset or nothing -- never half a dataset.
+either the old dataset or nothing -- never half a dataset. :func:`write_dataset` itself replaces
+whatever is at ``out`` in those modes; :func:`write_export` (``sequence-ai bag export``) first
+checks that ``out`` is an earlier export of this tool (its signed export marker,
+:mod:`seq._export_marker`, keyed by ``<data dir>/bag-export.key``) and refuses ``/``, the home
+folder and the working directory or any folder above it, then signs the new export before the swap.
 """
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import tempfile
 from fractions import Fraction
 from pathlib import Path
-from typing import Iterable, List, Optional
+from typing import Callable, Iterable, List, Optional
 
 import numpy as np
 
@@ -192,7 +197,8 @@ class _Existing:
 
 
 def write_dataset(episodes: Iterable[EpisodeFrames], out: Path, *, version: str = "3.0", mode: str = "new",
-                  robot_type: Optional[str] = None) -> dict:
+                  robot_type: Optional[str] = None,
+                  before_swap: Optional[Callable[[Path], None]] = None) -> dict:
     """Write episodes as a LeRobot dataset at ``out`` (see the module docstring).
 
     Args:
@@ -201,6 +207,8 @@ def write_dataset(episodes: Iterable[EpisodeFrames], out: Path, *, version: str 
         version: ``"3.0"`` (default, what lerobot 0.6.1 reads) or ``"2.1"`` (the spec's).
         mode: ``"new"`` (refuse a non-empty ``out``), ``"append"`` or ``"overwrite"``.
         robot_type: ``info.json`` ``robot_type`` (e.g. ``"panda"``); ``None`` leaves it null.
+        before_swap: called with the finished temporary folder right before it replaces ``out``
+            (:func:`write_export` signs it and re-checks ``out`` there); raising keeps ``out``.
     Returns:
         ``{"out", "version", "episodes", "frames", "tasks", "added_episodes", "added_frames"}``.
     Raises:
@@ -312,6 +320,8 @@ def write_dataset(episodes: Iterable[EpisodeFrames], out: Path, *, version: str 
             (meta / "tasks.jsonl").write_text("".join(json.dumps({"task_index": i, "task": t}) + "\n"
                                                       for i, t in enumerate(tasks)))
         (meta / "info.json").write_text(json.dumps(info, indent=4))
+        if before_swap is not None:
+            before_swap(tmp)
         # swap into place: only now does `out` change
         if out.exists():
             trash = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
@@ -329,3 +339,80 @@ def write_dataset(episodes: Iterable[EpisodeFrames], out: Path, *, version: str 
 
 def _shape_sig(features: dict) -> dict:
     return {k: (v["dtype"], list(v["shape"])) for k, v in features.items()}
+
+
+#: Key file that signs the export markers of ``sequence-ai bag export`` (in the data dir).
+EXPORT_KEY_FILE = "bag-export.key"
+
+
+class ExportRefused(ExportError):
+    """``--out`` is a folder ``sequence-ai bag export`` will not replace: ``/``, the home folder,
+    the working directory or a folder above it, a file, or a non-empty folder that is not an
+    earlier export of this tool. The message names the path, the rule and what to do."""
+
+
+def _key_path() -> Path:
+    home = os.environ.get("SEQUENCES_HOME") or str(Path.home() / ".sequence-ai")
+    return Path(home).expanduser() / EXPORT_KEY_FILE
+
+
+def check_export_target(out: Path, mode: str = "new") -> Path:
+    """Where ``sequence-ai bag export`` may write: ``out`` resolved (symlinks and ``..``), checked.
+
+    Rules: never ``/``, the home folder, or the working directory or one of its ancestors (for
+    ``append``/``overwrite``; ``new`` only ever fills an empty or missing folder); never a file; a
+    non-empty ``out`` is refused for ``new`` (DatasetExistsError) and, for ``append``/``overwrite``,
+    unless it holds this tool's export marker signed for that path (an earlier export of it).
+
+    Returns the resolved path. Raises ExportRefused, DatasetExistsError or ExportError (bad mode).
+    """
+    from seq._export_marker import EXPORT_MARKER, is_marked, load_key
+
+    if mode not in MODES:
+        raise ExportError(f"mode must be one of {MODES}, got {mode!r}")
+    raw = Path(out).expanduser()
+    resolved = raw.resolve()
+    where = f"{raw}" + (f" (resolves to {resolved})" if resolved != raw else "")
+    if resolved.exists() and not resolved.is_dir():
+        raise ExportRefused(f"refused: --out {where} is a file, not a folder; pick a new or empty folder")
+    non_empty = resolved.is_dir() and any(resolved.iterdir())
+    if not non_empty:
+        return resolved
+    if mode == "new":
+        raise DatasetExistsError(f"{where} is not empty; pass --append to add episodes to or --overwrite to "
+                                 "replace an earlier export of `sequence-ai bag export`")
+    cwd = Path.cwd().resolve()
+    if resolved == Path(resolved.anchor):
+        rule = "is the file system root"
+    elif resolved == Path.home().resolve():
+        rule = "is your home folder"
+    elif resolved == cwd or resolved in cwd.parents:
+        rule = f"is the working directory {cwd} or a folder above it"
+    elif not is_marked(resolved, load_key(_key_path())):
+        rule = (f"is not empty and is not an earlier export of `sequence-ai bag export` (no valid {EXPORT_MARKER} "
+                "in it)")
+    else:
+        return resolved
+    raise ExportRefused(f"refused: --out {where} {rule}; --{mode} only replaces a dataset this tool exported "
+                        "there. Pick a new or empty folder, or remove that folder yourself")
+
+
+def write_export(episodes: Iterable[EpisodeFrames], out: Path, *, version: str = "3.0", mode: str = "new",
+                 robot_type: Optional[str] = None) -> dict:
+    """``sequence-ai bag export``: :func:`write_dataset` into ``out`` after
+    :func:`check_export_target`; the dataset is built beside ``out``, signed with this tool's export
+    marker, ``out`` is checked again, and only then renamed into place.
+
+    Returns write_dataset's summary. Raises ExportRefused, DatasetExistsError, ExportError (as
+    write_dataset); nothing at ``out`` changes when anything is raised.
+    """
+    from seq._export_marker import load_key, write_marker
+
+    target = check_export_target(out, mode)
+    key = load_key(_key_path())
+
+    def sign(tmp: Path) -> None:
+        write_marker(tmp, target, key, tool="sequence-ai bag export", format="lerobot", version=version)
+        check_export_target(target, mode)    # nothing else was put there meanwhile
+
+    return write_dataset(episodes, target, version=version, mode=mode, robot_type=robot_type, before_swap=sign)

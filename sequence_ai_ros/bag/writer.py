@@ -8,8 +8,10 @@ writes, and closes an MCAP chunk -- flushing it to the OS -- whenever the chunk 
 ``chunk_bytes`` or is ``chunk_s`` old. So a SIGKILL loses at most the chunk being filled.
 
 A bag may not grow past ``max_bag_bytes``: beyond it messages are dropped and counted
-(:attr:`BagStats.dropped_disk`). The recorder node keeps the whole output folder under its disk
-bound by deleting the oldest bags before a new one opens (:func:`prune_bags`).
+(:attr:`BagStats.dropped_disk`). The recorder node keeps the bags it wrote under its disk bound by
+deleting the oldest of them before a new one opens (:func:`prune_bags`): only bag folders
+directly in its output folder (not symlinks) whose start marker carries its recorder id
+(:func:`bag_recorder_id`); a bag another tool or recorder put there is never deleted.
 
 The chunk control reaches into the ``rosbags`` MCAP storage writer (``Writer.storage``, its
 ``chunk``, ``close_chunk()`` and ``bio``), the one place this module depends on rosbags internals
@@ -17,8 +19,11 @@ The chunk control reaches into the ``rosbags`` MCAP storage writer (``Writer.sto
 """
 from __future__ import annotations
 
+import json
+import os
 import queue
 import shutil
+import struct
 import threading
 import time
 from dataclasses import dataclass
@@ -272,24 +277,155 @@ class BagWriter:
 
 
 def bag_size(path: Path) -> int:
-    """Bytes on disk under a bag directory (0 if it does not exist)."""
+    """Bytes on disk under a bag directory (0 if it does not exist); symlinks inside count 0."""
     path = Path(path)
     if not path.exists():
         return 0
-    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+    return sum(f.lstat().st_size for f in path.rglob("*") if f.is_file() and not f.is_symlink())
 
 
-def prune_bags(folder: Path, max_bytes: int, keep: Optional[Path] = None) -> list[Path]:
-    """Delete the oldest bag directories in ``folder`` until all of them fit in ``max_bytes``.
+#: How far into a bag's MCAP :func:`bag_recorder_id` looks for the start marker (bytes). The recorder
+#: writes the marker first and flushes its chunk; a rewritten bag (label, repair) has it after the
+#: pre-roll, one sample per sensor stream, well within this.
+START_MARKER_SCAN_BYTES = 32 * 1024 * 1024
+_MCAP_MAGIC = b"\x89MCAP0\r\n"
 
-    A bag directory is a subfolder holding a ``.mcap`` file; ``keep`` is never deleted.
+
+def _mcap_str(buf: bytes, at: int) -> tuple:
+    (n,) = struct.unpack_from("<I", buf, at)
+    return buf[at + 4:at + 4 + n].decode("utf-8", "replace"), at + 4 + n
+
+
+def _start_in(records: bytes, channels: dict) -> Optional[dict]:
+    """Walk MCAP records (no chunk nesting); return the first start marker found, else None."""
+    from . import EPISODE_TOPIC
+
+    at = 0
+    while at + 9 <= len(records):
+        op, length = struct.unpack_from("<BQ", records, at)
+        body = records[at + 9:at + 9 + length]
+        at += 9 + length
+        if len(body) < length:
+            return None
+        if op == 0x04 and length >= 4:                      # Channel: id, schema id, topic, ...
+            (cid,) = struct.unpack_from("<H", body, 0)
+            channels[cid] = _mcap_str(body, 4)[0]
+        elif op == 0x05 and length >= 22:                   # Message: channel, seq, log/publish time, data
+            (cid,) = struct.unpack_from("<H", body, 0)
+            if channels.get(cid) == EPISODE_TOPIC:
+                data = body[22:]                            # std_msgs/String CDR: header, length, bytes + NUL
+                if len(data) < 8:
+                    continue
+                (n,) = struct.unpack_from("<I" if data[1] else ">I", data, 4)
+                try:
+                    event = json.loads(data[8:8 + n].rstrip(b"\0").decode("utf-8"))
+                except ValueError:
+                    continue
+                if isinstance(event, dict) and event.get("event") == "start":
+                    return event
+    return None
+
+
+def bag_recorder_id(bag: Path) -> Optional[str]:
+    """The ``recorder`` id in the start marker of bag directory ``bag``, or ``None``.
+
+    Cheap: reads the bag's one ``.mcap`` from its beginning (at most
+    :data:`START_MARKER_SCAN_BYTES`) up to the first ``/sequence_ai/episode`` start marker; works on
+    a bag cut by SIGKILL too. ``None`` when ``bag`` is a symlink, holds no single regular (not
+    symlinked) ``.mcap``, has no start marker in reach, or the marker names no recorder. Never raises
+    for an unreadable bag.
+    """
+    bag = Path(bag)
+    try:
+        if bag.is_symlink() or not bag.is_dir():
+            return None
+        files = [f for f in bag.iterdir() if f.suffix == ".mcap"]
+        if len(files) != 1 or files[0].is_symlink() or not files[0].is_file():
+            return None
+        st = files[0].stat()
+        key = (str(files[0]), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+        if key in _ID_CACHE:
+            return _ID_CACHE[key]
+        found = _scan_recorder_id(files[0])
+        if len(_ID_CACHE) >= 4096:
+            _ID_CACHE.clear()
+        _ID_CACHE[key] = found
+        return found
+    except Exception:   # unreadable, cut or foreign data: not a bag of ours
+        return None
+
+
+#: bag_recorder_id's answers by (mcap path, device, inode, size, mtime): a closed bag's start marker
+#: does not change, and a rewritten or grown file has another key.
+_ID_CACHE: dict = {}
+
+
+def _scan_recorder_id(mcap: Path) -> Optional[str]:
+    try:
+        channels: dict = {}
+        with open(mcap, "rb") as f:
+            if f.read(8) != _MCAP_MAGIC:
+                return None
+            while f.tell() < START_MARKER_SCAN_BYTES:
+                head = f.read(9)
+                if len(head) < 9:
+                    return None
+                op, length = struct.unpack("<BQ", head)
+                if op in (0x02, 0x0F) or length > START_MARKER_SCAN_BYTES:   # Footer / DataEnd: no more data
+                    return None
+                if op not in (0x04, 0x05, 0x06):
+                    f.seek(length, os.SEEK_CUR)
+                    continue
+                body = f.read(length)
+                if len(body) < length:
+                    return None                              # the record was cut
+                if op == 0x06:                               # Chunk: times, sizes, crc, compression, records
+                    size = struct.unpack_from("<Q", body, 16)[0]
+                    compression, at = _mcap_str(body, 28)
+                    (n,) = struct.unpack_from("<Q", body, at)
+                    records = body[at + 8:at + 8 + n]
+                    if compression:
+                        from rosbags.rosbag2.storage_mcap import decompress
+                        records = decompress(records, compression, size, 0)
+                    event = _start_in(records, channels)
+                else:
+                    event = _start_in(head + body, channels)
+                if event is not None:
+                    rec = event.get("recorder")
+                    return rec if isinstance(rec, str) and rec else None
+    except Exception:   # unreadable, cut or foreign data: not a bag of ours
+        return None
+    return None
+
+
+def own_bags(folder: Path, recorder_id: str) -> list:
+    """The bag directories recorder ``recorder_id`` wrote in ``folder``, oldest first.
+
+    Only real folders directly in ``folder`` count: a symlink (to a folder in or out of
+    ``folder``) never does, nor does a folder whose start marker carries another recorder's id or
+    none (:func:`bag_recorder_id`). Order: folder mtime, then name.
+    """
+    folder = Path(folder).resolve()
+    if not folder.is_dir() or not recorder_id:
+        return []
+    bags = []
+    for p in folder.iterdir():
+        if p.is_symlink() or not p.is_dir() or p.resolve().parent != folder:
+            continue
+        if bag_recorder_id(p) == recorder_id:
+            bags.append(p)
+    return sorted(bags, key=lambda p: (p.stat().st_mtime_ns, p.name))
+
+
+def prune_bags(folder: Path, max_bytes: int, recorder_id: str, keep: Optional[Path] = None) -> list[Path]:
+    """Delete the oldest bags recorder ``recorder_id`` wrote in ``folder`` until the rest of its
+    bags fit in ``max_bytes`` (bytes).
+
+    Only :func:`own_bags` are counted and deleted: a bag another tool or recorder put in
+    ``folder``, and any symlink, are left alone (and do not count). ``keep`` is never deleted.
     Returns the deleted paths (oldest first).
     """
-    folder = Path(folder)
-    if not folder.is_dir():
-        return []
-    bags = sorted((p for p in folder.iterdir() if p.is_dir() and any(p.glob("*.mcap"))),
-                  key=lambda p: p.stat().st_mtime)
+    bags = own_bags(folder, recorder_id)
     sizes = {p: bag_size(p) for p in bags}
     total = sum(sizes.values())
     deleted = []
@@ -298,7 +434,7 @@ def prune_bags(folder: Path, max_bytes: int, keep: Optional[Path] = None) -> lis
             break
         if keep is not None and p.resolve() == Path(keep).resolve():
             continue
-        shutil.rmtree(p, ignore_errors=True)
+        shutil.rmtree(p, ignore_errors=True)   # rmtree never follows a link inside the bag
         total -= sizes[p]
         deleted.append(p)
     return deleted

@@ -30,19 +30,19 @@ gateway: on every ``GET``/export). ``Gateway.remove`` deletes the whole director
 from __future__ import annotations
 
 import hashlib
-import hmac
 import json
 import logging
 import os
 import queue
 import re
-import secrets
 import shutil
 import tempfile
 import threading
 import time
 from pathlib import Path
 from typing import Any, Iterator, Optional
+
+from seq._export_marker import EXPORT_MARKER, is_marked, load_key, write_marker
 
 log = logging.getLogger("sequence_ai_server.capture")
 
@@ -338,7 +338,6 @@ def read_episodes(directory: Path) -> Iterator[tuple[str, list[dict], Optional[d
 
 # ---------------------------------------------------------------- export
 
-EXPORT_MARKER = ".sequence-ai-export.json"   # written inside every export dir this server makes
 EXPORT_KEY_FILE = "export.key"               # <data_dir>/export.key: signs the markers (0600)
 _EXPORT_MODES = ("new", "overwrite", "append")
 
@@ -352,45 +351,18 @@ class ExportRefused(CaptureError):
 def _export_key(data_dir: Path) -> bytes:
     """This server's export key (``<data_dir>/export.key``, 32 random bytes as hex, mode 0600),
     created on first use. Markers are signed with it, so a marker copied elsewhere does not count."""
-    path = Path(data_dir) / EXPORT_KEY_FILE
-    if not path.exists():
-        tmp = path.with_name(f".{EXPORT_KEY_FILE}.{os.getpid()}.{threading.get_ident()}")
-        fd = os.open(str(tmp), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(secrets.token_hex(32))
-        try:
-            os.link(tmp, path)       # appears whole, once: a racing creator reads the winner's key
-        except FileExistsError:
-            pass
-        finally:
-            tmp.unlink()
-    return path.read_text().strip().encode()
-
-
-def _marker_mac(key: bytes, out: Path, export_id: str) -> str:
-    return hmac.new(key, f"{export_id}\n{out}".encode(), hashlib.sha256).hexdigest()
+    return load_key(Path(data_dir) / EXPORT_KEY_FILE)
 
 
 def is_own_export(out: Path, data_dir: Path) -> bool:
     """True when ``out`` (a resolved directory) holds this server's export marker, signed for
     exactly that path. A missing, symlinked, unreadable or foreign marker is False."""
-    marker = Path(out) / EXPORT_MARKER
-    try:
-        if marker.is_symlink() or not marker.is_file():
-            return False
-        d = json.loads(marker.read_text())
-        export_id, mac = str(d["export_id"]), str(d["mac"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return False
-    return hmac.compare_digest(_marker_mac(_export_key(data_dir), Path(out), export_id), mac)
+    return is_marked(out, _export_key(data_dir))
 
 
 def _write_marker(target: Path, out: Path, data_dir: Path, fmt: str, deployment: Optional[str]) -> None:
-    export_id = secrets.token_hex(16)
-    (target / EXPORT_MARKER).write_text(json.dumps({
-        "export_id": export_id, "server": "sequence-ai gateway", "path": str(out), "format": fmt,
-        "deployment": deployment, "created_at": time.time(),
-        "mac": _marker_mac(_export_key(data_dir), out, export_id)}, indent=2))
+    write_marker(target, out, _export_key(data_dir), server="sequence-ai gateway", format=fmt,
+                 deployment=deployment)
 
 
 def check_export_target(out: Any, data_dir: Path, mode: str = "new") -> Path:
