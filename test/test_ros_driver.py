@@ -101,7 +101,7 @@ class Harness:
 
     def close(self):
         for n in self.nodes:
-            if isinstance(n, PolicyDriver):
+            if isinstance(n, PolicyDriver) and n.policy is not None:
                 n.policy.interrupt()
         self.executor.shutdown(timeout_sec=10.0)
         if self.thread is not None:
@@ -320,9 +320,9 @@ def test_publish_delay_and_realtime_priority_out_of_range_are_refused_at_start(r
     # the echo policy runs at 15 Hz: half a period is 33.3 ms
     with pytest.raises(ValueError, match="publish_delay_ms=40 is not below half the control period"):
         PolicyDriver(context=ros.ctx, parameter_overrides=driver_params(echo_server, publish_delay_ms=40.0))
-    with pytest.raises(ValueError, match="publish_delay_ms must be >= 0"):
+    with pytest.raises(ValueError, match="publish_delay_ms must be >= 0 and <= 1000, got -1"):
         PolicyDriver(context=ros.ctx, parameter_overrides=driver_params(echo_server, publish_delay_ms=-1.0))
-    with pytest.raises(ValueError, match="realtime_priority must be 0"):
+    with pytest.raises(ValueError, match="realtime_priority must be >= 0 and <= 99, got 100"):
         PolicyDriver(context=ros.ctx, parameter_overrides=driver_params(echo_server, realtime_priority=100))
 
 
@@ -345,7 +345,7 @@ def test_a_start_refused_for_realtime_priority_leaves_no_session_at_the_gateway(
 
     before = sessions()
     for bad in (-1, 100):
-        with pytest.raises(ValueError, match="realtime_priority must be 0"):
+        with pytest.raises(ValueError, match=f"realtime_priority must be >= 0 and <= 99, got {bad}"):
             PolicyDriver(context=ros.ctx, parameter_overrides=driver_params(echo_server, realtime_priority=bad))
     assert sessions() == before
 
