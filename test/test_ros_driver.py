@@ -162,8 +162,9 @@ def setup_driver(ros, gateway, namespace="", **params):
 def test_commands_arrive_at_the_contract_rate_with_feedback_and_status(ros, echo_server):
     robot, driver, client, client_node = setup_driver(ros, echo_server)
     assert driver.control_rate_hz == 15.0        # from the echo policy's contract
-    diags = []
+    diags, standard = [], []
     client_node.create_subscription(DiagnosticArray, "policy_driver/status", diags.append, 10)
+    client_node.create_subscription(DiagnosticArray, "/diagnostics", standard.append, 10)
     goal = Goal(client, max_seconds=3.0)
     assert goal.handle.accepted
     wrapped = goal.wait_result()
@@ -191,6 +192,11 @@ def test_commands_arrive_at_the_contract_rate_with_feedback_and_status(ros, echo
     values = {kv.key: kv.value for kv in diags[-1].status[0].values}
     assert values["control_rate_hz"] == "15" and values["model"] == "echo-ros"
     assert float(values["observation_to_chunk_s"]) > 0
+    # the same status on the standard /diagnostics topic (what rqt_robot_monitor / aggregators read)
+    wait(lambda: len(standard) >= 1, 5.0, "/diagnostics")
+    (status,) = standard[-1].status
+    assert status.name == "policy_driver: policy driver" and status.hardware_id == "echo-ros"
+    assert {kv.key: kv.value for kv in status.values}["lifecycle_state"] == "active"
     assert outcome_message(res).actions == res.actions
 
 

@@ -325,3 +325,39 @@ def test_a_signal_to_the_driver_process_mid_goal_gives_the_client_its_result_aft
     assert wrapped.result.reason == "interrupted" and "shutting down" in wrapped.result.message
     assert code == 0 and "Traceback" not in text, text
     assert_hold_then_silence(robot, wrapped.result)
+
+
+def test_ros2_run_with_an_out_of_range_parameter_exits_2_with_one_error_line():
+    proc = subprocess.run([sys.executable, "-m", "sequence_ai_ros.driver_node", "--ros-args",
+                           "-p", "realtime_priority:=500"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "error: realtime_priority must be >= 0 and <= 99, got 500" in proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_driver_waiting_for_its_gateway_stops_cleanly_on_a_signal(tmp_path, sig):
+    late = _LateGateway("http://127.0.0.1:1")            # never opened: nothing listens there
+    log = open(tmp_path / "driver.log", "wb")
+    proc = subprocess.Popen([sys.executable, "-m", "sequence_ai_ros.driver_node", "--ros-args",
+                             "-p", f"gateway_url:={late.url}", "-p", "connect_retry_s:=0.2"],
+                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                            env=dict(os.environ, SEQUENCES_API_KEY="a-key-the-gateway-would-check"))
+    try:
+        deadline = time.monotonic() + 60.0
+        while (tmp_path / "driver.log").read_text().count("waiting for the gateway") < 2:
+            assert proc.poll() is None, (tmp_path / "driver.log").read_text()
+            assert time.monotonic() < deadline, (tmp_path / "driver.log").read_text()
+            time.sleep(0.1)
+        t0 = time.monotonic()
+        proc.send_signal(sig)
+        code = proc.wait(timeout=30)
+        took = time.monotonic() - t0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        log.close()
+    text = (tmp_path / "driver.log").read_text()
+    assert code == 0 and "Traceback" not in text, text
+    assert took < 5.0, took
+    assert f"waiting for the gateway at {late.url}" in text
