@@ -89,8 +89,17 @@ def test_lifecycle_services_configure_activate_deactivate_cleanup(ros, echo_serv
     assert get_state(node) == "inactive"
     assert not Goal(client, max_seconds=1.0).handle.accepted
 
+    ok, why = set_param(node, "control_rate_hz", 100.0)         # read at configure: not while configured
+    assert not ok and "read at configure and the node is inactive" in why
     assert change_state(node, Transition.TRANSITION_CLEANUP)
     assert get_state(node) == "unconfigured" and driver.policy is None and driver.assembler is None
+    ok, why = set_param(node, "control_rate_hz", 100.0)         # unconfigured: taken, checked at configure
+    assert ok, why
+    assert not change_state(node, Transition.TRANSITION_CONFIGURE)   # refused: contradicts the contract
+    assert get_state(node) == "unconfigured" and driver.policy is None
+    level, message = driver._diag
+    assert level == DiagnosticStatus.ERROR and "control_rate_hz=100 contradicts" in message
+    assert set_param(node, "control_rate_hz", 15.0)[0]
     assert change_state(node, Transition.TRANSITION_CONFIGURE)
     assert change_state(node, Transition.TRANSITION_ACTIVATE)
     wait(driver.assembler.ready, 20.0, "sensor data after the second configure")
@@ -228,7 +237,11 @@ def test_parameter_changes_at_run_time_are_applied_or_refused_with_a_reason(ros,
     ok, why = set_param(node, "max_sensor_age_s", 0.0)                  # the range's edge: refused by the validator
     assert not ok and "max_sensor_age_s must be > 0" in why
     ok, why = set_param(node, "realtime_priority", 500)
-    assert not ok and "realtime_priority" in why
+    assert not ok and "realtime_priority out of range" in why          # rclpy's IntegerRange
+    ok, why = set_param(node, "realtime_priority", 50)
+    assert not ok and "realtime_priority is read at configure and the node is active" in why
+    ok, why = set_param(node, "autostart", False)
+    assert not ok and "read-only" in why
     ok, why = set_param(node, "joint_upper", [0.0])
     assert not ok and "joint_upper has 1 entries; a command has 8" in why
     ok, why = set_param(node, "goal_policy", "sometimes")
@@ -255,8 +268,10 @@ def test_parameters_describe_their_range_and_read_only(ros, echo_server):
     age, prio, topics, policy, autostart = res.descriptors
     assert age.floating_point_range[0].from_value == 0.0 and age.floating_point_range[0].to_value == 3600.0
     assert not age.read_only and "> 0" in age.additional_constraints
-    assert (prio.integer_range[0].from_value, prio.integer_range[0].to_value) == (0, 99) and prio.read_only
-    assert topics.read_only and autostart.read_only
+    assert (prio.integer_range[0].from_value, prio.integer_range[0].to_value) == (0, 99)
+    assert "read at configure" in prio.additional_constraints
+    assert autostart.read_only and "fixed at start" in autostart.additional_constraints
+    assert not topics.read_only and "read at configure" in topics.additional_constraints
     assert not policy.read_only and "preempt, reject" in policy.additional_constraints
 
 

@@ -189,7 +189,6 @@ class GoalExecution:
             self.get_logger().error(f"Act goal failed: {type(exc).__name__}: {exc}")
             return run.early("error", f"{type(exc).__name__}: {exc}")
         finally:
-            run.status = "idle"
             # a normal ending lets its last queued row go out (an early one has latched already)
             self._gate.drain(timeout_s=self._gate.delay_s + (1.0 / (self.control_rate_hz or 15.0)) + 0.5)
         self._last_outcome = outcome

@@ -319,21 +319,27 @@ class PolicyDriver(GoalExecution, LifecycleNode):
 
     # -- parameters at run time ---------------------------------------------------------------
     def _on_set_parameters(self, parameters) -> SetParametersResult:
-        """Apply every change or refuse the whole set with the reason (nothing accepted and ignored)."""
+        """Apply every change or refuse the whole set with the reason (nothing accepted and ignored).
+
+        Run-time parameters apply at once; configure-time ones only while unconfigured (they
+        are read by the next configure, which checks the cross-field rules); ``autostart`` is
+        read-only (rclpy refuses it)."""
         changes = {}
+        state = self._lifecycle_label()
         for prm in parameters:
             spec = _params.TABLE.get(prm.name)
             if spec is None:
                 continue
-            if not spec.runtime:
+            if spec.when == "start" or (spec.when == "configure" and state != "unconfigured"):
                 return SetParametersResult(successful=False, reason=(
-                    f"{prm.name} cannot change while the node runs: set it at start (or cleanup, then "
-                    f"configure with the new value in a parameter file)"))
+                    f"{prm.name} is read at configure and the node is {state}: deactivate and clean it up "
+                    f"(ros2 lifecycle set {self.get_fully_qualified_name()} cleanup), set it, configure again"
+                    if spec.when == "configure" else f"{prm.name} is fixed at start"))
             changes[prm.name] = prm.value
         if not changes:
             return SetParametersResult(successful=True)
         try:
-            new = self._params.replace(**changes)
+            new = self._params.replace(cross_check=state != "unconfigured", **changes)
         except _params.ParameterRefused as exc:
             return SetParametersResult(successful=False, reason=str(exc))
         self._params = new

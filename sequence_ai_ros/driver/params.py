@@ -20,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from rcl_interfaces.msg import FloatingPointRange, IntegerRange, ParameterDescriptor
 
@@ -48,8 +48,12 @@ class Spec:
 
     default: the value, or ``"string_array"`` / ``"double_array"`` for a typed array left unset.
     lo/hi: inclusive range for numbers (None = open); ``above`` makes ``lo`` exclusive.
-    choices: allowed strings.  runtime: may change while the node runs (else ``read_only``).
-    each: for string arrays, the allowed entries.
+    choices: allowed strings.  each: for string arrays, the allowed entries.
+    validator: ``validator(value) -> None | str``: a rule of this parameter alone beyond type,
+        range and choices (the string says what is wrong).
+    When it may change: ``runtime`` -- any time, applied at once (or from the next goal, as the
+    description says); ``fixed`` -- never after start (``read_only`` in its descriptor); neither
+    -- read at configure: it may change while the node is unconfigured (cleanup first).
     """
 
     default: Any
@@ -60,6 +64,37 @@ class Spec:
     choices: Optional[Tuple[str, ...]] = None
     runtime: bool = False
     each: Optional[Tuple[str, ...]] = None
+    validator: Optional[Callable[[Any], Optional[str]]] = None
+    fixed: bool = False
+
+    @property
+    def when(self) -> str:
+        """``runtime``, ``configure`` or ``start``: when a new value can take effect."""
+        return "runtime" if self.runtime else ("start" if self.fixed else "configure")
+
+
+def _identifier(value) -> Optional[str]:
+    if value and not value.replace("_", "a").isalnum():
+        return f"{value!r} is not an environment variable name (letters, digits, _)"
+    return None
+
+
+def _non_empty(value) -> Optional[str]:
+    return None if value else "must not be empty"
+
+
+def _distinct_names(values) -> Optional[str]:
+    names = list(values or [])
+    if any(not n for n in names):
+        return f"has an empty name: {names}"
+    dup = sorted({n for n in names if names.count(n) > 1})
+    return f"names {dup} more than once" if dup else None
+
+
+def _relative_or_absolute_topic(value) -> Optional[str]:
+    if not value or value.endswith("/") or " " in value:
+        return f"{value!r} is not a topic name"
+    return None
 
 
 _VIEW_RULES = ("receive", "header")
@@ -68,10 +103,14 @@ _BIG = 1e9
 
 TABLE: Dict[str, Spec] = {
     "autostart": Spec(True, "Configure and activate at start (a plain node); false = wait for lifecycle "
-                            "transitions (ros2 lifecycle set ... configure / activate)."),
-    "model": Spec("pick-place", "Deployment name to connect to (sequence_ai.connect(model=...))."),
-    "gateway_url": Spec("", "Gateway URL; empty = $SEQUENCES_GATEWAY_URL or http://127.0.0.1:8470."),
-    "api_key_env": Spec("SEQUENCES_API_KEY", "Name of the environment variable holding the API key (never the key itself)."),
+                            "transitions (ros2 lifecycle set ... configure / activate).", fixed=True),
+    "model": Spec("pick-place", "Deployment name to connect to (sequence_ai.connect(model=...)).",
+                  validator=_non_empty),
+    "gateway_url": Spec("", "Gateway URL; empty = $SEQUENCES_GATEWAY_URL or http://127.0.0.1:8470.",
+                        validator=lambda v: None if not v or v.startswith(("http://", "https://"))
+                        else f"{v!r} is not an http(s) URL"),
+    "api_key_env": Spec("SEQUENCES_API_KEY", "Name of the environment variable holding the API key (never the key itself).",
+                        validator=lambda v: _non_empty(v) or _identifier(v)),
     "connect_retry_s": Spec(2.0, "Seconds between attempts to reach a gateway that is not up yet (configure).",
                             lo=0.05, hi=60.0),
     "connect_timeout_s": Spec(0.0, "Give up configuring after this long without a gateway (s); 0 = keep trying.",
@@ -85,12 +124,12 @@ TABLE: Dict[str, Spec] = {
                               each=_VIEW_RULES),
     "camera_alignments": Spec(_STRINGS, "Per view: latest, asof (newest not after the control tick) or drop "
                                         "(each frame used once); empty = latest.", each=_ALIGN),
-    "joint_state_topic": Spec("joint_states", "Joint state topic."),
+    "joint_state_topic": Spec("joint_states", "Joint state topic.", validator=_relative_or_absolute_topic),
     "joint_state_type": Spec("sensor_msgs/msg/JointState", "Joint state message type (a registered decoder)."),
     "joint_state_time_base": Spec("receive", "receive or header (see camera_time_bases).", choices=_VIEW_RULES),
     "joint_state_alignment": Spec("latest", "latest, asof or drop (see camera_alignments).", choices=_ALIGN),
     "joint_names": Spec([f"panda_joint{i}" for i in range(1, 8)], "Arm joints in the policy's joint_positions "
-                        "order, as named in the joint state messages."),
+                        "order, as named in the joint state messages.", validator=_distinct_names),
     "gripper_joint": Spec("panda_gripper", "Joint state name carrying the gripper value; empty = none."),
     "codec_modules": Spec(_STRINGS, "Python modules imported at configure that register custom decoders/encoders "
                                     "(sequence_ai_ros.codecs)."),
@@ -100,15 +139,17 @@ TABLE: Dict[str, Spec] = {
                          "(<arm_controller>/joint_trajectory).", choices=COMMAND_MODES),
     "arm_controller": Spec("fr3_arm_controller", "ros2_control controller name for the arm (command_mode != joint_commands)."),
     "arm_joints": Spec(list(FR3_ARM_JOINTS), "The arm controller's joints, in the policy's action order "
-                       "(command_mode != joint_commands)."),
+                       "(command_mode != joint_commands).", validator=_distinct_names),
     "gripper_output": Spec("none", "Where the gripper value goes when command_mode is a controller: none, "
                            "forward_command_controller (<gripper_controller>/commands) or joint_trajectory_controller "
                            "(<gripper_controller>/joint_trajectory).", choices=GRIPPER_OUTPUTS),
     "gripper_controller": Spec("fr3_gripper_controller", "ros2_control controller name for the gripper."),
-    "gripper_joints": Spec(["fr3_finger_joint1"], "The gripper controller's joints (each gets the gripper command)."),
+    "gripper_joints": Spec(["fr3_finger_joint1"], "The gripper controller's joints (each gets the gripper command).",
+                           validator=_distinct_names),
     "gripper_scale": Spec(1.0, "Gripper command = policy gripper value x this (e.g. 0.04 m for an FR3 finger "
                                "joint from a 0..1 action).", lo=-_BIG, hi=_BIG),
-    "command_topic": Spec("joint_commands", "Joint command topic (command_mode joint_commands)."),
+    "command_topic": Spec("joint_commands", "Joint command topic (command_mode joint_commands).",
+                          validator=_relative_or_absolute_topic),
     "command_type": Spec("float64_multi_array", "float64_multi_array, joint_trajectory, joint_state, or a registered "
                                                 "encoder (command_mode joint_commands)."),
     "command_interface": Spec("position", "position or velocity: what the action rows are and which field "
@@ -174,11 +215,21 @@ def _range_text(spec: Spec) -> str:
 
 
 def check(name: str, value: Any) -> Any:
-    """Validate one value of parameter ``name`` against its type, range and choices.
+    """Validate one value of parameter ``name`` against its type, range, choices and validator.
 
     Returns the value normalised (floats as ``float``, arrays as lists, an unset typed array as
     None). Raises :class:`ParameterRefused` naming the parameter, the value and what it takes.
     """
+    value = _check_value(name, value)
+    spec = TABLE[name]
+    if spec.validator is not None and value is not None:
+        why = spec.validator(value)
+        if why:
+            raise ParameterRefused(f"parameter {name}: {why}")
+    return value
+
+
+def _check_value(name: str, value: Any) -> Any:
     spec = TABLE[name]
     kind = _kind(spec)
     if value is None:
@@ -262,14 +313,16 @@ class Params:
         """A copy of every value (``{name: value}``)."""
         return dict(self._values)
 
-    def replace(self, **changes: Any) -> "Params":
-        """A new Params with ``changes`` applied (each checked with :func:`check`) and the
-        cross-field rules re-checked (:func:`check_all`). Raises :class:`ParameterRefused`."""
+    def replace(self, cross_check: bool = True, **changes: Any) -> "Params":
+        """A new Params with ``changes`` applied (each checked with :func:`check`) and, unless
+        ``cross_check`` is False, the cross-field rules re-checked (:func:`check_all`; configure
+        checks them anyway). Raises :class:`ParameterRefused`."""
         values = dict(self._values)
         for name, value in changes.items():
             values[name] = check(name, value)
         new = Params(values)
-        check_all(new)
+        if cross_check:
+            check_all(new)
         return new
 
     @property
@@ -334,7 +387,8 @@ def descriptor(name: str) -> ParameterDescriptor:
     """The ``ParameterDescriptor`` for ``name``: description, range, read_only."""
     spec = TABLE[name]
     kind = _kind(spec)
-    extra = []
+    extra = {"runtime": ["changes apply at run time"], "start": ["fixed at start"],
+             "configure": ["read at configure: change it while unconfigured"]}[spec.when]
     if spec.choices:
         extra.append(f"one of {', '.join(spec.choices)}")
     if kind in ("float", "int") and _range_text(spec):
@@ -342,7 +396,7 @@ def descriptor(name: str) -> ParameterDescriptor:
     d = ParameterDescriptor(
         description=spec.description,
         additional_constraints="; ".join(extra),
-        read_only=not spec.runtime,
+        read_only=spec.fixed,
         dynamic_typing=kind == "float",
     )
     if kind == "int" and spec.lo is not None and spec.hi is not None:
