@@ -96,8 +96,9 @@ def _pending_tasks(executor) -> bool:
 
 
 def _stop_runs(node: PolicyDriver) -> None:
-    """Ctrl-C / SIGTERM: end the active run (hold first) and keep the executor spinning until the
-    goal's result has gone out to the Act client (bounded: 3 s to unwind + ``RESULT_FLUSH_S``)."""
+    """Ctrl-C / SIGTERM: end the active run (hold first), keep the executor spinning until the
+    goal's result has gone out to the Act client (bounded: 3 s to unwind + ``RESULT_FLUSH_S``),
+    then take the lifecycle shutdown transition."""
     executor = node.executor
     done = threading.Event()
 
@@ -122,6 +123,10 @@ def _stop_runs(node: PolicyDriver) -> None:
     executor.spin_once(timeout_sec=0.05)
     while _pending_tasks(executor) and time.monotonic() < flush_until:
         executor.spin_once(timeout_sec=0.05)
+    try:
+        node.trigger_shutdown()   # lifecycle: -> finalized (releases the gateway session)
+    except Exception as exc:  # noqa: BLE001 - a transition already under way; destroy_node releases
+        node.get_logger().warning(f"shutdown transition not taken: {exc}")
 
 
 def main(args=None) -> int:

@@ -128,7 +128,10 @@ class GoalExecution:
         self._run = run
         try:
             try:
-                result, status = self._drive(run, goal)
+                if not self._active:   # accepted just before a deactivate / shutdown reached it
+                    result, status = run.early("interrupted", self._end_message or "the driver is not active")
+                else:
+                    result, status = self._drive(run, goal)
             except Exception as exc:  # noqa: BLE001 - a goal always gets a result
                 self._hold()
                 self.get_logger().error(f"Act goal failed: {type(exc).__name__}: {exc}")
