@@ -408,6 +408,7 @@ class PolicyDriver(GoalExecution, LifecycleNode):
         if run is None and level == DiagnosticStatus.OK and last is not None and last.reason not in ("completed", "until"):
             level = DiagnosticStatus.WARN
         trace = self.trace
+        shown = run or self._last_run
         values = {
             "lifecycle_state": self._lifecycle_label(),
             "state": run.status if run is not None else "idle",
@@ -416,7 +417,7 @@ class PolicyDriver(GoalExecution, LifecycleNode):
             "commands": CommandOutputs.describe(self._params),
             "actions": str(len(trace.commands)),
             "chunks": str(len(trace.seams)),
-            "underruns": str((run or self._last_run).underruns if (run or self._last_run) else 0),
+            "underruns": str(shown.underruns if shown is not None else 0),
             "observation_to_chunk_s": "" if self._obs_to_chunk_s is None else f"{self._obs_to_chunk_s:.4f}",
             "instruction": (self.policy.instruction or "") if self.policy is not None else "",
             "last_reason": "" if last is None else str(last.reason),

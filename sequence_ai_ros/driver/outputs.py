@@ -92,15 +92,6 @@ class CommandOutputs:
         self.topics.append(self._node.resolve_topic_name(topic))
         return pub
 
-    @property
-    def msg_types(self) -> List[str]:
-        """ROS type names of the arm (then gripper) outputs."""
-        out = []
-        for pub in self._pubs:
-            t = pub.msg_type
-            out.append(f"{t.__module__.split('.')[0]}/msg/{t.__name__}")
-        return out
-
     def messages(self, values: Sequence[float]) -> List[tuple]:
         """``[(publisher, message)]`` for one row (arm first), without publishing."""
         p = self._p
