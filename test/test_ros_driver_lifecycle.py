@@ -178,6 +178,9 @@ def test_a_gateway_that_is_not_up_yet_is_retried_with_a_diagnostic_then_configur
         wait(lambda: len(waiting()) >= 2, 20.0, "a diagnostic saying the driver waits for the gateway")
         assert late.url in waiting()[-1].message and "TransportError" in waiting()[-1].message
         assert "ok" not in answer                     # still configuring: retrying, not failed
+        described = call(node.create_client(DescribeParameters, "policy_driver/describe_parameters"),
+                         DescribeParameters.Request(names=["gateway_url"]), timeout=5.0)
+        assert described.descriptors[0].name == "gateway_url"   # parameter services answer meanwhile
         late.open()
         wait(lambda: "ok" in answer, 30.0, "configure to finish once the gateway is up")
         assert answer["ok"] is True and driver.control_rate_hz == 15.0

@@ -38,7 +38,8 @@ from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
 from rcl_interfaces.msg import SetParametersResult
 from rclpy.action import ActionServer
 from rclpy.callback_groups import MutuallyExclusiveCallbackGroup, ReentrantCallbackGroup
-from rclpy.lifecycle import LifecycleNode, TransitionCallbackReturn
+from rclpy.lifecycle import LifecycleNodeMixin, TransitionCallbackReturn
+from rclpy.node import Node
 from rclpy.qos import qos_profile_sensor_data
 from std_msgs.msg import String
 from std_srvs.srv import Trigger
@@ -65,19 +66,21 @@ class ConfigureError(ValueError):
     the message says what is wrong and what to change. Retrying unchanged will not help."""
 
 
-class PolicyDriver(GoalExecution, LifecycleNode):
+class PolicyDriver(GoalExecution, LifecycleNodeMixin, Node):
     """Drives a robot from ``Act`` goals with a deployed policy (see the module docstring).
 
     Args:
-        node_name: default ``policy_driver``; ``**kwargs`` go to ``rclpy.lifecycle.LifecycleNode``
-            (namespace, context, parameter_overrides, ...).
+        node_name: default ``policy_driver``; ``**kwargs`` go to ``rclpy.node.Node`` (namespace,
+            context, parameter_overrides, ...). The lifecycle services get a callback group of
+            their own, so the parameter services answer while configure waits for the gateway.
     Raises:
         ValueError: a parameter is malformed (names it); with ``autostart``, also a configure
             refusal (``ConfigureError``: wrong key, unknown model, a contradicting control rate).
     """
 
     def __init__(self, node_name: str = "policy_driver", **kwargs) -> None:
-        super().__init__(node_name, **kwargs)
+        Node.__init__(self, node_name, **kwargs)
+        LifecycleNodeMixin.__init__(self, callback_group=MutuallyExclusiveCallbackGroup())
         self._params = _params.declare(self)       # ParameterRefused (a ValueError) names the problem
         self.policy = None
         self.assembler: Optional[ObservationAssembler] = None
