@@ -300,6 +300,8 @@ def test_two_namespaced_drivers_each_drive_their_own_robot(ros, echo_server):
         drivers[ns] = ros.add(PolicyDriver(namespace=ns, context=ros.ctx, parameter_overrides=driver_params(echo_server)))
         cn = ros.add(rclpy.create_node("act_client", namespace=ns, context=ros.ctx))
         clients[ns] = ActionClient(cn, Act, "policy_driver/act")
+    diags = []
+    cn.create_subscription(DiagnosticArray, "/diagnostics", diags.append, 50)
     ros.start()
     for ns in clients:
         assert clients[ns].wait_for_server(timeout_sec=20.0)
@@ -312,6 +314,9 @@ def test_two_namespaced_drivers_each_drive_their_own_robot(ros, echo_server):
         assert len(robots[ns].commands) == results[ns].actions + 1, ns
         assert drivers[ns].policy is not drivers["left" if ns == "right" else "right"].policy
     assert results["right"].actions > results["left"].actions + 5   # each ran its own bound
+    # one /diagnostics topic for the robot, told apart by the namespaced status names
+    names = {st.name for m in diags for st in m.status}
+    assert {"left/policy_driver: policy driver", "right/policy_driver: policy driver"} <= names, names
 
 
 def test_control_rate_parameter_contradicting_the_contract_is_refused(ros, echo_server):

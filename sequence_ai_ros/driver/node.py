@@ -426,7 +426,7 @@ class PolicyDriver(GoalExecution, LifecycleNodeMixin, Node):
             "last_reason": "" if last is None else str(last.reason),
             "last_message": (self._last_run.stop_reason or "") if self._last_run is not None else "",
         }
-        status = DiagnosticStatus(level=level, name=f"{self.get_name()}: policy driver",
+        status = DiagnosticStatus(level=level, name=f"{self.get_fully_qualified_name().lstrip('/')}: policy driver",
                                   hardware_id=str(self._params.model), message=message,
                                   values=[KeyValue(key=k, value=v) for k, v in values.items()])
         msg = DiagnosticArray(status=[status])
