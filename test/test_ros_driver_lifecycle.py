@@ -108,6 +108,19 @@ def test_lifecycle_services_configure_activate_deactivate_cleanup(ros, echo_serv
     assert again.result.result.reason == "timeout" and again.result.result.actions > 5
 
 
+def test_the_shutdown_transition_mid_goal_gives_the_client_its_result_after_the_hold(ros, echo_server):
+    robot, driver, client, node = start(ros, echo_server)
+    wait(driver.assembler.ready, 20.0, "sensors")
+    goal = Goal(client, max_seconds=20.0)
+    wait(lambda: len(robot.commands) >= 10, 15.0, "commands")
+    assert change_state(node, Transition.TRANSITION_ACTIVE_SHUTDOWN)
+    wrapped = goal.wait_result(timeout=10.0)
+    assert wrapped.status == GoalStatus.STATUS_ABORTED
+    assert wrapped.result.reason == "interrupted" and "shutting down" in wrapped.result.message
+    assert_hold_then_silence(robot, wrapped.result)
+    assert get_state(node) == "finalized" and driver.policy is None
+
+
 class _LateGateway:
     """A TCP port that refuses connections until ``open()``, then forwards to the real gateway:
     to the driver, a gateway that comes up late."""
