@@ -336,13 +336,14 @@ def test_a_signal_to_the_driver_process_mid_goal_gives_the_client_its_result_aft
     proc, log = _driver_process(echo_server, tmp_path)
     try:
         assert client.wait_for_server(timeout_sec=60.0), (tmp_path / "driver.log").read_text()
-        goal = None
-        deadline = time.monotonic() + 60.0
-        while goal is None or not goal.handle.accepted:   # accepted once sensors and the gateway are in
+        states = node.create_client(GetState, "policy_driver/get_state")
+        deadline = time.monotonic() + 90.0
+        # the lifecycle state answers once autostart has configured and activated it and it spins
+        while call(states, GetState.Request(), timeout=90.0).current_state.label != "active":
             assert time.monotonic() < deadline, (tmp_path / "driver.log").read_text()
-            goal = Goal(client, max_seconds=30.0)
-            if not goal.handle.accepted:
-                time.sleep(0.5)
+            time.sleep(0.2)
+        goal = Goal(client, max_seconds=30.0)
+        assert goal.handle.accepted
         wait(lambda: len(robot.commands) >= 10, 20.0, "commands")
         t_sig = time.monotonic()
         proc.send_signal(sig)
