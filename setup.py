@@ -28,6 +28,7 @@ setup(
         "sequence_ai_ros",
         "sequence_ai_ros.benchmarks",
         "sequence_ai_ros.bag",
+        "sequence_ai_ros.driver",
     ],
     package_data={"seq": ["templates/*/*.py", "templates/*/*.md"]},
     package_dir={"sequence_ai_server": "server/sequence_ai_server"},

@@ -86,7 +86,10 @@ _PARAMS = {
                      "panda_joint6", "panda_joint7"], "Arm joints in the policy's order (for RecordEpisode episodes)."),
     "gripper_joint": ("panda_gripper", "Joint-state name of the gripper; empty = none."),
     "max_sensor_age_s": (0.5, "Max sensor age written into RecordEpisode start markers (s)."),
-    "command_topic": ("joint_commands", "std_msgs/Float64MultiArray command topic."),
+    "command_topic": ("joint_commands", "The driver's command topic (as the driver's command_topic, or "
+                                        "<arm_controller>/commands | /joint_trajectory for a ros2_control mode)."),
+    "command_type": ("float64_multi_array", "Message type on command_topic: float64_multi_array "
+                                            "(std_msgs/Float64MultiArray) or joint_trajectory (trajectory_msgs/JointTrajectory)."),
     "jpeg_quality": (90, "JPEG quality of recorded camera frames (1-100)."),
     "max_disk_mb": (2048.0, "Disk bound of the bags this recorder wrote in output_dir (MiB): before a bag starts, "
                             "the oldest of them are deleted until the rest leave room (a quarter of the bound, at "
@@ -98,6 +101,11 @@ _PARAMS = {
     "chunk_kib": (256, "MCAP chunk size bound (KiB): a SIGKILL loses at most the chunk being filled."),
     "chunk_s": (1.0, "MCAP chunk age bound (s)."),
 }
+
+_COMMAND_TYPES = {"float64_multi_array": "std_msgs/msg/Float64MultiArray",
+                  "joint_trajectory": "trajectory_msgs/msg/JointTrajectory"}
+"""command_type -> the ROS type recorded from command_topic (a JointTrajectory command is read back
+as its first point's positions, or velocities when it has none: ``bag.events.command_values``)."""
 
 
 class EpisodeRecorder(Node):
@@ -159,13 +167,15 @@ class EpisodeRecorder(Node):
                                          qos_profile_sensor_data, callback_group=sensors, raw=True)
             self._image_topics[view] = bag_topic
         from sensor_msgs.msg import JointState
-        from std_msgs.msg import Float64MultiArray
 
+        if p["command_type"] not in _COMMAND_TYPES:
+            raise ValueError(f"command_type must be one of {sorted(_COMMAND_TYPES)}, got {p['command_type']!r}")
+        self._command_msgtype = _COMMAND_TYPES[p["command_type"]]
         self._joint_topic = self.resolve_topic_name(p["joint_state_topic"])
         self._command_topic = self.resolve_topic_name(p["command_topic"])
         self.create_subscription(JointState, p["joint_state_topic"], self._on_joints, qos_profile_sensor_data,
                                  callback_group=sensors, raw=True)
-        self.create_subscription(Float64MultiArray, p["command_topic"], self._on_command, 50,
+        self.create_subscription(codecs.message_class(self._command_msgtype), p["command_topic"], self._on_command, 50,
                                  callback_group=sensors, raw=True)
         events = MutuallyExclusiveCallbackGroup()
         if p["auto_record"]:
@@ -228,7 +238,7 @@ class EpisodeRecorder(Node):
                 if isinstance(since, int):   # commands of this episode that beat its start marker here
                     for t_ns, raw in self._recent_commands:
                         if t_ns >= since:
-                            self.writer.put(self._command_topic, "std_msgs/msg/Float64MultiArray", t_ns, raw)
+                            self.writer.put(self._command_topic, self._command_msgtype, t_ns, raw)
                 self._episode = start
             self.writer.flush()
             return path
@@ -316,7 +326,7 @@ class EpisodeRecorder(Node):
         with self._stream_lock:
             self._recent_commands.append((t, raw))
             if self._episode is not None:
-                self.writer.put(self._command_topic, "std_msgs/msg/Float64MultiArray", t, raw)
+                self.writer.put(self._command_topic, self._command_msgtype, t, raw)
         for tap in self.taps:
             tap("command", None, raw, t)
 

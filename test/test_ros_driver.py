@@ -101,7 +101,7 @@ class Harness:
 
     def close(self):
         for n in self.nodes:
-            if isinstance(n, PolicyDriver):
+            if isinstance(n, PolicyDriver) and n.policy is not None:
                 n.policy.interrupt()
         self.executor.shutdown(timeout_sec=10.0)
         if self.thread is not None:
@@ -162,8 +162,9 @@ def setup_driver(ros, gateway, namespace="", **params):
 def test_commands_arrive_at_the_contract_rate_with_feedback_and_status(ros, echo_server):
     robot, driver, client, client_node = setup_driver(ros, echo_server)
     assert driver.control_rate_hz == 15.0        # from the echo policy's contract
-    diags = []
+    diags, standard = [], []
     client_node.create_subscription(DiagnosticArray, "policy_driver/status", diags.append, 10)
+    client_node.create_subscription(DiagnosticArray, "/diagnostics", standard.append, 10)
     goal = Goal(client, max_seconds=3.0)
     assert goal.handle.accepted
     wrapped = goal.wait_result()
@@ -191,6 +192,11 @@ def test_commands_arrive_at_the_contract_rate_with_feedback_and_status(ros, echo
     values = {kv.key: kv.value for kv in diags[-1].status[0].values}
     assert values["control_rate_hz"] == "15" and values["model"] == "echo-ros"
     assert float(values["observation_to_chunk_s"]) > 0
+    # the same status on the standard /diagnostics topic (what rqt_robot_monitor / aggregators read)
+    wait(lambda: len(standard) >= 1, 5.0, "/diagnostics")
+    (status,) = standard[-1].status
+    assert status.name == "policy_driver: policy driver" and status.hardware_id == "echo-ros"
+    assert {kv.key: kv.value for kv in status.values}["lifecycle_state"] == "active"
     assert outcome_message(res).actions == res.actions
 
 
@@ -294,6 +300,8 @@ def test_two_namespaced_drivers_each_drive_their_own_robot(ros, echo_server):
         drivers[ns] = ros.add(PolicyDriver(namespace=ns, context=ros.ctx, parameter_overrides=driver_params(echo_server)))
         cn = ros.add(rclpy.create_node("act_client", namespace=ns, context=ros.ctx))
         clients[ns] = ActionClient(cn, Act, "policy_driver/act")
+    diags = []
+    cn.create_subscription(DiagnosticArray, "/diagnostics", diags.append, 50)
     ros.start()
     for ns in clients:
         assert clients[ns].wait_for_server(timeout_sec=20.0)
@@ -306,6 +314,9 @@ def test_two_namespaced_drivers_each_drive_their_own_robot(ros, echo_server):
         assert len(robots[ns].commands) == results[ns].actions + 1, ns
         assert drivers[ns].policy is not drivers["left" if ns == "right" else "right"].policy
     assert results["right"].actions > results["left"].actions + 5   # each ran its own bound
+    # one /diagnostics topic for the robot, told apart by the namespaced status names
+    names = {st.name for m in diags for st in m.status}
+    assert {"left/policy_driver: policy driver", "right/policy_driver: policy driver"} <= names, names
 
 
 def test_control_rate_parameter_contradicting_the_contract_is_refused(ros, echo_server):
@@ -320,9 +331,9 @@ def test_publish_delay_and_realtime_priority_out_of_range_are_refused_at_start(r
     # the echo policy runs at 15 Hz: half a period is 33.3 ms
     with pytest.raises(ValueError, match="publish_delay_ms=40 is not below half the control period"):
         PolicyDriver(context=ros.ctx, parameter_overrides=driver_params(echo_server, publish_delay_ms=40.0))
-    with pytest.raises(ValueError, match="publish_delay_ms must be >= 0"):
+    with pytest.raises(ValueError, match="publish_delay_ms must be >= 0 and <= 1000, got -1"):
         PolicyDriver(context=ros.ctx, parameter_overrides=driver_params(echo_server, publish_delay_ms=-1.0))
-    with pytest.raises(ValueError, match="realtime_priority must be 0"):
+    with pytest.raises(ValueError, match="realtime_priority must be >= 0 and <= 99, got 100"):
         PolicyDriver(context=ros.ctx, parameter_overrides=driver_params(echo_server, realtime_priority=100))
 
 
@@ -345,7 +356,7 @@ def test_a_start_refused_for_realtime_priority_leaves_no_session_at_the_gateway(
 
     before = sessions()
     for bad in (-1, 100):
-        with pytest.raises(ValueError, match="realtime_priority must be 0"):
+        with pytest.raises(ValueError, match=f"realtime_priority must be >= 0 and <= 99, got {bad}"):
             PolicyDriver(context=ros.ctx, parameter_overrides=driver_params(echo_server, realtime_priority=bad))
     assert sessions() == before
 

@@ -18,7 +18,10 @@ topic                                  type                               what
                                                                           frame)
 ``/joint_states``                      ``sensor_msgs/msg/JointState``     as published (raw CDR)
 ``/joint_commands``                    ``std_msgs/msg/Float64MultiArray`` every command published
-                                                                          (raw CDR), the hold included
+                                       (recorder ``command_type``         (raw CDR), the hold included
+                                       ``joint_trajectory``:
+                                       ``trajectory_msgs/msg/
+                                       JointTrajectory``)
 ``/sequence_ai/instruction``           ``std_msgs/msg/String``            the instruction in force,
                                                                           written at the start and on
                                                                           every change

@@ -10,7 +10,9 @@ observations with exactly the rules the driver used live (:func:`assembler_from_
 Start: ``{"event": "start", "source": "act", "task", "max_seconds", "goal_id", "t_ns",
 "views", "camera_topics", "camera_transports", "camera_time_bases", "camera_alignments",
 "joint_state_topic", "joint_state_type", "joint_state_time_base", "joint_state_alignment",
-"joint_names", "gripper_joint", "max_sensor_age_s", "command_topic", "command_type"}``.
+"joint_names", "gripper_joint", "max_sensor_age_s", "command_mode", "command_topic", "command_type"}``
+(a ros2_control ``command_mode`` adds ``command_joint_names`` and, with a gripper output,
+``gripper_command_topic``).
 End: ``{"event": "end", "source": "act", "goal_id", "t_ns", "outcome": {Act result fields},
 "label": {"success": true | false | null}}`` (``null`` when the driver has no success check).
 """
@@ -53,14 +55,47 @@ def assembly_settings(node, p: dict) -> dict:
         "joint_names": list(p["joint_names"]),
         "gripper_joint": p.get("gripper_joint") or None,
         "max_sensor_age_s": float(p.get("max_sensor_age_s", 0.5)),
-        "command_topic": _resolve(node, p["command_topic"]),
-        "command_type": p.get("command_type", "float64_multi_array"),
+        **command_settings(node, p),
     }
+
+
+def command_settings(node, p) -> dict:
+    """Where the driver's commands go: ``command_topic`` / ``command_type`` of the arm output
+    (``joint_commands`` mode: the parameters; a ros2_control mode: the controller's topic and
+    ``float64_multi_array`` / ``joint_trajectory``), plus ``command_mode`` and, for a separate
+    gripper output, ``gripper_command_topic``."""
+    mode = p.get("command_mode", "joint_commands")
+    if mode == "joint_commands":
+        return {"command_mode": mode, "command_topic": _resolve(node, p["command_topic"]),
+                "command_type": p.get("command_type", "float64_multi_array")}
+    forward = mode == "forward_command_controller"
+    out = {"command_mode": mode,
+           "command_topic": _resolve(node, f"{p['arm_controller']}/{'commands' if forward else 'joint_trajectory'}"),
+           "command_type": "float64_multi_array" if forward else "joint_trajectory",
+           "command_joint_names": list(p.get("arm_joints") or [])}
+    grip = p.get("gripper_output", "none")
+    if grip != "none":
+        kind = "commands" if grip == "forward_command_controller" else "joint_trajectory"
+        out["gripper_command_topic"] = _resolve(node, f"{p['gripper_controller']}/{kind}")
+    return out
+
+
+def command_values(msg) -> list:
+    """The command values of a recorded command message: ``Float64MultiArray.data``, or a
+    ``JointTrajectory``'s first point (its positions, else its velocities); [] for an empty one."""
+    if hasattr(msg, "data"):
+        return [float(x) for x in msg.data]
+    points = getattr(msg, "points", None) or []
+    if not points:
+        return []
+    first = points[0]
+    return [float(x) for x in (first.positions if len(first.positions) else first.velocities)]
 
 
 def start_event(driver, goal) -> str:
     """JSON start marker for an ``Act`` goal that is starting on ``driver`` (a PolicyDriver)."""
-    gid = getattr(getattr(driver, "_goal_handle", None), "goal_id", None)
+    run = getattr(driver, "_run", None)
+    gid = getattr(getattr(run, "handle", None), "goal_id", None)
     event = {"event": "start", "source": "act", "task": goal.instruction,
              "max_seconds": float(goal.max_seconds), "goal_id": bytes(gid.uuid).hex() if gid is not None else None,
              "t_ns": time.time_ns(), **assembly_settings(driver, driver._p)}

@@ -316,6 +316,7 @@ def read_episode(bag: Path) -> RecordedEpisode:
     from rclpy.serialization import deserialize_message
 
     from ..codecs import message_class as get_message
+    from .events import command_values
 
     classes: dict = {}
     start = end = None
@@ -331,7 +332,7 @@ def read_episode(bag: Path) -> RecordedEpisode:
         elif topic == _abs(start.get("joint_state_topic", "joint_states")):
             rec.joints.append((t_ns, msg))
         elif topic == _abs(start.get("command_topic", "joint_commands")):
-            rec.commands.append((t_ns, [float(x) for x in msg.data]))
+            rec.commands.append((t_ns, command_values(msg)))   # Float64MultiArray or JointTrajectory
 
     for m in iter_raw(bag):
         cls = classes.get(m.msgtype)

@@ -1,0 +1,11 @@
+"""The policy driver, split by concern (``policy_driver``; ``sequence_ai_ros.driver_node`` is its entry point).
+
+* :mod:`.params` -- the parameter table (default, description, range, validator, read-only) and
+  the frozen ``Params`` it yields;
+* :mod:`.gate` -- ``CommandGate``: the one pacing path and the hold latch (no rclpy);
+* :mod:`.outputs` -- action rows -> command messages (``joint_commands``, ros2_control's
+  forward_command_controller and joint_trajectory_controller, the gripper's own output);
+* :mod:`.goal` -- ``GoalRun``: one Act goal's trace, counters and result;
+* :mod:`.execution` -- the Act action (accept, run, cancel, preempt, every ending's result);
+* :mod:`.node` -- ``PolicyDriver``, the lifecycle node that wires them.
+"""

@@ -1,0 +1,355 @@
+"""The ``Act`` action of the policy driver: accepting goals, running one, and its result.
+
+A mixin of :class:`~sequence_ai_ros.driver.node.PolicyDriver` (it uses the node's gate, outputs,
+assembler and policy, which exist while the node is configured). Every goal ends with a result
+and a terminal status, whatever ends it:
+
+* the run's own end (``completed`` / ``until`` / ``timeout``: succeeded; ``validate`` / ``error``:
+  aborted, ``message`` naming the stream, bound or error);
+* the client's cancel (``interrupted``, canceled) -- before the run started too;
+* a newer goal (``goal_policy: preempt``: ``interrupted``, aborted, "preempted by a new goal");
+* the driver ending it: deactivate, shutdown, SIGINT/SIGTERM (``interrupted``, aborted, the
+  message says which); a lost gateway (``error``, aborted, the transport error).
+
+Each early ending publishes the hold first (the core unwinds through ``hold``); the result's
+``actions`` counts commands actually published.
+"""
+from __future__ import annotations
+
+import json
+import math
+import time
+from typing import Optional
+
+from rclpy.action import CancelResponse, GoalResponse
+from std_msgs.msg import String
+
+from sequence_ai_msgs.srv import CheckSuccess
+
+from ..bag import events as _capture
+from ..observation import SensorError
+from .goal import CANCELED, SUCCEED, GoalRun, RunTrace
+
+PREEMPT_WAIT_S = 10.0
+"""How long a new goal waits for the running one to unwind when preempting it (s)."""
+
+
+class GoalExecution:
+    """The Act action server's callbacks and the callbacks handed to the core, for one node."""
+
+    _run: Optional[GoalRun]
+    _last_run: Optional[GoalRun]
+
+    # -- what tests and the demo read --------------------------------------------------------
+    @property
+    def trace(self) -> RunTrace:
+        """The trace of the running goal, else of the last one (empty before any)."""
+        run = self._run or self._last_run
+        return run.trace if run is not None else RunTrace()
+
+    # -- goal / cancel callbacks -------------------------------------------------------------
+    def _on_goal(self, goal_request) -> GoalResponse:
+        why = self._goal_refusal(goal_request)
+        if why is not None:
+            self.get_logger().warning(f"rejected Act goal: {why}")
+            return GoalResponse.REJECT
+        return GoalResponse.ACCEPT
+
+    def _goal_refusal(self, goal_request) -> Optional[str]:
+        if not self._active:
+            return f"the driver is not active (lifecycle state {self._lifecycle_label()})"
+        if self._busy.locked() and self._params.goal_policy == "reject":
+            return "a run is already active (goal_policy=reject)"
+        if not goal_request.instruction.strip():
+            return "empty instruction"
+        if not (goal_request.max_seconds >= 0 and math.isfinite(goal_request.max_seconds)):
+            return f"max_seconds={goal_request.max_seconds}"
+        if goal_request.params_json:
+            try:
+                if not isinstance(json.loads(goal_request.params_json), dict):
+                    raise ValueError("not an object")
+            except ValueError as exc:
+                return f"params_json is not a JSON object ({exc})"
+        return None
+
+    def _on_cancel(self, goal_handle) -> CancelResponse:
+        # Remember the cancel before interrupting: the run can end (interrupted) before rclpy has
+        # moved the goal to CANCELING, which happens only after this callback returns.
+        self._cancelled_goals.add(id(goal_handle))
+        run = self._run
+        if run is not None and run.handle is goal_handle:
+            run.cancel_accepted = True
+            self._interrupt()
+        elif run is None:
+            self._interrupt()   # a run that is starting sees it at its first observe
+        return CancelResponse.ACCEPT
+
+    def _cancel_confirmed(self, goal_handle, wait_s: float = 2.0) -> bool:
+        """True when this goal's cancel was accepted; waits briefly for rclpy's CANCELING state."""
+        if id(goal_handle) not in self._cancelled_goals:
+            return goal_handle.is_cancel_requested
+        deadline = time.monotonic() + wait_s
+        while not goal_handle.is_cancel_requested and time.monotonic() < deadline:
+            time.sleep(0.002)
+        self._cancelled_goals.discard(id(goal_handle))
+        return goal_handle.is_cancel_requested
+
+    def _interrupt(self) -> None:
+        if self.policy is not None:
+            self.policy.interrupt()   # thread-safe; the loop stops within one control period
+
+    # -- one goal ----------------------------------------------------------------------------
+    def _acquire(self, goal_handle) -> Optional[str]:
+        """Take the run slot, preempting the running goal first; None, or why not."""
+        if self._busy.acquire(blocking=False):
+            return None
+        deadline = time.monotonic() + PREEMPT_WAIT_S
+        while time.monotonic() < deadline:
+            if self._stopping.is_set() or not self._active:
+                return self._end_message or "the driver stopped before the goal could start"
+            run = self._run
+            if run is not None and run.handle is not goal_handle:
+                run.request_end("preempted", "preempted by a new goal")
+            self._interrupt()  # repeated: a run that had not bound its interrupt yet sees it next time
+            if self._busy.acquire(timeout=0.05):
+                return None
+        return f"could not preempt the running goal within {PREEMPT_WAIT_S:g} s"
+
+    def _execute(self, goal_handle):
+        """The action's execute callback: run the goal, then give it its result and status."""
+        goal = goal_handle.request
+        max_s = goal.max_seconds if goal.max_seconds > 0 else float(self._params.default_max_seconds)
+        run = GoalRun(goal_handle, goal.instruction, max_s)
+        refused = self._acquire(goal_handle)
+        if refused is not None:
+            result, status = run.early("interrupted" if self._stopping.is_set() or not self._active else "error",
+                                       refused)
+            return self._conclude(run, result, status)
+        self._run = run
+        try:
+            try:
+                if not self._active:   # accepted just before a deactivate / shutdown reached it
+                    result, status = run.early("interrupted", self._end_message or "the driver is not active")
+                else:
+                    result, status = self._drive(run, goal)
+            except Exception as exc:  # noqa: BLE001 - a goal always gets a result
+                self._hold()
+                self.get_logger().error(f"Act goal failed: {type(exc).__name__}: {exc}")
+                result, status = run.early("error", f"{type(exc).__name__}: {exc}")
+            return self._conclude(run, result, status)
+        finally:
+            self._last_run, self._run = run, None
+            self._busy.release()
+
+    def _conclude(self, run: GoalRun, result, status: str):
+        """Episode end marker, the terminal status, the log line; returns the result."""
+        if run.episode_started:  # capture: the end marker, with the result and the success label
+            run.episode_started = False
+            label = bool(run.task_done) if self._success_client is not None else None
+            self._episode_pub.publish(String(data=_capture.end_event(self, result, label)))
+        handle = run.handle
+        if status == CANCELED and handle.is_cancel_requested:
+            handle.canceled()
+        elif status == SUCCEED:
+            handle.succeed()
+        else:
+            handle.abort()
+        run.ended.set()
+        self.get_logger().info(f"Act '{run.instruction}': {result.reason}, {result.actions} actions, "
+                               f"{result.seconds:.1f} s" + (f" ({result.message})" if result.message else ""))
+        return result
+
+    def _drive(self, run: GoalRun, goal):
+        """Wait for sensors, run the policy, and turn the outcome into ``(result, status)``."""
+        self.assembler.clear_faults()
+        sensors_ok = self._wait_for_sensors(run)
+        if run.end_request is not None:
+            return run.early("interrupted", run.end_request[1])
+        if id(run.handle) in self._cancelled_goals and self._cancel_confirmed(run.handle):
+            # cancelled before the run started: nothing was published, nothing to hold
+            return run.early("interrupted", "cancelled before the run started", CANCELED)
+        if not sensors_ok:
+            faults = self.assembler.faults
+            if faults:
+                return run.early("validate", "; ".join(faults.values()))
+            return run.early("error", f"no camera/joint data within {self._params.sensor_wait_s:g} s: "
+                                      f"check the topic parameters")
+        p = self._params
+        self._gate.open(1.0 / self.control_rate_hz if self.control_rate_hz else None)
+        until = (lambda: run.task_done) if self._success_client is not None else None
+        self._episode_pub.publish(String(data=_capture.start_event(self, goal)))
+        run.episode_started = True
+        try:
+            outcome = self.policy.act(
+                goal.instruction, observe=lambda: self._observe(run), act=self._send, max_seconds=run.max_seconds,
+                until=until, validate=self._validate, hold=self._hold, on_underrun=self._on_underrun,
+                prefetch=bool(p.prefetch), lookahead=int(p.lookahead), smooth_seam=int(p.smooth_seam),
+                on_chunk=self._on_chunk, params=json.loads(goal.params_json) if goal.params_json else None,
+                progress=False,
+            )
+        except Exception as exc:  # noqa: BLE001 - the core ran hold; the gateway may be gone
+            self._hold()
+            self.get_logger().error(f"Act goal failed: {type(exc).__name__}: {exc}")
+            return run.early("error", f"{type(exc).__name__}: {exc}")
+        finally:
+            # a normal ending lets its last queued row go out (an early one has latched already)
+            self._gate.drain(timeout_s=self._gate.delay_s + (1.0 / (self.control_rate_hz or 15.0)) + 0.5)
+        self._last_outcome = outcome
+        confirmed = outcome.reason == "interrupted" and run.end_request is None and \
+            self._cancel_confirmed(run.handle)
+        return run.finish(outcome, confirmed)
+
+    def _wait_for_sensors(self, run: Optional[GoalRun] = None) -> bool:
+        """Wait (up to ``sensor_wait_s``) for every stream; False on timeout, a fault, a cancel
+        or an end request (``run``'s)."""
+        deadline = time.monotonic() + float(self._params.sensor_wait_s)
+        while not self.assembler.ready():
+            if time.monotonic() > deadline or self.assembler.faults:
+                return False
+            if run is not None and (run.end_request is not None or id(run.handle) in self._cancelled_goals):
+                return False
+            time.sleep(0.02)
+        return True
+
+    def _end_run(self, why: str, message: str, timeout_s: float = 3.0) -> bool:
+        """End the running goal (if any) for ``why``: it unwinds through the hold and gets its
+        result (aborted, ``message``). Returns True when no run is left after ``timeout_s`` (s)."""
+        self._end_message = message
+        run = self._run
+        if run is not None:
+            run.request_end(why, message)
+        self._interrupt()
+        if not self._busy.acquire(timeout=timeout_s):
+            self.get_logger().error(f"the active run did not unwind within {timeout_s:g} s ({why})")
+            return False
+        self._busy.release()
+        return True
+
+    # -- the callbacks handed to the core -------------------------------------------------
+    def _publish(self, values: list) -> None:
+        self._outputs.publish(values)
+
+    def _published(self, t: float, values: list, due: Optional[float]) -> None:
+        """The gate published ``values`` at monotonic ``t`` (s; ``due`` unused): record it."""
+        run = self._run
+        if run is not None:
+            run.trace.commands.append((t, values))
+
+    def _send(self, action) -> None:
+        """Hand one action to the gate (called by the core at the action's deadline).
+
+        Dropped when a hold has latched the gate; see ``CommandGate`` for when it is published.
+        """
+        if self._gate.submit([float(x) for x in action]):
+            run = self._run
+            if run is not None:
+                run.status = "running"
+
+    def _hold_target(self, last: Optional[list]) -> Optional[list]:
+        """The hold command for ``hold_mode``, from the last published command (or the arm's state)."""
+        target = last
+        if target is None:  # stopped before the first command: hold where the arm is
+            q = self.assembler.latest_joint_positions()
+            g = self.assembler.latest_gripper()
+            target = None if q is None else q + ([g] if g is not None else [])
+        n_arm = len(self._params.joint_names)
+        if target is not None and self._params.hold_mode == "zeros":
+            # velocity interface: stop the arm joints; the gripper keeps its last command
+            target = [0.0] * min(n_arm, len(target)) + list(target[n_arm:])
+        return target
+
+    def _hold(self) -> None:
+        """Publish one hold command, then latch: nothing is published after it (queued rows are dropped)."""
+        if self._gate is None:
+            return
+        target = self._gate.hold(self._hold_target)
+        run = self._run
+        if target is not None and run is not None:
+            run.trace.hold_time = time.monotonic()
+            run.trace.hold_command = target or None
+
+    def _validate(self, action) -> bool:
+        """Sensors fresh and well-formed; action finite and inside the configured bounds."""
+        run = self._run
+        problems = self.assembler.problems()
+        if problems:
+            run.stop_reason = "; ".join(problems)
+            self.get_logger().error(f"stopping the run (validate): {run.stop_reason}")
+            return False
+        if not all(math.isfinite(float(x)) for x in action):
+            run.stop_reason = f"non-finite action {list(action)}"
+            return False
+        lower, upper = self._params.joint_lower, self._params.joint_upper
+        for i, x in enumerate(action):
+            if lower is not None and i < len(lower) and x < lower[i]:
+                run.stop_reason = f"action dim {i} = {x:.4f} below joint_lower {lower[i]}"
+                return False
+            if upper is not None and i < len(upper) and x > upper[i]:
+                run.stop_reason = f"action dim {i} = {x:.4f} above joint_upper {upper[i]}"
+                return False
+        return True
+
+    def _observe(self, run: GoalRun):
+        """The observation for the next request; never raises for stale data (see the package docstring)."""
+        if run.ending or run.handle.is_cancel_requested:
+            # A cancel or an end request that arrived while the run was starting: the core clears
+            # its interrupt flag when a run starts, so deliver it again now, before any action.
+            self._interrupt()
+        try:
+            obs = self.assembler.build(run.instruction)
+            run.last_good = obs
+        except SensorError as exc:
+            self.get_logger().warning(f"observation refused ({exc}); the next validate stops the run",
+                                      throttle_duration_sec=2.0)
+            obs = run.last_good if run.last_good is not None else self.assembler.build(run.instruction, strict=False)
+        self._observed_at = time.monotonic()
+        return obs
+
+    def _on_chunk(self, chunk, first_action_index) -> None:
+        hz = chunk.control_frequency_hz
+        if hz and self.control_rate_hz and abs(hz - self.control_rate_hz) > 1e-6 * hz:
+            raise ValueError(f"chunk at {hz} Hz contradicts the control rate {self.control_rate_hz} Hz")
+        if self._observed_at is not None:
+            self._obs_to_chunk_s = time.monotonic() - self._observed_at
+        if hz:
+            self._gate.set_period(1.0 / float(hz))
+        run = self._run
+        if run is not None:
+            run.trace.seams.append(self._gate.accepted)  # this chunk's first row is the next one accepted
+
+    def _on_underrun(self) -> None:
+        run = self._run
+        if run is not None:
+            run.underruns += 1
+
+    # -- success service ------------------------------------------------------------------
+    def _poll_success(self) -> None:
+        """Ask the success service (never blocks: the answer lands in a done-callback)."""
+        run = self._run
+        if run is None or run.task_done or self._success_call is not None or self.policy is None:
+            return
+        if not self._success_client.service_is_ready():
+            return
+        instruction = self.policy.instruction
+        call = self._success_client.call_async(CheckSuccess.Request(instruction=instruction))
+        self._success_call = call
+
+        def done(fut, asked=instruction, for_run=run):
+            self._success_call = None
+            res = fut.result()
+            if res is not None and res.success and self.policy is not None and self.policy.instruction == asked:
+                for_run.task_done = True
+
+        call.add_done_callback(done)
+
+    def _publish_feedback(self) -> None:
+        run = self._run
+        if run is None or self.policy is None:
+            return
+        try:
+            run.handle.publish_feedback(run.feedback(self.policy.instruction or ""))
+        except Exception:  # noqa: BLE001 - the goal ended between the check and the publish
+            pass
+
+
+__all__ = ["GoalExecution", "PREEMPT_WAIT_S"]

@@ -1,0 +1,202 @@
+"""The command gate: where every joint command leaves the driver, ROS-free.
+
+The core (``sequence_ai``) owns the schedule: action *k* is due at ``t0 + k / control_frequency_hz``
+on ``time.monotonic()`` and it calls ``act(row)`` at that instant on the goal's thread -- an asyncio
+loop whose timers wake up to 1 ms late (epoll's millisecond timeout) and later still when another
+thread holds the GIL. :class:`CommandGate` is the one pacing path after that: it publishes each row
+on its own monotonic grid, one control period apart, ``delay_s`` after the core's deadline (the
+core's wake-up jitter is absorbed by that small fixed delay instead of reaching the robot), and it
+owns the hold latch, so no command can follow a hold. ``delay_s == 0`` publishes straight from the
+core's callback (no thread). ``bench/bench_publish_jitter.py`` measures the publish period error.
+
+Nothing here imports rclpy: ``publish`` is any callable.
+"""
+from __future__ import annotations
+
+import math
+import os
+import threading
+import time
+from collections import deque
+from typing import Optional
+
+__all__ = ["CommandGate", "set_thread_realtime"]
+
+
+def set_thread_realtime(priority: int) -> Optional[str]:
+    """Put the calling thread under ``SCHED_FIFO`` at ``priority`` (1..99); 0 = leave it alone.
+
+    Returns None on success (or for 0), else why not (the OS said no: needs CAP_SYS_NICE or an
+    ``rtprio`` limit, e.g. ``ulimit -r 99`` / ``/etc/security/limits.conf``; or not Linux).
+    """
+    if priority <= 0:
+        return None
+    if not hasattr(os, "sched_setscheduler"):
+        return "SCHED_FIFO is not available on this OS"
+    try:
+        os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(int(priority)))  # 0: this thread (Linux)
+    except OSError as exc:
+        return f"SCHED_FIFO priority {priority} refused ({exc.strerror}): grant CAP_SYS_NICE or an rtprio limit"
+    return None
+
+
+class CommandGate:
+    """Where every joint command leaves the driver: the publisher thread and the hold latch.
+
+    The core calls ``submit(values)`` at each action's paced deadline, on its asyncio thread.
+
+    - ``delay_s == 0``: the row is published right there, inside the core's callback.
+    - ``delay_s > 0`` and the period known (``open`` / ``set_period``): the row is queued with a
+      due time on the gate's own grid and the gate's thread publishes it then
+      (``time.monotonic()`` seconds)::
+
+          d = min(delay_s, period_s / 2)
+          due(0) = arrival(0) + d
+          due(k) = max(due(k-1) + period_s, arrival(k) + d)
+
+      so rows leave exactly one control period apart, ``d`` (plus the worst wake-up
+      lateness of the core so far) after the core's deadlines. A row that arrives later than
+      its slot allows (the core woke late, or resynced after an underrun) moves the grid later
+      -- one irregular period -- and never earlier, so there is no burst and no catching up.
+      The first row of a run waits ``d``: at most half a period. Later rows wait ``d`` plus the
+      largest lateness of the core since it last resynced (it resyncs when more than a period
+      late), so a row leaves at most about ``d`` + one period after the core's deadline.
+
+    Safety, all under one lock (``cond``): ``hold(target)`` latches the gate, drops whatever is
+    queued and publishes the hold once; the thread re-checks the latch and the queue under the
+    same lock immediately before it publishes. So a queued row never follows a hold, a cancel or
+    a stop; nothing is published while latched (between runs). ``open()`` starts a run;
+    ``drain()`` ends one that finished normally (its last rows go out, then the latch).
+
+    Args:
+        publish: ``publish(values)`` sends one command (called with the lock held).
+        delay_s: see above (s, >= 0).
+        on_published: ``on_published(t, values, due)`` after each published row: when it went
+            out and when it was due (monotonic s; ``due`` is None without the thread).
+        rt_priority: SCHED_FIFO priority of the publisher thread (0 = normal scheduling).
+        on_rt_error: called with the reason when ``rt_priority`` could not be applied.
+    """
+
+    def __init__(self, publish, delay_s: float, on_published, rt_priority: int = 0, on_rt_error=None) -> None:
+        if not (delay_s >= 0.0 and math.isfinite(delay_s)):
+            raise ValueError(f"publish delay must be a finite number of seconds >= 0, got {delay_s}")
+        self._publish = publish
+        self._on_published = on_published
+        self.delay_s = float(delay_s)
+        self.cond = threading.Condition()
+        self.latched = True               # no command before a run starts, none after its hold
+        self.last: Optional[list] = None  # the last published row of this run
+        self.accepted = 0                 # rows handed over by the core in this run
+        self.regrids = 0                  # rows that moved the grid later (diagnostics)
+        self._queue: deque = deque()      # (due monotonic s, values)
+        self._next_due: Optional[float] = None
+        self._period_s: Optional[float] = None
+        self._stopped = False
+        self._thread = None
+        self._rt_priority = int(rt_priority)
+        self._on_rt_error = on_rt_error
+        if self.delay_s > 0:
+            self._thread = threading.Thread(target=self._run, name="policy_driver_publisher", daemon=True)
+            self._thread.start()
+
+    def open(self, period_s: Optional[float]) -> None:
+        """Start a run: unlatch, empty grid; ``period_s`` (s) is the control period, None = unknown yet."""
+        with self.cond:
+            self.latched, self.last, self.accepted, self.regrids = False, None, 0, 0
+            self._queue.clear()
+            self._next_due = None
+            self._period_s = period_s
+
+    def set_period(self, period_s: float) -> None:
+        """The control period (s) of the chunk that is starting (the node refuses rate changes)."""
+        with self.cond:
+            self._period_s = float(period_s)
+
+    def submit(self, values: list) -> bool:
+        """Take one row from the core (at its deadline); False when latched (the row is dropped)."""
+        arrival = time.monotonic()
+        with self.cond:
+            if self.latched:
+                return False
+            self.accepted += 1
+            if self._thread is None or self._period_s is None:
+                self._emit(values)
+                return True
+            due = arrival + min(self.delay_s, 0.5 * self._period_s)  # the first row: < one period late
+            if self._next_due is not None:
+                if due > self._next_due + 1e-4:
+                    self.regrids += 1
+                due = max(due, self._next_due)
+            self._next_due = due + self._period_s
+            self._queue.append((due, values))
+            self.cond.notify_all()
+            return True
+
+    def hold(self, target_for) -> Optional[list]:
+        """Latch, drop queued rows and publish ``target_for(last)`` once; None if already latched.
+
+        ``target_for(last_published_or_None)`` returns the hold command (or None: nothing to send).
+        Returns the command published (or [] when there was nothing to publish).
+        """
+        with self.cond:
+            if self.latched:
+                return None
+            self.latched = True
+            self._queue.clear()
+            self.cond.notify_all()
+            target = target_for(self.last)
+            if target is None:
+                return []
+            self._publish(target)
+            return target
+
+    def drain(self, timeout_s: float) -> bool:
+        """End a run that finished normally: wait (up to ``timeout_s``) for queued rows, then latch.
+
+        Returns True when every queued row went out (rows left after the timeout are dropped).
+        """
+        deadline = time.monotonic() + timeout_s
+        with self.cond:
+            while self._queue and not self.latched and not self._stopped:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self.cond.wait(left)
+            flushed = not self._queue
+            self.latched = True
+            self._queue.clear()
+            return flushed
+
+    def stop(self) -> None:
+        """Latch and end the publisher thread (joined, up to 2 s)."""
+        with self.cond:
+            self._stopped = True
+            self.latched = True
+            self._queue.clear()
+            self.cond.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout=2.0)
+
+    def _emit(self, values: list, due: Optional[float] = None) -> None:
+        self._publish(values)
+        self.last = values
+        self._on_published(time.monotonic(), values, due)
+
+    def _run(self) -> None:
+        why = set_thread_realtime(self._rt_priority)
+        if why is not None and self._on_rt_error is not None:
+            self._on_rt_error(why)
+        with self.cond:
+            while not self._stopped:
+                if self.latched or not self._queue:
+                    self.cond.wait()
+                    continue
+                due, values = self._queue[0]
+                left = due - time.monotonic()
+                if left > 0:
+                    self.cond.wait(left)  # a hold, a stop or a new row wakes it: everything is re-checked
+                    continue
+                self._queue.popleft()
+                self._emit(values, due)
+                self.cond.notify_all()    # drain() waits for the queue to empty
+

@@ -1,0 +1,143 @@
+"""One ``Act`` goal's run: its trace, counters, why it was asked to stop, and its result.
+
+:class:`GoalRun` is created when a goal starts executing and owns everything that belongs to
+that goal alone, so the node holds no per-goal fields. The node's callbacks (the core's ``act``,
+``validate``, ``hold``, ``on_chunk``, ``on_underrun``; the feedback timer) write into the active
+``GoalRun``; when the run ends :meth:`GoalRun.finish` turns the core's ``RunOutcome`` into the
+``Act`` result and the terminal status (succeed / abort / canceled).
+
+Endings that do not come from the core (a cancel before the run started, sensors never arrived,
+the driver deactivated or shutting down before the run started) use :meth:`GoalRun.early`.
+Every ending fills ``Act.Result`` -- the same fields as ``sequence_ai_msgs/msg/RunOutcome``.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Optional, Tuple
+
+from sequence_ai_msgs.action import Act
+
+__all__ = ["RunTrace", "GoalRun", "fill_result", "SUCCEED", "ABORT", "CANCELED"]
+
+SUCCEED, ABORT, CANCELED = "succeed", "abort", "canceled"
+
+
+@dataclass
+class RunTrace:
+    """What one goal commanded: for plots and tests.
+
+    ``commands``: (monotonic time s, values) per published command; ``seams``: index into
+    ``commands`` where each chunk started; ``hold_time``: monotonic time of the hold, if any.
+    """
+
+    commands: list = field(default_factory=list)
+    seams: list = field(default_factory=list)
+    hold_time: Optional[float] = None
+    hold_command: Optional[list] = None
+
+
+def fill_result(result, outcome) -> None:
+    """Copy a ``sequence_ai.RunOutcome`` into an ``Act.Result`` (or a ``RunOutcome`` message)."""
+    result.reason = str(outcome.reason)
+    result.actions = int(outcome.actions)
+    result.chunks = int(outcome.chunks)
+    result.seconds = float(outcome.seconds)
+    result.underruns = int(outcome.underruns)
+    result.underrun_s = float(outcome.underrun_s)
+    result.max_seam_jump = float(outcome.max_seam_jump or 0.0)
+    result.instruction_swaps = int(outcome.instruction_swaps or 0)
+    result.max_instruction_lag_s = float(outcome.max_instruction_lag_s or 0.0)
+    result.action_space = str(outcome.action_space or "")
+
+
+class GoalRun:
+    """The state of one executing ``Act`` goal.
+
+    Args:
+        handle: the rclpy ``ServerGoalHandle``.
+        max_seconds: the run's time bound (s; the goal's, or ``default_max_seconds``).
+    Attributes:
+        trace: :class:`RunTrace` of what was published.
+        underruns: control ticks without an action so far.
+        stop_reason: why ``validate`` stopped the run (the stream or bound), else None.
+        status: ``starting`` (waiting for sensors / the first chunk) or ``running``.
+        task_done: the success service said the task is done (``until``).
+        end_request: ``(why, message)`` when something other than the client ended the run
+            (``preempted``, ``deactivated``, ``shutdown``); None otherwise.
+    """
+
+    def __init__(self, handle, instruction: str, max_seconds: float) -> None:
+        self.handle = handle
+        self.instruction = instruction
+        self.max_seconds = float(max_seconds)
+        self.t0 = time.monotonic()
+        self.trace = RunTrace()
+        self.underruns = 0
+        self.stop_reason: Optional[str] = None
+        self.last_good = None
+        self.status = "starting"
+        self.task_done = False
+        self.episode_started = False
+        self.end_request: Optional[Tuple[str, str]] = None
+        self.cancel_accepted = False     # this node's cancel callback accepted a cancel for it
+        self.ended = threading.Event()   # set once the result is final
+
+    # -- asked to end ------------------------------------------------------------------------
+    def request_end(self, why: str, message: str) -> None:
+        """Ask the run to end for ``why`` (kept: the first request wins) -- the caller interrupts."""
+        if self.end_request is None:
+            self.end_request = (why, message)
+
+    @property
+    def ending(self) -> bool:
+        """True once a cancel or an end request came in (a waiting run should give up)."""
+        return self.cancel_accepted or self.end_request is not None
+
+    # -- feedback ----------------------------------------------------------------------------
+    def feedback(self, instruction: str):
+        """An ``Act.Feedback`` for now: counts, elapsed time (s), progress (0..1)."""
+        fb = Act.Feedback()
+        fb.actions = len(self.trace.commands)
+        fb.chunks = len(self.trace.seams)
+        fb.underruns = self.underruns
+        fb.elapsed_s = time.monotonic() - self.t0
+        fb.progress = float(min(1.0, fb.elapsed_s / self.max_seconds))
+        fb.instruction = instruction or self.instruction
+        fb.status = self.status
+        return fb
+
+    # -- the result --------------------------------------------------------------------------
+    def early(self, reason: str, message: str, status: str = ABORT):
+        """The result of a run that ended before the core started: ``(Act.Result, status)``."""
+        result = Act.Result()
+        result.reason, result.message = reason, message
+        result.seconds = time.monotonic() - self.t0
+        result.actions = len(self.trace.commands)
+        return result, status
+
+    def finish(self, outcome, cancel_confirmed: bool):
+        """``(Act.Result, status)`` from the core's ``RunOutcome``.
+
+        ``cancel_confirmed``: the client's cancel was accepted (the goal is CANCELING). An
+        ``interrupted`` run is canceled when the client asked, aborted with the end request's
+        message when the driver ended it (preempt, deactivate, shutdown); ``validate`` and
+        ``error`` abort; ``completed`` / ``until`` / ``timeout`` succeed.
+        """
+        result = Act.Result()
+        fill_result(result, outcome)
+        result.actions = len(self.trace.commands)   # published: a row queued at the hold was dropped
+        reason = str(outcome.reason)
+        if reason == "interrupted" and self.end_request is not None:
+            result.message = self.end_request[1]
+            return result, ABORT
+        if reason == "interrupted" and cancel_confirmed:
+            return result, CANCELED
+        if reason == "validate":
+            result.message = self.stop_reason or ""
+            return result, ABORT
+        if reason == "error":
+            result.message = str(getattr(outcome, "error", "") or self.stop_reason or "")
+            return result, ABORT
+        return result, SUCCEED

@@ -1,0 +1,460 @@
+"""``PolicyDriver``: the managed (lifecycle) ROS 2 node that drives a robot with a deployed policy.
+
+Lifecycle (``rclpy.lifecycle``; the standard ``~/change_state``, ``~/get_state`` ... services):
+
+* **configure** -- read and validate the parameters (:mod:`.params`), import ``codec_modules``,
+  reach the gateway: a gateway that is not up yet (or a deployment still warming its queue) is
+  retried every ``connect_retry_s`` with a WARN diagnostic, for ever or up to
+  ``connect_timeout_s``; never a crash. Then check the contract (control rate, camera sizes),
+  create the sensor subscriptions, the command outputs (:mod:`.outputs`) and the gate
+  (:mod:`.gate`). A refusal (bad parameter, wrong key, unknown model, a rate that contradicts
+  the contract) returns FAILURE with the reason in the log and on ``/diagnostics``.
+* **activate** -- accept ``Act`` goals (rejected while inactive) and publish commands.
+* **deactivate** -- end the running goal (hold first, then its result: aborted, "driver
+  deactivated") and refuse new ones.
+* **cleanup** / **shutdown** -- release the subscriptions, outputs, gate and the gateway session.
+
+``autostart`` (default true) configures and activates from the constructor, so ``ros2 run`` or a
+launch file with a plain ``Node`` behaves as before; a refusal then raises ``ValueError`` from the
+constructor (``main()`` prints one ``error:`` line, exit 2).
+
+Parameters change at run time through the set-parameters callback, which applies or refuses
+each change with a reason (read-only ones are refused by rclpy; see :mod:`.params`).
+
+Interfaces (names relative, so a namespace gives two drivers their own robots): ``~/act``
+(``sequence_ai_msgs/action/Act``), ``~/instruction`` (``std_msgs/String``, swaps the instruction
+without stopping), ``~/wait_until_ready`` (``std_srvs/Trigger``), ``~/episode`` (episode markers
+for the recorder), diagnostics on ``/diagnostics`` and ``~/status`` (``DiagnosticArray``).
+"""
+from __future__ import annotations
+
+import importlib
+import os
+import threading
+import time
+from typing import Optional
+
+from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
+from rcl_interfaces.msg import SetParametersResult
+from rclpy.action import ActionServer
+from rclpy.callback_groups import MutuallyExclusiveCallbackGroup, ReentrantCallbackGroup
+from rclpy.lifecycle import LifecycleNodeMixin, TransitionCallbackReturn
+from rclpy.node import Node
+from rclpy.qos import qos_profile_sensor_data
+from std_msgs.msg import String
+from std_srvs.srv import Trigger
+
+import sequence_ai
+from sequence_ai_msgs.action import Act
+from sequence_ai_msgs.srv import CheckSuccess
+
+from .. import codecs
+from ..codecs import SensorDataError
+from ..observation import JOINT_STREAM, ObservationAssembler, StreamRule
+from . import params as _params
+from .execution import GoalExecution
+from .gate import CommandGate
+from .outputs import CommandOutputs
+
+__all__ = ["PolicyDriver", "ConfigureError"]
+
+SUCCESS, FAILURE = TransitionCallbackReturn.SUCCESS, TransitionCallbackReturn.FAILURE
+
+
+class ConfigureError(ValueError):
+    """Configuring cannot succeed as set up (a parameter, the key, the model, the contract);
+    the message says what is wrong and what to change. Retrying unchanged will not help."""
+
+
+class PolicyDriver(GoalExecution, LifecycleNodeMixin, Node):
+    """Drives a robot from ``Act`` goals with a deployed policy (see the module docstring).
+
+    Args:
+        node_name: default ``policy_driver``; ``**kwargs`` go to ``rclpy.node.Node`` (namespace,
+            context, parameter_overrides, ...). The lifecycle services get a callback group of
+            their own, so the parameter services answer while configure waits for the gateway.
+    Raises:
+        ValueError: a parameter is malformed (names it); with ``autostart``, also a configure
+            refusal (``ConfigureError``: wrong key, unknown model, a contradicting control rate).
+    """
+
+    def __init__(self, node_name: str = "policy_driver", **kwargs) -> None:
+        Node.__init__(self, node_name, **kwargs)
+        LifecycleNodeMixin.__init__(self, callback_group=MutuallyExclusiveCallbackGroup())
+        self._params = _params.declare(self)       # ParameterRefused (a ValueError) names the problem
+        self.policy = None
+        self.assembler: Optional[ObservationAssembler] = None
+        self.control_rate_hz: Optional[float] = None
+        self._gate: Optional[CommandGate] = None
+        self._outputs: Optional[CommandOutputs] = None
+        self._config_entities: list = []             # subscriptions / clients / timers made by configure
+        self._active = False
+        self._stopping = threading.Event()
+        self._end_message: Optional[str] = None
+        self._config_error: Optional[Exception] = None
+        self._diag = (DiagnosticStatus.WARN, "unconfigured")
+        self._busy = threading.Lock()
+        self._cancelled_goals: set = set()
+        self._run = self._last_run = None
+        self._last_outcome = None
+        self._observed_at: Optional[float] = None
+        self._obs_to_chunk_s: Optional[float] = None
+        self._success_client = self._success_call = None
+        self._make_interfaces()
+        self.add_on_set_parameters_callback(self._on_set_parameters)
+        if self._params.autostart:
+            self._autostart()
+
+    def _make_interfaces(self) -> None:
+        """What exists in every lifecycle state: diagnostics, feedback, instruction, services, action."""
+        p = self._params
+        periodic = MutuallyExclusiveCallbackGroup()
+        self._feedback_timer = self.create_timer(1.0 / p.feedback_hz, self._publish_feedback, callback_group=periodic)
+        self._status_timer = self.create_timer(1.0 / p.status_hz, self._publish_status, callback_group=periodic)
+        self._status_pub = self.create_publisher(DiagnosticArray, "~/status", 10)
+        self._diagnostics_pub = self.create_publisher(DiagnosticArray, "/diagnostics", 10)
+        self._episode_pub = self.create_publisher(String, "~/episode", 10)   # markers for recorder_node
+        self.create_subscription(String, "~/instruction", self._on_instruction, 10, callback_group=periodic)
+        self.create_service(Trigger, "~/wait_until_ready", self._on_wait_until_ready,
+                            callback_group=MutuallyExclusiveCallbackGroup())
+        self._action_server = ActionServer(
+            self, Act, "~/act", execute_callback=self._execute, goal_callback=self._on_goal,
+            cancel_callback=self._on_cancel, callback_group=ReentrantCallbackGroup())
+
+    def _autostart(self) -> None:
+        """configure + activate now (``autostart``); a refusal raises, a gateway timeout logs."""
+        if self.trigger_configure() != SUCCESS:
+            if self._config_error is not None:
+                raise self._config_error
+            self.get_logger().error("not configured (see above); configure it again with "
+                                    f"`ros2 lifecycle set {self.get_fully_qualified_name()} configure`")
+            return
+        self.trigger_activate()
+
+    @property
+    def _p(self) -> _params.Params:
+        """The current parameters (frozen; replaced as a whole when a change is applied)."""
+        return self._params
+
+    def _lifecycle_label(self) -> str:
+        return self._state_machine.current_state[1]
+
+    # -- lifecycle transitions ----------------------------------------------------------------
+    def on_configure(self, state) -> TransitionCallbackReturn:
+        """Validate, reach the gateway (retrying), build subscriptions/outputs/gate."""
+        self._config_error = None
+        self._stopping.clear()
+        try:
+            self._configure()
+        except ConfigureError as exc:
+            self._config_error = exc
+            self._refused(str(exc))
+            return FAILURE
+        except Exception as exc:  # noqa: BLE001 - a lifecycle transition reports, never raises
+            self._refused(f"{type(exc).__name__}: {exc}")
+            return FAILURE
+        self._set_diag(DiagnosticStatus.OK, "inactive (configured)")
+        return SUCCESS
+
+    def _refused(self, why: str) -> None:
+        self.get_logger().error(f"configure refused: {why}")
+        self._release()
+        self._set_diag(DiagnosticStatus.ERROR, f"configure refused: {why}")
+
+    def on_activate(self, state) -> TransitionCallbackReturn:
+        self._active = True
+        self._end_message = None
+        self.get_logger().info(f"active: Act goals accepted; commands -> {CommandOutputs.describe(self._params)}")
+        self._set_diag(DiagnosticStatus.OK, "active")
+        return SUCCESS
+
+    def on_deactivate(self, state) -> TransitionCallbackReturn:
+        self._active = False
+        self._end_run("deactivated", "driver deactivated: the run was stopped and the arm held")
+        self._set_diag(DiagnosticStatus.OK, "inactive")
+        return SUCCESS
+
+    def on_cleanup(self, state) -> TransitionCallbackReturn:
+        self._release()
+        self._set_diag(DiagnosticStatus.WARN, "unconfigured")
+        return SUCCESS
+
+    def on_shutdown(self, state) -> TransitionCallbackReturn:
+        self._stopping.set()
+        if self._active:
+            self._active = False
+            self._end_run("shutdown", "driver shutting down: the run was stopped and the arm held")
+        self._release()
+        self._set_diag(DiagnosticStatus.WARN, "finalized")
+        return SUCCESS
+
+    def on_error(self, state) -> TransitionCallbackReturn:
+        self._active = False
+        self._release()
+        self._set_diag(DiagnosticStatus.ERROR, "error: released everything; configure again")
+        return SUCCESS
+
+    # -- configure ----------------------------------------------------------------------------
+    def _configure(self) -> None:
+        p = self._params
+        try:
+            _params.check_all(p)
+            for module in p.codec_modules or []:
+                importlib.import_module(module)
+            views = list(p.camera_views)
+            transports = [codecs.IMAGE_TRANSPORTS.get(t, t) for t in (p.camera_transports or ["raw"] * len(views))]
+            for t in transports:
+                codecs.image_decoder(t)  # raises when none is registered
+            codecs.joint_decoder(str(p.joint_state_type))
+            if p.command_mode == "joint_commands":
+                codecs.command_encoder(str(p.command_type))
+        except (ValueError, ImportError) as exc:
+            raise ConfigureError(str(exc)) from None
+        self.policy = self._connect()
+        sizes = self._check_contract()
+        self._make_assembler(views, sizes)
+        self._make_subscriptions(views, list(p.camera_topics), transports)
+        self._outputs = CommandOutputs(self, p, lambda: 1.0 / (self.control_rate_hz or 15.0),
+                                       lambda: self.get_clock().now().to_msg())
+        self._gate = CommandGate(self._publish, p.publish_delay_ms / 1000.0, self._published, p.realtime_priority,
+                                 lambda why: self.get_logger().warning(f"publisher thread not real-time: {why}"))
+        if p.success_service:
+            group = MutuallyExclusiveCallbackGroup()
+            self._success_client = self.create_client(CheckSuccess, p.success_service, callback_group=group)
+            timer = self.create_timer(1.0 / p.success_poll_hz, self._poll_success, callback_group=group)
+            self._config_entities += [self._success_client, timer]
+
+    def _connect(self):
+        """``sequence_ai.connect`` with retries while the gateway is not reachable (see configure)."""
+        p = self._params
+        api_key = os.environ.get(p.api_key_env) or None
+        deadline = None if p.connect_timeout_s == 0 else time.monotonic() + p.connect_timeout_s
+        url = p.gateway_url or os.environ.get("SEQUENCES_GATEWAY_URL") or "the default gateway"
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                policy = sequence_ai.connect(p.model, api_key=api_key, gateway_url=p.gateway_url or None)
+                policy.__enter__()
+                return policy
+            except sequence_ai.SequencesError as exc:
+                if not exc.retryable:
+                    raise ConfigureError(f"cannot connect to deployment {p.model!r} at {url}: "
+                                         f"{type(exc).__name__}: {exc}") from None
+                why = f"{type(exc).__name__}: {exc}"
+            if deadline is not None and time.monotonic() >= deadline:
+                raise TimeoutError(f"gateway {url} not reachable within connect_timeout_s={p.connect_timeout_s:g} s "
+                                   f"({attempt} attempts; last: {why})")
+            text = f"waiting for the gateway at {url} (attempt {attempt}, retry in {p.connect_retry_s:g} s): {why}"
+            self.get_logger().warning(text)
+            self._set_diag(DiagnosticStatus.WARN, text)
+            self._publish_status()
+            if self._stopping.wait(p.connect_retry_s):
+                raise TimeoutError("shutdown requested while waiting for the gateway")
+
+    def _check_contract(self) -> dict:
+        """Control rate and camera sizes from the contract; raises ConfigureError on a contradiction."""
+        p = self._params
+        contract = self.policy.contract or {}
+        declared = (contract.get("action") or {}).get("control_frequency_hz")
+        wanted = float(p.control_rate_hz)
+        if declared and wanted and abs(float(declared) - wanted) > 1e-6 * float(declared):
+            raise ConfigureError(
+                f"control_rate_hz={wanted:g} contradicts {p.model}'s contract (control_frequency_hz={declared}): "
+                f"the rate comes from the policy; set 0 or {declared}")
+        self.control_rate_hz = float(declared) if declared else (wanted or None)
+        delay_ms = float(p.publish_delay_ms)
+        if delay_ms > 0 and self.control_rate_hz and delay_ms / 1000.0 >= 0.5 / self.control_rate_hz:
+            raise ConfigureError(
+                f"publish_delay_ms={delay_ms:g} is not below half the control period of {p.model} "
+                f"({500.0 / self.control_rate_hz:.3g} ms at {self.control_rate_hz:g} Hz): lower it, or set 0")
+        cams = ((contract.get("observation") or {}).get("cameras") or {})
+        return {v: (int(c["width"]), int(c["height"])) for v, c in cams.items()
+                if v in p.camera_views and isinstance(c, dict) and "width" in c}
+
+    def _make_assembler(self, views, sizes) -> None:
+        p = self._params
+        n = len(views)
+        rules = {v: StreamRule(tb, al) for v, tb, al in zip(
+            views, p.camera_time_bases or ["receive"] * n, p.camera_alignments or ["latest"] * n)}
+        rules[JOINT_STREAM] = StreamRule(p.joint_state_time_base, p.joint_state_alignment)
+        self.assembler = ObservationAssembler(
+            views, list(p.joint_names), p.gripper_joint or None, max_age_s=p.max_sensor_age_s, rules=rules,
+            header_clock=lambda: self.get_clock().now().nanoseconds * 1e-9, camera_sizes=sizes)
+
+    def _make_subscriptions(self, views, topics, transports) -> None:
+        sensors = MutuallyExclusiveCallbackGroup()
+        for view, topic, type_name in zip(views, topics, transports):
+            self._config_entities.append(self.create_subscription(
+                codecs.message_class(type_name), topic,
+                lambda msg, v=view, t=type_name: self._on_image(v, msg, t), qos_profile_sensor_data,
+                callback_group=sensors))
+        joint_type = str(self._params.joint_state_type)
+        self._config_entities.append(self.create_subscription(
+            codecs.message_class(joint_type), self._params.joint_state_topic,
+            lambda msg: self._on_joint_state(msg, joint_type), qos_profile_sensor_data, callback_group=sensors))
+
+    def _release(self) -> None:
+        """Undo configure: subscriptions, outputs, gate, the gateway session (idempotent)."""
+        for entity in self._config_entities:
+            try:
+                if hasattr(entity, "cancel") and hasattr(entity, "timer_period_ns"):
+                    self.destroy_timer(entity)
+                elif hasattr(entity, "call_async"):
+                    self.destroy_client(entity)
+                else:
+                    self.destroy_subscription(entity)
+            except Exception:  # noqa: BLE001 - already gone
+                pass
+        self._config_entities = []
+        self._success_client = None
+        if self._gate is not None:
+            self._gate.stop()
+            self._gate = None
+        if self._outputs is not None:
+            self._outputs.destroy()
+            self._outputs = None
+        if self.policy is not None:
+            policy, self.policy = self.policy, None
+            policy.interrupt()
+            policy.__exit__(None, None, None)
+        self.assembler = None
+
+    # -- parameters at run time ---------------------------------------------------------------
+    def _on_set_parameters(self, parameters) -> SetParametersResult:
+        """Apply every change or refuse the whole set with the reason (nothing accepted and ignored).
+
+        Run-time parameters apply at once; configure-time ones only while unconfigured (they
+        are read by the next configure, which checks the cross-field rules); ``autostart`` is
+        read-only (rclpy refuses it)."""
+        changes = {}
+        state = self._lifecycle_label()
+        for prm in parameters:
+            spec = _params.TABLE.get(prm.name)
+            if spec is None:
+                continue
+            if spec.when == "start" or (spec.when == "configure" and state != "unconfigured"):
+                return SetParametersResult(successful=False, reason=(
+                    f"{prm.name} is read at configure and the node is {state}: deactivate and clean it up "
+                    f"(ros2 lifecycle set {self.get_fully_qualified_name()} cleanup), set it, configure again"
+                    if spec.when == "configure" else f"{prm.name} is fixed at start"))
+            changes[prm.name] = prm.value
+        if not changes:
+            return SetParametersResult(successful=True)
+        try:
+            new = self._params.replace(cross_check=state != "unconfigured", **changes)
+        except _params.ParameterRefused as exc:
+            return SetParametersResult(successful=False, reason=str(exc))
+        self._params = new
+        if "max_sensor_age_s" in changes and self.assembler is not None:
+            self.assembler.max_age_s = new.max_sensor_age_s
+        if "feedback_hz" in changes:
+            self._feedback_timer.timer_period_ns = int(1e9 / new.feedback_hz)
+        if "status_hz" in changes:
+            self._status_timer.timer_period_ns = int(1e9 / new.status_hz)
+        self.get_logger().info("parameters applied: " + ", ".join(f"{k}={new[k]!r}" for k in changes))
+        return SetParametersResult(successful=True)
+
+    # -- sensors, instruction, readiness ------------------------------------------------------
+    def _on_image(self, view: str, msg, type_name: str) -> None:
+        try:
+            if self.assembler is not None:
+                self.assembler.on_image(view, msg, type_name)
+        except SensorDataError as exc:
+            self.get_logger().error(f"malformed camera message dropped: {exc}", throttle_duration_sec=2.0)
+
+    def _on_joint_state(self, msg, type_name: str) -> None:
+        try:
+            if self.assembler is not None:
+                self.assembler.on_joint_state(msg, type_name)
+        except SensorDataError as exc:
+            self.get_logger().error(f"malformed joint state dropped: {exc}", throttle_duration_sec=2.0)
+
+    def _on_instruction(self, msg: String) -> None:
+        text = msg.data.strip()
+        if not text:
+            self.get_logger().warning("ignored empty instruction on ~/instruction")
+            return
+        if self.policy is None:
+            self.get_logger().warning(f"ignored instruction {text!r}: the driver is not configured")
+            return
+        self.policy.set_instruction(text)  # thread-safe; takes effect on the next request
+        self.get_logger().info(f"instruction now {text!r}")
+
+    def _on_wait_until_ready(self, request, response):
+        """Bring a cold deployment up (blocks this service's own callback group only)."""
+        if self.policy is None:
+            response.success, response.message = False, f"not configured (lifecycle state {self._lifecycle_label()})"
+            return response
+        if not self._busy.acquire(blocking=False):
+            response.success, response.message = True, "a run is active: the policy is serving"
+            return response
+        try:
+            waited = self.policy.wait_until_ready(float(self._params.ready_timeout_s))
+            response.success, response.message = True, f"ready after {waited:.1f} s"
+        except Exception as exc:  # noqa: BLE001 - reported to the caller, never raised into rclpy
+            response.success, response.message = False, f"{type(exc).__name__}: {exc}"
+        finally:
+            self._busy.release()
+        return response
+
+    # -- diagnostics --------------------------------------------------------------------------
+    def _set_diag(self, level, message: str) -> None:
+        self._diag = (level, message)
+        self._publish_status()
+
+    def _publish_status(self) -> None:
+        """One ``DiagnosticStatus`` on ``/diagnostics`` and ``~/status``: lifecycle, run and latency figures."""
+        level, message = self._diag
+        run = self._run
+        last = self._last_outcome
+        if run is None and level == DiagnosticStatus.OK and last is not None and last.reason not in ("completed", "until"):
+            level = DiagnosticStatus.WARN
+        trace = self.trace
+        shown = run or self._last_run
+        values = {
+            "lifecycle_state": self._lifecycle_label(),
+            "state": run.status if run is not None else "idle",
+            "model": str(self._params.model),
+            "control_rate_hz": f"{self.control_rate_hz or 0.0:g}",
+            "commands": CommandOutputs.describe(self._params),
+            "actions": str(len(trace.commands)),
+            "chunks": str(len(trace.seams)),
+            "underruns": str(shown.underruns if shown is not None else 0),
+            "observation_to_chunk_s": "" if self._obs_to_chunk_s is None else f"{self._obs_to_chunk_s:.4f}",
+            "instruction": (self.policy.instruction or "") if self.policy is not None else "",
+            "last_reason": "" if last is None else str(last.reason),
+            "last_message": (self._last_run.stop_reason or "") if self._last_run is not None else "",
+        }
+        status = DiagnosticStatus(level=level, name=f"{self.get_fully_qualified_name().lstrip('/')}: policy driver",
+                                  hardware_id=str(self._params.model), message=message,
+                                  values=[KeyValue(key=k, value=v) for k, v in values.items()])
+        msg = DiagnosticArray(status=[status])
+        msg.header.stamp = self.get_clock().now().to_msg()
+        try:
+            self._status_pub.publish(msg)
+            self._diagnostics_pub.publish(msg)
+        except Exception:  # noqa: BLE001 - the context is going away
+            pass
+
+    # -- stopping -----------------------------------------------------------------------------
+    def stop_runs(self, timeout_s: float = 3.0, why: str = "shutdown",
+                  message: str = "driver shutting down: the run was stopped and the arm held") -> bool:
+        """End the active run (if any): it publishes its hold and gets its result (aborted,
+        ``message``). Called on Ctrl-C / SIGTERM while the ROS context is still valid. Goals
+        arriving after this are refused. Returns True when no run is active any more, False
+        after ``timeout_s`` (s)."""
+        self._stopping.set()
+        self._active = False
+        return self._end_run(why, message, timeout_s)
+
+    def destroy_node(self) -> None:
+        try:
+            self._stopping.set()
+            self._active = False
+            if self._run is not None:
+                self._end_run("shutdown", "driver node destroyed: the run was stopped and the arm held")
+            self._release()
+        finally:
+            self._action_server.destroy()
+            super().destroy_node()

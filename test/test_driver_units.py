@@ -1,0 +1,127 @@
+"""The policy driver's ROS-free parts: the parameter table's validators, the frozen Params, and
+how a GoalRun turns a RunOutcome into the Act result and terminal status."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from sequence_ai import RunOutcome
+from sequence_ai_ros.driver import params as P
+from sequence_ai_ros.driver.goal import ABORT, CANCELED, SUCCEED, GoalRun
+
+
+def defaults(**changes) -> P.Params:
+    values = {name: P.check(name, None if spec.default in ("string_array", "double_array") else spec.default)
+              for name, spec in P.TABLE.items()}
+    values.update(changes)
+    return P.Params(values)
+
+
+@pytest.mark.parametrize("name, value, says", [
+    ("max_sensor_age_s", "abc", "parameter max_sensor_age_s takes a number"),
+    ("max_sensor_age_s", 0.0, "max_sensor_age_s must be > 0 and <= 3600, got 0"),
+    ("max_sensor_age_s", float("nan"), "must be a finite number"),
+    ("realtime_priority", 500, "realtime_priority must be >= 0 and <= 99, got 500"),
+    ("realtime_priority", 5.0, "realtime_priority takes an integer"),
+    ("feedback_hz", 1.0, "feedback_hz must be >= 2"),
+    ("prefetch", "yes", "prefetch takes true or false"),
+    ("goal_policy", "sometimes", "goal_policy='sometimes' must be one of ('preempt', 'reject')"),
+    ("camera_alignments", ["latest", "newest"], "camera_alignments: ['newest'] not in"),
+    ("joint_lower", [0.0, "x"], "joint_lower takes a list of finite numbers"),
+    ("arm_joints", ["fr3_joint1", "fr3_joint1"], "arm_joints: names ['fr3_joint1'] more than once"),
+    ("api_key_env", "MY KEY", "is not an environment variable name"),
+    ("gateway_url", "127.0.0.1:8470", "is not an http(s) URL"),
+    ("model", "", "parameter model: must not be empty"),
+])
+def test_a_bad_value_is_refused_naming_the_parameter_and_what_it_takes(name, value, says):
+    with pytest.raises(P.ParameterRefused) as info:
+        P.check(name, value)
+    assert says in str(info.value)
+
+
+def test_good_values_are_normalised():
+    assert P.check("publish_delay_ms", 2) == 2.0 and isinstance(P.check("publish_delay_ms", 2), float)
+    assert P.check("joint_upper", (1, 2.5)) == [1.0, 2.5]
+    assert P.check("joint_upper", []) is None and P.check("camera_transports", None) is None
+    assert P.check("realtime_priority", 99) == 99
+
+
+@pytest.mark.parametrize("changes, says", [
+    (dict(camera_topics=["a"]), "camera_views has 2 entries but camera_topics has 1"),
+    (dict(joint_upper=[0.0]), "joint_upper has 1 entries; a command has 8"),
+    (dict(joint_lower=[1.0] * 8, joint_upper=[0.0] * 8), "joint_lower > joint_upper at dimension(s) [0, 1"),
+    (dict(hold_mode="zeros"), "only for command_interface velocity"),
+    (dict(command_mode="forward_command_controller", arm_joints=["a", "b"]), "arm_joints has 2 names"),
+    (dict(command_mode="joint_trajectory_controller", command_interface="velocity"), "needs command_interface position"),
+    (dict(command_mode="forward_command_controller", gripper_output="forward_command_controller", gripper_joint=""),
+     "needs a gripper value: set gripper_joint"),
+])
+def test_contradicting_values_are_refused_by_the_cross_checks(changes, says):
+    with pytest.raises(P.ParameterRefused, match=None) as info:
+        defaults().replace(**changes)
+    assert says in str(info.value)
+
+
+def test_params_are_frozen_and_replace_makes_a_new_object():
+    p = defaults()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        p.max_sensor_age_s = 1.0
+    q = p.replace(max_sensor_age_s=0.2)
+    assert (p.max_sensor_age_s, q.max_sensor_age_s, q["max_sensor_age_s"]) == (0.5, 0.2, 0.2)
+    assert p.command_width == 8 and defaults(gripper_joint="").command_width == 7
+    # configure-time parameters changed one at a time while unconfigured: cross-checks wait for configure
+    half = p.replace(cross_check=False, camera_views=["exterior_1"])
+    with pytest.raises(P.ParameterRefused):
+        P.check_all(half)
+    P.check_all(half.replace(camera_topics=["camera/exterior_1/image_raw"]))
+
+
+def test_descriptors_carry_range_read_only_and_when_a_change_applies():
+    age = P.descriptor("max_sensor_age_s")
+    assert (age.floating_point_range[0].from_value, age.floating_point_range[0].to_value) == (0.0, 3600.0)
+    assert age.dynamic_typing and not age.read_only and "changes apply at run time" in age.additional_constraints
+    prio = P.descriptor("realtime_priority")
+    assert (prio.integer_range[0].from_value, prio.integer_range[0].to_value, prio.integer_range[0].step) == (0, 99, 1)
+    assert "read at configure" in prio.additional_constraints
+    assert P.descriptor("autostart").read_only and P.TABLE["autostart"].when == "start"
+    assert all(spec.description for spec in P.TABLE.values())
+
+
+class _Handle:
+    is_cancel_requested = False
+
+
+def _outcome(reason, actions=12):
+    return RunOutcome(reason=reason, actions=actions, chunks=2, seconds=1.0, action_space="joint_absolute")
+
+
+@pytest.mark.parametrize("reason, cancel, end, status, message", [
+    ("timeout", False, None, SUCCEED, ""),
+    ("completed", False, None, SUCCEED, ""),
+    ("interrupted", True, None, CANCELED, ""),
+    ("interrupted", False, ("preempted", "preempted by a new goal"), ABORT, "preempted by a new goal"),
+    ("interrupted", True, ("shutdown", "driver shutting down"), ABORT, "driver shutting down"),
+    ("validate", False, None, ABORT, "exterior_1: stale"),
+])
+def test_every_outcome_maps_to_a_result_and_a_terminal_status(reason, cancel, end, status, message):
+    run = GoalRun(_Handle(), "pick", 5.0)
+    run.trace.commands = [(0.0, [0.0] * 8)] * 7       # published: fewer than the core handed over
+    run.stop_reason = "exterior_1: stale" if reason == "validate" else None
+    if end:
+        run.request_end(*end)
+    result, got = run.finish(_outcome(reason), cancel_confirmed=cancel)
+    assert got == status and result.message == message and result.reason == reason
+    assert result.actions == 7 and result.chunks == 2 and result.action_space == "joint_absolute"
+
+
+def test_an_early_ending_counts_what_was_published_and_the_first_end_request_wins():
+    run = GoalRun(_Handle(), "pick", 5.0)
+    run.request_end("deactivated", "driver deactivated")
+    run.request_end("shutdown", "driver shutting down")
+    assert run.ending and run.end_request == ("deactivated", "driver deactivated")
+    run.trace.commands = [(0.0, [0.0] * 8)] * 3
+    result, status = run.early("error", "TransportError: gone")
+    assert (result.reason, result.message, result.actions, status) == ("error", "TransportError: gone", 3, ABORT)
+    fb = run.feedback("pick")
+    assert fb.actions == 3 and 0.0 <= fb.progress <= 1.0 and fb.status == "starting"
