@@ -483,8 +483,10 @@ def test_versions_and_a_canary_split_run_side_by_side_on_ray_actors(ray_gateway,
         assert time.monotonic() < deadline, by_version
         r = gw.connect(name)
         if r.status_code == 200:
-            by_version.setdefault(r.json()["version"], r.json())
-            gw.client.delete(f"/v1/sessions/{r.json()['session_id']}")
+            if r.json()["version"] in by_version:     # keep one session per version; a closed one is refused
+                gw.client.delete(f"/v1/sessions/{r.json()['session_id']}")
+            else:
+                by_version[r.json()["version"]] = r.json()
         else:
             assert r.status_code == 503 and r.json()["code"] == "warming", r.text    # v1 boots on Ray
             time.sleep(0.2)
@@ -493,6 +495,9 @@ def test_versions_and_a_canary_split_run_side_by_side_on_ray_actors(ray_gateway,
     assert actors[1] != actors[2], actors
     for c in by_version.values():                    # each version's worker answers its own session
         assert _act(c, {"observation": echo_observation(), "params": {}}).status_code == 200
+    for c in by_version.values():                    # a closed session is refused at its worker at once
+        gw.client.delete(f"/v1/sessions/{c['session_id']}")
+        assert _act(c, {"observation": echo_observation(), "params": {}}).status_code == 401
     view = gw.client.get(f"/v1/deployments/{name}/traffic").json()
     assert {s["version"]: s["worker"] for s in view["split"]} == {1: "ready", 2: "serving"}, view
     # clearing the split stops v1's side worker (its actor's CPU is free again: this cluster
