@@ -20,6 +20,19 @@ Decisions, in one place:
   and at most ``lookahead`` chunks are held or requested ahead of the playing one. With
   ``prefetch=False`` the loop observes and requests only when an action is due and the buffer
   is empty: strictly closed loop, stall included, and each stall is an underrun.
+- Lookahead: ``lookahead=N`` holds N chunks queued behind the playing one, not just allows
+  them. The refill lead grows by one chunk's playing time (the newest chunk's playable rows)
+  per chunk beyond the first: the next request starts once the buffer's time left falls to
+  ``max + period + (N - 1) * chunk``, while fewer than N chunks are queued and none is in
+  flight. So each refill lands with about N - 1 whole chunks still ahead of the one it adds,
+  and the queue reaches N chunks; a turnaround up to N - 1 chunks longer than the worst recent
+  one still lands in time. N = 1 is the plain refill lead. Only the lead grows, never the
+  number of requests in flight: the depth is bought with staleness (each chunk is planned from
+  an observation about N - 1 chunks older), not with extra load on the worker. The plain lead
+  stays the base, rather than starting each request the moment the queue drops below N, so
+  that every extra chunk of margin costs exactly one chunk of staleness and N = 1 keeps its
+  freshest-possible timing. Queued chunks play in order, each measured (and, if asked,
+  smoothed) at its own seam (``_buffer.ChunkBuffer``); an interrupt drops them.
 - Underrun: an action was due and the buffer was empty. Counted once, ``on_underrun()`` called
   once, and the seconds from the missed deadline to the chunk's arrival added to ``underrun_s``.
   The first chunk of a run is startup, not an underrun.
@@ -302,11 +315,14 @@ class ControlLoop:
         """When (monotonic s) the next request should start: ``-inf`` for now, ``inf`` for not
         while nothing changes (a request in flight, lookahead full, the buffer outlasting the
         run). Otherwise the moment the buffer's time left falls to the latency estimate's lead
-        (``LatencyEstimate.lead_s``: worst recent turnaround plus one period); the loop wakes
-        for it rather than waiting for the next action deadline."""
+        (``LatencyEstimate.lead_s``: worst recent turnaround plus one period) plus, for
+        ``lookahead`` N > 1, N - 1 times the newest chunk's playing time
+        (``ChunkBuffer.newest_chunk_s``), so the queue fills to N chunks; the loop wakes for it
+        rather than waiting for the next action deadline."""
         if self.fetch is not None:
             return math.inf
-        if self.buffer.chunks_queued >= max(1, int(self.cfg.lookahead)):
+        depth = max(1, int(self.cfg.lookahead))
+        if self.buffer.chunks_queued >= depth:
             return math.inf
         rows_left = len(self.buffer)
         if self.cfg.max_actions is not None and self.k + rows_left >= self.cfg.max_actions:
@@ -316,7 +332,9 @@ class ControlLoop:
         if dry_at >= self.motion_end:
             return math.inf  # what is buffered already outlasts max_seconds
         lead = self.latency.lead_s(period)
-        return -math.inf if lead is None else dry_at - lead
+        if lead is None:
+            return -math.inf
+        return dry_at - lead - (depth - 1) * self.buffer.newest_chunk_s(period)
 
     async def _start_fetch(self) -> None:
         """Observe (on this thread) and start the request in the background."""

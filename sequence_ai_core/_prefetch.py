@@ -32,6 +32,9 @@ Decisions, in one place:
   not only at action deadlines, so the request starts with the whole ``max + period`` ahead.
 - Before any steady-state sample the answer is "start now": the refill that measures is the
   earliest one possible.
+- This module plans for one refill. ``lookahead=N`` is the loop's: it adds N - 1 chunks'
+  playing time on top of this lead (``_loop._prefetch_at``) so that N chunks wait behind the
+  playing one, and the window's maximum stays the figure planned for.
 """
 from __future__ import annotations
 
