@@ -20,13 +20,14 @@ Decisions, in one place:
   and at most ``lookahead`` chunks are held or requested ahead of the playing one. With
   ``prefetch=False`` the loop observes and requests only when an action is due and the buffer
   is empty: strictly closed loop, stall included, and each stall is an underrun.
-- Lookahead: ``lookahead=N`` holds N chunks queued behind the playing one, not just allows
-  them. The refill lead grows by one chunk's playing time (the newest chunk's playable rows)
-  per chunk beyond the first: the next request starts once the buffer's time left falls to
-  ``max + period + (N - 1) * chunk``, while fewer than N chunks are queued and none is in
-  flight. So each refill lands with about N - 1 whole chunks still ahead of the one it adds,
-  and the queue reaches N chunks; a turnaround up to N - 1 chunks longer than the worst recent
-  one still lands in time. N = 1 is the plain refill lead. Only the lead grows, never the
+- Lookahead: ``lookahead=N`` fills the queue behind the playing one to N chunks, it does not
+  only cap it. The refill lead grows by one chunk's playing time (the newest chunk's playable
+  rows) per chunk beyond the first: the next request starts once the buffer's time left falls
+  to ``max + period + (N - 1) * chunk``, while fewer than N chunks are queued and none is in
+  flight. So each refill lands with about N - 1 whole chunks still ahead of the one it adds:
+  the queue reaches N chunks then, and drains to N - 1 as the playing chunk runs out; a
+  turnaround up to N - 1 chunks longer than the worst recent one still lands in time. N = 1
+  is the plain refill lead. Only the lead grows, never the
   number of requests in flight: the depth is bought with staleness (each chunk is planned from
   an observation about N - 1 chunks older), not with extra load on the worker. The plain lead
   stays the base, rather than starting each request the moment the queue drops below N, so

@@ -402,12 +402,12 @@ class AsyncPolicy:
             until: ``() -> bool``; checked after each action, True stops with ``until``.
             prefetch: request the next chunk while the current one plays (default True). False:
                 observe and request only when the buffer is empty (closed loop, stalls).
-            lookahead: chunks held queued behind the playing one (default 1; below 1 counts
-                as 1). N > 1 starts each refill N - 1 chunks' playing time earlier than the
-                refill latency alone asks, so the queue reaches N chunks and a turnaround up to
-                N - 1 chunks slower than the worst recent one still lands in time; the price is
-                that each chunk is planned from an observation that much older. Still one
-                request in flight at a time; queued chunks play in order.
+            lookahead: chunks queued behind the playing one when a refill lands (default 1;
+                below 1 counts as 1). N > 1 starts each refill N - 1 chunks' playing time
+                earlier than the refill latency alone asks, so the queue reaches N chunks and a
+                turnaround up to N - 1 chunks slower than the worst recent one still lands in
+                time; the price is that each chunk is planned from an observation that much
+                older. Still one request in flight at a time; queued chunks play in order.
             smooth_seam: ramp the first N rows of each chunk after the first out of the last
                 executed action; absolute action spaces only. 0 (default): off.
             startup_timeout_s: how long to wait out a warming worker before the first action
