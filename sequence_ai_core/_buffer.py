@@ -3,8 +3,8 @@
 Each chunk contributes its first ``open_loop_horizon`` rows (all rows when it declares none):
 those are played, then the next chunk takes over and the rest of the old one is dropped
 unplayed. ``lookahead`` bounds how many chunks may wait behind the playing one (the loop also
-counts a request in flight against it, and plans its refills so that the queue reaches it:
-``_loop._prefetch_at``).
+counts a request in flight against it, and with ``lookahead`` >= 2 fills every free slot at
+once: ``_loop._prefetch_at``).
 
 Queued chunks are played in the order they arrived, each in full (its playable rows), even
 though each was planned from an observation older than the one before it started: a queued
@@ -73,16 +73,6 @@ class ChunkBuffer:
     def chunks_queued(self) -> int:
         """Chunks waiting behind the playing one."""
         return len(self.queued)
-
-    def newest_chunk_s(self, default_period_s: float) -> float:
-        """Seconds of playable rows (s) in the newest chunk (the last queued, else the playing
-        one), at its own rate (``default_period_s`` when it declares none); 0.0 when empty.
-        The loop's refill plan counts one such chunk per extra chunk of lookahead."""
-        entry = self.queued[-1] if self.queued else self.current
-        if entry is None:
-            return 0.0
-        hz = entry.chunk.control_frequency_hz
-        return len(entry.rows) * (1.0 / hz if hz else default_period_s)
 
     def seconds_left(self, default_period_s: float) -> float:
         """Seconds of motion left in the buffer, each row at its own chunk's rate."""

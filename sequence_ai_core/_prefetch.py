@@ -32,9 +32,9 @@ Decisions, in one place:
   not only at action deadlines, so the request starts with the whole ``max + period`` ahead.
 - Before any steady-state sample the answer is "start now": the refill that measures is the
   earliest one possible.
-- This module plans for one refill. ``lookahead=N`` is the loop's: it adds N - 1 chunks'
-  playing time on top of this lead (``_loop._prefetch_at``) so that N chunks wait behind the
-  playing one, and the window's maximum stays the figure planned for.
+- This module plans for one refill, the chunk behind the playing one (``lookahead=1``, the
+  default). A deeper ``lookahead`` is the loop's: it fills every free slot of the queue at
+  once (``_loop._prefetch_at``), and this lead would only delay that.
 """
 from __future__ import annotations
 

@@ -95,8 +95,9 @@ def test_lookahead_n_holds_n_chunks_queued_behind_the_playing_one(lookahead):
 
 def test_lookahead_two_rides_out_a_latency_spike_that_underruns_lookahead_one():
     """Request 5 takes 0.6 s instead of 0.3 s. With N = 1 it starts about 0.37 s before the
-    buffer runs dry and lands about 0.23 s late; with N = 2 it starts one chunk (0.53 s)
-    earlier and lands with about 0.3 s to spare."""
+    buffer runs dry (the worst recent turnaround plus a period) and lands about 0.23 s late;
+    with N = 2 it starts as the chunk ahead of it starts playing, 1.07 s before the buffer runs
+    dry, and lands with about 0.45 s to spare."""
     spike = {5: 0.60}
     one, _, _, _ = drive(1, max_actions=64, delays=spike)
     two, wire, acted, _ = drive(2, max_actions=64, delays=spike)
