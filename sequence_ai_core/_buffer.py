@@ -6,9 +6,9 @@ unplayed. ``lookahead`` bounds how many chunks may wait behind the playing one (
 counts a request in flight against it, and with ``lookahead`` >= 2 fills every free slot at
 once: ``_loop._prefetch_at``).
 
-Queued chunks are played in the order they arrived, each in full (its playable rows), even
-though each was planned from an observation older than the one before it started: a queued
-chunk is never dropped or re-ordered because a newer one landed behind it. The seam is handled
+Queued chunks are played in the order they arrived, each in full (its playable rows), although
+each was planned from an observation taken before the chunks ahead of it had played (open loop
+over them): a queued chunk is never dropped or re-ordered because a newer one landed behind it. The seam is handled
 at every boundary the same way, queued or not: when a chunk starts, the buffer measures the
 jump from the last executed action to its first row and, only if asked and allowed, smooths its
 lead-in (``_seam.py``). So with a deeper queue ``max_seam_jump`` reports what the older
