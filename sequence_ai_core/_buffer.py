@@ -3,9 +3,16 @@
 Each chunk contributes its first ``open_loop_horizon`` rows (all rows when it declares none):
 those are played, then the next chunk takes over and the rest of the old one is dropped
 unplayed. ``lookahead`` bounds how many chunks may wait behind the playing one (the loop also
-counts a request in flight against it). When a queued chunk starts, the buffer measures the
-seam against the last executed action and, only if asked and allowed, smooths its lead-in
-(``_seam.py``).
+counts a request in flight against it, and with ``lookahead`` >= 2 fills every free slot at
+once: ``_loop._prefetch_at``).
+
+Queued chunks are played in the order they arrived, each in full (its playable rows), although
+each was planned from an observation taken before the chunks ahead of it had played (open loop
+over them): a queued chunk is never dropped or re-ordered because a newer one landed behind it. The seam is handled
+at every boundary the same way, queued or not: when a chunk starts, the buffer measures the
+jump from the last executed action to its first row and, only if asked and allowed, smooths its
+lead-in (``_seam.py``). So with a deeper queue ``max_seam_jump`` reports what the older
+observations cost at the seams; only ``clear()`` (an interrupt, a run's end) drops queued chunks.
 """
 from __future__ import annotations
 

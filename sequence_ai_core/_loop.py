@@ -20,6 +20,19 @@ Decisions, in one place:
   and at most ``lookahead`` chunks are held or requested ahead of the playing one. With
   ``prefetch=False`` the loop observes and requests only when an action is due and the buffer
   is empty: strictly closed loop, stall included, and each stall is an underrun.
+- Lookahead: ``lookahead=N`` keeps N chunks queued behind the playing one; it does not only cap
+  the queue. N = 1 (the default) is the refill plan above: the one chunk behind the playing one
+  is requested as late as the latency allows, so its observation is the freshest that still
+  lands in time. N >= 2 asks for depth over freshness: the next request starts as soon as fewer
+  than N chunks are queued and none is in flight, without waiting for the refill lead (waiting
+  could only leave the queue shallower). In steady state a request starts when a queued chunk
+  starts playing, so it has about N chunks' playing time to land (against the worst recent
+  turnaround plus a period at N = 1), and from its arrival until the playing chunk ends the
+  queue holds N. Still one request in flight at a time: the depth is bought with staleness (a
+  chunk is planned from an observation taken about N chunks before it plays), never with extra
+  load on the worker. Queued chunks play in order, each whole, each measured (and, if asked,
+  smoothed) at its own seam against the last executed action (``_buffer.ChunkBuffer``); an
+  interrupt drops them.
 - Underrun: an action was due and the buffer was empty. Counted once, ``on_underrun()`` called
   once, and the seconds from the missed deadline to the chunk's arrival added to ``underrun_s``.
   The first chunk of a run is startup, not an underrun.
@@ -301,12 +314,14 @@ class ControlLoop:
     def _prefetch_at(self, deadline: float) -> float:
         """When (monotonic s) the next request should start: ``-inf`` for now, ``inf`` for not
         while nothing changes (a request in flight, lookahead full, the buffer outlasting the
-        run). Otherwise the moment the buffer's time left falls to the latency estimate's lead
+        run). With ``lookahead`` N >= 2, now: a free slot in the queue is filled at once.
+        With N = 1, the moment the buffer's time left falls to the latency estimate's lead
         (``LatencyEstimate.lead_s``: worst recent turnaround plus one period); the loop wakes
         for it rather than waiting for the next action deadline."""
         if self.fetch is not None:
             return math.inf
-        if self.buffer.chunks_queued >= max(1, int(self.cfg.lookahead)):
+        depth = max(1, int(self.cfg.lookahead))
+        if self.buffer.chunks_queued >= depth:
             return math.inf
         rows_left = len(self.buffer)
         if self.cfg.max_actions is not None and self.k + rows_left >= self.cfg.max_actions:
@@ -315,6 +330,8 @@ class ControlLoop:
         dry_at = deadline + self.buffer.seconds_left(period)  # first deadline it cannot supply
         if dry_at >= self.motion_end:
             return math.inf  # what is buffered already outlasts max_seconds
+        if depth > 1:
+            return -math.inf  # depth over freshness: fill the free slot now
         lead = self.latency.lead_s(period)
         return -math.inf if lead is None else dry_at - lead
 

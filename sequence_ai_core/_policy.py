@@ -402,7 +402,13 @@ class AsyncPolicy:
             until: ``() -> bool``; checked after each action, True stops with ``until``.
             prefetch: request the next chunk while the current one plays (default True). False:
                 observe and request only when the buffer is empty (closed loop, stalls).
-            lookahead: chunks that may be held or requested ahead of the playing one (>= 1).
+            lookahead: chunks kept queued behind the playing one (default 1; below 1 counts
+                as 1). 1 requests the next chunk as late as the refill latency allows (the
+                freshest observation). N >= 2 requests as soon as fewer than N are queued, so a
+                turnaround as long as about N chunks' playing time still lands in time; the
+                price is that each chunk is planned from an observation about N chunks older
+                than when it plays. Still one request in flight at a time; queued chunks play in
+                order.
             smooth_seam: ramp the first N rows of each chunk after the first out of the last
                 executed action; absolute action spaces only. 0 (default): off.
             startup_timeout_s: how long to wait out a warming worker before the first action

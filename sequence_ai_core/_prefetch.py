@@ -32,6 +32,9 @@ Decisions, in one place:
   not only at action deadlines, so the request starts with the whole ``max + period`` ahead.
 - Before any steady-state sample the answer is "start now": the refill that measures is the
   earliest one possible.
+- This module plans for one refill, the chunk behind the playing one (``lookahead=1``, the
+  default). A deeper ``lookahead`` is the loop's: it fills every free slot of the queue at
+  once (``_loop._prefetch_at``), and this lead would only delay that.
 """
 from __future__ import annotations
 
