@@ -53,11 +53,32 @@ def test_driver_and_sim_launch_declare_namespace_model_config(path):
     assert {"namespace", "model", "config"} <= declared
 
 
+def _declared(module: str) -> set:
+    """Parameter names a node module declares (its ``declare_parameters`` table), read from source."""
+    text = (ROOT / "sequence_ai_ros" / f"{module}.py").read_text()
+    return set(re.findall(r'^\s+"(\w+)": \(', text, re.M))
+
+
+CONFIGS = sorted(p.name for p in (ROOT / "config").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_config_applies_under_any_namespace(name):
+    # a bare node-name key (policy_driver:) matches only /policy_driver: under namespace:=arm the
+    # node silently ran with its defaults. /** matches every node in every namespace.
+    data = yaml.safe_load((ROOT / "config" / name).read_text())
+    assert list(data) == ["/**"] and list(data["/**"]) == ["ros__parameters"], list(data)
+
+
 @pytest.mark.parametrize("name", ["panda_sim.yaml", "franka_droid.yaml"])
 def test_config_keys_are_declared_driver_parameters_and_documented(name):
     text = (ROOT / "config" / name).read_text()
-    params = yaml.safe_load(text)["policy_driver"]["ros__parameters"]
-    assert set(params) <= set(_PARAMS), set(params) - set(_PARAMS)
+    params = yaml.safe_load(text)["/**"]["ros__parameters"]
+    sim, recorder = _declared("sim_node"), _declared("recorder_node")
+    assert sim and recorder
+    # every key is some node's; the sim's keys are none of the driver's (one file feeds both)
+    assert set(params) <= set(_PARAMS) | sim | recorder, set(params) - set(_PARAMS) - sim - recorder
+    assert not sim & set(_PARAMS), sim & set(_PARAMS)
     assert "api_key" not in params                      # the key never lives in YAML
     for key in params:
         line = next(l for l in text.splitlines() if l.strip().startswith(f"{key}:"))
@@ -70,7 +91,7 @@ def test_config_keys_are_declared_driver_parameters_and_documented(name):
 
 
 def test_franka_droid_is_joint_velocity_with_zero_hold():
-    params = yaml.safe_load((ROOT / "config" / "franka_droid.yaml").read_text())["policy_driver"]["ros__parameters"]
+    params = yaml.safe_load((ROOT / "config" / "franka_droid.yaml").read_text())["/**"]["ros__parameters"]
     assert params["camera_views"] == ["exterior_1", "wrist_left"]
     assert params["command_interface"] == "velocity" and params["hold_mode"] == "zeros"
     assert len(params["joint_lower"]) == len(params["joint_upper"]) == 8
