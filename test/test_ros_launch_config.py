@@ -218,3 +218,27 @@ def test_a_custom_joint_message_plugs_in_through_the_registry():
     assert asm.latest_joint_positions() == [2.0, 1.0] and asm.latest_gripper() == 0.5
     with pytest.raises(ValueError, match="no joint decoder"):
         codecs.joint_decoder("other/msg/X")
+
+
+def test_license_file_matches_the_license_tags():
+    xml = (ROOT / "package.xml").read_text()
+    assert re.findall(r"<license>([^<]+)</license>", xml) == ["Apache-2.0"]
+    assert re.findall(r"<license>([^<]+)</license>", (ROOT / "msg" / "package.xml").read_text()) == ["Apache-2.0"]
+    assert 'license="Apache-2.0"' in (ROOT / "setup.py").read_text()
+    text = (ROOT / "LICENSE").read_text()
+    assert "Apache License" in text and "Version 2.0, January 2004" in text and "END OF TERMS AND CONDITIONS" in text
+    # colcon installs it with the package (share/sequence_ai/LICENSE) from ros/sequence_ai
+    assert (ROOT / "ros" / "sequence_ai" / "LICENSE").resolve() == (ROOT / "LICENSE").resolve()
+
+
+def test_the_colcon_package_folder_links_every_file_setup_py_reads_to_the_root():
+    # colcon builds sequence_ai from ros/sequence_ai; setup.py runs there with relative paths
+    pkg = ROOT / "ros" / "sequence_ai"
+    for name in ("package.xml", "setup.py", "setup.cfg", "README.md", "LICENSE", "resource", "launch", "config",
+                 "sequence_ai_core", "sequence_ai", "seq", "server", "sequence_ai_ros"):
+        assert (pkg / name).is_symlink() and (pkg / name).resolve() == (ROOT / name).resolve(), name
+    packages = re.findall(r'^\s+"([\w.]+)",$', (ROOT / "setup.py").read_text(), re.M)
+    assert "sequence_ai_ros" in packages
+    for p in packages:
+        top = p.split(".")[0]
+        assert (pkg / ("server" if top == "sequence_ai_server" else top)).exists(), p
