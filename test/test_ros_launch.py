@@ -180,11 +180,9 @@ def test_namespaced_drivers_side_by_side_each_apply_their_config():
             client = ActionClient(ros.node, Act, f"/{ns}/policy_driver/act")
             assert client.wait_for_server(timeout_sec=90.0), f"/{ns}/policy_driver/act never appeared"
             client.destroy()
-        names = {f"{ns.rstrip('/')}/{n}" for n, ns in ros.node.get_node_names_and_namespaces()}
         arm, sim = _params(ros, "/arm/policy_driver"), _params(ros, "/sim/policy_driver")
     finally:
         ros.close()
-    assert {"/arm/policy_driver", "/sim/policy_driver"} <= names, names
     droid = yaml.safe_load((ROOT / "config" / "franka_droid.yaml").read_text())["/**"]["ros__parameters"]
     for key in KEYS[1:]:
         assert arm[key] == droid[key], (key, arm[key], droid[key])
