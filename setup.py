@@ -1,8 +1,11 @@
 """sequence-ai: deploy a robot policy and drive a robot with it.
 
-One repository, two shapes: a normal Python distribution (``pip install sequence-ai``) and a
-ROS 2 ament_python package (``colcon build``), the latter described by ``package.xml``.
-The interface package ``sequence_ai_msgs`` lives in ``msg/`` (ament_cmake) and is built apart.
+One repository, two shapes: a normal Python distribution (``pip install sequence-ai``, console
+scripts in the environment's ``bin/``) and the ROS 2 ament_python package ``sequence_ai``
+described by ``package.xml``. colcon builds the latter from ``ros/sequence_ai/``, whose files are
+links to this folder (the root itself is no colcon package: see ``colcon.pkg``); there
+``setup.cfg`` sends the console scripts to ``lib/sequence_ai/`` where ``ros2 run`` looks. The
+interface package ``sequence_ai_msgs`` is ``msg/`` (ament_cmake), a package of its own.
 """
 from glob import glob
 
@@ -16,6 +19,7 @@ setup(
     description="Self-hosted action-chunk policy serving and a robot client with ROS 2 nodes",
     long_description=open("README.md", encoding="utf-8").read() if __import__("os").path.exists("README.md") else "",
     long_description_content_type="text/markdown",
+    license="Apache-2.0",
     # The robot client (sequence_ai, sequence_ai_core) runs on 3.9+; the server, authoring and ROS
     # parts need 3.10+ (their extras and bootstrap.sh pick that interpreter).
     python_requires=">=3.9",
@@ -56,8 +60,11 @@ setup(
         "demo": ["matplotlib>=3.7"],
         # episode bags and LeRobot datasets (sequence_ai_ros.bag; `sequence-ai bag`)
         "data": ["rosbags>=0.10", "pyarrow>=14", "av>=12", "simplejpeg>=1.7", "numpy>=1.24", "pillow>=10"],
-        "test": ["pytest>=8", "pytest-timeout>=2.3", "pytest-xdist>=3.5", "hypothesis>=6.90", "simplejpeg>=1.7", "psutil>=5.9",
-                 "schemathesis>=4.0"],   # schemathesis: the OpenAPI fuzz of the worker and the gateway
+        # pytest pinned below 8.4: launch_pytest's fixtures break on >= 8.4 and launch_testing's plugin
+        # on 9 (both load in every pytest run of the venv); colcon builds the scratch workspace of
+        # test/test_ros_workspace.py; schemathesis fuzzes the worker's and the gateway's OpenAPI
+        "test": ["pytest==8.3.5", "colcon-common-extensions>=0.3", "pytest-timeout>=2.3", "pytest-xdist>=3.5",
+                 "hypothesis>=6.90", "simplejpeg>=1.7", "psutil>=5.9", "schemathesis>=4.0"],
         # workers placed by Ray (`seq serve --backend ray`); ray 2.60.0 checked here
         "ray": ["ray[default]>=2.60,<3", "psutil>=5.9"],
         # the flywheel example's learned policy (examples/flywheel: train.py, learned_policy.py);
@@ -66,7 +73,7 @@ setup(
     },
     data_files=[
         ("share/ament_index/resource_index/packages", [f"resource/{ROS_PACKAGE}"]),
-        (f"share/{ROS_PACKAGE}", ["package.xml"]),
+        (f"share/{ROS_PACKAGE}", ["package.xml", "LICENSE"]),
         (f"share/{ROS_PACKAGE}/launch", glob("launch/*.launch.py")),
         (f"share/{ROS_PACKAGE}/config", glob("config/*.yaml")),
     ],

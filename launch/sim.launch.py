@@ -1,9 +1,10 @@
-"""Launch the simulated Franka cell and the policy driver together (a real ROS 2 install).
+"""Launch the simulated Franka cell and the policy driver together, optionally namespaced.
 
-    ros2 launch sequence_ai sim.launch.py namespace:=sim model:=pick-place seed:=3
+    ros2 launch sequence_ai sim.launch.py namespace:=sim model:=pick-place seed:=3 record:=true
 
 Arguments: ``namespace``, ``model`` (empty = the config's), ``config`` (default
-``panda_sim.yaml``, a name in the package's ``config/`` or an absolute path), ``seed``.
+``panda_sim.yaml``, a name in the package's ``config/`` or an absolute path), ``seed``,
+``record`` (``true`` also starts ``episode_recorder``: one bag per Act goal), ``record_dir``.
 Start ``seq serve`` and ``seq deploy`` first and export the API key.
 """
 import os
@@ -11,6 +12,7 @@ import os
 from ament_index_python.packages import get_package_share_directory
 from launch import LaunchDescription
 from launch.actions import DeclareLaunchArgument, OpaqueFunction
+from launch.conditions import IfCondition
 from launch.substitutions import LaunchConfiguration
 from launch_ros.actions import Node
 
@@ -19,6 +21,9 @@ def _nodes(context):
     config = LaunchConfiguration("config").perform(context)
     if not os.path.isabs(config):
         config = os.path.join(get_package_share_directory("sequence_ai"), "config", config)
+    if not os.path.isfile(config):
+        raise FileNotFoundError(f"config:={config} does not exist; give a file in the sequence_ai package's "
+                                f"config/ folder or an absolute path")
     namespace = LaunchConfiguration("namespace")
     driver_params = [config]
     model = LaunchConfiguration("model").perform(context)
@@ -29,6 +34,9 @@ def _nodes(context):
              parameters=[config, {"seed": int(LaunchConfiguration("seed").perform(context))}], output="screen"),
         Node(package="sequence_ai", executable="policy_driver", name="policy_driver", namespace=namespace,
              parameters=driver_params, output="screen"),
+        Node(package="sequence_ai", executable="episode_recorder", name="episode_recorder", namespace=namespace,
+             parameters=[config, {"auto_record": True, "output_dir": LaunchConfiguration("record_dir")}],
+             output="screen", condition=IfCondition(LaunchConfiguration("record"))),
     ]
 
 
@@ -39,5 +47,8 @@ def generate_launch_description():
         DeclareLaunchArgument("config", default_value="panda_sim.yaml",
                               description="Parameter file: a name in the package's config/ or an absolute path."),
         DeclareLaunchArgument("seed", default_value="0", description="Scene seed for the simulated cell."),
+        DeclareLaunchArgument("record", default_value="false",
+                              description="true: also run episode_recorder (one bag per Act goal)."),
+        DeclareLaunchArgument("record_dir", default_value="bags", description="Folder for the recorder's bags."),
         OpaqueFunction(function=_nodes),
     ])

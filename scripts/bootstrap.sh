@@ -3,15 +3,22 @@
 #   .venv/            the project (editable, extras server,sim,demo,test), ROS 2 Jazzy wheels from
 #                     PyPI (rclpy over Fast DDS, ament_cmake, rosidl), rosbags, Panda assets
 #   build/msgs/       the plain-cmake build of msg/ (sequence_ai_msgs)
-#   install/          its install prefix (Python package + typesupport libraries)
+#   install/          its install prefix (Python package + typesupport libraries), and an ament
+#                     prefix for the sequence_ai package itself (links to launch/, config/ and the
+#                     venv's node executables), so `ros2 run|launch sequence_ai ...` work here
+#   the ROS 2 tools PyPI lacks (launch, launch_ros, launch_testing, launch_pytest, the ros2 CLI)
+#                     from ../shared/ros-jazzy-extras/ (or $SEQAI_ROS_EXTRAS) into .venv, and
+#                     composition_interfaces built into .venv -- unless a ROS install is sourced
 # plus the few Debian packages that are missing (iproute2, EGL/Mesa for offscreen MuJoCo,
 # python3-dev/-venv, g++/make), when run as root (or with sudo).
 #
 # Usage: bash scripts/bootstrap.sh        then: . scripts/env.sh
 #   PYTHON=python3.11   interpreter used to create .venv (default: python3)
 #   SEQAI_FORCE=1       redo the pip install and the msg build even if their stamps match
+#   SEQAI_ROS_EXTRAS=DIR  the ros-jazzy-extras folder (default: ../shared/ros-jazzy-extras)
 # Quiet on success (full log: build/bootstrap.log); prints the log tail on failure.
-# On a machine with a system ROS 2, do not use this: build msg/ with colcon instead.
+# On a machine with a system ROS 2, do not use this: build the workspace with colcon instead
+# (README, "In a ROS 2 workspace").
 set -Eeuo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -119,7 +126,7 @@ fi
 # ---------------------------------------------------------------------------------------------
 # 3. pip (skipped when setup.py, the wheel list and the interpreter are unchanged).
 PY_TAG=$("$VPY" -c 'import sys; print(sys.version.split()[0], sys.prefix)')
-PIP_KEY=$( { echo "$PY_TAG"; cat setup.py; echo "${ROS_WHEELS[*]} ${OTHER_WHEELS[*]} ${NODEPS_WHEELS[*]} $PROJECT_SPEC"; } | sha)
+PIP_KEY=$( { echo "$PY_TAG"; cat setup.py setup.cfg; echo "${ROS_WHEELS[*]} ${OTHER_WHEELS[*]} ${NODEPS_WHEELS[*]} $PROJECT_SPEC"; } | sha)
 ROS_KEY=$( { echo "$PY_TAG"; echo "${ROS_WHEELS[*]}"; } | sha)   # what the msg build depends on
 PIP_STAMP=$VENV/.seqai-pip.stamp
 if [ "${SEQAI_FORCE:-0}" = 1 ] || [ "$(cat "$PIP_STAMP" 2>/dev/null)" != "$PIP_KEY" ]; then
@@ -129,6 +136,37 @@ if [ "${SEQAI_FORCE:-0}" = 1 ] || [ "$(cat "$PIP_STAMP" 2>/dev/null)" != "$PIP_K
   run "$VPY" -m pip install -q --no-deps "${NODEPS_WHEELS[@]}"
   echo "$PIP_KEY" >"$PIP_STAMP"
   DONE+=("pip: installed")
+fi
+
+# ---------------------------------------------------------------------------------------------
+# 3b. The pure-Python ROS 2 Jazzy tools PyPI lacks: launch, launch_ros, launch_testing,
+#     launch_pytest, ros2cli and its verbs (unmodified upstream wheels, see the folder's README).
+#     --no-index: PyPI has an unrelated `launch`; --no-deps: launch_ros names ament_index_python,
+#     which the PyPI wheels ship as ros-ament-index-python. Skipped when a ROS install is sourced
+#     (it has its own). pytest stays pinned < 8.4 by the test extra (setup.py) for their plugins.
+EXTRAS_DIR=${SEQAI_ROS_EXTRAS:-$ROOT/../shared/ros-jazzy-extras}
+EXTRAS_PKGS=(launch launch_xml launch_yaml launch_testing launch_pytest launch_ros launch_testing_ros
+  ros2launch rosidl_runtime_py ros2cli ros2pkg ros2run ros2topic ros2node ros2param ros2action
+  ros2service ros2interface ros2lifecycle ros2component)
+EXTRAS_PYPI=(osrf_pycommon psutil)
+HAVE_EXTRAS=0
+if [ -n "${ROS_DISTRO:-}" ]; then
+  log "ROS_DISTRO=$ROS_DISTRO is sourced: launch/ros2cli come from it"
+elif [ ! -f "$EXTRAS_DIR/SHA256SUMS" ]; then
+  echo "bootstrap: warning: $EXTRAS_DIR not found: launch, launch_ros, launch_pytest and the ros2 CLI are" \
+       "not installed (ros2 launch and test/test_ros_launch.py need them); set SEQAI_ROS_EXTRAS=<folder>" >&2
+else
+  HAVE_EXTRAS=1
+  EXTRAS_KEY=$( { echo "$PIP_KEY"; cat "$EXTRAS_DIR/SHA256SUMS"; echo "${EXTRAS_PKGS[*]} ${EXTRAS_PYPI[*]}"; } | sha)
+  EXTRAS_STAMP=$VENV/.seqai-ros-extras.stamp
+  if [ "${SEQAI_FORCE:-0}" = 1 ] || [ "$(cat "$EXTRAS_STAMP" 2>/dev/null)" != "$EXTRAS_KEY" ]; then
+    log "ROS 2 tools from $EXTRAS_DIR"
+    rm -f "$EXTRAS_STAMP"
+    run "$VPY" -m pip install -q --no-index --no-deps --find-links "$EXTRAS_DIR/wheels" "${EXTRAS_PKGS[@]}"
+    run "$VPY" -m pip install -q "${EXTRAS_PYPI[@]}"
+    echo "$EXTRAS_KEY" >"$EXTRAS_STAMP"
+    DONE+=("ros2 tools: installed")
+  fi
 fi
 
 # ---------------------------------------------------------------------------------------------
@@ -171,6 +209,61 @@ if [ "${SEQAI_FORCE:-0}" = 1 ] || [ "$(cat "$MSG_STAMP" 2>/dev/null)" != "$MSG_K
   echo "$MSG_KEY" >"$MSG_STAMP"
   DONE+=("msgs: built")
 fi
+mkdir -p "$MSG_INSTALL"
+
+# ---------------------------------------------------------------------------------------------
+# 5b. composition_interfaces (launch_ros imports it), built like msg/ but installed into .venv, so
+#     a rebuild of msg/ (which empties install/) leaves it alone.
+if [ "$HAVE_EXTRAS" = 1 ]; then
+  CI_SRC=$EXTRAS_DIR/src/composition_interfaces
+  CI_BUILD=$ROOT/build/composition_interfaces
+  CI_KEY=$( { echo "$ROS_KEY"; find "$CI_SRC" scripts/cmake -type f -print0 | sort -z | xargs -0 sha256sum | cut -c1-64; } | sha)
+  CI_STAMP=$VENV/.seqai-composition-interfaces.stamp
+  if [ "${SEQAI_FORCE:-0}" = 1 ] || [ "$(cat "$CI_STAMP" 2>/dev/null)" != "$CI_KEY" ]; then
+    log "build composition_interfaces -> $VENV"
+    rm -rf "$CI_BUILD"
+    (
+      export AMENT_PREFIX_PATH="$VENV" CMAKE_PREFIX_PATH="$VENV" PATH="$VENV/bin:$PATH"
+      run cmake -S "$CI_SRC" -B "$CI_BUILD" \
+        -DCMAKE_BUILD_TYPE=Release \
+        -DCMAKE_INSTALL_PREFIX="$VENV" \
+        -DPython3_EXECUTABLE="$VPY" \
+        -DBUILD_TESTING=OFF \
+        -DCMAKE_PROJECT_INCLUDE="$ROOT/scripts/cmake/wheel_fixups.cmake"
+      run cmake --build "$CI_BUILD" -j "$(nproc)"
+      run cmake --install "$CI_BUILD"
+    )
+    echo "$CI_KEY" >"$CI_STAMP"
+    DONE+=("composition_interfaces: built")
+  fi
+fi
+
+# ---------------------------------------------------------------------------------------------
+# 5c. An ament prefix for the sequence_ai package itself, in install/ (on AMENT_PREFIX_PATH via
+#     env.sh): what colcon would install, as links into this checkout (like --symlink-install), so
+#     `ros2 run sequence_ai policy_driver`, `ros2 launch sequence_ai demo.launch.py` and launch_ros'
+#     Node(package="sequence_ai") work with the editable pip install. Cheap: checked every run.
+PFX=$MSG_INSTALL
+mkdir -p "$PFX/share/ament_index/resource_index/packages" "$PFX/share/sequence_ai" "$PFX/lib/sequence_ai"
+: >"$PFX/share/ament_index/resource_index/packages/sequence_ai"
+# share/sequence_ai/{launch,config}/: real folders of per-file links (`ros2 launch` walks the share
+# folder with os.walk, which does not enter a linked folder); refreshed, so a new file shows up
+ln -sfn "$ROOT/package.xml" "$PFX/share/sequence_ai/package.xml"
+ln -sfn "$ROOT/LICENSE" "$PFX/share/sequence_ai/LICENSE"
+for d in launch config; do
+  rm -rf "$PFX/share/sequence_ai/$d"
+  mkdir -p "$PFX/share/sequence_ai/$d"
+  for f in "$ROOT/$d"/*.launch.py "$ROOT/$d"/*.yaml; do
+    [ -f "$f" ] && ln -s "$f" "$PFX/share/sequence_ai/$d/"
+  done
+done
+for exe in policy_driver sim_robot episode_recorder; do
+  [ -x "$VENV/bin/$exe" ] || fail "$VENV/bin/$exe missing: the pip install did not write the console scripts"
+  ln -sfn "$VENV/bin/$exe" "$PFX/lib/sequence_ai/$exe"
+done
+# colcon (and rosdep) must not take these trees for source packages when the checkout sits in a
+# workspace's src/: install/ holds share/*/package.xml
+touch "$ROOT/build/COLCON_IGNORE" "$PFX/COLCON_IGNORE"
 
 # ---------------------------------------------------------------------------------------------
 # 6. Smoke check after any change: the environment resolves rclpy and the built interfaces.
@@ -179,6 +272,8 @@ if [ ${#DONE[@]} -gt 0 ]; then
   run bash -c '. scripts/env.sh && python -c "
 import rclpy, rosbags, mujoco
 from sequence_ai_msgs.action import Act
+from ament_index_python.packages import get_package_share_directory
+assert get_package_share_directory(\"sequence_ai\").endswith(\"install/share/sequence_ai\")
 g = Act.Goal(instruction=\"x\", max_seconds=1.0)
 print(\"ok\", Act.Result().reason == \"\", g.max_seconds)
 "' || fail "smoke check (. scripts/env.sh; import rclpy, sequence_ai_msgs) failed"

@@ -243,20 +243,36 @@ def drive(instruction: str, seed: int, max_seconds: float, out_dir: Path, *, can
         executor = MultiThreadedExecutor(num_threads=4)
         executor.add_node(driver)
         executor.add_node(client_node)
-        spin = threading.Thread(target=executor.spin, daemon=True)
+        spinning = threading.Event()
+        spinning.set()
+
+        def _spin_loop():
+            while spinning.is_set() and rclpy.ok():
+                executor.spin_once(timeout_sec=0.1)
+
+        spin = threading.Thread(target=_spin_loop, name="demo_spin", daemon=True)
         spin.start()
+        action_clients: list = []
 
         def _stop():
             driver.policy.interrupt()
-            executor.shutdown()
+            # The spinning thread leaves its loop first; only then is the executor shut down.
+            # Executor.shutdown() called while another thread is inside spin() does not wait for
+            # it (this rclpy) and destroys the guard condition that thread's wait set holds, and
+            # destroying a node the executor is still waiting on fails the same way (InvalidHandle:
+            # "cannot use Destroyable because destruction was requested" at teardown).
+            spinning.clear()
             spin.join(timeout=10)
             stop_executor(executor)     # callbacks still queued run before their nodes go (quiet teardown)
+            for client in action_clients:   # a node's destroy_node() leaves its action clients alive
+                client.destroy()
             driver.destroy_node()
             client_node.destroy_node()
 
         stack.callback(_stop)
 
         act_client = ActionClient(client_node, Act, "policy_driver/act")
+        action_clients.append(act_client)
         check = client_node.create_client(CheckSuccess, "sim_robot/check_success")
         if not act_client.wait_for_server(timeout_sec=30.0):
             raise RuntimeError("policy_driver/act action server did not appear within 30 s")

@@ -142,6 +142,15 @@ class SimRobotNode(Node):
             return
         self.sim = sim
         self._ready.set()
+        try:
+            self._run(sim)
+        finally:
+            # The renderer's EGL context is current on this thread only: free it here. Left to the
+            # garbage collector it was freed from the main thread at interpreter exit, where
+            # eglMakeCurrent fails and MuJoCo printed an EGL_BAD_ACCESS traceback at every shutdown.
+            sim.close()
+
+    def _run(self, sim: PandaPickPlaceSim) -> None:
         period = 1.0 / self._rate
         t0 = time.monotonic()
         sim_t0 = sim.time

@@ -83,6 +83,8 @@ def test_demo_policy_learned_deploys_the_shipped_checkpoint_from_a_volume_and_dr
     assert re.search(r"^deployed  pick-place-learned from examples/flywheel/learned_policy\.py "
                      r"\(weights: volume pick-place-learned v1, 2 files, 1\.9 MB\)", out, re.M), out
     assert "goal: 'put the red cube on the green pad' (policy pick-place-learned, seed 100004, light_jitter 1," in out
+    for bad in ("Traceback", "InvalidHandle", "never retrieved"):     # the teardown before the summary is quiet
+        assert bad not in out, out
     m = re.search(r"^RunOutcome\(reason=(\w+), actions=(\d+), chunks=(\d+)", out, re.M)
     assert m, out
     reason, actions, chunks = m.group(1), int(m.group(2)), int(m.group(3))
@@ -108,6 +110,9 @@ def test_sigterm_stops_the_demo_and_the_gateway_worker_and_sim_it_started(run_de
     assert "seq.cli serve" in joined and "sequence_ai_server.worker" in joined and "sim_node" in joined, joined
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=60) == 143, "".join(before)
+    after = "".join(iter(lines.get, None))            # the cancel and the teardown of a running goal
+    for bad in ("Traceback", "InvalidHandle", "never retrieved"):
+        assert bad not in after, after
     gone, alive = psutil.wait_procs(children, timeout=30)
     assert not alive, [p.pid for p in alive]
 

@@ -53,11 +53,32 @@ def test_driver_and_sim_launch_declare_namespace_model_config(path):
     assert {"namespace", "model", "config"} <= declared
 
 
+def _declared(module: str) -> set:
+    """Parameter names a node module declares (its ``declare_parameters`` table), read from source."""
+    text = (ROOT / "sequence_ai_ros" / f"{module}.py").read_text()
+    return set(re.findall(r'^\s+"(\w+)": \(', text, re.M))
+
+
+CONFIGS = sorted(p.name for p in (ROOT / "config").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_config_applies_under_any_namespace(name):
+    # a bare node-name key (policy_driver:) matches only /policy_driver: under namespace:=arm the
+    # node silently ran with its defaults. /** matches every node in every namespace.
+    data = yaml.safe_load((ROOT / "config" / name).read_text())
+    assert list(data) == ["/**"] and list(data["/**"]) == ["ros__parameters"], list(data)
+
+
 @pytest.mark.parametrize("name", ["panda_sim.yaml", "franka_droid.yaml"])
 def test_config_keys_are_declared_driver_parameters_and_documented(name):
     text = (ROOT / "config" / name).read_text()
-    params = yaml.safe_load(text)["policy_driver"]["ros__parameters"]
-    assert set(params) <= set(_PARAMS), set(params) - set(_PARAMS)
+    params = yaml.safe_load(text)["/**"]["ros__parameters"]
+    sim, recorder = _declared("sim_node"), _declared("recorder_node")
+    assert sim and recorder
+    # every key is some node's; the sim's keys are none of the driver's (one file feeds both)
+    assert set(params) <= set(_PARAMS) | sim | recorder, set(params) - set(_PARAMS) - sim - recorder
+    assert not sim & set(_PARAMS), sim & set(_PARAMS)
     assert "api_key" not in params                      # the key never lives in YAML
     for key in params:
         line = next(l for l in text.splitlines() if l.strip().startswith(f"{key}:"))
@@ -70,7 +91,7 @@ def test_config_keys_are_declared_driver_parameters_and_documented(name):
 
 
 def test_franka_droid_is_joint_velocity_with_zero_hold():
-    params = yaml.safe_load((ROOT / "config" / "franka_droid.yaml").read_text())["policy_driver"]["ros__parameters"]
+    params = yaml.safe_load((ROOT / "config" / "franka_droid.yaml").read_text())["/**"]["ros__parameters"]
     assert params["camera_views"] == ["exterior_1", "wrist_left"]
     assert params["command_interface"] == "velocity" and params["hold_mode"] == "zeros"
     assert len(params["joint_lower"]) == len(params["joint_upper"]) == 8
@@ -197,3 +218,27 @@ def test_a_custom_joint_message_plugs_in_through_the_registry():
     assert asm.latest_joint_positions() == [2.0, 1.0] and asm.latest_gripper() == 0.5
     with pytest.raises(ValueError, match="no joint decoder"):
         codecs.joint_decoder("other/msg/X")
+
+
+def test_license_file_matches_the_license_tags():
+    xml = (ROOT / "package.xml").read_text()
+    assert re.findall(r"<license>([^<]+)</license>", xml) == ["Apache-2.0"]
+    assert re.findall(r"<license>([^<]+)</license>", (ROOT / "msg" / "package.xml").read_text()) == ["Apache-2.0"]
+    assert 'license="Apache-2.0"' in (ROOT / "setup.py").read_text()
+    text = (ROOT / "LICENSE").read_text()
+    assert "Apache License" in text and "Version 2.0, January 2004" in text and "END OF TERMS AND CONDITIONS" in text
+    # colcon installs it with the package (share/sequence_ai/LICENSE) from ros/sequence_ai
+    assert (ROOT / "ros" / "sequence_ai" / "LICENSE").resolve() == (ROOT / "LICENSE").resolve()
+
+
+def test_the_colcon_package_folder_links_every_file_setup_py_reads_to_the_root():
+    # colcon builds sequence_ai from ros/sequence_ai; setup.py runs there with relative paths
+    pkg = ROOT / "ros" / "sequence_ai"
+    for name in ("package.xml", "setup.py", "setup.cfg", "README.md", "LICENSE", "resource", "launch", "config",
+                 "sequence_ai_core", "sequence_ai", "seq", "server", "sequence_ai_ros"):
+        assert (pkg / name).is_symlink() and (pkg / name).resolve() == (ROOT / name).resolve(), name
+    packages = re.findall(r'^\s+"([\w.]+)",$', (ROOT / "setup.py").read_text(), re.M)
+    assert "sequence_ai_ros" in packages
+    for p in packages:
+        top = p.split(".")[0]
+        assert (pkg / ("server" if top == "sequence_ai_server" else top)).exists(), p
