@@ -24,9 +24,11 @@ setup(
         "sequence_ai",
         "seq",
         "sequence_ai_server",
-        "sequence_ai_server.eval",
+        "sequence_ai_data",
+        "sequence_ai_sim",
+        "sequence_ai_sim.benchmarks",
+        "sequence_ai_eval",
         "sequence_ai_ros",
-        "sequence_ai_ros.benchmarks",
         "sequence_ai_ros.bag",
         "sequence_ai_ros.driver",
     ],
@@ -52,9 +54,11 @@ setup(
             "cryptography>=41",       # gateway: secrets encrypted at rest (Fernet)
             "prometheus-client>=0.19",  # gateway: /metrics
         ],
+        # the simulated cell and its benchmarks (sequence_ai_sim; no rclpy)
         "sim": ["mujoco>=3.1", "numpy>=1.24", "pillow>=10", "fast-simplification>=0.2"],
         "demo": ["matplotlib>=3.7"],
-        # episode bags and LeRobot datasets (sequence_ai_ros.bag; `sequence-ai bag`)
+        # LeRobot datasets (sequence_ai_data, no rclpy) and episode bags (sequence_ai_ros.bag;
+        # `sequence-ai bag`)
         "data": ["rosbags>=0.10", "pyarrow>=14", "av>=12", "simplejpeg>=1.7", "numpy>=1.24", "pillow>=10"],
         "test": ["pytest>=8", "pytest-timeout>=2.3", "pytest-xdist>=3.5", "hypothesis>=6.90", "simplejpeg>=1.7", "psutil>=5.9",
                  "schemathesis>=4.0"],   # schemathesis: the OpenAPI fuzz of the worker and the gateway
@@ -79,7 +83,9 @@ setup(
             "sim_robot = sequence_ai_ros.sim_node:main",
             "policy_driver = sequence_ai_ros.driver_node:main",
             "episode_recorder = sequence_ai_ros.recorder_node:main",
-        ]
+        ],
+        # `sequence-ai bag ...`: the client's CLI finds it here and never imports sequence_ai_ros
+        "sequence_ai.commands": ["bag = sequence_ai_ros.bag.cli:main"],
     },
     zip_safe=False,
 )
