@@ -65,6 +65,10 @@ ALLOWED = {
     # server/sequence_ai_server/gateway.py: switches to seq.spec
     ("server/sequence_ai_server/gateway.py", "seq._params"),
     ("server/sequence_ai_server/gateway.py", "seq._contracts"),
+    # server/sequence_ai_server/gateway.py: /v1/account counts the built-in benchmarks and the
+    # running evals from the client-side eval harness's store
+    ("server/sequence_ai_server/gateway.py", "sequence_ai_eval.runner"),
+    ("server/sequence_ai_server/gateway.py", "sequence_ai_eval.store"),
     # seq/_cli_platform.py: the `seq` CLI reuses the client CLI's account lines
     ("seq/_cli_platform.py", "sequence_ai.cli"),
     # seq/_adapter_registry.py: authoring code uses the CLI's gateway client (seq.cli.Gateway),
