@@ -168,7 +168,9 @@ def violations():
     out: dict = {}
     for file, lineno, src_unit, target in _all_imports():
         if not _allowed_by_rules(src_unit, target) or _private(src_unit, target):
-            out.setdefault((file, target), []).append(lineno)
+            lines = out.setdefault((file, target), [])
+            if lineno not in lines:
+                lines.append(lineno)
     return out
 
 
