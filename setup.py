@@ -28,9 +28,11 @@ setup(
         "sequence_ai",
         "seq",
         "sequence_ai_server",
-        "sequence_ai_server.eval",
+        "sequence_ai_data",
+        "sequence_ai_sim",
+        "sequence_ai_sim.benchmarks",
+        "sequence_ai_eval",
         "sequence_ai_ros",
-        "sequence_ai_ros.benchmarks",
         "sequence_ai_ros.bag",
         "sequence_ai_ros.driver",
     ],
@@ -56,9 +58,11 @@ setup(
             "cryptography>=41",       # gateway: secrets encrypted at rest (Fernet)
             "prometheus-client>=0.19",  # gateway: /metrics
         ],
+        # the simulated cell and its benchmarks (sequence_ai_sim; no rclpy)
         "sim": ["mujoco>=3.1", "numpy>=1.24", "pillow>=10", "fast-simplification>=0.2"],
         "demo": ["matplotlib>=3.7"],
-        # episode bags and LeRobot datasets (sequence_ai_ros.bag; `sequence-ai bag`)
+        # LeRobot datasets (sequence_ai_data, no rclpy) and episode bags (sequence_ai_ros.bag;
+        # `sequence-ai bag`)
         "data": ["rosbags>=0.10", "pyarrow>=14", "av>=12", "simplejpeg>=1.7", "numpy>=1.24", "pillow>=10"],
         # pytest pinned below 8.4: launch_pytest's fixtures break on >= 8.4 and launch_testing's plugin
         # on 9 (both load in every pytest run of the venv); colcon builds the scratch workspace of
@@ -86,7 +90,9 @@ setup(
             "sim_robot = sequence_ai_ros.sim_node:main",
             "policy_driver = sequence_ai_ros.driver_node:main",
             "episode_recorder = sequence_ai_ros.recorder_node:main",
-        ]
+        ],
+        # `sequence-ai bag ...`: the client's CLI finds it here and never imports sequence_ai_ros
+        "sequence_ai.commands": ["bag = sequence_ai_ros.bag.cli:main"],
     },
     zip_safe=False,
 )

@@ -154,7 +154,7 @@ def sim_frames_bytes() -> str:
     """Binary /act body size for two 224x224 frames rendered from the pick-place sim (the demo's
     cameras): a second, rendered-scene reference for the bytes goal."""
     try:
-        from sequence_ai_ros.panda_sim import PandaPickPlaceSim
+        from sequence_ai_sim.panda_sim import PandaPickPlaceSim
         sim = PandaPickPlaceSim(seed=0, image_size=224)
         frames = {"exterior_1": sim.render("exterior_1"), "wrist_left": sim.render("wrist_left")}
     except Exception as exc:  # noqa: BLE001 - the sim extra is optional for this one line

@@ -191,7 +191,7 @@ def adapter_check(target: str = typer.Argument(..., help="FILE or FILE:Class"),
     bench_spec = contract = None
     params = {}
     if benchmark is not None:
-        from sequence_ai_server.eval.runner import EvalError, load_benchmark
+        from sequence_ai_eval.runner import EvalError, load_benchmark
         try:
             bench_cls, _ = load_benchmark(benchmark)
         except EvalError as exc:

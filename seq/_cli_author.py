@@ -13,39 +13,19 @@ Exit codes: 0 accepted, 1 the declaration is malformed (the DeclarationError is 
 from __future__ import annotations
 
 import shutil
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
 import typer
 from rich.console import Console
 
+from seq.spec import TEMPLATES, Template, load_policy_class  # noqa: F401 (Template: re-exported)
+
 __all__ = ["register", "describe", "load_declared", "TEMPLATES", "init_template", "render_dockerfile"]
 
 out = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 
-_HERE = Path(__file__).resolve().parent
-_REPO = _HERE.parent
-
-
-@dataclass(frozen=True)
-class Template:
-    name: str
-    description: str
-    source: Path            # a directory copied whole (only *.py, *.md, *.txt, *.json, *.yaml)
-
-
-TEMPLATES: dict[str, Template] = {t.name: t for t in (
-    Template("toy-policy", "a @seq.policy with its own inputs and outputs (no contract, no weights)",
-             _HERE / "templates" / "toy-policy"),
-    Template("pick-place", "the demo: colour segmentation + IK pick-and-place for the simulated Panda",
-             _REPO / "examples" / "pick_place"),
-    Template("pi05-droid", "pi0.5 on DROID with openpi (declaration only here: serving needs a GPU)",
-             _HERE / "templates" / "pi05-droid"),
-    Template("toy-adapter", "a @seq.adapter (policy_io=\"own\") between the pick-place benchmark and toy-policy",
-             _HERE / "templates" / "toy-adapter"),
-)}
 _COPY_SUFFIXES = (".py", ".md", ".txt", ".json", ".yaml", ".toml")
 
 
@@ -64,7 +44,6 @@ def _split_target(target: str) -> tuple[Path, Optional[str]]:
 def load_declared(target: str) -> tuple[Path, type]:
     """Import FILE[:CLASS] and return (path, the @seq.policy class). Import-time errors (a
     DeclarationError for a malformed declaration) propagate."""
-    from sequence_ai_server._hosting import load_policy_class
     path, cls_name = _split_target(target)
     return path, load_policy_class(str(path), cls_name)
 

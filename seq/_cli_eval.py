@@ -9,7 +9,7 @@
     seq eval ls [POLICY] [--limit N]
     seq eval cancel ID
 
-The runner lives in ``sequence_ai_server.eval``; evals are kept under ``<data_dir>/evals``.
+The runner lives in ``sequence_ai_eval``; evals are kept under ``<data_dir>/evals``.
 Exit codes are the ``seq`` command's (see ``seq.cli``), plus 5 for a contract mismatch and
 8 when ``--gate`` finds a metric below its bar.
 """
@@ -66,7 +66,7 @@ def _say(text: str = "") -> None:
 
 
 def _store(data_dir: Optional[Path]):
-    from sequence_ai_server.eval.store import EvalStore
+    from sequence_ai_eval.store import EvalStore
     return EvalStore(_cli._data_dir(data_dir))
 
 
@@ -174,7 +174,7 @@ def eval_run(policy: str = typer.Argument(..., help="the deployed policy (deploy
              gateway: Optional[str] = _GatewayOpt, api_key: Optional[str] = _ApiKeyOpt,
              data_dir: Optional[Path] = _DataDirOpt) -> None:
     """Run POLICY on a benchmark and print each metric overall and per task."""
-    from sequence_ai_server.eval.runner import EvalError, check_gates, load_benchmark, parse_gate, plan_eval, run_eval
+    from sequence_ai_eval.runner import EvalError, check_gates, load_benchmark, parse_gate, plan_eval, run_eval
 
     try:
         gw = _cli.Gateway(gateway, api_key, data_dir)
@@ -200,7 +200,7 @@ def eval_run(policy: str = typer.Argument(..., help="the deployed policy (deploy
     store = _store(data_dir)
     try:
         bench_cls, ref = load_benchmark(benchmark)
-        from seq._benchmark import get_benchmark_spec
+        from seq.spec import get_benchmark_spec
         spec = get_benchmark_spec(bench_cls)
         gates = [parse_gate(g, spec) for g in gate]
         past = []
@@ -288,7 +288,7 @@ def eval_run(policy: str = typer.Argument(..., help="the deployed policy (deploy
 
 
 def _load(store, eval_id: str) -> dict:
-    from sequence_ai_server.eval.store import EvalNotFound
+    from sequence_ai_eval.store import EvalNotFound
     try:
         record = store.load(eval_id)
     except EvalNotFound:
@@ -332,7 +332,7 @@ def eval_report(eval_id: str, csv_path: Optional[str] = typer.Option(None, "--cs
                 as_json: bool = typer.Option(False, "--json", help="print the report as JSON"),
                 data_dir: Optional[Path] = _DataDirOpt) -> None:
     """The report of an eval (so far, if it is still running or was canceled)."""
-    from sequence_ai_server.eval.runner import summarize
+    from sequence_ai_eval.runner import summarize
     store = _store(data_dir)
     record = _load(store, eval_id)
     report = summarize(record, store.episodes(eval_id))

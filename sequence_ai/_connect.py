@@ -12,7 +12,7 @@ import inspect
 from typing import Any, Dict, List, Optional
 
 from sequence_ai_core import AsyncPolicy, ConnectOptions, ModelInfo, fetch_models, resolve_gateway_url
-from sequence_ai_core._options import options_signature
+from sequence_ai_core import options_signature
 
 from ._sync import Policy, run_blocking
 
@@ -110,10 +110,8 @@ def account(*, api_key: Optional[str] = None, gateway_url: Optional[str] = None,
     Raises:
         AuthError: no key, or a refused one.  TransportError: the gateway cannot be reached.
     """
-    from sequence_ai_core import resolve_api_key
-    from sequence_ai_core._wire import _client
-    from sequence_ai_core import TransportError
-    from sequence_ai_core._errors import from_response
+    from sequence_ai_core import TransportError, from_response, resolve_api_key
+    from sequence_ai_core import http_client as _client
 
     key = resolve_api_key(api_key)
     url = resolve_gateway_url(gateway_url)

@@ -22,12 +22,12 @@ import contextlib
 import threading
 from typing import Any, Awaitable, Callable, Dict, Iterator, List, Optional, Tuple
 
-from sequence_ai_core._policy import warn_if_no_validate
 from sequence_ai_core import (
     AsyncPolicy,
     ModelInfo,
     RunOutcome,
     SequencesError,
+    warn_if_no_validate,
 )
 
 __all__ = ["Policy", "run_blocking"]

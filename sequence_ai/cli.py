@@ -8,6 +8,10 @@ authoring and server commands live in ``seq``.
     sequence-ai account [--gateway URL]    # usage and configured limits of the key's account
     sequence-ai version
     sequence-ai bag export|repair|info ...   # needs the data extra (sequence_ai_ros.bag.cli)
+
+Commands from other installed packages join by entry point: a ``sequence_ai.commands`` entry
+``NAME = module:main`` makes ``sequence-ai NAME ARGS...`` call ``main(ARGS)`` (``bag`` is one,
+registered by this distribution's ``setup.py``), so this module imports none of them.
 """
 from __future__ import annotations
 
@@ -227,16 +231,36 @@ def doctor(model: Optional[str], gateway: Optional[str], calls: int, api_key: Op
     return 0 if ok else 1
 
 
+#: Entry-point group of commands other packages add to ``sequence-ai``.
+PLUGIN_GROUP = "sequence_ai.commands"
+_PLUGIN_HELP = {"bag": "episode bags: export to LeRobot datasets, repair (sequence-ai bag -h)"}
+
+
+def _plugin_commands() -> dict:
+    """``{name: EntryPoint}`` of the installed :data:`PLUGIN_GROUP` entries (none loaded)."""
+    from importlib.metadata import entry_points
+
+    eps = entry_points()
+    found = eps.select(group=PLUGIN_GROUP) if hasattr(eps, "select") else eps.get(PLUGIN_GROUP, ())
+    return {ep.name: ep for ep in found}
+
+
 def main(argv=None) -> int:
     """Entry point; returns the process exit code (0 ok, 1 a typed error, 2 usage)."""
     argv = sys.argv[1:] if argv is None else list(argv)
-    if argv[:1] == ["bag"]:  # data tools (issue 7): imported only when asked for, from the 'data' extra
-        from sequence_ai_ros.bag.cli import main as bag_main
-
-        return bag_main(argv[1:])
+    plugins = _plugin_commands()
+    if argv[:1] and argv[0] in plugins:   # imported only when asked for (the bag tools need the data extra)
+        try:
+            plugin_main = plugins[argv[0]].load()
+        except ImportError as exc:
+            print(f"error: `sequence-ai {argv[0]}` could not be loaded: {exc}. Install the extra it needs "
+                  "(for bag: pip install 'sequence-ai[data]' and source scripts/env.sh)", file=sys.stderr)
+            return 1
+        return plugin_main(argv[1:])
     parser = argparse.ArgumentParser(prog="sequence-ai", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("bag", help="episode bags: export to LeRobot datasets, repair (sequence-ai bag -h)")
+    for name in sorted(plugins):
+        sub.add_parser(name, help=_PLUGIN_HELP.get(name, f"see sequence-ai {name} -h"))
     p_models = sub.add_parser("models", help="list the catalogue (needs no key)")
     p_models.add_argument("--gateway", default=None, help="gateway URL (default $SEQUENCES_GATEWAY_URL or local)")
     p_models.add_argument("--kind", default=None, choices=("model", "template"),

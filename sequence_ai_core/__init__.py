@@ -31,8 +31,8 @@ from ._errors import (
     Unavailable,
     from_response,
 )
-from ._options import DEFAULT_BODY_FORMAT, DEFAULT_TIMEOUT_S, ConnectOptions
-from ._policy import AsyncPolicy
+from ._options import DEFAULT_BODY_FORMAT, DEFAULT_TIMEOUT_S, ConnectOptions, options_signature
+from ._policy import AsyncPolicy, warn_if_no_validate
 from ._types import (
     ActionChunk,
     ImageFrame,
@@ -45,6 +45,7 @@ from ._types import (
 )
 from ._limits import Limits, LimitWarning, max_delta_rule
 from ._wire import BINARY_CONTENT_TYPE, encode_act_body, fetch_models
+from ._wire import _client as http_client   # the client's httpx.AsyncClient settings (no proxy, 2 keep-alive)
 
 __all__ = [
     "AsyncPolicy",
@@ -80,4 +81,7 @@ __all__ = [
     "from_response",
     "LimitWarning",
     "max_delta_rule",
+    "options_signature",
+    "warn_if_no_validate",
+    "http_client",
 ]

@@ -36,7 +36,6 @@ from pathlib import Path
 from typing import Optional
 
 import httpx
-from sequence_ai_server._proc import stop_process
 
 REPO = Path(__file__).resolve().parent.parent
 POLICY_FILE = REPO / "examples" / "pick_place" / "policy.py"
@@ -57,7 +56,18 @@ def _free_port() -> int:
 
 
 def _terminate(proc: subprocess.Popen, timeout_s: float = 10.0) -> None:
-    stop_process(proc, signal.SIGINT, grace_s=timeout_s)
+    """SIGINT ``proc`` (a ``seq serve`` stops its workers on it), wait up to ``timeout_s`` s, then
+    SIGKILL it; a process that already exited is left alone."""
+    if proc.poll() is None:
+        try:
+            proc.send_signal(signal.SIGINT)
+        except ProcessLookupError:
+            pass
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 @dataclass
@@ -212,115 +222,32 @@ def drive(instruction: str, seed: int, max_seconds: float, out_dir: Path, *, can
     and the ROS environment (``scripts/env.sh``). ``cancel_after_s`` cancels the goal that many
     seconds after it was accepted (the stop path).
     """
-    import rclpy
-    from rclpy.action import ActionClient
-    from rclpy.executors import MultiThreadedExecutor
-    from rclpy.node import Node
-
     from sequence_ai_msgs.action import Act
     from sequence_ai_msgs.srv import CheckSuccess
 
-    from ._spin import stop_executor
-    from .driver_node import GIL_SWITCH_INTERVAL_S, PolicyDriver
+    from .driver_node import GIL_SWITCH_INTERVAL_S
 
     sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)   # as the driver node's own main() does
     out_dir.mkdir(parents=True, exist_ok=True)
     say = (lambda *a: None) if quiet else (lambda *a: print(*a, flush=True))
     with ExitStack() as stack:
         sim_proc = stack.enter_context(sim_robot(seed, out_dir / "sim_robot.log", light_jitter=light_jitter))
-        # Ctrl-C must reach us as KeyboardInterrupt (to cancel the goal and let the driver publish
-        # its hold), not shut the ROS context down underneath the running driver.
-        from rclpy.signals import SignalHandlerOptions
-
-        rclpy.init(args=["--ros-args", "--params-file", str(CONFIG_FILE)],
-                   signal_handler_options=SignalHandlerOptions.NO)
-        stack.callback(lambda: rclpy.ok() and rclpy.shutdown())
-        from rclpy.parameter import Parameter
-
-        driver = PolicyDriver(parameter_overrides=[Parameter("model", value=model)])
-        client_node = Node("demo_client")
-        recorder = _Recorder(client_node, "camera/exterior_1/image_raw", "joint_commands")
-        executor = MultiThreadedExecutor(num_threads=4)
-        executor.add_node(driver)
-        executor.add_node(client_node)
-        spinning = threading.Event()
-        spinning.set()
-
-        def _spin_loop():
-            while spinning.is_set() and rclpy.ok():
-                executor.spin_once(timeout_sec=0.1)
-
-        spin = threading.Thread(target=_spin_loop, name="demo_spin", daemon=True)
-        spin.start()
-        action_clients: list = []
-
-        def _stop():
-            driver.policy.interrupt()
-            # The spinning thread leaves its loop first; only then is the executor shut down.
-            # Executor.shutdown() called while another thread is inside spin() does not wait for
-            # it (this rclpy) and destroys the guard condition that thread's wait set holds, and
-            # destroying a node the executor is still waiting on fails the same way (InvalidHandle:
-            # "cannot use Destroyable because destruction was requested" at teardown).
-            spinning.clear()
-            spin.join(timeout=10)
-            stop_executor(executor)     # callbacks still queued run before their nodes go (quiet teardown)
-            for client in action_clients:   # a node's destroy_node() leaves its action clients alive
-                client.destroy()
-            driver.destroy_node()
-            client_node.destroy_node()
-
-        stack.callback(_stop)
-
-        act_client = ActionClient(client_node, Act, "policy_driver/act")
-        action_clients.append(act_client)
-        check = client_node.create_client(CheckSuccess, "sim_robot/check_success")
-        if not act_client.wait_for_server(timeout_sec=30.0):
-            raise RuntimeError("policy_driver/act action server did not appear within 30 s")
-        deadline = time.monotonic() + 120.0
-        while not check.wait_for_service(timeout_sec=0.5):
-            if sim_proc.poll() is not None:       # it died starting: say so now, not after 120 s
-                raise RuntimeError(f"sim_robot exited with {sim_proc.returncode} while starting; "
-                                   f"see {out_dir / 'sim_robot.log'}")
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"sim_robot did not come up within 120 s; see {out_dir / 'sim_robot.log'}")
-        if not driver._wait_for_sensors():
-            raise RuntimeError(f"no camera/joint data from sim_robot; see {out_dir / 'sim_robot.log'}")
+        driver, client_node, recorder = _start_nodes(stack, model)
+        act_client, check = _wait_ready(client_node, driver, sim_proc, out_dir)
 
         light = f", light_jitter {light_jitter:g}" if light_jitter else ""
         say(f"goal: {instruction!r} (policy {model}, seed {seed}{light}, max {max_seconds:.0f} s)")
         recorder.recording = True
-        goal = Act.Goal(instruction=instruction, max_seconds=float(max_seconds))
-        send = act_client.send_goal_async(goal)
-        _wait(send, 30.0)
-        handle = send.result()
-        if not handle.accepted:
-            raise RuntimeError("the Act goal was rejected")
-        result_future = handle.get_result_async()
-        cancel_time = None
-        try:
-            if cancel_after_s is not None:
-                time.sleep(cancel_after_s)
-                cancel_time = time.monotonic()
-                _wait(handle.cancel_goal_async(), 10.0)
-            _wait(result_future, max_seconds + 120.0)
-        except KeyboardInterrupt:
-            say("\nCtrl-C: cancelling the goal; the driver publishes a hold and stops")
-            handle.cancel_goal_async()
-            try:
-                _wait(result_future, 5.0)
-            except TimeoutError:
-                say("the driver did not confirm the cancel within 5 s")
-            raise
+        wrapped, cancel_time = _run_goal(act_client, Act.Goal(instruction=instruction, max_seconds=float(max_seconds)),
+                                         max_seconds, cancel_after_s, say)
         time.sleep(1.0)  # anything published after the end would arrive in this window
         recorder.recording = False
-        wrapped = result_future.result()
         res = wrapped.result
         status = {4: "succeeded", 5: "canceled", 6: "aborted"}.get(wrapped.status, str(wrapped.status))
         outcome = {k: getattr(res, k) for k in (
             "reason", "actions", "chunks", "seconds", "underruns", "underrun_s", "max_seam_jump",
             "instruction_swaps", "max_instruction_lag_s", "action_space", "message")}
-        req = CheckSuccess.Request(instruction=instruction)
-        fut = check.call_async(req)
+        fut = check.call_async(CheckSuccess.Request(instruction=instruction))
         _wait(fut, 30.0)
         verdict = fut.result()
         trace = driver.trace
@@ -331,10 +258,115 @@ def drive(instruction: str, seed: int, max_seconds: float, out_dir: Path, *, can
             hold_time=trace.hold_time, cancel_time=cancel_time, received=list(recorder.commands),
         )
     if picture:
-        from .picture import render_run_picture
+        from sequence_ai_sim.picture import render_run_picture
 
         result.picture = render_run_picture(result, out_dir / "run.png")
     return result
+
+
+def _start_nodes(stack: ExitStack, model: str):
+    """rclpy up, the policy driver (for ``model``) and a client node spinning on an executor;
+    their teardown is pushed on ``stack``. Returns ``(driver, client_node, recorder)``."""
+    import rclpy
+    from rclpy.executors import MultiThreadedExecutor
+    from rclpy.node import Node
+    from rclpy.parameter import Parameter
+    from rclpy.signals import SignalHandlerOptions
+
+    from ._spin import stop_executor
+    from .driver_node import PolicyDriver
+
+    # Ctrl-C must reach us as KeyboardInterrupt (to cancel the goal and let the driver publish
+    # its hold), not shut the ROS context down underneath the running driver.
+    rclpy.init(args=["--ros-args", "--params-file", str(CONFIG_FILE)],
+               signal_handler_options=SignalHandlerOptions.NO)
+    stack.callback(lambda: rclpy.ok() and rclpy.shutdown())
+    driver = PolicyDriver(parameter_overrides=[Parameter("model", value=model)])
+    client_node = Node("demo_client")
+    recorder = _Recorder(client_node, "camera/exterior_1/image_raw", "joint_commands")
+    executor = MultiThreadedExecutor(num_threads=4)
+    executor.add_node(driver)
+    executor.add_node(client_node)
+    spinning = threading.Event()
+    spinning.set()
+
+    def _spin_loop():
+        while spinning.is_set() and rclpy.ok():
+            executor.spin_once(timeout_sec=0.1)
+
+    spin = threading.Thread(target=_spin_loop, name="demo_spin", daemon=True)
+    spin.start()
+    client_node.demo_action_clients = []      # destroyed before their node (see _stop)
+
+    def _stop():
+        driver.policy.interrupt()
+        # The spinning thread leaves its loop first; only then is the executor shut down.
+        # Executor.shutdown() called while another thread is inside spin() does not wait for
+        # it (this rclpy) and destroys the guard condition that thread's wait set holds, and
+        # destroying a node the executor is still waiting on fails the same way (InvalidHandle:
+        # "cannot use Destroyable because destruction was requested" at teardown).
+        spinning.clear()
+        spin.join(timeout=10)
+        stop_executor(executor)     # callbacks still queued run before their nodes go (quiet teardown)
+        for client in client_node.demo_action_clients:   # a node's destroy_node() leaves its action clients alive
+            client.destroy()
+        driver.destroy_node()
+        client_node.destroy_node()
+
+    stack.callback(_stop)
+    return driver, client_node, recorder
+
+
+def _wait_ready(client_node, driver, sim_proc: subprocess.Popen, out_dir: Path):
+    """Wait for the driver's Act server, the sim's check_success service and the first sensor
+    data; returns ``(act_client, check_client)``. Raises RuntimeError naming what did not come up."""
+    from rclpy.action import ActionClient
+
+    from sequence_ai_msgs.action import Act
+    from sequence_ai_msgs.srv import CheckSuccess
+
+    act_client = ActionClient(client_node, Act, "policy_driver/act")
+    client_node.demo_action_clients.append(act_client)
+    check = client_node.create_client(CheckSuccess, "sim_robot/check_success")
+    if not act_client.wait_for_server(timeout_sec=30.0):
+        raise RuntimeError("policy_driver/act action server did not appear within 30 s")
+    deadline = time.monotonic() + 120.0
+    while not check.wait_for_service(timeout_sec=0.5):
+        if sim_proc.poll() is not None:       # it died starting: say so now, not after 120 s
+            raise RuntimeError(f"sim_robot exited with {sim_proc.returncode} while starting; "
+                               f"see {out_dir / 'sim_robot.log'}")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"sim_robot did not come up within 120 s; see {out_dir / 'sim_robot.log'}")
+    if not driver._wait_for_sensors():
+        raise RuntimeError(f"no camera/joint data from sim_robot; see {out_dir / 'sim_robot.log'}")
+    return act_client, check
+
+
+def _run_goal(act_client, goal, max_seconds: float, cancel_after_s: Optional[float], say):
+    """Send ``goal``, cancel it after ``cancel_after_s`` s if given, wait for its result (Ctrl-C
+    cancels it and re-raises). Returns ``(wrapped result, monotonic time of the cancel or None)``."""
+    send = act_client.send_goal_async(goal)
+    _wait(send, 30.0)
+    handle = send.result()
+    if not handle.accepted:
+        raise RuntimeError("the Act goal was rejected")
+    result_future = handle.get_result_async()
+    cancel_time = None
+    try:
+        if cancel_after_s is not None:
+            time.sleep(cancel_after_s)
+            cancel_time = time.monotonic()
+            _wait(handle.cancel_goal_async(), 10.0)
+        _wait(result_future, max_seconds + 120.0)
+    except KeyboardInterrupt:
+        say("\nCtrl-C: cancelling the goal; the driver publishes a hold and stops")
+        handle.cancel_goal_async()
+        try:
+            _wait(result_future, 5.0)
+        except TimeoutError:
+            say("the driver did not confirm the cancel within 5 s")
+        raise
+    return result_future.result(), cancel_time
 
 
 def _wait(future, timeout_s: float) -> None:

@@ -38,11 +38,11 @@ from sensor_msgs.msg import Image, JointState
 from std_msgs.msg import Float64MultiArray
 
 from sequence_ai_msgs.srv import CheckSuccess, ResetScene
+from sequence_ai_sim.panda_sim import PandaPickPlaceSim, check_light_jitter
+from sequence_ai_sim.task import TaskError, parse_pick_place
 
 from ._params import declare_parameters
-from .panda_sim import PandaPickPlaceSim, _check_light_jitter
 from ._spin import spin_node
-from .task import TaskError, parse_pick_place
 
 VIEWS = ("exterior_1", "wrist_left")
 
@@ -66,7 +66,7 @@ class SimRobotNode(Node):
         self._seed = int(p["seed"])
         self._size = int(p["image_size"])
         self._prefix = str(p["frame_id_prefix"])
-        self._light_jitter = _check_light_jitter(p["light_jitter"])
+        self._light_jitter = check_light_jitter(p["light_jitter"])
 
         self._image_pubs = {
             v: self.create_publisher(Image, f"camera/{v}/image_raw", qos_profile_sensor_data) for v in VIEWS

@@ -31,7 +31,7 @@ from sequence_ai.cli import main as sequence_ai_main
 from sequence_ai_msgs.action import Act, RecordEpisode
 from sequence_ai_msgs.srv import CheckSuccess, LabelEpisode, ResetScene
 from sequence_ai_ros import demo
-from sequence_ai_ros.bag.episode import observations_from_bag
+from sequence_ai_ros.bag.frames import observations_from_bag
 from sequence_ai_ros.bag.events import assembler_from_start, assembly_settings
 from sequence_ai_ros.bag.reader import iter_raw, read_episode
 from sequence_ai_ros.bag.writer import bag_size

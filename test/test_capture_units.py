@@ -16,8 +16,8 @@ from rclpy.serialization import serialize_message
 from std_msgs.msg import Float64MultiArray, String
 
 from sequence_ai_ros.bag import EPISODE_TOPIC
-from sequence_ai_ros.bag.episode import EpisodeFrames, ExportError
-from sequence_ai_ros.bag.lerobot import DatasetExistsError, write_dataset
+from sequence_ai_data.episode import EpisodeFrames, ExportError
+from sequence_ai_data.lerobot import DatasetExistsError, write_dataset
 from sequence_ai_ros.bag.reader import iter_raw, repair_bag
 from sequence_ai_ros.bag.writer import BagWriter
 
@@ -174,7 +174,7 @@ def _episode_bag(path, n_commands: int = 10, label=None, end_marker: bool = True
 
 
 def test_pre_roll_samples_logged_before_the_start_marker_give_the_first_command_its_observation(tmp_path):
-    from sequence_ai_ros.bag.episode import observations_from_bag
+    from sequence_ai_ros.bag.frames import observations_from_bag
     from sequence_ai_ros.bag.reader import read_episode
 
     pre_q = _episode_bag(tmp_path / "bag", n_commands=10)

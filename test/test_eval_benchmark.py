@@ -98,6 +98,6 @@ def test_contract_problems_name_every_disagreement():
 
 def test_importing_seq_does_not_import_the_simulator():
     import subprocess
-    code = "import seq, seq.cli, sys; print('mujoco' in sys.modules, 'sequence_ai_ros.benchmarks.pick_place' in sys.modules)"
+    code = "import seq, seq.cli, sys; print('mujoco' in sys.modules, 'sequence_ai_sim.benchmarks.pick_place' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False False"

@@ -25,7 +25,7 @@ sys.path.insert(0, str(ROOT / "examples" / "pick_place"))
 
 import kinematics as kin  # noqa: E402
 from controller import MAX_JOINT_STEP, PickPlaceController, parse_instruction  # noqa: E402
-from sequence_ai_ros.panda_sim import PandaPickPlaceSim  # noqa: E402
+from sequence_ai_sim.panda_sim import PandaPickPlaceSim  # noqa: E402
 
 HZ = 15.0
 HORIZON = 8

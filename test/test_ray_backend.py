@@ -385,8 +385,8 @@ def _ray_actor_behind(gw, worker_url: str) -> int:
 def test_demo_pick_place_policy_on_a_ray_actor_puts_the_cube_on_the_pad_in_real_time(ray_gateway):
     """The demo policy file, deployed unchanged on Ray, drives the pick-place benchmark's MuJoCo
     cell in real time (15 Hz, `policy.act`, as `seq eval --realtime` does) to the sim's success."""
-    from sequence_ai_ros.benchmarks.pick_place import TASKS, PickPlaceBenchmark
-    from sequence_ai_server.eval.runner import _to_observation
+    from sequence_ai_sim.benchmarks.pick_place import TASKS, PickPlaceBenchmark
+    from sequence_ai_eval.runner import _to_observation
 
     name = unique("pick-place-ray")
     dep = ray_gateway.deploy(DEMO, name, wait=True, timeout=120)

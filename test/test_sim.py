@@ -1,4 +1,4 @@
-"""The simulated Panda cell (sequence_ai_ros.panda_sim) and the demo policy's models of it."""
+"""The simulated Panda cell (sequence_ai_sim.panda_sim) and the demo policy's models of it."""
 from __future__ import annotations
 
 import os
@@ -17,8 +17,8 @@ sys.path.insert(0, str(ROOT / "examples" / "pick_place"))
 
 import kinematics as kin  # noqa: E402
 import perception as perc  # noqa: E402
-from sequence_ai_ros import panda_sim as ps  # noqa: E402
-from sequence_ai_ros.panda_sim import COLOURS, PandaPickPlaceSim  # noqa: E402
+from sequence_ai_sim import panda_sim as ps  # noqa: E402
+from sequence_ai_sim.panda_sim import COLOURS, PandaPickPlaceSim  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -10,8 +10,8 @@ import os
 import numpy as np
 import pytest
 
-from sequence_ai_server.eval.runner import EvalError, _write_gif, video_path
-from sequence_ai_server.eval.store import EvalNotFound, EvalStore
+from sequence_ai_eval.runner import EvalError, _write_gif, video_path
+from sequence_ai_eval.store import EvalNotFound, EvalStore
 
 
 def _manifest(files: dict) -> list:

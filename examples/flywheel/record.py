@@ -37,8 +37,8 @@ from pathlib import Path
 
 import numpy as np
 
-from sequence_ai_ros.benchmarks.pick_place import TASKS, PickPlaceBenchmark
-from sequence_ai_ros.panda_sim import ARM_JOINT_NAMES, EXTERIOR_CAMERA, GRIPPER_NAME, WRIST_CAMERA
+from sequence_ai_sim.benchmarks.pick_place import TASKS, PickPlaceBenchmark
+from sequence_ai_sim.panda_sim import ARM_JOINT_NAMES, EXTERIOR_CAMERA, GRIPPER_NAME, WRIST_CAMERA
 
 VIEWS = [EXTERIOR_CAMERA, WRIST_CAMERA]
 TASK_KEYS = list(TASKS)            # the six colour pairs, in the benchmark's order

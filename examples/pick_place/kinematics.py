@@ -19,7 +19,7 @@ import math
 
 import numpy as np
 
-# Robot base pose in the world (must match sequence_ai_ros.panda_sim.BASE_POS, yaw 0).
+# Robot base pose in the world (must match sequence_ai_sim.panda_sim.BASE_POS, yaw 0).
 BASE_POS = np.array([-0.45, 0.0, 0.0])
 BASE_ROT = np.eye(3)
 

@@ -10,7 +10,7 @@ top (z = 0.004 m) for pads, the cube's mid-height (z = 0.0225 m) for cubes, then
 fixed xy correction measured in the sim (over seeds 0..9 after JPEG q95: cube error <= 1.3 mm,
 pad error <= 1 mm after the correction).
 
-Camera constants below match ``sequence_ai_ros.panda_sim``'s ``exterior_1`` camera (a test
+Camera constants below match ``sequence_ai_sim.panda_sim``'s ``exterior_1`` camera (a test
 checks it). Pixel convention: u = column + 0.5, v = row + 0.5, OpenCV camera axes.
 """
 from __future__ import annotations

@@ -6,7 +6,7 @@ CDR bytes to :class:`~sequence_ai_ros.bag.writer.BagWriter`, which writes one ro
 episode (MCAP + ``metadata.yaml``, through the ``rosbags`` library) on its own thread. Later,
 ``sequence-ai bag export`` reads bags back (:mod:`.reader`), rebuilds one observation per control
 step with the driver's own :class:`~sequence_ai_ros.observation.ObservationAssembler`
-(:mod:`.resample`) and writes a LeRobot dataset (:mod:`.lerobot`).
+(:mod:`.frames`) and writes a LeRobot dataset (:mod:`sequence_ai_data.lerobot`).
 
 Topics inside a bag (names are the recorder's resolved topic names; the defaults shown):
 

@@ -60,8 +60,10 @@ def _warn_if_cut(episodes):
 def run(args) -> int:
     """Run a parsed ``bag`` command; returns the exit code (0 ok, 1 a typed error)."""
     try:
-        from .episode import ExportError, frames_from_bag
-        from .lerobot import write_export
+        from sequence_ai_data.episode import ExportError
+        from sequence_ai_data.lerobot import write_export
+
+        from .frames import frames_from_bag
         from .reader import BagReadError, label_bag, read_episode, repair_bag
     except ImportError as exc:
         print(f"error: {exc}. Install the data extra: pip install 'sequence-ai[data]', "

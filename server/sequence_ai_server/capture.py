@@ -42,7 +42,7 @@ import time
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
-from seq._export_marker import EXPORT_MARKER, is_marked, load_key, write_marker
+from sequence_ai_data.marker import EXPORT_MARKER, is_marked, load_key, write_marker
 
 log = logging.getLogger("sequence_ai_server.capture")
 
@@ -398,7 +398,7 @@ def check_export_target(out: Any, data_dir: Path, mode: str = "new") -> Path:
         raise ExportRefused(f"refused: out {where} is a file, not a folder; pick a new or empty folder")
     if resolved.is_dir() and any(resolved.iterdir()):
         if mode == "new":
-            from sequence_ai_ros.bag.lerobot import DatasetExistsError
+            from sequence_ai_data.lerobot import DatasetExistsError
             raise DatasetExistsError(f"{where} is not empty; pass --overwrite to replace an earlier export "
                                      "(or --append for lerobot)")
         if not is_own_export(resolved, data):
@@ -478,72 +478,6 @@ def export_jsonl(directory: Path, out: Path, mode: str = "new", *, data_dir: Opt
     return _staged_export(target, mode, data_dir, "jsonl", directory.name, lambda t: _copy_kept(directory, t))
 
 
-def frames_from_kept(directory: Path, episode_id: str, steps: list[dict], label: Optional[dict], fps: float):
-    """One kept episode -> :class:`~sequence_ai_ros.bag.episode.EpisodeFrames`: one frame per /act,
-    ``observation.state`` = the proprioception fields in the order sent, ``action`` = the chunk's
-    first row, the instruction as the task, frames (``--images`` episodes) decoded to RGB, the
-    label as ``next.success``. Raises ExportError for steps that do not line up."""
-    import numpy as np
-    from sequence_ai_ros.bag.episode import EpisodeFrames, ExportError
-
-    state, action, tasks = [], [], []
-    images: dict[str, list] = {}
-    names: list[str] = []
-    for s in steps:
-        obs = s.get("observation") or {}
-        chunk = s.get("chunk") or {}
-        rows = chunk.get("actions") or []
-        if not rows:
-            raise ExportError(f"episode {episode_id}: step {s.get('step')} returned no actions")
-        proprio = obs.get("proprioception") or {}
-        vec: list[float] = []
-        step_names: list[str] = []
-        for field, values in proprio.items():
-            vals = values if isinstance(values, list) else [values]
-            vec += [float(v) for v in vals]
-            step_names += [f"{field}.{i}" for i in range(len(vals))] if len(vals) > 1 else [field]
-        names = names or step_names
-        state.append(vec)
-        action.append([float(v) for v in rows[0]])
-        tasks.append(obs.get("instruction") or "")
-        for frame in obs.get("images") or []:
-            if frame.get("file"):
-                images.setdefault(frame["view"], []).append(_decode_rgb(Path(directory) / frame["file"]))
-    imgs = {}
-    for view, frames in images.items():
-        if len(frames) != len(steps):
-            raise ExportError(f"episode {episode_id}: view {view!r} has {len(frames)} frames for {len(steps)} steps "
-                              "(history > 1 or a view missing on some steps)")
-        imgs[view] = np.stack(frames)
-    width = {len(v) for v in state}
-    if len(width) > 1:
-        raise ExportError(f"episode {episode_id}: proprioception widths differ between steps: {sorted(width)}")
-    success = None if label is None else bool(label.get("success"))
-    return EpisodeFrames(task=tasks[0], fps=fps, images=imgs, state=np.asarray(state, dtype=np.float32),
-                         action=np.asarray(action, dtype=np.float32), success=success, state_names=names,
-                         action_names=[f"a{i}" for i in range(len(action[0]))], source=f"episode {episode_id}",
-                         tasks=tasks)
-
-
-def _decode_rgb(path: Path):
-    import numpy as np
-    data = path.read_bytes()
-    if data[:2] == b"\xff\xd8":
-        import simplejpeg
-        return simplejpeg.decode_jpeg(data, colorspace="RGB")
-    from PIL import Image
-    import io
-    return np.asarray(Image.open(io.BytesIO(data)).convert("RGB"))
-
-
-def act_rate_hz(episodes: list) -> float:
-    """Frames per second for an export: 1 / the median time between /acts over all episodes,
-    rounded to an integer >= 1 (LeRobot needs one integer fps); 1 when no episode has 2 steps."""
-    import numpy as np
-    gaps = [b["t"] - a["t"] for _, steps, _ in episodes for a, b in zip(steps, steps[1:]) if b["t"] > a["t"]]
-    return float(max(1, round(1.0 / float(np.median(gaps))))) if gaps else 1.0
-
-
 # The LeRobot dataset format `seq policy data export --format lerobot` writes unless --version says
 # otherwise: v2.1, the one the platform documents and the one every lerobot release before 0.4
 # reads (openpi's training pipeline still reads it); "3.0" is what lerobot >= 0.4.0 reads.
@@ -558,8 +492,10 @@ def export_lerobot(directory: Path, out: Path, *, version: str = DEFAULT_LEROBOT
     :func:`export_jsonl`; ``append`` adds to an earlier export of this server). ``fps`` defaults
     to :func:`act_rate_hz`. Returns write_dataset's summary plus ``fps``.
     Raises ExportError (no kept episode, mismatched episodes), DatasetExistsError, ExportRefused."""
-    from sequence_ai_ros.bag.episode import ExportError
-    from sequence_ai_ros.bag.lerobot import write_dataset
+    from sequence_ai_data.episode import ExportError
+    from sequence_ai_data.kept import act_rate_hz, frames_from_kept
+    from sequence_ai_data.lerobot import write_dataset
+
     directory = Path(directory)
     data_dir = Path(data_dir) if data_dir is not None else directory.parent.parent
     target = check_export_target(out, data_dir, mode)
@@ -658,7 +594,7 @@ def create_router(gw: Any, require_key: Any, account_key: Any):
     @router.post("/v1/deployments/{name}/capture/export")
     async def export(name: str, body: ExportReq, key: Any = Depends(account_key)) -> dict:
         d = where(name)
-        from sequence_ai_ros.bag.episode import ExportError
+        from sequence_ai_data.episode import ExportError
 
         def run() -> dict:
             with export_lock:

@@ -83,11 +83,10 @@ def model_row(name: str, version: int, status: str, contract: Optional[dict[str,
 
 
 def _template_row(name: str, description: str, source: Any) -> Optional[dict[str, Any]]:
-    import seq
-    from ._hosting import load_policy_class
+    from seq.spec import get_spec, load_policy_class
     path = source / "policy.py"
     try:
-        spec = seq.get_spec(load_policy_class(str(path)))
+        spec = get_spec(load_policy_class(str(path)))
     except Exception as exc:  # noqa: BLE001 - a template that cannot be read is left out, and logged
         log.warning("template %s is left out of the catalogue: %s: %s", name, type(exc).__name__, exc)
         return None
@@ -100,11 +99,11 @@ def _template_row(name: str, description: str, source: Any) -> Optional[dict[str
 
 
 def template_rows() -> list[dict[str, Any]]:
-    """One row per ``seq init`` template (``seq._cli_author.TEMPLATES``), read once and cached."""
+    """One row per ``seq init`` template (``seq.spec.TEMPLATES``), read once and cached."""
     global _templates
     with _templates_lock:
         if _templates is None:
-            from seq._cli_author import TEMPLATES
+            from seq.spec import TEMPLATES
             rows = [_template_row(t.name, t.description, t.source) for t in TEMPLATES.values()]
             _templates = [r for r in rows if r is not None]
         return [dict(r) for r in _templates]

@@ -1,8 +1,7 @@
-"""Episodes as datasets see them, and how a recorded bag becomes one.
+"""How a recorded bag becomes dataset frames (:class:`~sequence_ai_data.episode.EpisodeFrames`).
 
-:class:`EpisodeFrames` is the one input of the dataset writer (:mod:`.lerobot`): one frame per
-control step, whatever the source -- a robot bag (:func:`frames_from_bag`) or, later, an episode
-kept by a worker (built into the same object by its exporter).
+:class:`~sequence_ai_data.episode.EpisodeFrames` is the one input of the dataset writer
+(:mod:`sequence_ai_data.lerobot`); this module builds one from a robot bag.
 
 :func:`frames_from_bag` resamples a bag to one frame per control step and builds every frame's
 observation with the driver's own :class:`~sequence_ai_ros.observation.ObservationAssembler`,
@@ -20,79 +19,18 @@ marker's ``actions`` count bounds the commands used).
 from __future__ import annotations
 
 import base64
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import List, Optional
+from typing import Optional
 
 import numpy as np
 
-
-class ExportError(RuntimeError):
-    """An episode cannot be turned into dataset frames (the message says which and why)."""
-
-
-@dataclass
-class EpisodeFrames:
-    """One episode, one frame per control step (the dataset writer's input).
-
-    Attributes:
-        task: the task string (the instruction in force at the start).
-        fps: frames per second (Hz); frame ``k`` is at ``k / fps`` s.
-        images: ``{view: (T, H, W, 3) uint8 RGB}`` -> ``observation.images.<view>``.
-        state: ``(T, D) float32`` (joint positions rad, then the gripper) -> ``observation.state``.
-        action: ``(T, A) float32`` commands -> ``action``.
-        success: the episode's label -> ``next.success`` (True on the last frame only when
-            True; ``None`` = unlabeled, written as all False).
-        state_names / action_names: names per dimension (``info.json`` ``names``).
-        source: where it came from (bag path or episode id), for messages.
-        tasks: per-frame task (instruction in force), length T; defaults to ``task`` everywhere.
-        cut: the bag had no end marker (the recording was cut, e.g. by a crash): the episode has
-            no outcome and its last chunk may be missing. False for synthetic episodes.
-    """
-
-    task: str
-    fps: float
-    images: dict
-    state: np.ndarray
-    action: np.ndarray
-    success: Optional[bool] = None
-    state_names: List[str] = field(default_factory=list)
-    action_names: List[str] = field(default_factory=list)
-    source: str = ""
-    tasks: Optional[List[str]] = None
-    cut: bool = False
-
-    def __post_init__(self) -> None:
-        n = len(self.state)
-        if n == 0:
-            raise ExportError(f"{self.source or 'episode'}: no frames")
-        if len(self.action) != n or any(len(v) != n for v in self.images.values()):
-            raise ExportError(f"{self.source}: frame counts differ (state {n}, action {len(self.action)}, "
-                              f"images { {k: len(v) for k, v in self.images.items()} })")
-        if self.tasks is None:
-            self.tasks = [self.task] * n
-
-    @property
-    def length(self) -> int:
-        """Number of frames (control steps)."""
-        return len(self.state)
+from sequence_ai_data.episode import EpisodeFrames, ExportError, control_rate_hz
 
 
 def _jpeg_to_rgb(b64: str) -> np.ndarray:
     import simplejpeg
 
     return simplejpeg.decode_jpeg(base64.b64decode(b64), colorspace="RGB")
-
-
-def control_rate_hz(times_ns: List[int]) -> float:
-    """Control rate measured from command log times: 1 / median period (Hz).
-
-    Raises:
-        ExportError: fewer than 2 commands.
-    """
-    if len(times_ns) < 2:
-        raise ExportError("fewer than 2 commands: cannot measure the control rate; pass --fps")
-    return float(1e9 / np.median(np.diff(np.asarray(times_ns, dtype=np.int64))))
 
 
 def observations_from_bag(rec, fps: Optional[float] = None):

@@ -8,8 +8,8 @@ for exactly that path with that key (:func:`is_marked`): a marker copied elsewhe
 with another key, or a symlinked marker does not count -- so a tool never deletes a folder it did
 not create.
 
-Stdlib only and free of ROS, so both the gateway (``sequence_ai_server.capture``) and the robot
-side (``sequence_ai_ros.bag.lerobot``) import it.
+Stdlib only, so both the gateway's capture export (``sequence_ai_server.capture``) and
+``sequence-ai bag export`` (:mod:`sequence_ai_data.lerobot`) use it.
 """
 from __future__ import annotations
 

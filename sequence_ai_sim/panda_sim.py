@@ -320,7 +320,12 @@ LIGHT_TILT_RAD = 0.5
 LIGHT_AMBIENT = 0.35
 
 
-def _check_light_jitter(value) -> float:
+def check_light_jitter(value) -> float:
+    """``value`` as a light jitter fraction in [0, 1] (0 = fixed light, 1 = the full LIGHT_* ranges).
+
+    Raises:
+        ValueError: not a number, or outside [0, 1] (the message names the value).
+    """
     try:
         j = float(value)
     except (TypeError, ValueError):
@@ -328,6 +333,22 @@ def _check_light_jitter(value) -> float:
     if not (0.0 <= j <= 1.0):
         raise ValueError(f"light_jitter must be in [0, 1] (0 = fixed light, 1 = the full LIGHT_* ranges), got {j}")
     return j
+
+
+def _add_pads_and_cubes(wb) -> None:
+    """Pads (fixed bodies) and cubes (free bodies), one of each per colour, on the table of
+    world body ``wb``; their real positions are set in ``reset()``."""
+    for k, c in enumerate(COLOURS):
+        pad = wb.add_body(name=f"pad_{c}", pos=[0.0, 0.3 * k, TABLE_Z + PAD_HALF_HEIGHT])
+        pad.add_geom(name=f"pad_{c}_geom", type=mujoco.mjtGeom.mjGEOM_BOX,
+                     size=[PAD_HALF, PAD_HALF, PAD_HALF_HEIGHT], rgba=list(PAD_RGBA[c]),
+                     friction=[1.0, 0.005, 0.0001])
+    for k, c in enumerate(COLOURS):
+        cube = wb.add_body(name=f"cube_{c}", pos=[0.2, 0.3 * k, TABLE_Z + CUBE_HALF])
+        cube.add_freejoint(name=f"cube_{c}_joint")
+        cube.add_geom(name=f"cube_{c}_geom", type=mujoco.mjtGeom.mjGEOM_BOX,
+                      size=[CUBE_HALF] * 3, rgba=list(CUBE_RGBA[c]), mass=CUBE_MASS,
+                      friction=[1.5, 0.01, 0.0002], condim=4, solref=[0.01, 1.0])
 
 
 class PandaPickPlaceSim:
@@ -359,7 +380,7 @@ class PandaPickPlaceSim:
     def __init__(self, seed: int = 0, image_size: int = 224,
                  visual_mesh_faces: int | None = VISUAL_MESH_FACES, light_jitter: float = 0.0):
         self.image_size = int(image_size)
-        self.light_jitter = _check_light_jitter(light_jitter)
+        self.light_jitter = check_light_jitter(light_jitter)
         self.visual_mesh_faces = visual_mesh_faces
         self._spec = self._build_spec()
         with warnings.catch_warnings():  # the arm is attached with an empty prefix on purpose
@@ -387,42 +408,7 @@ class PandaPickPlaceSim:
 
     # ------------------------------------------------------------------ scene building
     def _build_spec(self) -> mujoco.MjSpec:
-        adir = panda_asset_dir()
-        arm = mujoco.MjSpec.from_file(str(adir / "panda.xml"))
-        hand = mujoco.MjSpec.from_file(str(adir / "panda_hand.xml"))
-        for s in (arm, hand):
-            for mesh in s.meshes:
-                mesh.file = str(adir / Path(mesh.file).name)
-            for tex in s.textures:
-                if tex.file:
-                    tex.file = str(adir / Path(tex.file).name)
-            s.meshdir = str(adir)
-            s.texturedir = str(adir)
-            if self.visual_mesh_faces:
-                _use_decimated_visuals(s, adir, int(self.visual_mesh_faces))
-        # Arm actuators (joint position servos) and armature (reflected rotor inertia).
-        for i, name in enumerate(ARM_JOINT_NAMES):
-            arm.joint(name).armature = 0.1
-            lo, hi = self.JOINT_LIMITS[i]
-            arm.add_actuator(
-                name=f"act_{name}", target=name, trntype=mujoco.mjtTrn.mjTRN_JOINT,
-                gaintype=mujoco.mjtGain.mjGAIN_FIXED, biastype=mujoco.mjtBias.mjBIAS_AFFINE,
-                gainprm=[ARM_KP[i]] + [0] * 9, biasprm=[0, -ARM_KP[i], -ARM_KV[i]] + [0] * 7,
-                ctrllimited=True, ctrlrange=[lo, hi], forcelimited=True,
-                forcerange=[-ARM_TORQUE_LIMIT[i], ARM_TORQUE_LIMIT[i]])
-        # Finger friction good enough to hold a cube; stiffer contacts.
-        for side in ("left", "right"):
-            g = hand.geom(f"panda_{side}finger_collision")
-            g.friction = [1.5, 0.01, 0.0002]
-            g.condim = 4
-            g.solref = [0.01, 1.0]
-        # Wrist camera on the hand, looking along the fingers (hand +z).
-        hand.body("panda_hand").add_camera(name=WRIST_CAMERA, pos=[0.065, 0.0, 0.02],
-                                           quat=[0.0, 1.0, 0.0, 0.0], fovy=WRIST_CAM_FOVY_DEG)
-        link8 = arm.body("panda_link8")
-        mount = link8.add_site(name="hand_mount", quat=list(HAND_MOUNT_QUAT))
-        arm.attach(hand, prefix=HAND_PREFIX, site=mount)
-
+        arm = self._robot_spec()
         spec = mujoco.MjSpec()
         spec.modelname = "panda_pick_place"
         spec.option.timestep = 0.002
@@ -458,19 +444,48 @@ class PandaPickPlaceSim:
         wb.add_camera(name=EXTERIOR_CAMERA, pos=list(EXTERIOR_CAM_POS), quat=list(quat),
                       fovy=EXTERIOR_CAM_FOVY_DEG)
 
-        # Pads (fixed bodies) and cubes (free bodies); real positions are set in reset().
-        for k, c in enumerate(COLOURS):
-            pad = wb.add_body(name=f"pad_{c}", pos=[0.0, 0.3 * k, TABLE_Z + PAD_HALF_HEIGHT])
-            pad.add_geom(name=f"pad_{c}_geom", type=mujoco.mjtGeom.mjGEOM_BOX,
-                         size=[PAD_HALF, PAD_HALF, PAD_HALF_HEIGHT], rgba=list(PAD_RGBA[c]),
-                         friction=[1.0, 0.005, 0.0001])
-        for k, c in enumerate(COLOURS):
-            cube = wb.add_body(name=f"cube_{c}", pos=[0.2, 0.3 * k, TABLE_Z + CUBE_HALF])
-            cube.add_freejoint(name=f"cube_{c}_joint")
-            cube.add_geom(name=f"cube_{c}_geom", type=mujoco.mjtGeom.mjGEOM_BOX,
-                          size=[CUBE_HALF] * 3, rgba=list(CUBE_RGBA[c]), mass=CUBE_MASS,
-                          friction=[1.5, 0.01, 0.0002], condim=4, solref=[0.01, 1.0])
+        _add_pads_and_cubes(wb)
         return spec
+
+    def _robot_spec(self) -> mujoco.MjSpec:
+        """The Panda arm with its hand attached: position-servo actuators, finger friction, the
+        wrist camera; meshes from :func:`panda_asset_dir` (decimated when ``visual_mesh_faces``)."""
+        adir = panda_asset_dir()
+        arm = mujoco.MjSpec.from_file(str(adir / "panda.xml"))
+        hand = mujoco.MjSpec.from_file(str(adir / "panda_hand.xml"))
+        for s in (arm, hand):
+            for mesh in s.meshes:
+                mesh.file = str(adir / Path(mesh.file).name)
+            for tex in s.textures:
+                if tex.file:
+                    tex.file = str(adir / Path(tex.file).name)
+            s.meshdir = str(adir)
+            s.texturedir = str(adir)
+            if self.visual_mesh_faces:
+                _use_decimated_visuals(s, adir, int(self.visual_mesh_faces))
+        # Arm actuators (joint position servos) and armature (reflected rotor inertia).
+        for i, name in enumerate(ARM_JOINT_NAMES):
+            arm.joint(name).armature = 0.1
+            lo, hi = self.JOINT_LIMITS[i]
+            arm.add_actuator(
+                name=f"act_{name}", target=name, trntype=mujoco.mjtTrn.mjTRN_JOINT,
+                gaintype=mujoco.mjtGain.mjGAIN_FIXED, biastype=mujoco.mjtBias.mjBIAS_AFFINE,
+                gainprm=[ARM_KP[i]] + [0] * 9, biasprm=[0, -ARM_KP[i], -ARM_KV[i]] + [0] * 7,
+                ctrllimited=True, ctrlrange=[lo, hi], forcelimited=True,
+                forcerange=[-ARM_TORQUE_LIMIT[i], ARM_TORQUE_LIMIT[i]])
+        # Finger friction good enough to hold a cube; stiffer contacts.
+        for side in ("left", "right"):
+            g = hand.geom(f"panda_{side}finger_collision")
+            g.friction = [1.5, 0.01, 0.0002]
+            g.condim = 4
+            g.solref = [0.01, 1.0]
+        # Wrist camera on the hand, looking along the fingers (hand +z).
+        hand.body("panda_hand").add_camera(name=WRIST_CAMERA, pos=[0.065, 0.0, 0.02],
+                                           quat=[0.0, 1.0, 0.0, 0.0], fovy=WRIST_CAM_FOVY_DEG)
+        link8 = arm.body("panda_link8")
+        mount = link8.add_site(name="hand_mount", quat=list(HAND_MOUNT_QUAT))
+        arm.attach(hand, prefix=HAND_PREFIX, site=mount)
+        return arm
 
     # ------------------------------------------------------------------ episode
     def sample_layout(self, seed: int) -> dict:

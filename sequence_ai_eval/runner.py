@@ -35,9 +35,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from seq._adapter import AdapterRuntime, check_adapter, get_adapter_spec, load_adapter_file
-from seq._benchmark import BenchmarkSpec, contract_problems, get_benchmark_spec, is_benchmark
-from seq._params import InferParam, ParamError
+from seq.spec import (AdapterRuntime, BenchmarkSpec, InferParam, ParamError, check_adapter, contract_problems,
+                      get_adapter_spec, get_benchmark_spec, is_benchmark, load_adapter_file)
 
 from .store import EvalStore
 
@@ -45,7 +44,7 @@ __all__ = ["BUILTIN_BENCHMARKS", "EvalError", "Arm", "EvalPlan", "Gate", "load_b
            "run_eval", "summarize", "parse_gate", "check_gates", "EVAL_PARAMS"]
 
 #: Benchmarks that ship with sequence-ai: name -> "module:Class".
-BUILTIN_BENCHMARKS = {"pick-place": "sequence_ai_ros.benchmarks.pick_place:PickPlaceBenchmark"}
+BUILTIN_BENCHMARKS = {"pick-place": "sequence_ai_sim.benchmarks.pick_place:PickPlaceBenchmark"}
 
 #: The eval's own parameters (``--param eval.<name>=v``).
 EVAL_PARAMS = [
@@ -198,6 +197,40 @@ def plan_eval(*, bench_cls: type, benchmark_ref: str, policy: str, deployments: 
     or count, or ``--realtime`` with an adapter.
     """
     bench = get_benchmark_spec(bench_cls)
+    adapter_cls, adapter_declared = _check_request(bench, policy, compare, deployments, episodes, envs, videos,
+                                                   realtime, adapter)
+    chosen = _choose_tasks(bench, tasks)
+    policy_declared = _declared(deployments, policy)
+    base, variants = _parse_params(params, sweep, bench, policy_declared, adapter_declared)
+
+    def make_arm(name: str, label: str, over: dict, policy_scope: bool) -> Arm:
+        return _make_arm(name, label, over, policy_scope, base=base, bench=bench, deployments=deployments,
+                         adapter_declared=adapter_declared)
+
+    arms = [make_arm(policy, f"{policy}[{label}]" if label else policy, over, True) for label, over in variants]
+    for other in compare:
+        if other == policy:
+            raise EvalError("invalid_request", "--compare names the policy under test", "compare it with another deployment")
+        arms.append(make_arm(other, other, {}, False))
+    if adapter_cls is not None:
+        _check_arms_fit(adapter_cls, adapter, bench, arms, deployments)
+    est_scaled, source = _estimate_episode_s(bench, past_episode_s, envs, len(arms) * len(chosen) * episodes)
+    return EvalPlan(benchmark=bench, benchmark_ref=benchmark_ref, arms=arms, tasks=chosen, episodes=episodes,
+                    seed=seed, envs=envs, videos=videos, realtime=realtime,
+                    estimate_episode_s=est_scaled, estimate_source=source,
+                    adapter={k: v for k, v in adapter.items() if k != "source"} if adapter else None)
+
+
+def _declared(deployments: dict[str, dict], name: str) -> list[InferParam]:
+    """The params deployment ``name`` declares (from its gateway record)."""
+    return [InferParam.from_dict(p) for p in deployments[name].get("params") or []]
+
+
+def _check_request(bench: BenchmarkSpec, policy: str, compare: list[str], deployments: dict[str, dict],
+                   episodes: int, envs: int, videos: bool, realtime: bool,
+                   adapter: Optional[dict]) -> tuple[Optional[type], Optional[list[InferParam]]]:
+    """Counts, videos, the adapter and each policy's contract (see :func:`plan_eval`); returns the
+    adapter class and its declared params (``(None, None)`` without an adapter)."""
     if episodes < 1 or envs < 1:
         raise EvalError("invalid_request", f"--episodes and --envs must be >= 1 (got {episodes}, {envs})")
     if videos and "render" not in bench.methods:
@@ -220,34 +253,39 @@ def plan_eval(*, bench_cls: type, benchmark_ref: str, policy: str, deployments: 
                                 f"{name} cannot run on {bench.name} as deployed: " + "; ".join(problems),
                                 "pass --adapter NAME[@vN] (a @seq.adapter registered with `seq deploy adapter.py`) "
                                 f"that bridges them, or deploy a policy whose contract matches {bench.name}'s")
+    return adapter_cls, adapter_declared
+
+
+def _choose_tasks(bench: BenchmarkSpec, tasks: Optional[str]) -> list[str]:
+    """``--tasks``: a count (the first N), names separated by commas, or None (all)."""
     all_tasks = list(bench.tasks)
-    if tasks:
-        if tasks.isdigit():
-            n = int(tasks)
-            if not 1 <= n <= len(all_tasks):
-                raise EvalError("invalid_request", f"--tasks {n}: {bench.name} has {len(all_tasks)} tasks")
-            chosen = all_tasks[:n]
-        else:
-            chosen = [t.strip() for t in tasks.split(",") if t.strip()]
-            unknown = [t for t in chosen if t not in bench.tasks]
-            if unknown:
-                raise EvalError("invalid_request", f"unknown task(s) {unknown}", f"{bench.name}'s tasks: {', '.join(all_tasks)}")
-    else:
-        chosen = all_tasks
+    if not tasks:
+        return all_tasks
+    if tasks.isdigit():
+        n = int(tasks)
+        if not 1 <= n <= len(all_tasks):
+            raise EvalError("invalid_request", f"--tasks {n}: {bench.name} has {len(all_tasks)} tasks")
+        return all_tasks[:n]
+    chosen = [t.strip() for t in tasks.split(",") if t.strip()]
+    unknown = [t for t in chosen if t not in bench.tasks]
+    if unknown:
+        raise EvalError("invalid_request", f"unknown task(s) {unknown}", f"{bench.name}'s tasks: {', '.join(all_tasks)}")
+    return chosen
 
-    def declared(name: str) -> list[InferParam]:
-        return [InferParam.from_dict(p) for p in deployments[name].get("params") or []]
 
+def _parse_params(params: list[str], sweep: list[str], bench: BenchmarkSpec, policy_declared: list[InferParam],
+                  adapter_declared: Optional[list[InferParam]]) -> tuple[dict, list[tuple[str, dict]]]:
+    """``--param`` values by scope, and the ``--sweep`` variants: ``[(label, {(scope, name): v})]``."""
     base: dict[str, dict] = {"policy": {}, "benchmark": {}, "eval": {}, "adapter": {}}
     for key, raw in _parse_kv(params, "--param"):
-        scope, p = _classify(key, bench, declared(policy), adapter_declared)
+        scope, p = _classify(key, bench, policy_declared, adapter_declared)
         try:
             base[scope][p.name] = p.cast(raw)
         except ParamError as exc:
             raise EvalError("invalid_request", str(exc)) from None
     variants: list[tuple[str, dict]] = [("", {})]
     for key, raw in _parse_kv(sweep, "--sweep"):
-        scope, p = _classify(key, bench, declared(policy), adapter_declared)
+        scope, p = _classify(key, bench, policy_declared, adapter_declared)
         values = [v.strip() for v in raw.split(",") if v.strip()]
         if len(values) < 2:
             raise EvalError("invalid_request", f"--sweep {key} needs two or more values", f"write --sweep {key}=a,b")
@@ -257,59 +295,55 @@ def plan_eval(*, bench_cls: type, benchmark_ref: str, policy: str, deployments: 
             raise EvalError("invalid_request", str(exc)) from None
         variants = [(f"{label},{p.name}={v}".lstrip(","), {**over, (scope, p.name): v})
                     for label, over in variants for v in cast]
+    return base, variants
 
-    def make_arm(name: str, label: str, over: dict, policy_scope: bool) -> Arm:
-        given = {s: dict(v) for s, v in base.items()}
-        if not policy_scope:
-            given["policy"] = {}  # a --compare policy runs with its own defaults
-        for (scope, key), v in over.items():
-            given[scope][key] = v
-        defaults = {}
-        for p in declared(name):
-            if p.name not in given["policy"]:
-                defaults[f"policy.{p.name}"] = p.default
-        for p in bench.params:
-            if p.name not in given["benchmark"]:
-                given["benchmark"][p.name] = p.default
-                defaults[f"benchmark.{p.name}"] = p.default
-        for p in EVAL_PARAMS:
-            if p.name not in given["eval"]:
-                given["eval"][p.name] = p.default
-                defaults[f"eval.{p.name}"] = p.default
-        for p in adapter_declared or []:
-            if p.name not in given["adapter"]:
-                given["adapter"][p.name] = p.default
-                defaults[f"adapter.{p.name}"] = p.default
-        return Arm(name=label, policy=name, policy_params=given["policy"], bench_params=given["benchmark"],
-                   eval_params=given["eval"], defaults=defaults, version=deployments[name].get("version"),
-                   adapter_params=given["adapter"])
 
-    arms = [make_arm(policy, f"{policy}[{label}]" if label else policy, over, True) for label, over in variants]
-    for other in compare:
-        if other == policy:
-            raise EvalError("invalid_request", "--compare names the policy under test", "compare it with another deployment")
-        arms.append(make_arm(other, other, {}, False))
-    if adapter_cls is not None:
-        # a sample of each side through the adapter, per policy: refuse up front what cannot fit
-        for arm in arms:
-            found = check_adapter(adapter_cls, bench, deployments[arm.policy].get("contract"), arm.adapter_params)
-            if found["problems"]:
-                raise EvalError("contract_mismatch",
-                                f"{arm.policy} cannot run on {bench.name} through {adapter['name']}@v{adapter['version']}: "
-                                + "; ".join(found["problems"]),
-                                f"`seq adapter check {adapter.get('path')} --benchmark {bench.name} --policy {arm.policy}` "
-                                "shows where they do not fit")
+def _make_arm(name: str, label: str, over: dict, policy_scope: bool, *, base: dict, bench: BenchmarkSpec,
+              deployments: dict[str, dict], adapter_declared: Optional[list[InferParam]]) -> Arm:
+    """One arm: ``base`` params (not the policy's for a ``--compare`` policy), the sweep's
+    ``over``, then every declared default not given (recorded in ``defaults``)."""
+    given = {s: dict(v) for s, v in base.items()}
+    if not policy_scope:
+        given["policy"] = {}  # a --compare policy runs with its own defaults
+    for (scope, key), v in over.items():
+        given[scope][key] = v
+    defaults = {}
+    for p in _declared(deployments, name):
+        if p.name not in given["policy"]:
+            defaults[f"policy.{p.name}"] = p.default
+    for scope, declared in (("benchmark", bench.params), ("eval", EVAL_PARAMS), ("adapter", adapter_declared or [])):
+        for p in declared:
+            if p.name not in given[scope]:
+                given[scope][p.name] = p.default
+                defaults[f"{scope}.{p.name}"] = p.default
+    return Arm(name=label, policy=name, policy_params=given["policy"], bench_params=given["benchmark"],
+               eval_params=given["eval"], defaults=defaults, version=deployments[name].get("version"),
+               adapter_params=given["adapter"])
+
+
+def _check_arms_fit(adapter_cls: type, adapter: dict, bench: BenchmarkSpec, arms: list[Arm],
+                    deployments: dict[str, dict]) -> None:
+    """A sample of each side through the adapter, per policy: refuse up front what cannot fit."""
+    for arm in arms:
+        found = check_adapter(adapter_cls, bench, deployments[arm.policy].get("contract"), arm.adapter_params)
+        if found["problems"]:
+            raise EvalError("contract_mismatch",
+                            f"{arm.policy} cannot run on {bench.name} through {adapter['name']}@v{adapter['version']}: "
+                            + "; ".join(found["problems"]),
+                            f"`seq adapter check {adapter.get('path')} --benchmark {bench.name} --policy {arm.policy}` "
+                            "shows where they do not fit")
+
+
+def _estimate_episode_s(bench: BenchmarkSpec, past_episode_s: list[float], envs: int,
+                        total_episodes: int) -> tuple[float, str]:
+    """Seconds per episode (and where the figure comes from), scaled for envs beyond the cores."""
     if past_episode_s:
         est, source = statistics.median(past_episode_s), f"median of {len(past_episode_s)} earlier episodes"
     else:
         est, source = bench.episode_s_estimate, "the benchmark's declared estimate"
     # The envs share the machine's cores with the policy workers: more envs than cores run slower each.
     cores = os.cpu_count() or 1
-    est_scaled = est * max(1.0, min(envs, len(arms) * len(chosen) * episodes) / cores)
-    return EvalPlan(benchmark=bench, benchmark_ref=benchmark_ref, arms=arms, tasks=chosen, episodes=episodes,
-                    seed=seed, envs=envs, videos=videos, realtime=realtime,
-                    estimate_episode_s=est_scaled, estimate_source=source,
-                    adapter={k: v for k, v in adapter.items() if k != "source"} if adapter else None)
+    return est * max(1.0, min(envs, total_episodes) / cores), source
 
 
 def _load_adapter(adapter: dict) -> type:
@@ -587,6 +621,66 @@ def _ask_own(own: dict, policy_name: str, inputs: Any, params: dict) -> Any:
     return body.get("outputs")
 
 
+def _play(rows, n, state: dict, do_step) -> None:
+    """Play the first ``n`` rows (at least one, at most all) until the episode is done."""
+    for row in rows[:max(1, min(int(n), len(rows)))]:
+        do_step(row)
+        if state["done"]:
+            break
+
+
+def _drive_realtime(env: _Env, policy, arm: dict, instruction: str, state: dict, do_step, max_steps: int) -> dict:
+    """``--realtime``: the client's own control loop (``policy.act``) at the control frequency;
+    returns the run's outcome fields."""
+    def observe():
+        state["requests"] += 1
+        return _to_observation(env.call("observe"), instruction)
+
+    period = 1.0 / env.spec.action.control_frequency_hz
+    outcome = policy.act(instruction, observe=observe, act=do_step, until=lambda: state["done"],
+                         validate=lambda row: all(math.isfinite(x) for x in row), hold=lambda: None,
+                         max_seconds=max_steps * period * 4 + 5.0, max_actions=max_steps,
+                         params=arm["policy_params"], progress=False)
+    return {"outcome": {"reason": outcome.reason, "actions": outcome.actions, "chunks": outcome.chunks,
+                        "underruns": outcome.underruns, "late_ticks": getattr(outcome, "late_ticks", None),
+                        "max_seam_jump": outcome.max_seam_jump}}
+
+
+def _drive_adapter(env: _Env, policy, arm: dict, instruction: str, state: dict, do_step,
+                   adapter: AdapterRuntime, own: Optional[dict], per_query) -> None:
+    """Benchmark observation -> adapter -> policy -> adapter -> benchmark rows, until done."""
+    while not state["done"]:
+        raw = dict(env.call("observe"))
+        raw.setdefault("instruction", instruction)
+        inputs = adapter.to_policy(raw)
+        horizon = None
+        if adapter.spec.policy_io == "own":
+            answer = _ask_own(own, arm["policy"], inputs, arm["policy_params"])
+        else:
+            obs = _to_observation(inputs, inputs.get("instruction") or instruction)
+            pred = policy.predict(obs, params=arm["policy_params"])
+            if pred.inference_ms is not None:
+                state["infer_ms"].append(pred.inference_ms)
+            answer, horizon = pred.action_chunk.actions, pred.action_chunk.open_loop_horizon
+        state["requests"] += 1
+        rows = adapter.to_benchmark(answer)
+        _play(rows, per_query or horizon or len(rows), state, do_step)
+
+
+def _drive_chunks(env: _Env, policy, arm: dict, instruction: str, state: dict, do_step, per_query) -> None:
+    """One ``predict`` per chunk; play ``steps_per_query`` rows (default the open-loop horizon)."""
+    while not state["done"]:
+        obs = _to_observation(env.call("observe"), instruction)
+        pred = policy.predict(obs, params=arm["policy_params"])
+        state["requests"] += 1
+        if pred.inference_ms is not None:
+            state["infer_ms"].append(pred.inference_ms)
+        rows = pred.action_chunk.actions
+        if not rows:
+            raise RuntimeError("the policy returned an empty action chunk")
+        _play(rows, per_query or pred.action_chunk.open_loop_horizon or len(rows), state, do_step)
+
+
 def _episode(env: _Env, policy, arm: dict, job: dict, instruction: str, videos_dir: Optional[Path],
              realtime: bool, adapter: Optional[AdapterRuntime] = None, own: Optional[dict] = None) -> dict:
     spec = env.spec
@@ -611,56 +705,12 @@ def _episode(env: _Env, policy, arm: dict, job: dict, instruction: str, videos_d
 
     t0 = time.monotonic()
     if realtime:
-        def observe():
-            state["requests"] += 1
-            return _to_observation(env.call("observe"), instruction)
-
-        period = 1.0 / spec.action.control_frequency_hz
-        outcome = policy.act(instruction, observe=observe, act=do_step, until=lambda: state["done"],
-                             validate=lambda row: all(math.isfinite(x) for x in row), hold=lambda: None,
-                             max_seconds=max_steps * period * 4 + 5.0, max_actions=max_steps,
-                             params=arm["policy_params"], progress=False)
-        extra = {"outcome": {"reason": outcome.reason, "actions": outcome.actions, "chunks": outcome.chunks,
-                             "underruns": outcome.underruns, "late_ticks": getattr(outcome, "late_ticks", None),
-                             "max_seam_jump": outcome.max_seam_jump}}
+        extra = _drive_realtime(env, policy, arm, instruction, state, do_step, max_steps)
     elif adapter is not None:
-        # benchmark observation -> adapter -> policy -> adapter -> benchmark rows
-        while not state["done"]:
-            raw = dict(env.call("observe"))
-            raw.setdefault("instruction", instruction)
-            inputs = adapter.to_policy(raw)
-            horizon = None
-            if adapter.spec.policy_io == "own":
-                answer = _ask_own(own, arm["policy"], inputs, arm["policy_params"])
-            else:
-                obs = _to_observation(inputs, inputs.get("instruction") or instruction)
-                pred = policy.predict(obs, params=arm["policy_params"])
-                if pred.inference_ms is not None:
-                    state["infer_ms"].append(pred.inference_ms)
-                answer, horizon = pred.action_chunk.actions, pred.action_chunk.open_loop_horizon
-            state["requests"] += 1
-            rows = adapter.to_benchmark(answer)
-            n = per_query or horizon or len(rows)
-            for row in rows[:max(1, min(int(n), len(rows)))]:
-                do_step(row)
-                if state["done"]:
-                    break
+        _drive_adapter(env, policy, arm, instruction, state, do_step, adapter, own, per_query)
         extra = {}
     else:
-        while not state["done"]:
-            obs = _to_observation(env.call("observe"), instruction)
-            pred = policy.predict(obs, params=arm["policy_params"])
-            state["requests"] += 1
-            if pred.inference_ms is not None:
-                state["infer_ms"].append(pred.inference_ms)
-            rows = pred.action_chunk.actions
-            if not rows:
-                raise RuntimeError("the policy returned an empty action chunk")
-            n = per_query or pred.action_chunk.open_loop_horizon or len(rows)
-            for row in rows[:max(1, min(int(n), len(rows)))]:
-                do_step(row)
-                if state["done"]:
-                    break
+        _drive_chunks(env, policy, arm, instruction, state, do_step, per_query)
         extra = {}
     metrics = state["metrics"]
     if "score" in spec.methods:

@@ -2,5 +2,5 @@
 
 ``runner`` plans and runs an eval (env processes driving the sim through the normal client),
 ``store`` keeps each eval's record, episodes and videos under ``<data_dir>/evals``. The
-built-in benchmarks live in ``sequence_ai_ros.benchmarks`` and are imported only when used.
+built-in benchmarks live in ``sequence_ai_sim.benchmarks`` and are imported only when used.
 """

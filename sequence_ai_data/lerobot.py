@@ -26,7 +26,7 @@ a temporary directory beside ``out`` and renamed into place at the end, so a fai
 either the old dataset or nothing -- never half a dataset. :func:`write_dataset` itself replaces
 whatever is at ``out`` in those modes; :func:`write_export` (``sequence-ai bag export``) first
 checks that ``out`` is an earlier export of this tool (its signed export marker,
-:mod:`seq._export_marker`, keyed by ``<data dir>/bag-export.key``) and refuses ``/``, the home
+:mod:`sequence_ai_data.marker`, keyed by ``<data dir>/bag-export.key``) and refuses ``/``, the home
 folder and the working directory or any folder above it, then signs the new export before the swap.
 """
 from __future__ import annotations
@@ -216,8 +216,32 @@ def write_dataset(episodes: Iterable[EpisodeFrames], out: Path, *, version: str 
         ExportError: bad version/mode, fps not an integer, episodes that do not match each other
             or the dataset appended to. Nothing is left at ``out`` that was not there before.
     """
-    import pyarrow.parquet as pq
+    version, out, non_empty = _check_target(out, version, mode)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.export-", dir=out.parent))
+    try:
+        existing = None
+        if non_empty and mode == "append":
+            shutil.copytree(out, tmp, dirs_exist_ok=True)
+            existing = _Existing(tmp, version)
+        build = _DatasetBuild(tmp, version, existing)
+        for ep in episodes:
+            build.add(ep)
+        if build.added == 0:
+            raise ExportError("no episodes to write")
+        build.write_meta(robot_type if existing is None else existing.info.get("robot_type"))
+        if before_swap is not None:
+            before_swap(tmp)
+        _swap_into_place(tmp, out)
+        return {"out": str(out), "version": version, "episodes": build.ep_index, "frames": build.frame_index,
+                "tasks": len(build.tasks), "added_episodes": build.added, "added_frames": build.added_frames}
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
 
+
+def _check_target(out: Path, version: str, mode: str) -> tuple:
+    """``(version without "v", out resolved, out is non-empty)``; raises as :func:`write_dataset`."""
     version = str(version).lstrip("v")
     if version not in VERSIONS:
         raise ExportError(f"version must be one of {VERSIONS}, got {version!r}")
@@ -229,112 +253,125 @@ def write_dataset(episodes: Iterable[EpisodeFrames], out: Path, *, version: str 
         raise ExportError(f"{out} is a file, not a directory")
     if non_empty and mode == "new":
         raise DatasetExistsError(f"{out} is not empty; pass --append to add episodes or --overwrite to replace it")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.export-", dir=out.parent))
-    try:
-        existing = None
-        if non_empty and mode == "append":
-            shutil.copytree(out, tmp, dirs_exist_ok=True)
-            existing = _Existing(tmp, version)
-        tasks: List[str] = list(existing.tasks) if existing else []
-        stats = dict(existing.stats) if existing else {}
-        ep_rows = list(existing.episode_rows) if existing else []
-        ep_index = existing.episodes if existing else 0
-        frame_index = existing.frames if existing else 0
-        features = existing.info["features"] if existing else None
-        fps = int(existing.info["fps"]) if existing else None
-        v21_lines = {"episodes": [], "stats": []}
-        added = added_frames = 0
-        for ep in episodes:
-            if fps is None:
-                fps = int(round(ep.fps))
-            if abs(ep.fps - fps) > 1e-6:
-                raise ExportError(f"{ep.source}: fps {ep.fps} differs from the dataset's {fps} (integers only; use --fps)")
-            feats = _features(ep, fps)
-            if features is None:
-                features = feats
-            elif _shape_sig(feats) != _shape_sig(features):
-                raise ExportError(f"{ep.source}: features {_shape_sig(feats)} differ from the dataset's {_shape_sig(features)}")
-            task_idx = []
-            for t in ep.tasks:
-                if t not in tasks:
-                    tasks.append(t)
-                task_idx.append(tasks.index(t))
-            table = _data_table(ep, ep_index, frame_index, task_idx, fps)
-            chunk, file_ = divmod(ep_index, CHUNKS_SIZE)
-            ep_stats = _episode_stats(ep, table)
-            ep_tasks = list(dict.fromkeys(ep.tasks))
-            if version == "3.0":
-                path = tmp / _V3_DATA.format(chunk_index=chunk, file_index=file_)
-                row = {"episode_index": ep_index, "tasks": ep_tasks, "length": ep.length,
-                       "data/chunk_index": chunk, "data/file_index": file_,
-                       "dataset_from_index": frame_index, "dataset_to_index": frame_index + ep.length}
-                for view, frames in ep.images.items():
-                    key = f"observation.images.{view}"
-                    _write_video(tmp / _V3_VIDEO.format(video_key=key, chunk_index=chunk, file_index=file_), frames, fps)
-                    row.update({f"videos/{key}/chunk_index": chunk, f"videos/{key}/file_index": file_,
-                                f"videos/{key}/from_timestamp": 0.0, f"videos/{key}/to_timestamp": ep.length / fps})
-                row.update({"meta/episodes/chunk_index": 0, "meta/episodes/file_index": 0})
-                ep_rows.append(row)
-            else:
-                path = tmp / _V21_DATA.format(episode_chunk=chunk, episode_index=ep_index)
-                for view, frames in ep.images.items():
-                    key = f"observation.images.{view}"
-                    _write_video(tmp / _V21_VIDEO.format(episode_chunk=chunk, video_key=key, episode_index=ep_index), frames, fps)
-                v21_lines["episodes"].append({"episode_index": ep_index, "tasks": ep_tasks, "length": ep.length})
-                v21_lines["stats"].append({"episode_index": ep_index, "stats": ep_stats})
-            path.parent.mkdir(parents=True, exist_ok=True)
-            pq.write_table(table, path)
-            for name, s in ep_stats.items():
-                stats[name] = _merge_stats(stats[name], s) if name in stats else s
-            ep_index += 1
-            frame_index += ep.length
-            added += 1
-            added_frames += ep.length
-        if added == 0:
-            raise ExportError("no episodes to write")
-        n_videos = sum(1 for f in features.values() if f["dtype"] == "video")
+    return version, out, non_empty
+
+
+def _swap_into_place(tmp: Path, out: Path) -> None:
+    """Replace ``out`` by the finished ``tmp``: only now does ``out`` change."""
+    if out.exists():
+        trash = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
+        out.rename(trash / out.name)
+        tmp.rename(out)
+        shutil.rmtree(trash, ignore_errors=True)
+    else:
+        tmp.rename(out)
+
+
+class _DatasetBuild:
+    """A dataset being written into the temporary folder ``tmp``: the running totals, tasks,
+    stats and episode rows (starting from ``existing`` on append), one :meth:`add` per episode,
+    then :meth:`write_meta`."""
+
+    def __init__(self, tmp: Path, version: str, existing: Optional[_Existing]) -> None:
+        self.tmp, self.version = tmp, version
+        self.tasks: List[str] = list(existing.tasks) if existing else []
+        self.stats = dict(existing.stats) if existing else {}
+        self.ep_rows = list(existing.episode_rows) if existing else []
+        self.ep_index = existing.episodes if existing else 0
+        self.frame_index = existing.frames if existing else 0
+        self.features = existing.info["features"] if existing else None
+        self.fps = int(existing.info["fps"]) if existing else None
+        self.v21_lines: dict = {"episodes": [], "stats": []}
+        self.added = self.added_frames = 0
+
+    def _check(self, ep: EpisodeFrames) -> None:
+        if self.fps is None:
+            self.fps = int(round(ep.fps))
+        if abs(ep.fps - self.fps) > 1e-6:
+            raise ExportError(f"{ep.source}: fps {ep.fps} differs from the dataset's {self.fps} (integers only; use --fps)")
+        feats = _features(ep, self.fps)
+        if self.features is None:
+            self.features = feats
+        elif _shape_sig(feats) != _shape_sig(self.features):
+            raise ExportError(f"{ep.source}: features {_shape_sig(feats)} differ from the dataset's "
+                              f"{_shape_sig(self.features)}")
+
+    def add(self, ep: EpisodeFrames) -> None:
+        """Write one episode's data table and videos; raises ExportError when it does not match."""
+        import pyarrow.parquet as pq
+
+        self._check(ep)
+        fps, ep_index, tmp = self.fps, self.ep_index, self.tmp
+        task_idx = []
+        for t in ep.tasks:
+            if t not in self.tasks:
+                self.tasks.append(t)
+            task_idx.append(self.tasks.index(t))
+        table = _data_table(ep, ep_index, self.frame_index, task_idx, fps)
+        chunk, file_ = divmod(ep_index, CHUNKS_SIZE)
+        ep_stats = _episode_stats(ep, table)
+        ep_tasks = list(dict.fromkeys(ep.tasks))
+        if self.version == "3.0":
+            path = tmp / _V3_DATA.format(chunk_index=chunk, file_index=file_)
+            row = {"episode_index": ep_index, "tasks": ep_tasks, "length": ep.length,
+                   "data/chunk_index": chunk, "data/file_index": file_,
+                   "dataset_from_index": self.frame_index, "dataset_to_index": self.frame_index + ep.length}
+            for view, frames in ep.images.items():
+                key = f"observation.images.{view}"
+                _write_video(tmp / _V3_VIDEO.format(video_key=key, chunk_index=chunk, file_index=file_), frames, fps)
+                row.update({f"videos/{key}/chunk_index": chunk, f"videos/{key}/file_index": file_,
+                            f"videos/{key}/from_timestamp": 0.0, f"videos/{key}/to_timestamp": ep.length / fps})
+            row.update({"meta/episodes/chunk_index": 0, "meta/episodes/file_index": 0})
+            self.ep_rows.append(row)
+        else:
+            path = tmp / _V21_DATA.format(episode_chunk=chunk, episode_index=ep_index)
+            for view, frames in ep.images.items():
+                key = f"observation.images.{view}"
+                _write_video(tmp / _V21_VIDEO.format(episode_chunk=chunk, video_key=key, episode_index=ep_index), frames, fps)
+            self.v21_lines["episodes"].append({"episode_index": ep_index, "tasks": ep_tasks, "length": ep.length})
+            self.v21_lines["stats"].append({"episode_index": ep_index, "stats": ep_stats})
+        path.parent.mkdir(parents=True, exist_ok=True)
+        pq.write_table(table, path)
+        for name, s in ep_stats.items():
+            self.stats[name] = _merge_stats(self.stats[name], s) if name in self.stats else s
+        self.ep_index += 1
+        self.frame_index += ep.length
+        self.added += 1
+        self.added_frames += ep.length
+
+    def write_meta(self, robot_type: Optional[str]) -> None:
+        """``meta/``: info.json, the tasks, the episode rows and the stats of this version."""
+        import pyarrow.parquet as pq
+
+        n_videos = sum(1 for f in self.features.values() if f["dtype"] == "video")
         info = {
-            "codebase_version": f"v{version}", "robot_type": robot_type if existing is None else existing.info.get("robot_type"),
-            "total_episodes": ep_index, "total_frames": frame_index, "total_tasks": len(tasks),
-            "chunks_size": CHUNKS_SIZE, "fps": fps, "splits": {"train": f"0:{ep_index}"}, "features": features,
+            "codebase_version": f"v{self.version}", "robot_type": robot_type,
+            "total_episodes": self.ep_index, "total_frames": self.frame_index, "total_tasks": len(self.tasks),
+            "chunks_size": CHUNKS_SIZE, "fps": self.fps, "splits": {"train": f"0:{self.ep_index}"},
+            "features": self.features,
         }
-        meta = tmp / "meta"
+        meta = self.tmp / "meta"
         meta.mkdir(parents=True, exist_ok=True)
-        if version == "3.0":
+        if self.version == "3.0":
             import pyarrow as pa
 
             info.update({"data_files_size_in_mb": 100, "video_files_size_in_mb": 200,
                          "data_path": _V3_DATA, "video_path": _V3_VIDEO})
             (meta / "episodes" / "chunk-000").mkdir(parents=True, exist_ok=True)
-            pq.write_table(pa.Table.from_pylist(ep_rows), tmp / _V3_EPISODES)
-            pq.write_table(_tasks_table(tasks), meta / "tasks.parquet")
-            (meta / "stats.json").write_text(json.dumps(stats, indent=2))
+            pq.write_table(pa.Table.from_pylist(self.ep_rows), self.tmp / _V3_EPISODES)
+            pq.write_table(_tasks_table(self.tasks), meta / "tasks.parquet")
+            (meta / "stats.json").write_text(json.dumps(self.stats, indent=2))
         else:
-            info.update({"total_videos": ep_index * n_videos, "total_chunks": (ep_index - 1) // CHUNKS_SIZE + 1,
+            info.update({"total_videos": self.ep_index * n_videos,
+                         "total_chunks": (self.ep_index - 1) // CHUNKS_SIZE + 1,
                          "data_path": _V21_DATA, "video_path": _V21_VIDEO})
             with open(meta / "episodes.jsonl", "a") as f:
-                f.writelines(json.dumps(r) + "\n" for r in v21_lines["episodes"])
+                f.writelines(json.dumps(r) + "\n" for r in self.v21_lines["episodes"])
             with open(meta / "episodes_stats.jsonl", "a") as f:
-                f.writelines(json.dumps(r) + "\n" for r in v21_lines["stats"])
+                f.writelines(json.dumps(r) + "\n" for r in self.v21_lines["stats"])
             (meta / "tasks.jsonl").write_text("".join(json.dumps({"task_index": i, "task": t}) + "\n"
-                                                      for i, t in enumerate(tasks)))
+                                                      for i, t in enumerate(self.tasks)))
         (meta / "info.json").write_text(json.dumps(info, indent=4))
-        if before_swap is not None:
-            before_swap(tmp)
-        # swap into place: only now does `out` change
-        if out.exists():
-            trash = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
-            out.rename(trash / out.name)
-            tmp.rename(out)
-            shutil.rmtree(trash, ignore_errors=True)
-        else:
-            tmp.rename(out)
-        return {"out": str(out), "version": version, "episodes": ep_index, "frames": frame_index,
-                "tasks": len(tasks), "added_episodes": added, "added_frames": added_frames}
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _shape_sig(features: dict) -> dict:
@@ -366,7 +403,7 @@ def check_export_target(out: Path, mode: str = "new") -> Path:
 
     Returns the resolved path. Raises ExportRefused, DatasetExistsError or ExportError (bad mode).
     """
-    from seq._export_marker import EXPORT_MARKER, is_marked, load_key
+    from .marker import EXPORT_MARKER, is_marked, load_key
 
     if mode not in MODES:
         raise ExportError(f"mode must be one of {MODES}, got {mode!r}")
@@ -406,7 +443,7 @@ def write_export(episodes: Iterable[EpisodeFrames], out: Path, *, version: str =
     Returns write_dataset's summary. Raises ExportRefused, DatasetExistsError, ExportError (as
     write_dataset); nothing at ``out`` changes when anything is raised.
     """
-    from seq._export_marker import load_key, write_marker
+    from .marker import load_key, write_marker
 
     target = check_export_target(out, mode)
     key = load_key(_key_path())
