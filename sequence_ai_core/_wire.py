@@ -112,11 +112,6 @@ class Session:
     retries: int = 0                  # renewal tries the gateway did not answer, in a row
     renew_refused: bool = False       # the gateway refused a renewal: the next request reconnects
 
-    @property
-    def lease_due(self) -> bool:
-        """True once the lease is close enough to lapsing that the next call renews it first."""
-        return self.renew_at is not None and time.monotonic() >= self.renew_at
-
 
 def _lease_ttl(lease: Dict[str, Any]) -> Optional[float]:
     ttl = lease.get("ttl_s")

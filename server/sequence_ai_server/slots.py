@@ -64,10 +64,6 @@ class SlotQueue:
             lines = [self._lines.get(model, [])] if model else list(self._lines.values())
             return sum(len(x) for x in lines)
 
-    def drop(self, model: str) -> None:
-        with self._lock:
-            self._lines.pop(model, None)
-
     def leave(self, ticket: str, holder: str) -> bool:
         """Take ``ticket`` out of its line at once (its robot gave up waiting); True when it was
         there. Only the key that queued it may: ``holder`` is that key's id ("" without keys)."""
