@@ -349,7 +349,7 @@ class AsyncPolicy:
                 raise SequencesError("the policy returned an empty action chunk", code="empty_chunk")
         row, started = self._buffer.pop(0)
         entry = started or self._buffer.current
-        limits = Limits.from_contract((self.contract or {}).get("action"))
+        limits = Limits.from_contract(self.contract_spec.action)
         if limits is not None:
             row, clipped = limits.apply(row, self._buffer.last_action,
                                         entry.chunk.action_space if entry else None)
