@@ -33,8 +33,9 @@ sys.path[:0] = [str(ROOT), str(ROOT / "server")]
 import httpx  # noqa: E402
 from PIL import Image  # noqa: E402
 
-from sequence_ai_server._hosting import (BINARY_CONTENT_TYPE, PolicyHost, encode_binary_body,  # noqa: E402
-                                         finish_chunk, load_policy_class)
+from sequence_ai_core.protocol import BINARY_CONTENT_TYPE, encode_act_body  # noqa: E402
+from sequence_ai_server._hosting import PolicyHost, load_policy_class  # noqa: E402
+from sequence_ai_server.chunk import finish_chunk  # noqa: E402
 
 POLICY = '''
 import numpy as np
@@ -85,19 +86,14 @@ def _frame(seed: int, noise: float = 20.0) -> bytes:
 
 
 def bodies(noise: float = 20.0) -> tuple[bytes, bytes]:
-    import base64
+    """The same /act body as JSON (base64 frames) and in the binary framing (raw JPEG blobs)."""
     frames = [_frame(0, noise), _frame(1, noise)]
     proprio = {"joint_positions": [0.1] * 7, "gripper": [0.5]}
-    js = {"observation": {"images": [{"view": v, "data": base64.b64encode(f).decode(), "timestamp_ms": 0}
-                                     for v, f in zip(("exterior_1", "wrist_left"), frames)],
-                          "proprioception": proprio, "instruction": "put the red cube on the green pad"},
-          "params": {"open_loop_horizon": 8}, "episode_id": "ep_bench"}
-    offset, images = 0, []
-    for v, f in zip(("exterior_1", "wrist_left"), frames):
-        images.append({"view": v, "blob": [offset, len(f)], "timestamp_ms": 0})
-        offset += len(f)
-    bn = {**js, "observation": {**js["observation"], "images": images}}
-    return json.dumps(js).encode(), encode_binary_body(bn, frames)
+    body = {"observation": {"images": [{"view": v, "data": f, "timestamp_ms": 0}
+                                       for v, f in zip(("exterior_1", "wrist_left"), frames)],
+                            "proprioception": proprio, "instruction": "put the red cube on the green pad"},
+            "params": {"open_loop_horizon": 8}, "episode_id": "ep_bench"}
+    return encode_act_body(body, binary=False)[0], encode_act_body(body, binary=True)[0]
 
 
 def pct(xs: list[float], p: float) -> float:

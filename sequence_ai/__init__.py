@@ -33,8 +33,10 @@ from sequence_ai_core import (
     LimitWarning,
 )
 
+from sequence_ai_core.protocol import Contract
+
 from ._connect import account, aconnect, connect, models
-from ._image import encode, encode_jpeg, observation
+from ._image import encode, encode_jpeg, encode_jpeg_bytes, observation
 from ._sync import Policy
 from ._prepare import prepare, to_joint_positions
 from . import recipes
@@ -42,11 +44,13 @@ from . import recipes
 __version__ = "0.1.0"
 
 __all__ = [
+    "Contract",
     "connect",
     "aconnect",
     "models",
     "account",
     "encode_jpeg",
+    "encode_jpeg_bytes",
     "Policy",
     "AsyncPolicy",
     "ConnectOptions",
@@ -74,3 +78,17 @@ __all__ = [
     "to_joint_positions",
     "recipes",
 ]
+
+
+def _publish(names: list) -> None:
+    """Give every exported class its public path, as httpx does: a traceback or repr names
+    ``sequence_ai.AuthError``, not the private module that defines it. Pickling still works (the
+    class is found at its public path) and ``except`` compares classes, not names."""
+    for name in names:
+        obj = globals().get(name)
+        if isinstance(obj, type) and obj.__module__.startswith(("sequence_ai_core", "sequence_ai.")):
+            obj.__module__ = __name__
+
+
+_publish(__all__)
+del _publish

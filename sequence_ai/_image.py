@@ -20,6 +20,7 @@ import warnings
 from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
 
 from sequence_ai_core import ContractMismatch, ImageFrame, Observation, Proprioception
+from sequence_ai_core.protocol import Contract
 
 __all__ = ["encode", "encode_jpeg", "encode_jpeg_bytes", "encode_depth_png", "observation"]
 
@@ -63,20 +64,17 @@ def _as_array(image: Any):
     return arr
 
 
-def _declared_sizes(model: Any) -> Dict[str, Tuple[int, int, bool]]:
-    """``{view: (width, height, depth)}`` from a ModelInfo, a Policy, a contract dict or None."""
-    contract = _contract_of(model)
-    cams = ((contract or {}).get("observation") or {}).get("cameras") or {}
-    out = {}
-    for view, cam in cams.items():
-        if isinstance(cam, Mapping) and cam.get("width") and cam.get("height"):
-            out[view] = (int(cam["width"]), int(cam["height"]), bool(cam.get("depth")))
-    return out
+def _declared_sizes(contract: Contract) -> Dict[str, Tuple[int, int, bool]]:
+    """``{view: (width, height, depth)}`` of the declared cameras that give a size."""
+    cams = contract.observation.cameras if contract.observation is not None else {}
+    return {view: (cam.width, cam.height, cam.depth) for view, cam in cams.items() if cam.size}
 
 
-def _contract_of(model: Any) -> Optional[Dict[str, Any]]:
+def _contract_of(model: Any) -> Contract:
+    """The typed contract of a ModelInfo, a Policy, a contract dict, a deployment name (looked
+    up in the catalogue) or None (``Contract()``: nothing declared)."""
     if model is None:
-        return None
+        return Contract()
     if isinstance(model, str):
         from ._connect import models
         rows = {m.short_id: m for m in models(kind="model")}
@@ -88,7 +86,7 @@ def _contract_of(model: Any) -> Optional[Dict[str, Any]]:
     if contract is not None and not isinstance(contract, Mapping):
         raise TypeError("model must be a sequence_ai.ModelInfo (sequence_ai.models()), a Policy, "
                         f"a contract dict or a deployment name, not {type(model).__name__}")
-    return dict(contract) if contract else None
+    return Contract.from_wire(contract)
 
 
 def _target_size(arr: Any, size: Optional[Tuple[int, int]], view: str) -> Tuple[int, int]:
@@ -168,7 +166,7 @@ def encode(frame: Any, model: Any = None, *, view: Optional[str] = None,
         ValueError: aspect ratio differs from the declared size (crop first), or bad pixels.
         ContractMismatch: ``view`` is not declared by the model.
     """
-    sizes = _declared_sizes(model)
+    sizes = _declared_sizes(_contract_of(model))
     size: Optional[Tuple[int, int]] = None
     if sizes:
         if view is not None:
@@ -211,8 +209,8 @@ def encode_depth_png(depth: Any, unit: str = "m") -> bytes:
     return buf.getvalue()
 
 
-def _widths(contract: Optional[Mapping[str, Any]]) -> Dict[str, int]:
-    proprio = ((contract or {}).get("observation") or {}).get("proprio") or {}
+def _widths(contract: Contract) -> Dict[str, int]:
+    proprio = contract.observation.proprio if contract.observation is not None else {}
     return {k: int(v) for k, v in proprio.items() if isinstance(v, int)}
 
 
@@ -280,7 +278,7 @@ def observation(model: Any = None, *, images: Mapping[str, Any], joints: Sequenc
         raise TypeError("pass the model or contract=, not both")
     contract = _contract_of(model if contract is None else contract)
     sizes = _declared_sizes(contract)
-    history = int(((contract or {}).get("observation") or {}).get("history") or 1)
+    history = contract.observation.history if contract.observation is not None else 1
     if sizes:
         undeclared = [v for v in images if v not in sizes]
         if undeclared:

@@ -24,6 +24,7 @@ from typing import Any, Callable, List, Optional
 import httpx
 
 from sequence_ai_core import resolve_api_key, resolve_gateway_url
+from sequence_ai_core.protocol import Contract
 
 from . import InvalidRequest, PolicyError, SequencesError, __version__, account, connect, models
 
@@ -31,20 +32,16 @@ from . import InvalidRequest, PolicyError, SequencesError, __version__, account,
 def _describe_contract(contract) -> str:
     if not contract:
         return "no contract (own inputs/outputs)"
+    view = Contract.from_wire(contract)
     parts = []
-    obs = contract.get("observation") or {}
-    cams = obs.get("cameras") or {}
-    if cams:
-        parts.append(", ".join(f"{v} {c.get('width')}x{c.get('height')}" for v, c in cams.items()))
-    proprio = obs.get("proprio") or {}
-    if proprio:
-        parts.append(" · ".join(f"{k}[{w}]" for k, w in proprio.items()))
-    act = contract.get("action") or {}
-    if act:
-        parts.append(
-            f"-> {act.get('action_space')} x{act.get('action_dim')} @ {act.get('control_frequency_hz')} Hz"
-            f" ({act.get('robot')})"
-        )
+    obs = view.observation
+    if obs is not None and obs.cameras:
+        parts.append(", ".join(f"{v} {c.width}x{c.height}" for v, c in obs.cameras.items()))
+    if obs is not None and obs.proprio:
+        parts.append(" · ".join(f"{k}[{w}]" for k, w in obs.proprio.items()))
+    act = view.action
+    if act is not None:
+        parts.append(f"-> {act.action_space} x{act.action_dim} @ {act.control_frequency_hz} Hz ({act.robot})")
     return "  ".join(parts)
 
 
@@ -84,14 +81,13 @@ def _median_ms(fn: Callable[[], Any], calls: int) -> float:
 
 def _synthetic_observation(contract: Any) -> Optional[Any]:
     """Black frames and zero vectors shaped by the contract (needs the image extra), else None."""
-    obs = (contract or {}).get("observation") or {}
+    obs = Contract.from_wire(contract).observation
     try:
         import numpy as np
 
         from ._image import observation as build
-        images = {v: np.zeros((int(c["height"]), int(c["width"]), 3), np.uint8)
-                  for v, c in (obs.get("cameras") or {}).items()}
-        widths = obs.get("proprio") or {"joint_positions": 7}
+        images = {v: np.zeros((int(c.height), int(c.width), 3), np.uint8) for v, c in obs.cameras.items()}
+        widths = obs.proprio or {"joint_positions": 7}
         return build(contract, images=images, joints=[0.0] * int(widths.get("joint_positions", 7)),
                      gripper=[0.0] * int(widths["gripper"]) if "gripper" in widths else None,
                      instruction="sequence-ai doctor")
@@ -178,7 +174,7 @@ def doctor(model: Optional[str], gateway: Optional[str], calls: int, api_key: Op
         print(f"  connect       {model}  ->  worker up at {session.worker_url if session else '?'}, "
               f"lease {lease.get('ttl_s', '?')}s  ({(time.perf_counter() - t0) * 1000.0:.0f} ms)")
         # no contract: the policy defines its own inputs, so no synthetic observation fits it
-        declared = (policy.contract or {}).get("observation")
+        declared = Contract.from_wire(policy.contract).observation is not None
         obs = _synthetic_observation(policy.contract) if declared else None
         if obs is None:
             print("  note          no contract (the policy defines its own inputs): timing its worker's "

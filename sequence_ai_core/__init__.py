@@ -14,6 +14,8 @@ Wire client, chunk buffer, prefetch, seam, pacing, interrupt and typed errors, o
     _options.py    ConnectOptions: connect()/aconnect() keywords, checked and documented once
     _errors.py     the exception tree
     _types.py      wire dataclasses (Observation, ActionChunk, RunOutcome, ...)
+    protocol.py    the wire shared with the server: content types, /act framing, body limit,
+                   error-code table, typed contract views (standard library only)
 
 Imports only the standard library, httpx and anyio. Users import ``sequence_ai``.
 """
@@ -44,8 +46,9 @@ from ._types import (
     is_absolute_action_space,
 )
 from ._limits import Limits, LimitWarning, max_delta_rule
-from ._wire import BINARY_CONTENT_TYPE, encode_act_body, fetch_models
+from ._wire import fetch_models
 from ._wire import _client as http_client   # the client's httpx.AsyncClient settings (no proxy, 2 keep-alive)
+from .protocol import BINARY_CONTENT_TYPE, encode_act_body
 
 __all__ = [
     "AsyncPolicy",

@@ -33,6 +33,8 @@ from __future__ import annotations
 import builtins
 from typing import Any, Dict, Optional
 
+from .protocol import ERROR_CODES
+
 __all__ = [
     "SequencesError",
     "AuthError",
@@ -198,22 +200,18 @@ class ConnectionLost(TransportError):
     default_code = "connection_lost"
 
 
-_BY_CODE = {
-    "unauthorized": AuthError,
-    "out_of_credit": OutOfCredit,
-    "quota_exceeded": OutOfCredit,
-    "lease_expired": AuthError,
-    "invalid_request": InvalidRequest,
-    "not_found": InvalidRequest,
-    "contract_mismatch": ContractMismatch,
-    "warming": Unavailable,
-    "worker_failed": Unavailable,
-    "unavailable": Unavailable,
-    "policy_error": PolicyError,
-}
+def _by_code() -> Dict[str, type]:
+    """code -> class, from the protocol's error table (the server answers with the same table)."""
+    classes = {cls.__name__: cls for cls in (SequencesError, AuthError, OutOfCredit, InvalidRequest,
+                                             ContractMismatch, Unavailable, PolicyError)}
+    return {code: classes[row.client_class] for code, row in ERROR_CODES.items()}
+
+
+_BY_CODE = _by_code()
 
 
 def _class_for_status(status: int) -> type:
+    """The class for a status the table does not name a code for (a proxy's 502, a bare 403)."""
     if status in (401, 403):
         return AuthError
     if status == 402:

@@ -26,9 +26,10 @@ Pure Python, no numpy: rows are short lists and this runs once per action.
 """
 from __future__ import annotations
 
-from typing import Any, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, List, Optional, Sequence, Tuple
 
 from ._errors import PolicyError
+from .protocol import ActionSpec
 
 __all__ = ["Limits", "LimitWarning", "max_delta_rule"]
 
@@ -86,12 +87,12 @@ class Limits:
         self.last_violations: List[str] = []
 
     @classmethod
-    def from_contract(cls, action: Optional[Mapping[str, Any]]) -> Optional["Limits"]:
-        """Limits from the handshake's action contract; None when it declares none."""
-        if not action or (not action.get("bounds") and action.get("max_delta") is None):
+    def from_contract(cls, action: Optional[ActionSpec]) -> Optional["Limits"]:
+        """Limits from the handshake's action contract (``Contract.from_wire(...).action``); None
+        when it declares no bounds and no max_delta."""
+        if action is None or (not action.bounds and action.max_delta is None):
             return None
-        return cls(action.get("bounds"), action.get("max_delta"), action.get("action_space"),
-                   action.get("on_violation") or "clip")
+        return cls(action.bounds, action.max_delta, action.action_space, action.on_violation)
 
     def _delta(self, i: int) -> Optional[float]:
         md = self.max_delta

@@ -76,6 +76,7 @@ from ._limits import Limits, LimitWarning
 from ._pacing import Pacer
 from ._progress import progress_line
 from ._types import RunOutcome, observation_to_wire
+from .protocol import Contract
 
 __all__ = ["LoopConfig", "ControlLoop", "EARLY_ENDINGS"]
 
@@ -401,7 +402,7 @@ class ControlLoop:
         contract = self.p.contract
         if contract is not self._limits_from:
             self._limits_from = contract
-            self.limits = Limits.from_contract((contract or {}).get("action"))
+            self.limits = Limits.from_contract(Contract.from_wire(contract).action)
 
     @staticmethod
     def _period(entry: Optional[Entry]) -> float:

@@ -18,6 +18,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 from ._buffer import ChunkBuffer
 from ._config import resolve_api_key, resolve_gateway_url
 from ._contract import check_expect, check_observation, drop_undeclared_views
+from .protocol import Contract
 from ._errors import ChunkExhausted, ContractMismatch, SequencesError, Unavailable
 from ._interrupt import Interrupt
 from ._limits import Limits, LimitWarning
@@ -154,6 +155,16 @@ class AsyncPolicy:
         """The model's declaration from the last handshake (``{"action": .., "observation": ..}``), or None."""
         session = self._wire.session
         return session.contract if session is not None else None
+
+    @property
+    def contract_spec(self) -> Contract:
+        """Typed view of ``contract`` (``protocol.Contract``): ``.observation`` and ``.action``,
+        each None when the model declares none. Rebuilt when a handshake brings a new contract."""
+        raw = self.contract
+        cached = getattr(self, "_contract_view", None)
+        if cached is None or cached[0] is not raw:
+            cached = self._contract_view = (raw, Contract.from_wire(raw))
+        return cached[1]
 
     @property
     def buffered(self) -> int:
@@ -338,7 +349,7 @@ class AsyncPolicy:
                 raise SequencesError("the policy returned an empty action chunk", code="empty_chunk")
         row, started = self._buffer.pop(0)
         entry = started or self._buffer.current
-        limits = Limits.from_contract((self.contract or {}).get("action"))
+        limits = Limits.from_contract(self.contract_spec.action)
         if limits is not None:
             row, clipped = limits.apply(row, self._buffer.last_action,
                                         entry.chunk.action_space if entry else None)
@@ -485,7 +496,7 @@ class AsyncPolicy:
 
     def _check_expect(self) -> None:
         if self._expect:
-            problems = check_expect(self._expect, (self.contract or {}).get("action"))
+            problems = check_expect(self._expect, self.contract_spec.action)
             if problems:
                 raise ContractMismatch(
                     f"{self.model} does not declare what expect= asked for: " + "; ".join(problems),
@@ -495,12 +506,12 @@ class AsyncPolicy:
         """Check an observation against the contract (validate="warn"/"strict"/"off")."""
         if self._validate_mode == "off" or not self.contract:
             return wire
-        dropped = drop_undeclared_views(wire, self.contract.get("observation"))
+        dropped = drop_undeclared_views(wire, self.contract_spec.observation)
         if dropped and tuple(dropped) not in self._warned_views:
             self._warned_views.add(tuple(dropped))
             warnings.warn(f"dropping view(s) {dropped}: {self.model} does not declare them "
                           f"(they would be uploaded and ignored)", UserWarning, stacklevel=3)
-        problems = check_observation(wire, self.contract.get("observation"))
+        problems = check_observation(wire, self.contract_spec.observation)
         if problems:
             message = f"observation does not match {self.model}'s contract: " + "; ".join(problems)
             if self._validate_mode == "strict":

@@ -31,16 +31,13 @@ drove, so the policy's ``@seq.on_episode`` frees its state at once rather than a
 worker's idle timeout.
 
 Body formats for /act (docs/design.md): JSON (base64 frames; what curl and non-Python
-controllers send) or the binary framing ``application/vnd.sequence-ai.act+bin`` (a 4-byte
-big-endian length, that many bytes of JSON whose images carry ``"blob": [offset, length]``
-instead of ``"data"``, then the raw JPEG/PNG bytes). ``body_format="auto"`` sends binary and
+controllers send) or the binary framing ``application/vnd.sequence-ai.act+bin`` (``protocol.py``
+encodes both). ``body_format="auto"`` sends binary and
 falls back to JSON for the rest of the session when a worker answers 415.
 """
 from __future__ import annotations
 
 import asyncio
-import base64
-import json
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Tuple
@@ -49,11 +46,10 @@ import httpx
 
 from ._errors import ConnectionLost, SequencesError, TransportError, Unavailable, from_response
 from ._types import ModelInfo, Prediction
+from .protocol import encode_act_body
 
-__all__ = ["Session", "Wire", "fetch_models", "encode_act_body", "BINARY_CONTENT_TYPE",
-           "BODY_FORMATS"]
+__all__ = ["Session", "Wire", "fetch_models", "BODY_FORMATS"]
 
-BINARY_CONTENT_TYPE = "application/vnd.sequence-ai.act+bin"
 BODY_FORMATS = ("json", "binary", "auto")
 # Renew a lease this long before it lapses (s), or a tenth of its ttl when that is shorter ...
 LEASE_MARGIN_S = 5.0
@@ -92,57 +88,6 @@ def _seconds(value: Any) -> Optional[float]:
         return None
 
 
-def _raw(data: Any) -> bytes:
-    if isinstance(data, (bytes, bytearray, memoryview)):
-        return bytes(data)
-    return base64.b64decode(data)
-
-
-def _b64(data: Any) -> str:
-    if isinstance(data, (bytes, bytearray, memoryview)):
-        return base64.b64encode(bytes(data)).decode("ascii")
-    return data
-
-
-def _dumps(obj: Any) -> bytes:
-    return json.dumps(obj, separators=(",", ":"), allow_nan=False).encode("utf-8")
-
-
-def encode_act_body(body: Dict[str, Any], binary: bool) -> Tuple[bytes, str]:
-    """Serialise an /act body; returns ``(bytes, content_type)``.
-
-    ``body["observation"]["images"][i]["data"]`` may be raw encoded bytes or base64 text. JSON:
-    every frame becomes base64 text. Binary: every frame becomes a blob after the JSON header
-    (depth frames stay base64 in the header). Raises ValueError for NaN/inf in the body.
-    """
-    obs = body.get("observation")
-    images = obs.get("images") if isinstance(obs, dict) else None
-    depth = obs.get("depth") if isinstance(obs, dict) else None
-    if depth:
-        obs = dict(obs, depth=[dict(d, data=_b64(d["data"])) for d in depth])
-        body = dict(body, observation=obs)
-    if not images:
-        return _dumps(body), "application/json"
-    if not binary:
-        frames = [dict(img, data=_b64(img["data"])) if "data" in img else img for img in images]
-        return _dumps(dict(body, observation=dict(obs, images=frames))), "application/json"
-    blobs: List[bytes] = []
-    frames = []
-    offset = 0
-    for img in images:
-        if "data" not in img:
-            frames.append(img)
-            continue
-        raw = _raw(img["data"])
-        frame = {k: v for k, v in img.items() if k != "data"}
-        frame["blob"] = [offset, len(raw)]
-        offset += len(raw)
-        blobs.append(raw)
-        frames.append(frame)
-    # depth PNGs (rare) stay base64 inside the header: the framing carries camera images only
-    head = _dumps(dict(body, observation=dict(obs, images=frames)))
-    return b"".join([len(head).to_bytes(4, "big"), head, *blobs]), BINARY_CONTENT_TYPE
-
 # Errors after which the connection is gone but a fresh one may work. Timeouts are not here:
 # a slow inference replayed would only be slower.
 _DROPPED = (httpx.ConnectError, httpx.ReadError, httpx.WriteError, httpx.RemoteProtocolError,
@@ -166,11 +111,6 @@ class Session:
     retry_at: Optional[float] = None  # set while the gateway is unreachable: the next renewal try
     retries: int = 0                  # renewal tries the gateway did not answer, in a row
     renew_refused: bool = False       # the gateway refused a renewal: the next request reconnects
-
-    @property
-    def lease_due(self) -> bool:
-        """True once the lease is close enough to lapsing that the next call renews it first."""
-        return self.renew_at is not None and time.monotonic() >= self.renew_at
 
 
 def _lease_ttl(lease: Dict[str, Any]) -> Optional[float]:

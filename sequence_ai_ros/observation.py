@@ -32,8 +32,6 @@ It imports no rclpy: messages are read by attribute and decoded through
 """
 from __future__ import annotations
 
-import base64
-import io
 import threading
 import time
 from collections import deque
@@ -42,7 +40,7 @@ from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
-from sequence_ai import ImageFrame, Observation, Proprioception
+from sequence_ai import ImageFrame, Observation, Proprioception, encode_jpeg_bytes
 
 from . import codecs
 from .codecs import DecodedImage, SensorDataError
@@ -78,17 +76,9 @@ def image_to_array(msg) -> np.ndarray:
 
 
 def encode_jpeg(rgb: np.ndarray, quality: int = JPEG_QUALITY) -> bytes:
-    """JPEG-encode an ``(H, W, 3)`` uint8 RGB array (Pillow, the 'image' extra)."""
-    from PIL import Image
-
-    out = io.BytesIO()
-    Image.fromarray(rgb, mode="RGB").save(out, format="JPEG", quality=quality)
-    return out.getvalue()
-
-
-def encode_jpeg_b64(rgb: np.ndarray, quality: int = JPEG_QUALITY) -> str:
-    """JPEG-encode an ``(H, W, 3)`` uint8 RGB array and return it base64 (ASCII str)."""
-    return base64.b64encode(encode_jpeg(rgb, quality)).decode("ascii")
+    """Raw JPEG bytes of an ``(H, W, 3)`` uint8 RGB array, by the client's own encoder
+    (``sequence_ai.encode_jpeg_bytes``: simplejpeg / libjpeg-turbo, else Pillow)."""
+    return encode_jpeg_bytes(rgb, quality, size=(rgb.shape[1], rgb.shape[0]))
 
 
 def stamp_to_s(stamp) -> float:
@@ -120,13 +110,13 @@ class _Frame:
     stamp_s: float          # header stamp (s)
     received_mono_s: float  # monotonic clock at receipt (s)
     _jpeg: Optional[bytes] = field(default=None, repr=False)
-    _b64: Optional[str] = field(default=None, repr=False)
 
-    def jpeg_b64(self, quality: int) -> str:
-        if self._b64 is None:  # encode once per frame, however many observations use it
-            data = self._jpeg if self._jpeg is not None else encode_jpeg(self.rgb, quality)
-            self._b64 = base64.b64encode(data).decode("ascii")
-        return self._b64
+    def jpeg(self, quality: int) -> bytes:
+        """The frame as raw JPEG bytes, encoded once however many observations use it (a frame
+        that arrived as a JPEG is sent as is); the /act body carries them unchanged."""
+        if self._jpeg is None:
+            self._jpeg = encode_jpeg(self.rgb, quality)
+        return self._jpeg
 
 
 @dataclass
@@ -393,7 +383,7 @@ class ObservationAssembler:
             for stream in self.streams:
                 self._select(stream, consume=True)
         images = [
-            ImageFrame(view=v, data=chosen[v].jpeg_b64(self.jpeg_quality), timestamp_ms=int(chosen[v].stamp_s * 1000))
+            ImageFrame(view=v, data=chosen[v].jpeg(self.jpeg_quality), timestamp_ms=int(chosen[v].stamp_s * 1000))
             for v in self.views
         ]
         j = chosen[JOINT_STREAM]

@@ -718,16 +718,3 @@ class PandaPickPlaceSim:
             self.close()
         except Exception:
             pass
-
-
-def _axis_angle_quat(axis, angle):
-    axis = np.asarray(axis, float) / np.linalg.norm(axis)
-    s = math.sin(angle / 2)
-    return (math.cos(angle / 2), axis[0] * s, axis[1] * s, axis[2] * s)
-
-
-def _quat_mul(a, b):
-    w1, x1, y1, z1 = a
-    w2, x2, y2, z2 = b
-    return [w1 * w2 - x1 * x2 - y1 * y2 - z1 * z2, w1 * x2 + x1 * w2 + y1 * z2 - z1 * y2,
-            w1 * y2 - x1 * z2 + y1 * w2 + z1 * x2, w1 * z2 + x1 * y2 - y1 * x2 + z1 * w2]

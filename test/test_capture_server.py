@@ -19,7 +19,7 @@ import pytest
 import sequence_ai
 from _core_support import observation
 from _servers import ECHO_POLICY, ROOT, GatewayProcess, _env, echo_observation, png_b64
-from sequence_ai_server._hosting import BINARY_CONTENT_TYPE, encode_binary_body
+from sequence_ai_core.protocol import encode_act_body
 from sequence_ai_server.capture import keeps
 
 SEQ_MAIN = "from seq.cli import main; main()"
@@ -264,9 +264,9 @@ def test_images_are_kept_with_images_and_rm_deletes_the_capture(capt, tmp_path):
     Image.new("RGB", (64, 64), (0, 200, 0)).save(buf, format="JPEG", quality=95)
     jpeg = buf.getvalue()
     obs = echo_observation()
-    obs["images"] = [{"view": "exterior_1", "blob": [0, len(jpeg)], "timestamp_ms": 5}]
-    r = robot.http.post("/act", content=encode_binary_body({"observation": obs, "episode_id": "img-ep"}, [jpeg]),
-                        headers={"Content-Type": BINARY_CONTENT_TYPE})
+    obs["images"] = [{"view": "exterior_1", "data": jpeg, "timestamp_ms": 5}]
+    content, content_type = encode_act_body({"observation": obs, "episode_id": "img-ep"}, binary=True)
+    r = robot.http.post("/act", content=content, headers={"Content-Type": content_type})
     assert r.status_code == 200, r.text
     lines = _kept(gw, "capt", "img-ep", 4)
     files = [line["observation"]["images"][0]["file"] for line in lines]

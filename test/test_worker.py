@@ -14,7 +14,7 @@ import pytest
 
 from _servers import ECHO_POLICY, POLICIES, WorkerProcess, echo_observation, png_b64
 
-from sequence_ai_server._hosting import BINARY_CONTENT_TYPE, encode_binary_body
+from sequence_ai_core.protocol import BINARY_CONTENT_TYPE, encode_act_body
 
 ECHO_BODY_LIMIT = 256 * 1024
 
@@ -297,21 +297,22 @@ def _jpeg(width=64, height=64, color=(0, 0, 0)) -> bytes:
     return base64.b64decode(png_b64(width, height, color, fmt="JPEG"))
 
 
-def _binary(w: WorkerProcess, body: dict, frames: list, raw: bytes = None) -> httpx.Response:
-    content = raw if raw is not None else encode_binary_body(body, frames)
+def _binary(w: WorkerProcess, body: dict, raw: bytes = None) -> httpx.Response:
+    """POST ``body`` (frames as raw ``"data"`` bytes) in the binary framing, or ``raw`` as it is."""
+    content = raw if raw is not None else encode_act_body(body, binary=True)[0]
     return w.client.post("/act", content=content, headers={"Authorization": f"Bearer {w.secret}",
                                                            "Content-Type": BINARY_CONTENT_TYPE})
 
 
 def _binary_echo_body(frame: bytes, **obs_kw) -> dict:
     obs = echo_observation(**obs_kw)
-    obs["images"] = [{"view": "exterior_1", "blob": [0, len(frame)], "timestamp_ms": 0}]
+    obs["images"] = [{"view": "exterior_1", "data": frame, "timestamp_ms": 0}]
     return {"observation": obs, "params": {"chunk_len": 3}}
 
 
 def test_binary_body_with_raw_jpeg_blobs_answers_like_json(echo):
     frame = _jpeg(color=(200, 10, 10))
-    r = _binary(echo, _binary_echo_body(frame, joint_positions=[0, 1, 2, 3, 4, 5, 6], gripper=[0.25]), [frame])
+    r = _binary(echo, _binary_echo_body(frame, joint_positions=[0, 1, 2, 3, 4, 5, 6], gripper=[0.25]))
     assert r.status_code == 200, r.text
     chunk = r.json()["action_chunk"]
     assert len(chunk["actions"]) == 3 and chunk["actions"][0][2:] == [2, 3, 4, 5, 6, 0.25]
@@ -320,15 +321,16 @@ def test_binary_body_with_raw_jpeg_blobs_answers_like_json(echo):
 
 def test_malformed_binary_framing_is_400_naming_the_problem(echo):
     frame = _jpeg()
-    body = _error(_binary(echo, {}, [], raw=b"\x00\x00"), 400, "invalid_request")
+    body = _error(_binary(echo, {}, raw=b"\x00\x00"), 400, "invalid_request")
     assert "4-byte JSON length" in body["detail"]
-    body = _error(_binary(echo, {}, [], raw=b"\x00\x00\x10\x00{}"), 400, "invalid_request")
+    body = _error(_binary(echo, {}, raw=b"\x00\x00\x10\x00{}"), 400, "invalid_request")
     assert "declares 4096 bytes of JSON but carries 2" in body["detail"]
     bad = _binary_echo_body(frame)
-    bad["observation"]["images"][0]["blob"] = [10, len(frame)]
-    body = _error(_binary(echo, bad, [frame]), 400, "invalid_request")
+    bad["observation"]["images"][0] = {"view": "exterior_1", "blob": [10, len(frame)], "timestamp_ms": 0}
+    head = json.dumps(bad).encode()
+    body = _error(_binary(echo, {}, raw=len(head).to_bytes(4, "big") + head + frame), 400, "invalid_request")
     assert "is not an [offset, length] inside the" in body["detail"]
-    body = _error(_binary(echo, _binary_echo_body(frame), [b"\xff\xd8" + b"\x00" * (len(frame) - 2)]), 400, "invalid_request")
+    body = _error(_binary(echo, _binary_echo_body(b"\xff\xd8" + b"\x00" * (len(frame) - 2))), 400, "invalid_request")
     assert "JPEG" in body["detail"]
 
 

@@ -8,7 +8,7 @@ is the server's own) is driven through one keep-alive ``httpx.Client``:
   * JSON bodies from hypothesis strategies: wrong types, huge (400-digit) and non-finite
     numbers, deep nesting, bad base64, truncated JPEG/PNG, wrong frame sizes, a PNG header that
     claims 65535x65535, unicode, missing and extra fields, empty bodies, wrong content types;
-  * the binary framing (``sequence_ai_core._wire.encode_act_body``): wrong length prefixes,
+  * the binary framing (``sequence_ai_core.protocol.encode_act_body``): wrong length prefixes,
     blob references outside the blobs, truncated blob regions, wrong types in the header;
   * schemathesis cases (positive and negative) from the worker's and the gateway's own
     ``/openapi.json``.
@@ -44,8 +44,7 @@ from schemathesis import GenerationMode
 
 from _servers import POLICIES, GatewayProcess, WorkerProcess
 
-from sequence_ai_core._wire import encode_act_body
-from sequence_ai_server._hosting import BINARY_CONTENT_TYPE
+from sequence_ai_core.protocol import BINARY_CONTENT_TYPE, encode_act_body
 
 FUZZ_POLICY = str(POLICIES / "fuzz_policy.py")
 MUTANTS = 5                        # seeded mutants sent after each hypothesis example (cheap: no generation)

@@ -27,10 +27,12 @@ import numpy as np
 from sequence_ai_data.episode import EpisodeFrames, ExportError, control_rate_hz
 
 
-def _jpeg_to_rgb(b64: str) -> np.ndarray:
+def _jpeg_to_rgb(data) -> np.ndarray:
+    """An observation frame's JPEG (raw bytes, or base64 text) -> HxWx3 uint8 RGB."""
     import simplejpeg
 
-    return simplejpeg.decode_jpeg(base64.b64decode(b64), colorspace="RGB")
+    raw = bytes(data) if isinstance(data, (bytes, bytearray, memoryview)) else base64.b64decode(data)
+    return simplejpeg.decode_jpeg(raw, colorspace="RGB")
 
 
 def observations_from_bag(rec, fps: Optional[float] = None):

@@ -255,8 +255,8 @@ class PolicyDriver(GoalExecution, LifecycleNodeMixin, Node):
     def _check_contract(self) -> dict:
         """Control rate and camera sizes from the contract; raises ConfigureError on a contradiction."""
         p = self._params
-        contract = self.policy.contract or {}
-        declared = (contract.get("action") or {}).get("control_frequency_hz")
+        contract = sequence_ai.Contract.from_wire(self.policy.contract)
+        declared = contract.action.control_frequency_hz if contract.action is not None else None
         wanted = float(p.control_rate_hz)
         if declared and wanted and abs(float(declared) - wanted) > 1e-6 * float(declared):
             raise ConfigureError(
@@ -268,9 +268,8 @@ class PolicyDriver(GoalExecution, LifecycleNodeMixin, Node):
             raise ConfigureError(
                 f"publish_delay_ms={delay_ms:g} is not below half the control period of {p.model} "
                 f"({500.0 / self.control_rate_hz:.3g} ms at {self.control_rate_hz:g} Hz): lower it, or set 0")
-        cams = ((contract.get("observation") or {}).get("cameras") or {})
-        return {v: (int(c["width"]), int(c["height"])) for v, c in cams.items()
-                if v in p.camera_views and isinstance(c, dict) and "width" in c}
+        cams = contract.observation.cameras if contract.observation is not None else {}
+        return {v: c.size for v, c in cams.items() if v in p.camera_views and c.size}
 
     def _make_assembler(self, views, sizes) -> None:
         p = self._params

@@ -191,10 +191,6 @@ TABLE: Dict[str, Spec] = {
 }
 
 
-def _is_int(spec: Spec) -> bool:
-    return isinstance(spec.default, int) and not isinstance(spec.default, bool)
-
-
 def _kind(spec: Spec) -> str:
     d = spec.default
     if d == _STRINGS or (isinstance(d, list) and (not d or isinstance(d[0], str))):

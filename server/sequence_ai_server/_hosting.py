@@ -4,33 +4,22 @@ Everything here is independent of the process launcher: the HTTP worker (``worke
 it today, and another launcher (a Ray actor, say) can drive the same object. The pieces:
 
   * ``load_policy_class(file, class_name)`` -- import a policy file, find its class.
-  * ``parse_act_body(raw, content_type)`` -- the /act body, JSON or the binary framing
-    (``application/vnd.sequence-ai.act+bin``: 4-byte big-endian JSON length, JSON, blobs).
-  * ``parse_observation(...)`` -- the contract check (views, frame sizes, history, depth,
-    proprioception widths, instruction), then decoding each frame once: JPEG with simplejpeg
-    (libjpeg-turbo), PNG / 16-bit depth PNG with Pillow. Refusals are ``ApiError`` 400s.
-  * ``finish_chunk(result, spec)`` -- the ActionContract check: shape, action_dim, action_space,
-    finite values, open_loop_horizon, then bounds / max_delta clipped with a warning per step and
-    dimension or refused (``details.reason = "bounds"``). max_delta bounds the change between
-    consecutive rows for absolute and velocity spaces, each value's magnitude for delta spaces.
   * ``PolicyHost`` -- the replicas (``@seq.concurrent``: one instance and one thread each), the
     batcher (``@seq.batched``), sticky episodes (``episode_id`` -> replica; ``@seq.on_episode``
     at episode end, explicit or after ``episode_idle_s`` of quiet).
 
-Every call into policy code runs on that replica's own thread, never on the caller's event loop.
+Reading a request (body, contract check, frame decoding) is ``observation.py``; checking the
+returned chunk against the ActionContract is ``chunk.py``. Every call into policy code runs on
+that replica's own thread, never on the caller's event loop.
 """
 from __future__ import annotations
 
-import base64
-import binascii
 import concurrent.futures
 import importlib.util
-import io
 import json
 import logging
 import os
 import queue
-import struct
 import sys
 import threading
 import time
@@ -39,36 +28,23 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-import numpy as np
-import simplejpeg
-from PIL import Image as PILImage
-
 import seq
 from seq._params import ParamError, cast_params
 from seq._policy import PolicySpec, get_spec, is_policy
 from seq._scaling import EVAL_BATCH_DEADLINE_MS
 
-from .errors import ApiError, new_request_id
+from .chunk import finish_chunk, policy_error
+from .errors import ApiError
+from .observation import fits_float, parse_act_body, parse_observation, synthetic_observation
 
 __all__ = [
-    "BINARY_CONTENT_TYPE", "DEFAULT_MAX_BODY_BYTES", "EPISODE_IDLE_S", "PolicyError", "PolicyHost", "Prepared",
-    "load_policy_class", "parse_act_body", "parse_observation", "finish_chunk", "synthetic_observation",
-    "export_compile_caches", "encode_binary_body",
+    "EPISODE_IDLE_S", "PolicyError", "PolicyHost", "Prepared",
+    "load_policy_class", "synthetic_observation", "export_compile_caches",
 ]
 
 log = logging.getLogger("sequence_ai_server.worker")
 
-BINARY_CONTENT_TYPE = "application/vnd.sequence-ai.act+bin"
-DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024     # a 2x224^2 JPEG observation is ~30 KB; raw 4K frames still fit
 EPISODE_IDLE_S = 300.0                        # an episode with no /act for this long is ended by the worker
-MAX_WARNINGS = 32
-SYNTHETIC_INSTRUCTION = "synthetic check: hold still"
-_JPEG_MAGIC = b"\xff\xd8"
-_PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-
-
-def _bad(detail: str, hint: Optional[str] = None, **details: Any) -> ApiError:
-    return ApiError("invalid_request", detail, hint=hint, details=details or None)
 
 
 # ---------------------------------------------------------------- loading a policy file
@@ -117,384 +93,6 @@ def export_compile_caches(cache_dir: str) -> dict[str, str]:
         Path(value).mkdir(parents=True, exist_ok=True)
     os.environ.update(env)
     return env
-
-
-# ---------------------------------------------------------------- the /act body
-
-def parse_act_body(raw: bytes, content_type: str = "application/json") -> tuple[dict, Optional[memoryview]]:
-    """Split an /act body into its JSON object and, for the binary framing, the blob region.
-
-    Binary framing: ``>I`` JSON length N, N bytes of UTF-8 JSON, then the blobs; each image's
-    ``"blob": [offset, length]`` counts from the first byte after the JSON.
-    Raises ApiError(invalid_request) naming what is malformed.
-    """
-    blobs: Optional[memoryview] = None
-    if content_type.startswith(BINARY_CONTENT_TYPE):
-        if len(raw) < 4:
-            raise _bad(f"binary /act body is {len(raw)} bytes; it starts with a 4-byte JSON length",
-                       hint="see docs/design.md: Binary /act body")
-        (n,) = struct.unpack_from(">I", raw, 0)
-        if n > len(raw) - 4:
-            raise _bad(f"binary /act body declares {n} bytes of JSON but carries {len(raw) - 4} after the length",
-                       hint="the length prefix is big-endian and counts only the JSON")
-        text = bytes(memoryview(raw)[4:4 + n])
-        blobs = memoryview(raw)[4 + n:]
-    elif content_type.startswith("application/json") or not content_type:
-        text = raw
-    else:
-        raise _bad(f"content type {content_type!r} is not accepted",
-                   hint=f"send application/json or {BINARY_CONTENT_TYPE}")
-    try:
-        body = json.loads(text)
-    except (ValueError, UnicodeDecodeError, RecursionError) as exc:  # RecursionError: absurd nesting
-        raise _bad(f"/act body is not valid JSON ({str(exc)[:200]})", hint="see docs/design.md for the /act body") from None
-    if not isinstance(body, dict):
-        raise _bad("/act body must be a JSON object", hint='send {"observation": {...}, "params": {}}')
-    if "observation" not in body:
-        raise _bad("/act body has no observation", hint='send {"observation": {...}, "params": {}}',
-                   errors=["observation: Field required"])
-    return body, blobs
-
-
-def encode_binary_body(body: dict, frames: list[bytes]) -> bytes:
-    """Build a binary /act body (tests and benchmarks): ``body``'s images already carry
-    ``"blob": [offset, length]`` for ``frames`` in order."""
-    text = json.dumps(body, separators=(",", ":")).encode()
-    return struct.pack(">I", len(text)) + text + b"".join(frames)
-
-
-def _frame_bytes(frame: dict, where: str, blobs: Optional[memoryview]) -> Any:
-    """The frame's encoded bytes: a zero-copy view into the binary body's blobs, or base64-decoded."""
-    if "blob" in frame:
-        ref = frame["blob"]
-        if blobs is None:
-            raise _bad(f"{where}: blob references need the binary body ({BINARY_CONTENT_TYPE})")
-        if (not isinstance(ref, list) or len(ref) != 2 or not all(isinstance(v, int) and not isinstance(v, bool) for v in ref)
-                or ref[0] < 0 or ref[1] <= 0 or ref[0] + ref[1] > len(blobs)):
-            raise _bad(f"{where}: blob {ref!r} is not an [offset, length] inside the {len(blobs)} blob bytes",
-                       hint="offsets count from the first byte after the JSON")
-        return blobs[ref[0]:ref[0] + ref[1]]
-    data = frame.get("data")
-    if not isinstance(data, str):
-        raise _bad(f"{where}: frame has no data", hint='send "data": base64 of JPEG/PNG bytes (or "blob" in the binary body)')
-    try:
-        return base64.b64decode(data, validate=True)
-    except (binascii.Error, ValueError):
-        raise _bad(f"{where}: data is not valid base64", hint="send each frame as base64 of JPEG or PNG bytes") from None
-
-
-def _size_mismatch(where: str, got: tuple[int, int], expect: tuple[int, int]) -> ApiError:
-    w, h = expect
-    return _bad(f"{where}: frame is {got[0]}x{got[1]}, this policy reads {w}x{h}",
-                hint=f"resize the frame to {w}x{h} (width x height) before encoding it",
-                view_size=list(got), expected=[w, h])
-
-
-def decode_image(raw: Any, where: str, expect: Optional[tuple[int, int]]) -> np.ndarray:
-    """JPEG (simplejpeg) or PNG (Pillow) bytes -> HxWx3 uint8 RGB. The size is checked from the
-    header, before decoding. Raises ApiError(invalid_request)."""
-    if bytes(raw[:2]) == _JPEG_MAGIC:
-        try:
-            h, w, _, _ = simplejpeg.decode_jpeg_header(raw)
-        except (ValueError, RuntimeError):
-            raise _bad(f"{where}: data is not a readable JPEG") from None
-        if expect is not None and (w, h) != expect:
-            raise _size_mismatch(where, (w, h), expect)
-        try:
-            return simplejpeg.decode_jpeg(raw, colorspace="RGB")
-        except (ValueError, RuntimeError) as exc:
-            raise _bad(f"{where}: JPEG could not be decoded ({exc})") from None
-    if bytes(raw[:8]) == _PNG_MAGIC:
-        img = _open_png(raw, where)
-        if expect is not None and img.size != expect:
-            raise _size_mismatch(where, img.size, expect)
-        try:
-            return np.asarray(img.convert("RGB"), dtype=np.uint8)
-        except Exception as exc:
-            raise _bad(f"{where}: PNG could not be decoded ({exc})") from None
-    raise _bad(f"{where}: data is not a JPEG or PNG image", hint="encode each frame as JPEG (quality 95) or PNG")
-
-
-def _open_png(raw: Any, where: str):
-    try:
-        return PILImage.open(io.BytesIO(bytes(raw)), formats=["PNG"])
-    except Exception:
-        raise _bad(f"{where}: data is not a readable PNG") from None
-
-
-def decode_depth(raw: Any, where: str, expect: Optional[tuple[int, int]]) -> np.ndarray:
-    """A 16-bit grayscale PNG of millimetres -> HxW float32 metres. Raises ApiError otherwise."""
-    if bytes(raw[:8]) != _PNG_MAGIC:
-        raise _bad(f"{where}: a depth frame must be a 16-bit PNG of millimetres",
-                   hint="send depth as a lossless 16-bit PNG (JPEG would corrupt the distances)")
-    img = _open_png(raw, where)
-    if img.mode not in ("I;16", "I;16B", "I"):
-        raise _bad(f"{where}: depth PNG is mode {img.mode}; expected 16-bit grayscale millimetres",
-                   hint="encode the depth map as uint16 millimetres")
-    if expect is not None and img.size != expect:
-        raise _size_mismatch(where, img.size, expect)
-    return np.asarray(img, dtype=np.float32) / 1000.0
-
-
-def _fits_float(value: Any) -> bool:
-    """False for an int too large for a 64-bit float (JSON allows any number of digits)."""
-    try:
-        float(value)
-    except OverflowError:
-        return False
-    except (TypeError, ValueError):
-        return True       # not a number at all: the caller's own check names that
-    return True
-
-
-def _proprio(name: str, values: Any) -> np.ndarray:
-    if isinstance(values, bool) or not isinstance(values, (list, int, float)):
-        raise _bad(f"proprioception.{name} must be a list of numbers, got {type(values).__name__}")
-    try:
-        arr = np.atleast_1d(np.asarray(values, dtype=np.float64))
-    except OverflowError:
-        raise _bad(f"proprioception.{name} holds a number too large for a 64-bit float",
-                   hint=f"send proprioception.{name} as finite floats in SI units (rad, m)", field=name) from None
-    except (TypeError, ValueError, RecursionError):
-        raise _bad(f"proprioception.{name} must be a list of numbers") from None
-    if arr.ndim != 1:
-        raise _bad(f"proprioception.{name} must be a flat list of numbers, got shape {list(arr.shape)}")
-    return arr
-
-
-def _timestamp(value: Any, where: str) -> Optional[float]:
-    """A frame's ``timestamp_ms``: null or a finite number (ms); ApiError otherwise."""
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not _fits_float(value) \
-            or not np.isfinite(float(value)):
-        raise _bad(f"{where}: timestamp_ms must be a finite number of milliseconds or null, got {str(value)[:40]}",
-                   hint="send the capture time in ms (e.g. time.time() * 1000) or leave it out")
-    return value
-
-
-def parse_observation(raw: Any, spec: PolicySpec, episode_id: Optional[str],
-                      blobs: Optional[memoryview] = None) -> tuple[seq.Observation, list[str]]:
-    """Check a wire observation against the contract (if declared), then decode it.
-
-    Checks, before any decoding: declared views present (undeclared ones dropped with a
-    warning), at least ``history`` frames per view (older extras dropped), declared depth frames
-    present, proprioception fields present with their declared widths and finite, instruction
-    non-empty. Raises ApiError(invalid_request) naming what is wrong and what to send.
-    """
-    if not isinstance(raw, dict):
-        raise _bad(f"observation must be a JSON object, got {type(raw).__name__}")
-    images_in = raw.get("images") or []
-    depth_in = raw.get("depth") or []
-    proprio_in = raw.get("proprioception") or {}
-    instruction = raw.get("instruction") or ""
-    if not isinstance(images_in, list) or not all(isinstance(f, dict) and isinstance(f.get("view"), str) for f in images_in):
-        raise _bad("observation.images must be a list of {view, data}", hint="see docs/design.md")
-    if not isinstance(depth_in, list) or not all(isinstance(f, dict) and isinstance(f.get("view"), str) for f in depth_in):
-        raise _bad("observation.depth must be a list of {view, data}", hint="see docs/design.md")
-    if not isinstance(proprio_in, dict):
-        raise _bad("observation.proprioception must be an object of field -> [numbers]")
-    if not isinstance(instruction, str):
-        raise _bad("observation.instruction must be a string")
-    frames: dict[str, list[dict]] = {}
-    for frame in images_in:
-        frames.setdefault(frame["view"], []).append(frame)
-    depth_frames = {d["view"]: d for d in depth_in}
-    proprio = {name: _proprio(name, values) for name, values in proprio_in.items()}
-    warnings: list[str] = []
-    contract = spec.observation
-    if contract is not None:
-        declared = ", ".join(f"{v} ({c.width}x{c.height})" for v, c in contract.cameras.items()) or "none"
-        missing = [v for v in contract.cameras if v not in frames]
-        if missing:
-            raise _bad(f"missing view(s) {missing}; this policy reads: {declared}",
-                       hint="send one frame per declared camera view, named exactly as declared",
-                       missing_views=missing, declared_views=list(contract.cameras))
-        for view in list(frames):
-            if view not in contract.cameras:
-                warnings.append(f"view {view!r} is not declared by this policy and was ignored")
-                del frames[view]
-        n = contract.history
-        for view, fs in frames.items():
-            if len(fs) < n:
-                raise _bad(f"view {view!r} has {len(fs)} frame(s); this policy reads {n} per view (history={n})",
-                           hint=f"send the last {n} frame(s) of each view, oldest first",
-                           view=view, got=len(fs), expected=n)
-            if len(fs) > n:
-                frames[view] = fs[-n:]                  # the newest n; older ones are not read
-        missing_depth = [v for v, c in contract.cameras.items() if c.depth and v not in depth_frames]
-        if missing_depth:
-            raise _bad(f"missing depth frame(s) for view(s) {missing_depth}",
-                       hint="send observation.depth: [{view, data: base64 16-bit PNG of millimetres}]",
-                       missing_depth=missing_depth)
-        for view in list(depth_frames):
-            cam = contract.cameras.get(view)
-            if cam is None or not cam.depth:
-                warnings.append(f"depth for view {view!r} is not declared by this policy and was ignored")
-                del depth_frames[view]
-        for name, width in contract.proprio.items():
-            if name not in proprio:
-                raise _bad(f"missing proprioception.{name}; this policy reads {dict(contract.proprio)}",
-                           hint=f"send proprioception.{name} as a list of {width} float(s)", missing_field=name)
-            got = proprio[name].shape[0]
-            if got != width:
-                raise _bad(f"proprioception.{name} has {got} value(s); this policy reads {width}",
-                           hint=f"send exactly {width} value(s) for {name}; declared: {dict(contract.proprio)}",
-                           field=name, got=got, expected=width)
-            if not np.all(np.isfinite(proprio[name])):
-                raise _bad(f"proprioception.{name} contains NaN or infinity")
-        if not instruction.strip():
-            raise _bad("instruction is empty; this policy needs a task instruction",
-                       hint='send observation.instruction, e.g. "put the red cube on the green pad"')
-
-    images: dict[str, np.ndarray] = {}
-    timestamps: dict[str, Optional[float]] = {}
-    history = contract.history if contract is not None else 1
-    for view, fs in frames.items():
-        cam = contract.cameras.get(view) if contract is not None else None
-        expect = (cam.width, cam.height) if cam is not None else None
-        where = f"view {view!r}"
-        arrays = [decode_image(_frame_bytes(f, where, blobs), where, expect) for f in fs]
-        images[view] = arrays[0] if history == 1 and len(arrays) == 1 else np.stack(arrays)
-        timestamps[view] = _timestamp(fs[-1].get("timestamp_ms"), where)
-    depth: dict[str, np.ndarray] = {}
-    for view, d in depth_frames.items():
-        cam = contract.cameras.get(view) if contract is not None else None
-        expect = (cam.width, cam.height) if cam is not None else None
-        where = f"depth {view!r}"
-        depth[view] = decode_depth(_frame_bytes(d, where, blobs), where, expect)
-    obs = seq.Observation(images=images, proprio=proprio, instruction=instruction, episode_id=episode_id,
-                          depth=depth, timestamps_ms=timestamps)
-    return obs, warnings
-
-
-# ---------------------------------------------------------------- checking the chunk
-
-def _policy_error(detail: str, reason: str, **details: Any) -> ApiError:
-    return ApiError("policy_error", detail, details={"reason": reason, **details},
-                    hint="the chunk infer() returned does not fit the declared ActionContract")
-
-
-def finish_chunk(result: Any, spec: PolicySpec) -> tuple[Optional[dict], list[str], Any]:
-    """Check infer's result against the ActionContract; clip or refuse.
-
-    -> (chunk dict for the wire or None, warnings, outputs). A policy with no contract whose
-    infer is not written for Observation/ActionChunk gets its return value back as ``outputs``.
-    Raises ApiError(policy_error) with ``details.reason`` in type | shape | action_dim |
-    action_space | non_finite | open_loop_horizon | bounds.
-    """
-    if not isinstance(result, seq.ActionChunk):
-        if spec.infer_mode == "raw" and spec.action is None:
-            return None, [], result
-        if isinstance(result, dict) and "actions" in result:
-            try:
-                result = seq.ActionChunk(result["actions"], result.get("open_loop_horizon"), result.get("action_space"))
-            except (TypeError, ValueError) as exc:
-                raise _policy_error(f"infer() returned an unusable chunk dict ({exc})", "type") from None
-        elif isinstance(result, (np.ndarray, list, tuple)):
-            try:
-                result = seq.ActionChunk(result)
-            except (TypeError, ValueError) as exc:
-                raise _policy_error(f"infer() returned an array that is not numeric ({exc})", "type") from None
-        else:
-            raise _policy_error(f"infer() returned {type(result).__name__}; return seq.ActionChunk(actions=...)", "type")
-    arr = np.array(result.actions, dtype=np.float64)
-    action = spec.action
-    if arr.ndim != 2 or arr.shape[0] == 0:
-        raise _policy_error(f"action chunk has shape {tuple(arr.shape)}; expected T x "
-                            f"{action.action_dim if action else 'D'} with T >= 1", "shape", shape=list(arr.shape))
-    if action is not None and arr.shape[1] != action.action_dim:
-        raise _policy_error(f"action chunk rows have {arr.shape[1]} values; the contract declares action_dim={action.action_dim}",
-                            "action_dim", shape=list(arr.shape))
-    if action is not None and result.action_space is not None and result.action_space != action.action_space.value:
-        raise _policy_error(f"action chunk is {result.action_space}; the contract declares {action.action_space.value}",
-                            "action_space", got=result.action_space, expected=action.action_space.value)
-    if not np.all(np.isfinite(arr)):
-        bad = np.argwhere(~np.isfinite(arr))[:5].tolist()
-        raise _policy_error(f"action chunk contains NaN or infinity at (step, dim) {bad}", "non_finite")
-    olh = result.open_loop_horizon
-    if olh is not None and not (1 <= olh <= arr.shape[0]):
-        raise _policy_error(f"open_loop_horizon={olh} is outside 1..{arr.shape[0]} (the chunk's length)", "open_loop_horizon")
-    warnings: list[str] = []
-    if action is not None:
-        violations: list[str] = []
-        if action.bounds is not None:
-            lo, hi = spec_bounds(action)
-            outside = (arr < lo) | (arr > hi)
-            if outside.any():
-                for t, d in np.argwhere(outside).tolist():
-                    violations.append(f"step {t} dim {d}: {arr[t, d]:.6g} outside [{lo[d]:.6g}, {hi[d]:.6g}]")
-                arr = np.clip(arr, lo, hi)
-        md = action.max_delta_per_dim()
-        # max_delta follows the action space (the client's seam guard uses the same rule,
-        # sequence_ai_core._limits.max_delta_rule): a delta row IS the step, so each value's
-        # magnitude is bounded; any other row is a level, so the change between rows is.
-        if md is not None and "delta" in action.action_space.value:
-            limit = np.asarray(md)
-            over = np.abs(arr) > limit
-            if over.any():
-                for t, d in np.argwhere(over).tolist():
-                    violations.append(f"step {t} dim {d}: a step of {arr[t, d]:.6g}, max_delta {limit[d]:.6g}")
-                arr = np.clip(arr, -limit, limit)
-        elif md is not None and arr.shape[0] > 1:
-            limit = np.asarray(md)
-            if (np.abs(np.diff(arr, axis=0)) > limit).any():
-                for t in range(1, arr.shape[0]):
-                    step = arr[t] - arr[t - 1]
-                    over = np.abs(step) > limit
-                    if over.any():
-                        for d in np.flatnonzero(over).tolist():
-                            violations.append(f"step {t} dim {d}: moves {step[d]:.6g} from the previous step, "
-                                              f"max_delta {limit[d]:.6g}")
-                        arr[t] = arr[t - 1] + np.clip(step, -limit, limit)
-        if violations:
-            if action.on_violation == "refuse":
-                raise ApiError("policy_error", f"action chunk violates the declared limits: {violations[0]}"
-                               + (f" (and {len(violations) - 1} more)" if len(violations) > 1 else ""),
-                               details={"reason": "bounds", "violations": violations[:MAX_WARNINGS]},
-                               hint='the contract says on_violation="refuse"; use "clip" to clip instead')
-            warnings = [f"clipped {v}" for v in violations[:MAX_WARNINGS]]
-            if len(violations) > MAX_WARNINGS:
-                warnings.append(f"... and {len(violations) - MAX_WARNINGS} more clipped values")
-    chunk = {
-        "actions": arr.tolist(),
-        "action_space": action.action_space.value if action else result.action_space,
-        "robot": action.robot if action else None,
-        "control_frequency_hz": action.control_frequency_hz if action else None,
-        "open_loop_horizon": olh,
-    }
-    return chunk, warnings, None
-
-
-_BOUNDS_CACHE: dict[int, tuple[np.ndarray, np.ndarray]] = {}
-
-
-def spec_bounds(action: Any) -> tuple[np.ndarray, np.ndarray]:
-    key = id(action)
-    cached = _BOUNDS_CACHE.get(key)
-    if cached is None:
-        cached = (np.array([b[0] for b in action.bounds]), np.array([b[1] for b in action.bounds]))
-        _BOUNDS_CACHE[key] = cached
-    return cached
-
-
-def synthetic_observation(spec: PolicySpec) -> dict[str, Any]:
-    """Black frames at each declared size (``history`` of them per view), zero 16-bit depth
-    maps where declared, zero vectors of each declared width, an instruction."""
-    contract = spec.observation
-    images, depth = [], []
-    for view, cam in contract.cameras.items():
-        buf = io.BytesIO()
-        PILImage.new("RGB", (cam.width, cam.height)).save(buf, format="PNG")
-        data = base64.b64encode(buf.getvalue()).decode()
-        images.extend({"view": view, "data": data, "timestamp_ms": 0} for _ in range(contract.history))
-        if cam.depth:
-            buf = io.BytesIO()
-            PILImage.fromarray(np.zeros((cam.height, cam.width), dtype=np.uint16)).save(buf, format="PNG")
-            depth.append({"view": view, "data": base64.b64encode(buf.getvalue()).decode()})
-    return {"images": images, "depth": depth,
-            "proprioception": {k: [0.0] * w for k, w in contract.proprio.items()},
-            "instruction": SYNTHETIC_INSTRUCTION}
 
 
 # ---------------------------------------------------------------- the host
@@ -654,7 +252,7 @@ class _Replica:
                 results = fn(obs, **params)
                 if not isinstance(results, (list, tuple)) or len(results) != len(items):
                     got = f"{len(results)} result(s)" if isinstance(results, (list, tuple)) else type(results).__name__
-                    err = _policy_error(f"batched infer() got {len(items)} request(s) and returned {got}; "
+                    err = policy_error(f"batched infer() got {len(items)} request(s) and returned {got}; "
                                         "return a list with one chunk per request, in order", "batch")
                     for i in items:
                         i.future.set_exception(err)
@@ -771,11 +369,11 @@ class PolicyHost:
         body, blobs = parse_act_body(raw, content_type)
         episode_id = body.get("episode_id")
         if episode_id is not None and (not isinstance(episode_id, str) or not 0 < len(episode_id) <= 128):
-            raise _bad("episode_id must be a string of 1 to 128 characters")
+            raise ApiError("invalid_request", "episode_id must be a string of 1 to 128 characters")
         given = body.get("params") or {}
         if isinstance(given, dict):
             for name, value in given.items():
-                if isinstance(value, int) and not isinstance(value, bool) and not _fits_float(value):
+                if isinstance(value, int) and not isinstance(value, bool) and not fits_float(value):
                     raise ApiError("invalid_request", f"param {name!r} is a number too large for a 64-bit float",
                                    details={"reason": "params", "param": name}, hint="send a value in the declared range")
         try:
@@ -786,7 +384,8 @@ class PolicyHost:
                            hint="send only the params infer() declares, with allowed values (seq policy status lists them)") from None
         end = body.get("end_episode", False)
         if not isinstance(end, bool):  # "false" is truthy: refuse anything but a JSON boolean
-            raise _bad(f"end_episode must be true or false, got {end!r}", hint='send "end_episode": true')
+            raise ApiError("invalid_request", f"end_episode must be true or false, got {end!r}",
+                           hint='send "end_episode": true')
         if self.spec.infer_mode == "raw":
             return Prepared(body["observation"], params, [], episode_id, end)
         obs, warnings = parse_observation(body["observation"], self.spec, episode_id, blobs)
@@ -847,14 +446,3 @@ class PolicyHost:
             log.info("episode %s idle for %.0f s: ended by the worker", eid, self.episode_idle_s)
             self.end_episode(eid)
         return idle
-
-    def act_blocking(self, body: dict) -> dict:
-        """One request end to end on the calling thread (tests, other launchers) -> response dict."""
-        prepared = self.prepare(json.dumps(body).encode())
-        try:
-            result, seconds, batch = self.submit(prepared).result()
-        except PolicyError as exc:
-            raise exc.to_api_error() from None
-        chunk, more, outputs = finish_chunk(result, self.spec)
-        return {"action_chunk": chunk, "warnings": prepared.warnings + more, "inference_ms": seconds * 1000.0,
-                "request_id": new_request_id(), "outputs": outputs}

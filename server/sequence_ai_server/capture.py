@@ -219,7 +219,7 @@ class CaptureWriter:
 
     def _write(self, raw: bytes, content_type: str, ep: str, params: dict, chunk: Any, request_id: str,
                inference_ms: float, t: float, images: bool) -> None:
-        from ._hosting import _frame_bytes, parse_act_body
+        from .observation import frame_data, parse_act_body
         body, blobs = parse_act_body(raw, content_type)
         key = episode_key(ep)
         path = self.dir / "episodes" / f"{key}.jsonl"
@@ -235,7 +235,7 @@ class CaptureWriter:
                 continue
             entry = {"view": frame.get("view"), "timestamp_ms": frame.get("timestamp_ms")}
             if images:
-                data = bytes(_frame_bytes(frame, f"view {frame.get('view')!r}", blobs))
+                data = bytes(frame_data(frame, f"view {frame.get('view')!r}", blobs))
                 ext = "png" if data[:4] == b"\x89PNG" else "jpg"
                 view = re.sub(r"[^A-Za-z0-9_.\-]", "_", str(frame.get("view")))
                 rel = f"frames/{key}/{step:06d}_{view}_{k}.{ext}"

@@ -1,5 +1,8 @@
 """The one error shape every sequence-ai server answers with, and the code table.
 
+The table itself lives in ``sequence_ai_core.protocol.ERROR_CODES`` (shared with the client);
+its main rows:
+
     {"detail": str, "code": str, "retryable": bool, "retry_after_s": float | null,
      "request_id": str | null, "hint": str | null, "details": object | null}
 
@@ -36,23 +39,14 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from sequence_ai_core.protocol import ERROR_CODES
+
 __all__ = ["ErrorBody", "ApiError", "CODES", "CatchAll", "install_error_handlers", "new_request_id"]
 
 log = logging.getLogger("sequence_ai_server")
 
-# code -> (HTTP status, retryable)
-CODES: dict[str, tuple[int, bool]] = {
-    "invalid_request": (400, False),
-    "unauthorized": (401, False),
-    "lease_expired": (401, False),
-    "not_found": (404, False),
-    "payload_too_large": (413, False),
-    "policy_error": (500, False),
-    "internal": (500, False),
-    "warming": (503, True),
-    "worker_failed": (503, False),
-    "request_timeout": (504, True),
-}
+# code -> (HTTP status, retryable), from the wire protocol's table (the client reads the same one)
+CODES: dict[str, tuple[int, bool]] = {code: (row.status, row.retryable) for code, row in ERROR_CODES.items()}
 
 
 class ErrorBody(BaseModel):

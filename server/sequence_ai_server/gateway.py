@@ -99,7 +99,7 @@ BUILD_SUFFIX = ".build"     # workers[name + BUILD_SUFFIX]: the version building
 SIDE_MARK = "@v"            # workers[f"{name}@v{N}"]: a kept version serving a traffic split or a pin
 HEALTH_INTERVAL_S = 2.0     # how often running workers are pinged for a jammed inference ($SEQ_HEALTH_INTERVAL_S)
 _CODES.setdefault("deployment_stopped", (503, False))   # `seq policy stop`, until `seq policy start`
-MAX_BODY_BYTES = 32 * 1024 * 1024   # the largest request body the gateway reads (the worker's cap too)
+from sequence_ai_core.protocol import MAX_BODY_BYTES  # noqa: E402  the largest request body the gateway reads (the worker's cap too)
 _NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
 _DEPLOYMENT_PATH = re.compile(r"^/v1/deployments/([a-z0-9][a-z0-9_-]{0,62})(?:/|$)")
 _QUIET_ROUTES = {"/metrics", "/healthz", "/v1/deployments/{name}/logs", "/v1/deployments/{name}",
@@ -112,10 +112,6 @@ class DataDirInUse(OSError):
 
 def default_data_dir() -> Path:
     return Path(os.environ.get("SEQUENCES_HOME") or Path.home() / ".sequence-ai").expanduser()
-
-
-def _hash_key(key: str) -> str:
-    return hashlib.sha256(key.encode()).hexdigest()
 
 
 # ---------------------------------------------------------------- wire models
@@ -739,10 +735,6 @@ class Gateway:
             f.write(key + "\n")
         os.chmod(self.api_key_file, 0o600)
         log.info("created an API key; it is in %s", self.api_key_file)
-
-    def check_key(self, key: Optional[str]) -> bool:
-        rec = self.keys.lookup(key)
-        return rec is not None and rec.revoked_at is None
 
     def authenticate(self, key: Optional[str]) -> KeyRecord:
         """The live key record for ``key``; raises ApiError unauthorized (401) when missing, unknown or revoked."""

@@ -25,16 +25,9 @@ import time
 from dataclasses import dataclass
 from typing import Optional
 
-from .errors import CODES, ApiError
+from .errors import ApiError
 
 __all__ = ["SlotQueue", "slots_of", "ABANDON_S"]
-
-# The reason codes of a full deployment (HTTP status, retryable). errors.py is another
-# engineer's file; the codes are registered here, where they are raised.
-CODES.setdefault("queued", (503, True))
-CODES.setdefault("deployment_full", (503, False))
-CODES.setdefault("queue_timeout", (503, False))
-CODES.setdefault("gpu_limit_reached", (503, False))
 
 ABANDON_S = 15.0          # a queued robot that has not asked again for this long loses its place
 RETRY_S = 1.0             # how often a queued robot is told to ask again (Retry-After, s)
@@ -70,10 +63,6 @@ class SlotQueue:
         with self._lock:
             lines = [self._lines.get(model, [])] if model else list(self._lines.values())
             return sum(len(x) for x in lines)
-
-    def drop(self, model: str) -> None:
-        with self._lock:
-            self._lines.pop(model, None)
 
     def leave(self, ticket: str, holder: str) -> bool:
         """Take ``ticket`` out of its line at once (its robot gave up waiting); True when it was

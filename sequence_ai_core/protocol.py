@@ -1,0 +1,313 @@
+"""The wire protocol between a robot client and a sequence-ai server, in one place.
+
+Pure standard library: the client (``sequence_ai_core``) and the server
+(``sequence_ai_server``) both import it, so the two sides cannot drift apart. It holds
+
+* the content types of an ``/act`` body (``JSON_CONTENT_TYPE``, ``BINARY_CONTENT_TYPE``) and the
+  body limit (``MAX_BODY_BYTES``, 32 MiB);
+* the binary ``/act`` framing, both directions: ``encode_act_body`` (client) and
+  ``decode_act_body`` / ``frame_bytes`` (server). The framing is a 4-byte big-endian length N,
+  N bytes of UTF-8 JSON whose camera images carry ``"blob": [offset, length]`` instead of
+  ``"data"``, then the raw JPEG/PNG bytes; offsets count from the first byte after the JSON.
+  Depth frames (16-bit PNG, rare) stay base64 in the JSON. A malformed body raises
+  ``FramingError`` (a ValueError) with the sentence a 400 answer carries;
+* the error-code table (``ERROR_CODES``): code -> HTTP status -> retryable -> the client's
+  exception class name. The server answers with these statuses; the client picks its class
+  from them;
+* typed views of the contract a handshake or ``/info`` hands back (``Contract.from_wire``):
+  ``ObservationSpec`` (cameras, proprioception widths, history) and ``ActionSpec`` (robot,
+  action space, action_dim, control frequency in Hz, bounds, max_delta, on_violation).
+"""
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Tuple
+
+__all__ = [
+    "JSON_CONTENT_TYPE", "BINARY_CONTENT_TYPE", "MAX_BODY_BYTES",
+    "FramingError", "encode_act_body", "decode_act_body", "frame_bytes",
+    "ErrorCode", "ERROR_CODES",
+    "CameraSpec", "ObservationSpec", "ActionSpec", "Contract",
+]
+
+JSON_CONTENT_TYPE = "application/json"
+BINARY_CONTENT_TYPE = "application/vnd.sequence-ai.act+bin"
+# The largest request body a gateway or worker reads (bytes): a 2x224^2 JPEG observation is
+# ~30 KB; raw 4K frames still fit.
+MAX_BODY_BYTES = 32 * 1024 * 1024
+_DESIGN = "see docs/design.md: Binary /act body"
+
+
+# ---------------------------------------------------------------- the /act framing
+
+class FramingError(ValueError):
+    """An /act body that cannot be read: ``detail`` says what, ``hint`` what to send instead,
+    ``details`` carries structured fields for the error body (or None)."""
+
+    def __init__(self, detail: str, hint: Optional[str] = None, **details: Any) -> None:
+        super().__init__(detail)
+        self.detail = detail
+        self.hint = hint
+        self.details = details or None
+
+
+def _raw(data: Any) -> bytes:
+    if isinstance(data, (bytes, bytearray, memoryview)):
+        return bytes(data)
+    return base64.b64decode(data)
+
+
+def _b64(data: Any) -> str:
+    if isinstance(data, (bytes, bytearray, memoryview)):
+        return base64.b64encode(bytes(data)).decode("ascii")
+    return data
+
+
+def _dumps(obj: Any) -> bytes:
+    return json.dumps(obj, separators=(",", ":"), allow_nan=False).encode("utf-8")
+
+
+def encode_act_body(body: Dict[str, Any], binary: bool) -> Tuple[bytes, str]:
+    """Serialise an /act body; returns ``(bytes, content_type)``.
+
+    ``body["observation"]["images"][i]["data"]`` (and ``["depth"][i]["data"]``) may be raw
+    encoded bytes or base64 text. JSON: every frame becomes base64 text. Binary: every camera
+    frame becomes a blob after the JSON header; depth frames stay base64 in the header. A body
+    without camera frames is always JSON. Raises ValueError for NaN/inf in the body.
+    """
+    obs = body.get("observation")
+    images = obs.get("images") if isinstance(obs, dict) else None
+    depth = obs.get("depth") if isinstance(obs, dict) else None
+    if depth:
+        obs = dict(obs, depth=[dict(d, data=_b64(d["data"])) for d in depth])
+        body = dict(body, observation=obs)
+    if not images:
+        return _dumps(body), JSON_CONTENT_TYPE
+    if not binary:
+        frames = [dict(img, data=_b64(img["data"])) if "data" in img else img for img in images]
+        return _dumps(dict(body, observation=dict(obs, images=frames))), JSON_CONTENT_TYPE
+    blobs: List[bytes] = []
+    frames = []
+    offset = 0
+    for img in images:
+        if "data" not in img:
+            frames.append(img)
+            continue
+        raw = _raw(img["data"])
+        frame = {k: v for k, v in img.items() if k != "data"}
+        frame["blob"] = [offset, len(raw)]
+        offset += len(raw)
+        blobs.append(raw)
+        frames.append(frame)
+    head = _dumps(dict(body, observation=dict(obs, images=frames)))
+    return b"".join([len(head).to_bytes(4, "big"), head, *blobs]), BINARY_CONTENT_TYPE
+
+
+def decode_act_body(raw: bytes, content_type: str = JSON_CONTENT_TYPE) -> Tuple[dict, Optional[memoryview]]:
+    """Split an /act body into its JSON object and, for the binary framing, the blob region.
+
+    ``content_type`` may carry parameters (``; charset=utf-8``); empty means JSON. The blob
+    region is a zero-copy view for ``frame_bytes``. Raises FramingError: a short or inconsistent
+    length prefix, another content type, JSON that does not parse, a body that is not an object
+    or has no ``observation``.
+    """
+    blobs: Optional[memoryview] = None
+    if content_type.startswith(BINARY_CONTENT_TYPE):
+        if len(raw) < 4:
+            raise FramingError(f"binary /act body is {len(raw)} bytes; it starts with a 4-byte JSON length",
+                               hint="see docs/design.md: Binary /act body")
+        n = int.from_bytes(bytes(raw[:4]), "big")
+        if n > len(raw) - 4:
+            raise FramingError(f"binary /act body declares {n} bytes of JSON but carries {len(raw) - 4} after "
+                               "the length", hint="the length prefix is big-endian and counts only the JSON")
+        text = bytes(memoryview(raw)[4:4 + n])
+        blobs = memoryview(raw)[4 + n:]
+    elif content_type.startswith(JSON_CONTENT_TYPE) or not content_type:
+        text = raw
+    else:
+        raise FramingError(f"content type {content_type!r} is not accepted",
+                           hint=f"send {JSON_CONTENT_TYPE} or {BINARY_CONTENT_TYPE}")
+    try:
+        body = json.loads(text)
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:  # RecursionError: absurd nesting
+        raise FramingError(f"/act body is not valid JSON ({str(exc)[:200]})",
+                           hint="see docs/design.md for the /act body") from None
+    if not isinstance(body, dict):
+        raise FramingError("/act body must be a JSON object", hint='send {"observation": {...}, "params": {}}')
+    if "observation" not in body:
+        raise FramingError("/act body has no observation", hint='send {"observation": {...}, "params": {}}',
+                           errors=["observation: Field required"])
+    return body, blobs
+
+
+def frame_bytes(frame: Mapping[str, Any], where: str, blobs: Optional[memoryview]) -> Any:
+    """One frame's encoded bytes: a zero-copy view into the binary body's blobs (``"blob"``), or
+    its base64 ``"data"`` decoded. ``where`` names the frame in the error. Raises FramingError."""
+    if "blob" in frame:
+        ref = frame["blob"]
+        if blobs is None:
+            raise FramingError(f"{where}: blob references need the binary body ({BINARY_CONTENT_TYPE})")
+        if (not isinstance(ref, list) or len(ref) != 2
+                or not all(isinstance(v, int) and not isinstance(v, bool) for v in ref)
+                or ref[0] < 0 or ref[1] <= 0 or ref[0] + ref[1] > len(blobs)):
+            raise FramingError(f"{where}: blob {ref!r} is not an [offset, length] inside the {len(blobs)} blob bytes",
+                               hint="offsets count from the first byte after the JSON")
+        return blobs[ref[0]:ref[0] + ref[1]]
+    data = frame.get("data")
+    if not isinstance(data, str):
+        raise FramingError(f"{where}: frame has no data",
+                           hint='send "data": base64 of JPEG/PNG bytes (or "blob" in the binary body)')
+    try:
+        return base64.b64decode(data, validate=True)
+    except (binascii.Error, ValueError):
+        raise FramingError(f"{where}: data is not valid base64",
+                           hint="send each frame as base64 of JPEG or PNG bytes") from None
+
+
+# ---------------------------------------------------------------- error codes
+
+class ErrorCode(NamedTuple):
+    """One row of the error table: the HTTP status it is answered with, whether the same call
+    may succeed later unchanged, and the client exception (a name in ``sequence_ai``)."""
+
+    status: int
+    retryable: bool
+    client_class: str
+
+
+ERROR_CODES: Dict[str, ErrorCode] = {
+    "invalid_request": ErrorCode(400, False, "InvalidRequest"),     # malformed body, unknown param
+    "contract_mismatch": ErrorCode(400, False, "ContractMismatch"),  # observation / contract differ
+    "unauthorized": ErrorCode(401, False, "AuthError"),             # key or direct secret; ended session
+    "lease_expired": ErrorCode(401, False, "AuthError"),            # a lease from an older worker epoch
+    "out_of_credit": ErrorCode(402, False, "OutOfCredit"),          # a usage limit set on the gateway
+    "quota_exceeded": ErrorCode(402, False, "OutOfCredit"),
+    "not_found": ErrorCode(404, False, "InvalidRequest"),           # unknown deployment / model / route
+    "payload_too_large": ErrorCode(413, False, "InvalidRequest"),   # a body over MAX_BODY_BYTES
+    "policy_error": ErrorCode(500, False, "PolicyError"),           # the policy's own code raised
+    "internal": ErrorCode(500, False, "SequencesError"),            # a bug in the server itself
+    "warming": ErrorCode(503, True, "Unavailable"),                 # loading; Retry-After says when
+    "worker_failed": ErrorCode(503, False, "Unavailable"),          # the worker failed to load or died
+    "unavailable": ErrorCode(503, False, "Unavailable"),
+    "queued": ErrorCode(503, True, "Unavailable"),                  # every slot taken: waiting in line
+    "queue_timeout": ErrorCode(503, False, "Unavailable"),          # waited queue_timeout_s in line
+    "deployment_full": ErrorCode(503, False, "Unavailable"),        # every slot taken, on_full="reject"
+    "deployment_stopped": ErrorCode(503, False, "Unavailable"),     # `seq policy stop`
+    "gpu_limit_reached": ErrorCode(503, False, "Unavailable"),      # no GPU left for another worker
+    "request_timeout": ErrorCode(504, True, "Unavailable"),         # one inference ran past its timeout
+}
+
+
+# ---------------------------------------------------------------- contract views
+
+@dataclass(frozen=True)
+class CameraSpec:
+    """One declared camera view: frame size in pixels (width x height), and whether a 16-bit
+    depth PNG (millimetres) is expected beside it."""
+
+    view: str
+    width: Optional[int] = None
+    height: Optional[int] = None
+    depth: bool = False
+
+    @property
+    def size(self) -> Optional[Tuple[int, int]]:
+        """``(width, height)`` in pixels, or None when the declaration gives no size."""
+        return (self.width, self.height) if self.width and self.height else None
+
+
+@dataclass(frozen=True)
+class ObservationSpec:
+    """What the policy reads: cameras by view name, proprioception field -> width, and
+    ``history`` frames per view (oldest first)."""
+
+    cameras: Dict[str, CameraSpec] = field(default_factory=dict)
+    proprio: Dict[str, int] = field(default_factory=dict)
+    history: int = 1
+
+    @classmethod
+    def from_wire(cls, data: Optional[Mapping[str, Any]]) -> Optional["ObservationSpec"]:
+        """The view of an ``observation`` contract dict; None for None/empty. Cameras may be a
+        ``{view: {width, height, depth}}`` object or a list of names / ``{view|name: ...}``."""
+        if not data:
+            return None
+        raw = data.get("cameras") or {}
+        cameras: Dict[str, CameraSpec] = {}
+        if isinstance(raw, Mapping):
+            for view, cam in raw.items():
+                cam = cam if isinstance(cam, Mapping) else {}
+                cameras[str(view)] = CameraSpec(str(view), _int(cam.get("width")), _int(cam.get("height")),
+                                                bool(cam.get("depth", False)))
+        elif isinstance(raw, (list, tuple)):
+            for cam in raw:
+                view = (cam.get("view") or cam.get("name")) if isinstance(cam, Mapping) else str(cam)
+                if view:
+                    cameras[str(view)] = CameraSpec(str(view))
+        proprio = data.get("proprio")
+        widths = {str(k): v for k, v in proprio.items()} if isinstance(proprio, Mapping) else {}
+        return cls(cameras, widths, int(data.get("history") or 1))
+
+
+def _int(value: Any) -> Optional[int]:
+    try:
+        return None if value is None else int(value)
+    except (TypeError, ValueError):
+        return None
+
+
+@dataclass(frozen=True)
+class ActionSpec:
+    """What every action chunk is: ``robot``, ``action_space`` (e.g. ``"joint_absolute"``),
+    ``action_dim`` values per row, ``control_frequency_hz`` (Hz), optional ``bounds`` (one
+    ``[low, high]`` per dimension), ``max_delta`` (one number or one per dimension) and
+    ``on_violation`` (``"clip"`` or ``"refuse"``). ``raw`` is the wire dict it was read from."""
+
+    robot: Optional[str] = None
+    action_space: Optional[str] = None
+    action_dim: Optional[int] = None
+    control_frequency_hz: Optional[float] = None
+    bounds: Optional[List[List[float]]] = None
+    max_delta: Any = None
+    on_violation: str = "clip"
+    raw: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    @classmethod
+    def from_wire(cls, data: Optional[Mapping[str, Any]]) -> Optional["ActionSpec"]:
+        """The view of an ``action`` contract dict; None for None/empty."""
+        if not data:
+            return None
+        return cls(data.get("robot"), data.get("action_space"), _int(data.get("action_dim")),
+                   data.get("control_frequency_hz"), data.get("bounds"), data.get("max_delta"),
+                   data.get("on_violation") or "clip", dict(data))
+
+    def declared(self, key: str) -> Any:
+        """The declared value of field ``key`` as it came on the wire (None when absent)."""
+        return self.raw.get(key)
+
+
+@dataclass(frozen=True)
+class Contract:
+    """A deployment's declared contract: ``observation`` and ``action`` views, each None when
+    the policy declares none (it defines its own inputs / outputs)."""
+
+    observation: Optional[ObservationSpec] = None
+    action: Optional[ActionSpec] = None
+
+    @classmethod
+    def from_wire(cls, data: Any) -> "Contract":
+        """The view of a contract dict (``{"observation": ..., "action": ...}``, as the
+        handshake, ``/v1/models`` and the worker's ``/info`` hand it back); ``Contract()`` for
+        None, an empty dict, or anything that is not a mapping."""
+        if not isinstance(data, Mapping):
+            return cls()
+        obs, act = data.get("observation"), data.get("action")
+        return cls(ObservationSpec.from_wire(obs if isinstance(obs, Mapping) else None),
+                   ActionSpec.from_wire(act if isinstance(act, Mapping) else None))
+
+    @property
+    def declared(self) -> bool:
+        """True when the policy declares an observation or an action contract."""
+        return self.observation is not None or self.action is not None
