@@ -29,9 +29,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 import seq
-from seq._params import ParamError, cast_params
-from seq._policy import PolicySpec, get_spec, is_policy
-from seq._scaling import EVAL_BATCH_DEADLINE_MS
+from seq.spec import EVAL_BATCH_DEADLINE_MS, ParamError, PolicySpec, cast_params, get_spec, is_policy, load_policy_class
 
 from .chunk import finish_chunk, policy_error
 from .errors import ApiError
@@ -48,40 +46,6 @@ EPISODE_IDLE_S = 300.0                        # an episode with no /act for this
 
 
 # ---------------------------------------------------------------- loading a policy file
-
-def load_policy_class(file: str, class_name: Optional[str] = None) -> type:
-    """Import ``file`` (its directory goes on sys.path) and return its @seq.policy class: the
-    named one, or the only one the module defines. Raises FileNotFoundError, ImportError,
-    LookupError (no / several / not-decorated class), or whatever the module raises on import
-    (a DeclarationError for a malformed declaration)."""
-    path = Path(file).resolve()
-    if not path.is_file():
-        raise FileNotFoundError(f"policy file not found: {path}")
-    directory = str(path.parent)
-    if directory not in sys.path:
-        sys.path.insert(0, directory)
-    module_name = path.stem
-    spec = importlib.util.spec_from_file_location(module_name, path)
-    if spec is None or spec.loader is None:
-        raise ImportError(f"cannot import {path}: not a Python module")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[module_name] = module
-    spec.loader.exec_module(module)
-    if class_name:
-        cls = getattr(module, class_name, None)
-        if cls is None:
-            raise LookupError(f"{path.name} has no class {class_name!r}")
-        if not is_policy(cls):
-            raise LookupError(f"{path.name}:{class_name} is not decorated with @seq.policy")
-        return cls
-    found = [obj for obj in vars(module).values() if is_policy(obj) and obj.__module__ == module.__name__]
-    if not found:
-        raise LookupError(f"{path.name} defines no @seq.policy class")
-    if len(found) > 1:
-        names = ", ".join(sorted(c.__name__ for c in found))
-        raise LookupError(f"{path.name} defines several @seq.policy classes ({names}); name one with --class")
-    return found[0]
-
 
 def export_compile_caches(cache_dir: str) -> dict[str, str]:
     """Point the torch inductor, Triton and JAX compilation caches at ``cache_dir`` (created),

@@ -12,7 +12,7 @@ from typing import Any, Optional
 import numpy as np
 
 import seq
-from seq._policy import PolicySpec
+from seq.spec import PolicySpec
 
 from .errors import ApiError
 

@@ -68,7 +68,7 @@ import httpx
 from fastapi import APIRouter, Depends, FastAPI, Header, Request
 from pydantic import BaseModel
 
-from seq._params import InferParam, ParamError, cast_params
+from seq.spec import InferParam, ParamError, cast_params
 
 from . import catalogue   # the /v1/models rows: contract-derived fields and templates
 from .errors import CODES as _CODES
@@ -1667,7 +1667,7 @@ class Gateway:
         into ``handler_ms`` (the worker's inference_ms) and ``network_ms`` (the rest of the round
         trip: transport, decoding, queuing). ``worker`` is null when no worker runs."""
         from types import SimpleNamespace
-        from seq._contracts import ObservationContract
+        from seq.spec import ObservationContract
         from .errors import new_request_id as _rid
         from ._hosting import synthetic_observation
         row = self.require(name)

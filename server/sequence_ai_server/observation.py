@@ -19,7 +19,7 @@ import simplejpeg
 from PIL import Image as PILImage
 
 import seq
-from seq._policy import PolicySpec
+from seq.spec import PolicySpec
 from sequence_ai_core.protocol import FramingError, decode_act_body, frame_bytes
 
 from .errors import ApiError
