@@ -23,6 +23,7 @@ setup(
         "sequence_ai_core",
         "sequence_ai",
         "seq",
+        "seq.cli",
         "sequence_ai_server",
         "sequence_ai_server.eval",
         "sequence_ai_ros",
