@@ -169,14 +169,14 @@ def create_app(state: WorkerState, secret: str, *, max_body_bytes: int = DEFAULT
                               "POST /v1/connect, or the worker secret); /control/revoke only the worker secret; "
                               "/ping and /info are open. Credentials are checked before the body is read.")
 
-    # Platform (issue 5): the direct secret may also be a gateway-signed lease token (expired ->
+    # The direct secret may also be a gateway-signed lease token (expired ->
     # 401 lease_expired), the secret is rotated through $SEQ_WORKER_SECRET_FILE, and accepted
     # requests touch $SEQ_WORKER_ACTIVITY_FILE (idle stop). All of it lives in leases.py.
     from .leases import DirectAuth
     direct_auth = DirectAuth.from_env(secret)
     app.state.direct_auth = direct_auth       # main() starts the revocation poll on it (leases.py)
 
-    # Capture (issue 7): with $SEQ_CAPTURE_DIR set (the gateway sets it) kept episodes are
+    # Capture: with $SEQ_CAPTURE_DIR set (the gateway sets it) kept episodes are
     # written by capture.CaptureWriter's own thread; /act only hands it references (offer()).
     from .capture import CaptureWriter
     capture = CaptureWriter.from_env()
@@ -254,7 +254,7 @@ def create_app(state: WorkerState, secret: str, *, max_body_bytes: int = DEFAULT
         except (TypeError, ValueError) as exc:
             raise ApiError("policy_error", f"infer() returned outputs that are not JSON ({exc})",
                            details={"reason": "outputs"}, hint="return dicts/lists of numbers and strings") from None
-        if capture is not None:   # issue 7: non-blocking hand-off to the capture writer thread
+        if capture is not None:   # non-blocking hand-off to the capture writer thread
             capture.offer(raw, request.headers.get("content-type", ""), prepared.episode_id, prepared.params,
                           chunk, rid, payload["inference_ms"])
         return Response(content, media_type="application/json", headers={"X-Request-ID": rid})
@@ -420,7 +420,7 @@ def _default_cache_dir(weights_dir: str, name: str) -> str:
 
 
 def _inject_secrets(names: list, worker_secret: str) -> None:
-    """Platform (issue 5): fetch the policy's declared secrets from the gateway that started this
+    """Fetch the policy's declared secrets from the gateway that started this
     worker ($SEQ_GATEWAY_URL, authenticated with the worker secret) and set them in os.environ.
     Values are never logged. Raises RuntimeError when there is no gateway or it refuses."""
     import httpx
@@ -568,7 +568,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             host = PolicyHost(cls, args.name, mode=args.mode, episode_idle_s=idle_s)
             phase("importing", spec=host.spec.to_dict())
             state.host = host
-            if host.spec.secrets:   # platform (issue 5): declared secrets only, into the env, before load
+            if host.spec.secrets:   # declared secrets only, into the env, before load
                 _inject_secrets(host.spec.secrets, secret)
             weights = _resolve_weights_dir(host.spec, args.file, weights_dir)
             host.start(weights, phase)
@@ -636,7 +636,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         if host is not None and host.ready:
             log.info("stopping: calling @seq.shutdown (open episodes end first)")
             host.stop()
-        if worker_app.state.capture is not None:   # issue 7: write the kept steps still queued
+        if worker_app.state.capture is not None:   # write the kept steps still queued
             worker_app.state.capture.close()
         log.info("stopped")
         sys.stdout.flush()
