@@ -16,7 +16,6 @@ A failure prints ``error[<code>]: <detail>`` and ``hint: ...`` on stderr and exi
 """
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any, NoReturn, Optional
 
@@ -24,8 +23,8 @@ import httpx
 import typer
 from rich.console import Console
 
+from sequence_ai_core import AuthError, resolve_api_key, resolve_gateway_url
 from sequence_ai_core import data_dir as default_data_dir
-from sequence_ai_core import resolve_gateway_url
 
 __all__ = ["EXIT", "CliError", "GatewayClient", "fail", "call", "data_dir_of", "out", "err",
            "GatewayOpt", "ApiKeyOpt", "DataDirOpt"]
@@ -80,15 +79,16 @@ class GatewayClient:
     def __init__(self, url: Optional[str], api_key: Optional[str], data_dir: Optional[Path]):
         self.url = resolve_gateway_url(url)
         self.data_dir = data_dir_of(data_dir)
-        key = api_key or os.environ.get("SEQUENCES_API_KEY")
-        if not key:
+        try:
+            key = resolve_api_key(api_key)
+        except AuthError:                # neither given nor set: the key file the local gateway wrote
             key_file = self.data_dir / "api_key"
             try:
                 key = key_file.read_text().strip()
             except OSError:
                 raise CliError("unauthorized", "no API key: none given and none found",
                                hint=f"pass --api-key, set SEQUENCES_API_KEY, or start the gateway with `seq serve` "
-                                    f"(it writes {key_file})")
+                                    f"(it writes {key_file})") from None
         self.client = httpx.Client(base_url=self.url, headers={"Authorization": f"Bearer {key}"}, timeout=30.0)
 
     @property
