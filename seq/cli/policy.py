@@ -96,6 +96,8 @@ def policy_stop(name: str, gateway: Optional[str] = GatewayOpt, api_key: Optiona
     d = call(gateway, api_key, data_dir, "DELETE", f"/v1/deployments/{name}")
     out.print(f"stopped {d['name']}: its workers ended and robots are disconnected; every connect is refused "
               f"until `seq policy start {d['name']}`", highlight=False, markup=False)
+
+
 @app.command("start")
 def policy_start(name: str, gw: Optional[str] = GatewayOpt, api_key: Optional[str] = ApiKeyOpt,
                  data_dir: Optional[Path] = DataDirOpt) -> None:
