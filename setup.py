@@ -27,6 +27,7 @@ setup(
         "sequence_ai_core",
         "sequence_ai",
         "seq",
+        "seq.cli",
         "sequence_ai_server",
         "sequence_ai_data",
         "sequence_ai_sim",

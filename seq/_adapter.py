@@ -299,6 +299,33 @@ def _sample_frame(width: int, height: int):
     return np.zeros((height, width, 3), dtype=np.uint8)
 
 
+def _check_contract_observation(adapted: Mapping[str, Any], obs_c: Mapping[str, Any], problems: list,
+                                notes: list) -> None:
+    """Compare the adapter's observation with the policy's observation contract: every camera the
+    policy reads at its size (height x width), every proprio key at its width. Appends what does
+    not fit to ``problems`` and views the client will drop to ``notes``."""
+    images = adapted.get("images") or {}
+    for view, cam in (obs_c.get("cameras") or {}).items():
+        frame = images.get(view)
+        if frame is None:
+            problems.append(f"camera {view!r}: the policy reads it, the adapter gives only {sorted(images)}")
+            continue
+        shape = tuple(getattr(frame, "shape", ()))
+        if shape[:2] != (cam["height"], cam["width"]):
+            problems.append(f"camera {view!r}: the policy wants {cam['width']}x{cam['height']}, "
+                            f"the adapter gives {shape[1] if len(shape) > 1 else '?'}x{shape[0] if shape else '?'}")
+    extra = sorted(set(images) - set(obs_c.get("cameras") or {}))
+    if extra:
+        notes.append(f"views the policy does not declare are dropped by the client: {extra}")
+    proprio = adapted.get("proprio") or {}
+    for name, width in (obs_c.get("proprio") or {}).items():
+        got = proprio.get(name)
+        if got is None:
+            problems.append(f"proprio {name!r}: the policy reads it, the adapter gives only {sorted(proprio)}")
+        elif len(list(got)) != int(width):
+            problems.append(f"proprio {name!r}: the policy wants {width} values, the adapter gives {len(list(got))}")
+
+
 def check_adapter(cls: type, bench: Any = None, policy_contract: Optional[Mapping[str, Any]] = None,
                   params: Optional[Mapping[str, Any]] = None) -> dict:
     """Classify every step, and with a benchmark spec and a policy's wire contract, run a sample
@@ -339,26 +366,7 @@ def check_adapter(cls: type, bench: Any = None, policy_contract: Optional[Mappin
             problems.append(f"observation steps returned {type(adapted).__name__}, not "
                             "{'images': {...}, 'proprio': {...}}")
         else:
-            images = adapted.get("images") or {}
-            for view, cam in (obs_c.get("cameras") or {}).items():
-                frame = images.get(view)
-                if frame is None:
-                    problems.append(f"camera {view!r}: the policy reads it, the adapter gives only {sorted(images)}")
-                    continue
-                shape = tuple(getattr(frame, "shape", ()))
-                if shape[:2] != (cam["height"], cam["width"]):
-                    problems.append(f"camera {view!r}: the policy wants {cam['width']}x{cam['height']}, "
-                                    f"the adapter gives {shape[1] if len(shape) > 1 else '?'}x{shape[0] if shape else '?'}")
-            extra = sorted(set(images) - set(obs_c.get("cameras") or {}))
-            if extra:
-                notes.append(f"views the policy does not declare are dropped by the client: {extra}")
-            proprio = adapted.get("proprio") or {}
-            for name, width in (obs_c.get("proprio") or {}).items():
-                got = proprio.get(name)
-                if got is None:
-                    problems.append(f"proprio {name!r}: the policy reads it, the adapter gives only {sorted(proprio)}")
-                elif len(list(got)) != int(width):
-                    problems.append(f"proprio {name!r}: the policy wants {width} values, the adapter gives {len(list(got))}")
+            _check_contract_observation(adapted, obs_c, problems, notes)
     elif spec.policy_io == "own" and adapted is not None:
         import json
         try:

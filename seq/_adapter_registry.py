@@ -74,9 +74,9 @@ def fetch_version(name: str, version: Optional[int] = None, *, gateway_url: Opti
                   api_key: Optional[str] = None) -> dict:
     """A registered version's record with its ``source``. Raises LookupError (unknown adapter
     or version) or RuntimeError (any other refusal, naming the gateway's code)."""
-    from .cli import CliError, Gateway
+    from .cli._client import CliError, GatewayClient
     try:
-        gw = Gateway(gateway_url, api_key, None)
+        gw = GatewayClient(gateway_url, api_key, None)
         return gw.call("GET", f"/v1/adapters/{name}/versions/{version if version is not None else 'latest'}")
     except CliError as exc:
         if exc.code == "not_found":

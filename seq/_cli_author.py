@@ -1,11 +1,12 @@
-"""Authoring commands of the ``seq`` CLI: they read a policy's declaration, never run it.
+"""What the ``seq`` authoring commands do (``seq/cli/author.py`` declares them): read a policy's
+declaration, never run it, and copy the templates.
 
     seq validate FILE[:CLASS]          what would be deployed: image steps, weights and where they
                                        mount, code files, contracts, params with ranges
     seq init --list                    the templates
     seq init TEMPLATE DIR              copy a template into DIR (refuses a non-empty DIR)
     seq image dockerfile FILE[:CLASS]  the policy's seq.Image rendered as a Dockerfile
-    seq deploy FILE --dry-run          (in seq/cli.py) prints what validate prints; sends nothing
+    seq deploy FILE --dry-run          (seq/cli/deploy.py) prints what validate prints; sends nothing
 
 Exit codes: 0 accepted, 1 the declaration is malformed (the DeclarationError is printed),
 2 usage (no such file, unknown template, DIR not empty).
@@ -21,7 +22,7 @@ from rich.console import Console
 
 from seq.spec import TEMPLATES, Template, load_policy_class  # noqa: F401 (Template: re-exported)
 
-__all__ = ["register", "describe", "load_declared", "TEMPLATES", "init_template", "render_dockerfile"]
+__all__ = ["describe", "validate_target", "load_declared", "TEMPLATES", "init_template", "render_dockerfile"]
 
 out = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -154,7 +155,7 @@ def validate_target(target: str, name: Optional[str] = None) -> None:
     from seq._adapter import file_declares_adapter
     file_part = target if Path(target).exists() else target.partition(":")[0]
     if Path(file_part).is_file() and file_declares_adapter(Path(file_part)):
-        from seq._cli_adapter import adapter_check
+        from seq.cli.adapter import adapter_check
         adapter_check(target=target, benchmark=None, policy=None, param=[], gateway=None, api_key=None, data_dir=None)
         return
     try:
@@ -210,52 +211,3 @@ def init_template(template: str, directory: Path) -> list[Path]:
             shutil.copyfile(src, dst)
             written.append(dst)
     return written
-
-
-def register(app: typer.Typer) -> None:
-    """Add validate, init and image to the ``seq`` app."""
-
-    @app.command("validate")
-    def validate(target: str = typer.Argument(..., help="FILE or FILE:Class"),
-                 name: Optional[str] = typer.Option(None, "--name", help="deployment name to show")) -> None:
-        """Read a policy's declaration (never runs load or infer) and print what would be deployed."""
-        validate_target(target, name)
-
-    @app.command("init")
-    def init(template: Optional[str] = typer.Argument(None, help="template name (see --list)"),
-             directory: Optional[Path] = typer.Argument(None, help="where to write it (default: ./TEMPLATE)"),
-             list_: bool = typer.Option(False, "--list", help="list the templates")) -> None:
-        """Scaffold a policy from a template."""
-        if list_ or template is None:
-            for t in TEMPLATES.values():
-                out.print(f"{t.name:<12} {t.description}", markup=False)
-            return
-        try:
-            files = init_template(template, directory or Path(template))
-        except _Usage as exc:
-            err.print(f"error[invalid_request]: {exc}", markup=False)
-            raise typer.Exit(2)
-        target = directory or Path(template)
-        out.print(f"wrote {len(files)} file(s) to {target}: {', '.join(f.name for f in files)}", markup=False)
-        if any(f.name == "adapter.py" for f in files):
-            out.print(f"next: seq adapter check {target / 'adapter.py'}   then: seq deploy {target / 'adapter.py'}",
-                      markup=False)
-            return
-        out.print(f"next: seq validate {target / 'policy.py'}   then: seq deploy {target / 'policy.py'}", markup=False)
-
-    image_app = typer.Typer(help="The policy's container image spec.", no_args_is_help=True)
-    app.add_typer(image_app, name="image")
-
-    @image_app.command("dockerfile")
-    def dockerfile(target: str = typer.Argument(..., help="FILE or FILE:Class")) -> None:
-        """Print the policy's seq.Image as a Dockerfile (for users who build with Docker)."""
-        import seq
-        try:
-            text = render_dockerfile(target)
-        except _Usage as exc:
-            err.print(f"error[invalid_request]: {exc}", markup=False)
-            raise typer.Exit(2)
-        except seq.DeclarationError as exc:
-            err.print(f"error[declaration]: {exc}", markup=False)
-            raise typer.Exit(1)
-        out.print(text, markup=False, end="")

@@ -95,6 +95,147 @@ def _synthetic_observation(contract: Any) -> Optional[Any]:
         return None
 
 
+def _doctor_key(api_key: Optional[str]) -> Optional[str]:
+    """The key check: the resolved API key (printed masked), or None after printing why it is missing."""
+    try:
+        key = resolve_api_key(api_key)
+        print(f"  key           SEQUENCES_API_KEY  ({_mask(key)})")
+        return key
+    except SequencesError as exc:
+        print(f"  key           missing: {exc.message}\n  hint          {exc.hint}")
+        return None
+
+
+def _doctor_gateway(url: str, key: str) -> tuple[Optional[list], bool, bool]:
+    """The gateway checks: up, key valid, credit. Returns (the deployed models, or None when the
+    gateway is down; whether the key is valid; whether the credit check passed)."""
+    with httpx.Client(timeout=10.0, trust_env=False) as http:
+        try:
+            t0 = time.perf_counter()
+            r = http.get(f"{url}/v1/models")
+            ms = (time.perf_counter() - t0) * 1000.0
+            print(f"  gateway       up   {url}  ({ms:.1f} ms)")
+            catalogue = [m for m in r.json().get("models") or [] if m.get("kind", "model") == "model"]
+        except (httpx.HTTPError, ValueError) as exc:
+            print(f"  gateway       DOWN {url}: {exc!r}\n  hint          `seq serve` starts it; "
+                  "SEQUENCES_GATEWAY_URL points elsewhere")
+            return None, False, False
+        r = http.get(f"{url}/v1/deployments", headers={"Authorization": f"Bearer {key}"})
+        valid = r.status_code == 200
+        print(f"  key valid     {'yes' if valid else f'NO (HTTP {r.status_code})'}")
+        r = http.get(f"{url}/v1/account", headers={"Authorization": f"Bearer {key}"})
+        credit = True
+        if r.status_code == 200:
+            print(f"  credit        {'available' if r.json().get('limits') is not None else 'unlimited'}"
+                  " (self-hosted: quota, not money)")
+        elif r.status_code == 402:
+            print("  credit        EXHAUSTED (quota used up)")
+            credit = False
+        else:
+            print("  credit        n/a (this gateway keeps no account)")
+    return catalogue, valid, credit
+
+
+def _doctor_model(model: Optional[str], catalogue: list) -> tuple[Optional[str], Optional[int]]:
+    """The deployment to connect to: ``model``, else the only one. Returns (name, None), or
+    (None, exit status) after printing why none was chosen (2: several, 1: none)."""
+    if model is None and len(catalogue) > 1:
+        print(f"\n  model         not chosen: {len(catalogue)} deployments, pick one with --model NAME")
+        for m in catalogue:
+            print(f"                {m.get('name')}  v{m.get('version')}  {m.get('status')}")
+        print(f"  hint          sequence-ai doctor --model {catalogue[0].get('name')}")
+        return None, 2
+    if model is None and catalogue:
+        model = catalogue[0].get("name")
+        print(f"\n  model         {model} (the only deployment)")
+    elif model is not None:
+        print(f"\n  model         {model}")
+    if model is None:
+        print("\n  connect       no deployment to connect to: seq deploy <policy file>")
+        return None, 1
+    return model, None
+
+
+def _doctor_act_latency(policy, model: str, obs: dict, calls: int) -> Optional[tuple[float, float]]:
+    """Median ms of ``calls`` synthetic ``/act`` calls on a new connection each and on one reused
+    connection, or None after printing a policy error (5xx). A refusal (400) is noted and timed."""
+    def act_once() -> None:
+        # A policy may refuse black frames and a made-up instruction (400): that is still a
+        # full round trip through the worker's handler, which is what is timed here.
+        try:
+            policy.predict(obs)
+        except InvalidRequest:
+            pass
+
+    try:
+        policy.predict(obs)  # warm the path once
+    except InvalidRequest as exc:
+        print(f"  note          {model} refused doctor's synthetic observation (black frames, zero "
+              f"vectors), error[{exc.code}]: {exc.message}\n"
+              "                not a broken deployment: a real robot's observation may pass; "
+              "timing its refusals")
+    except PolicyError as exc:
+        print(f"  act           {model}: FAILED error[{exc.code}]: {exc.message}")
+        if exc.hint:
+            print(f"  hint          {exc.hint}")
+        return None
+    reused = _median_ms(act_once, calls)
+
+    def fresh() -> None:
+        policy._call(policy._engine._wire.aclose_http())
+        act_once()
+    return _median_ms(fresh, calls), reused
+
+
+def _doctor_ping_latency(worker_url: str, calls: int) -> tuple[float, float]:
+    """Median ms of ``calls`` ``GET /ping`` to the worker on a new connection each and on one reused one."""
+    ping = f"{worker_url}/ping"
+    with httpx.Client(trust_env=False) as one:
+        one.get(ping)
+        reused = _median_ms(lambda: one.get(ping), calls)
+
+    def fresh_ping() -> None:
+        with httpx.Client(trust_env=False) as c:
+            c.get(ping)
+    return _median_ms(fresh_ping, calls), reused
+
+
+def _doctor_connect(model: str, key: str, url: str, calls: int) -> Optional[tuple[float, float, str]]:
+    """Connect to MODEL, wait until it is ready, and time it (``_doctor_act_latency``, or the
+    worker's /ping for a policy with no contract). Returns (new ms, reused ms, what was timed), or
+    None after printing what failed."""
+    try:
+        t0 = time.perf_counter()
+        policy = connect(model, api_key=key, gateway_url=url)
+    except SequencesError as exc:
+        print(f"  connect       {model}: FAILED error[{exc.code}]: {exc.message}")
+        if exc.hint:
+            print(f"  hint          {exc.hint}")
+        return None
+    with policy:
+        try:
+            policy.wait_until_ready(timeout_s=300)
+        except SequencesError as exc:
+            print(f"  connect       {model}: not ready: {exc.message}")
+            return None
+        session = policy._engine._wire.session
+        lease = (session.lease or {}) if session else {}
+        print(f"  connect       {model}  ->  worker up at {session.worker_url if session else '?'}, "
+              f"lease {lease.get('ttl_s', '?')}s  ({(time.perf_counter() - t0) * 1000.0:.0f} ms)")
+        # no contract: the policy defines its own inputs, so no synthetic observation fits it
+        declared = Contract.from_wire(policy.contract).observation is not None
+        obs = _synthetic_observation(policy.contract) if declared else None
+        if obs is None:
+            print("  note          no contract (the policy defines its own inputs): timing its worker's "
+                  "GET /ping, not /act")
+            return (*_doctor_ping_latency(session.worker_url, calls), "GET /ping")
+        timed = _doctor_act_latency(policy, model, obs, calls)
+        if timed is None:
+            print("\nnot ready")
+            return None
+        return (*timed, "POST /act")
+
+
 def doctor(model: Optional[str], gateway: Optional[str], calls: int, api_key: Optional[str] = None) -> int:
     """Check the key, the gateway, a real connect and the connection reuse; print a report.
 
@@ -107,119 +248,20 @@ def doctor(model: Optional[str], gateway: Optional[str], calls: int, api_key: Op
     check is ambiguous.
     """
     url = resolve_gateway_url(gateway)
-    ok = True
     print(f"sequence-ai {__version__}\n")
-    try:
-        key = resolve_api_key(api_key)
-        print(f"  key           SEQUENCES_API_KEY  ({_mask(key)})")
-    except SequencesError as exc:
-        print(f"  key           missing: {exc.message}\n  hint          {exc.hint}")
+    key = _doctor_key(api_key)
+    if key is None:
         return 1
-    with httpx.Client(timeout=10.0, trust_env=False) as http:
-        try:
-            t0 = time.perf_counter()
-            r = http.get(f"{url}/v1/models")
-            ms = (time.perf_counter() - t0) * 1000.0
-            print(f"  gateway       up   {url}  ({ms:.1f} ms)")
-            catalogue = [m for m in r.json().get("models") or [] if m.get("kind", "model") == "model"]
-        except (httpx.HTTPError, ValueError) as exc:
-            print(f"  gateway       DOWN {url}: {exc!r}\n  hint          `seq serve` starts it; "
-                  "SEQUENCES_GATEWAY_URL points elsewhere")
-            return 1
-        r = http.get(f"{url}/v1/deployments", headers={"Authorization": f"Bearer {key}"})
-        valid = r.status_code == 200
-        print(f"  key valid     {'yes' if valid else f'NO (HTTP {r.status_code})'}")
-        ok &= valid
-        r = http.get(f"{url}/v1/account", headers={"Authorization": f"Bearer {key}"})
-        if r.status_code == 200:
-            print(f"  credit        {'available' if r.json().get('limits') is not None else 'unlimited'}"
-                  " (self-hosted: quota, not money)")
-        elif r.status_code == 402:
-            print("  credit        EXHAUSTED (quota used up)")
-            ok = False
-        else:
-            print("  credit        n/a (this gateway keeps no account)")
-    if not valid:
+    catalogue, valid, ok = _doctor_gateway(url, key)
+    if catalogue is None or not valid:
         return 1
-    if model is None and len(catalogue) > 1:
-        print(f"\n  model         not chosen: {len(catalogue)} deployments, pick one with --model NAME")
-        for m in catalogue:
-            print(f"                {m.get('name')}  v{m.get('version')}  {m.get('status')}")
-        print(f"  hint          sequence-ai doctor --model {catalogue[0].get('name')}")
-        return 2
-    if model is None and catalogue:
-        model = catalogue[0].get("name")
-        print(f"\n  model         {model} (the only deployment)")
-    elif model is not None:
-        print(f"\n  model         {model}")
+    model, status = _doctor_model(model, catalogue)
     if model is None:
-        print("\n  connect       no deployment to connect to: seq deploy <policy file>")
+        return status
+    timed = _doctor_connect(model, key, url, calls)
+    if timed is None:
         return 1
-    try:
-        t0 = time.perf_counter()
-        policy = connect(model, api_key=key, gateway_url=url)
-    except SequencesError as exc:
-        print(f"  connect       {model}: FAILED error[{exc.code}]: {exc.message}")
-        if exc.hint:
-            print(f"  hint          {exc.hint}")
-        return 1
-    with policy:
-        try:
-            policy.wait_until_ready(timeout_s=300)
-        except SequencesError as exc:
-            print(f"  connect       {model}: not ready: {exc.message}")
-            return 1
-        session = policy._engine._wire.session
-        lease = (session.lease or {}) if session else {}
-        print(f"  connect       {model}  ->  worker up at {session.worker_url if session else '?'}, "
-              f"lease {lease.get('ttl_s', '?')}s  ({(time.perf_counter() - t0) * 1000.0:.0f} ms)")
-        # no contract: the policy defines its own inputs, so no synthetic observation fits it
-        declared = Contract.from_wire(policy.contract).observation is not None
-        obs = _synthetic_observation(policy.contract) if declared else None
-        if obs is None:
-            print("  note          no contract (the policy defines its own inputs): timing its worker's "
-                  "GET /ping, not /act")
-        if obs is not None:
-            what = "POST /act"
-
-            def act_once() -> None:
-                # A policy may refuse black frames and a made-up instruction (400): that is still a
-                # full round trip through the worker's handler, which is what is timed here.
-                try:
-                    policy.predict(obs)
-                except InvalidRequest:
-                    pass
-
-            try:
-                policy.predict(obs)  # warm the path once
-            except InvalidRequest as exc:
-                print(f"  note          {model} refused doctor's synthetic observation (black frames, zero "
-                      f"vectors), error[{exc.code}]: {exc.message}\n"
-                      "                not a broken deployment: a real robot's observation may pass; "
-                      "timing its refusals")
-            except PolicyError as exc:
-                print(f"  act           {model}: FAILED error[{exc.code}]: {exc.message}")
-                if exc.hint:
-                    print(f"  hint          {exc.hint}")
-                print("\nnot ready")
-                return 1
-            reused = _median_ms(act_once, calls)
-
-            def fresh() -> None:
-                policy._call(policy._engine._wire.aclose_http())
-                act_once()
-            new = _median_ms(fresh, calls)
-        else:
-            what = "GET /ping"
-            ping = f"{session.worker_url}/ping"
-            with httpx.Client(trust_env=False) as one:
-                one.get(ping)
-                reused = _median_ms(lambda: one.get(ping), calls)
-
-            def fresh_ping() -> None:
-                with httpx.Client(trust_env=False) as c:
-                    c.get(ping)
-            new = _median_ms(fresh_ping, calls)
+    new, reused, what = timed
     print(f"  latency       new connection each call      {new:7.2f} ms  (median of {calls}, {what})")
     print(f"                one reused connection         {reused:7.2f} ms")
     print(f"                saved by keeping it open      {new - reused:7.2f} ms")

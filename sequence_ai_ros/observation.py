@@ -23,7 +23,7 @@ Rules kept here, per stream (each camera view, and ``joint_state``):
   dropped, the stream records a *fault* (a sentence naming the stream and what is wrong) that
   stays until :meth:`ObservationAssembler.clear_faults`; the driver turns it into a ``validate``
   ending.
-* each camera frame is JPEG-encoded at most once (quality 95, the spec's codec), lazily, the
+* each camera frame is JPEG-encoded at most once (quality 95, the codec every policy receives), lazily, the
   first time an observation needs it; a frame that arrived as a JPEG is sent as is.
 * joint states are reordered into the policy's joint order by name, never by position.
 
@@ -45,7 +45,7 @@ from sequence_ai import ImageFrame, Observation, Proprioception, encode_jpeg_byt
 from . import codecs
 from .codecs import DecodedImage, SensorDataError
 
-#: JPEG quality used for every frame sent to a policy (spec 002: "encodes JPEG at quality 95").
+#: JPEG quality used for every frame sent to a policy: every camera frame goes out as JPEG at quality 95.
 JPEG_QUALITY = 95
 #: The stream name of the joint state in rules, faults and problems.
 JOINT_STREAM = "joint_state"
@@ -143,7 +143,7 @@ class ObservationAssembler:
             gripper field.
         max_age_s: a selected sample older than this (s, in its stream's time base) is stale.
             Default 0.5 s (7 periods at 15 Hz); the driver's ``max_sensor_age_s`` sets it.
-        jpeg_quality: JPEG quality for frames (default 95, the spec's codec).
+        jpeg_quality: JPEG quality for frames (default 95, the codec every policy receives).
         clock: monotonic clock (s) for receive times, injectable for tests.
         rules: ``{stream: StreamRule}`` per view and/or ``"joint_state"``; missing streams use
             ``StreamRule()`` (receive time, latest).

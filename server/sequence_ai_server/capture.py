@@ -1,4 +1,4 @@
-"""Field data kept by the worker: capture, labels, retention and export (issue 7, server side).
+"""Field data kept by the worker: capture, labels, retention and export (the server side).
 
 Where it sits: beside the /act path, never in it. The gateway owns the settings and writes them
 to ``<data_dir>/capture/<name>/config.json``; every worker of that deployment is started with
@@ -50,7 +50,7 @@ __all__ = ["CaptureConfig", "CaptureWriter", "capture_dir", "keeps", "prune", "s
            "read_episodes", "export_jsonl", "export_lerobot", "check_export_target", "is_own_export",
            "ExportRefused", "EXPORT_MARKER", "create_router", "DEFAULT_RETENTION_DAYS"]
 
-DEFAULT_RETENTION_DAYS = 30.0     # spec 001 "Field data": --retention-days default
+DEFAULT_RETENTION_DAYS = 30.0     # days a kept episode lives unless --retention-days says otherwise
 CONFIG_POLL_S = 2.0               # how often a worker re-reads config.json (a stat; read on change)
 PRUNE_EVERY_S = 60.0              # how often a worker enforces retention
 QUEUE_MAX = 1024                  # steps waiting for the writer before offer() drops

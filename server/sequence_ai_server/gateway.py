@@ -76,9 +76,9 @@ from ._proc import EXIT_UNKNOWN, AdoptedProcess, process_alive, process_cmdline,
 from .errors import ApiError, install_error_handlers, new_request_id
 from .keys import KeyRecord, KeyStore
 from .leases import RevocationList, push_revocations, sign_lease
-from .slots import SlotQueue, slots_of   # issue 5: slots and the waiting line
-from .secrets_store import SecretStore   # issue 5: encrypted secrets, injected only when declared
-from .metrics import CONTENT_TYPE_LATEST, GatewayMetrics   # issue 5: Prometheus /metrics
+from .slots import SlotQueue, slots_of   # slots and the waiting line
+from .secrets_store import SecretStore   # encrypted secrets, injected only when declared
+from .metrics import CONTENT_TYPE_LATEST, GatewayMetrics   # Prometheus /metrics
 from .logs import DEPLOYMENT, GATEWAY_LOG, REQUEST_ID, install_json_log, read_logs
 from .volumes import VolumeError, VolumeStore
 from .traffic import TrafficError, TrafficRouter, dump_policy, load_policy, parse_split, parse_version
@@ -915,7 +915,7 @@ class Gateway:
         env["SEQ_WORKER_ACTIVITY_FILE"] = str(activity_file)  # idle tracking (leases.py)
         if self.url:
             env["SEQ_GATEWAY_URL"] = self.url                 # declared secrets are fetched from here
-        env["SEQ_CAPTURE_DIR"] = str(self.data_dir / "capture" / name)  # issue 7: kept episodes (capture.py)
+        env["SEQ_CAPTURE_DIR"] = str(self.data_dir / "capture" / name)  # kept episodes (capture.py)
         env["SEQ_VOLUMES_DIR"] = str(self.data_dir / "volumes")   # weights="vol://NAME@vN" (volumes.py)
         env["SEQ_JSON_LOG"] = str(self.data_dir / "logs" / f"{name}.jsonl")   # structured log (logs.py)
         env["SEQ_DEPLOYMENT_VERSION"] = str(version)
@@ -985,7 +985,7 @@ class Gateway:
                 self.store._db.execute("DELETE FROM deployments WHERE name = ?", (name,))
                 self.store._db.execute("DELETE FROM versions WHERE name = ?", (name,))
             shutil.rmtree(self.data_dir / "versions" / name, ignore_errors=True)
-            shutil.rmtree(self.data_dir / "capture" / name, ignore_errors=True)   # issue 7: kept episodes go too
+            shutil.rmtree(self.data_dir / "capture" / name, ignore_errors=True)   # kept episodes go too
         log.info("removed %s", name)
         return {"name": name, "removed": True}
 
@@ -2401,7 +2401,7 @@ def create_app(data_dir: Optional[Path] = None) -> FastAPI:
     app = FastAPI(title="sequence-ai gateway", lifespan=lifespan)
     app.state.gateway = gw
 
-    metrics = GatewayMetrics(gw)   # issue 5: Prometheus /metrics (metrics.py)
+    metrics = GatewayMetrics(gw)   # Prometheus /metrics (metrics.py)
 
     @app.middleware("http")
     async def request_id(request: Request, call_next):
@@ -2441,7 +2441,7 @@ def create_app(data_dir: Optional[Path] = None) -> FastAPI:
     app.include_router(secrets_router)
     app.include_router(app_internal)
     app.include_router(act)
-    from .capture import create_router as _capture_router   # issue 7: capture, labels, export
+    from .capture import create_router as _capture_router   # capture, labels, export
     app.include_router(_capture_router(gw, require_key, account_key))
     from .adapters import create_router as _adapter_router   # registered @seq.adapter files
     app.include_router(_adapter_router(gw, require_key, account_key))

@@ -1,4 +1,4 @@
-"""Structured logs: one JSON object per line from the gateway and every worker (issue 5).
+"""Structured logs: one JSON object per line from the gateway and every worker.
 
 Where it sits: the gateway writes ``<data_dir>/logs/gateway.jsonl``; each worker it starts writes
 ``<data_dir>/logs/<deployment>.jsonl`` (the path comes in ``$SEQ_JSON_LOG``, the version in

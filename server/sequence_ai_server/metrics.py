@@ -1,4 +1,4 @@
-"""Prometheus metrics of the gateway (issue 5), served at ``GET /metrics`` (no key, text format).
+"""Prometheus metrics of the gateway, served at ``GET /metrics`` (no key, text format).
 
     seq_gateway_requests_total{route,status}       requests answered, by route template and HTTP status
     seq_gateway_request_seconds{route}             latency histogram (s), handler time inside the gateway

@@ -12,7 +12,7 @@ with a local worker: 503 + Retry-After while the actor boots, the worker's URL i
 answer, and every ``/act`` goes straight to the worker (Ray is not on the robot path).
 
 Multi-machine groups. ``gpu="TYPE:N"`` with N above the cards of one machine
-(``$SEQ_RAY_GPUS_PER_NODE``, default 8 -- the spec's machine size) is one copy of the model on
+(``$SEQ_RAY_GPUS_PER_NODE``, default 8 cards a machine) is one copy of the model on
 N / per-node machines: a Ray placement group (STRICT_SPREAD, one bundle of per-node cards per
 machine) holds them, started and stopped together. Member ``r`` runs the worker with
 ``RANK=r``, ``WORLD_SIZE``, ``MASTER_ADDR`` (rank 0's node IP), ``MASTER_PORT`` (a free port
@@ -57,8 +57,8 @@ log = logging.getLogger("sequence_ai_server.ray_backend")
 RAY_NAMESPACE = "sequence-ai"
 POLL_S = 0.1                 # how often the gateway side asks the actor for news
 DEFAULT_CPU = 1.0            # when the policy declares no cpu= (one core per worker)
-DEFAULT_GPUS_PER_NODE = 8    # the spec: past 8 cards a model runs on whole machines of 8
-MAX_GROUP_CARDS = 256        # the spec's ceiling for one group
+DEFAULT_GPUS_PER_NODE = 8    # past 8 cards a model runs on whole machines of 8 cards
+MAX_GROUP_CARDS = 256        # the most cards one group may span; more is refused
 STOP_GRACE_S = 5.0
 GROUP_ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK")
 FANOUT_PATHS = ("/act", "/episode/end")
@@ -108,7 +108,7 @@ def _gpu_cards(gpu: Any) -> int:
 
 def gpus_per_node() -> int:
     """Cards in one machine of a multi-machine group: ``$SEQ_RAY_GPUS_PER_NODE`` (default 8,
-    the spec's machine size). Raises ValueError for a value that is not a whole number >= 1."""
+    cards a machine). Raises ValueError for a value that is not a whole number >= 1."""
     raw = os.environ.get("SEQ_RAY_GPUS_PER_NODE", "").strip()
     if not raw:
         return DEFAULT_GPUS_PER_NODE
@@ -125,7 +125,7 @@ def group_layout(resources: dict, per_node: Optional[int] = None) -> tuple[int, 
     """``(members, cards per member)`` for one worker of a policy: ``(1, cards)`` when
     ``gpu="TYPE:N"`` fits on one machine (N <= ``per_node``, default ``gpus_per_node()``),
     else ``(N // per_node, per_node)`` -- one member per whole machine. Raises ValueError when
-    N is not a multiple of ``per_node``, exceeds 256 cards (the spec's ceiling), or the class
+    N is not a multiple of ``per_node``, exceeds 256 cards (``MAX_GROUP_CARDS``), or the class
     asks ``@seq.concurrent`` for several copies (a group is one copy of the model)."""
     per_node = per_node or gpus_per_node()
     cards = _gpu_cards(resources.get("gpu"))

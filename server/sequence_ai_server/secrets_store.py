@@ -1,4 +1,4 @@
-"""Secrets of the local gateway (issue 5): named sets of environment variables, encrypted at rest.
+"""Secrets of the local gateway: named sets of environment variables, encrypted at rest.
 
     seq secret set NAME --env VAR [--env VAR ...]   values from stdin (one line per VAR) or a hidden prompt
     seq secret ls                                   names and variable names only

@@ -1,4 +1,4 @@
-"""Slots and the waiting line of the local gateway (issue 5).
+"""Slots and the waiting line of the local gateway.
 
 A worker has ``slots`` = model copies x replicas per copy (``@seq.concurrent(replicas_per_gpu=)``;
 a self-hosted worker has one card, so slots = replicas_per_gpu, default 1). A robot session

@@ -1,4 +1,4 @@
-"""Traffic between a deployment's versions: a canary split and per-key pins (issue 5).
+"""Traffic between a deployment's versions: a canary split and per-key pins.
 
 Where it sits: ``POST /v1/connect`` asks :class:`TrafficRouter` which version a new session
 starts on; the session keeps that version for all of its lease renewals (the gateway records it

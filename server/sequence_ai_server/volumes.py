@@ -1,5 +1,5 @@
 """Volumes: named, versioned directories of weights that a policy loads with
-``weights="vol://NAME@vN"`` (or ``seq.Volume.from_name(NAME)`` for the newest version) (issue 5).
+``weights="vol://NAME@vN"`` (or ``seq.Volume.from_name(NAME)`` for the newest version).
 
 Where it sits: ``seq volume put NAME DIR`` uploads a directory through the gateway; the files
 land under ``<data_dir>/volumes/NAME/`` and a worker whose policy names the volume gets that

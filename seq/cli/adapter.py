@@ -8,7 +8,7 @@
                                             classify every step; with B and P, run a sample of
                                             each side through it (sends nothing, runs no eval)
 
-Exit codes are the ``seq`` command's (``seq.cli``); ``check`` exits 5 when the sample does not
+Exit codes are the ``seq`` command's (``seq.cli._client``); ``check`` exits 5 when the sample does not
 fit, 1 for a malformed declaration, 2 for a missing file.
 """
 from __future__ import annotations
@@ -20,31 +20,23 @@ from typing import Optional
 
 import typer
 
-__all__ = ["adapter_app", "deploy_adapter"]
+from ._client import EXIT, ApiKeyOpt, CliError, DataDirOpt, GatewayClient, GatewayOpt, call, err, fail, out
 
-adapter_app = typer.Typer(help="Adapters between a benchmark and a policy (seq deploy adapter.py registers one).",
-                          no_args_is_help=True)
+__all__ = ["app", "adapter_check", "deploy_adapter"]
 
-_GatewayOpt = typer.Option(None, "--gateway", help="gateway URL (default: $SEQUENCES_GATEWAY_URL or http://127.0.0.1:8470)")
-_ApiKeyOpt = typer.Option(None, "--api-key", help="API key (default: $SEQUENCES_API_KEY or <data-dir>/api_key)")
-_DataDirOpt = typer.Option(None, "--data-dir", help="data dir (default: $SEQUENCES_HOME or ~/.sequence-ai)")
-
-
-def _cli():
-    import importlib
-    return importlib.import_module("seq.cli")
+app = typer.Typer(help="Adapters between a benchmark and a policy (seq deploy adapter.py registers one).",
+          no_args_is_help=True)
 
 
 def _say(text: str = "") -> None:
-    _cli().out.print(text, highlight=False, markup=False, soft_wrap=True)
+    out.print(text, highlight=False, markup=False, soft_wrap=True)
 
 
 def _die(code: str, detail: str, hint: Optional[str] = None, exit_code: Optional[int] = None) -> None:
-    cli = _cli()
-    cli.err.print(f"error[{code}]: {detail}", style="bold red", highlight=False, markup=False, soft_wrap=True)
+    err.print(f"error[{code}]: {detail}", style="bold red", highlight=False, markup=False, soft_wrap=True)
     if hint:
-        cli.err.print(f"hint: {hint}", highlight=False, markup=False, soft_wrap=True)
-    raise typer.Exit(exit_code if exit_code is not None else cli.EXIT.get(code, 1))
+        err.print(f"hint: {hint}", highlight=False, markup=False, soft_wrap=True)
+    raise typer.Exit(exit_code if exit_code is not None else EXIT.get(code, 1))
 
 
 def _steps_lines(spec: dict) -> list[str]:
@@ -64,13 +56,12 @@ def deploy_adapter(path: Path, class_name: Optional[str], gateway: Optional[str]
                    data_dir: Optional[Path]) -> None:
     """``seq deploy adapter.py``: register the file; print NAME@vN and whether it is new."""
     import seq
-    from ._adapter_registry import register_file
-    cli = _cli()
+    from seq._adapter_registry import register_file
     try:
-        gw = cli.Gateway(gateway, api_key, data_dir)
+        gw = GatewayClient(gateway, api_key, data_dir)
         rec = register_file(gw, path, class_name)
-    except cli.CliError as exc:
-        cli._fail(exc)
+    except CliError as exc:
+        fail(exc)
         return
     except seq.DeclarationError as exc:
         _die("declaration", str(exc), exit_code=1)
@@ -94,11 +85,11 @@ def deploy_adapter(path: Path, class_name: Optional[str], gateway: Optional[str]
     _say(f"use        seq eval run POLICY --benchmark BENCH --adapter {rec['name']} (or {ref})")
 
 
-@adapter_app.command("ls")
-def adapter_ls(gateway: Optional[str] = _GatewayOpt, api_key: Optional[str] = _ApiKeyOpt,
-               data_dir: Optional[Path] = _DataDirOpt) -> None:
+@app.command("ls")
+def adapter_ls(gateway: Optional[str] = GatewayOpt, api_key: Optional[str] = ApiKeyOpt,
+               data_dir: Optional[Path] = DataDirOpt) -> None:
     """List the registered adapters."""
-    body = _cli()._call(gateway, api_key, data_dir, "GET", "/v1/adapters")
+    body = call(gateway, api_key, data_dir, "GET", "/v1/adapters")
     rows = body.get("adapters") or []
     if not rows:
         _say("no adapters (seq deploy adapter.py registers one)")
@@ -110,19 +101,19 @@ def adapter_ls(gateway: Optional[str] = _GatewayOpt, api_key: Optional[str] = _A
 
 
 def _get(ref: str, gateway, api_key, data_dir) -> dict:
-    from ._adapter_registry import parse_ref
+    from seq._adapter_registry import parse_ref
     parsed = parse_ref(ref)
     if parsed is None:
         _die("invalid_request", f"{ref!r} is not NAME or NAME@vN", "`seq adapter ls` lists the names")
     name, version = parsed
-    return _cli()._call(gateway, api_key, data_dir, "GET",
+    return call(gateway, api_key, data_dir, "GET",
                         f"/v1/adapters/{name}/versions/{version if version is not None else 'latest'}")
 
 
-@adapter_app.command("show")
+@app.command("show")
 def adapter_show(ref: str = typer.Argument(..., help="NAME (latest) or NAME@vN"),
-                 gateway: Optional[str] = _GatewayOpt, api_key: Optional[str] = _ApiKeyOpt,
-                 data_dir: Optional[Path] = _DataDirOpt) -> None:
+                 gateway: Optional[str] = GatewayOpt, api_key: Optional[str] = ApiKeyOpt,
+                 data_dir: Optional[Path] = DataDirOpt) -> None:
     """One version: whether it is lossy (each lossy step with its reason), its steps and params."""
     rec = _get(ref, gateway, api_key, data_dir)
     spec = rec.get("spec") or {}
@@ -141,12 +132,12 @@ def adapter_show(ref: str = typer.Argument(..., help="NAME (latest) or NAME@vN")
     _say(f"params     {_params_line(spec)}")
 
 
-@adapter_app.command("pull")
+@app.command("pull")
 def adapter_pull(ref: str = typer.Argument(..., help="NAME (latest) or NAME@vN"),
                  out_path: Optional[Path] = typer.Option(None, "--out", help="file to write (default: ./<its file name>; '-': stdout)"),
                  force: bool = typer.Option(False, "--force", help="overwrite an existing file"),
-                 gateway: Optional[str] = _GatewayOpt, api_key: Optional[str] = _ApiKeyOpt,
-                 data_dir: Optional[Path] = _DataDirOpt) -> None:
+                 gateway: Optional[str] = GatewayOpt, api_key: Optional[str] = ApiKeyOpt,
+                 data_dir: Optional[Path] = DataDirOpt) -> None:
     """Write a version's file back exactly as it was registered (edit it, seq deploy it again)."""
     rec = _get(ref, gateway, api_key, data_dir)
     if out_path is not None and str(out_path) == "-":
@@ -162,17 +153,17 @@ def adapter_pull(ref: str = typer.Argument(..., help="NAME (latest) or NAME@vN")
     _say(f"wrote {target} ({rec['name']}@v{rec['version']}); edit it and `seq deploy {target}` for the next version")
 
 
-@adapter_app.command("check")
+@app.command("check")
 def adapter_check(target: str = typer.Argument(..., help="FILE or FILE:Class"),
                   benchmark: Optional[str] = typer.Option(None, "--benchmark", help="benchmark name or path/to/benchmark.py"),
                   policy: Optional[str] = typer.Option(None, "--policy", help="a deployed policy (its declared contract is read)"),
                   param: list[str] = typer.Option([], "--param", help="k=v for the adapter's __init__"),
-                  gateway: Optional[str] = _GatewayOpt, api_key: Optional[str] = _ApiKeyOpt,
-                  data_dir: Optional[Path] = _DataDirOpt) -> None:
+                  gateway: Optional[str] = GatewayOpt, api_key: Optional[str] = ApiKeyOpt,
+                  data_dir: Optional[Path] = DataDirOpt) -> None:
     """Classify every step; with --benchmark and --policy, run a sample of each side through it."""
     import seq
-    from ._adapter import check_adapter, get_adapter_spec, load_adapter_file
-    from ._adapter_registry import split_file_ref
+    from seq._adapter import check_adapter, get_adapter_spec, load_adapter_file
+    from seq._adapter_registry import split_file_ref
     path, cls_name = split_file_ref(target)
     if not path.is_file():
         _die("invalid_request", f"no such file: {target}", exit_code=2)
@@ -197,7 +188,7 @@ def adapter_check(target: str = typer.Argument(..., help="FILE or FILE:Class"),
         except EvalError as exc:
             _die(exc.code, exc.detail, exc.hint)
         bench_spec = seq.get_benchmark_spec(bench_cls)
-        contract = _cli()._call(gateway, api_key, data_dir, "GET", f"/v1/deployments/{policy}").get("contract")
+        contract = call(gateway, api_key, data_dir, "GET", f"/v1/deployments/{policy}").get("contract")
         for item in param:
             key, sep, raw = item.partition("=")
             found = [p for p in spec.params if p.name == key.removeprefix("adapter.")]

@@ -10,7 +10,7 @@
     seq eval cancel ID
 
 The runner lives in ``sequence_ai_eval``; evals are kept under ``<data_dir>/evals``.
-Exit codes are the ``seq`` command's (see ``seq.cli``), plus 5 for a contract mismatch and
+Exit codes are the ``seq`` command's (see ``seq.cli._client``), plus 5 for a contract mismatch and
 8 when ``--gate`` finds a metric below its bar.
 """
 from __future__ import annotations
@@ -26,48 +26,32 @@ from typing import List, Optional
 
 import typer
 
+from ._client import EXIT, ApiKeyOpt, CliError, DataDirOpt, GatewayClient, GatewayOpt, data_dir_of, err, out
+from ._client import fail as _fail_cli
 
+__all__ = ["app"]
 
-class _LazyCli:
-    """``seq.cli``, imported on first use: cli imports this module to register ``eval``, and the
-    env processes (multiprocessing spawn) re-import the CLI's main module as ``__mp_main__``, so
-    an import at the top would be circular."""
-
-    def __getattr__(self, name):
-        import importlib
-
-        return getattr(importlib.import_module("seq.cli"), name)
-
-
-_cli = _LazyCli()
-
-__all__ = ["eval_app"]
-
-eval_app = typer.Typer(help="Score deployed policies on simulated benchmarks.", no_args_is_help=True)
+app = typer.Typer(help="Score deployed policies on simulated benchmarks.", no_args_is_help=True)
 
 GATE_EXIT = 8
 _EXIT = {"contract_mismatch": 5, "gate_failed": GATE_EXIT, "canceled": 1, "failed": 1}
 
-_GatewayOpt = typer.Option(None, "--gateway", help="gateway URL (default: $SEQUENCES_GATEWAY_URL or http://127.0.0.1:8470)")
-_ApiKeyOpt = typer.Option(None, "--api-key", help="API key (default: $SEQUENCES_API_KEY or <data-dir>/api_key)")
-_DataDirOpt = typer.Option(None, "--data-dir", help="data dir (default: $SEQUENCES_HOME or ~/.sequence-ai)")
-
 
 def _fail(code: str, detail: str, hint: Optional[str] = None) -> None:
     """Print ``error[code]: detail`` (+ hint) on stderr and exit with the code's number."""
-    _cli.err.print(f"error[{code}]: {detail}", style="bold red", highlight=False, markup=False, soft_wrap=True)
+    err.print(f"error[{code}]: {detail}", style="bold red", highlight=False, markup=False, soft_wrap=True)
     if hint:
-        _cli.err.print(f"hint: {hint}", highlight=False, markup=False, soft_wrap=True)
-    raise typer.Exit(_EXIT.get(code, _cli.EXIT.get(code, 1)))
+        err.print(f"hint: {hint}", highlight=False, markup=False, soft_wrap=True)
+    raise typer.Exit(_EXIT.get(code, EXIT.get(code, 1)))
 
 
 def _say(text: str = "") -> None:
-    _cli.out.print(text, highlight=False, markup=False, soft_wrap=True)
+    out.print(text, highlight=False, markup=False, soft_wrap=True)
 
 
 def _store(data_dir: Optional[Path]):
     from sequence_ai_eval.store import EvalStore
-    return EvalStore(_cli._data_dir(data_dir))
+    return EvalStore(data_dir_of(data_dir))
 
 
 def _fmt(value) -> str:
@@ -154,73 +138,55 @@ def _csv_text(report: dict) -> str:
     return buf.getvalue()
 
 
-@eval_app.command("run")
-def eval_run(policy: str = typer.Argument(..., help="the deployed policy (deployment name)"),
-             benchmark: str = typer.Option(..., "--benchmark", help="benchmark name (pick-place) or path/to/benchmark.py"),
-             envs: int = typer.Option(2, "--envs", help="environments run at once (one process each)"),
-             episodes: int = typer.Option(1, "--episodes", help="episodes per task and arm"),
-             tasks: Optional[str] = typer.Option(None, "--tasks", help="the first N tasks, or task ids a,b (default: all)"),
-             seed: int = typer.Option(0, "--seed", help="first episode seed; episode k uses seed+k"),
-             param: List[str] = typer.Option([], "--param", help="k=v for the policy, the benchmark (setup) or eval.*"),
-             sweep: List[str] = typer.Option([], "--sweep", help="k=a,b: one arm per value"),
-             compare: List[str] = typer.Option([], "--compare", help="another deployed policy, run on the same episodes"),
-             adapter: Optional[str] = typer.Option(None, "--adapter", help="NAME[@vN] of a registered @seq.adapter, or "
-                                                   "FILE.py[:CLASS] (registered first) between the benchmark and the policy"),
-             gate: List[str] = typer.Option([], "--gate", help="metric>=bar; exit 8 when missed"),
-             videos: bool = typer.Option(False, "--videos", help="record a GIF per episode"),
-             realtime: bool = typer.Option(False, "--realtime", help="drive with policy.act (paced, prefetching) "
-                                                                   "instead of the faster-than-real-time sim loop"),
-             dry_run: bool = typer.Option(False, "--dry-run", help="print the layout and an estimate; run nothing"),
-             gateway: Optional[str] = _GatewayOpt, api_key: Optional[str] = _ApiKeyOpt,
-             data_dir: Optional[Path] = _DataDirOpt) -> None:
-    """Run POLICY on a benchmark and print each metric overall and per task."""
-    from sequence_ai_eval.runner import EvalError, check_gates, load_benchmark, parse_gate, plan_eval, run_eval
+def _deployments(gw: GatewayClient, names: List[str]) -> dict:
+    """Each deployment's gateway record by name.
 
+    Raises:
+        CliError: ``worker_failed`` for a deployment that failed to deploy; the gateway's errors.
+    """
+    deployments = {}
+    for name in names:
+        d = gw.call("GET", f"/v1/deployments/{name}")
+        if d.get("status") == "failed":
+            raise CliError("worker_failed", f"{name} failed to deploy: {d.get('error')}",
+                           hint=f"`seq policy status {name}` shows why; deploy it again")
+        deployments[name] = d
+    return deployments
+
+
+def _adapter_record(gw: GatewayClient, adapter: Optional[str]) -> Optional[dict]:
+    """The registered adapter ``NAME[@vN]`` or ``FILE.py[:CLASS]`` (registered first); None without one.
+
+    Raises:
+        CliError: ``not_found`` for an unknown adapter, ``invalid_request`` for a file that fails
+            to import or declare.
+    """
+    if not adapter:
+        return None
+    from seq._adapter_registry import resolve as _resolve_adapter
     try:
-        gw = _cli.Gateway(gateway, api_key, data_dir)
-        deployments = {}
-        for name in [policy, *compare]:
-            d = gw.call("GET", f"/v1/deployments/{name}")
-            if d.get("status") == "failed":
-                raise _cli.CliError("worker_failed", f"{name} failed to deploy: {d.get('error')}",
-                                    hint=f"`seq policy status {name}` shows why; deploy it again")
-            deployments[name] = d
-        adapter_rec = None
-        if adapter:
-            from seq._adapter_registry import resolve as _resolve_adapter
-            try:
-                adapter_rec = _resolve_adapter(gw, adapter)
-            except (FileNotFoundError, LookupError) as exc:
-                raise _cli.CliError("not_found", str(exc), hint="`seq adapter ls` lists the registered adapters")
-            except Exception as exc:  # noqa: BLE001 - a local file that fails to import or declare
-                raise _cli.CliError("invalid_request", f"adapter {adapter}: {type(exc).__name__}: {exc}",
-                                    hint=f"`seq adapter check {adapter}` shows the declaration")
-    except _cli.CliError as exc:
-        _cli._fail(exc)
-    store = _store(data_dir)
-    try:
-        bench_cls, ref = load_benchmark(benchmark)
-        from seq.spec import get_benchmark_spec
-        spec = get_benchmark_spec(bench_cls)
-        gates = [parse_gate(g, spec) for g in gate]
-        past = []
-        for rec in store.all():
-            if rec.get("benchmark") == spec.name and rec.get("status") == "done" and rec.get("loop") == (
-                    "realtime" if realtime else "sim"):
-                past += [e["wall_s"] for e in store.episodes(rec["id"]) if e.get("wall_s") and not e.get("error")]
-            if len(past) >= 200:
-                break
-        plan = plan_eval(bench_cls=bench_cls, benchmark_ref=ref, policy=policy, deployments=deployments,
-                         compare=list(compare), params=list(param), sweep=list(sweep), tasks=tasks,
-                         episodes=episodes, seed=seed, envs=envs, videos=videos, realtime=realtime,
-                         past_episode_s=past, adapter=adapter_rec)
-    except EvalError as exc:
-        _fail(exc.code, exc.detail, exc.hint)
-        return
-    loop = "realtime" if realtime else "sim"
-    arms = [{"name": a.name, "policy": a.policy, "version": a.version, "policy_params": a.policy_params,
-             "bench_params": a.bench_params, "eval_params": a.eval_params, "defaults": a.defaults,
-             "adapter_params": a.adapter_params} for a in plan.arms]
+        return _resolve_adapter(gw, adapter)
+    except (FileNotFoundError, LookupError) as exc:
+        raise CliError("not_found", str(exc), hint="`seq adapter ls` lists the registered adapters")
+    except Exception as exc:  # noqa: BLE001 - a local file that fails to import or declare
+        raise CliError("invalid_request", f"adapter {adapter}: {type(exc).__name__}: {exc}",
+                       hint=f"`seq adapter check {adapter}` shows the declaration")
+
+
+def _past_episode_s(store, benchmark: str, loop: str) -> list:
+    """Wall seconds of up to ~200 earlier error-free episodes of BENCHMARK in LOOP (the estimate's input)."""
+    past = []
+    for rec in store.all():
+        if rec.get("benchmark") == benchmark and rec.get("status") == "done" and rec.get("loop") == loop:
+            past += [e["wall_s"] for e in store.episodes(rec["id"]) if e.get("wall_s") and not e.get("error")]
+        if len(past) >= 200:
+            break
+    return past
+
+
+def _print_plan(plan, spec, ref: str, loop: str, arms: list, seed: int, policy: str, gates: list,
+                dry_run: bool) -> None:
+    """The layout of an eval before it runs: benchmark, tasks, episodes, adapter, arms, estimate, gates."""
     _say(("dry run: nothing started\n" if dry_run else "") +
          f"benchmark  {spec.name} ({ref}), {loop} loop")
     _say(f"tasks      {len(plan.tasks)} of {len(spec.tasks)}: {', '.join(plan.tasks)}")
@@ -242,35 +208,19 @@ def eval_run(policy: str = typer.Argument(..., help="the deployed policy (deploy
          f"{plan.estimate_source})")
     if gates:
         _say(f"gates      {', '.join(str(g) for g in gates)} (on {policy})")
-    if dry_run:
-        return
-    eval_id = store.new_id()
-    store.create({"id": eval_id, "status": "running", "created_at": time.time(), "pid": os.getpid(),
-                  "benchmark": spec.name, "benchmark_ref": ref, "policy": policy, "arms": arms,
-                  "tasks": plan.tasks, "episodes": plan.episodes, "seeds": [seed + k for k in range(plan.episodes)],
-                  "envs": plan.envs, "videos": videos, "loop": loop, "metrics": spec.metrics,
-                  "adapter": plan.adapter,
-                  "total_episodes": plan.total_episodes, "done_episodes": 0, "gates": [str(g) for g in gates]})
-    _say(f"eval       {eval_id} (seq eval status {eval_id}; seq eval cancel {eval_id})")
-    def progress(ep: dict, done: int, total: int) -> None:
-        if ep.get("error"):
-            what = f"ERROR {ep['error']}"
-        else:
-            what = " ".join(f"{k}={_fmt(v)}" for k, v in ep["metrics"].items())
-        _say(f"  [{done}/{total}] {ep['arm']} {ep['task']} seed {ep['seed']}: {what} ({ep['wall_s']:.1f} s)")
 
-    try:
-        record = run_eval(plan, store, eval_id, gateway_url=gw.url, api_key=gw.client.headers["Authorization"][7:],
-                          on_episode=progress)
-    except KeyboardInterrupt:
-        store.update(eval_id, status="canceled", finished_at=time.time())
-        _fail("canceled", f"eval {eval_id} interrupted")
-        return
-    _say()
-    results = check_gates(record["report"], gates, policy)
-    store.update(eval_id, gate_results=results, gate_passed=all(r["passed"] for r in results))
-    _print_report(record["report"], results)
-    _say(f"wall       {record['wall_s']:.1f} s; stored in {store.folder(eval_id)}")
+
+def _progress(ep: dict, done: int, total: int) -> None:
+    """One line per finished episode: its metrics, or its error."""
+    if ep.get("error"):
+        what = f"ERROR {ep['error']}"
+    else:
+        what = " ".join(f"{k}={_fmt(v)}" for k, v in ep["metrics"].items())
+    _say(f"  [{done}/{total}] {ep['arm']} {ep['task']} seed {ep['seed']}: {what} ({ep['wall_s']:.1f} s)")
+
+
+def _verdict(record: dict, results: list, eval_id: str) -> None:
+    """Exit non-zero for an eval that was canceled, failed, measured nothing, or missed a gate."""
     if record["status"] == "canceled":
         _fail("canceled", f"eval {eval_id} was canceled after {record['done_episodes']} episode(s)")
     if record["status"] == "failed":
@@ -285,6 +235,76 @@ def eval_run(policy: str = typer.Argument(..., help="the deployed policy (deploy
     if missed:
         _fail("gate_failed", "; ".join(f"{r['arm']}: {r['gate']} not met ({_fmt(r['value'])})" for r in missed),
               f"see `seq eval report {eval_id}`")
+
+
+@app.command("run")
+def eval_run(policy: str = typer.Argument(..., help="the deployed policy (deployment name)"),
+             benchmark: str = typer.Option(..., "--benchmark", help="benchmark name (pick-place) or path/to/benchmark.py"),
+             envs: int = typer.Option(2, "--envs", help="environments run at once (one process each)"),
+             episodes: int = typer.Option(1, "--episodes", help="episodes per task and arm"),
+             tasks: Optional[str] = typer.Option(None, "--tasks", help="the first N tasks, or task ids a,b (default: all)"),
+             seed: int = typer.Option(0, "--seed", help="first episode seed; episode k uses seed+k"),
+             param: List[str] = typer.Option([], "--param", help="k=v for the policy, the benchmark (setup) or eval.*"),
+             sweep: List[str] = typer.Option([], "--sweep", help="k=a,b: one arm per value"),
+             compare: List[str] = typer.Option([], "--compare", help="another deployed policy, run on the same episodes"),
+             adapter: Optional[str] = typer.Option(None, "--adapter", help="NAME[@vN] of a registered @seq.adapter, or "
+                                                   "FILE.py[:CLASS] (registered first) between the benchmark and the policy"),
+             gate: List[str] = typer.Option([], "--gate", help="metric>=bar; exit 8 when missed"),
+             videos: bool = typer.Option(False, "--videos", help="record a GIF per episode"),
+             realtime: bool = typer.Option(False, "--realtime", help="drive with policy.act (paced, prefetching) "
+                                                                   "instead of the faster-than-real-time sim loop"),
+             dry_run: bool = typer.Option(False, "--dry-run", help="print the layout and an estimate; run nothing"),
+             gateway: Optional[str] = GatewayOpt, api_key: Optional[str] = ApiKeyOpt,
+             data_dir: Optional[Path] = DataDirOpt) -> None:
+    """Run POLICY on a benchmark and print each metric overall and per task."""
+    from sequence_ai_eval.runner import EvalError, check_gates, load_benchmark, parse_gate, plan_eval, run_eval
+
+    try:
+        gw = GatewayClient(gateway, api_key, data_dir)
+        deployments = _deployments(gw, [policy, *compare])
+        adapter_rec = _adapter_record(gw, adapter)
+    except CliError as exc:
+        _fail_cli(exc)
+    store = _store(data_dir)
+    loop = "realtime" if realtime else "sim"
+    try:
+        bench_cls, ref = load_benchmark(benchmark)
+        from seq.spec import get_benchmark_spec
+        spec = get_benchmark_spec(bench_cls)
+        gates = [parse_gate(g, spec) for g in gate]
+        plan = plan_eval(bench_cls=bench_cls, benchmark_ref=ref, policy=policy, deployments=deployments,
+                         compare=list(compare), params=list(param), sweep=list(sweep), tasks=tasks,
+                         episodes=episodes, seed=seed, envs=envs, videos=videos, realtime=realtime,
+                         past_episode_s=_past_episode_s(store, spec.name, loop), adapter=adapter_rec)
+    except EvalError as exc:
+        _fail(exc.code, exc.detail, exc.hint)
+        return
+    arms = [{"name": a.name, "policy": a.policy, "version": a.version, "policy_params": a.policy_params,
+             "bench_params": a.bench_params, "eval_params": a.eval_params, "defaults": a.defaults,
+             "adapter_params": a.adapter_params} for a in plan.arms]
+    _print_plan(plan, spec, ref, loop, arms, seed, policy, gates, dry_run)
+    if dry_run:
+        return
+    eval_id = store.new_id()
+    store.create({"id": eval_id, "status": "running", "created_at": time.time(), "pid": os.getpid(),
+                  "benchmark": spec.name, "benchmark_ref": ref, "policy": policy, "arms": arms,
+                  "tasks": plan.tasks, "episodes": plan.episodes, "seeds": [seed + k for k in range(plan.episodes)],
+                  "envs": plan.envs, "videos": videos, "loop": loop, "metrics": spec.metrics,
+                  "adapter": plan.adapter,
+                  "total_episodes": plan.total_episodes, "done_episodes": 0, "gates": [str(g) for g in gates]})
+    _say(f"eval       {eval_id} (seq eval status {eval_id}; seq eval cancel {eval_id})")
+    try:
+        record = run_eval(plan, store, eval_id, gateway_url=gw.url, api_key=gw.api_key, on_episode=_progress)
+    except KeyboardInterrupt:
+        store.update(eval_id, status="canceled", finished_at=time.time())
+        _fail("canceled", f"eval {eval_id} interrupted")
+        return
+    _say()
+    results = check_gates(record["report"], gates, policy)
+    store.update(eval_id, gate_results=results, gate_passed=all(r["passed"] for r in results))
+    _print_report(record["report"], results)
+    _say(f"wall       {record['wall_s']:.1f} s; stored in {store.folder(eval_id)}")
+    _verdict(record, results, eval_id)
 
 
 def _load(store, eval_id: str) -> dict:
@@ -310,8 +330,8 @@ def _alive(pid) -> bool:
     return True
 
 
-@eval_app.command("status")
-def eval_status(eval_id: str, data_dir: Optional[Path] = _DataDirOpt) -> None:
+@app.command("status")
+def eval_status(eval_id: str, data_dir: Optional[Path] = DataDirOpt) -> None:
     """Where an eval is: running (with progress), done, canceled or failed."""
     store = _store(data_dir)
     r = _load(store, eval_id)
@@ -327,10 +347,10 @@ def eval_status(eval_id: str, data_dir: Optional[Path] = _DataDirOpt) -> None:
         _say("  gates " + ", ".join(f"{g['gate']} {'PASS' if g['passed'] else 'FAIL'}" for g in r["gate_results"]))
 
 
-@eval_app.command("report")
+@app.command("report")
 def eval_report(eval_id: str, csv_path: Optional[str] = typer.Option(None, "--csv", help="write CSV to PATH ('-': stdout)"),
                 as_json: bool = typer.Option(False, "--json", help="print the report as JSON"),
-                data_dir: Optional[Path] = _DataDirOpt) -> None:
+                data_dir: Optional[Path] = DataDirOpt) -> None:
     """The report of an eval (so far, if it is still running or was canceled)."""
     from sequence_ai_eval.runner import summarize
     store = _store(data_dir)
@@ -360,10 +380,10 @@ def eval_report(eval_id: str, csv_path: Optional[str] = typer.Option(None, "--cs
     _print_report(report, record.get("gate_results"))
 
 
-@eval_app.command("ls")
+@app.command("ls")
 def eval_ls(policy: Optional[str] = typer.Argument(None, help="only evals that ran this policy"),
             limit: int = typer.Option(50, "--limit", help="at most this many, newest first"),
-            data_dir: Optional[Path] = _DataDirOpt) -> None:
+            data_dir: Optional[Path] = DataDirOpt) -> None:
     """List evals, newest first."""
     store = _store(data_dir)
     shown = 0
@@ -384,9 +404,9 @@ def eval_ls(policy: Optional[str] = typer.Argument(None, help="only evals that r
         shown += 1
 
 
-@eval_app.command("cancel")
+@app.command("cancel")
 def eval_cancel(eval_id: str, wait_s: float = typer.Option(30.0, "--wait", help="seconds to wait for it to stop"),
-                data_dir: Optional[Path] = _DataDirOpt) -> None:
+                data_dir: Optional[Path] = DataDirOpt) -> None:
     """Stop a running eval; the episodes finished so far stay in its report."""
     store = _store(data_dir)
     record = _load(store, eval_id)

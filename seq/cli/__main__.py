@@ -1,0 +1,5 @@
+"""``python -m seq.cli ...``: the ``seq`` command."""
+from seq.cli import main
+
+if __name__ == "__main__":
+    main()
