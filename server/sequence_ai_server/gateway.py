@@ -44,6 +44,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import hashlib
 import hmac
 import json
@@ -54,7 +55,6 @@ import secrets
 import signal
 import socket
 import shutil
-import sqlite3
 import subprocess
 import sys
 import threading
@@ -65,22 +65,24 @@ from pathlib import Path
 from typing import Any, Optional
 
 import httpx
-from fastapi import APIRouter, Depends, FastAPI, Header, Request
-from pydantic import BaseModel
 
 from seq._params import InferParam, ParamError, cast_params
 
-from . import catalogue   # the /v1/models rows: contract-derived fields and templates
+from .app import create_app
+from .config import ServerConfig, default_data_dir
 from .errors import CODES as _CODES
+from .middleware import route_scopes  # noqa: F401  (re-exported: test_route_scopes.py)
+from .sessions import SessionRec, SessionTable
+from .store import Store
+from .schemas import ConnectRequest, ConnectResponse, Deployment, DeployRequest, Lease, ParamsUpdate, TrafficUpdate
 from ._proc import EXIT_UNKNOWN, AdoptedProcess, process_alive, process_cmdline, process_start, stop_process
-from .errors import ApiError, install_error_handlers, new_request_id
+from .errors import ApiError
 from .keys import KeyRecord, KeyStore
 from .leases import RevocationList, push_revocations, sign_lease
-from .slots import SlotQueue, slots_of   # issue 5: slots and the waiting line
-from .secrets_store import SecretStore   # issue 5: encrypted secrets, injected only when declared
-from .metrics import CONTENT_TYPE_LATEST, GatewayMetrics   # issue 5: Prometheus /metrics
-from .logs import DEPLOYMENT, GATEWAY_LOG, REQUEST_ID, install_json_log, read_logs
-from .volumes import VolumeError, VolumeStore
+from .slots import SlotQueue, slots_of   # slots and the waiting line
+from .secrets_store import SecretStore   # encrypted secrets, injected only when declared
+from .logs import GATEWAY_LOG, install_json_log, read_logs
+from .volumes import VolumeStore
 from .traffic import TrafficError, TrafficRouter, dump_policy, load_policy, parse_split, parse_version
 
 __all__ = ["Gateway", "create_app", "serve", "main", "default_data_dir", "DEFAULT_HOST", "DEFAULT_PORT"]
@@ -90,311 +92,23 @@ log = logging.getLogger("sequence_ai_server.gateway")
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8470
 DEFAULT_LOAD_ESTIMATE_S = 30.0
-LEASE_TTL_S = 300.0            # default lease; $SEQ_LEASE_TTL_S overrides (tests use a few seconds)
 DEFAULT_IDLE_TIMEOUT_S = 600.0  # when the policy declares none (seq._policy default)
 STOP_GRACE_S = 10.0
 JAMMED_GRACE_S = 2.0        # a jammed worker (replace_jammed) is killed this long after SIGTERM
 KEEP_VERSIONS = 5
 BUILD_SUFFIX = ".build"     # workers[name + BUILD_SUFFIX]: the version building beside the serving one
 SIDE_MARK = "@v"            # workers[f"{name}@v{N}"]: a kept version serving a traffic split or a pin
-HEALTH_INTERVAL_S = 2.0     # how often running workers are pinged for a jammed inference ($SEQ_HEALTH_INTERVAL_S)
 _CODES.setdefault("deployment_stopped", (503, False))   # `seq policy stop`, until `seq policy start`
 MAX_BODY_BYTES = 32 * 1024 * 1024   # the largest request body the gateway reads (the worker's cap too)
 _NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
-_DEPLOYMENT_PATH = re.compile(r"^/v1/deployments/([a-z0-9][a-z0-9_-]{0,62})(?:/|$)")
-_QUIET_ROUTES = {"/metrics", "/healthz", "/v1/deployments/{name}/logs", "/v1/deployments/{name}",
-                 "/v1/internal/revocations"}  # polled: not logged
 
 
 class DataDirInUse(OSError):
     """Another live gateway supervises the workers of this data dir (raised when a gateway starts)."""
 
 
-def default_data_dir() -> Path:
-    return Path(os.environ.get("SEQUENCES_HOME") or Path.home() / ".sequence-ai").expanduser()
-
-
 def _hash_key(key: str) -> str:
     return hashlib.sha256(key.encode()).hexdigest()
-
-
-# ---------------------------------------------------------------- wire models
-
-class DeployRequest(BaseModel):
-    name: str
-    file: str
-    class_name: Optional[str] = None
-
-
-class Deployment(BaseModel):
-    name: str
-    version: int
-    status: str                      # starting | ready | failed | stopped
-    phase: Optional[str] = None      # spawning | importing | loading | warmup | checking | ready | failed | stopped
-    worker_url: Optional[str] = None
-    error: Optional[str] = None
-    load_s: Optional[float] = None
-    file: str
-    class_name: Optional[str] = None
-    pid: Optional[int] = None
-    started_at: Optional[float] = None
-    ready_at: Optional[float] = None
-    contract: Optional[dict[str, Any]] = None
-    params: list[dict[str, Any]] = []
-    spec: Optional[dict[str, Any]] = None
-    details: Optional[dict[str, Any]] = None
-    build: Optional[dict[str, Any]] = None     # the version building beside the serving one (or the last one that did)
-    health: Optional[dict[str, Any]] = None    # a jammed worker seen by the health check: state jammed | replaced
-    stopped_at: Optional[float] = None          # `seq policy stop` (unix s): connects refused until `seq policy start`
-    sessions: Optional[list[dict[str, Any]]] = None   # GET one deployment: each connected robot and what it runs with
-
-
-class DeploymentList(BaseModel):
-    deployments: list[Deployment]
-
-
-class ModelEntry(BaseModel):
-    """One catalogue row; the fields after ``params`` are read off the contract (catalogue.py)."""
-    name: str
-    version: Optional[int]
-    status: str
-    contract: Optional[dict[str, Any]]
-    params: list[dict[str, Any]]
-    short_id: str
-    kind: str                                   # model | template
-    template_kind: Optional[str] = None         # policy (a template's kind)
-    endpoint: Optional[str] = None              # act; None for a template (deploy it first)
-    description: Optional[str] = None
-    camera_views: Optional[list[str]] = None
-    state_dim: Optional[int] = None
-    state_layout: Optional[dict[str, int]] = None
-    action_dim: Optional[int] = None
-    action_space: Optional[str] = None
-    action_semantics: Optional[str] = None
-    robot: Optional[str] = None
-    control_frequency_hz: Optional[float] = None
-    client_resize: Optional[dict[str, Any]] = None
-    input_aspect_ratio: Optional[float] = None
-    input_resize: Optional[str] = None
-    history: Optional[int] = None
-    pass_raw: bool = True
-
-
-class ModelList(BaseModel):
-    models: list[ModelEntry]
-
-
-class ConnectRequest(BaseModel):
-    model: str
-    params: dict[str, Any] = {}
-    ticket: Optional[str] = None     # a queued robot's place in line (details.ticket of a 503 queued)
-
-
-class SecretSet(BaseModel):
-    env: dict[str, str]
-
-
-class WorkerSecretsRequest(BaseModel):
-    names: list[str]
-
-
-class ParamsUpdate(BaseModel):
-    set: dict[str, Any] = {}
-    clear: list[str] = []
-
-
-class RollbackRequest(BaseModel):
-    to: Optional[int] = None
-
-
-class VolumeUpload(BaseModel):
-    """``seq volume put``: the manifest of a directory, ``[{"path", "size", "md5"}]`` (volumes.py)."""
-    files: list[dict[str, Any]]
-
-
-class TrafficUpdate(BaseModel):
-    """``seq policy traffic``: one of a split (``{"v5": 10, "v4": 90}``), a pin, an unpin or clear."""
-    split: Optional[dict[str, Any]] = None   # shares are checked by traffic.parse_split
-    pin: Optional[str] = None          # key id or name (a key bound to this deployment)
-    version: Optional[str] = None      # the pin's version, "v5" or "5"
-    unpin: Optional[str] = None
-    clear: bool = False
-
-
-class KeyCreate(BaseModel):
-    name: Optional[str] = None
-    deployment: Optional[str] = None
-
-
-class Lease(BaseModel):
-    ttl_s: float
-    expires_at: float
-    epoch: int
-
-
-class ConnectResponse(BaseModel):
-    session_id: str
-    worker_url: str
-    direct_secret: str
-    lease: Lease
-    contract: dict[str, Any]
-    params: dict[str, Any]
-    version: int
-
-
-# ---------------------------------------------------------------- state
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS deployments (
-    name TEXT PRIMARY KEY,
-    version INTEGER NOT NULL,
-    file TEXT NOT NULL,
-    class_name TEXT,
-    file_sha TEXT,
-    status TEXT NOT NULL,
-    phase TEXT,
-    worker_port INTEGER,
-    worker_pid INTEGER,
-    secret TEXT,
-    epoch INTEGER NOT NULL DEFAULT 0,
-    error TEXT,
-    error_details TEXT,
-    load_s REAL,
-    started_at REAL,
-    ready_at REAL,
-    served INTEGER NOT NULL DEFAULT 0,
-    spec_json TEXT,
-    created_at REAL NOT NULL,
-    updated_at REAL NOT NULL
-);
-CREATE TABLE IF NOT EXISTS versions (
-    name TEXT NOT NULL,
-    version INTEGER NOT NULL,
-    file TEXT NOT NULL,
-    source_file TEXT NOT NULL,
-    class_name TEXT,
-    file_sha TEXT,
-    status TEXT NOT NULL,
-    error TEXT,
-    load_s REAL,
-    created_at REAL NOT NULL,
-    PRIMARY KEY (name, version)
-);
-CREATE TABLE IF NOT EXISTS workers (
-    key TEXT PRIMARY KEY,
-    name TEXT NOT NULL,
-    role TEXT NOT NULL,
-    pid INTEGER NOT NULL,
-    record_json TEXT NOT NULL
-);
-CREATE TABLE IF NOT EXISTS sessions (
-    id TEXT PRIMARY KEY,
-    model TEXT NOT NULL,
-    record_json TEXT NOT NULL
-);
-CREATE TABLE IF NOT EXISTS keys (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    hash TEXT NOT NULL UNIQUE,
-    prefix TEXT NOT NULL,
-    created_at REAL NOT NULL
-);
-"""
-
-
-class Store:
-    """SQLite state, one connection guarded by a lock (every call is short)."""
-
-    def __init__(self, path: Path):
-        self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
-        self._db.row_factory = sqlite3.Row
-        self._lock = threading.Lock()
-        with self._lock:
-            self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.executescript(_SCHEMA)
-            cols = {r[1] for r in self._db.execute("PRAGMA table_info(deployments)")}
-            if "build_json" not in cols:   # a state.db from before versions were built beside
-                self._db.execute("ALTER TABLE deployments ADD COLUMN build_json TEXT")
-            if "defaults_json" not in cols:  # deployment default params (`seq policy params`)
-                self._db.execute("ALTER TABLE deployments ADD COLUMN defaults_json TEXT")
-            if "traffic_json" not in cols:   # canary split and pins (`seq policy traffic`, traffic.py)
-                self._db.execute("ALTER TABLE deployments ADD COLUMN traffic_json TEXT")
-            if "worker_host" not in cols:    # the host a worker listens on (Ray: its node's IP)
-                self._db.execute("ALTER TABLE deployments ADD COLUMN worker_host TEXT")
-            if "halted_at" not in cols:      # `seq policy stop` (emergency stop) until `seq policy start`
-                self._db.execute("ALTER TABLE deployments ADD COLUMN halted_at REAL")
-
-    def get(self, name: str) -> Optional[dict]:
-        with self._lock:
-            row = self._db.execute("SELECT * FROM deployments WHERE name = ?", (name,)).fetchone()
-        return dict(row) if row else None
-
-    def all(self) -> list[dict]:
-        with self._lock:
-            return [dict(r) for r in self._db.execute("SELECT * FROM deployments ORDER BY name")]
-
-    def insert(self, row: dict) -> None:
-        cols = ", ".join(row)
-        with self._lock:
-            self._db.execute(f"INSERT OR REPLACE INTO deployments ({cols}) VALUES ({', '.join('?' * len(row))})",
-                             tuple(row.values()))
-
-    def update(self, name: str, **fields: Any) -> None:
-        fields["updated_at"] = time.time()
-        sets = ", ".join(f"{k} = ?" for k in fields)
-        with self._lock:
-            self._db.execute(f"UPDATE deployments SET {sets} WHERE name = ?", (*fields.values(), name))
-
-    def versions(self, name: str) -> list[dict]:
-        with self._lock:
-            return [dict(r) for r in self._db.execute(
-                "SELECT * FROM versions WHERE name = ? ORDER BY version DESC", (name,))]
-
-    def put_version(self, row: dict) -> None:
-        cols = ", ".join(row)
-        with self._lock:
-            self._db.execute(f"INSERT OR REPLACE INTO versions ({cols}) VALUES ({', '.join('?' * len(row))})",
-                             tuple(row.values()))
-
-    def update_version(self, name: str, version: int, **fields: Any) -> None:
-        sets = ", ".join(f"{k} = ?" for k in fields)
-        with self._lock:
-            self._db.execute(f"UPDATE versions SET {sets} WHERE name = ? AND version = ?",
-                             (*fields.values(), name, version))
-
-    def delete_version(self, name: str, version: int) -> None:
-        with self._lock:
-            self._db.execute("DELETE FROM versions WHERE name = ? AND version = ?", (name, version))
-
-    # worker processes (what a restarted gateway needs to adopt them; Gateway._save_workers)
-    def worker_records(self) -> list[dict]:
-        with self._lock:
-            return [json.loads(r["record_json"]) for r in self._db.execute("SELECT record_json FROM workers")]
-
-    def put_worker_records(self, records: list[dict]) -> None:
-        with self._lock:
-            self._db.execute("BEGIN")
-            self._db.execute("DELETE FROM workers")
-            self._db.executemany("INSERT INTO workers (key, name, role, pid, record_json) VALUES (?, ?, ?, ?, ?)",
-                                 [(r["key"], r["name"], r["role"], r["pid"], json.dumps(r)) for r in records])
-            self._db.execute("COMMIT")
-
-    # open sessions (SessionTable)
-    def session_records(self) -> list[dict]:
-        with self._lock:
-            return [json.loads(r["record_json"]) for r in self._db.execute("SELECT record_json FROM sessions")]
-
-    def put_session(self, record: dict) -> None:
-        with self._lock:
-            self._db.execute("INSERT OR REPLACE INTO sessions (id, model, record_json) VALUES (?, ?, ?)",
-                             (record["id"], record["model"], json.dumps(record)))
-
-    def delete_sessions(self, ids: list[str]) -> None:
-        with self._lock:
-            self._db.executemany("DELETE FROM sessions WHERE id = ?", [(i,) for i in ids])
-
-    def close(self) -> None:
-        with self._lock:
-            self._db.close()
 
 
 @dataclass
@@ -422,61 +136,6 @@ class WorkerProc:
     error: Optional[str] = None         # a side worker that failed to load: why
     proc_start: Optional[int] = None    # the process's start time (_proc.process_start): its identity with the pid
     supervisor_file: Optional[Path] = None   # {pid, start} of the gateway supervising it (worker --supervisor-file)
-
-
-@dataclass
-class SessionRec:
-    """One admitted robot session. Times are unix seconds."""
-    id: str
-    model: str
-    key_id: str
-    epoch: int
-    version: int
-    params: dict
-    created_at: float
-    expires_at: float
-    requested: dict = field(default_factory=dict)   # the robot's own params; deployment defaults fill the rest
-    side: str = ""     # workers key of the side worker (a split/pinned version); "" = the serving worker
-
-
-class SessionTable(dict):
-    """``session_id -> SessionRec``, written through to the ``sessions`` table of state.db on every
-    set and removal, so a restarted gateway still knows the sessions whose leases robots hold
-    (renewals go on, slots stay counted). A changed record is stored by setting it again."""
-
-    def __init__(self, store: "Store"):
-        super().__init__()
-        self._store = store
-
-    def load(self) -> list[SessionRec]:
-        """The stored sessions (into this table, without writing); returns them."""
-        out = []
-        for rec in self._store.session_records():
-            with contextlib.suppress(TypeError):
-                sess = SessionRec(**rec)
-                dict.__setitem__(self, sess.id, sess)
-                out.append(sess)
-        return out
-
-    def __setitem__(self, key: str, value: SessionRec) -> None:
-        super().__setitem__(key, value)
-        self._store.put_session(dict(value.__dict__))
-
-    def __delitem__(self, key: str) -> None:
-        super().__delitem__(key)
-        self._store.delete_sessions([key])
-
-    def pop(self, key: str, *default: Any) -> Any:
-        had = key in self
-        value = super().pop(key, *default)
-        if had:
-            self._store.delete_sessions([key])
-        return value
-
-    def clear(self) -> None:
-        ids = list(self)
-        super().clear()
-        self._store.delete_sessions(ids)
 
 
 def _write_secret(path: Path, value: str) -> None:
@@ -523,8 +182,17 @@ def _exit_reason(code: int) -> str:
 class Gateway:
     """Owns the state and the worker processes; the routers call into it."""
 
-    def __init__(self, data_dir: Path):
-        self.data_dir = Path(data_dir).expanduser().resolve()
+    worker_url = staticmethod(lambda row: _worker_url(row))
+
+    def __init__(self, data_dir: Optional[Path] = None, config: Optional[ServerConfig] = None):
+        """``config``: the settings (default ``ServerConfig.from_env(data_dir)``); ``data_dir``
+        overrides its data dir. Raises DataDirInUse when another live gateway supervises the
+        workers of this data dir."""
+        config = config or ServerConfig.from_env(data_dir)
+        if data_dir is not None and Path(data_dir).expanduser() != config.data_dir:
+            config = dataclasses.replace(config, data_dir=Path(data_dir).expanduser())
+        self.config = config
+        self.data_dir = config.data_dir.expanduser().resolve()
         self.data_dir.mkdir(parents=True, exist_ok=True)
         for sub in ("logs", "run", "weights"):
             (self.data_dir / sub).mkdir(exist_ok=True)
@@ -534,12 +202,12 @@ class Gateway:
         self.workers: dict[str, WorkerProc] = {}
         # scale-out hook (ray_backend.py): $SEQ_BACKEND=ray starts workers as Ray actors through a
         # launcher whose start() returns a Popen look-alike; None keeps plain local subprocesses
-        from .ray_backend import launcher_from_env
-        self.launcher = launcher_from_env()
+        from .ray_backend import launcher_for
+        self.launcher = launcher_for(config)
         self._lock = threading.RLock()
         self.api_key_file = self.data_dir / "api_key"
         self._ensure_key()
-        self.lease_ttl_s = float(os.environ.get("SEQ_LEASE_TTL_S") or LEASE_TTL_S)
+        self.lease_ttl_s = config.lease_ttl_s
         self.sessions: dict[str, SessionRec] = SessionTable(self.store)   # persisted: survives a restart
         self.revoked = RevocationList()              # sessions ended early; workers refuse their tokens (leases.py)
         self._activity: dict[str, float] = {}      # deployment -> last connect / renew / /v1/act (unix s)
@@ -550,11 +218,11 @@ class Gateway:
         self.volumes = VolumeStore(self.store._db, self.store._lock, self.data_dir / "volumes", self.volume_users)
         self.url: Optional[str] = None               # this gateway's own URL once bound (workers fetch secrets)
         self._session_s: list[float] = []            # lengths of recent closed sessions (queue estimate)
-        self.max_gpus = int(os.environ["SEQ_MAX_GPUS"]) if os.environ.get("SEQ_MAX_GPUS") else None
+        self.max_gpus = config.max_gpus
         self.traffic = TrafficRouter()               # canary split between versions (traffic.py)
         self._side_failed: dict[str, dict] = {}      # side worker key -> why its last start failed
         self._health: dict[str, dict] = {}           # deployment -> the last jammed-worker event (replace_jammed)
-        self.health_interval_s = float(os.environ.get("SEQ_HEALTH_INTERVAL_S") or HEALTH_INTERVAL_S)
+        self.health_interval_s = config.health_interval_s
         self._saved_workers: Optional[str] = None     # the last worker records written (_save_workers)
         self._me = {"pid": os.getpid(), "start": process_start(os.getpid())}   # what supervisor files name
         # workers of a previous gateway process on this data dir keep serving through its death:
@@ -1943,7 +1611,7 @@ class Gateway:
                       "sessions": sum(1 for s in self.sessions.values() if s.model in names),
                       "benchmarks": len(BUILTIN_BENCHMARKS), "evals_running": running},
             "limits": {"lease_ttl_s": self.lease_ttl_s, "max_gpus": self.max_gpus,
-                       "max_body_bytes": int(os.environ.get("SEQ_GATEWAY_MAX_BODY_BYTES") or MAX_BODY_BYTES),
+                       "max_body_bytes": self.config.max_body_bytes or MAX_BODY_BYTES,
                        "self_hosted": True},
         }
 
@@ -1954,145 +1622,6 @@ class Gateway:
         self._json_log.close()
         if self.launcher:                # backend hook: disconnect from Ray
             self.launcher.close()
-
-
-class BodyLimit:
-    """ASGI middleware: refuse a request body over ``max_bytes`` with 413 payload_too_large in
-    the common error shape. A declared Content-Length is checked before anything is read; a
-    chunked body is counted as it streams and cut off at the limit (the handler sees the client
-    leave; whatever it answers is replaced by the same 413). Default: MAX_BODY_BYTES (32 MiB, the worker's cap); $SEQ_GATEWAY_MAX_BODY_BYTES
-    overrides."""
-
-    def __init__(self, app: Any, max_bytes: int = MAX_BODY_BYTES):
-        self.app = app
-        self.max_bytes = int(max_bytes)
-
-    def _error(self, size: Optional[int]) -> ApiError:
-        what = f"the body is {size} bytes" if size is not None else "the body is over the limit"
-        return ApiError("payload_too_large", f"{what}; this gateway takes at most {self.max_bytes} bytes",
-                        hint="send camera frames as JPEG (see docs) or fewer/smaller views",
-                        details={"max_bytes": self.max_bytes}, request_id=new_request_id())
-
-    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        length = dict(scope.get("headers") or []).get(b"content-length")
-        if length is not None and length.isdigit() and int(length) > self.max_bytes:
-            resp = self._error(int(length)).response()
-            resp.headers["Connection"] = "close"
-            await resp(scope, receive, send)
-            return
-        seen, over, started = 0, False, False
-
-        async def counted() -> dict:
-            # Past the limit the app is told the client left (it stops reading) and its answer is
-            # replaced by the 413 below: raising here would reach the app as a body-parse error
-            # (400) or an exception group (500) instead.
-            nonlocal seen, over
-            if over:
-                return {"type": "http.disconnect"}
-            message = await receive()
-            if message.get("type") == "http.request":
-                seen += len(message.get("body", b""))
-                if seen > self.max_bytes and not started:
-                    over = True
-                    return {"type": "http.disconnect"}
-            return message
-
-        async def guarded(message: dict) -> None:
-            nonlocal started
-            if over:
-                return              # the app's answer to a cut-off body is dropped
-            started = True
-            await send(message)
-
-        try:
-            await self.app(scope, counted, guarded)
-        except Exception:
-            if not over:
-                raise
-        if over:
-            resp = self._error(None).response()
-            resp.headers["Connection"] = "close"
-            await resp(scope, receive, send)
-
-
-def _bearer_or_api_key(authorization: Optional[str], x_api_key: Optional[str]) -> Optional[str]:
-    """The API key a request carries: ``Authorization: Bearer <key>``, else ``X-API-Key``."""
-    scheme, _, token = (authorization or "").partition(" ")
-    return token if scheme.lower() == "bearer" and token else x_api_key
-
-
-def _check_worker_bearer(gw: "Gateway", authorization: Optional[str]) -> None:
-    """The bearer must be the direct secret of a worker this gateway runs; else 401 unauthorized."""
-    token = (authorization or "").partition(" ")[2].strip()
-    if not token or not gw.is_worker_secret(token):
-        raise ApiError("unauthorized", "only a worker of this gateway may call this route")
-
-
-def route_scopes(routes: Any, markers: dict, prefix: str = "") -> list[tuple[str, str, str]]:
-    """``[(method, path, scope)]`` for every route under ``routes`` (FastAPI's included routers
-    followed, HEAD left out). A route's scope is read off its dependencies: the first of
-    ``markers`` (``{dependency callable: scope}``, in priority order) found among them, else
-    ``"none"``."""
-    out = []
-    for route in routes:
-        inner = getattr(route, "original_router", None)       # newer FastAPI keeps included routers as nodes
-        if inner is not None:
-            context = getattr(route, "include_context", None)
-            out += route_scopes(inner.routes, markers, prefix + (getattr(context, "prefix", "") or ""))
-            continue
-        calls: set = set()
-        stack = [getattr(route, "dependant", None)]
-        while stack:
-            d = stack.pop()
-            for sub in getattr(d, "dependencies", None) or ():
-                calls.add(sub.call)
-                stack.append(sub)
-        scope = next((v for k, v in markers.items() if k in calls), "none")
-        out += [(m, prefix + route.path, scope) for m in sorted(getattr(route, "methods", None) or ()) if m != "HEAD"]
-    return out
-
-
-class CredentialsFirst:
-    """ASGI middleware: the caller's credentials are checked from the headers before any route
-    reads its body. Each route's scope comes from its own dependencies (:func:`route_scopes`):
-    ``account`` (an account key; a robot key is 401 ``key_bound``), ``key`` (any live key; the
-    route narrows a robot key to its deployment itself), ``worker`` (a worker's direct secret),
-    ``none``. A missing, unknown or revoked key is 401 here; the route's dependency checks again."""
-
-    def __init__(self, app: Any, gateway: "Gateway", fastapi_app: Any, markers: dict):
-        self.app, self.gw, self._fastapi, self._markers = app, gateway, fastapi_app, markers
-        self._table: Optional[list] = None
-
-    def _scope_of(self, method: str, path: str) -> Optional[str]:
-        if self._table is None:
-            from starlette.routing import compile_path
-            self._table = [(m, compile_path(p)[0], sc) for m, p, sc in route_scopes(self._fastapi.routes, self._markers)]
-        method = "GET" if method == "HEAD" else method
-        return next((sc for m, rx, sc in self._table if m == method and rx.match(path)), None)
-
-    def _check(self, scope_name: str, headers: dict) -> None:
-        auth = headers.get(b"authorization", b"").decode("latin-1") or None
-        if scope_name == "worker":
-            _check_worker_bearer(self.gw, auth)
-            return
-        rec = self.gw.authenticate(_bearer_or_api_key(auth, headers.get(b"x-api-key", b"").decode("latin-1") or None))
-        if scope_name == "account":
-            self.gw.require_scope(rec)
-
-    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
-        if scope["type"] == "http":
-            needed = self._scope_of(scope["method"], scope["path"])
-            if needed not in (None, "none"):
-                try:
-                    await asyncio.to_thread(self._check, needed, dict(scope.get("headers") or []))
-                except ApiError as exc:
-                    exc.request_id = exc.request_id or new_request_id()
-                    await exc.response()(scope, receive, send)
-                    return
-        await self.app(scope, receive, send)
 
 
 def _ready_host(ready: dict) -> Optional[str]:
@@ -2110,355 +1639,6 @@ def _worker_url(row: dict) -> str:
 
 def _terminate(proc: subprocess.Popen) -> None:
     stop_process(proc, grace_s=STOP_GRACE_S)
-
-
-# ---------------------------------------------------------------- the app
-
-def create_app(data_dir: Optional[Path] = None) -> FastAPI:
-    gw = Gateway(data_dir or default_data_dir())
-
-    def get_gateway() -> Gateway:
-        return gw
-
-    def require_key(request: Request, authorization: Optional[str] = Header(default=None),
-                    x_api_key: Optional[str] = Header(default=None)) -> KeyRecord:
-        rec = gw.authenticate(_bearer_or_api_key(authorization, x_api_key))
-        request.state.key = rec
-        return rec
-
-    def account_key(rec: KeyRecord = Depends(require_key)) -> KeyRecord:
-        gw.require_scope(rec)
-        return rec
-
-    models = APIRouter(prefix="/v1/models", tags=["models"])
-
-    @models.get("", response_model=ModelList)
-    async def list_models(kind: Optional[str] = None, endpoint: Optional[str] = None) -> ModelList:
-        """Deployments (kind=model), then the `seq init` templates (kind=template); ?kind= and
-        ?endpoint=act filter."""
-        if kind is not None and kind not in catalogue.KINDS:
-            raise ApiError("invalid_request", f"unknown kind {kind!r}", hint=f"kind is one of {', '.join(catalogue.KINDS)}")
-        if endpoint is not None and endpoint not in catalogue.ENDPOINTS:
-            raise ApiError("invalid_request", f"no endpoint {endpoint!r} on a self-hosted gateway",
-                           hint=f"endpoint is one of {', '.join(catalogue.ENDPOINTS)} (chat and decide are hosted-only)")
-        rows = []
-        for row in gw.store.all():
-            d = gw.describe(row)
-            rows.append(catalogue.model_row(d.name, d.version, d.status, d.contract, d.params))
-        if kind != "model":
-            rows += await asyncio.to_thread(catalogue.template_rows)
-        return ModelList(models=[ModelEntry(**r) for r in catalogue.filter_rows(rows, kind, endpoint)])
-
-    deployments = APIRouter(prefix="/v1/deployments", tags=["deployments"], dependencies=[Depends(require_key)])
-
-    @deployments.get("", response_model=DeploymentList)
-    async def list_deployments(key: KeyRecord = Depends(require_key)) -> DeploymentList:
-        rows = [r for r in gw.store.all() if key.deployment in (None, r["name"])]
-        return DeploymentList(deployments=[gw.describe(r) for r in rows])
-
-    @deployments.post("", response_model=Deployment)
-    async def create_deployment(body: DeployRequest, key: KeyRecord = Depends(account_key)) -> Deployment:
-        return await asyncio.to_thread(gw.deploy, body)
-
-    @deployments.get("/{name}", response_model=Deployment)
-    async def get_deployment(name: str, key: KeyRecord = Depends(require_key)) -> Deployment:
-        gw.require_scope(key, name)
-        return await asyncio.to_thread(gw.status, name)
-
-    @deployments.delete("/{name}", response_model=Deployment)
-    async def stop_deployment(name: str, key: KeyRecord = Depends(account_key)) -> Deployment:
-        return await asyncio.to_thread(gw.stop, name)
-
-    @deployments.get("/{name}/versions")
-    async def list_versions(name: str, key: KeyRecord = Depends(require_key)) -> dict:
-        gw.require_scope(key, name)
-        return await asyncio.to_thread(gw.versions, name)
-
-    @deployments.post("/{name}/rollback", response_model=Deployment)
-    async def rollback(name: str, body: RollbackRequest, key: KeyRecord = Depends(account_key)) -> Deployment:
-        return await asyncio.to_thread(gw.rollback, name, body.to)
-
-    @deployments.post("/{name}/start", response_model=Deployment)
-    async def start_deployment(name: str, key: KeyRecord = Depends(account_key)) -> Deployment:
-        return await asyncio.to_thread(gw.start, name)
-
-    @deployments.post("/{name}/remove")
-    async def remove_deployment(name: str, force: bool = False, key: KeyRecord = Depends(account_key)) -> dict:
-        return await asyncio.to_thread(gw.remove, name, force)
-
-    @deployments.post("/{name}/rotate-secret")
-    async def rotate_secret(name: str, key: KeyRecord = Depends(account_key)) -> dict:
-        return await asyncio.to_thread(gw.rotate_secret, name)
-
-    @deployments.get("/{name}/doctor")
-    async def doctor(name: str, key: KeyRecord = Depends(account_key)) -> dict:
-        return await asyncio.to_thread(gw.doctor, name)
-
-    @deployments.get("/{name}/logs")
-    async def get_logs(name: str, request_id: Optional[str] = None, lines: int = 200, since: Optional[float] = None,
-                       key: KeyRecord = Depends(account_key)) -> dict:
-        return await asyncio.to_thread(gw.logs, name, request_id, lines, since)
-
-    @deployments.get("/{name}/traffic")
-    async def get_traffic(name: str, key: KeyRecord = Depends(account_key)) -> dict:
-        return await asyncio.to_thread(gw.traffic_view, name)
-
-    @deployments.post("/{name}/traffic")
-    async def set_traffic(name: str, body: TrafficUpdate, key: KeyRecord = Depends(account_key)) -> dict:
-        return await asyncio.to_thread(gw.set_traffic, name, body)
-
-    @deployments.get("/{name}/params")
-    async def get_params(name: str, key: KeyRecord = Depends(require_key)) -> dict:
-        gw.require_scope(key, name)
-        return await asyncio.to_thread(gw.params, name)
-
-    @deployments.post("/{name}/params")
-    async def set_params(name: str, body: ParamsUpdate, key: KeyRecord = Depends(account_key)) -> dict:
-        return await asyncio.to_thread(gw.set_params, name, body)
-
-    connect = APIRouter(prefix="/v1/connect", tags=["connect"], dependencies=[Depends(require_key)])
-
-    @connect.post("", response_model=ConnectResponse)
-    async def connect_(request: Request, body: ConnectRequest, key: KeyRecord = Depends(require_key)) -> ConnectResponse:
-        request.state.deployment = body.model     # the request's log line names it (logs.py)
-        return await asyncio.to_thread(gw.connect, body, key)
-
-    sessions = APIRouter(prefix="/v1/sessions", tags=["sessions"])
-
-    @sessions.post("/{session_id}/renew", response_model=ConnectResponse)
-    async def renew(session_id: str, key: KeyRecord = Depends(require_key)) -> ConnectResponse:
-        return await asyncio.to_thread(gw.renew, session_id, key)
-
-    @sessions.delete("/{session_id}")
-    async def close_session(session_id: str, key: KeyRecord = Depends(require_key)) -> dict:
-        return await asyncio.to_thread(gw.close_session, session_id, key)
-
-    keys = APIRouter(prefix="/v1/keys", tags=["keys"])
-
-    @keys.post("")
-    async def create_key(body: KeyCreate, key: KeyRecord = Depends(account_key)) -> dict:
-        if body.deployment is not None:
-            gw.require(body.deployment)
-        if body.name and gw.keys.find(body.name) is not None:
-            raise ApiError("invalid_request", f"a key named {body.name!r} exists already",
-                           hint="pick another --name, or revoke the old key first")
-        try:
-            rec, plaintext = gw.keys.create(body.name, body.deployment)
-        except ValueError as exc:
-            raise ApiError("invalid_request", str(exc), hint="e.g. --name arm-7") from None
-        return {**rec.to_dict(), "key": plaintext}
-
-    @keys.get("")
-    async def list_keys(key: KeyRecord = Depends(account_key)) -> dict:
-        return {"keys": [r.to_dict() for r in gw.keys.list()]}
-
-    @keys.delete("/{ref}")
-    async def revoke_key(ref: str, key: KeyRecord = Depends(account_key)) -> dict:
-        rec = gw.keys.find(ref)
-        if rec is None:
-            raise ApiError("not_found", f"no API key {ref!r}", hint="`seq keys ls` lists key ids and names")
-        revoked = gw.keys.revoke(rec.id).to_dict()
-        await asyncio.to_thread(gw.end_key_sessions, rec.id)   # its robots' leases stop working now
-        return revoked
-
-    secrets_router = APIRouter(prefix="/v1/secrets", tags=["secrets"])
-    app_internal = APIRouter(tags=["internal"])
-
-    @secrets_router.put("/{name}")
-    async def set_secret(name: str, body: SecretSet, key: KeyRecord = Depends(account_key)) -> dict:
-        try:
-            return gw.secrets.set(name, body.env)
-        except ValueError as exc:
-            raise ApiError("invalid_request", str(exc), hint="seq secret set NAME --env VAR [--env VAR ...]") from None
-
-    @secrets_router.get("")
-    async def list_secrets(key: KeyRecord = Depends(account_key)) -> dict:
-        return {"secrets": gw.secrets.list()}
-
-    @secrets_router.delete("/{name}")
-    async def remove_secret(name: str, key: KeyRecord = Depends(account_key)) -> dict:
-        if not gw.secrets.remove(name):
-            raise ApiError("not_found", f"no secret named {name!r}", hint="`seq secret ls` lists them")
-        return {"name": name, "removed": True}
-
-    def worker_secret(authorization: Optional[str] = Header(default=None)) -> None:
-        """Dependency: the bearer is the direct secret of a worker this gateway runs."""
-        _check_worker_bearer(gw, authorization)
-
-    @app_internal.post("/v1/internal/worker-secrets", include_in_schema=False, dependencies=[Depends(worker_secret)])
-    async def worker_secrets(body: WorkerSecretsRequest) -> dict:
-        """A worker's declared secrets; the bearer must be the secret of a worker this gateway runs."""
-        try:
-            return {"env": gw.secrets.environment(body.names)}
-        except KeyError as exc:
-            raise ApiError("not_found", f"the policy declares secret {exc.args[0]!r}, which is not set",
-                           hint=f"seq secret set {exc.args[0]} --env VAR") from None
-
-    @app_internal.get("/v1/internal/revocations", include_in_schema=False, dependencies=[Depends(worker_secret)])
-    async def revocations() -> dict:
-        """Sessions ended early, polled by workers (leases.RevocationPoller); worker secret only."""
-        return {"sessions": gw.revoked.snapshot()}
-
-    volumes_router = APIRouter(prefix="/v1/volumes", tags=["volumes"])
-
-    def _volume_call(fn, *args):
-        try:
-            return fn(*args)
-        except VolumeError as exc:
-            raise ApiError(exc.code, str(exc), hint=exc.hint or "seq volume put NAME DIR") from None
-
-    @volumes_router.get("")
-    async def list_volumes(limit: int = 50, cursor: Optional[str] = None, key: KeyRecord = Depends(account_key)) -> dict:
-        if not 1 <= limit <= 500:
-            raise ApiError("invalid_request", f"limit must be 1..500, got {limit}", hint="--limit 50")
-        return await asyncio.to_thread(_volume_call, gw.volumes.list, limit, cursor)
-
-    @volumes_router.post("/{name}/uploads")
-    async def begin_upload(name: str, body: VolumeUpload, key: KeyRecord = Depends(account_key)) -> dict:
-        return await asyncio.to_thread(_volume_call, gw.volumes.begin, name, body.files)
-
-    @volumes_router.put("/{name}/uploads/{version}")
-    async def write_upload(name: str, version: int, path: str, offset: int, request: Request,
-                           key: KeyRecord = Depends(account_key)) -> dict:
-        data = await request.body()
-        return await asyncio.to_thread(_volume_call, gw.volumes.write, name, version, path, offset, data)
-
-    @volumes_router.post("/{name}/uploads/{version}/complete")
-    async def complete_upload(name: str, version: int, key: KeyRecord = Depends(account_key)) -> dict:
-        return await asyncio.to_thread(_volume_call, gw.volumes.complete, name, version)
-
-    @volumes_router.delete("/{name}")
-    async def remove_volume(name: str, key: KeyRecord = Depends(account_key)) -> dict:
-        return await asyncio.to_thread(_volume_call, gw.volumes.remove, name)
-
-    account_router = APIRouter(prefix="/v1/account", tags=["account"])
-
-    @account_router.get("")
-    async def account(key: KeyRecord = Depends(require_key)) -> dict:
-        return gw.account(key)
-
-    act = APIRouter(prefix="/v1/act", tags=["act"])
-
-    @act.post("")
-    async def act_via_gateway(request: Request, key: KeyRecord = Depends(require_key)) -> Any:
-        """The worker's /act through the gateway (for curl): body = the worker body plus "model"."""
-        try:
-            body = json.loads(await request.body())
-        except (ValueError, RecursionError):  # RecursionError: absurdly nested JSON
-            raise ApiError("invalid_request", "the body is not JSON",
-                           hint='send {"model": NAME, "observation": {...}, "params": {}}') from None
-        model = body.pop("model", None) if isinstance(body, dict) else None
-        if not isinstance(model, str):
-            raise ApiError("invalid_request", 'the body needs "model": the deployment name',
-                           hint='send {"model": NAME, "observation": {...}, "params": {}}')
-        gw.require_scope(key, model)
-        request.state.deployment = model
-        row = await asyncio.to_thread(gw.ensure_ready, model)
-        rid = request.state.request_id
-        try:
-            resp = await proxy.post(f"{_worker_url(row)}/act", json=body,
-                                    headers={"Authorization": f"Bearer {row['secret']}", "X-Request-ID": rid})
-        except httpx.HTTPError as exc:
-            raise ApiError("worker_failed", f"the worker of {model!r} did not answer: {type(exc).__name__}",
-                           hint="retry; `seq policy status NAME` shows the worker") from None
-        from fastapi.responses import Response as RawResponse
-        return RawResponse(resp.content, status_code=resp.status_code, media_type="application/json",
-                           headers={"X-Request-ID": resp.headers.get("x-request-id", rid)})
-
-    proxy = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=5.0))
-
-    @contextlib.asynccontextmanager
-    async def lifespan(app: FastAPI):
-        async def supervise() -> None:
-            while True:
-                try:
-                    await asyncio.to_thread(gw.poll)
-                except Exception:
-                    log.exception("supervisor poll failed")
-                await asyncio.sleep(0.1)
-        async def health() -> None:
-            """Ping every serving worker each health_interval_s; a degraded one is replaced."""
-            async with httpx.AsyncClient(timeout=httpx.Timeout(5.0)) as http:
-                while True:
-                    await asyncio.sleep(gw.health_interval_s)
-                    try:
-                        for name, url in await asyncio.to_thread(gw.health_targets):
-                            try:
-                                r = await http.get(f"{url}/ping")
-                                body = r.json() if r.status_code == 200 else {}
-                            except (httpx.HTTPError, ValueError):
-                                continue          # a dead worker is the supervisor's business
-                            if body.get("status") == "degraded":
-                                await asyncio.to_thread(gw.replace_jammed, name, body, int(url.rsplit(":", 1)[1]))
-                    except Exception:
-                        log.exception("health check failed")
-        task = asyncio.create_task(supervise())
-        health_task = asyncio.create_task(health())
-        try:
-            yield
-        finally:
-            task.cancel()
-            health_task.cancel()
-            for t in (task, health_task):
-                with contextlib.suppress(asyncio.CancelledError):
-                    await t
-            log.info("stopping all workers")
-            await proxy.aclose()
-            await asyncio.to_thread(gw.close)
-
-    app = FastAPI(title="sequence-ai gateway", lifespan=lifespan)
-    app.state.gateway = gw
-
-    metrics = GatewayMetrics(gw)   # issue 5: Prometheus /metrics (metrics.py)
-
-    @app.middleware("http")
-    async def request_id(request: Request, call_next):
-        request.state.request_id = new_request_id()
-        REQUEST_ID.set(request.state.request_id)              # every log line of this request carries it
-        m = _DEPLOYMENT_PATH.match(request.url.path)
-        DEPLOYMENT.set(m.group(1) if m else None)
-        started = time.perf_counter()
-        response = await call_next(request)
-        response.headers.setdefault("X-Request-ID", request.state.request_id)
-        route = getattr(request.scope.get("route"), "path", None) or "unmatched"
-        metrics.observe(route, response.status_code, started)
-        if route not in _QUIET_ROUTES:
-            log.log(logging.WARNING if response.status_code >= 500 else logging.INFO, "%s %s -> %d in %.1f ms",
-                    request.method, request.url.path, response.status_code, (time.perf_counter() - started) * 1000,
-                    extra={"deployment": getattr(request.state, "deployment", None) or (m.group(1) if m else None)})
-        return response
-
-    @app.get("/metrics", include_in_schema=False)
-    async def metrics_endpoint() -> Any:
-        from fastapi.responses import Response as RawResponse
-        body = await asyncio.to_thread(metrics.render)
-        return RawResponse(body, media_type=CONTENT_TYPE_LATEST)
-
-    install_error_handlers(app)
-    app.add_middleware(BodyLimit, max_bytes=int(os.environ.get("SEQ_GATEWAY_MAX_BODY_BYTES") or MAX_BODY_BYTES))
-    # outermost: credentials before any body is read (scopes read off each route's dependencies)
-    app.add_middleware(CredentialsFirst, gateway=gw, fastapi_app=app,
-                       markers={account_key: "account", worker_secret: "worker", require_key: "key"})
-    app.include_router(models)
-    app.include_router(deployments)
-    app.include_router(connect)
-    app.include_router(sessions)
-    app.include_router(keys)
-    app.include_router(account_router)
-    app.include_router(volumes_router)
-    app.include_router(secrets_router)
-    app.include_router(app_internal)
-    app.include_router(act)
-    from .capture import create_router as _capture_router   # issue 7: capture, labels, export
-    app.include_router(_capture_router(gw, require_key, account_key))
-    from .adapters import create_router as _adapter_router   # registered @seq.adapter files
-    app.include_router(_adapter_router(gw, require_key, account_key))
-
-    @app.get("/healthz", include_in_schema=False)
-    async def healthz() -> dict:
-        return {"status": "ok"}
-
-    return app
 
 
 def serve(host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, data_dir: Optional[Path] = None,
@@ -2513,5 +1693,6 @@ def main(argv: Optional[list[str]] = None) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+if __name__ == "__main__":   # run through the package module, so there is one copy of it
+    from sequence_ai_server.gateway import main as _main
+    sys.exit(_main())
