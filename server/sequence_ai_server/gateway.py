@@ -45,6 +45,7 @@ import argparse
 import asyncio
 import contextlib
 import dataclasses
+import enum
 import hashlib
 import hmac
 import json
@@ -73,7 +74,7 @@ from .config import ServerConfig, default_data_dir
 from .errors import CODES as _CODES
 from .middleware import route_scopes  # noqa: F401  (re-exported: test_route_scopes.py)
 from .sessions import SessionRec, SessionTable
-from .store import Store
+from .store import DeploymentRow, Store, VersionRow
 from .schemas import ConnectRequest, ConnectResponse, Deployment, DeployRequest, Lease, ParamsUpdate, TrafficUpdate
 from ._proc import EXIT_UNKNOWN, AdoptedProcess, process_alive, process_cmdline, process_start, stop_process
 from .errors import ApiError
@@ -83,7 +84,7 @@ from .slots import SlotQueue, slots_of   # slots and the waiting line
 from .secrets_store import SecretStore   # encrypted secrets, injected only when declared
 from .logs import GATEWAY_LOG, install_json_log, read_logs
 from .volumes import VolumeStore
-from .traffic import TrafficError, TrafficRouter, dump_policy, load_policy, parse_split, parse_version
+from .traffic import TrafficError, TrafficRouter, parse_split, parse_version
 
 __all__ = ["Gateway", "create_app", "serve", "main", "default_data_dir", "DEFAULT_HOST", "DEFAULT_PORT"]
 
@@ -96,8 +97,8 @@ DEFAULT_IDLE_TIMEOUT_S = 600.0  # when the policy declares none (seq._policy def
 STOP_GRACE_S = 10.0
 JAMMED_GRACE_S = 2.0        # a jammed worker (replace_jammed) is killed this long after SIGTERM
 KEEP_VERSIONS = 5
-BUILD_SUFFIX = ".build"     # workers[name + BUILD_SUFFIX]: the version building beside the serving one
-SIDE_MARK = "@v"            # workers[f"{name}@v{N}"]: a kept version serving a traffic split or a pin
+BUILD_SUFFIX = ".build"     # worker_key(BUILD, name): the version building beside the serving one
+SIDE_MARK = "@v"            # worker_key(SIDE, name, N): a kept version serving a traffic split or a pin
 _CODES.setdefault("deployment_stopped", (503, False))   # `seq policy stop`, until `seq policy start`
 MAX_BODY_BYTES = 32 * 1024 * 1024   # the largest request body the gateway reads (the worker's cap too)
 _NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
@@ -111,8 +112,28 @@ def _hash_key(key: str) -> str:
     return hashlib.sha256(key.encode()).hexdigest()
 
 
+class Role(str, enum.Enum):
+    """What a worker process is for (``WorkerProc.role``; stored as its value in state.db)."""
+    SERVING = "serving"     # the deployment's serving version
+    BUILD = "build"         # a version (or a jammed worker's replacement) loading beside the serving one
+    SIDE = "side"           # a kept version serving a traffic split or a pin
+    RETIRING = "retiring"   # replaced: draining its requests, then stopped
+
+
+def worker_key(role: Role, name: str, version: int = 0) -> str:
+    """The ``Gateway.workers`` key of ``name``'s worker in ``role``: ``name`` (serving),
+    ``name.build``, ``name@vN`` (side, version N); the one place the key is spelled."""
+    if role is Role.BUILD:
+        return name + BUILD_SUFFIX
+    if role is Role.SIDE:
+        return f"{name}{SIDE_MARK}{version}"
+    return name
+
+
 @dataclass
 class WorkerProc:
+    """One worker process the gateway supervises (its role, version, files and secret).
+    Times are unix seconds."""
     name: str
     proc: subprocess.Popen
     ready_file: Path
@@ -136,6 +157,9 @@ class WorkerProc:
     error: Optional[str] = None         # a side worker that failed to load: why
     proc_start: Optional[int] = None    # the process's start time (_proc.process_start): its identity with the pid
     supervisor_file: Optional[Path] = None   # {pid, start} of the gateway supervising it (worker --supervisor-file)
+    role: Role = Role.SERVING
+    retired_at: float = 0.0             # RETIRING: when it was told to stop (unix s)
+    grace_s: float = STOP_GRACE_S       # RETIRING: how long it may drain before it is killed
 
 
 def _write_secret(path: Path, value: str) -> None:
@@ -242,14 +266,8 @@ class Gateway:
         os.replace(tmp, path)
 
     @staticmethod
-    def _role(key: str) -> str:
-        if key.endswith(BUILD_SUFFIX):
-            return "build"
-        return "side" if SIDE_MARK in key else "serving"
-
-    @staticmethod
-    def _worker_record(key: str, w: WorkerProc, role: str) -> dict:
-        rec = {"key": key, "name": w.name, "role": role, "pid": w.proc.pid, "start": w.proc_start,
+    def _worker_record(key: str, w: WorkerProc) -> dict:
+        rec = {"key": key, "name": w.name, "role": w.role.value, "pid": w.proc.pid, "start": w.proc_start,
                "ready_file": str(w.ready_file), "log_path": str(w.log_path), "started_at": w.started_at,
                "startup_timeout_s": w.startup_timeout_s, "secret": w.secret,
                "secret_file": str(w.secret_file) if w.secret_file else None,
@@ -257,8 +275,8 @@ class Gateway:
                "supervisor_file": str(w.supervisor_file) if w.supervisor_file else None,
                "version": w.version, "file": w.file, "class_name": w.class_name, "file_sha": w.file_sha,
                "spec": w.spec, "port": w.port, "host": w.host, "epoch": w.epoch}
-        if role == "retiring":
-            rec.update(retired_at=getattr(w, "retired_at", time.time()), grace_s=getattr(w, "grace_s", STOP_GRACE_S))
+        if w.role is Role.RETIRING:
+            rec.update(retired_at=w.retired_at, grace_s=w.grace_s)
         return rec
 
     def _save_workers(self) -> None:
@@ -267,8 +285,8 @@ class Gateway:
         if self.launcher:
             return
         with self._lock:
-            records = [self._worker_record(k, w, self._role(k)) for k, w in self.workers.items()]
-            records += [self._worker_record(f"{w.name}.retiring.{w.proc.pid}", w, "retiring") for w in self._retiring]
+            records = [self._worker_record(k, w) for k, w in self.workers.items()]
+            records += [self._worker_record(f"{w.name}.retiring.{w.proc.pid}", w) for w in self._retiring]
             blob = json.dumps(records, sort_keys=True, default=str)
             if blob == self._saved_workers:
                 return
@@ -303,14 +321,14 @@ class Gateway:
             return None
         proc = AdoptedProcess(pid, start)
         url = None
-        if rec["role"] == "serving":
+        if rec["role"] == Role.SERVING.value:
             row = self.store.get(rec["name"])
-            if row is None or row["worker_pid"] != pid or row["status"] not in ("starting", "ready"):
+            if row is None or row.worker_pid != pid or row.status not in ("starting", "ready"):
                 self._stop_in_background(proc, f"{rec['name']} no longer runs it")
                 return None
-            if row["status"] == "ready" and row["worker_port"]:
+            if row.status == "ready" and row.worker_port:
                 url = _worker_url(row)
-        elif rec["role"] == "side" and rec.get("port"):
+        elif rec["role"] == Role.SIDE.value and rec.get("port"):
             url = f"http://{rec.get('host') or '127.0.0.1'}:{rec['port']}"
         if url is not None and not self._is_worker(url, rec["name"], pid):
             self._stop_in_background(proc, f"it does not answer as the worker of {rec['name']} at {url}")
@@ -323,7 +341,8 @@ class Gateway:
                        secret_file=path("secret_file"), activity_file=path("activity_file"),
                        version=int(rec.get("version") or 0), file=rec.get("file") or "", class_name=rec.get("class_name"),
                        file_sha=rec.get("file_sha"), spec=rec.get("spec"), port=rec.get("port"), host=rec.get("host"),
-                       epoch=int(rec.get("epoch") or 0), proc_start=start, supervisor_file=path("supervisor_file"))
+                       epoch=int(rec.get("epoch") or 0), proc_start=start, supervisor_file=path("supervisor_file"),
+                       role=Role(rec["role"]))
         if w.supervisor_file is not None:
             self._write_supervisor(w.supervisor_file)
         log.info("adopted the running %s worker of %s v%d (pid %d)", rec["role"], w.name, w.version, pid)
@@ -350,7 +369,7 @@ class Gateway:
             if w is None:
                 continue
             kept.add(w.proc.pid)
-            if rec["role"] == "retiring":           # was draining after a version switch: let it finish
+            if w.role is Role.RETIRING:             # was draining after a version switch: let it finish
                 w.stopping, w.retired_at = True, time.time()
                 w.grace_s = float(rec.get("grace_s") or STOP_GRACE_S)
                 with contextlib.suppress(ProcessLookupError):
@@ -359,15 +378,15 @@ class Gateway:
             else:
                 self.workers[rec["key"]] = w
         for row in self.store.all():
-            name = row["name"]
-            if row["status"] in ("starting", "ready") and name not in self.workers:
+            name = row.name
+            if row.status in ("starting", "ready") and name not in self.workers:
                 self.store.update(name, status="stopped", phase="stopped", worker_port=None, worker_pid=None)
-            build = json.loads(row["build_json"]) if row.get("build_json") else None
+            build = row.build if row.build is not None else None
             if build and build.get("status") == "switching" and not any(w.name == name for w in self._retiring):
-                self.store.update(name, build_json=json.dumps({**build, "status": "ready"}))
-            elif build and build.get("status") == "building" and (name + BUILD_SUFFIX) not in self.workers:
+                self.store.update(name, build=({**build, "status": "ready"}))
+            elif build and build.get("status") == "building" and worker_key(Role.BUILD, name) not in self.workers:
                 msg = "the gateway restarted during the build and its worker was gone"
-                self.store.update(name, build_json=json.dumps({**build, "status": "failed", "phase": "failed", "error": msg}))
+                self.store.update(name, build=({**build, "status": "failed", "phase": "failed", "error": msg}))
                 self.store.update_version(name, build["version"], status="failed", error=msg)
         now = time.time()
         for sess in self.sessions.load():
@@ -375,7 +394,7 @@ class Gateway:
             if sess.side:
                 alive = sess.side in self.workers
             else:
-                alive = (row is not None and row["status"] == "ready" and row["epoch"] == sess.epoch
+                alive = (row is not None and row.status == "ready" and row.epoch == sess.epoch
                          and sess.model in self.workers)
             if sess.expires_at < now or not alive:
                 self.sessions.pop(sess.id, None)
@@ -437,24 +456,24 @@ class Gateway:
                        details={"reason": "key_bound", "deployment": key.deployment})
 
     # -- views
-    def describe(self, row: dict) -> Deployment:
-        spec = json.loads(row["spec_json"]) if row.get("spec_json") else None
-        details = json.loads(row["error_details"]) if row.get("error_details") else None
+    def describe(self, row: DeploymentRow) -> Deployment:
+        spec = row.spec if row.spec is not None else None
+        details = row.details
         return Deployment(
-            name=row["name"], version=row["version"], status=row["status"], phase=row["phase"],
-            worker_url=_worker_url(row) if row["status"] == "ready" and row["worker_port"] else None,
-            error=row["error"], load_s=row["load_s"], file=row["file"], class_name=row["class_name"],
-            pid=row["worker_pid"], started_at=row["started_at"], ready_at=row["ready_at"],
+            name=row.name, version=row.version, status=row.status, phase=row.phase,
+            worker_url=_worker_url(row) if row.status == "ready" and row.worker_port else None,
+            error=row.error, load_s=row.load_s, file=row.file, class_name=row.class_name,
+            pid=row.worker_pid, started_at=row.started_at, ready_at=row.ready_at,
             contract=spec["contract"] if spec else None, params=spec["params"] if spec else [],
-            spec=spec, details=details, stopped_at=row.get("halted_at"),
-            build=json.loads(row["build_json"]) if row.get("build_json") else None,
-            health=self._health.get(row["name"]),
+            spec=spec, details=details, stopped_at=row.halted_at,
+            build=row.build if row.build is not None else None,
+            health=self._health.get(row.name),
         )
 
-    def require(self, name: str) -> dict:
+    def require(self, name: str) -> DeploymentRow:
         row = self.store.get(name)
         if row is None:
-            known = [r["name"] for r in self.store.all()]
+            known = [r.name for r in self.store.all()]
             raise ApiError("not_found", f"no deployment named {name!r}",
                            hint=f"deployed: {', '.join(known) or 'none'}; deploy one with `seq deploy FILE --name {name}`")
         return row
@@ -482,40 +501,38 @@ class Gateway:
         now = time.time()
         with self._lock:
             old = self.store.get(name)
-            known = [v["version"] for v in self.store.versions(name)]
+            known = [v.version for v in self.store.versions(name)]
             if version is None:
                 if old is None:
                     version = 1
                 else:
-                    same = old["file_sha"] == sha and old["class_name"] == class_name
-                    version = old["version"] if same else max([old["version"], *known]) + 1
+                    same = old.file_sha == sha and old.class_name == class_name
+                    version = old.version if same else max([old.version, *known]) + 1
             self._record_version(name, version, path, source or path, class_name, sha)
-            if old is not None and old["status"] == "ready" and name in self.workers:
-                prev = self.workers.get(name + BUILD_SUFFIX)
+            if old is not None and old.status == "ready" and name in self.workers:
+                bk = worker_key(Role.BUILD, name)
+                prev = self.workers.get(bk)
                 if prev is not None and prev.version != version:
                     self.store.update_version(name, prev.version, status="superseded")
-                self._stop_process(name + BUILD_SUFFIX)
-                w = self._launch(name, name + BUILD_SUFFIX, str(path), class_name, version, source or path)
+                self._stop_process(bk)
+                w = self._launch(name, Role.BUILD, str(path), class_name, version, source or path)
                 w.file_sha = sha
-                self.store.update(name, build_json=json.dumps({"version": version, "status": "building",
+                self.store.update(name, build=({"version": version, "status": "building",
                                                                "phase": "spawning", "started_at": now}))
-                if version == old["version"]:
+                if version == old.version:
                     log.info("%s: the same file again (v%d, no new version): a fresh worker of it starts "
                              "beside the serving one", name, version)
                 else:
-                    log.info("building %s v%d beside the serving v%d", name, version, old["version"])
+                    log.info("building %s v%d beside the serving v%d", name, version, old.version)
                 return self.describe(self.require(name))
             self._stop_process(name)
-            epoch, load_s, created = (0, None, now) if old is None else (old["epoch"], old["load_s"], old["created_at"])
-            self.store.insert({
-                "name": name, "version": version, "file": str(path), "class_name": class_name,
-                "file_sha": sha, "status": "starting", "phase": "spawning", "worker_port": None,
-                "worker_pid": None, "secret": None, "epoch": epoch, "error": None, "error_details": None,
-                "load_s": load_s, "started_at": None, "ready_at": None, "served": 0, "spec_json": None,
-                "created_at": created, "updated_at": now, "build_json": None,
-                "defaults_json": old.get("defaults_json") if old else None,
-                "halted_at": old.get("halted_at") if old else None,   # a redeploy does not lift a stop
-            })
+            epoch, load_s, created = (0, None, now) if old is None else (old.epoch, old.load_s, old.created_at)
+            self.store.insert(DeploymentRow(
+                name=name, version=version, file=str(path), class_name=class_name, file_sha=sha,
+                status="starting", phase="spawning", epoch=epoch, load_s=load_s, created_at=created, updated_at=now,
+                defaults=dict(old.defaults) if old else {},
+                halted_at=old.halted_at if old else None,   # a redeploy does not lift a stop
+            ))
             self._spawn(name)
         return self.describe(self.require(name))
 
@@ -528,31 +545,30 @@ class Gateway:
         if path.resolve() != snap.resolve():
             snap_dir.mkdir(parents=True, exist_ok=True)
             shutil.copy2(path, snap)
-        self.store.put_version({"name": name, "version": version, "file": str(snap), "source_file": str(source),
-                                "class_name": class_name, "file_sha": sha, "status": "building", "error": None,
-                                "load_s": None, "created_at": time.time()})
-        serving = (self.store.get(name) or {}).get("version")
+        self.store.put_version(VersionRow(name=name, version=version, file=str(snap), source_file=str(source),
+                                class_name=class_name, file_sha=sha, status="building", created_at=time.time()))
+        serving = getattr(self.store.get(name), "version", None)
         for v in self.store.versions(name)[KEEP_VERSIONS:]:
-            if v["version"] != serving:
-                self.store.delete_version(name, v["version"])
-                shutil.rmtree(self.data_dir / "versions" / name / f"v{v['version']}", ignore_errors=True)
+            if v.version != serving:
+                self.store.delete_version(name, v.version)
+                shutil.rmtree(self.data_dir / "versions" / name / f"v{v.version}", ignore_errors=True)
 
     def versions(self, name: str) -> dict:
         """``{"name", "serving", "versions": [{"version", "status", "serving", "load_s", "created_at", "error", "file"}]}``."""
         row = self.require(name)
         out = []
         for v in self.store.versions(name):
-            out.append({"version": v["version"], "status": v["status"], "serving": v["version"] == row["version"],
-                        "load_s": v["load_s"], "created_at": v["created_at"], "error": v["error"],
-                        "file": v["source_file"]})
-        return {"name": name, "serving": row["version"], "versions": out}
+            out.append({"version": v.version, "status": v.status, "serving": v.version == row.version,
+                        "load_s": v.load_s, "created_at": v.created_at, "error": v.error,
+                        "file": v.source_file})
+        return {"name": name, "serving": row.version, "versions": out}
 
     def rollback(self, name: str, to: Optional[int] = None) -> Deployment:
         """Build a kept version beside the serving one (default: the newest older one that was ready)."""
         row = self.require(name)
-        kept = {v["version"]: v for v in self.store.versions(name)}
+        kept = {v.version: v for v in self.store.versions(name)}
         if to is None:
-            older = [n for n, v in kept.items() if n < row["version"] and v["status"] in ("ready", "retired")]
+            older = [n for n, v in kept.items() if n < row.version and v.status in ("ready", "retired")]
             if not older:
                 raise ApiError("invalid_request", f"{name} has no older version that served to roll back to",
                                hint=f"`seq policy versions {name}` lists the kept versions")
@@ -561,15 +577,16 @@ class Gateway:
             raise ApiError("not_found", f"{name} has no kept version v{to}",
                            hint=f"`seq policy versions {name}` lists the {KEEP_VERSIONS} kept versions")
         v = kept[to]
-        return self._deploy(name, Path(v["file"]), v["class_name"], v["file_sha"], version=to,
-                            source=Path(v["source_file"]))
+        return self._deploy(name, Path(v.file), v.class_name, v.file_sha, version=to,
+                            source=Path(v.source_file))
 
-    def _launch(self, name: str, key: str, file: str, class_name: Optional[str], version: int,
+    def _launch(self, name: str, role: Role, file: str, class_name: Optional[str], version: int,
                 source: Path) -> WorkerProc:
-        """Start a worker process for ``name`` under ``workers[key]``; no state row is touched.
+        """Start a worker process for ``name`` in ``role`` (under ``workers[worker_key(role, name,
+        version)]``); no state row is touched.
         It runs ``file`` with cwd (and an import path entry) at the original file's directory."""
         run = self.data_dir / "run"
-        key = f"{key}.{secrets.token_hex(3)}"   # run files are per launch: a build never touches the serving worker's
+        key = f"{worker_key(role, name, version)}.{secrets.token_hex(3)}"   # run files are per launch: a build never touches the serving worker's
         ready = run / f"{key}.ready.json"
         for p in (ready, Path(str(ready) + ".phase"), Path(str(ready) + ".error")):
             with contextlib.suppress(FileNotFoundError):
@@ -615,19 +632,19 @@ class Gateway:
         w = WorkerProc(name, proc, ready, log_path, time.time(), log_handle=handle, secret=secret,
                        secret_file=secret_file, activity_file=activity_file, version=version, file=file,
                        class_name=class_name, supervisor_file=supervisor_file,
-                       proc_start=None if self.launcher else process_start(proc.pid))
-        self.workers[key.rsplit(".", 1)[0]] = w
+                       proc_start=None if self.launcher else process_start(proc.pid), role=role)
+        self.workers[worker_key(role, name, version)] = w
         log.info("started worker for %s v%d (pid %d)", name, version, proc.pid)
         self._save_workers()
         return w
 
     def _spawn(self, name: str) -> None:
         row = self.store.get(name)
-        kept = {v["version"]: v for v in self.store.versions(name)}
-        source = Path(kept[row["version"]]["source_file"]) if row["version"] in kept else Path(row["file"])
-        w = self._launch(name, name, row["file"], row["class_name"], row["version"], source)
+        kept = {v.version: v for v in self.store.versions(name)}
+        source = Path(kept[row.version].source_file) if row.version in kept else Path(row.file)
+        w = self._launch(name, Role.SERVING, row.file, row.class_name, row.version, source)
         self.store.update(name, status="starting", phase="spawning", worker_pid=w.proc.pid, worker_port=None,
-                          secret=w.secret, epoch=row["epoch"] + 1, error=None, error_details=None,
+                          secret=w.secret, epoch=row.epoch + 1, error=None, details=None,
                           started_at=w.started_at, ready_at=None)
 
     def start(self, name: str) -> Deployment:
@@ -647,19 +664,17 @@ class Gateway:
         with self._lock:
             row = self.require(name)
             held = sum(1 for x in self.sessions.values() if x.model == name)
-            running = name in self.workers or (name + BUILD_SUFFIX) in self.workers or bool(self._sides(name))
+            running = name in self.workers or worker_key(Role.BUILD, name) in self.workers or bool(self._sides(name))
             if (held or running) and not force:
                 raise ApiError("invalid_request",
-                               f"{name} is {'serving ' + str(held) + ' session(s)' if held else row['status']}; not removed",
+                               f"{name} is {'serving ' + str(held) + ' session(s)' if held else row.status}; not removed",
                                hint=f"stop it first (`seq policy stop {name}`) or pass --force")
-            self._stop_process(name + BUILD_SUFFIX)
+            self._stop_process(worker_key(Role.BUILD, name))
             self._stop_process(name)
             self._stop_sides(name)
             self.traffic.forget(name)
             self._drop_sessions(name)
-            with self.store._lock:
-                self.store._db.execute("DELETE FROM deployments WHERE name = ?", (name,))
-                self.store._db.execute("DELETE FROM versions WHERE name = ?", (name,))
+            self.store.delete(name)
             shutil.rmtree(self.data_dir / "versions" / name, ignore_errors=True)
             shutil.rmtree(self.data_dir / "capture" / name, ignore_errors=True)   # issue 7: kept episodes go too
         log.info("removed %s", name)
@@ -704,14 +719,14 @@ class Gateway:
         log.warning("%s: emergency stop; connects are refused until `seq policy start %s`", name, name)
         return self.describe(self.require(name))
 
-    def _refuse_if_halted(self, row: dict) -> None:
+    def _refuse_if_halted(self, row: DeploymentRow) -> None:
         """deployment_stopped (503, not retryable) while ``seq policy stop`` holds ``row``."""
-        if row.get("halted_at"):
-            name = row["name"]
-            when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(row["halted_at"]))
+        if row.halted_at:
+            name = row.name
+            when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(row.halted_at))
             raise ApiError("deployment_stopped", f"deployment {name!r} was stopped (`seq policy stop`, {when}); "
                            "it refuses every connect until it is started again",
-                           details={"reason": "stopped", "stopped_at": row["halted_at"]},
+                           details={"reason": "stopped", "stopped_at": row.halted_at},
                            hint=f"`seq policy start {name}` lets robots connect again")
 
     def stop_all(self) -> None:
@@ -739,9 +754,9 @@ class Gateway:
     def poll(self) -> None:
         with self._lock:
             for key, w in list(self.workers.items()):
-                if key.endswith(BUILD_SUFFIX):
+                if w.role is Role.BUILD:
                     self._poll_build(key, w)
-                elif SIDE_MARK in key:
+                elif w.role is Role.SIDE:
                     self._poll_side(key, w)
                 else:
                     self._poll_one(key, w)
@@ -756,7 +771,7 @@ class Gateway:
         records why (the serving version is untouched)."""
         name = w.name
         row = self.store.get(name)
-        build = json.loads(row["build_json"]) if row and row.get("build_json") else {}
+        build = (row.build if row else None) or {}
         ph = _read_json(Path(str(w.ready_file) + ".phase")) or {}
         if ph.get("spec"):
             w.spec = ph["spec"]
@@ -768,26 +783,27 @@ class Gateway:
                 return
             self.workers.pop(key, None)
             old = self.workers.pop(name, None)
+            w.role = Role.SERVING
             self.workers[name] = w
             load_s = round(now - w.started_at, 3)
             spec = ready.get("spec") or w.spec
             self.store.update(name, version=w.version, file=w.file, class_name=w.class_name, file_sha=w.file_sha,
                               status="ready", phase="ready", worker_port=int(ready["port"]), worker_pid=w.proc.pid,
                               worker_host=_ready_host(ready),
-                              secret=w.secret, epoch=row["epoch"] + 1, error=None, error_details=None,
+                              secret=w.secret, epoch=row.epoch + 1, error=None, details=None,
                               load_s=load_s, started_at=w.started_at, ready_at=now, served=1,
-                              spec_json=json.dumps(spec) if spec else row["spec_json"],
-                              build_json=json.dumps({**build, "status": "switching", "phase": "ready", "load_s": load_s}))
-            if row["version"] != w.version:
-                self.store.update_version(name, row["version"], status="retired")
+                              spec=spec or row.spec,
+                              build=({**build, "status": "switching", "phase": "ready", "load_s": load_s}))
+            if row.version != w.version:
+                self.store.update_version(name, row.version, status="retired")
             jam = self._health.get(name)
             if jam and jam.get("state") == "jammed":
                 self._health[name] = {**jam, "state": "replaced", "replaced_at": now, "new_pid": w.proc.pid}
                 log.warning("%s: the jammed worker (pid %s) is replaced by pid %d", name, jam.get("pid"), w.proc.pid)
-            pol = load_policy(row.get("traffic_json"))
+            pol = row.traffic
             if pol["split"]:   # a new serving version takes every new session (pins stay)
                 pol["split"] = {}
-                self.store.update(name, traffic_json=dump_policy(pol))
+                self.store.update(name, traffic=pol)
                 self.traffic.forget(name)
                 log.info("%s v%d took over: its traffic split is cleared", name, w.version)
             self.store.update_version(name, w.version, status="ready", load_s=load_s, error=None)
@@ -799,12 +815,12 @@ class Gateway:
                     _write_secret(old.secret_file, secrets.token_urlsafe(32))
                 with contextlib.suppress(ProcessLookupError):
                     old.proc.send_signal(signal.SIGTERM)
-                old.retired_at = time.time()
+                old.role, old.retired_at = Role.RETIRING, time.time()
                 if jam and jam.get("state") == "jammed":
                     old.grace_s = JAMMED_GRACE_S     # its replica thread is stuck: do not wait long
                 self._retiring.append(old)
             else:
-                self.store.update(name, build_json=json.dumps({**build, "status": "ready", "load_s": load_s}))
+                self.store.update(name, build=({**build, "status": "ready", "load_s": load_s}))
             log.info("%s v%d took over after %.2fs", name, w.version, load_s)
             return
         failed_msg = None
@@ -826,17 +842,17 @@ class Gateway:
             if w.log_handle:
                 w.log_handle.close()
         if failed_msg:
-            self.store.update(name, build_json=json.dumps({**build, "status": "failed", "phase": "failed",
+            self.store.update(name, build=({**build, "status": "failed", "phase": "failed",
                                                            "error": failed_msg, "details": details}))
             self.store.update_version(name, w.version, status="failed", error=failed_msg)
-            log.warning("%s v%d failed to build; v%s keeps serving: %s", name, w.version, row["version"], failed_msg)
+            log.warning("%s v%d failed to build; v%s keeps serving: %s", name, w.version, row.version, failed_msg)
         elif code is None and ph.get("phase") and build.get("phase") != ph["phase"]:
-            self.store.update(name, build_json=json.dumps({**build, "phase": ph["phase"]}))
+            self.store.update(name, build=({**build, "phase": ph["phase"]}))
 
     def _reap_retiring(self) -> None:
         for old in list(self._retiring):
             if old.proc.poll() is None:
-                if time.time() - getattr(old, "retired_at", 0.0) < getattr(old, "grace_s", STOP_GRACE_S):
+                if time.time() - old.retired_at < old.grace_s:
                     continue
                 old.proc.kill()
                 old.proc.wait()
@@ -844,9 +860,9 @@ class Gateway:
             if old.log_handle:
                 old.log_handle.close()
             row = self.store.get(old.name)
-            build = json.loads(row["build_json"]) if row and row.get("build_json") else None
+            build = row.build if row else None
             if build and build.get("status") == "switching":
-                self.store.update(old.name, build_json=json.dumps({**build, "status": "ready"}))
+                self.store.update(old.name, build=({**build, "status": "ready"}))
 
     def _poll_one(self, name: str, w: WorkerProc) -> None:
         row = self.store.get(name)
@@ -862,23 +878,23 @@ class Gateway:
             ph = _read_json(phase_path)
             if ph:
                 fields: dict[str, Any] = {}
-                if ph.get("phase") and row["status"] == "starting":
+                if ph.get("phase") and row.status == "starting":
                     fields["phase"] = ph["phase"]
                 if ph.get("spec"):
-                    fields["spec_json"] = json.dumps(ph["spec"])
+                    fields["spec"] = ph["spec"]
                     w.startup_timeout_s = float(ph["spec"].get("timeouts", {}).get("startup", 1800.0))
                 if fields:
                     self.store.update(name, **fields)
         code = w.proc.poll()
-        if row["status"] == "starting" and code is None and w.ready_file.exists():
+        if row.status == "starting" and code is None and w.ready_file.exists():
             ready = _read_json(w.ready_file)
             if ready and ready.get("port"):
                 now = time.time()
                 self.store.update(name, status="ready", phase="ready", worker_port=int(ready["port"]),
                                   worker_host=_ready_host(ready), ready_at=now, load_s=round(now - w.started_at, 3), served=1,
-                                  spec_json=json.dumps(ready["spec"]) if ready.get("spec") else row["spec_json"])
+                                  spec=ready.get("spec") or row.spec)
                 log.info("%s is ready on port %s after %.2fs", name, ready["port"], now - w.started_at)
-                self.store.update_version(name, row["version"], status="ready", load_s=round(now - w.started_at, 3))
+                self.store.update_version(name, row.version, status="ready", load_s=round(now - w.started_at, 3))
             return
         if code is not None:
             self.workers.pop(name, None)
@@ -888,35 +904,35 @@ class Gateway:
                 return
             tail = _log_tail(w.log_path)
             err = _read_json(Path(str(w.ready_file) + ".error"))
-            if row["status"] == "starting":
+            if row.status == "starting":
                 if err:
                     msg = f"worker failed while {err.get('phase')}: {err.get('detail')}"
                     details = {"phase": err.get("phase"), "exception_type": err.get("exception_type"),
                                "remote_traceback": err.get("traceback"), "log_tail": tail, "exit_code": code}
                 else:
-                    msg = f"worker {_exit_reason(code)} while {row['phase'] or 'starting'}"
-                    details = {"phase": row["phase"], "log_tail": tail, "exit_code": code}
-                self.store.update(name, status="failed", phase="failed", error=msg, error_details=json.dumps(details),
+                    msg = f"worker {_exit_reason(code)} while {row.phase or 'starting'}"
+                    details = {"phase": row.phase, "log_tail": tail, "exit_code": code}
+                self.store.update(name, status="failed", phase="failed", error=msg, details=details,
                                   worker_port=None, worker_pid=None, served=0)
                 log.warning("%s failed: %s", name, msg)
             else:
                 msg = f"worker {_exit_reason(code)} while serving; the next connect starts a new one"
                 self.store.update(name, status="failed", phase="exited", error=msg,
-                                  error_details=json.dumps({"log_tail": tail, "exit_code": code}),
+                                  details=({"log_tail": tail, "exit_code": code}),
                                   worker_port=None, worker_pid=None)
                 log.warning("%s: %s", name, msg)
             return
-        if row["status"] == "starting" and time.time() - w.started_at > w.startup_timeout_s:
+        if row.status == "starting" and time.time() - w.started_at > w.startup_timeout_s:
             self.workers.pop(name, None)
             w.stopping = True
             _terminate(w.proc)
             msg = f"worker did not load within the startup timeout ({w.startup_timeout_s:g} s)"
             self.store.update(name, status="failed", phase="failed", error=msg, served=0,
-                              error_details=json.dumps({"log_tail": _log_tail(w.log_path)}),
+                              details=({"log_tail": _log_tail(w.log_path)}),
                               worker_port=None, worker_pid=None)
 
     # -- connect, sessions and leases
-    def ensure_ready(self, model: str) -> dict:
+    def ensure_ready(self, model: str) -> DeploymentRow:
         """The deployment row once its worker serves; starts a stopped one. Raises ApiError
         not_found, worker_failed (last start failed), or warming (503 + Retry-After estimated from
         the last measured load, else 30 s)."""
@@ -929,39 +945,39 @@ class Gateway:
             if w is not None:
                 self._poll_one(model, w)
             row = self.store.get(model)
-            status = row["status"]
-            if status == "failed" and not row["served"]:
-                details = json.loads(row["error_details"]) if row["error_details"] else None
-                raise ApiError("worker_failed", f"deployment {model!r} failed to start: {row['error']}",
-                               details=details, hint=f"fix the policy, then `seq deploy {row['file']} --name {model}`; "
+            status = row.status
+            if status == "failed" and not row.served:
+                details = row.details
+                raise ApiError("worker_failed", f"deployment {model!r} failed to start: {row.error}",
+                               details=details, hint=f"fix the policy, then `seq deploy {row.file} --name {model}`; "
                                                      f"the log is {self.data_dir / 'logs' / (model + '.log')}")
             if status in ("stopped", "failed"):
                 self._spawn(model)
                 row = self.store.get(model)
-                status = row["status"]
+                status = row.status
             self._activity[model] = time.time()
             jam = self._health.get(model)
             if status == "ready" and jam and jam.get("state") == "jammed":
                 self._refuse_jammed(model, row, jam)
             if status == "starting":
-                estimate = row["load_s"] or DEFAULT_LOAD_ESTIMATE_S
-                elapsed = time.time() - (row["started_at"] or time.time())
+                estimate = row.load_s or DEFAULT_LOAD_ESTIMATE_S
+                elapsed = time.time() - (row.started_at or time.time())
                 remaining = max(1.0, estimate - elapsed)
-                raise ApiError("warming", f"deployment {model!r} is starting ({row['phase']}); about {remaining:.0f} s left",
+                raise ApiError("warming", f"deployment {model!r} is starting ({row.phase}); about {remaining:.0f} s left",
                                retry_after_s=round(remaining, 1),
-                               details={"phase": row["phase"], "elapsed_s": round(elapsed, 1), "estimate_s": estimate},
+                               details={"phase": row.phase, "elapsed_s": round(elapsed, 1), "estimate_s": estimate},
                                hint="retry after Retry-After seconds (run()/act() wait this out before their first action; predict() does not)")
             return row
 
-    def _refuse_jammed(self, model: str, row: dict, jam: dict) -> None:
+    def _refuse_jammed(self, model: str, row: DeploymentRow, jam: dict) -> None:
         """A connect while a jammed worker is being replaced: 503 warming until the fresh worker
         takes over, worker_failed when the replacement itself failed to load."""
-        build = json.loads(row["build_json"]) if row.get("build_json") else {}
+        build = row.build if row.build is not None else {}
         if build.get("status") == "failed":
             raise ApiError("worker_failed", f"the worker of {model!r} is jammed (an inference ran {jam['oldest_request_s']:.0f} s) "
                            f"and its replacement failed: {build.get('error')}", details=build.get("details"),
                            hint=f"`seq policy status {model}`; the log is {self.data_dir / 'logs' / (model + '.log')}")
-        estimate = row["load_s"] or DEFAULT_LOAD_ESTIMATE_S
+        estimate = row.load_s or DEFAULT_LOAD_ESTIMATE_S
         remaining = max(1.0, estimate - (time.time() - jam["since"]))
         raise ApiError("warming", f"the worker of {model!r} is jammed (an inference has run "
                        f"{jam['oldest_request_s']:.0f} s); a fresh one is starting, about {remaining:.0f} s left",
@@ -973,11 +989,11 @@ class Gateway:
         """``(deployment, worker_url)`` of every serving worker not already being replaced."""
         out = []
         with self._lock:
-            for name in list(self.workers):
-                if name.endswith(BUILD_SUFFIX) or SIDE_MARK in name or (name + BUILD_SUFFIX) in self.workers:
+            for name, w in list(self.workers.items()):
+                if w.role is not Role.SERVING or worker_key(Role.BUILD, name) in self.workers:
                     continue
                 row = self.store.get(name)
-                if row and row["status"] == "ready" and row["worker_port"]:
+                if row and row.status == "ready" and row.worker_port:
                     out.append((name, _worker_url(row)))
         return out
 
@@ -989,29 +1005,29 @@ class Gateway:
         nothing was done (not serving, or a build already runs beside it)."""
         with self._lock:
             row = self.store.get(name)
-            if row is None or row["status"] != "ready" or name not in self.workers or (name + BUILD_SUFFIX) in self.workers:
+            if row is None or row.status != "ready" or name not in self.workers or worker_key(Role.BUILD, name) in self.workers:
                 return False
-            if port is not None and row["worker_port"] != port:
+            if port is not None and row.worker_port != port:
                 return False                 # the ping came from a worker that has been replaced since
             now = time.time()
-            self._health[name] = {"state": "jammed", "since": now, "pid": row["worker_pid"], "version": row["version"],
+            self._health[name] = {"state": "jammed", "since": now, "pid": row.worker_pid, "version": row.version,
                                   "oldest_request_s": float(ping.get("oldest_request_s") or 0.0),
                                   "request_timeout_s": ping.get("request_timeout_s")}
-            kept = {v["version"]: v for v in self.store.versions(name)}
-            source = Path(kept[row["version"]]["source_file"]) if row["version"] in kept else Path(row["file"])
-            w = self._launch(name, name + BUILD_SUFFIX, row["file"], row["class_name"], row["version"], source)
-            w.file_sha = row["file_sha"]
-            self.store.update(name, build_json=json.dumps({"version": row["version"], "status": "building",
+            kept = {v.version: v for v in self.store.versions(name)}
+            source = Path(kept[row.version].source_file) if row.version in kept else Path(row.file)
+            w = self._launch(name, Role.BUILD, row.file, row.class_name, row.version, source)
+            w.file_sha = row.file_sha
+            self.store.update(name, build=({"version": row.version, "status": "building",
                                                            "phase": "spawning", "started_at": now,
                                                            "reason": "replacing a jammed worker"}))
         log.warning("%s: worker pid %s is jammed (an inference has run %.1f s, timeouts.request %s s); "
-                    "starting a fresh one", name, row["worker_pid"], self._health[name]["oldest_request_s"],
+                    "starting a fresh one", name, row.worker_pid, self._health[name]["oldest_request_s"],
                     ping.get("request_timeout_s"))
         return True
 
-    def _lease(self, row: dict, sess: SessionRec) -> ConnectResponse:
-        spec = json.loads(row["spec_json"]) if row["spec_json"] else {"contract": {"action": None, "observation": None}}
-        token = sign_lease(row["secret"], sess.id, sess.epoch, sess.expires_at)
+    def _lease(self, row: DeploymentRow, sess: SessionRec) -> ConnectResponse:
+        spec = row.spec if row.spec is not None else {"contract": {"action": None, "observation": None}}
+        token = sign_lease(row.secret, sess.id, sess.epoch, sess.expires_at)
         return ConnectResponse(
             session_id=sess.id, worker_url=_worker_url(row), direct_secret=token,
             lease=Lease(ttl_s=self.lease_ttl_s, expires_at=sess.expires_at, epoch=sess.epoch),
@@ -1026,17 +1042,17 @@ class Gateway:
         current = self.require(req.model)
         self._refuse_if_halted(current)
         version, split = self._route(current, key)      # a traffic split or a pin may pick another version
-        if version != current["version"]:
+        if version != current.version:
             side = self._connect_on_version(req, key, version, split)
             if side is not None:
                 return side
         self._check_gpu_limit(req.model)
         row = self.ensure_ready(req.model)
-        spec = json.loads(row["spec_json"]) if row["spec_json"] else {"contract": {"action": None, "observation": None}, "params": []}
+        spec = row.spec if row.spec is not None else {"contract": {"action": None, "observation": None}, "params": []}
         params = self._session_params(row, req.params)
         now = time.time()
         sess = SessionRec(id="sess_" + secrets.token_hex(8), model=req.model, key_id=key.id if key else "",
-                          epoch=row["epoch"], version=row["version"], params=params,
+                          epoch=row.epoch, version=row.version, params=params,
                           created_at=now, expires_at=now + self.lease_ttl_s, requested=dict(req.params or {}))
         with self._lock:
             self._expire_sessions()
@@ -1056,48 +1072,48 @@ class Gateway:
         return self._lease(row, sess)
 
     # -- traffic: a canary split and key pins between versions (traffic.py)
-    def _usable_versions(self, name: str, row: dict) -> dict[int, dict]:
+    def _usable_versions(self, name: str, row: DeploymentRow) -> dict[int, VersionRow]:
         """The versions a split or pin may name: the serving one and kept ones that served."""
-        kept = {v["version"]: v for v in self.store.versions(name)}
-        return {n: v for n, v in kept.items() if n == row["version"] or v["status"] in ("ready", "retired")}
+        kept = {v.version: v for v in self.store.versions(name)}
+        return {n: v for n, v in kept.items() if n == row.version or v.status in ("ready", "retired")}
 
-    def _route(self, row: dict, key: Optional[KeyRecord]) -> tuple[int, Optional[dict[int, float]]]:
+    def _route(self, row: DeploymentRow, key: Optional[KeyRecord]) -> tuple[int, Optional[dict[int, float]]]:
         """The version a new session of ``row`` starts on, and the split it was drawn from (None
         for a pin or no split). A pin or split naming a version no longer kept is ignored."""
-        pol = load_policy(row.get("traffic_json"))
+        pol = row.traffic
         if not pol["split"] and not pol["pins"]:
-            return row["version"], None
-        usable = self._usable_versions(row["name"], row)
+            return row.version, None
+        usable = self._usable_versions(row.name, row)
         if key is not None and pol["pins"].get(key.id) in usable:
             return pol["pins"][key.id], None
         split = {v: w for v, w in pol["split"].items() if v in usable}
         if split and sum(split.values()) > 0:
-            return self.traffic.pick(row["name"], split), split
-        return row["version"], None
+            return self.traffic.pick(row.name, split), split
+        return row.version, None
 
     def _sides(self, name: str) -> list[str]:
-        prefix = name + SIDE_MARK
-        return [k for k in self.workers if k.startswith(prefix)]
+        """The ``workers`` keys of ``name``'s side workers."""
+        return [k for k, w in self.workers.items() if w.role is Role.SIDE and w.name == name]
 
     def _stop_sides(self, name: str) -> None:
         for k in self._sides(name):
             self._stop_process(k)
             self._side_failed.pop(k, None)
-        for k in [k for k in self._side_failed if k.startswith(name + SIDE_MARK)]:
+        for k in [k for k in self._side_failed if k.rsplit(SIDE_MARK, 1)[0] == name]:
             self._side_failed.pop(k, None)
 
     @staticmethod
-    def _side_row(row: dict, w: WorkerProc) -> dict:
+    def _side_row(row: DeploymentRow, w: WorkerProc) -> DeploymentRow:
         """``row`` as seen by a session on side worker ``w`` (its port, secret, epoch and spec)."""
-        return {**row, "status": "ready", "worker_port": w.port, "worker_host": w.host, "secret": w.secret, "epoch": w.epoch,
-                "version": w.version, "spec_json": json.dumps(w.spec) if w.spec else row.get("spec_json")}
+        return row.replace(status="ready", worker_port=w.port, worker_host=w.host, secret=w.secret, epoch=w.epoch,
+                           version=w.version, spec=w.spec or row.spec)
 
     def _start_side(self, name: str, version: int) -> WorkerProc:
         """Launch kept version ``version`` of ``name`` as a side worker (``workers[name@vN]``)."""
-        v = {x["version"]: x for x in self.store.versions(name)}[version]
-        sk = f"{name}{SIDE_MARK}{version}"
+        v = {x.version: x for x in self.store.versions(name)}[version]
+        sk = worker_key(Role.SIDE, name, version)
         self._side_failed.pop(sk, None)
-        w = self._launch(name, sk, v["file"], v["class_name"], version, Path(v["source_file"]))
+        w = self._launch(name, Role.SIDE, v.file, v.class_name, version, Path(v.source_file))
         w.epoch = secrets.randbelow(2 ** 31)
         log.info("started %s v%d beside the serving version for its traffic split/pins", name, version)
         return w
@@ -1108,10 +1124,10 @@ class Gateway:
         ``version`` turned out to be the serving one. Raises ApiError warming while that version's
         worker loads (it is started here if needed) and worker_failed once when it failed to load."""
         name = req.model
-        sk = f"{name}{SIDE_MARK}{version}"
+        sk = worker_key(Role.SIDE, name, version)
         with self._lock:
             row = self.require(name)
-            if version == row["version"]:
+            if version == row.version:
                 return None
             w = self.workers.get(sk)
             if w is not None:
@@ -1128,8 +1144,8 @@ class Gateway:
                 w = self._start_side(name, version)
             self._activity[sk] = time.time()
             if not w.port:
-                kept = {x["version"]: x for x in self.store.versions(name)}.get(version) or {}
-                estimate = kept.get("load_s") or row["load_s"] or DEFAULT_LOAD_ESTIMATE_S
+                kept = self.store.kept(name).get(version)
+                estimate = (kept.load_s if kept else None) or row.load_s or DEFAULT_LOAD_ESTIMATE_S
                 elapsed = time.time() - w.started_at
                 remaining = max(1.0, estimate - elapsed)
                 raise ApiError("warming", f"v{version} of {name!r} is starting for its traffic share; about {remaining:.0f} s left",
@@ -1186,12 +1202,12 @@ class Gateway:
         become the serving one), or after the policy's idle_timeout without a session."""
         now = time.time()
         for key, w in list(self.workers.items()):
-            if SIDE_MARK not in key or any(s.side == key for s in self.sessions.values()):
+            if w.role is not Role.SIDE or any(s.side == key for s in self.sessions.values()):
                 continue
             row = self.store.get(w.name)
             if row is not None:
-                pol = load_policy(row.get("traffic_json"))
-                wanted = w.version != row["version"] and (pol["split"].get(w.version, 0) > 0
+                pol = row.traffic
+                wanted = w.version != row.version and (pol["split"].get(w.version, 0) > 0
                                                           or w.version in pol["pins"].values())
                 idle_timeout = float(self._spec_value(row, "idle_timeout", DEFAULT_IDLE_TIMEOUT_S))
                 last = max(w.started_at, self._activity.get(key, 0.0))
@@ -1211,14 +1227,14 @@ class Gateway:
         serving | ready | loading | failed | not running."""
         with self._lock:
             row = self.require(name)
-            pol = load_policy(row.get("traffic_json"))
+            pol = row.traffic
             total = sum(pol["split"].values()) or 1.0
             counts = self.traffic.counts(name, pol["split"]) if pol["split"] else {}
 
             def worker(v: int) -> str:
-                if v == row["version"]:
+                if v == row.version:
                     return "serving"
-                sk = f"{name}{SIDE_MARK}{v}"
+                sk = worker_key(Role.SIDE, name, v)
                 w = self.workers.get(sk)
                 if w is not None:
                     return "ready" if w.port else "loading"
@@ -1231,7 +1247,7 @@ class Gateway:
                     for k, v in sorted(pol["pins"].items())]
             sides = [{"version": self.workers[k].version, "pid": self.workers[k].proc.pid, "worker": worker(self.workers[k].version),
                       "sessions": sum(1 for x in self.sessions.values() if x.side == k)} for k in sorted(self._sides(name))]
-        return {"name": name, "serving": row["version"], "split": split, "pins": pins, "side_workers": sides}
+        return {"name": name, "serving": row.version, "split": split, "pins": pins, "side_workers": sides}
 
     def set_traffic(self, name: str, upd: TrafficUpdate) -> dict:
         """Apply one of: a split, a pin, an unpin, or clear (split and pins). Versions must be the
@@ -1245,7 +1261,7 @@ class Gateway:
                            hint=f"e.g. seq policy traffic {name} v5=10 v4=90")
         with self._lock:
             row = self.require(name)
-            pol = load_policy(row.get("traffic_json"))
+            pol = row.traffic
             usable = self._usable_versions(name, row)
             hint_versions = f"`seq policy versions {name}` lists them; serving or kept: " + \
                 ", ".join(f"v{v}" for v in sorted(usable, reverse=True))
@@ -1284,18 +1300,18 @@ class Gateway:
             # the named versions' workers start now, so the first sessions sent there find them loading
             # or ready; each is one more card, so SEQ_MAX_GPUS is checked before anything is stored
             start: list[int] = []
-            if row["status"] in ("ready", "starting"):
+            if row.status in ("ready", "starting"):
                 wanted = {v for v, share in pol["split"].items() if share > 0} | set(pol["pins"].values())
-                start = [v for v in sorted(wanted - {row["version"]}) if f"{name}{SIDE_MARK}{v}" not in self.workers]
+                start = [v for v in sorted(wanted - {row.version}) if worker_key(Role.SIDE, name, v) not in self.workers]
             if start and self.max_gpus is not None:
-                running = sum(1 for k in self.workers if not k.endswith(BUILD_SUFFIX))
+                running = sum(1 for w in self.workers.values() if w.role is not Role.BUILD)
                 if running + len(start) > self.max_gpus:
                     raise ApiError("gpu_limit_reached",
                                    f"{', '.join(f'v{v}' for v in start)} of {name} would need {len(start)} more worker(s); "
                                    f"{running} run and this machine allows {self.max_gpus} (SEQ_MAX_GPUS); traffic unchanged",
                                    details={"max_gpus": self.max_gpus},
                                    hint="stop a deployment (`seq policy stop NAME`) or raise SEQ_MAX_GPUS")
-            self.store.update(name, traffic_json=dump_policy(pol))
+            self.store.update(name, traffic=pol)
             self.traffic.forget(name)
             for v in start:
                 self._start_side(name, v)
@@ -1310,19 +1326,19 @@ class Gateway:
         with self._lock:
             if (worker_key or model) in self.workers:
                 return
-            running = sum(1 for k in self.workers if not k.endswith(BUILD_SUFFIX))
+            running = sum(1 for w in self.workers.values() if w.role is not Role.BUILD)
             if running >= self.max_gpus:
                 raise ApiError("gpu_limit_reached", f"{running} workers run and this machine allows {self.max_gpus} "
                                f"(SEQ_MAX_GPUS); {model!r} cannot start", details={"max_gpus": self.max_gpus},
                                hint="stop a deployment (`seq policy stop NAME`) or raise SEQ_MAX_GPUS")
 
-    def _session_params(self, row: dict, requested: Optional[dict]) -> dict:
+    def _session_params(self, row: DeploymentRow, requested: Optional[dict]) -> dict:
         """A session's params: the robot's own over the deployment defaults (those the serving
         version still declares), cast to the declared types. Raises ApiError invalid_request."""
-        spec = json.loads(row["spec_json"]) if row.get("spec_json") else {}
+        spec = row.spec if row.spec is not None else {}
         declared = [InferParam.from_dict(p) for p in spec.get("params", [])]
         names = {p.name for p in declared}
-        defaults = json.loads(row["defaults_json"]) if row.get("defaults_json") else {}
+        defaults = dict(row.defaults)
         merged = {**{k: v for k, v in defaults.items() if k in names}, **(requested or {})}
         try:
             return cast_params(declared, merged)
@@ -1333,8 +1349,8 @@ class Gateway:
     def params(self, name: str) -> dict:
         """``{"name", "defaults": {k: v}, "declared": [param dicts]}``."""
         row = self.require(name)
-        spec = json.loads(row["spec_json"]) if row.get("spec_json") else {}
-        return {"name": name, "defaults": json.loads(row["defaults_json"]) if row.get("defaults_json") else {},
+        spec = row.spec if row.spec is not None else {}
+        return {"name": name, "defaults": dict(row.defaults),
                 "declared": spec.get("params", [])}
 
     def doctor(self, name: str) -> dict:
@@ -1347,13 +1363,13 @@ class Gateway:
         from .errors import new_request_id as _rid
         from ._hosting import synthetic_observation
         row = self.require(name)
-        out: dict[str, Any] = {"name": name, "status": row["status"], "phase": row["phase"], "version": row["version"],
-                               "error": row["error"], "sessions": sum(1 for x in self.sessions.values() if x.model == name),
+        out: dict[str, Any] = {"name": name, "status": row.status, "phase": row.phase, "version": row.version,
+                               "error": row.error, "sessions": sum(1 for x in self.sessions.values() if x.model == name),
                                "worker": None}
-        if row["status"] != "ready" or not row["worker_port"]:
+        if row.status != "ready" or not row.worker_port:
             return out
         url = _worker_url(row)
-        worker: dict[str, Any] = {"url": url, "pid": row["worker_pid"]}
+        worker: dict[str, Any] = {"url": url, "pid": row.worker_pid}
         with httpx.Client(timeout=30.0) as http:
             t0 = time.perf_counter()
             try:
@@ -1368,7 +1384,7 @@ class Gateway:
             if worker["ping"].get("state") == "degraded":   # a jammed worker: a synthetic /act would only queue
                 out["worker"] = worker
                 return out
-            spec = json.loads(row["spec_json"]) if row.get("spec_json") else {}
+            spec = row.spec if row.spec is not None else {}
             obs_contract = (spec.get("contract") or {}).get("observation")
             if obs_contract and spec.get("infer_mode", "observation") == "observation":
                 obs = synthetic_observation(SimpleNamespace(observation=ObservationContract.from_dict(obs_contract)))
@@ -1376,7 +1392,7 @@ class Gateway:
                 t0 = time.perf_counter()
                 try:
                     r = http.post(f"{url}/act", json={"observation": obs, "params": {}},
-                                  headers={"Authorization": f"Bearer {row['secret']}", "X-Request-ID": rid})
+                                  headers={"Authorization": f"Bearer {row.secret}", "X-Request-ID": rid})
                     total = (time.perf_counter() - t0) * 1000
                     body = r.json() if r.status_code == 200 else {}
                     handler = float(body.get("inference_ms") or 0.0)
@@ -1403,17 +1419,17 @@ class Gateway:
         an undeclared name or a bad value is invalid_request."""
         with self._lock:
             row = self.require(name)
-            if not row.get("spec_json"):
+            if row.spec is None:
                 raise ApiError("invalid_request", f"{name} has not loaded yet, so its params are unknown",
                                hint=f"wait until `seq policy status {name}` says ready")
-            spec = json.loads(row["spec_json"])
+            spec = row.spec
             declared = [InferParam.from_dict(p) for p in spec.get("params", [])]
             try:
                 cast = cast_params(declared, update.set)
             except ParamError as exc:
                 raise ApiError("invalid_request", str(exc), details={"param": exc.name},
                                hint=f"`seq policy params {name}` lists the declared params") from None
-            defaults = json.loads(row["defaults_json"]) if row.get("defaults_json") else {}
+            defaults = dict(row.defaults)
             unknown = [k for k in update.clear if k not in defaults and k not in cast]
             if unknown:
                 raise ApiError("invalid_request", f"no default set for {', '.join(unknown)}",
@@ -1421,7 +1437,7 @@ class Gateway:
             for k in update.clear:
                 defaults.pop(k, None)
             defaults.update(cast)
-            self.store.update(name, defaults_json=json.dumps(defaults))
+            self.store.update(name, defaults=defaults)
         log.info("default params of %s are now %s", name, defaults)
         return self.params(name)
 
@@ -1446,7 +1462,7 @@ class Gateway:
             if row is not None and sess is not None and sess.side:    # a split/pinned version: its own worker
                 w = self.workers.get(sess.side)
                 row = self._side_row(row, w) if w is not None and w.port and w.proc.poll() is None else None
-            if sess is None or now > sess.expires_at or row is None or row["status"] != "ready" or row["epoch"] != sess.epoch:
+            if sess is None or now > sess.expires_at or row is None or row.status != "ready" or row.epoch != sess.epoch:
                 if sess is not None:
                     self.sessions.pop(session_id, None)
                 raise ApiError("lease_expired", f"the lease of session {session_id!r} is no longer valid",
@@ -1499,15 +1515,15 @@ class Gateway:
                 w = self.workers.get(s.side) if s.side else None
                 if w is not None and w.port:
                     targets.append((f"http://{w.host or '127.0.0.1'}:{w.port}", w.secret))
-                elif not s.side and row is not None and row.get("worker_port"):
-                    targets.append((_worker_url(row), row["secret"]))
+                elif not s.side and row is not None and row.worker_port:
+                    targets.append((_worker_url(row), row.secret))
         push_revocations(targets, entries)
 
     def is_worker_secret(self, token: str) -> bool:
         """Whether ``token`` is the current or launch secret of a worker this gateway runs."""
         with self._lock:
             known = [w.secret for w in list(self.workers.values()) + self._retiring if w.secret]
-            known += [r["secret"] for r in self.store.all() if r.get("secret")]
+            known += [r.secret for r in self.store.all() if r.secret]
         return bool(token) and any(hmac.compare_digest(token.encode(), k.encode()) for k in known)
 
     def rotate_secret(self, name: str) -> dict:
@@ -1531,11 +1547,8 @@ class Gateway:
         for sid in [s.id for s in self.sessions.values() if s.expires_at < now]:
             self.sessions.pop(sid, None)
 
-    def _spec_value(self, row: dict, key: str, default: Any) -> Any:
-        try:
-            spec = json.loads(row["spec_json"]) if row.get("spec_json") else {}
-        except ValueError:
-            spec = {}
+    def _spec_value(self, row: DeploymentRow, key: str, default: Any) -> Any:
+        spec = row.spec or {}
         value = spec.get(key)
         return default if value is None else value
 
@@ -1545,11 +1558,11 @@ class Gateway:
         or crashed one)."""
         now = time.time()
         for row in self.store.all():
-            name = row["name"]
+            name = row.name
             min_workers = int(self._spec_value(row, "min_workers", 0) or 0)
-            if row["status"] == "ready" and name in self.workers and min_workers < 1:
+            if row.status == "ready" and name in self.workers and min_workers < 1:
                 idle_timeout = float(self._spec_value(row, "idle_timeout", DEFAULT_IDLE_TIMEOUT_S))
-                last = max(row["ready_at"] or 0.0, self._activity.get(name, 0.0))
+                last = max(row.ready_at or 0.0, self._activity.get(name, 0.0))
                 with contextlib.suppress(OSError):
                     last = max(last, self.workers[name].activity_file.stat().st_mtime)
                 if now - last > idle_timeout:
@@ -1557,8 +1570,8 @@ class Gateway:
                     self._stop_process(name)
                     self._drop_sessions(name)
                     self.store.update(name, status="stopped", phase="idle", worker_port=None, worker_pid=None)
-            elif min_workers >= 1 and name not in self.workers and not row.get("halted_at") and (
-                    row["phase"] in ("idle", "exited") or (row["status"] == "stopped" and row["phase"] != "stopped")):
+            elif min_workers >= 1 and name not in self.workers and not row.halted_at and (
+                    row.phase in ("idle", "exited") or (row.status == "stopped" and row.phase != "stopped")):
                 log.info("%s declares min_workers=%d: starting its worker", name, min_workers)
                 self._spawn(name)
 
@@ -1577,11 +1590,11 @@ class Gateway:
         """Deployments whose declared weights name ``vol://<volume>`` (any version)."""
         users = []
         for row in self.store.all():
-            spec = json.loads(row["spec_json"]) if row.get("spec_json") else {}
+            spec = row.spec if row.spec is not None else {}
             weights = spec.get("weights")
             refs = list(weights.values()) if isinstance(weights, dict) else [weights]
             if any(isinstance(r, str) and re.match(rf"^vol://{re.escape(volume)}(@v\d+)?/?$", r) for r in refs):
-                users.append(row["name"])
+                users.append(row.name)
         return users
 
     def account(self, key: KeyRecord) -> dict:
@@ -1594,8 +1607,8 @@ class Gateway:
         from .eval.store import EvalStore
         rows = self.store.all()
         if key.deployment:
-            rows = [r for r in rows if r["name"] == key.deployment]
-        names = {r["name"] for r in rows}
+            rows = [r for r in rows if r.name == key.deployment]
+        names = {r.name for r in rows}
         try:
             running = sum(1 for e in EvalStore(self.data_dir).all()
                           if e.get("status") not in ("done", "canceled", "failed")
@@ -1607,7 +1620,7 @@ class Gateway:
             "balance": None,
             "self_hosted": True,
             "usage": {"policies": len(rows),
-                      "running_workers": sum(1 for r in rows if r["status"] in ("starting", "ready")),
+                      "running_workers": sum(1 for r in rows if r.status in ("starting", "ready")),
                       "sessions": sum(1 for s in self.sessions.values() if s.model in names),
                       "benchmarks": len(BUILTIN_BENCHMARKS), "evals_running": running},
             "limits": {"lease_ttl_s": self.lease_ttl_s, "max_gpus": self.max_gpus,
@@ -1632,9 +1645,9 @@ def _ready_host(ready: dict) -> Optional[str]:
     return urlsplit(str(ready.get("url") or "")).hostname
 
 
-def _worker_url(row: dict) -> str:
+def _worker_url(row: DeploymentRow) -> str:
     """Where robots reach a ready deployment's worker: ``http://HOST:PORT`` (HOST defaults to loopback)."""
-    return f"http://{row.get('worker_host') or '127.0.0.1'}:{row['worker_port']}"
+    return f"http://{row.worker_host or '127.0.0.1'}:{row.worker_port}"
 
 
 def _terminate(proc: subprocess.Popen) -> None:

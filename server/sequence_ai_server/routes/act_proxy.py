@@ -39,7 +39,7 @@ def router(gw: Any, auth: Auth, proxy: httpx.AsyncClient) -> APIRouter:
         rid = request.state.request_id
         try:
             resp = await proxy.post(f"{gw.worker_url(row)}/act", json=body,
-                                    headers={"Authorization": f"Bearer {row['secret']}", "X-Request-ID": rid})
+                                    headers={"Authorization": f"Bearer {row.secret}", "X-Request-ID": rid})
         except httpx.HTTPError as exc:
             raise ApiError("worker_failed", f"the worker of {model!r} did not answer: {type(exc).__name__}",
                            hint="retry; `seq policy status NAME` shows the worker") from None

@@ -26,7 +26,7 @@ def _lifecycle(r: APIRouter, gw: Any, auth: Auth) -> None:
 
     @r.get("", response_model=DeploymentList)
     async def list_deployments(key: KeyRecord = Depends(require_key)) -> DeploymentList:
-        rows = [row for row in gw.store.all() if key.deployment in (None, row["name"])]
+        rows = [row for row in gw.store.all() if key.deployment in (None, row.name)]
         return DeploymentList(deployments=[gw.describe(row) for row in rows])
 
     @r.post("", response_model=Deployment)
