@@ -17,8 +17,7 @@ from .schemas import ConnectRequest, ConnectResponse, TrafficUpdate
 from .sessions import SessionRec
 from .store import DeploymentRow, VersionRow
 from .traffic import TrafficError, parse_split, parse_version
-from .workers import (DEFAULT_IDLE_TIMEOUT_S, DEFAULT_LOAD_ESTIMATE_S, SIDE_MARK, Role, WorkerProc,
-                      _exit_reason, _log_tail, _read_json, _ready_host, _terminate, worker_key)
+from .workers import (DEFAULT_IDLE_TIMEOUT_S, DEFAULT_LOAD_ESTIMATE_S, SIDE_MARK, Role, WorkerProc, _exit_reason, _log_tail, _ready_host, worker_key)
 
 log = logging.getLogger("sequence_ai_server.gateway")
 
@@ -127,30 +126,28 @@ class TrafficRouting:
         code = w.proc.poll()
         if code is None:
             if w.port is None and w.ready_file.exists():
-                ready = _read_json(w.ready_file)
-                if ready and ready.get("port"):
+                ready = w.ready_report()
+                if ready:
                     w.port = int(ready["port"])
                     w.host = _ready_host(ready)
                     w.spec = ready.get("spec") or w.spec
                     log.info("%s v%d (side) is ready on port %d after %.2fs", w.name, w.version, w.port,
                              time.time() - w.started_at)
-            elif w.port is None and time.time() - w.started_at > w.startup_timeout_s:
+            elif w.port is None and w.startup_expired(time.time()):
                 self.workers.pop(key, None)
-                w.stopping = True
-                _terminate(w.proc)
-                self._side_failed[key] = {"error": f"worker did not load within the startup timeout "
-                                                   f"({w.startup_timeout_s:g} s)", "details": {"log_tail": _log_tail(w.log_path)}}
+                msg, details = w.abandon()
+                self._side_failed[key] = {"error": msg, "details": details}
             return
         self.workers.pop(key, None)
         if w.log_handle:
             w.log_handle.close()
         if w.stopping:
             return
-        err = _read_json(Path(str(w.ready_file) + ".error"))
-        where = "while serving" if w.port else f"while {(err or {}).get('phase') or 'starting'}"
+        err = w.error_report()
+        where = "while serving" if w.port else f"while {err.get('phase') or 'starting'}"
         msg = f"worker failed {where}: {err.get('detail')}" if err else f"worker {_exit_reason(code)} {where}"
         self._side_failed[key] = {"error": msg, "details": {"exit_code": code, "log_tail": _log_tail(w.log_path),
-                                                            "remote_traceback": (err or {}).get("traceback")}}
+                                                            "remote_traceback": err.get("traceback")}}
         log.warning("%s v%d (side): %s", w.name, w.version, msg)
 
     def _reap_side(self) -> None:

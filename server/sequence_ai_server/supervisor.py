@@ -20,6 +20,7 @@ from typing import Any, Optional
 
 import httpx
 
+from .store import DeploymentRow
 from ._proc import AdoptedProcess, process_alive, process_cmdline, process_start, stop_process
 from .workers import (DEFAULT_IDLE_TIMEOUT_S, JAMMED_GRACE_S, STOP_GRACE_S, Role, WorkerProc, _exit_reason,
                       _log_tail, _read_json, _ready_host, _terminate, _worker_url, _write_secret, worker_key)
@@ -317,82 +318,79 @@ class WorkerSupervision:
         name = w.name
         row = self.store.get(name)
         build = (row.build if row else None) or {}
-        ph = _read_json(Path(str(w.ready_file) + ".phase")) or {}
+        ph = w.phase_report()
         if ph.get("spec"):
             w.spec = ph["spec"]
         code = w.proc.poll()
         now = time.time()
         if code is None and w.ready_file.exists():
-            ready = _read_json(w.ready_file)
-            if not (ready and ready.get("port")):
-                return
-            self.workers.pop(key, None)
-            old = self.workers.pop(name, None)
-            w.role = Role.SERVING
-            self.workers[name] = w
-            load_s = round(now - w.started_at, 3)
-            spec = ready.get("spec") or w.spec
-            self.store.update(name, version=w.version, file=w.file, class_name=w.class_name, file_sha=w.file_sha,
-                              status="ready", phase="ready", worker_port=int(ready["port"]), worker_pid=w.proc.pid,
-                              worker_host=_ready_host(ready),
-                              secret=w.secret, epoch=row.epoch + 1, error=None, details=None,
-                              load_s=load_s, started_at=w.started_at, ready_at=now, served=1,
-                              spec=spec or row.spec,
-                              build=({**build, "status": "switching", "phase": "ready", "load_s": load_s}))
-            if row.version != w.version:
-                self.store.update_version(name, row.version, status="retired")
-            jam = self._health.get(name)
-            if jam and jam.get("state") == "jammed":
-                self._health[name] = {**jam, "state": "replaced", "replaced_at": now, "new_pid": w.proc.pid}
-                log.warning("%s: the jammed worker (pid %s) is replaced by pid %d", name, jam.get("pid"), w.proc.pid)
-            pol = row.traffic
-            if pol["split"]:   # a new serving version takes every new session (pins stay)
-                pol["split"] = {}
-                self.store.update(name, traffic=pol)
-                self.traffic.forget(name)
-                log.info("%s v%d took over: its traffic split is cleared", name, w.version)
-            self.store.update_version(name, w.version, status="ready", load_s=load_s, error=None)
-            # the new worker serves from here on; the old one's tokens stop working at once
-            # (its clients reconnect to the new version) and it drains and exits in the background
-            if old is not None:
-                old.stopping = True
-                if old.secret_file and old.secret_file != w.secret_file:
-                    _write_secret(old.secret_file, secrets.token_urlsafe(32))
-                with contextlib.suppress(ProcessLookupError):
-                    old.proc.send_signal(signal.SIGTERM)
-                old.role, old.retired_at = Role.RETIRING, time.time()
-                if jam and jam.get("state") == "jammed":
-                    old.grace_s = JAMMED_GRACE_S     # its replica thread is stuck: do not wait long
-                self._retiring.append(old)
-            else:
-                self.store.update(name, build=({**build, "status": "ready", "load_s": load_s}))
-            log.info("%s v%d took over after %.2fs", name, w.version, load_s)
+            ready = w.ready_report()
+            if ready is not None:
+                self._take_over(key, w, row, build, ready, now)
             return
         failed_msg = None
         if code is not None and not w.stopping:
-            err = _read_json(Path(str(w.ready_file) + ".error"))
-            failed_msg = (f"worker failed while {err.get('phase')}: {err.get('detail')}" if err
-                          else f"worker {_exit_reason(code)} while {ph.get('phase') or 'starting'}")
-            details = {"phase": (err or {}).get("phase") or ph.get("phase"),
-                       "exception_type": (err or {}).get("exception_type"),
-                       "remote_traceback": (err or {}).get("traceback"), "log_tail": _log_tail(w.log_path),
-                       "exit_code": code}
-        elif code is None and now - w.started_at > w.startup_timeout_s:
-            w.stopping = True
-            _terminate(w.proc)
-            failed_msg = f"worker did not load within the startup timeout ({w.startup_timeout_s:g} s)"
-            details = {"log_tail": _log_tail(w.log_path)}
+            failed_msg, details = w.load_failure(code, ph.get("phase"))
+        elif code is None and w.startup_expired(now):
+            failed_msg, details = w.abandon()
         if code is not None or failed_msg:
             self.workers.pop(key, None)
             if w.log_handle:
                 w.log_handle.close()
         if failed_msg:
-            self.store.update(name, build=({**build, "status": "failed", "phase": "failed",
-                                                           "error": failed_msg, "details": details}))
+            self.store.update(name, build={**build, "status": "failed", "phase": "failed",
+                                           "error": failed_msg, "details": details})
             self.store.update_version(name, w.version, status="failed", error=failed_msg)
             log.warning("%s v%d failed to build; v%s keeps serving: %s", name, w.version, row.version, failed_msg)
         elif code is None and ph.get("phase") and build.get("phase") != ph["phase"]:
-            self.store.update(name, build=({**build, "phase": ph["phase"]}))
+            self.store.update(name, build={**build, "phase": ph["phase"]})
+
+    def _take_over(self, key: str, w: WorkerProc, row: DeploymentRow, build: dict, ready: dict, now: float) -> None:
+        """The build ``w`` is ready: it becomes the serving worker of ``row`` (a new epoch, the
+        traffic split cleared), and the worker it replaces retires (its secret rotated, SIGTERM,
+        drained in the background)."""
+        name = w.name
+        self.workers.pop(key, None)
+        old = self.workers.pop(name, None)
+        w.role = Role.SERVING
+        self.workers[name] = w
+        load_s = round(now - w.started_at, 3)
+        spec = ready.get("spec") or w.spec
+        self.store.update(name, version=w.version, file=w.file, class_name=w.class_name, file_sha=w.file_sha,
+                          status="ready", phase="ready", worker_port=int(ready["port"]), worker_pid=w.proc.pid,
+                          worker_host=_ready_host(ready),
+                          secret=w.secret, epoch=row.epoch + 1, error=None, details=None,
+                          load_s=load_s, started_at=w.started_at, ready_at=now, served=1,
+                          spec=spec or row.spec,
+                          build=({**build, "status": "switching", "phase": "ready", "load_s": load_s}))
+        if row.version != w.version:
+            self.store.update_version(name, row.version, status="retired")
+        jam = self._health.get(name)
+        if jam and jam.get("state") == "jammed":
+            self._health[name] = {**jam, "state": "replaced", "replaced_at": now, "new_pid": w.proc.pid}
+            log.warning("%s: the jammed worker (pid %s) is replaced by pid %d", name, jam.get("pid"), w.proc.pid)
+        pol = row.traffic
+        if pol["split"]:   # a new serving version takes every new session (pins stay)
+            pol["split"] = {}
+            self.store.update(name, traffic=pol)
+            self.traffic.forget(name)
+            log.info("%s v%d took over: its traffic split is cleared", name, w.version)
+        self.store.update_version(name, w.version, status="ready", load_s=load_s, error=None)
+        # the new worker serves from here on; the old one's tokens stop working at once
+        # (its clients reconnect to the new version) and it drains and exits in the background
+        if old is not None:
+            old.stopping = True
+            if old.secret_file and old.secret_file != w.secret_file:
+                _write_secret(old.secret_file, secrets.token_urlsafe(32))
+            with contextlib.suppress(ProcessLookupError):
+                old.proc.send_signal(signal.SIGTERM)
+            old.role, old.retired_at = Role.RETIRING, time.time()
+            if jam and jam.get("state") == "jammed":
+                old.grace_s = JAMMED_GRACE_S     # its replica thread is stuck: do not wait long
+            self._retiring.append(old)
+        else:
+            self.store.update(name, build=({**build, "status": "ready", "load_s": load_s}))
+        log.info("%s v%d took over after %.2fs", name, w.version, load_s)
 
     def _reap_retiring(self) -> None:
         for old in list(self._retiring):
@@ -410,30 +408,25 @@ class WorkerSupervision:
                 self.store.update(old.name, build=({**build, "status": "ready"}))
 
     def _poll_one(self, name: str, w: WorkerProc) -> None:
+        """The serving worker of ``name``: its load phase, ready (the row says where it listens),
+        a failed load (the policy's error), an exit while serving, or the startup timeout."""
         row = self.store.get(name)
         if row is None:
             return
-        phase_path = Path(str(w.ready_file) + ".phase")
-        try:
-            mtime = phase_path.stat().st_mtime
-        except OSError:
-            mtime = 0.0
-        if mtime and mtime != w.phase_mtime:
-            w.phase_mtime = mtime
-            ph = _read_json(phase_path)
-            if ph:
-                fields: dict[str, Any] = {}
-                if ph.get("phase") and row.status == "starting":
-                    fields["phase"] = ph["phase"]
-                if ph.get("spec"):
-                    fields["spec"] = ph["spec"]
-                    w.startup_timeout_s = float(ph["spec"].get("timeouts", {}).get("startup", 1800.0))
-                if fields:
-                    self.store.update(name, **fields)
+        ph = w.phase_changed()
+        if ph:
+            fields: dict[str, Any] = {}
+            if ph.get("phase") and row.status == "starting":
+                fields["phase"] = ph["phase"]
+            if ph.get("spec"):
+                fields["spec"] = ph["spec"]
+                w.startup_timeout_s = float(ph["spec"].get("timeouts", {}).get("startup", 1800.0))
+            if fields:
+                self.store.update(name, **fields)
         code = w.proc.poll()
         if row.status == "starting" and code is None and w.ready_file.exists():
-            ready = _read_json(w.ready_file)
-            if ready and ready.get("port"):
+            ready = w.ready_report()
+            if ready:
                 now = time.time()
                 self.store.update(name, status="ready", phase="ready", worker_port=int(ready["port"]),
                                   worker_host=_ready_host(ready), ready_at=now, load_s=round(now - w.started_at, 3), served=1,
@@ -447,33 +440,22 @@ class WorkerSupervision:
                 w.log_handle.close()
             if w.stopping:
                 return
-            tail = _log_tail(w.log_path)
-            err = _read_json(Path(str(w.ready_file) + ".error"))
             if row.status == "starting":
-                if err:
-                    msg = f"worker failed while {err.get('phase')}: {err.get('detail')}"
-                    details = {"phase": err.get("phase"), "exception_type": err.get("exception_type"),
-                               "remote_traceback": err.get("traceback"), "log_tail": tail, "exit_code": code}
-                else:
-                    msg = f"worker {_exit_reason(code)} while {row.phase or 'starting'}"
-                    details = {"phase": row.phase, "log_tail": tail, "exit_code": code}
+                msg, details = w.load_failure(code, row.phase)
                 self.store.update(name, status="failed", phase="failed", error=msg, details=details,
                                   worker_port=None, worker_pid=None, served=0)
                 log.warning("%s failed: %s", name, msg)
             else:
                 msg = f"worker {_exit_reason(code)} while serving; the next connect starts a new one"
                 self.store.update(name, status="failed", phase="exited", error=msg,
-                                  details=({"log_tail": tail, "exit_code": code}),
+                                  details={"log_tail": _log_tail(w.log_path), "exit_code": code},
                                   worker_port=None, worker_pid=None)
                 log.warning("%s: %s", name, msg)
             return
-        if row.status == "starting" and time.time() - w.started_at > w.startup_timeout_s:
+        if row.status == "starting" and w.startup_expired(time.time()):
             self.workers.pop(name, None)
-            w.stopping = True
-            _terminate(w.proc)
-            msg = f"worker did not load within the startup timeout ({w.startup_timeout_s:g} s)"
-            self.store.update(name, status="failed", phase="failed", error=msg, served=0,
-                              details=({"log_tail": _log_tail(w.log_path)}),
+            msg, details = w.abandon()
+            self.store.update(name, status="failed", phase="failed", error=msg, served=0, details=details,
                               worker_port=None, worker_pid=None)
 
     def _idle_and_min_workers(self) -> None:

@@ -78,6 +78,58 @@ class WorkerProc:
     retired_at: float = 0.0             # RETIRING: when it was told to stop (unix s)
     grace_s: float = STOP_GRACE_S       # RETIRING: how long it may drain before it is killed
 
+    # -- what the worker reports through its run files (worker.py writes them): every poller reads
+    # them through these, so the file protocol is spelled once
+    def phase_report(self) -> dict:
+        """The phase file (``{"phase", "spec"?}``); {} while there is none."""
+        return _read_json(Path(str(self.ready_file) + ".phase")) or {}
+
+    def phase_changed(self) -> Optional[dict]:
+        """The phase file when it changed since the last call (by mtime), else None."""
+        path = Path(str(self.ready_file) + ".phase")
+        try:
+            mtime = path.stat().st_mtime
+        except OSError:
+            mtime = 0.0
+        if not mtime or mtime == self.phase_mtime:
+            return None
+        self.phase_mtime = mtime
+        return _read_json(path)
+
+    def ready_report(self) -> Optional[dict]:
+        """The ready file once it names a port (``{"port", "host"|"url", "spec"}``), else None."""
+        if not self.ready_file.exists():
+            return None
+        ready = _read_json(self.ready_file)
+        return ready if ready and ready.get("port") else None
+
+    def error_report(self) -> dict:
+        """The error file a worker writes when its load fails (``{"phase", "detail",
+        "exception_type", "traceback"}``); {} when there is none."""
+        return _read_json(Path(str(self.ready_file) + ".error")) or {}
+
+    def load_failure(self, code: int, phase: Optional[str]) -> tuple[str, dict]:
+        """``(message, details)`` for a worker that exited with ``code`` while loading (last
+        seen in ``phase``): the policy's own error when it wrote one, else how it ended; details
+        ``{"phase", "exception_type", "remote_traceback", "log_tail", "exit_code"}``."""
+        err = self.error_report()
+        msg = (f"worker failed while {err.get('phase')}: {err.get('detail')}" if err
+               else f"worker {_exit_reason(code)} while {phase or 'starting'}")
+        return msg, {"phase": err.get("phase") or phase, "exception_type": err.get("exception_type"),
+                     "remote_traceback": err.get("traceback"), "log_tail": _log_tail(self.log_path),
+                     "exit_code": code}
+
+    def startup_expired(self, now: float) -> bool:
+        """Whether the worker has loaded longer than its startup timeout (``now``: unix s)."""
+        return now - self.started_at > self.startup_timeout_s
+
+    def abandon(self) -> tuple[str, dict]:
+        """Stop a worker that did not load within its startup timeout; ``(message, details)``."""
+        self.stopping = True
+        _terminate(self.proc)
+        return (f"worker did not load within the startup timeout ({self.startup_timeout_s:g} s)",
+                {"log_tail": _log_tail(self.log_path)})
+
 
 def _write_secret(path: Path, value: str) -> None:
     """Write ``value`` to ``path`` with mode 0600 (atomic replace)."""
