@@ -37,6 +37,23 @@ A health task pings every serving worker each 2 s; one whose /ping says ``degrad
 inference ran past timeouts.request) is replaced by a fresh worker of the same version
 (``replace_jammed``). Request bodies over 32 MiB are refused with 413 (``BodyLimit``).
 
+Where each part lives (this module keeps :class:`Gateway`'s shared state, the keys, ``serve`` and
+``main``; every job is a module of its own, mixed into Gateway):
+
+    config.py       ServerConfig: every SEQ_* setting, read once
+    app.py          create_app: middleware, the background loops, one router per resource
+    routes/         models, deployments, sessions (connect), keys, secrets (+ internal), volumes,
+                    account, act_proxy; capture.py and adapters.py bring their own routers
+    middleware.py   CredentialsFirst (route scopes), BodyLimit, the request log
+    schemas.py      request and response bodies
+    store.py        state.db: DeploymentRow / VersionRow (JSON columns parsed once), workers, sessions
+    deployments.py  deploy, versions, rollback, start/stop/remove, status, params, doctor, logs
+    sessions.py     connect (slots, waiting line, GPU cap), leases, renew, close, revocation
+    routing.py      traffic split and pins, side workers of other versions
+    supervisor.py   launching, polling by Role, build switch-over, idle/min_workers, adoption
+    workers.py      WorkerProc, Role (SERVING | BUILD | SIDE | RETIRING), the run-file protocol
+    health.py       the ping loop and jammed-worker replacement
+
     python -m sequence_ai_server.gateway [--host 127.0.0.1] [--port 8470] [--data-dir DIR] [--ready-file F]
 """
 from __future__ import annotations
