@@ -160,7 +160,7 @@ class DeploymentService:
         """Lift an emergency stop (``seq policy stop``) and start the serving version's worker
         (no-op when one runs); returns the deployment."""
         with self._lock:
-            if self.require(name).get("halted_at"):
+            if self.require(name).halted_at:
                 self.store.update(name, halted_at=None)
                 log.info("%s: stop lifted; robots may connect again", name)
             if not (name in self.workers and self.workers[name].proc.poll() is None):
