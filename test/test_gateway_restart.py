@@ -244,7 +244,8 @@ def test_a_recorded_pid_that_is_now_another_program_is_neither_adopted_nor_signa
     """pid reuse: the record names a live process that is not the worker (not a worker command
     line, or another start time). The gateway leaves it alone and the deployment reads stopped."""
     from sequence_ai_server._proc import AdoptedProcess, EXIT_UNKNOWN, process_start
-    from sequence_ai_server.gateway import Gateway, Store
+    from sequence_ai_server.gateway import Gateway
+    from sequence_ai_server.store import DeploymentRow, Store
 
     data_dir = tmp_path / "seq-home"
     gw = Gateway(data_dir)
@@ -255,11 +256,9 @@ def test_a_recorded_pid_that_is_now_another_program_is_neither_adopted_nor_signa
         run = data_dir.resolve() / "run"
         now = time.time()
         store = Store(data_dir / "state.db")     # the records a crashed gateway would have left
-        store.insert({"name": "echo", "version": 1, "file": ECHO_POLICY, "class_name": None, "file_sha": None,
-                      "status": "ready", "phase": "ready", "worker_port": 1, "worker_pid": stranger.pid,
-                      "secret": "s", "epoch": 1, "error": None, "error_details": None, "load_s": 1.0,
-                      "started_at": now, "ready_at": now, "served": 1, "spec_json": None,
-                      "created_at": now, "updated_at": now})
+        store.insert(DeploymentRow(name="echo", version=1, file=ECHO_POLICY, status="ready", phase="ready",
+                                   worker_port=1, worker_pid=stranger.pid, secret="s", epoch=1, load_s=1.0,
+                                   started_at=now, ready_at=now, served=1, created_at=now, updated_at=now))
         store.put_worker_records([{"key": "echo", "name": "echo", "role": "serving", "pid": stranger.pid,
                                    "start": start, "ready_file": str(run / "echo.abc123.ready.json"),
                                    "log_path": str(data_dir / "logs" / "echo.log"), "started_at": now}])
@@ -268,7 +267,7 @@ def test_a_recorded_pid_that_is_now_another_program_is_neither_adopted_nor_signa
         try:
             assert "echo" not in again.workers
             row = again.store.get("echo")
-            assert row["status"] == "stopped" and row["worker_pid"] is None
+            assert row.status == "stopped" and row.worker_pid is None
             assert again.store.worker_records() == []
         finally:
             again.close()

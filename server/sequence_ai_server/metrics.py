@@ -12,7 +12,6 @@ Each gateway app has its own registry (never the process-global one).
 """
 from __future__ import annotations
 
-import json
 import time
 from typing import Any
 
@@ -42,12 +41,11 @@ class _StateCollector:
             held: dict[str, int] = {}
             for s in gw.sessions.values():
                 held[s.model] = held.get(s.model, 0) + 1
-            running = sum(1 for r in rows if r["status"] in ("starting", "ready"))
+            running = sum(1 for r in rows if r.status in ("starting", "ready"))
             for r in rows:
-                spec = json.loads(r["spec_json"]) if r.get("spec_json") else None
-                sessions.add_metric([r["name"]], held.get(r["name"], 0))
-                slots.add_metric([r["name"]], slots_of(spec) if r["status"] == "ready" else 0)
-                queue.add_metric([r["name"]], gw.queue.depth(r["name"]))
+                sessions.add_metric([r.name], held.get(r.name, 0))
+                slots.add_metric([r.name], slots_of(r.spec) if r.status == "ready" else 0)
+                queue.add_metric([r.name], gw.queue.depth(r.name))
         yield sessions
         yield slots
         yield queue

@@ -50,7 +50,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 __all__ = ["RayLauncher", "RayWorker", "declared_resources", "actor_options", "max_workers", "group_layout",
-           "gpus_per_node", "launcher_from_env", "RAY_NAMESPACE", "GROUP_ENV"]
+           "gpus_per_node", "launcher_for", "launcher_from_env", "RAY_NAMESPACE", "GROUP_ENV"]
 
 log = logging.getLogger("sequence_ai_server.ray_backend")
 
@@ -108,17 +108,10 @@ def _gpu_cards(gpu: Any) -> int:
 
 def gpus_per_node() -> int:
     """Cards in one machine of a multi-machine group: ``$SEQ_RAY_GPUS_PER_NODE`` (default 8,
-    cards a machine). Raises ValueError for a value that is not a whole number >= 1."""
-    raw = os.environ.get("SEQ_RAY_GPUS_PER_NODE", "").strip()
-    if not raw:
-        return DEFAULT_GPUS_PER_NODE
-    try:
-        n = int(raw)
-    except ValueError:
-        n = 0
-    if n < 1:
-        raise ValueError(f"SEQ_RAY_GPUS_PER_NODE={raw!r} is not a card count; set a whole number >= 1 (default 8)")
-    return n
+    cards a machine; read through config.ServerConfig). Raises ValueError for a value that is not
+    a whole number >= 1."""
+    from .config import gpus_per_node_setting
+    return gpus_per_node_setting(os.environ)
 
 
 def group_layout(resources: dict, per_node: Optional[int] = None) -> tuple[int, int]:
@@ -695,7 +688,8 @@ class RayLauncher:
     or ``local`` (start a private loopback head inside this process; its default when
     ``$SEQ_RAY_ADDRESS`` is unset). Raises ConnectionError when the cluster is unreachable."""
 
-    def __init__(self, address: str = "local"):
+    def __init__(self, address: str = "local", gpus_per_node: Optional[int] = None):
+        self.gpus_per_node = gpus_per_node     # None: $SEQ_RAY_GPUS_PER_NODE at each start
         if address == "local" and "ray" not in sys.modules:
             # the private head authenticates with a token that lives in this process's environment
             # only (Ray would otherwise write ~/.ray/auth_token, which every later `ray start` on
@@ -743,8 +737,8 @@ class RayLauncher:
         name = cmd[cmd.index("--name") + 1] if "--name" in cmd else Path(file).stem
         resources = declared_resources(file)
         try:
-            members, _ = group_layout(resources)
-            opts = actor_options(resources)
+            members, _ = group_layout(resources, self.gpus_per_node)
+            opts = actor_options(resources, self.gpus_per_node)
         except ValueError as exc:
             raise ApiError("invalid_request", f"{name}: {exc}",
                            hint="change gpu= in @seq.policy, or SEQ_RAY_GPUS_PER_NODE for this cluster") from None
@@ -792,16 +786,20 @@ class RayLauncher:
             ray.shutdown()
 
 
+def launcher_for(config: Any) -> Optional[RayLauncher]:
+    """The launcher ``config`` (a config.ServerConfig) asks for: None for backend ``local``
+    (plain subprocesses), else a RayLauncher on ``config.ray_address``."""
+    if config.backend == "local":
+        return None
+    return RayLauncher(config.ray_address, config.ray_gpus_per_node)
+
+
 def launcher_from_env() -> Optional[RayLauncher]:
     """``$SEQ_BACKEND``: ``local`` (default, returns None: plain subprocesses) or ``ray``
     (a RayLauncher on ``$SEQ_RAY_ADDRESS``, default ``local``). Raises ValueError for any
     other backend name."""
-    backend = os.environ.get("SEQ_BACKEND", "local").strip().lower() or "local"
-    if backend == "local":
-        return None
-    if backend != "ray":
-        raise ValueError(f"unknown worker backend {backend!r}: use 'local' or 'ray'")
-    return RayLauncher(os.environ.get("SEQ_RAY_ADDRESS") or "local")
+    from .config import ServerConfig
+    return launcher_for(ServerConfig.from_env())
 
 
 if __name__ == "__main__":          # a group member: python -m sequence_ai_server.ray_backend <worker args>

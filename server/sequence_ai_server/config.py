@@ -1,0 +1,102 @@
+"""The gateway's settings, read once: every ``SEQ_*`` (and ``SEQUENCES_HOME``) variable the
+gateway and its worker launchers obey, parsed into one frozen :class:`ServerConfig` when the
+gateway starts. Nothing else in the gateway reads ``os.environ`` for a setting; the launchers
+still hand the environment on to the worker processes they start.
+
+| variable | field | default |
+|---|---|---|
+| ``SEQUENCES_HOME`` | ``data_dir`` | ``~/.sequence-ai`` |
+| ``SEQ_LEASE_TTL_S`` | ``lease_ttl_s`` | 300 s |
+| ``SEQ_MAX_GPUS`` | ``max_gpus`` | None (no cap on running workers) |
+| ``SEQ_HEALTH_INTERVAL_S`` | ``health_interval_s`` | 2 s |
+| ``SEQ_GATEWAY_MAX_BODY_BYTES`` | ``max_body_bytes`` | None (the gateway's MAX_BODY_BYTES, 32 MiB) |
+| ``SEQ_BACKEND`` | ``backend`` | ``local`` (``ray``: workers as Ray actors) |
+| ``SEQ_RAY_ADDRESS`` | ``ray_address`` | ``local`` (a private loopback head) |
+| ``SEQ_RAY_GPUS_PER_NODE`` | ``ray_gpus_per_node`` | 8 (cards in one machine of a Ray group) |
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Mapping, Optional
+
+__all__ = ["ServerConfig", "default_data_dir", "LEASE_TTL_S", "HEALTH_INTERVAL_S"]
+
+LEASE_TTL_S = 300.0            # default lease; $SEQ_LEASE_TTL_S overrides (tests use a few seconds)
+HEALTH_INTERVAL_S = 2.0        # how often running workers are pinged for a jammed inference
+
+
+def default_data_dir(environ: Optional[Mapping[str, str]] = None) -> Path:
+    """``$SEQUENCES_HOME``, else ``~/.sequence-ai`` (user-expanded)."""
+    env = os.environ if environ is None else environ
+    return Path(env.get("SEQUENCES_HOME") or Path.home() / ".sequence-ai").expanduser()
+
+
+def _number(env: Mapping[str, str], name: str, kind: type, default):
+    raw = (env.get(name) or "").strip()
+    if not raw:
+        return default
+    try:
+        return kind(raw)
+    except ValueError:
+        raise ValueError(f"{name}={raw!r} is not a {'whole ' if kind is int else ''}number; "
+                         f"unset it or give one (e.g. {name}={default if default is not None else 1})") from None
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """Every gateway setting (see the module table). Build it with :meth:`from_env`; the
+    fields are plain values, so a test may construct one directly.
+
+    ``lease_ttl_s`` (s): how long a lease lasts before it must be renewed. ``max_gpus``: the
+    most workers that may run at once (None: no cap). ``health_interval_s`` (s): how often
+    serving workers are pinged. ``max_body_bytes``: the largest request body the gateway reads
+    (None: the gateway's MAX_BODY_BYTES). ``backend``: ``local`` or ``ray``. ``ray_address``:
+    the Ray cluster (``local`` starts a private head). ``ray_gpus_per_node``: cards in one
+    machine; a policy asking for more becomes a group of whole machines (ray_backend.py)."""
+
+    data_dir: Path = field(default_factory=default_data_dir)
+    lease_ttl_s: float = LEASE_TTL_S
+    max_gpus: Optional[int] = None
+    health_interval_s: float = HEALTH_INTERVAL_S
+    max_body_bytes: Optional[int] = None
+    backend: str = "local"
+    ray_address: str = "local"
+    ray_gpus_per_node: int = 8
+
+    @classmethod
+    def from_env(cls, data_dir: Optional[Path] = None, environ: Optional[Mapping[str, str]] = None) -> "ServerConfig":
+        """The settings from ``environ`` (default ``os.environ``); ``data_dir`` overrides
+        ``$SEQUENCES_HOME``. Raises ValueError naming the variable whose value is not a number,
+        an unknown ``SEQ_BACKEND``, or (backend ``ray``) a ``SEQ_RAY_GPUS_PER_NODE`` below 1."""
+        env = os.environ if environ is None else environ
+        backend = (env.get("SEQ_BACKEND") or "local").strip().lower() or "local"
+        if backend not in ("local", "ray"):
+            raise ValueError(f"unknown worker backend {backend!r}: use 'local' or 'ray'")
+        return cls(
+            data_dir=Path(data_dir).expanduser() if data_dir is not None else default_data_dir(env),
+            lease_ttl_s=float(_number(env, "SEQ_LEASE_TTL_S", float, LEASE_TTL_S) or LEASE_TTL_S),
+            max_gpus=_number(env, "SEQ_MAX_GPUS", int, None),
+            health_interval_s=float(_number(env, "SEQ_HEALTH_INTERVAL_S", float, HEALTH_INTERVAL_S)
+                                    or HEALTH_INTERVAL_S),
+            max_body_bytes=_number(env, "SEQ_GATEWAY_MAX_BODY_BYTES", int, None) or None,
+            backend=backend,
+            ray_address=(env.get("SEQ_RAY_ADDRESS") or "local").strip() or "local",
+            ray_gpus_per_node=gpus_per_node_setting(env) if backend == "ray" else 8,
+        )
+
+
+def gpus_per_node_setting(env: Mapping[str, str]) -> int:
+    """``$SEQ_RAY_GPUS_PER_NODE`` in ``env`` (default 8). Raises ValueError for a value that is
+    not a whole number >= 1."""
+    raw = (env.get("SEQ_RAY_GPUS_PER_NODE") or "").strip()
+    if not raw:
+        return 8
+    try:
+        n = int(raw)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise ValueError(f"SEQ_RAY_GPUS_PER_NODE={raw!r} is not a card count; set a whole number >= 1 (default 8)")
+    return n
