@@ -2,7 +2,7 @@
 
     . scripts/env.sh && scripts/in_loopback_ns.sh python bench/bench_robots_per_worker.py \
         [--robots 16,24,32,64] [--seconds 20] [--procs 4] [--latency-ms 5] [--chunk 8] \
-        [--baseline DIR]                      # ~4 min; ~7 min with --baseline
+        [--baseline DIR] [--profile DIR]      # ~4 min; ~7 min with --baseline
 
 Starts a real gateway (``python -m sequence_ai_server.gateway``, temp data dir) on loopback and
 deploys test/policies/echo_policy.py: one worker, one replica, a trivial policy that sleeps
@@ -23,7 +23,10 @@ processes (CPU seconds per wall second over the driving window, /proc/PID/stat u
 
 ``--baseline DIR`` compares engines in one run: DIR holds another ``sequence_ai_core`` package
 (``git archive <commit> sequence_ai_core | tar -x -C DIR``); each N runs with it ("before")
-and then with this checkout's ("now"). Prints figures; no pass/fail.
+and then with this checkout's ("now"). Give it more than once to compare several (labelled
+``before1``, ``before2`` … in the order given). ``--profile DIR`` runs the first client process
+of each fleet under cProfile (builtins included, so a blocking ``time.sleep`` on the event loop
+shows as its own row) and writes ``DIR/client_n<N>_<label>.prof``. Prints figures; no pass/fail.
 """
 from __future__ import annotations
 
@@ -121,12 +124,23 @@ async def _robots(args: Dict[str, Any], ready, go, start_at, results) -> None:
 def client_process(args, ready, go, start_at, results) -> None:
     if args["core"]:
         sys.path.insert(0, args["core"])  # before sequence_ai imports sequence_ai_core
-    asyncio.run(_robots(args, ready, go, start_at, results))
+    if not args.get("profile"):
+        asyncio.run(_robots(args, ready, go, start_at, results))
+        return
+    import cProfile
+
+    prof = cProfile.Profile()  # builtins included: a blocking time.sleep shows as its own row
+    prof.enable()
+    try:
+        asyncio.run(_robots(args, ready, go, start_at, results))
+    finally:
+        prof.disable()
+        prof.dump_stats(args["profile"])
 
 
 # ----------------------------------------------------------------- one N
 
-def run_fleet(gw, worker_pid: int, n: int, core: Optional[str], opts) -> Dict[str, Any]:
+def run_fleet(gw, worker_pid: int, n: int, label: str, core: Optional[str], opts) -> Dict[str, Any]:
     ctx = mp.get_context("spawn")
     procs_n = max(1, min(opts.procs, n))
     shares = [n // procs_n + (1 if i < n % procs_n else 0) for i in range(procs_n)]
@@ -134,9 +148,13 @@ def run_fleet(gw, worker_pid: int, n: int, core: Optional[str], opts) -> Dict[st
     start_at = ctx.Value("d", 0.0)
     results = ctx.Queue()
     procs = []
-    for share in shares:
+    for i, share in enumerate(shares):
+        profile = None
+        if opts.profile and i == 0:
+            profile = str(Path(opts.profile) / f"client_n{n}_{label}.prof")
         args = {"robots": share, "url": gw.url, "api_key": gw.api_key, "core": core,
-                "seconds": opts.seconds, "chunk": opts.chunk, "latency_ms": opts.latency_ms}
+                "seconds": opts.seconds, "chunk": opts.chunk, "latency_ms": opts.latency_ms,
+                "profile": profile}
         pr = ctx.Process(target=client_process, args=(args, ready, go, start_at, results), daemon=True)
         pr.start()
         procs.append(pr)
@@ -177,16 +195,25 @@ def main() -> int:
     ap.add_argument("--robots", default="16,24,32,64", help="comma-separated fleet sizes")
     ap.add_argument("--seconds", type=float, default=20.0, help="driving time per fleet (s)")
     ap.add_argument("--procs", type=int, default=4, help="client processes per fleet")
-    ap.add_argument("--baseline", metavar="DIR",
+    ap.add_argument("--baseline", metavar="DIR", action="append", default=[],
                     help="a directory holding an older sequence_ai_core package (e.g. `git archive"
-                         " main sequence_ai_core | tar -x -C DIR`): each N runs with it first")
+                         " main sequence_ai_core | tar -x -C DIR`): each N runs with it first;"
+                         " may be given more than once")
     ap.add_argument("--latency-ms", type=float, default=5.0, help="policy inference time (ms)")
     ap.add_argument("--chunk", type=int, default=8, help="rows per chunk")
+    ap.add_argument("--profile", metavar="DIR",
+                    help="profile the first client process of each fleet with cProfile and write"
+                         " DIR/client_n<N>_<label>.prof (read with `python -m pstats`); the"
+                         " profiler slows that process, so read its figures apart")
     opts = ap.parse_args()
+    if opts.profile:
+        Path(opts.profile).mkdir(parents=True, exist_ok=True)
     sizes = [int(x) for x in opts.robots.split(",") if x.strip()]
-    cores = ([("before", str(Path(opts.baseline).resolve()))] if opts.baseline else []) + [("now", None)]
-    if opts.baseline and not (Path(opts.baseline) / "sequence_ai_core" / "__init__.py").is_file():
-        ap.error(f"--baseline {opts.baseline}: no sequence_ai_core/__init__.py in it")
+    labels = ["before"] if len(opts.baseline) == 1 else [f"before{i + 1}" for i in range(len(opts.baseline))]
+    cores = [(label, str(Path(d).resolve())) for label, d in zip(labels, opts.baseline)] + [("now", None)]
+    for d in opts.baseline:
+        if not (Path(d) / "sequence_ai_core" / "__init__.py").is_file():
+            ap.error(f"--baseline {d}: no sequence_ai_core/__init__.py in it")
 
     from _servers import ECHO_POLICY, GatewayProcess
 
@@ -202,14 +229,14 @@ def main() -> int:
             assert d["status"] == "ready", d
             gw.connect_ready("echo")
             worker_pid = int(gw.status("echo")["pid"])
-            header = (f"{'N':>4} {'core':>6} {'underruns':>10} {'<2s':>4} {'robots':>7} {'underrun s':>11}"
+            header = (f"{'N':>4} {'core':>7} {'underruns':>10} {'<2s':>4} {'robots':>7} {'underrun s':>11}"
                       f" {'late':>5} {'requests':>9} {'p50 ms':>7} {'p99 ms':>7} {'worker CPU':>11}"
                       f" {'client CPU':>11} {'load1':>6}")
             print(header)
             for n in sizes:
                 for label, core in cores:
-                    r = run_fleet(gw, worker_pid, n, core, opts)
-                    print(f"{n:>4} {label:>6} {r['underruns']:>10d} {r['underruns_first_2s']:>4d}"
+                    r = run_fleet(gw, worker_pid, n, label, core, opts)
+                    print(f"{n:>4} {label:>7} {r['underruns']:>10d} {r['underruns_first_2s']:>4d}"
                           f" {r['robots_with_underruns']:>7d} {r['underrun_s']:>11.3f} {r['late_ticks']:>5d}"
                           f" {r['requests']:>9d} {r['p50_ms']:>7.1f} {r['p99_ms']:>7.1f}"
                           f" {r['worker_cpu']:>11.2f} {r['clients_cpu']:>11.2f} {r['load1']:>6.2f}", flush=True)
