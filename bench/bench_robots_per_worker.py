@@ -17,7 +17,10 @@ side costs no JPEG encoding, so the worker is what is measured); act() does noth
 Per N it prints: underruns (sum over robots, ``RunOutcome.underruns``), how many came in the
 first 2 s, the robots that had any, underrun seconds, late ticks (the client process more than
 a period late), p50/p99 fetch latency in ms (``/act`` round trips as the wire saw them, every
-request of every robot, the startup one included), and the CPU of the worker and of the client
+request of every robot, the startup one included), the client event loops' lag p50/p99 in ms
+(a thread in each client process hands its loop a callback every 5-15 ms while the robots drive
+and records how long it waited to run: what an answer arriving, or a robot whose time has come,
+waits behind the other robots of its process), and the CPU of the worker and of the client
 processes (CPU seconds per wall second over the driving window, /proc/PID/stat utime+stime;
 1.0 = one core busy), beside the machine's 1-minute load average.
 
@@ -62,6 +65,21 @@ def pct(values: List[float], q: float) -> float:
 
 # ----------------------------------------------------------------- client process
 
+def _probe_loop_lag(loop, stop, lag_ms: List[float]) -> None:
+    """Every 5-15 ms, from a thread: hand the event loop a callback (as an answer arriving does)
+    and record how long (ms) the loop took to run it."""
+    import random
+
+    rng = random.Random(os.getpid())
+    while not stop.is_set():
+        time.sleep(rng.uniform(0.005, 0.015))
+        sent = time.monotonic()
+        try:
+            loop.call_soon_threadsafe(lambda s=sent: lag_ms.append((time.monotonic() - s) * 1000.0))
+        except RuntimeError:  # the loop closed
+            return
+
+
 async def _robots(args: Dict[str, Any], ready, go, start_at, results) -> None:
     import numpy as np
 
@@ -70,6 +88,7 @@ async def _robots(args: Dict[str, Any], ready, go, start_at, results) -> None:
 
     policies = []
     fetch_ms: List[float] = []
+    lag_ms: List[float] = []
     try:
         for _ in range(args["robots"]):
             p = sequence_ai.aconnect("echo", api_key=args["api_key"], gateway_url=args["url"],
@@ -96,11 +115,18 @@ async def _robots(args: Dict[str, Any], ready, go, start_at, results) -> None:
         max_actions = int(round(args["seconds"] * HZ))
         t0 = start_at.value
         underrun_at: List[float] = []
+        import threading
+
+        stop_probe = threading.Event()
+        probe = threading.Thread(target=_probe_loop_lag, daemon=True,
+                                 args=(asyncio.get_running_loop(), stop_probe, lag_ms))
+        probe.start()
         outs = await asyncio.gather(*(p.run(lambda: obs, lambda row: None, max_actions=max_actions,
                                             validate=lambda row: True, progress=False,
                                             on_underrun=lambda: underrun_at.append(time.monotonic() - t0))
                                      for p in policies),
                                     return_exceptions=True)
+        stop_probe.set()
         rows = []
         for out in outs:
             if isinstance(out, BaseException):
@@ -108,7 +134,7 @@ async def _robots(args: Dict[str, Any], ready, go, start_at, results) -> None:
             else:
                 rows.append({"underruns": out.underruns, "underrun_s": out.underrun_s,
                              "late_ticks": out.late_ticks, "actions": out.actions, "reason": out.reason})
-        results.put({"robots": rows, "fetch_ms": fetch_ms, "underrun_at": underrun_at,
+        results.put({"robots": rows, "fetch_ms": fetch_ms, "underrun_at": underrun_at, "lag_ms": lag_ms,
                      "core": str(Path(sequence_ai_core.__file__).resolve().parent.parent)})
     except BaseException as exc:  # noqa: BLE001 - reported to the parent, which prints it
         results.put({"robots": [], "fetch_ms": fetch_ms, "error": f"{type(exc).__name__}: {exc}"})
@@ -178,6 +204,7 @@ def run_fleet(gw, worker_pid: int, n: int, label: str, core: Optional[str], opts
     ok = [r for r in robots if "error" not in r]
     fetch = [ms for c in collected for ms in c["fetch_ms"]]
     at = [s for c in collected for s in c.get("underrun_at", [])]
+    lag = [ms for c in collected for ms in c.get("lag_ms", [])]
     return {
         "n": n, "errors": errors, "robots_ok": len(ok),
         "underruns": sum(r["underruns"] for r in ok),
@@ -185,6 +212,7 @@ def run_fleet(gw, worker_pid: int, n: int, label: str, core: Optional[str], opts
         "underrun_s": sum(r["underrun_s"] for r in ok),
         "late_ticks": sum(r["late_ticks"] for r in ok),
         "requests": len(fetch), "p50_ms": pct(fetch, 50), "p99_ms": pct(fetch, 99),
+        "lag_p50_ms": pct(lag, 50), "lag_p99_ms": pct(lag, 99),
         "worker_cpu": (cpu1 - cpu0) / (t1 - t0), "clients_cpu": (clients1 - clients0) / (t1 - t0),
         "load1": load1, "underruns_first_2s": sum(1 for s in at if s < 2.0),
     }
@@ -230,7 +258,8 @@ def main() -> int:
             gw.connect_ready("echo")
             worker_pid = int(gw.status("echo")["pid"])
             header = (f"{'N':>4} {'core':>7} {'underruns':>10} {'<2s':>4} {'robots':>7} {'underrun s':>11}"
-                      f" {'late':>5} {'requests':>9} {'p50 ms':>7} {'p99 ms':>7} {'worker CPU':>11}"
+                      f" {'late':>5} {'requests':>9} {'p50 ms':>7} {'p99 ms':>7} {'lag p50':>8} {'lag p99':>8}"
+                      f" {'worker CPU':>11}"
                       f" {'client CPU':>11} {'load1':>6}")
             print(header)
             for n in sizes:
@@ -239,12 +268,15 @@ def main() -> int:
                     print(f"{n:>4} {label:>7} {r['underruns']:>10d} {r['underruns_first_2s']:>4d}"
                           f" {r['robots_with_underruns']:>7d} {r['underrun_s']:>11.3f} {r['late_ticks']:>5d}"
                           f" {r['requests']:>9d} {r['p50_ms']:>7.1f} {r['p99_ms']:>7.1f}"
+                          f" {r['lag_p50_ms']:>8.2f} {r['lag_p99_ms']:>8.2f}"
                           f" {r['worker_cpu']:>11.2f} {r['clients_cpu']:>11.2f} {r['load1']:>6.2f}", flush=True)
                     for e in r["errors"][:3]:
                         print(f"     error: {e}")
             print("(underruns: sum over robots; <2s: of those, in the first 2 s after the synchronized"
                   " start; robots: how many had any; late: ticks more than a period late (the client"
-                  " process starved); worker / client CPU: CPU s per wall s, the clients summed)")
+                  " process starved); p50/p99 ms: /act round trips; lag p50/p99: ms a callback handed"
+                  " to a client event loop from outside waited to run (sampled every 5-15 ms"
+                  " while driving, all client processes); worker / client CPU: CPU s per wall s, the clients summed)")
         finally:
             gw.close()
     return 0
