@@ -37,6 +37,7 @@ import argparse
 import asyncio
 import multiprocessing as mp
 import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -242,6 +243,14 @@ def main() -> int:
     for d in opts.baseline:
         if not (Path(d) / "sequence_ai_core" / "__init__.py").is_file():
             ap.error(f"--baseline {d}: no sequence_ai_core/__init__.py in it")
+        # this checkout's sequence_ai must import on it, or every client process dies at start
+        check = subprocess.run([sys.executable, "-c", "import sys; sys.path.insert(0, sys.argv[1]);"
+                                " import sequence_ai", str(Path(d).resolve())],
+                               capture_output=True, text=True, cwd=str(ROOT))
+        if check.returncode != 0:
+            last = (check.stderr.strip().splitlines() or ["?"])[-1]
+            ap.error(f"--baseline {d}: this checkout's sequence_ai does not import on that"
+                     f" sequence_ai_core ({last}); take a core from a commit whose API matches")
 
     from _servers import ECHO_POLICY, GatewayProcess
 

@@ -134,12 +134,14 @@ class _DeadlineTimer:
     def __init__(self) -> None:
         self._fd = _TIMERFD["create"]()
         self._finalizer = weakref.finalize(self, os.close, self._fd)
+        self.busy = False  # a wait is watching it (a second, concurrent wait uses the fallback)
 
     def wait(self, loop: asyncio.AbstractEventLoop, deadline_s: float,
              fut: "asyncio.Future[None]") -> Callable[[], None]:
         fd = self._fd
-        # rounded up: the timer never fires before the deadline the caller compares against
-        _TIMERFD["arm"](fd, max(1, math.ceil(deadline_s * 1e9)))
+        # rounded up, plus 1 ns for the float product's rounding: the timer never fires before
+        # the deadline the caller compares time.monotonic() against
+        _TIMERFD["arm"](fd, max(1, math.ceil(deadline_s * 1e9) + 1))
 
         def fired() -> None:
             try:
@@ -149,8 +151,10 @@ class _DeadlineTimer:
             _wake(fut)
 
         loop.add_reader(fd, fired)
+        self.busy = True
 
         def stop() -> None:
+            self.busy = False
             loop.remove_reader(fd)
             _TIMERFD["arm"](fd, 0)  # disarm, so that a later wait starts from a quiet fd
             try:
@@ -246,7 +250,7 @@ class Interrupt:
     def _precise(self, loop: asyncio.AbstractEventLoop, deadline: float,
                  fut: "asyncio.Future[None]") -> Optional[Callable[[], None]]:
         """Watch a timerfd armed at ``deadline``; None where that is not possible (fallback)."""
-        if self._timer_failed:
+        if self._timer_failed or (self._timer is not None and self._timer.busy):
             return None
         try:
             if self._timer is None:
