@@ -2,7 +2,7 @@
 
     . scripts/env.sh && scripts/in_loopback_ns.sh python bench/bench_robots_per_worker.py \
         [--robots 16,24,32,64] [--seconds 20] [--procs 4] [--latency-ms 5] [--chunk 8] \
-        [--baseline DIR] [--profile DIR]      # ~4 min; ~7 min with --baseline
+        [--baseline DIR ...] [--alternate] [--nice N] [--profile DIR]   # ~4 min; ~7 with --baseline
 
 Starts a real gateway (``python -m sequence_ai_server.gateway``, temp data dir) on loopback and
 deploys test/policies/echo_policy.py: one worker, one replica, a trivial policy that sleeps
@@ -29,7 +29,12 @@ processes (CPU seconds per wall second over the driving window, /proc/PID/stat u
 and then with this checkout's ("now"). Give it more than once to compare several (labelled
 ``before1``, ``before2`` … in the order given). ``--profile DIR`` runs the first client process
 of each fleet under cProfile (builtins included, so a blocking ``time.sleep`` on the event loop
-shows as its own row) and writes ``DIR/client_n<N>_<label>.prof``. Prints figures; no pass/fail.
+shows as its own row) and writes ``DIR/client_n<N>_<label>.prof``. ``--alternate`` reverses
+the engines' order for every other N (``--robots 64,64,64,64 --alternate``: a shared machine's
+load drifts through a run, and the engine that runs second is not always the one that meets it).
+``--nice -10`` runs the gateway, the worker and the client processes at that nice value (root):
+on a machine shared with other work, late ticks and the underruns they cause then measure this
+system, not the CPU the other work left it. Prints figures; no pass/fail.
 """
 from __future__ import annotations
 
@@ -57,6 +62,16 @@ def proc_cpu_s(pid: int) -> float:
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def renice(pid: int, nice: int) -> None:
+    """Set every thread of ``pid`` to ``nice`` (Linux nice values are per thread; threads started
+    later inherit their creator's). Raises PermissionError below 0 without root/CAP_SYS_NICE."""
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            os.setpriority(os.PRIO_PROCESS, int(tid), nice)
+        except ProcessLookupError:  # the thread ended meanwhile
+            pass
 
 
 def pct(values: List[float], q: float) -> float:
@@ -149,6 +164,8 @@ async def _robots(args: Dict[str, Any], ready, go, start_at, results) -> None:
 
 
 def client_process(args, ready, go, start_at, results) -> None:
+    if args.get("nice") is not None:
+        renice(os.getpid(), args["nice"])  # before any thread starts: they all inherit it
     if args["core"]:
         sys.path.insert(0, args["core"])  # before sequence_ai imports sequence_ai_core
     if not args.get("profile"):
@@ -181,7 +198,7 @@ def run_fleet(gw, worker_pid: int, n: int, label: str, core: Optional[str], opts
             profile = str(Path(opts.profile) / f"client_n{n}_{label}.prof")
         args = {"robots": share, "url": gw.url, "api_key": gw.api_key, "core": core,
                 "seconds": opts.seconds, "chunk": opts.chunk, "latency_ms": opts.latency_ms,
-                "profile": profile}
+                "profile": profile, "nice": opts.nice}
         pr = ctx.Process(target=client_process, args=(args, ready, go, start_at, results), daemon=True)
         pr.start()
         procs.append(pr)
@@ -230,6 +247,13 @@ def main() -> int:
                          " may be given more than once")
     ap.add_argument("--latency-ms", type=float, default=5.0, help="policy inference time (ms)")
     ap.add_argument("--chunk", type=int, default=8, help="rows per chunk")
+    ap.add_argument("--alternate", action="store_true",
+                    help="with --baseline: every other N runs the engines in reverse order (repeat an"
+                         " N, e.g. --robots 64,64,64,64, to compare on a machine whose load drifts)")
+    ap.add_argument("--nice", type=int, default=None,
+                    help="run the gateway, the worker and the client processes at this nice value"
+                         " (below 0 needs root): on a machine shared with other work, the figures"
+                         " then describe this system rather than the other load")
     ap.add_argument("--profile", metavar="DIR",
                     help="profile the first client process of each fleet with cProfile and write"
                          " DIR/client_n<N>_<label>.prof (read with `python -m pstats`); the"
@@ -256,7 +280,8 @@ def main() -> int:
 
     print(f"one worker, one replica: echo policy, {opts.latency_ms:g} ms inference, {opts.chunk} rows"
           f" at {HZ:g} Hz ({opts.chunk / HZ * 1000:.0f} ms per chunk); {opts.procs} client processes;"
-          f" synchronized start; {opts.seconds:g} s of actions per robot; {os.cpu_count()} CPUs")
+          f" synchronized start; {opts.seconds:g} s of actions per robot; {os.cpu_count()} CPUs"
+          + (f"; gateway, worker and clients at nice {opts.nice}" if opts.nice is not None else ""))
     for label, core in cores:
         print(f"{label}: sequence_ai_core from {core or ROOT}")
     with tempfile.TemporaryDirectory() as tmp:
@@ -266,13 +291,18 @@ def main() -> int:
             assert d["status"] == "ready", d
             gw.connect_ready("echo")
             worker_pid = int(gw.status("echo")["pid"])
+            if opts.nice is not None:
+                renice(gw.proc.pid, opts.nice)
+                renice(worker_pid, opts.nice)
             header = (f"{'N':>4} {'core':>7} {'underruns':>10} {'<2s':>4} {'robots':>7} {'underrun s':>11}"
                       f" {'late':>5} {'requests':>9} {'p50 ms':>7} {'p99 ms':>7} {'lag p50':>8} {'lag p99':>8}"
                       f" {'worker CPU':>11}"
                       f" {'client CPU':>11} {'load1':>6}")
             print(header)
-            for n in sizes:
-                for label, core in cores:
+            for i, n in enumerate(sizes):
+                # --alternate: every other N runs "now" first, so a load that rises or falls
+                # through the run does not always favour the same engine
+                for label, core in (cores[::-1] if opts.alternate and i % 2 else cores):
                     r = run_fleet(gw, worker_pid, n, label, core, opts)
                     print(f"{n:>4} {label:>7} {r['underruns']:>10d} {r['underruns_first_2s']:>4d}"
                           f" {r['robots_with_underruns']:>7d} {r['underrun_s']:>11.3f} {r['late_ticks']:>5d}"
