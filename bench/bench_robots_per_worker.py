@@ -32,9 +32,11 @@ of each fleet under cProfile (builtins included, so a blocking ``time.sleep`` on
 shows as its own row) and writes ``DIR/client_n<N>_<label>.prof``. ``--alternate`` reverses
 the engines' order for every other N (``--robots 64,64,64,64 --alternate``: a shared machine's
 load drifts through a run, and the engine that runs second is not always the one that meets it).
-``--nice -10`` runs the gateway, the worker and the client processes at that nice value (root):
-on a machine shared with other work, late ticks and the underruns they cause then measure this
-system, not the CPU the other work left it. Prints figures; no pass/fail.
+``--nice -10`` runs the bench with its gateway, worker and client processes at that nice value
+(root), in a session of their own (on Linux a scheduler autogroup, given that nice value too;
+a nice value alone only orders threads within one session): on a machine shared with other
+work, late ticks and the underruns they cause then measure this system, not the CPU the other
+work left it. Prints figures; no pass/fail.
 """
 from __future__ import annotations
 
@@ -64,14 +66,25 @@ def proc_cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def renice(pid: int, nice: int) -> None:
-    """Set every thread of ``pid`` to ``nice`` (Linux nice values are per thread; threads started
-    later inherit their creator's). Raises PermissionError below 0 without root/CAP_SYS_NICE."""
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        try:
-            os.setpriority(os.PRIO_PROCESS, int(tid), nice)
-        except ProcessLookupError:  # the thread ended meanwhile
-            pass
+def take_priority(nice: int) -> None:
+    """This process, and every process it starts from now on, at ``nice``; on Linux in a
+    session of its own, so that it is its own scheduler autogroup, given ``nice`` too.
+
+    With autogroups (the default on desktop and many server kernels) a nice value only orders
+    threads within one session; CPU is first shared between sessions, so a session of its own
+    with its own weight is what lets the bench's processes get the CPU they need on a machine
+    shared with other work. Raises PermissionError below 0 without root/CAP_SYS_NICE.
+    """
+    try:
+        os.setsid()
+    except OSError:  # already a session leader
+        pass
+    try:
+        with open("/proc/self/autogroup", "w") as f:
+            f.write(str(nice))
+    except OSError:  # no autogroups here: plain nice values decide
+        pass
+    os.setpriority(os.PRIO_PROCESS, 0, nice)  # threads and processes started later inherit it
 
 
 def pct(values: List[float], q: float) -> float:
@@ -164,8 +177,6 @@ async def _robots(args: Dict[str, Any], ready, go, start_at, results) -> None:
 
 
 def client_process(args, ready, go, start_at, results) -> None:
-    if args.get("nice") is not None:
-        renice(os.getpid(), args["nice"])  # before any thread starts: they all inherit it
     if args["core"]:
         sys.path.insert(0, args["core"])  # before sequence_ai imports sequence_ai_core
     if not args.get("profile"):
@@ -198,7 +209,7 @@ def run_fleet(gw, worker_pid: int, n: int, label: str, core: Optional[str], opts
             profile = str(Path(opts.profile) / f"client_n{n}_{label}.prof")
         args = {"robots": share, "url": gw.url, "api_key": gw.api_key, "core": core,
                 "seconds": opts.seconds, "chunk": opts.chunk, "latency_ms": opts.latency_ms,
-                "profile": profile, "nice": opts.nice}
+                "profile": profile}
         pr = ctx.Process(target=client_process, args=(args, ready, go, start_at, results), daemon=True)
         pr.start()
         procs.append(pr)
@@ -251,7 +262,8 @@ def main() -> int:
                     help="with --baseline: every other N runs the engines in reverse order (repeat an"
                          " N, e.g. --robots 64,64,64,64, to compare on a machine whose load drifts)")
     ap.add_argument("--nice", type=int, default=None,
-                    help="run the gateway, the worker and the client processes at this nice value"
+                    help="run the bench, the gateway, the worker and the client processes at this"
+                         " nice value, in a session (scheduler autogroup) of their own at it too"
                          " (below 0 needs root): on a machine shared with other work, the figures"
                          " then describe this system rather than the other load")
     ap.add_argument("--profile", metavar="DIR",
@@ -261,6 +273,8 @@ def main() -> int:
     opts = ap.parse_args()
     if opts.profile:
         Path(opts.profile).mkdir(parents=True, exist_ok=True)
+    if opts.nice is not None:
+        take_priority(opts.nice)  # before the gateway, the worker and the clients start
     sizes = [int(x) for x in opts.robots.split(",") if x.strip()]
     labels = ["before"] if len(opts.baseline) == 1 else [f"before{i + 1}" for i in range(len(opts.baseline))]
     cores = [(label, str(Path(d).resolve())) for label, d in zip(labels, opts.baseline)] + [("now", None)]
@@ -291,9 +305,6 @@ def main() -> int:
             assert d["status"] == "ready", d
             gw.connect_ready("echo")
             worker_pid = int(gw.status("echo")["pid"])
-            if opts.nice is not None:
-                renice(gw.proc.pid, opts.nice)
-                renice(worker_pid, opts.nice)
             header = (f"{'N':>4} {'core':>7} {'underruns':>10} {'<2s':>4} {'robots':>7} {'underrun s':>11}"
                       f" {'late':>5} {'requests':>9} {'p50 ms':>7} {'p99 ms':>7} {'lag p50':>8} {'lag p99':>8}"
                       f" {'worker CPU':>11}"

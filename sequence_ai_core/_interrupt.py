@@ -134,6 +134,7 @@ class _DeadlineTimer:
     def __init__(self) -> None:
         self._fd = _TIMERFD["create"]()
         self._finalizer = weakref.finalize(self, os.close, self._fd)
+        self.pid = os.getpid()  # a forked child shares the kernel timer: it makes its own
         self.busy = False  # a wait is watching it (a second, concurrent wait uses the fallback)
 
     def wait(self, loop: asyncio.AbstractEventLoop, deadline_s: float,
@@ -253,6 +254,8 @@ class Interrupt:
         if self._timer_failed or (self._timer is not None and self._timer.busy):
             return None
         try:
+            if self._timer is not None and self._timer.pid != os.getpid():
+                self._timer = None  # inherited across fork(); its copy of the fd closes with it
             if self._timer is None:
                 self._timer = _DeadlineTimer()
             return self._timer.wait(loop, deadline, fut)
