@@ -2,7 +2,7 @@
 
     . scripts/env.sh && scripts/in_loopback_ns.sh python bench/bench_robots_per_worker.py \
         [--robots 16,24,32,64] [--seconds 20] [--procs 4] [--latency-ms 5] [--chunk 8] \
-        [--baseline DIR]                      # ~4 min; ~7 min with --baseline
+        [--baseline DIR ...] [--alternate] [--nice N] [--profile DIR]   # ~4 min; ~7 with --baseline
 
 Starts a real gateway (``python -m sequence_ai_server.gateway``, temp data dir) on loopback and
 deploys test/policies/echo_policy.py: one worker, one replica, a trivial policy that sleeps
@@ -17,13 +17,26 @@ side costs no JPEG encoding, so the worker is what is measured); act() does noth
 Per N it prints: underruns (sum over robots, ``RunOutcome.underruns``), how many came in the
 first 2 s, the robots that had any, underrun seconds, late ticks (the client process more than
 a period late), p50/p99 fetch latency in ms (``/act`` round trips as the wire saw them, every
-request of every robot, the startup one included), and the CPU of the worker and of the client
+request of every robot, the startup one included), the client event loops' lag p50/p99 in ms
+(a thread in each client process hands its loop a callback every 5-15 ms while the robots drive
+and records how long it waited to run: what an answer arriving, or a robot whose time has come,
+waits behind the other robots of its process), and the CPU of the worker and of the client
 processes (CPU seconds per wall second over the driving window, /proc/PID/stat utime+stime;
 1.0 = one core busy), beside the machine's 1-minute load average.
 
 ``--baseline DIR`` compares engines in one run: DIR holds another ``sequence_ai_core`` package
 (``git archive <commit> sequence_ai_core | tar -x -C DIR``); each N runs with it ("before")
-and then with this checkout's ("now"). Prints figures; no pass/fail.
+and then with this checkout's ("now"). Give it more than once to compare several (labelled
+``before1``, ``before2`` … in the order given). ``--profile DIR`` runs the first client process
+of each fleet under cProfile (builtins included, so a blocking ``time.sleep`` on the event loop
+shows as its own row) and writes ``DIR/client_n<N>_<label>.prof``. ``--alternate`` reverses
+the engines' order for every other N (``--robots 64,64,64,64 --alternate``: a shared machine's
+load drifts through a run, and the engine that runs second is not always the one that meets it).
+``--nice -10`` runs the bench with its gateway, worker and client processes at that nice value
+(root), in a session of their own (on Linux a scheduler autogroup, given that nice value too;
+a nice value alone only orders threads within one session): on a machine shared with other
+work, late ticks and the underruns they cause then measure this system, not the CPU the other
+work left it. Prints figures; no pass/fail.
 """
 from __future__ import annotations
 
@@ -31,6 +44,7 @@ import argparse
 import asyncio
 import multiprocessing as mp
 import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -52,12 +66,48 @@ def proc_cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def take_priority(nice: int) -> None:
+    """This process, and every process it starts from now on, at ``nice``; on Linux in a
+    session of its own, so that it is its own scheduler autogroup, given ``nice`` too.
+
+    With autogroups (the default on desktop and many server kernels) a nice value only orders
+    threads within one session; CPU is first shared between sessions, so a session of its own
+    with its own weight is what lets the bench's processes get the CPU they need on a machine
+    shared with other work. Raises PermissionError below 0 without root/CAP_SYS_NICE.
+    """
+    try:
+        os.setsid()
+    except OSError:  # already a session leader
+        pass
+    try:
+        with open("/proc/self/autogroup", "w") as f:
+            f.write(str(nice))
+    except OSError:  # no autogroups here: plain nice values decide
+        pass
+    os.setpriority(os.PRIO_PROCESS, 0, nice)  # threads and processes started later inherit it
+
+
 def pct(values: List[float], q: float) -> float:
     s = sorted(values)
     return s[min(len(s) - 1, int(round(q / 100.0 * (len(s) - 1))))] if s else float("nan")
 
 
 # ----------------------------------------------------------------- client process
+
+def _probe_loop_lag(loop, stop, lag_ms: List[float]) -> None:
+    """Every 5-15 ms, from a thread: hand the event loop a callback (as an answer arriving does)
+    and record how long (ms) the loop took to run it."""
+    import random
+
+    rng = random.Random(os.getpid())
+    while not stop.is_set():
+        time.sleep(rng.uniform(0.005, 0.015))
+        sent = time.monotonic()
+        try:
+            loop.call_soon_threadsafe(lambda s=sent: lag_ms.append((time.monotonic() - s) * 1000.0))
+        except RuntimeError:  # the loop closed
+            return
+
 
 async def _robots(args: Dict[str, Any], ready, go, start_at, results) -> None:
     import numpy as np
@@ -67,6 +117,7 @@ async def _robots(args: Dict[str, Any], ready, go, start_at, results) -> None:
 
     policies = []
     fetch_ms: List[float] = []
+    lag_ms: List[float] = []
     try:
         for _ in range(args["robots"]):
             p = sequence_ai.aconnect("echo", api_key=args["api_key"], gateway_url=args["url"],
@@ -93,11 +144,18 @@ async def _robots(args: Dict[str, Any], ready, go, start_at, results) -> None:
         max_actions = int(round(args["seconds"] * HZ))
         t0 = start_at.value
         underrun_at: List[float] = []
+        import threading
+
+        stop_probe = threading.Event()
+        probe = threading.Thread(target=_probe_loop_lag, daemon=True,
+                                 args=(asyncio.get_running_loop(), stop_probe, lag_ms))
+        probe.start()
         outs = await asyncio.gather(*(p.run(lambda: obs, lambda row: None, max_actions=max_actions,
                                             validate=lambda row: True, progress=False,
                                             on_underrun=lambda: underrun_at.append(time.monotonic() - t0))
                                      for p in policies),
                                     return_exceptions=True)
+        stop_probe.set()
         rows = []
         for out in outs:
             if isinstance(out, BaseException):
@@ -105,7 +163,7 @@ async def _robots(args: Dict[str, Any], ready, go, start_at, results) -> None:
             else:
                 rows.append({"underruns": out.underruns, "underrun_s": out.underrun_s,
                              "late_ticks": out.late_ticks, "actions": out.actions, "reason": out.reason})
-        results.put({"robots": rows, "fetch_ms": fetch_ms, "underrun_at": underrun_at,
+        results.put({"robots": rows, "fetch_ms": fetch_ms, "underrun_at": underrun_at, "lag_ms": lag_ms,
                      "core": str(Path(sequence_ai_core.__file__).resolve().parent.parent)})
     except BaseException as exc:  # noqa: BLE001 - reported to the parent, which prints it
         results.put({"robots": [], "fetch_ms": fetch_ms, "error": f"{type(exc).__name__}: {exc}"})
@@ -121,12 +179,23 @@ async def _robots(args: Dict[str, Any], ready, go, start_at, results) -> None:
 def client_process(args, ready, go, start_at, results) -> None:
     if args["core"]:
         sys.path.insert(0, args["core"])  # before sequence_ai imports sequence_ai_core
-    asyncio.run(_robots(args, ready, go, start_at, results))
+    if not args.get("profile"):
+        asyncio.run(_robots(args, ready, go, start_at, results))
+        return
+    import cProfile
+
+    prof = cProfile.Profile()  # builtins included: a blocking time.sleep shows as its own row
+    prof.enable()
+    try:
+        asyncio.run(_robots(args, ready, go, start_at, results))
+    finally:
+        prof.disable()
+        prof.dump_stats(args["profile"])
 
 
 # ----------------------------------------------------------------- one N
 
-def run_fleet(gw, worker_pid: int, n: int, core: Optional[str], opts) -> Dict[str, Any]:
+def run_fleet(gw, worker_pid: int, n: int, label: str, core: Optional[str], opts) -> Dict[str, Any]:
     ctx = mp.get_context("spawn")
     procs_n = max(1, min(opts.procs, n))
     shares = [n // procs_n + (1 if i < n % procs_n else 0) for i in range(procs_n)]
@@ -134,9 +203,13 @@ def run_fleet(gw, worker_pid: int, n: int, core: Optional[str], opts) -> Dict[st
     start_at = ctx.Value("d", 0.0)
     results = ctx.Queue()
     procs = []
-    for share in shares:
+    for i, share in enumerate(shares):
+        profile = None
+        if opts.profile and i == 0:
+            profile = str(Path(opts.profile) / f"client_n{n}_{label}.prof")
         args = {"robots": share, "url": gw.url, "api_key": gw.api_key, "core": core,
-                "seconds": opts.seconds, "chunk": opts.chunk, "latency_ms": opts.latency_ms}
+                "seconds": opts.seconds, "chunk": opts.chunk, "latency_ms": opts.latency_ms,
+                "profile": profile}
         pr = ctx.Process(target=client_process, args=(args, ready, go, start_at, results), daemon=True)
         pr.start()
         procs.append(pr)
@@ -160,6 +233,7 @@ def run_fleet(gw, worker_pid: int, n: int, core: Optional[str], opts) -> Dict[st
     ok = [r for r in robots if "error" not in r]
     fetch = [ms for c in collected for ms in c["fetch_ms"]]
     at = [s for c in collected for s in c.get("underrun_at", [])]
+    lag = [ms for c in collected for ms in c.get("lag_ms", [])]
     return {
         "n": n, "errors": errors, "robots_ok": len(ok),
         "underruns": sum(r["underruns"] for r in ok),
@@ -167,6 +241,7 @@ def run_fleet(gw, worker_pid: int, n: int, core: Optional[str], opts) -> Dict[st
         "underrun_s": sum(r["underrun_s"] for r in ok),
         "late_ticks": sum(r["late_ticks"] for r in ok),
         "requests": len(fetch), "p50_ms": pct(fetch, 50), "p99_ms": pct(fetch, 99),
+        "lag_p50_ms": pct(lag, 50), "lag_p99_ms": pct(lag, 99),
         "worker_cpu": (cpu1 - cpu0) / (t1 - t0), "clients_cpu": (clients1 - clients0) / (t1 - t0),
         "load1": load1, "underruns_first_2s": sum(1 for s in at if s < 2.0),
     }
@@ -177,22 +252,50 @@ def main() -> int:
     ap.add_argument("--robots", default="16,24,32,64", help="comma-separated fleet sizes")
     ap.add_argument("--seconds", type=float, default=20.0, help="driving time per fleet (s)")
     ap.add_argument("--procs", type=int, default=4, help="client processes per fleet")
-    ap.add_argument("--baseline", metavar="DIR",
+    ap.add_argument("--baseline", metavar="DIR", action="append", default=[],
                     help="a directory holding an older sequence_ai_core package (e.g. `git archive"
-                         " main sequence_ai_core | tar -x -C DIR`): each N runs with it first")
+                         " main sequence_ai_core | tar -x -C DIR`): each N runs with it first;"
+                         " may be given more than once")
     ap.add_argument("--latency-ms", type=float, default=5.0, help="policy inference time (ms)")
     ap.add_argument("--chunk", type=int, default=8, help="rows per chunk")
+    ap.add_argument("--alternate", action="store_true",
+                    help="with --baseline: every other N runs the engines in reverse order (repeat an"
+                         " N, e.g. --robots 64,64,64,64, to compare on a machine whose load drifts)")
+    ap.add_argument("--nice", type=int, default=None,
+                    help="run the bench, the gateway, the worker and the client processes at this"
+                         " nice value, in a session (scheduler autogroup) of their own at it too"
+                         " (below 0 needs root): on a machine shared with other work, the figures"
+                         " then describe this system rather than the other load")
+    ap.add_argument("--profile", metavar="DIR",
+                    help="profile the first client process of each fleet with cProfile and write"
+                         " DIR/client_n<N>_<label>.prof (read with `python -m pstats`); the"
+                         " profiler slows that process, so read its figures apart")
     opts = ap.parse_args()
+    if opts.profile:
+        Path(opts.profile).mkdir(parents=True, exist_ok=True)
+    if opts.nice is not None:
+        take_priority(opts.nice)  # before the gateway, the worker and the clients start
     sizes = [int(x) for x in opts.robots.split(",") if x.strip()]
-    cores = ([("before", str(Path(opts.baseline).resolve()))] if opts.baseline else []) + [("now", None)]
-    if opts.baseline and not (Path(opts.baseline) / "sequence_ai_core" / "__init__.py").is_file():
-        ap.error(f"--baseline {opts.baseline}: no sequence_ai_core/__init__.py in it")
+    labels = ["before"] if len(opts.baseline) == 1 else [f"before{i + 1}" for i in range(len(opts.baseline))]
+    cores = [(label, str(Path(d).resolve())) for label, d in zip(labels, opts.baseline)] + [("now", None)]
+    for d in opts.baseline:
+        if not (Path(d) / "sequence_ai_core" / "__init__.py").is_file():
+            ap.error(f"--baseline {d}: no sequence_ai_core/__init__.py in it")
+        # this checkout's sequence_ai must import on it, or every client process dies at start
+        check = subprocess.run([sys.executable, "-c", "import sys; sys.path.insert(0, sys.argv[1]);"
+                                " import sequence_ai", str(Path(d).resolve())],
+                               capture_output=True, text=True, cwd=str(ROOT))
+        if check.returncode != 0:
+            last = (check.stderr.strip().splitlines() or ["?"])[-1]
+            ap.error(f"--baseline {d}: this checkout's sequence_ai does not import on that"
+                     f" sequence_ai_core ({last}); take a core from a commit whose API matches")
 
     from _servers import ECHO_POLICY, GatewayProcess
 
     print(f"one worker, one replica: echo policy, {opts.latency_ms:g} ms inference, {opts.chunk} rows"
           f" at {HZ:g} Hz ({opts.chunk / HZ * 1000:.0f} ms per chunk); {opts.procs} client processes;"
-          f" synchronized start; {opts.seconds:g} s of actions per robot; {os.cpu_count()} CPUs")
+          f" synchronized start; {opts.seconds:g} s of actions per robot; {os.cpu_count()} CPUs"
+          + (f"; gateway, worker and clients at nice {opts.nice}" if opts.nice is not None else ""))
     for label, core in cores:
         print(f"{label}: sequence_ai_core from {core or ROOT}")
     with tempfile.TemporaryDirectory() as tmp:
@@ -202,22 +305,28 @@ def main() -> int:
             assert d["status"] == "ready", d
             gw.connect_ready("echo")
             worker_pid = int(gw.status("echo")["pid"])
-            header = (f"{'N':>4} {'core':>6} {'underruns':>10} {'<2s':>4} {'robots':>7} {'underrun s':>11}"
-                      f" {'late':>5} {'requests':>9} {'p50 ms':>7} {'p99 ms':>7} {'worker CPU':>11}"
+            header = (f"{'N':>4} {'core':>7} {'underruns':>10} {'<2s':>4} {'robots':>7} {'underrun s':>11}"
+                      f" {'late':>5} {'requests':>9} {'p50 ms':>7} {'p99 ms':>7} {'lag p50':>8} {'lag p99':>8}"
+                      f" {'worker CPU':>11}"
                       f" {'client CPU':>11} {'load1':>6}")
             print(header)
-            for n in sizes:
-                for label, core in cores:
-                    r = run_fleet(gw, worker_pid, n, core, opts)
-                    print(f"{n:>4} {label:>6} {r['underruns']:>10d} {r['underruns_first_2s']:>4d}"
+            for i, n in enumerate(sizes):
+                # --alternate: every other N runs "now" first, so a load that rises or falls
+                # through the run does not always favour the same engine
+                for label, core in (cores[::-1] if opts.alternate and i % 2 else cores):
+                    r = run_fleet(gw, worker_pid, n, label, core, opts)
+                    print(f"{n:>4} {label:>7} {r['underruns']:>10d} {r['underruns_first_2s']:>4d}"
                           f" {r['robots_with_underruns']:>7d} {r['underrun_s']:>11.3f} {r['late_ticks']:>5d}"
                           f" {r['requests']:>9d} {r['p50_ms']:>7.1f} {r['p99_ms']:>7.1f}"
+                          f" {r['lag_p50_ms']:>8.2f} {r['lag_p99_ms']:>8.2f}"
                           f" {r['worker_cpu']:>11.2f} {r['clients_cpu']:>11.2f} {r['load1']:>6.2f}", flush=True)
                     for e in r["errors"][:3]:
                         print(f"     error: {e}")
             print("(underruns: sum over robots; <2s: of those, in the first 2 s after the synchronized"
                   " start; robots: how many had any; late: ticks more than a period late (the client"
-                  " process starved); worker / client CPU: CPU s per wall s, the clients summed)")
+                  " process starved); p50/p99 ms: /act round trips; lag p50/p99: ms a callback handed"
+                  " to a client event loop from outside waited to run (sampled every 5-15 ms"
+                  " while driving, all client processes); worker / client CPU: CPU s per wall s, the clients summed)")
         finally:
             gw.close()
     return 0
