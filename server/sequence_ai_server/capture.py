@@ -377,6 +377,12 @@ def check_export_target(out: Any, data_dir: Path, mode: str = "new") -> Path:
     DatasetExistsError, each naming the path and what to do."""
     if mode not in _EXPORT_MODES:
         raise CaptureError(f"mode must be new, append or overwrite, got {mode!r}")
+    try:
+        os.fsencode(str(out))
+        if "\x00" in str(out):
+            raise ValueError("NUL byte")
+    except ValueError:   # a NUL or a lone surrogate: no file system path (was a 500 from resolve())
+        raise CaptureError(f"out {str(out)!r} is not a usable path (NUL byte or invalid unicode)") from None
     raw = Path(str(out)).expanduser()
     if not raw.is_absolute():
         raise CaptureError(f"out must be an absolute path, got {str(out)!r}")
