@@ -848,7 +848,8 @@ class Gateway:
                 "defaults_json": old.get("defaults_json") if old else None,
                 "halted_at": old.get("halted_at") if old else None,   # a redeploy does not lift a stop
             })
-            self._spawn(name)
+            from .halted import spawn_unless_halted   # HOOK(stopped stays stopped): no worker while halted
+            spawn_unless_halted(self, name)
         return self.describe(self.require(name))
 
     def _record_version(self, name: str, version: int, path: Path, source: Path, class_name: Optional[str],
@@ -2435,6 +2436,8 @@ def create_app(data_dir: Optional[Path] = None) -> FastAPI:
         return RawResponse(body, media_type=CONTENT_TYPE_LATEST)
 
     install_error_handlers(app)
+    from .json_guard import JsonStringGuard   # HOOK(bad strings): NUL/lone surrogate in JSON -> 400, inside BodyLimit
+    app.add_middleware(JsonStringGuard, max_bytes=int(os.environ.get("SEQ_GATEWAY_MAX_BODY_BYTES") or MAX_BODY_BYTES))
     app.add_middleware(BodyLimit, max_bytes=int(os.environ.get("SEQ_GATEWAY_MAX_BODY_BYTES") or MAX_BODY_BYTES))
     # outermost: credentials before any body is read (scopes read off each route's dependencies)
     app.add_middleware(CredentialsFirst, gateway=gw, fastapi_app=app,
@@ -2468,6 +2471,8 @@ def serve(host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, data_dir: Optional
     import uvicorn
 
     data_dir = Path(data_dir or default_data_dir()).expanduser()
+    from .datadir_lock import hold_data_dir   # HOOK(one gateway per data dir): lock held until exit
+    dir_lock = hold_data_dir(data_dir)         # raises DataDirInUse naming the holder
     app = create_app(data_dir)
     # IPPROTO_TCP, not 0: asyncio sets TCP_NODELAY only on accepted sockets whose protocol is
     # IPPROTO_TCP; with 0 every response waits ~40 ms for the client's delayed ACK (Nagle).
@@ -2483,6 +2488,7 @@ def serve(host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, data_dir: Optional
             await asyncio.sleep(0.01)
         if server.started:
             url = f"http://{host}:{bound}"
+            dir_lock.note(port=bound)   # HOOK(one gateway per data dir): the refusal names this port
             app.state.gateway.url = url
             info = {"url": url, "port": bound, "pid": os.getpid(),
                     "api_key_file": str(app.state.gateway.api_key_file), "data_dir": str(app.state.gateway.data_dir)}

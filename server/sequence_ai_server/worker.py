@@ -307,6 +307,8 @@ def create_app(state: WorkerState, secret: str, *, max_body_bytes: int = DEFAULT
         return app.openapi_schema
 
     app.openapi = openapi
+    from .json_guard import JsonStringGuard   # NUL/lone surrogate in a JSON string -> 400 (inside the auth check)
+    app.add_middleware(JsonStringGuard)
     app.add_middleware(_AuthFirst, auth=direct_auth)
     app.add_middleware(_RequestIdMiddleware)
     install_error_handlers(app)
