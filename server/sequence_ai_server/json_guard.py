@@ -32,6 +32,11 @@ def _bad(s: str) -> Optional[str]:
     return None
 
 
+def _show(key: str) -> str:
+    """``key`` printable in a JSON path: a NUL as ``\\x00``, a lone surrogate as ``\\udXXX``."""
+    return scrub(key).replace("\x00", "\\x00")
+
+
 def scrub(value: Any) -> Any:
     """``value`` (nested dicts/lists/strings) with every unpaired surrogate written as a
     ``\\udXXX`` escape, so it encodes as UTF-8; other values are returned as they are."""
@@ -61,7 +66,7 @@ def first_bad_string(obj: Any, path: str = "$") -> Optional[tuple[str, str]]:
         elif isinstance(value, dict):
             items = []
             for k, v in value.items():
-                kp = f"{where}.{scrub(k)}"
+                kp = f"{where}.{_show(k)}"
                 what = _bad(k)
                 if what:
                     return kp, what + " in the key"
