@@ -29,6 +29,7 @@ from _servers import ECHO_POLICY, GatewayProcess, WorkerProcess, _env, echo_obse
 
 
 def test_second_gateway_on_one_data_dir_refuses_and_a_sigkilled_holder_frees_it(tmp_path):
+    (tmp_path / "a").mkdir()
     first = GatewayProcess.start(tmp_path / "a")       # a fresh data dir: no worker recorded
     try:
         second_tmp = tmp_path / "b"
