@@ -58,9 +58,9 @@ def hold_data_dir(data_dir: Path) -> DataDirLock:
         except ValueError:
             holder = {}
         os.close(fd)
-        who = f"pid {holder.get('pid', '?')}" + (f", port {holder['port']}" if holder.get("port") else "")
-        raise DataDirInUse(f"DataDirInUse: another gateway ({who}) is running on {data_dir} (it holds {path}); "
-                           "stop it first, or use another --data-dir") from None
+        port = f"port {holder['port']}, " if holder.get("port") else ""
+        raise DataDirInUse(f"DataDirInUse: another gateway (pid {holder.get('pid', '?')}) is running on {data_dir} "
+                           f"({port}holding {path}); stop it first, or use another --data-dir") from None
     lock = DataDirLock(fd, path)
     lock.note()
     return lock
