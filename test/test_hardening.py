@@ -286,10 +286,11 @@ def test_an_error_message_echoing_a_lone_surrogate_renders():
 # ---------------------------------------------------------------- export out, CLI long argument
 
 def test_export_out_with_tilde_is_refused(robot_gw):
-    r = robot_gw.client.post("/v1/deployments/echo/capture/export", json={"format": "jsonl", "out": "~/seq-export-x"})
+    name = f"seq-export-{os.getpid()}-{time.monotonic_ns()}"      # no earlier run's folder there
+    r = robot_gw.client.post("/v1/deployments/echo/capture/export", json={"format": "jsonl", "out": f"~/{name}"})
     assert r.status_code == 400 and r.json()["code"] == "invalid_request", r.text
     assert "absolute" in r.json()["detail"]
-    assert not (Path.home() / "seq-export-x").exists()
+    assert not (Path.home() / name).exists()
 
 
 def test_cli_path_argument_too_long_for_a_url_is_an_error_line(robot_gw):
