@@ -142,7 +142,8 @@ def test_policy_stop_is_an_emergency_stop_until_policy_start(module_gateway):
     assert d["status"] == "stopped" and d["pid"] is None and d["stopped_at"] > 0   # nothing restarted it
     r = _seq(gw, "policy", "status", name)
     assert f"connects are refused until `seq policy start {name}`" in r.stdout
-    assert gw.deploy(ECHO, name)["status"] == "ready"                 # a redeploy does not lift the stop
+    d = gw.deploy(ECHO, name, wait=False)                             # a redeploy does not lift the stop
+    assert d["status"] == "stopped" and d["pid"] is None, d           # and starts no worker while stopped
     with pytest.raises(sequence_ai.Unavailable, match="was stopped"):
         connect(gw, name)
     r = _seq(gw, "policy", "start", name)

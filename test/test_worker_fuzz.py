@@ -111,7 +111,11 @@ HUGE = [10 ** 400, -(10 ** 400), 2 ** 1024, 10 ** 309, int("9" * 4000), 2 ** 64,
 # ---------------------------------------------------------------- strategies
 
 numbers = st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.integers(), st.sampled_from(HUGE))
-leaves = st.one_of(st.none(), st.booleans(), numbers, st.text(max_size=12))
+# strings a server cannot store or echo: NUL, lone surrogates (as \u escapes or, with
+# ensure_ascii=False, as raw surrogatepass bytes); each must be a 400, never a 500
+bad_text = st.one_of(st.sampled_from(["\ud800", "a\x00b", "\udfff tail", "\x00"]),
+                     st.text(st.characters(categories=["Cs", "Cc"]), min_size=1, max_size=6))
+leaves = st.one_of(st.none(), st.booleans(), numbers, st.text(max_size=12), bad_text)
 json_any = st.recursive(leaves, lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=6), c, max_size=3),
                         max_leaves=8)
 views = st.one_of(st.sampled_from(["front", "wrist", "front", "wrist", "rear"]), st.text(max_size=8), json_any)
@@ -225,7 +229,7 @@ def mutants(body: Any, seed: int, count: int) -> list[tuple[bytes, Optional[str]
                 parent[key] = parent[key] * rng.choice([0, 2, 5])
             else:
                 parent[key] = [parent[key]]
-        raw = json.dumps(b, ensure_ascii=rng.random() < 0.5).encode()
+        raw = json.dumps(b, ensure_ascii=rng.random() < 0.5).encode("utf-8", "surrogatepass")
         how = rng.choice(MUTATIONS)
         raw = _mutate(raw, how, rng.randrange(2 ** 20), bytes(rng.randrange(256) for _ in range(rng.randrange(48))))
         out.append((raw, rng.choice(CONTENT_TYPES)))

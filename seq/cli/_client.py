@@ -105,6 +105,9 @@ class GatewayClient:
         """
         try:
             resp = self.client.request(method, path, **kw)
+        except httpx.InvalidURL as exc:   # e.g. an argument too long for a URL (httpx caps one at 65536 chars)
+            raise CliError("invalid_request", f"cannot send {method} {path[:60]}{'...' if len(path) > 60 else ''} "
+                           f"({len(path)} chars): {str(exc)[:200]}", hint="check the argument you gave") from None
         except httpx.TransportError as exc:
             raise CliError("unreachable", f"cannot reach the gateway at {self.url} ({type(exc).__name__})",
                            hint="start it with `seq serve`, or point --gateway / SEQUENCES_GATEWAY_URL at it") from None

@@ -72,6 +72,8 @@ def create_app(data_dir: Optional[Path] = None, config: Optional[ServerConfig] =
         return RawResponse(body, media_type=CONTENT_TYPE_LATEST)
 
     install_error_handlers(app)
+    from .json_guard import JsonStringGuard   # NUL/lone surrogate in a JSON string -> 400, inside BodyLimit
+    app.add_middleware(JsonStringGuard, max_bytes=gw.config.max_body_bytes or MAX_BODY_BYTES)
     app.add_middleware(BodyLimit, max_bytes=gw.config.max_body_bytes or MAX_BODY_BYTES)
     auth = auth_for(gw)
     # outermost: credentials before any body is read (scopes read off each route's dependencies)

@@ -299,12 +299,38 @@ def summary(directory: Path) -> dict:
             "dir": str(directory)}
 
 
+MAX_LABEL_NOTES = 4096   # characters of a label's notes (POST /v1/episodes/{id}/label)
+MAX_UNKEPT_LABELS = 10_000   # label files per deployment for episodes not kept ($SEQ_MAX_UNKEPT_LABELS)
+
+
+def _max_unkept_labels() -> int:
+    try:
+        return int(os.environ.get("SEQ_MAX_UNKEPT_LABELS") or MAX_UNKEPT_LABELS)
+    except ValueError:
+        return MAX_UNKEPT_LABELS
+
+
 def write_label(directory: Path, episode_id: str, success: bool, notes: str = "") -> bool:
     """Store an episode's label; returns True when the episode is kept (a label for one not
-    (yet) written is stored too: the writer may still be behind)."""
+    (yet) written is stored too: the writer may still be behind).
+
+    Raises CaptureError when ``notes`` is over MAX_LABEL_NOTES characters, or when the label is
+    new, its episode is not kept and the deployment already holds ``$SEQ_MAX_UNKEPT_LABELS``
+    (default MAX_UNKEPT_LABELS) labels of episodes not kept (retention prunes those after
+    ``retention_days``). Labels of kept episodes, and rewrites of a stored label, are not bounded."""
+    if len(notes) > MAX_LABEL_NOTES:
+        raise CaptureError(f"notes is {len(notes)} characters; a label's notes may hold at most {MAX_LABEL_NOTES}")
     key = episode_key(episode_id)
     d = Path(directory) / "labels"
     d.mkdir(parents=True, exist_ok=True)
+    episodes = Path(directory) / "episodes"
+    if not (episodes / f"{key}.jsonl").exists() and not (d / f"{key}.json").exists():
+        bound = _max_unkept_labels()
+        unkept = sum(1 for p in d.glob("*.json") if not (episodes / f"{p.stem}.jsonl").exists())
+        if unkept >= bound:
+            raise CaptureError(f"this deployment already holds {unkept} labels of episodes the server has not kept "
+                               f"(the bound is {bound}); label episodes that capture kept, or wait for retention "
+                               "to prune old labels")
     tmp = d / f".{key}.{os.getpid()}.{threading.get_ident()}.tmp"
     tmp.write_text(json.dumps({"episode_id": episode_id, "success": bool(success), "notes": notes, "t": time.time()}))
     os.replace(tmp, d / f"{key}.json")
@@ -377,9 +403,15 @@ def check_export_target(out: Any, data_dir: Path, mode: str = "new") -> Path:
     DatasetExistsError, each naming the path and what to do."""
     if mode not in _EXPORT_MODES:
         raise CaptureError(f"mode must be new, append or overwrite, got {mode!r}")
-    raw = Path(str(out)).expanduser()
+    try:
+        os.fsencode(str(out))
+        if "\x00" in str(out):
+            raise ValueError("NUL byte")
+    except ValueError:   # a NUL or a lone surrogate: no file system path (was a 500 from resolve())
+        raise CaptureError(f"out {str(out)!r} is not a usable path (NUL byte or invalid unicode)") from None
+    raw = Path(str(out))   # no ~ expansion: "~/x" is relative, and would land in the gateway user's home
     if not raw.is_absolute():
-        raise CaptureError(f"out must be an absolute path, got {str(out)!r}")
+        raise CaptureError(f"out must be an absolute path (no ~), got {str(out)!r}")
     resolved = raw.resolve()
     data = Path(data_dir).resolve()
     where = f"{raw}" + (f" (resolves to {resolved})" if resolved != raw else "")
@@ -624,7 +656,10 @@ def create_router(gw: Any, require_key: Any, account_key: Any):
         if not 0 < len(episode_id) <= 128:
             raise ApiError("invalid_request", "episode_id must be 1 to 128 characters")
         d = where(body.model)
-        kept = await asyncio.to_thread(write_label, d, episode_id, body.success, body.notes)
+        try:
+            kept = await asyncio.to_thread(write_label, d, episode_id, body.success, body.notes)
+        except CaptureError as exc:
+            raise ApiError("invalid_request", str(exc), details={"reason": "label_limit"}) from None
         return {"episode_id": episode_id, "model": body.model, "success": body.success, "kept": kept}
 
     return router

@@ -109,7 +109,8 @@ class DeploymentService:
                 defaults=dict(old.defaults) if old else {},
                 halted_at=old.halted_at if old else None,   # a redeploy does not lift a stop
             ))
-            self._spawn(name)
+            from .halted import spawn_unless_halted   # no worker while stopped (seq policy stop)
+            spawn_unless_halted(self, name)
         return self.describe(self.require(name))
 
     def _record_version(self, name: str, version: int, path: Path, source: Path, class_name: Optional[str],

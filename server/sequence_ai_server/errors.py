@@ -90,7 +90,8 @@ class ApiError(Exception):
             headers["X-Request-ID"] = self.request_id
         if self.retry_after_s is not None:
             headers["Retry-After"] = str(max(1, math.ceil(self.retry_after_s)))
-        return JSONResponse(self.body().model_dump(), status_code=self.status, headers=headers)
+        from .json_guard import scrub   # a message echoing a lone surrogate still renders (escaped)
+        return JSONResponse(scrub(self.body().model_dump()), status_code=self.status, headers=headers)
 
 
 def _request_id(request: Request) -> str:

@@ -265,6 +265,8 @@ def serve(host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, data_dir: Optional
     import uvicorn
 
     data_dir = Path(data_dir or default_data_dir()).expanduser()
+    from .datadir_lock import hold_data_dir   # one gateway per data dir: the lock is held until exit
+    dir_lock = hold_data_dir(data_dir)         # raises DataDirInUse naming the holder
     app = create_app(data_dir)
     # IPPROTO_TCP, not 0: asyncio sets TCP_NODELAY only on accepted sockets whose protocol is
     # IPPROTO_TCP; with 0 every response waits ~40 ms for the client's delayed ACK (Nagle).
@@ -280,6 +282,7 @@ def serve(host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, data_dir: Optional
             await asyncio.sleep(0.01)
         if server.started:
             url = f"http://{host}:{bound}"
+            dir_lock.note(port=bound)   # a second gateway's refusal names this port
             app.state.gateway.url = url
             info = {"url": url, "port": bound, "pid": os.getpid(),
                     "api_key_file": str(app.state.gateway.api_key_file), "data_dir": str(app.state.gateway.data_dir)}

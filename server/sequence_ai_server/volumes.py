@@ -40,6 +40,16 @@ _URI = re.compile(r"^vol://([A-Za-z][A-Za-z0-9_.-]{0,62})(?:@v(\d+))?/?$")
 MAX_FILES = 100_000
 MAX_NAME_BYTES = 255       # one path part (NAME_MAX of Linux file systems)
 MAX_PATH_BYTES = 2048      # a whole relative path (the volume root adds its own prefix under PATH_MAX)
+MAX_UPLOAD_BYTES = 2 ** 53  # a volume version's bytes, all files together ($SEQ_VOLUME_MAX_BYTES may lower it)
+
+
+def max_upload_bytes() -> int:
+    """The largest volume version in bytes: ``$SEQ_VOLUME_MAX_BYTES`` capped at MAX_UPLOAD_BYTES
+    (2**53: exact as a JSON number and an SQLite integer)."""
+    try:
+        return min(MAX_UPLOAD_BYTES, int(os.environ.get("SEQ_VOLUME_MAX_BYTES") or MAX_UPLOAD_BYTES))
+    except ValueError:
+        return MAX_UPLOAD_BYTES
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS volumes (
@@ -184,6 +194,10 @@ class VolumeStore:
                 raise VolumeError("invalid_request", f"{path} appears twice in the manifest")
             seen.add(path)
             manifest.append({"path": path, "size": size, "md5": md5})
+        total, bound = sum(x["size"] for x in manifest), max_upload_bytes()
+        if total > bound:
+            raise VolumeError("invalid_request", f"the manifest's files hold {total} bytes; a volume version may hold "
+                              f"at most {bound} bytes", hint="split the files over several volumes")
         folders = {str(parent) for path in seen for parent in PurePosixPath(path).parents}
         clash = sorted(seen & folders)
         if clash:

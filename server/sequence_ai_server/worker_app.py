@@ -140,6 +140,8 @@ def create_app(state: WorkerState, secret: str, *, max_body_bytes: int = MAX_BOD
     _add_act_routes(app, state, max_body_bytes)
     _add_control_routes(app, direct_auth)
     _install_openapi(app)
+    from .json_guard import JsonStringGuard   # NUL/lone surrogate in a JSON string -> 400 (inside the auth check)
+    app.add_middleware(JsonStringGuard)
     app.add_middleware(_AuthFirst, auth=direct_auth)
     app.add_middleware(_RequestIdMiddleware)
     install_error_handlers(app)
