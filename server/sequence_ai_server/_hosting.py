@@ -15,12 +15,10 @@ that replica's own thread, never on the caller's event loop.
 from __future__ import annotations
 
 import concurrent.futures
-import importlib.util
 import json
 import logging
 import os
 import queue
-import sys
 import threading
 import time
 import traceback
@@ -29,7 +27,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 import seq
-from seq.spec import EVAL_BATCH_DEADLINE_MS, ParamError, PolicySpec, cast_params, get_spec, is_policy, load_policy_class
+from seq.spec import EVAL_BATCH_DEADLINE_MS, ParamError, PolicySpec, cast_params, get_spec, load_policy_class
 
 from .chunk import finish_chunk, policy_error
 from .errors import ApiError
