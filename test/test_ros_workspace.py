@@ -4,7 +4,8 @@
 colcon is colcon-common-extensions from PyPI (the test extra); the ROS 2 underlay is the venv's
 Jazzy wheels. The one thing a real ROS install would not need is how CMake reaches those wheels
 (Python3_EXECUTABLE, scripts/cmake/wheel_fixups.cmake, BUILD_TESTING=OFF as in bootstrap.sh):
-that goes into the workspace's colcon defaults file (``$COLCON_HOME/defaults.yaml``), so the
+that goes into the workspace's colcon defaults file (``$COLCON_HOME/defaults.yaml``), written by
+the clone's own ``scripts/colcon_defaults.sh`` (what the README tells a venv user to run), so the
 command itself stays a bare ``colcon build``. The checkout's own install/ (bootstrap's
 sequence_ai_msgs and sequence_ai prefix) is taken off every path first, so whatever resolves
 afterwards comes from the workspace.
@@ -39,11 +40,12 @@ def workspace(tmp_path_factory):
     subprocess.run(f"tar --null -T - -cf - | tar -xf - -C '{src}'", shell=True, input=files, cwd=ROOT, check=True)
     home = ws / ".colcon"
     home.mkdir()
-    (home / "defaults.yaml").write_text(
-        "build:\n  cmake-args:\n"
-        f"    - -DPython3_EXECUTABLE={VENV / 'bin' / 'python'}\n"
-        "    - -DBUILD_TESTING=OFF\n"
-        f"    - -DCMAKE_PROJECT_INCLUDE={ROOT / 'scripts' / 'cmake' / 'wheel_fixups.cmake'}\n")
+    # the defaults file the README tells a venv user to generate, from the clone's own script
+    defaults = subprocess.run(["bash", str(src / "scripts" / "colcon_defaults.sh")], env=dict(os.environ, PYTHON=sys.executable),
+                              capture_output=True, text=True, check=True).stdout
+    assert f"-DCMAKE_PROJECT_INCLUDE={src}/scripts/cmake/wheel_fixups.cmake\n" in defaults, defaults
+    assert f"-DPython3_EXECUTABLE={sys.executable}\n" in defaults, defaults
+    (home / "defaults.yaml").write_text(defaults)
     env = dict(os.environ)
     for key in ("PYTHONPATH", "LD_LIBRARY_PATH"):
         env[key] = _without_checkout_install(env.get(key, ""))
