@@ -74,8 +74,11 @@ class Cell:
         assert self.check.wait_for_service(timeout_sec=120.0), "sim_robot did not come up"
         assert self.driver._wait_for_sensors(), "no sensor data from sim_robot"
         # the live path: an assembler configured like the driver, fed by the recorder's own callbacks
-        self.live = assembler_from_start(assembly_settings(self.driver, self.driver._p),
-                                         clock=time.monotonic, header_clock=time.time)
+        # the live path's clock is the tap callback's, which the suite's load can delay by more than
+        # the driver's 0.3 s sensor age: this comparison is about equal observations, not freshness
+        # (the exporter applies its own age rule on the bag's clock), so the live side allows 5 s
+        settings = dict(assembly_settings(self.driver, self.driver._p), max_sensor_age_s=5.0)
+        self.live = assembler_from_start(settings, clock=time.monotonic, header_clock=time.time)
         self.live_obs = {}    # command log time (ns) -> Observation built live at that instant
         self.seen = {}        # stream (view, "joints", "command") -> receipt times (ns) the recorder saw
         self.probing = False
