@@ -11,11 +11,11 @@ Decisions, in one place:
   the loop plays, which is the policy's declared ``control_frequency_hz``. Never a wall-clock
   latency multiplied by an assumed rate (a default 30 Hz turns 0.3 s at 10 Hz into 9 steps
   instead of 3).
-- The steps planned for are the MAXIMUM of the last ``WINDOW`` requests (like the refill plan,
-  ``_prefetch.py``): a policy told too short a delay plans rows that are already gone. The
+- The steps planned for are the MAXIMUM of the run's last ``WINDOW`` requests (like the refill
+  plan, ``_prefetch.py``): a policy told too short a delay plans rows that are already gone. The
   window is bounded, so a warm-up spike is forgotten after ``WINDOW`` further requests instead
   of staying the maximum forever; the connection's first request is cold (connect, load) and
-  never enters it.
+  never enters it (nor is it sent as the next request's delay). A run starts a fresh window.
 - Before any motion no action has been consumed: a start-up measurement is the turnaround in
   seconds times the declared control frequency, rounded up (``steps_for``).
 - The prefix is the rows the buffer will play from the observation on, as they will be played;
@@ -79,6 +79,11 @@ class DelayEstimate:
             self._cold = value
             return
         self._samples.append(value)
+
+    def new_run(self) -> None:
+        """Forget the window (a new run plans from its own delays); the cold request stays
+        recorded, so a later run's first request is a steady sample."""
+        self._samples.clear()
 
     @property
     def cold(self) -> Optional[int]:

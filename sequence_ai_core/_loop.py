@@ -199,6 +199,7 @@ class ControlLoop:
         self.fetch_info: Dict[str, Any] = {}
         self.requests = 0
         self.delay = policy._delay
+        self.delay.new_run()
         policy._generation += 1
         self.generation = policy._generation
         self.watch = CameraWatch(config.max_frame_age_s)
@@ -453,7 +454,7 @@ class ControlLoop:
         self.fetch_version = version
         self.fetch_k = self.k
         self.requests += 1
-        steps = self.delay.steps if self.delay.steps is not None else self.startup_steps
+        steps = self.delay.steps or 0
         entry = self.buffer.current
         space = entry.chunk.action_space if entry is not None else None
         delay = {"prefix": committed_prefix(self.buffer.upcoming(), steps, space, self.buffer.last_action),

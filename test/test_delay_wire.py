@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 import sequence_ai
+from sequence_ai_core import from_response
 from _core_support import ECHO, Recorder, connect, observation, unique
 from _servers import ROOT, WorkerProcess, echo_observation
 
@@ -77,7 +78,7 @@ def test_the_worker_refuses_a_delay_beyond_the_declared_maximum(delay_worker):
     r = delay_worker.act(act_body(prefix=[[0.0, 0.0, 0.0]] * 5, delay_steps=5))
     assert r.status_code == 400
     assert r.json()["details"] == {"reason": "delay_exceeded", "delay_steps": 5, "max_delay_steps": 4}
-    err = sequence_ai.from_response(r)
+    err = from_response(r)
     assert isinstance(err, sequence_ai.DelayUnsupported) and err.max_delay_steps == 4
 
 

@@ -13,7 +13,7 @@ test can tell chunks apart (column 0), rows apart (column 1), and read the delay
 Inference parameters:
     latency_s: float = 0.0    sleep this long in every infer (s)
     cold_s: float = 0.0       sleep this much more in the first infer only (s)
-    slow_after: int = 0       from the request after this many on, sleep slow_s more (0: never)
+    slow_after: int = 0       from the episode's request after this many on, sleep slow_s more (0: never)
     slow_s: float = 0.0
 """
 import time
@@ -32,14 +32,15 @@ class DelayPolicy(seq.Policy):
     @seq.load
     def load(self, weights_dir):
         self.counter = 0
-        self.seen = []
+        self.per_episode = {}
 
     @seq.infer
     def infer(self, obs: seq.Observation, *, latency_s: float = 0.0, cold_s: float = 0.0, slow_after: int = 0,
               slow_s: float = 0.0, prefix=None, delay_steps: int = 0) -> seq.ActionChunk:
         self.counter += 1
+        n = self.per_episode[obs.episode_id] = self.per_episode.get(obs.episode_id, 0) + 1
         pause = latency_s + (cold_s if self.counter == 1 else 0.0)
-        if slow_after and self.counter > slow_after:
+        if slow_after and n > slow_after:
             pause += slow_s
         if pause:
             time.sleep(pause)
