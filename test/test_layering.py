@@ -203,7 +203,7 @@ def test_every_package_is_scanned():
     assert set(RULES) == set(PACKAGES) | {"seq.cli"}
     files = {f for f, *_ in _all_imports()}
     assert "sequence_ai_ros/driver/node.py" in files   # imports sequence_ai lazily or not: it is seen
-    assert "server/sequence_ai_server/capture.py" in files
+    assert "server/sequence_ai_server/capture_export.py" in files   # imports sequence_ai_data
 
 
 def test_imports_follow_the_rules():
