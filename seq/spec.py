@@ -12,7 +12,8 @@ Everything here is a public name; code outside ``seq`` imports these and never `
   :func:`contract_problems`;
 * adapters: :class:`AdapterRuntime`, :func:`check_adapter`, :func:`get_adapter_spec`,
   :func:`load_adapter_file`;
-* ``seq init`` templates: :class:`Template`, :data:`TEMPLATES` (the gateway's catalogue lists them).
+* ``seq init`` templates: :class:`Template`, :data:`TEMPLATES` (the gateway's catalogue lists them);
+* built-in benchmarks: :data:`BUILTIN_BENCHMARKS` (``seq eval run`` names them; the gateway counts them).
 
 Importing this module imports no simulator, no server and no CLI framework.
 """
@@ -37,7 +38,7 @@ __all__ = [
     "ObservationContract", "ActionContract", "EVAL_BATCH_DEADLINE_MS",
     "BenchmarkSpec", "get_benchmark_spec", "is_benchmark", "contract_problems",
     "AdapterRuntime", "check_adapter", "get_adapter_spec", "load_adapter_file",
-    "Template", "TEMPLATES",
+    "Template", "TEMPLATES", "BUILTIN_BENCHMARKS",
 ]
 
 
@@ -111,3 +112,7 @@ TEMPLATES: dict = {t.name: t for t in (
     Template("toy-adapter", "a @seq.adapter (policy_io=\"own\") between the pick-place benchmark and toy-policy",
              _HERE / "templates" / "toy-adapter"),
 )}
+
+#: Benchmarks that ship with sequence-ai: name -> ``"module:Class"`` (imported only when an eval
+#: runs one; the module is ``sequence_ai_sim``'s, which this module never imports).
+BUILTIN_BENCHMARKS: dict = {"pick-place": "sequence_ai_sim.benchmarks.pick_place:PickPlaceBenchmark"}

@@ -224,8 +224,8 @@ class Gateway(DeploymentService, SessionService, TrafficRouting, WorkerSupervisi
         ``usage.benchmarks`` counts the benchmarks ``seq eval run`` can name here (the built-in
         ones), ``usage.evals_running`` the evals in this data dir still running; a key bound to
         one deployment sees that deployment only."""
-        from sequence_ai_eval.runner import BUILTIN_BENCHMARKS
-        from sequence_ai_eval.store import EvalStore
+        from sequence_ai_data.evals import EvalStore
+        from seq.spec import BUILTIN_BENCHMARKS
         rows = self.store.all()
         if key.deployment:
             rows = [r for r in rows if r.name == key.deployment]
