@@ -19,7 +19,6 @@ Importing this module imports no simulator, no server and no CLI framework.
 """
 from __future__ import annotations
 
-import importlib.util
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +27,7 @@ from typing import Optional
 from ._adapter import AdapterRuntime, check_adapter, get_adapter_spec, load_adapter_file
 from ._benchmark import BenchmarkSpec, contract_problems, get_benchmark_spec, is_benchmark
 from ._contracts import ActionContract, ObservationContract
+from ._files import import_file
 from ._params import InferParam, ParamError, cast_params
 from ._policy import PolicySpec, get_spec, is_policy
 from ._scaling import EVAL_BATCH_DEADLINE_MS
@@ -58,13 +58,7 @@ def load_policy_class(file: str, class_name: Optional[str] = None) -> type:
     directory = str(path.parent)
     if directory not in sys.path:
         sys.path.insert(0, directory)
-    module_name = path.stem
-    spec = importlib.util.spec_from_file_location(module_name, path)
-    if spec is None or spec.loader is None:
-        raise ImportError(f"cannot import {path}: not a Python module")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[module_name] = module
-    spec.loader.exec_module(module)
+    module = import_file(path, path.stem)
     if class_name:
         cls = getattr(module, class_name, None)
         if cls is None:
