@@ -231,19 +231,12 @@ def load_adapter_file(file: str, class_name: Optional[str] = None, module_name: 
     Raises FileNotFoundError, LookupError (no / several / undecorated class), or whatever the
     module raises on import (a DeclarationError for a malformed declaration).
     """
-    import importlib.util
-    import sys
+    from ._files import import_file
 
     path = Path(file).expanduser().resolve()
     if not path.is_file():
         raise FileNotFoundError(f"adapter file not found: {path}")
-    mod_name = module_name or f"_seq_adapter_{path.stem}_{abs(hash(str(path))) % 10**8}"
-    spec = importlib.util.spec_from_file_location(mod_name, path)
-    if spec is None or spec.loader is None:
-        raise ImportError(f"cannot import {path}: not a Python module")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[mod_name] = module
-    spec.loader.exec_module(module)
+    module = import_file(path, module_name or f"_seq_adapter_{path.stem}_{abs(hash(str(path))) % 10**8}")
     found = [v for v in vars(module).values() if is_adapter(v) and v.__module__ == module.__name__]
     if class_name:
         found = [c for c in found if c.__name__ == class_name]

@@ -41,7 +41,7 @@ def register_file(gw: Any, path: Path, class_name: Optional[str] = None) -> dict
 
     Returns the gateway's record (``version``, ``created``: False when this exact file was
     already a version). Raises FileNotFoundError, LookupError, the module's own import error
-    (a DeclarationError for a malformed declaration), or the gateway's CliError.
+    (a DeclarationError for a malformed declaration), or the gateway's GatewayError (seq.gateway_client).
     """
     cls = load_adapter_file(str(path), class_name)
     spec = get_adapter_spec(cls)
@@ -55,7 +55,7 @@ def resolve(gw: Any, ref: str) -> dict:
 
     ``NAME`` is the latest version, ``NAME@vN`` (or ``NAME@N``) that one; a ``FILE.py[:CLASS]``
     is registered first (the same file again is the version it already is). Raises the
-    gateway's CliError (not_found ...), FileNotFoundError, LookupError, DeclarationError.
+    gateway's GatewayError (not_found ...), FileNotFoundError, LookupError, DeclarationError.
     """
     parsed = parse_ref(ref)
     if parsed is not None and not ref.endswith(".py"):
@@ -74,11 +74,11 @@ def fetch_version(name: str, version: Optional[int] = None, *, gateway_url: Opti
                   api_key: Optional[str] = None) -> dict:
     """A registered version's record with its ``source``. Raises LookupError (unknown adapter
     or version) or RuntimeError (any other refusal, naming the gateway's code)."""
-    from .cli._client import CliError, GatewayClient
+    from .gateway_client import GatewayClient, GatewayError
     try:
         gw = GatewayClient(gateway_url, api_key, None)
         return gw.call("GET", f"/v1/adapters/{name}/versions/{version if version is not None else 'latest'}")
-    except CliError as exc:
+    except GatewayError as exc:
         if exc.code == "not_found":
             raise LookupError(exc.detail) from None
         raise RuntimeError(f"{exc.code}: {exc.detail}") from None

@@ -12,13 +12,13 @@ Everything here is a public name; code outside ``seq`` imports these and never `
   :func:`contract_problems`;
 * adapters: :class:`AdapterRuntime`, :func:`check_adapter`, :func:`get_adapter_spec`,
   :func:`load_adapter_file`;
-* ``seq init`` templates: :class:`Template`, :data:`TEMPLATES` (the gateway's catalogue lists them).
+* ``seq init`` templates: :class:`Template`, :data:`TEMPLATES` (the gateway's catalogue lists them);
+* built-in benchmarks: :data:`BUILTIN_BENCHMARKS` (``seq eval run`` names them; the gateway counts them).
 
 Importing this module imports no simulator, no server and no CLI framework.
 """
 from __future__ import annotations
 
-import importlib.util
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +27,7 @@ from typing import Optional
 from ._adapter import AdapterRuntime, check_adapter, get_adapter_spec, load_adapter_file
 from ._benchmark import BenchmarkSpec, contract_problems, get_benchmark_spec, is_benchmark
 from ._contracts import ActionContract, ObservationContract
+from ._files import import_file
 from ._params import InferParam, ParamError, cast_params
 from ._policy import PolicySpec, get_spec, is_policy
 from ._scaling import EVAL_BATCH_DEADLINE_MS
@@ -37,7 +38,7 @@ __all__ = [
     "ObservationContract", "ActionContract", "EVAL_BATCH_DEADLINE_MS",
     "BenchmarkSpec", "get_benchmark_spec", "is_benchmark", "contract_problems",
     "AdapterRuntime", "check_adapter", "get_adapter_spec", "load_adapter_file",
-    "Template", "TEMPLATES",
+    "Template", "TEMPLATES", "BUILTIN_BENCHMARKS",
 ]
 
 
@@ -57,13 +58,7 @@ def load_policy_class(file: str, class_name: Optional[str] = None) -> type:
     directory = str(path.parent)
     if directory not in sys.path:
         sys.path.insert(0, directory)
-    module_name = path.stem
-    spec = importlib.util.spec_from_file_location(module_name, path)
-    if spec is None or spec.loader is None:
-        raise ImportError(f"cannot import {path}: not a Python module")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[module_name] = module
-    spec.loader.exec_module(module)
+    module = import_file(path, path.stem)
     if class_name:
         cls = getattr(module, class_name, None)
         if cls is None:
@@ -111,3 +106,7 @@ TEMPLATES: dict = {t.name: t for t in (
     Template("toy-adapter", "a @seq.adapter (policy_io=\"own\") between the pick-place benchmark and toy-policy",
              _HERE / "templates" / "toy-adapter"),
 )}
+
+#: Benchmarks that ship with sequence-ai: name -> ``"module:Class"`` (imported only when an eval
+#: runs one; the module is ``sequence_ai_sim``'s, which this module never imports).
+BUILTIN_BENCHMARKS: dict = {"pick-place": "sequence_ai_sim.benchmarks.pick_place:PickPlaceBenchmark"}

@@ -6,6 +6,8 @@
   ``write_export`` (``sequence-ai bag export``: checked target, signed, swapped into place)
 * ``kept`` -- episodes a worker kept (capture) -> ``EpisodeFrames`` (the gateway's export)
 * ``marker`` -- export markers: how an exporting tool recognizes a folder it wrote
+* ``evals`` -- the eval records under ``<data_dir>/evals`` (``EvalStore``: written by the eval
+  runner, read by ``seq eval`` and the gateway's account usage)
 
 Robot bags become ``EpisodeFrames`` in ``sequence_ai_ros.bag.frames`` (that needs ROS messages).
 Needs the ``data`` extra (numpy, pyarrow, av, simplejpeg, Pillow), imported only when used.

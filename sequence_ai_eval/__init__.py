@@ -1,6 +1,7 @@
 """Evaluation: score deployed policies on simulated benchmarks (``seq eval ...``).
 
-``runner`` plans and runs an eval (env processes driving the sim through the normal client),
-``store`` keeps each eval's record, episodes and videos under ``<data_dir>/evals``. The
+``runner`` plans and runs an eval (env processes driving the sim through the normal client);
+each eval's record, episodes and videos are kept under ``<data_dir>/evals`` by
+``sequence_ai_data.evals`` (the gateway counts running evals from there). The
 built-in benchmarks live in ``sequence_ai_sim.benchmarks`` and are imported only when used.
 """

@@ -36,15 +36,13 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from seq.spec import (AdapterRuntime, BenchmarkSpec, InferParam, ParamError, check_adapter, contract_problems,
-                      get_adapter_spec, get_benchmark_spec, is_benchmark, load_adapter_file)
+                      BUILTIN_BENCHMARKS, get_adapter_spec, get_benchmark_spec, is_benchmark, load_adapter_file)
 
-from .store import EvalStore
+from sequence_ai_data.evals import EvalStore
 
 __all__ = ["BUILTIN_BENCHMARKS", "EvalError", "Arm", "EvalPlan", "Gate", "load_benchmark", "plan_eval",
            "run_eval", "summarize", "parse_gate", "check_gates", "EVAL_PARAMS"]
 
-#: Benchmarks that ship with sequence-ai: name -> "module:Class".
-BUILTIN_BENCHMARKS = {"pick-place": "sequence_ai_sim.benchmarks.pick_place:PickPlaceBenchmark"}
 
 #: The eval's own parameters (``--param eval.<name>=v``).
 EVAL_PARAMS = [

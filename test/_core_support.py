@@ -1,8 +1,11 @@
 """Shared helpers for the client tests (test_core_*.py): observations for the echo policy, a
-recorder for what act() received, and a tiny thread timer. No mocks: every test that talks to a
+recorder for what act() received, a tiny thread timer, and ``InProcessWire``, the base of the
+in-process stand-ins for ``_wire.Wire`` that tests of timing and of generated runs use (where a
+real server's round trip would blur the point on a loaded machine). Every test that talks to a
 server talks to the real gateway and worker on loopback (the ``gateway`` fixture)."""
 from __future__ import annotations
 
+import asyncio
 import os
 import threading
 import time
@@ -11,6 +14,8 @@ from pathlib import Path
 import numpy as np
 
 import sequence_ai
+from sequence_ai_core import Prediction
+from sequence_ai_core._wire import Session
 
 ECHO = str(Path(__file__).resolve().parent / "policies" / "echo_policy.py")
 _FRAME = None
@@ -80,3 +85,45 @@ def connect(gateway, model: str, **kwargs) -> sequence_ai.Policy:
 
 def unique(name: str) -> str:
     return f"{name}-{os.getpid()}-{int(time.time() * 1000) % 100000}"
+
+
+class InProcessWire:
+    """An in-process stand-in for ``sequence_ai_core._wire.Wire``: ``act`` answers request ``i``
+    (0 = the connection's first) with ``answer(i)``'s chunk after its delay (s), as the worker
+    would. Records ``calls``, the monotonic time each request ``started``, the requests
+    ``in_flight`` and their maximum, and the episode ``ended`` last. Subclasses define ``answer``."""
+
+    def __init__(self, contract=None) -> None:
+        self.calls = 0
+        self.started: list = []
+        self.in_flight = 0
+        self.max_in_flight = 0
+        self.ended = None
+        self.session = Session(session_id="s", worker_url="http://in-process", direct_secret="x",
+                               contract=contract if contract is not None else {"action": {"action_space": "joint_absolute"}})
+
+    def answer(self, i: int):
+        """``(delay_s, ActionChunk)`` for request ``i``."""
+        raise NotImplementedError
+
+    async def act(self, observation, *, params=None, episode_id=None, delay=None):
+        i = self.calls
+        self.calls += 1
+        self.started.append(time.monotonic())
+        self.in_flight += 1
+        self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        delay_s, chunk = self.answer(i)
+        try:
+            await asyncio.sleep(delay_s)
+        finally:
+            self.in_flight -= 1
+        return Prediction(action_chunk=chunk, latency_s=0.0)
+
+    def end_episode_soon(self, episode_id):
+        self.ended = episode_id
+
+    async def settle(self, wait_s):
+        pass
+
+    async def aclose(self):
+        pass

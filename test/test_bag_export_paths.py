@@ -13,20 +13,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+from _export_support import MARKER
+from _export_support import tree as _tree
 from test_capture_units import _episode_bag
-
-MARKER = ".sequence-ai-export.json"
-
-
-def _tree(root: Path) -> dict:
-    """{relative path: bytes} of every file under ``root`` (links as their target text)."""
-    out = {}
-    for p in sorted(Path(root).rglob("*")):
-        if p.is_symlink():
-            out[str(p.relative_to(root))] = ("link", os.readlink(p))
-        elif p.is_file():
-            out[str(p.relative_to(root))] = p.read_bytes()
-    return out
 
 
 class Cli:

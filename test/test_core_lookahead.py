@@ -15,48 +15,27 @@ import asyncio
 
 import pytest
 
-from sequence_ai_core import ActionChunk, AsyncPolicy, Prediction
-from sequence_ai_core._wire import Session
+from _core_support import InProcessWire
+from sequence_ai_core import ActionChunk, AsyncPolicy
 
 HZ = 15.0          # Hz: the pick-place control frequency
 ROWS = 8           # rows per chunk: 533 ms of motion at 15 Hz
 LATENCY_S = 0.30   # s: every request's turnaround, unless scripted otherwise
 
 
-class LatencyWire:
+class LatencyWire(InProcessWire):
     """Answers /act after ``delays.get(i, LATENCY_S)`` seconds for request ``i`` (0 = the
     connection's first) with an 8-row absolute chunk at 15 Hz whose rows are ``[i, row]``, so
     what act() received says which chunk and which row it came from. Counts requests in flight."""
 
     def __init__(self, delays=None) -> None:
+        super().__init__()
         self.delays = dict(delays or {})
-        self.calls = 0
-        self.in_flight = 0
-        self.max_in_flight = 0
-        self.session = Session(session_id="s", worker_url="http://in-process", direct_secret="x",
-                               contract={"action": {"action_space": "joint_absolute"}})
 
-    async def act(self, observation, *, params=None, episode_id=None, delay=None):
-        i = self.calls
-        self.calls += 1
-        self.in_flight += 1
-        self.max_in_flight = max(self.max_in_flight, self.in_flight)
-        try:
-            await asyncio.sleep(self.delays.get(i, LATENCY_S))
-        finally:
-            self.in_flight -= 1
+    def answer(self, i):
         chunk = ActionChunk(actions=[[float(i), float(r)] for r in range(ROWS)],
                             action_space="joint_absolute", robot="r", control_frequency_hz=HZ)
-        return Prediction(action_chunk=chunk, latency_s=0.0)
-
-    def end_episode_soon(self, episode_id):
-        pass
-
-    async def settle(self, wait_s):
-        pass
-
-    async def aclose(self):
-        pass
+        return self.delays.get(i, LATENCY_S), chunk
 
 
 def drive(lookahead: int, max_actions: int, delays=None):

@@ -21,39 +21,24 @@ import math
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sequence_ai_core import ActionChunk, AsyncPolicy, Prediction
-from sequence_ai_core._wire import Session
+from _core_support import InProcessWire
+from sequence_ai_core import ActionChunk, AsyncPolicy
 
 HZ = 500.0  # fast ticks keep each generated run to a few milliseconds
 DIM = 3
 
 
-class ScriptedWire:
+class ScriptedWire(InProcessWire):
     """Answers /act with the next generated chunk after its generated delay (s)."""
 
     def __init__(self, chunks, delays, contract):
+        super().__init__(contract)
         self.chunks = list(chunks)
         self.delays = list(delays)
-        self.calls = 0
-        self.session = Session(session_id="s", worker_url="http://in-process", direct_secret="x",
-                               contract=contract)
         self.reconnects = 0
 
-    async def act(self, observation, *, params=None, episode_id=None, delay=None):
-        i = self.calls
-        self.calls += 1
-        await asyncio.sleep(self.delays[i % len(self.delays)])
-        chunk = self.chunks[i % len(self.chunks)]
-        return Prediction(action_chunk=chunk, latency_s=0.0)
-
-    def end_episode_soon(self, episode_id):
-        self.ended = episode_id
-
-    async def settle(self, wait_s):
-        pass
-
-    async def aclose(self):
-        pass
+    def answer(self, i):
+        return self.delays[i % len(self.delays)], self.chunks[i % len(self.chunks)]
 
 
 def make_policy(chunks, delays, contract):

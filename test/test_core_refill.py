@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from _core_support import InProcessWire
 from sequence_ai_core._prefetch import WINDOW, LatencyEstimate
 
 PERIOD = 1 / 15  # s: the pick-place control period
@@ -75,37 +76,20 @@ def test_a_negative_turnaround_counts_as_zero_and_a_window_must_hold_a_request()
 
 # ------------------------------------------------------------------ the loop wakes for it
 
-class _TimedWire:
+class _TimedWire(InProcessWire):
     """Answers /act with a 4-row chunk at 2 Hz after ``delay_s``, recording when each request
     started. An in-process stand-in for ``_wire.Wire`` (as in test_core_properties.py): the
     point is the moment the loop starts a request, which a real server's round trip would blur
     on a loaded machine; test_core_loop.py runs prefetch against the real worker."""
 
     def __init__(self, delay_s: float) -> None:
-        from sequence_ai_core._wire import Session
+        super().__init__()
         self.delay_s = delay_s
-        self.started: list = []
-        self.session = Session(session_id="s", worker_url="http://in-process", direct_secret="x",
-                               contract={"action": {"action_space": "joint_absolute"}})
 
-    async def act(self, observation, *, params=None, episode_id=None, delay=None):
-        import asyncio
-        import time
-        from sequence_ai_core import ActionChunk, Prediction
-        self.started.append(time.monotonic())
-        await asyncio.sleep(self.delay_s)
-        chunk = ActionChunk(actions=[[0.0]] * 4, action_space="joint_absolute", robot="r",
-                            control_frequency_hz=2.0)
-        return Prediction(action_chunk=chunk, latency_s=0.0)
-
-    def end_episode_soon(self, episode_id):
-        pass
-
-    async def settle(self, wait_s):
-        pass
-
-    async def aclose(self):
-        pass
+    def answer(self, i):
+        from sequence_ai_core import ActionChunk
+        return self.delay_s, ActionChunk(actions=[[0.0]] * 4, action_space="joint_absolute", robot="r",
+                                         control_frequency_hz=2.0)
 
 
 def test_the_loop_starts_the_request_at_max_plus_a_period_not_at_the_next_deadline():

@@ -9,7 +9,6 @@ earlier one as it was.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import time
 from pathlib import Path
@@ -17,20 +16,9 @@ from pathlib import Path
 import httpx
 import pytest
 
+from _export_support import MARKER
+from _export_support import tree as _tree
 from _servers import ECHO_POLICY, GatewayProcess, echo_observation
-
-MARKER = ".sequence-ai-export.json"
-
-
-def _tree(root: Path) -> dict:
-    """{relative path: bytes} of every file under ``root`` (links as their target text)."""
-    out = {}
-    for p in sorted(Path(root).rglob("*")):
-        if p.is_symlink():
-            out[str(p.relative_to(root))] = ("link", os.readlink(p))
-        elif p.is_file():
-            out[str(p.relative_to(root))] = p.read_bytes()
-    return out
 
 
 def _names(root: Path) -> set:

@@ -137,7 +137,8 @@ def test_credentials_are_checked_before_the_body_is_read(gw, method, path):
 
 def test_the_scopes_the_code_enforces_are_the_documented_ones(tmp_path):
     """Scopes read off each route's own dependencies (what CredentialsFirst enforces) = the table."""
-    from sequence_ai_server.gateway import create_app, route_scopes
+    from sequence_ai_server.gateway import create_app
+    from sequence_ai_server.middleware import route_scopes
 
     app = create_app(tmp_path / "home")
     try:

@@ -40,3 +40,29 @@ def test_cards_per_node_is_checked_only_for_the_ray_backend():
     assert ServerConfig.from_env(environ={"SEQ_RAY_GPUS_PER_NODE": "0"}).ray_gpus_per_node == 8
     with pytest.raises(ValueError, match="SEQ_RAY_GPUS_PER_NODE='0' is not a card count"):
         ServerConfig.from_env(environ={"SEQ_BACKEND": "ray", "SEQ_RAY_GPUS_PER_NODE": "0"})
+
+
+def test_a_worker_without_weights_dir_keeps_its_weights_under_the_configured_data_dir(tmp_path):
+    """The worker's default weights directory is ``<data_dir>/weights/<name>`` with the data dir
+    ServerConfig reads ($SEQUENCES_HOME here), not a fixed ``~/.sequence-ai``."""
+    import secrets
+    import subprocess
+    import sys
+
+    from _servers import ECHO_POLICY, _env, _stop, _wait_file
+
+    home, fake_user_home = tmp_path / "seq-home", tmp_path / "user"
+    fake_user_home.mkdir()
+    ready, log_path = tmp_path / "w.ready.json", tmp_path / "w.log"
+    cmd = [sys.executable, "-m", "sequence_ai_server.worker", "--file", ECHO_POLICY, "--port", "0",
+           "--ready-file", str(ready), "--name", "cfg-echo"]
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=_env({
+            "SEQ_WORKER_SECRET": secrets.token_urlsafe(16), "SEQUENCES_HOME": str(home),
+            "HOME": str(fake_user_home)}))
+    try:
+        _wait_file(ready, proc, 60.0, log_path)
+        assert (home / "weights" / "cfg-echo").is_dir(), log_path.read_text()[-2000:]
+        assert not (fake_user_home / ".sequence-ai").exists()
+    finally:
+        _stop(proc)

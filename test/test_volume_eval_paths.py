@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from sequence_ai_eval.runner import EvalError, _write_gif, video_path
-from sequence_ai_eval.store import EvalNotFound, EvalStore
+from sequence_ai_data.evals import EvalNotFound, EvalStore
 
 
 def _manifest(files: dict) -> list:

@@ -50,7 +50,7 @@ def _say(text: str = "") -> None:
 
 
 def _store(data_dir: Optional[Path]):
-    from sequence_ai_eval.store import EvalStore
+    from sequence_ai_data.evals import EvalStore
     return EvalStore(data_dir_of(data_dir))
 
 
@@ -308,7 +308,7 @@ def eval_run(policy: str = typer.Argument(..., help="the deployed policy (deploy
 
 
 def _load(store, eval_id: str) -> dict:
-    from sequence_ai_eval.store import EvalNotFound
+    from sequence_ai_data.evals import EvalNotFound
     try:
         record = store.load(eval_id)
     except EvalNotFound:

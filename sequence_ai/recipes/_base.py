@@ -1,9 +1,10 @@
-"""What every recipe shares: find a model's live catalogue entry and compare it with ``EXPECT``."""
+"""What every recipe shares: find a model's live catalogue entry, compare it with ``EXPECT``, and
+the worked loop of the action-row recipes (``chunk_loop``)."""
 from __future__ import annotations
 
-from typing import Any, List, Mapping, Optional
+from typing import Any, Callable, List, Mapping, Optional
 
-__all__ = ["find_entry", "check_entry"]
+__all__ = ["find_entry", "check_entry", "chunk_loop"]
 
 
 def find_entry(model: Any, template: str, gateway_url: Optional[str] = None) -> Any:
@@ -48,3 +49,24 @@ def check_entry(entry: Any, expect: Optional[Mapping[str, Any]], template: str) 
         problems.append(f"state layout: the catalogue says {dict(obs.get('proprio') or {})}, the recipe was "
                         f"written for {dict(want_obs.get('proprio') or {})}")
     return problems
+
+
+def chunk_loop(policy: Any, model: Any, *, observe: Callable[[], Any], step: Callable[[list], Any],
+               instruction: str, chunks: int = 10) -> int:
+    """The worked loop of a recipe whose rows go to the controller as they are: set the
+    instruction, then ``chunks`` times observe, predict, and ``step(prepare(chunk, model, i))``
+    for the chunk's ``open_loop_horizon`` rows (all rows when it has none).
+
+    ``observe()`` returns an Observation (``sequence_ai.observation(model, ...)``); ``step(row)``
+    commands one row and waits one control period. Returns the rows stepped. Raises what
+    ``policy.predict`` and ``prepare`` raise."""
+    from .. import prepare
+
+    policy.set_instruction(instruction)
+    n = 0
+    for _ in range(chunks):
+        chunk = policy.predict(observe()).action_chunk
+        for i in range(chunk.open_loop_horizon or len(chunk.actions)):
+            step(prepare(chunk, model, i))
+            n += 1
+    return n

@@ -19,9 +19,9 @@ displacements from the pose the chunk was requested at, so every row offsets the
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
-from ._base import check_entry, find_entry
+from ._base import check_entry, chunk_loop, find_entry
 
 TEMPLATE = "pi05-droid"
 EXPECT = {
@@ -34,20 +34,9 @@ CONVERSION = "offset_from_q_ref"
 CONVERSION_NOTE = "every row offsets the q_ref read before the chunk was requested"
 
 
-def loop(policy: Any, model: Any, *, observe: Callable[[], Any], step: Callable[[list], Any],
-         instruction: str, chunks: int = 10) -> int:
-    """The worked loop for a joint-velocity controller: ``step(prepare(chunk, model, i))`` for
-    the chunk's ``open_loop_horizon`` rows, then ask again. Returns the rows stepped."""
-    from .. import prepare
-
-    policy.set_instruction(instruction)
-    n = 0
-    for _ in range(chunks):
-        chunk = policy.predict(observe()).action_chunk
-        for i in range(chunk.open_loop_horizon or len(chunk.actions)):
-            step(prepare(chunk, model, i))
-            n += 1
-    return n
+#: The worked loop for a joint-velocity controller (``_base.chunk_loop``): ``step(prepare(chunk,
+#: model, i))`` for the chunk's ``open_loop_horizon`` rows, then ask again; returns the rows stepped.
+loop = chunk_loop
 
 
 def check(model: Any = None, *, gateway_url: Optional[str] = None) -> list:

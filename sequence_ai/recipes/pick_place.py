@@ -14,9 +14,9 @@ gripper (0 open .. 1 closed) at 15 Hz. Send them raw; there is nothing to conver
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
-from ._base import check_entry, find_entry
+from ._base import check_entry, chunk_loop, find_entry
 
 TEMPLATE = "pick-place"
 EXPECT = {
@@ -29,21 +29,9 @@ CONVERSION = None
 CONVERSION_NOTE = "its rows are already joint-position targets (joint_absolute): send them as they are"
 
 
-def loop(policy: Any, model: Any, *, observe: Callable[[], Any], step: Callable[[list], Any],
-         instruction: str, chunks: int = 10) -> int:
-    """The worked loop: observe, predict, play ``open_loop_horizon`` rows through ``prepare``.
-    ``observe()`` returns an Observation (``sequence_ai.observation(model, ...)``); ``step(row)``
-    commands one row and waits one control period. Returns the rows stepped."""
-    from .. import prepare
-
-    policy.set_instruction(instruction)
-    n = 0
-    for _ in range(chunks):
-        chunk = policy.predict(observe()).action_chunk
-        for i in range(chunk.open_loop_horizon or len(chunk.actions)):
-            step(prepare(chunk, model, i))
-            n += 1
-    return n
+#: The worked loop (``_base.chunk_loop``): observe, predict, play ``open_loop_horizon`` rows through
+#: ``prepare`` (raw joint targets); returns the rows stepped.
+loop = chunk_loop
 
 
 def check(model: Any = None, *, gateway_url: Optional[str] = None) -> list:

@@ -305,10 +305,6 @@ class Params:
         """``p[name]`` or ``default`` when there is no such parameter."""
         return self._values.get(name, default)
 
-    def as_dict(self) -> Dict[str, Any]:
-        """A copy of every value (``{name: value}``)."""
-        return dict(self._values)
-
     def replace(self, cross_check: bool = True, **changes: Any) -> "Params":
         """A new Params with ``changes`` applied (each checked with :func:`check`) and, unless
         ``cross_check`` is False, the cross-field rules re-checked (:func:`check_all`; configure

@@ -6,7 +6,7 @@ adapter.py`` reads the declaration locally and sends the file's text with it; th
 the text, when). The same text again is the version it already is; a changed one is the next
 version. The gateway never imports the file (the eval's env processes do).
 
-Routes (account key; an adapter belongs to the account, not to one deployment):
+Routes (``routes/adapters.py``; account key: an adapter belongs to the account, not to one deployment):
 
 - ``POST /v1/adapters`` ``{"name", "class_name", "filename", "source", "spec"}`` ->
   ``{"name", "version", "created": bool, "sha256", "class_name", "filename", "spec", "lossy", "created_at"}``
@@ -17,7 +17,6 @@ Routes (account key; an adapter belongs to the account, not to one deployment):
 """
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import json
 import os
@@ -25,14 +24,13 @@ import re
 import threading
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Optional
 
-from fastapi import APIRouter, Depends, Request
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 
 from .errors import ApiError
 
-__all__ = ["AdapterStore", "create_router", "MAX_SOURCE_BYTES"]
+__all__ = ["AdapterStore", "AdapterRegister", "MAX_SOURCE_BYTES"]
 
 MAX_SOURCE_BYTES = 1024 * 1024
 _NAME = re.compile(r"^[a-z][a-z0-9-]{0,62}$")
@@ -139,43 +137,3 @@ class AdapterStore:
             rec = found[0]
         path = self.root / name / f"v{rec['version']}" / rec["filename"]
         return {**rec, "path": str(path), "source": path.read_text(encoding="utf-8")}
-
-
-def create_router(gw: Any, require_key: Any, account_key: Any) -> APIRouter:
-    """The ``/v1/adapters`` routes over ``<gw.data_dir>/adapters`` (all need an account key)."""
-    store = AdapterStore(Path(gw.data_dir) / "adapters")
-    router = APIRouter(prefix="/v1/adapters", tags=["adapters"], dependencies=[Depends(account_key)])
-
-    @router.post("")
-    async def register_adapter(request: Request) -> dict:
-        # the key is checked (the router's dependency) before the body is read
-        try:
-            body = AdapterRegister.model_validate_json(await request.body())
-        except ValidationError as exc:
-            first = exc.errors()[0] if exc.errors() else {}
-            where = ".".join(str(x) for x in first.get("loc", ()))
-            raise ApiError("invalid_request", f"bad adapter registration: {where or 'body'}: {first.get('msg', exc)}",
-                           hint='send {"name", "class_name", "filename", "source", "spec"} (seq deploy adapter.py does)') from None
-        return await asyncio.to_thread(store.register, body)
-
-    @router.get("")
-    async def list_adapters() -> dict:
-        return {"adapters": await asyncio.to_thread(store.list)}
-
-    @router.get("/{name}")
-    async def adapter_versions(name: str) -> dict:
-        return {"name": name, "versions": await asyncio.to_thread(store.versions, name)}
-
-    @router.get("/{name}/versions/{version}")
-    async def adapter_version(name: str, version: str) -> dict:
-        if version == "latest":
-            v = None
-        else:
-            try:
-                v = int(version.lstrip("v"))
-            except ValueError:
-                raise ApiError("invalid_request", f"{version!r} is not a version",
-                               hint="give a number (2 or v2) or latest") from None
-        return await asyncio.to_thread(store.get, name, v)
-
-    return router

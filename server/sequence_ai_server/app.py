@@ -18,7 +18,7 @@ from .errors import install_error_handlers
 from .health import health_loop
 from .metrics import CONTENT_TYPE_LATEST, GatewayMetrics
 from .middleware import BodyLimit, CredentialsFirst, install_request_log
-from .routes import account, act_proxy, auth_for, deployments, keys, models, secrets, sessions, volumes
+from .routes import account, act_proxy, adapters, auth_for, capture, deployments, keys, models, secrets, sessions, volumes
 
 __all__ = ["create_app"]
 
@@ -56,8 +56,6 @@ def _lifespan(gw: Any, proxy: httpx.AsyncClient) -> Any:
 def create_app(data_dir: Optional[Path] = None, config: Optional[ServerConfig] = None) -> FastAPI:
     """The gateway's app over a new Gateway (``config``: default ``ServerConfig.from_env(data_dir)``;
     ``data_dir`` overrides its data dir). Raises DataDirInUse as Gateway does."""
-    from .capture import create_router as capture_router     # capture, labels, export
-    from .adapters import create_router as adapter_router    # registered @seq.adapter files
     from .gateway import MAX_BODY_BYTES, Gateway
     gw = Gateway(data_dir, config)
     proxy = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=5.0))
@@ -81,8 +79,8 @@ def create_app(data_dir: Optional[Path] = None, config: Optional[ServerConfig] =
     for r in (models.router(gw, auth), deployments.router(gw, auth), *sessions.router(gw, auth),
               keys.router(gw, auth), account.router(gw, auth), volumes.router(gw, auth),
               *secrets.router(gw, auth), act_proxy.router(gw, auth, proxy),
-              capture_router(gw, auth.require_key, auth.account_key),
-              adapter_router(gw, auth.require_key, auth.account_key)):
+              capture.router(gw, auth),
+              adapters.router(gw, auth)):
         app.include_router(r)
 
     @app.get("/healthz", include_in_schema=False)

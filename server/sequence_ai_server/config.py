@@ -1,7 +1,9 @@
 """The gateway's settings, read once: every ``SEQ_*`` (and ``SEQUENCES_HOME``) variable the
 gateway and its worker launchers obey, parsed into one frozen :class:`ServerConfig` when the
 gateway starts. Nothing else in the gateway reads ``os.environ`` for a setting; the launchers
-still hand the environment on to the worker processes they start.
+still hand the environment on to the worker processes they start. The data dir has this one
+home on the server side: the gateway's ``serve`` and a worker started without ``--weights-dir``
+(``<data_dir>/weights/<name>``) both take ``ServerConfig.from_env().data_dir``.
 
 | variable | field | default |
 |---|---|---|
@@ -21,14 +23,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping, Optional
 
-__all__ = ["ServerConfig", "default_data_dir", "LEASE_TTL_S", "HEALTH_INTERVAL_S"]
+__all__ = ["ServerConfig", "LEASE_TTL_S", "HEALTH_INTERVAL_S"]
 
 LEASE_TTL_S = 300.0            # default lease; $SEQ_LEASE_TTL_S overrides (tests use a few seconds)
 HEALTH_INTERVAL_S = 2.0        # how often running workers are pinged for a jammed inference
 
 
-def default_data_dir(environ: Optional[Mapping[str, str]] = None) -> Path:
-    """``$SEQUENCES_HOME``, else ``~/.sequence-ai`` (user-expanded)."""
+def _data_dir_setting(environ: Optional[Mapping[str, str]] = None) -> Path:
+    """``$SEQUENCES_HOME``, else ``~/.sequence-ai`` (user-expanded): the server's data dir."""
     env = os.environ if environ is None else environ
     return Path(env.get("SEQUENCES_HOME") or Path.home() / ".sequence-ai").expanduser()
 
@@ -56,7 +58,7 @@ class ServerConfig:
     the Ray cluster (``local`` starts a private head). ``ray_gpus_per_node``: cards in one
     machine; a policy asking for more becomes a group of whole machines (ray_backend.py)."""
 
-    data_dir: Path = field(default_factory=default_data_dir)
+    data_dir: Path = field(default_factory=_data_dir_setting)
     lease_ttl_s: float = LEASE_TTL_S
     max_gpus: Optional[int] = None
     health_interval_s: float = HEALTH_INTERVAL_S
@@ -75,7 +77,7 @@ class ServerConfig:
         if backend not in ("local", "ray"):
             raise ValueError(f"unknown worker backend {backend!r}: use 'local' or 'ray'")
         return cls(
-            data_dir=Path(data_dir).expanduser() if data_dir is not None else default_data_dir(env),
+            data_dir=Path(data_dir).expanduser() if data_dir is not None else _data_dir_setting(env),
             lease_ttl_s=float(_number(env, "SEQ_LEASE_TTL_S", float, LEASE_TTL_S) or LEASE_TTL_S),
             max_gpus=_number(env, "SEQ_MAX_GPUS", int, None),
             health_interval_s=float(_number(env, "SEQ_HEALTH_INTERVAL_S", float, HEALTH_INTERVAL_S)

@@ -41,7 +41,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from sequence_ai_core.protocol import ERROR_CODES
 
-__all__ = ["ErrorBody", "ApiError", "CODES", "CatchAll", "install_error_handlers", "new_request_id"]
+__all__ = ["ErrorBody", "ApiError", "CODES", "CatchAll", "ResponseStatus", "install_error_handlers", "new_request_id"]
 
 log = logging.getLogger("sequence_ai_server")
 
@@ -113,6 +113,20 @@ def _internal(exc: BaseException, request_id: Optional[str]) -> ApiError:
                     request_id=request_id or new_request_id())
 
 
+class ResponseStatus:
+    """An ASGI ``send`` that passes every message on and notes the response's HTTP status:
+    ``status`` is 0 until ``http.response.start`` went out, then that status. One per request."""
+
+    def __init__(self, send: Any) -> None:
+        self.send = send
+        self.status = 0
+
+    async def __call__(self, message: dict) -> None:
+        if message["type"] == "http.response.start":
+            self.status = message["status"]
+        await self.send(message)
+
+
 class CatchAll:
     """Pure ASGI middleware: an exception that escapes the app before the response started is
     answered 500 ``internal`` (the common shape, logged with its traceback) and not re-raised, so
@@ -126,18 +140,11 @@ class CatchAll:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        started = False
-
-        async def watch(message: dict) -> None:
-            nonlocal started
-            if message["type"] == "http.response.start":
-                started = True
-            await send(message)
-
+        watch = ResponseStatus(send)
         try:
             await self.app(scope, receive, watch)
         except Exception as exc:
-            if started:
+            if watch.status:   # the response started: nothing can be sent cleanly now
                 raise
             log.exception("unhandled error")
             await _internal(exc, (scope.get("state") or {}).get("request_id")).response()(scope, receive, send)

@@ -43,7 +43,7 @@ Where each part lives (this module keeps :class:`Gateway`'s shared state, the ke
     config.py       ServerConfig: every SEQ_* setting, read once
     app.py          create_app: middleware, the background loops, one router per resource
     routes/         models, deployments, sessions (connect), keys, secrets (+ internal), volumes,
-                    account, act_proxy; capture.py and adapters.py bring their own routers
+                    account, act_proxy, capture, adapters
     middleware.py   CredentialsFirst (route scopes), BodyLimit, the request log
     schemas.py      request and response bodies
     store.py        state.db: DeploymentRow / VersionRow (JSON columns parsed once), workers, sessions
@@ -76,14 +76,13 @@ from typing import Any, Optional
 
 from ._proc import process_start
 from .app import create_app
-from .config import ServerConfig, default_data_dir
+from .config import ServerConfig
 from .deployments import DeploymentService
 from .errors import ApiError
 from .health import HealthCheck
 from .keys import KeyRecord, KeyStore
 from .leases import RevocationList
 from .logs import GATEWAY_LOG, install_json_log
-from .middleware import route_scopes  # noqa: F401  (re-exported: test_route_scopes.py)
 from .routing import TrafficRouting
 from .secrets_store import SecretStore   # encrypted secrets, injected only when declared
 from .sessions import SessionRec, SessionService, SessionTable
@@ -94,7 +93,7 @@ from .traffic import TrafficRouter
 from .volumes import VolumeStore
 from .workers import WorkerProc, _worker_url, _write_secret
 
-__all__ = ["Gateway", "DataDirInUse", "create_app", "serve", "main", "default_data_dir", "DEFAULT_HOST", "DEFAULT_PORT"]
+__all__ = ["Gateway", "DataDirInUse", "create_app", "serve", "main", "DEFAULT_HOST", "DEFAULT_PORT"]
 
 log = logging.getLogger("sequence_ai_server.gateway")
 
@@ -224,8 +223,8 @@ class Gateway(DeploymentService, SessionService, TrafficRouting, WorkerSupervisi
         ``usage.benchmarks`` counts the benchmarks ``seq eval run`` can name here (the built-in
         ones), ``usage.evals_running`` the evals in this data dir still running; a key bound to
         one deployment sees that deployment only."""
-        from sequence_ai_eval.runner import BUILTIN_BENCHMARKS
-        from sequence_ai_eval.store import EvalStore
+        from sequence_ai_data.evals import EvalStore
+        from seq.spec import BUILTIN_BENCHMARKS
         rows = self.store.all()
         if key.deployment:
             rows = [r for r in rows if r.name == key.deployment]
@@ -261,13 +260,15 @@ class Gateway(DeploymentService, SessionService, TrafficRouting, WorkerSupervisi
 def serve(host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, data_dir: Optional[Path] = None,
           ready_file: Optional[str] = None, on_ready: Any = None) -> None:
     """Run the gateway in the foreground until SIGINT/SIGTERM; stops every worker on the way out.
-    Port 0 binds an ephemeral port; ``ready_file`` then receives ``{"url", "port", "pid"}``."""
+    Port 0 binds an ephemeral port; ``ready_file`` then receives ``{"url", "port", "pid"}``.
+    Every setting is read once, here (``ServerConfig.from_env(data_dir)``); ``data_dir``
+    overrides ``$SEQUENCES_HOME``. Raises DataDirInUse when another gateway holds the data dir."""
     import uvicorn
 
-    data_dir = Path(data_dir or default_data_dir()).expanduser()
+    config = ServerConfig.from_env(data_dir)
     from .datadir_lock import hold_data_dir   # one gateway per data dir: the lock is held until exit
-    dir_lock = hold_data_dir(data_dir)         # raises DataDirInUse naming the holder
-    app = create_app(data_dir)
+    dir_lock = hold_data_dir(config.data_dir)  # raises DataDirInUse naming the holder
+    app = create_app(config=config)
     # IPPROTO_TCP, not 0: asyncio sets TCP_NODELAY only on accepted sockets whose protocol is
     # IPPROTO_TCP; with 0 every response waits ~40 ms for the client's delayed ACK (Nagle).
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)

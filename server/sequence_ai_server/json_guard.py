@@ -15,9 +15,10 @@ import re
 import struct
 from typing import Any, Optional
 
+from sequence_ai_core.protocol import BINARY_CONTENT_TYPE, JSON_CONTENT_TYPE, MAX_BODY_BYTES
+
 __all__ = ["JsonStringGuard", "first_bad_string", "check_json", "scrub"]
 
-BINARY_CONTENT_TYPE = "application/vnd.sequence-ai.act+bin"
 # cheap prefilter on the raw bytes: a \u escape of NUL or of a surrogate (raw surrogate bytes fail a strict decode)
 _SUSPECT = re.compile(rb"\\u(?:0000|[dD][89a-fA-F][0-9a-fA-F]{2})")
 
@@ -93,7 +94,7 @@ def check_json(text: bytes) -> Optional[tuple[str, str]]:
 
 
 def _json_part(body: bytes, content_type: str) -> Optional[bytes]:
-    if content_type.startswith("application/json"):
+    if content_type.startswith(JSON_CONTENT_TYPE):
         return body
     if content_type.startswith(BINARY_CONTENT_TYPE) and len(body) >= 4:
         (n,) = struct.unpack_from(">I", body, 0)
@@ -106,7 +107,7 @@ class JsonStringGuard:
     an unpaired surrogate in any string is answered 400 ``invalid_request`` with
     ``details={"reason": "bad_string", "path": ...}``; other requests pass unchanged."""
 
-    def __init__(self, app: Any, max_bytes: int = 32 * 1024 * 1024) -> None:
+    def __init__(self, app: Any, max_bytes: int = MAX_BODY_BYTES) -> None:
         self.app, self.max_bytes = app, max_bytes
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
@@ -115,7 +116,7 @@ class JsonStringGuard:
             return
         headers = dict(scope.get("headers") or [])
         ctype = headers.get(b"content-type", b"").decode("latin-1").lower()
-        if not (ctype.startswith("application/json") or ctype.startswith(BINARY_CONTENT_TYPE)):
+        if not (ctype.startswith(JSON_CONTENT_TYPE) or ctype.startswith(BINARY_CONTENT_TYPE)):
             await self.app(scope, receive, send)
             return
         chunks, size, more = [], 0, True

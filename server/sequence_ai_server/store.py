@@ -209,20 +209,26 @@ class Store:
         with self._lock:
             return [DeploymentRow.from_columns(dict(r)) for r in self._db.execute("SELECT * FROM deployments ORDER BY name")]
 
+    def _put(self, table: str, cols: dict) -> None:
+        """``INSERT OR REPLACE`` one row of ``table`` from ``{column: value}``."""
+        with self._lock:
+            self._db.execute(f"INSERT OR REPLACE INTO {table} ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})",
+                             tuple(cols.values()))
+
+    def _set(self, table: str, cols: dict, where: dict) -> None:
+        """``UPDATE table SET cols WHERE where`` (both ``{column: value}``)."""
+        sets = ", ".join(f"{k} = ?" for k in cols)
+        cond = " AND ".join(f"{k} = ?" for k in where)
+        with self._lock:
+            self._db.execute(f"UPDATE {table} SET {sets} WHERE {cond}", (*cols.values(), *where.values()))
+
     def insert(self, row: DeploymentRow) -> None:
         """Store ``row`` (replacing a deployment of that name)."""
-        cols = row.columns()
-        with self._lock:
-            self._db.execute(f"INSERT OR REPLACE INTO deployments ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})",
-                             tuple(cols.values()))
+        self._put("deployments", row.columns())
 
     def update(self, name: str, **fields: Any) -> None:
         """Set ``fields`` (DeploymentRow field names; JSON ones serialised here) of deployment ``name``."""
-        cols = _columns(fields)
-        cols["updated_at"] = time.time()
-        sets = ", ".join(f"{k} = ?" for k in cols)
-        with self._lock:
-            self._db.execute(f"UPDATE deployments SET {sets} WHERE name = ?", (*cols.values(), name))
+        self._set("deployments", {**_columns(fields), "updated_at": time.time()}, {"name": name})
 
     def delete(self, name: str) -> None:
         """Forget deployment ``name`` and its versions."""
@@ -242,25 +248,24 @@ class Store:
 
     def put_version(self, row: VersionRow) -> None:
         """Store ``row`` (replacing that version)."""
-        cols = dataclasses.asdict(row)
-        with self._lock:
-            self._db.execute(f"INSERT OR REPLACE INTO versions ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})",
-                             tuple(cols.values()))
+        self._put("versions", dataclasses.asdict(row))
 
     def update_version(self, name: str, version: int, **fields: Any) -> None:
-        sets = ", ".join(f"{k} = ?" for k in fields)
-        with self._lock:
-            self._db.execute(f"UPDATE versions SET {sets} WHERE name = ? AND version = ?",
-                             (*fields.values(), name, version))
+        """Set ``fields`` (VersionRow field names) of version ``version`` of ``name``."""
+        self._set("versions", fields, {"name": name, "version": version})
 
     def delete_version(self, name: str, version: int) -> None:
         with self._lock:
             self._db.execute("DELETE FROM versions WHERE name = ? AND version = ?", (name, version))
 
+    def _records(self, table: str) -> list[dict]:
+        """The ``record_json`` column of every row of ``table``, parsed."""
+        with self._lock:
+            return [json.loads(r["record_json"]) for r in self._db.execute(f"SELECT record_json FROM {table}")]
+
     # worker processes (what a restarted gateway needs to adopt them; Gateway._save_workers)
     def worker_records(self) -> list[dict]:
-        with self._lock:
-            return [json.loads(r["record_json"]) for r in self._db.execute("SELECT record_json FROM workers")]
+        return self._records("workers")
 
     def put_worker_records(self, records: list[dict]) -> None:
         with self._lock:
@@ -272,8 +277,7 @@ class Store:
 
     # open sessions (SessionTable)
     def session_records(self) -> list[dict]:
-        with self._lock:
-            return [json.loads(r["record_json"]) for r in self._db.execute("SELECT record_json FROM sessions")]
+        return self._records("sessions")
 
     def put_session(self, record: dict) -> None:
         with self._lock:

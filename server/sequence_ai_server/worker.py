@@ -60,6 +60,7 @@ from typing import Any, Optional
 from sequence_ai_core.protocol import MAX_BODY_BYTES
 
 from ._hosting import EPISODE_IDLE_S, PolicyError, PolicyHost, export_compile_caches, load_policy_class
+from .config import ServerConfig
 from .logs import install_json_log
 from .worker_app import WorkerState, create_app
 
@@ -191,7 +192,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--secret", default=None, help="direct secret (or $SEQ_WORKER_SECRET)")
     parser.add_argument("--ready-file", required=True, help="written atomically once serving: {port, pid, ...}")
     parser.add_argument("--name", default=None)
-    parser.add_argument("--weights-dir", default=None, help="the deployment's weights directory")
+    parser.add_argument("--weights-dir", default=None,
+                        help="the deployment's weights directory (default <data_dir>/weights/<name>; the data dir "
+                             "is $SEQUENCES_HOME or ~/.sequence-ai, as ServerConfig reads it)")
     parser.add_argument("--cache-dir", default=None, help="compile caches (default: <data_dir>/cache/<name>)")
     parser.add_argument("--mode", choices=("serve", "eval"), default=os.environ.get("SEQ_WORKER_MODE", "serve"),
                         help="serve: batches never wait for more requests; eval: they gather (eval_wait_ms)")
@@ -332,7 +335,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     for stale in (ready_file, ready_file + ".error"):
         if os.path.exists(stale):
             os.remove(stale)
-    weights_dir = args.weights_dir or os.path.join(os.path.expanduser("~/.sequence-ai"), "weights", name)
+    weights_dir = args.weights_dir or str(ServerConfig.from_env().data_dir / "weights" / name)
     caches = export_compile_caches(args.cache_dir or _default_cache_dir(weights_dir, name))
     idle_s = float(os.environ.get("SEQ_EPISODE_IDLE_S", EPISODE_IDLE_S))
     sock = _bind(args.host, args.port)

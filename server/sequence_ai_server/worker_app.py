@@ -25,7 +25,7 @@ from sequence_ai_core.protocol import BINARY_CONTENT_TYPE, JSON_CONTENT_TYPE, MA
 
 from ._hosting import PolicyError, PolicyHost
 from .chunk import finish_chunk
-from .errors import ApiError, ErrorBody, install_error_handlers, new_request_id
+from .errors import ApiError, ErrorBody, ResponseStatus, install_error_handlers, new_request_id
 from .logs import REQUEST_ID
 
 __all__ = ["WorkerState", "create_app"]
@@ -344,14 +344,7 @@ class _RequestIdMiddleware:
         rid = incoming if ok else new_request_id()
         scope.setdefault("state", {})["request_id"] = rid
         REQUEST_ID.set(rid)
-        status = 0
-
-        async def send_and_see(message: dict) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = message["status"]
-            await send(message)
-
-        await self.app(scope, receive, send_and_see)
-        if status >= 400:
-            log.info("%s %s -> %d", scope["method"], scope["path"], status)
+        watch = ResponseStatus(send)
+        await self.app(scope, receive, watch)
+        if watch.status >= 400:
+            log.info("%s %s -> %d", scope["method"], scope["path"], watch.status)

@@ -1,4 +1,4 @@
-"""The eval store: one folder per eval under ``<data_dir>/evals/<id>/``.
+"""The eval records: one folder per eval under ``<data_dir>/evals/<id>/``.
 
     eval.json        the record: layout, parameters, status, progress, gates, the final report
     episodes.jsonl   one line per finished episode (arm, task, seed, metrics, timings, video)
@@ -6,7 +6,9 @@
     videos/          GIFs of the episodes, when ``--videos`` was given
 
 Plain JSON written atomically (write + rename), so ``seq eval status`` can read while a run
-writes. This store is the eval runner's own; the gateway's database is not touched.
+writes. The eval runner (``sequence_ai_eval.runner``) writes them, ``seq eval`` reads them, and
+the gateway's ``GET /v1/account`` counts the running ones; the gateway's database is not touched.
+Standard library only.
 """
 from __future__ import annotations
 
