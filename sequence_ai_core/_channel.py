@@ -10,8 +10,9 @@ unchanged.
 The websocket client is the ``websockets`` package (asyncio API). It is optional: when it is not
 installed (``available()`` is False) the wire uses HTTP /act, and so it does when a worker has no
 channel (an older worker: the upgrade is answered 403/404) -- ``ChannelUnsupported``.
-Measured in ``bench/bench_wire.py``: the channel saves ~1-2 ms of client and server CPU per request
-over httpx + uvicorn HTTP on this machine, which is why a robot client carries the extra package.
+Why a robot client carries the extra package (``bench/bench_wire.py``, one run on a loaded 2-core
+machine, 2 x 224x224 JPEG frames): per request the channel cost 0.97 ms of client CPU and 1.09 ms
+of worker CPU against 2.23 ms and 1.53 ms for httpx + ``POST /act``, and p50 1.81 ms against 3.70 ms.
 """
 from __future__ import annotations
 
