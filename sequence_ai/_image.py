@@ -228,6 +228,41 @@ def _frames_of(view: str, given: Any, history: int) -> list:
     return frames[-history:]
 
 
+def _check_views(sizes: Dict[str, Tuple[int, int, bool]], images: Mapping[str, Any],
+                 depth: Optional[Mapping[str, Any]]) -> None:
+    """Every declared view (and declared depth frame) is given; undeclared views are warned
+    about (``observation`` drops them). Raises ContractMismatch naming what is missing."""
+    undeclared = [v for v in images if v not in sizes]
+    if undeclared:
+        warnings.warn(f"dropping view(s) {undeclared}: the model does not declare them "
+                      f"(declared: {sorted(sizes)})", UserWarning, stacklevel=3)
+    missing = [v for v in sizes if v not in images]
+    if missing:
+        raise ContractMismatch(f"missing view(s) {missing}: the model reads {sorted(sizes)}",
+                               hint="a missing camera cannot be replaced by another one")
+    missing_depth = [v for v, s in sizes.items() if s[2] and v not in (depth or {})]
+    if missing_depth:
+        raise ContractMismatch(f"missing depth frame(s) for view(s) {missing_depth}",
+                               hint="pass depth={view: HxW map in metres}")
+
+
+def _check_proprio(contract: Contract, fields: Mapping[str, Any]) -> None:
+    """Each declared proprioception field is given with its declared width and finite values.
+    Raises ContractMismatch naming the field and the declared width."""
+    for name, width in _widths(contract).items():
+        value = fields.get(name)
+        values = None if value is None else list(value.tolist() if hasattr(value, "tolist") else value)
+        have = None if values is None else len(values)
+        if have != width:
+            raise ContractMismatch(
+                f"proprioception.{name} has {have if have is not None else 'no'} value(s); "
+                f"the model reads {width}",
+                hint=f"declared: {_widths(contract)}; the gripper is its own field, not a joint")
+        if not all(math.isfinite(float(v)) for v in values):
+            raise ContractMismatch(f"proprioception.{name} contains NaN or infinity: {values}",
+                                   hint="send the last valid reading, or stop: the worker refuses it")
+
+
 def observation(model: Any = None, *, images: Mapping[str, Any], joints: Sequence[float],
                 gripper: Optional[Sequence[float]] = None, instruction: str = "",
                 contract: Optional[Mapping[str, Any]] = None,
@@ -280,32 +315,9 @@ def observation(model: Any = None, *, images: Mapping[str, Any], joints: Sequenc
     sizes = _declared_sizes(contract)
     history = contract.observation.history if contract.observation is not None else 1
     if sizes:
-        undeclared = [v for v in images if v not in sizes]
-        if undeclared:
-            warnings.warn(f"dropping view(s) {undeclared}: the model does not declare them "
-                          f"(declared: {sorted(sizes)})", UserWarning, stacklevel=2)
-        missing = [v for v in sizes if v not in images]
-        if missing:
-            raise ContractMismatch(f"missing view(s) {missing}: the model reads {sorted(sizes)}",
-                                   hint="a missing camera cannot be replaced by another one")
-        missing_depth = [v for v, s in sizes.items() if s[2] and v not in (depth or {})]
-        if missing_depth:
-            raise ContractMismatch(f"missing depth frame(s) for view(s) {missing_depth}",
-                                   hint="pass depth={view: HxW map in metres}")
-    fields = {"joint_positions": joints, "gripper": gripper, "joint_velocities": joint_velocities,
-              "end_effector_pose": end_effector_pose}
-    for name, width in _widths(contract).items():
-        value = fields.get(name)
-        values = None if value is None else list(value.tolist() if hasattr(value, "tolist") else value)
-        have = None if values is None else len(values)
-        if have != width:
-            raise ContractMismatch(
-                f"proprioception.{name} has {have if have is not None else 'no'} value(s); "
-                f"the model reads {width}",
-                hint=f"declared: {_widths(contract)}; the gripper is its own field, not a joint")
-        if not all(math.isfinite(float(v)) for v in values):
-            raise ContractMismatch(f"proprioception.{name} contains NaN or infinity: {values}",
-                                   hint="send the last valid reading, or stop: the worker refuses it")
+        _check_views(sizes, images, depth)
+    _check_proprio(contract, {"joint_positions": joints, "gripper": gripper,
+                              "joint_velocities": joint_velocities, "end_effector_pose": end_effector_pose})
     frames = []
     for view, given in images.items():
         if sizes and view not in sizes:

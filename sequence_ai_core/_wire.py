@@ -3,7 +3,12 @@
 A call is two phases and the gateway is in only the first::
 
     POST {gateway}/v1/connect   (API key)        -> worker_url, direct_secret, lease, contract
-    POST {worker_url}/act       (direct secret)  -> action_chunk        (repeated, one kept-alive connection)
+    WS   {worker_url}/act/ws    (direct secret)  -> action_chunk        (repeated, one open websocket)
+      or POST {worker_url}/act                                          (one kept-alive connection)
+
+The persistent channel (``_channel.py``) is used when the ``websockets`` package is installed and
+the worker has one (``transport="auto"``); it carries the same /act body and answers with the
+same body and status, so everything below holds for both. Lease renewal is in ``_lease.py``.
 
 Transparent fallback: a 401 from the worker (rotated secret, expired lease) or a dropped
 connection sends the wire back through the gateway for fresh coordinates, once, and the call
@@ -38,41 +43,30 @@ falls back to JSON for the rest of the session when a worker answers 415.
 from __future__ import annotations
 
 import asyncio
+import os
 import time
-from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import httpx
 
+from . import _channel
 from ._errors import ConnectionLost, SequencesError, TransportError, Unavailable, from_response
+from ._lease import (_DROPPED, INTERVAL_WINDOW, LEASE_MARGIN_FLOOR_S, LEASE_MARGIN_INTERVALS,  # noqa: F401
+                     LEASE_MARGIN_MAX_FRACTION, LEASE_MARGIN_S, RENEW_BESIDE_S, RENEW_RETRY_FIRST_S,
+                     RENEW_RETRY_MAX_S, RENEW_TIMEOUT_S, LeaseRenewal, Session, _lease_ttl, _renew_at,
+                     lease_margin)
 from ._types import ModelInfo, Prediction
 from .protocol import encode_act_body
 
-__all__ = ["Session", "Wire", "fetch_models", "BODY_FORMATS"]
+__all__ = ["Session", "Wire", "fetch_models", "BODY_FORMATS", "TRANSPORTS"]
 
 BODY_FORMATS = ("json", "binary", "auto")
-# Renew a lease this long before it lapses (s), or a tenth of its ttl when that is shorter ...
-LEASE_MARGIN_S = 5.0
-# ... but never less than this (s): a gateway round trip on a loaded machine, and clock-tick slack ...
-LEASE_MARGIN_FLOOR_S = 1.0
-# ... nor less than this many of the robot's recent intervals between requests (renewal is
-# request-driven: a margin shorter than the interval lets the lease lapse between two requests) ...
-LEASE_MARGIN_INTERVALS = 2.0
-# ... and at most this fraction of the ttl (a lease is renewed at most about twice per ttl).
-LEASE_MARGIN_MAX_FRACTION = 0.5
-# A renewal the gateway did not answer (connection refused, reset, timed out) is retried after
-# RENEW_RETRY_FIRST_S, doubling up to RENEW_RETRY_MAX_S, until the lease lapses (s).
-RENEW_RETRY_FIRST_S = 0.25
-RENEW_RETRY_MAX_S = 2.0
-# The longest a renewal may hold up the request that triggered it (s): the gateway answers one
-# in milliseconds; a hung one must not stall the robot's chunk stream.
-RENEW_TIMEOUT_S = 2.0
-# A renewal runs beside the robot's requests (they go on with the current token) while the lease
-# has more than this left (s): time for the renewal to be answered or to time out (RENEW_TIMEOUT_S)
-# before it lapses. Closer to the lapse the request waits for the renewal.
-RENEW_BESIDE_S = 2.5
-# Request intervals remembered for the margin (the longest of them counts).
-INTERVAL_WINDOW = 8
+# How /act travels: "auto" the persistent channel (a websocket, ``_channel.py``) when the
+# ``websockets`` package is installed and the worker has one, else HTTP; "http" always HTTP;
+# "channel" the channel only (an error when it cannot be used).
+TRANSPORTS = ("auto", "http", "channel")
+# Errors after which a connection (HTTP or the channel) is gone but a fresh one may work.
+_GONE = (*_DROPPED, _channel.ChannelDropped)
 # Asking again while queued: the gateway's Retry-After, clamped to this range (s). The gateway
 # drops a robot that has not asked for 15 s (slots.ABANDON_S).
 QUEUE_POLL_MIN_S = 0.25
@@ -86,65 +80,6 @@ def _seconds(value: Any) -> Optional[float]:
         return None if value is None else float(value)
     except (TypeError, ValueError):
         return None
-
-
-# Errors after which the connection is gone but a fresh one may work. Timeouts are not here:
-# a slow inference replayed would only be slower.
-_DROPPED = (httpx.ConnectError, httpx.ReadError, httpx.WriteError, httpx.RemoteProtocolError,
-            httpx.CloseError)
-
-
-@dataclass
-class Session:
-    """The coordinates one gateway handshake hands back."""
-
-    session_id: Optional[str]
-    worker_url: str
-    direct_secret: str
-    lease: Dict[str, Any] = field(default_factory=dict)
-    contract: Dict[str, Any] = field(default_factory=dict)
-    params: Dict[str, Any] = field(default_factory=dict)
-    epoch: Optional[int] = None
-    renew_at: Optional[float] = None  # time.monotonic() after which the lease is renewed first
-    ttl_s: Optional[float] = None     # the lease's length (s)
-    expires_mono: Optional[float] = None   # time.monotonic() at which the lease lapses
-    retry_at: Optional[float] = None  # set while the gateway is unreachable: the next renewal try
-    retries: int = 0                  # renewal tries the gateway did not answer, in a row
-    renew_refused: bool = False       # the gateway refused a renewal: the next request reconnects
-
-
-def _lease_ttl(lease: Dict[str, Any]) -> Optional[float]:
-    ttl = lease.get("ttl_s")
-    if ttl is None and lease.get("expires_at") is not None:
-        ttl = float(lease["expires_at"]) - time.time()
-    return None if ttl is None else float(ttl)
-
-
-def lease_margin(ttl_s: float, interval_s: Optional[float] = None) -> float:
-    """How long before a lease of ``ttl_s`` seconds lapses it is renewed (s).
-
-    ``max(min(LEASE_MARGIN_S, 10 % of the ttl), LEASE_MARGIN_INTERVALS x interval_s,
-    LEASE_MARGIN_FLOOR_S)``, capped at ``LEASE_MARGIN_MAX_FRACTION`` of the ttl. Where the figures
-    come from: 5 s / 10 % is what a long lease (the gateway's default ttl is 300 s) needs for a
-    gateway round trip with room to retry; renewal happens on a request, so the margin must also
-    span the time between two requests (``interval_s``, the robot's recent longest gap; twice it
-    for jitter), else a lease of a few seconds lapses between a robot's requests (1 s apart, a
-    3 s lease and a 0.3 s margin did); 1 s covers a round trip to a loaded gateway; the cap at
-    half the ttl keeps a slow robot from renewing on every request.
-    """
-    margin = max(min(LEASE_MARGIN_S, 0.1 * ttl_s), LEASE_MARGIN_FLOOR_S)
-    if interval_s is not None:
-        margin = max(margin, LEASE_MARGIN_INTERVALS * interval_s)
-    return min(margin, LEASE_MARGIN_MAX_FRACTION * ttl_s)
-
-
-def _renew_at(lease: Dict[str, Any], received: float, interval_s: Optional[float] = None) -> Optional[float]:
-    """Monotonic renewal time for a lease received at ``received`` (monotonic s): its ttl_s (or
-    expires_at - now) less ``lease_margin``. None when the lease names neither."""
-    ttl = _lease_ttl(lease)
-    if ttl is None:
-        return None
-    return received + max(0.0, ttl - lease_margin(ttl, interval_s))
 
 
 def _client(timeout_s: float) -> httpx.AsyncClient:
@@ -165,8 +100,8 @@ def _refuses_binary(response: httpx.Response) -> bool:
     return False
 
 
-class Wire:
-    """HTTP to the gateway and the worker for one model. Not thread-safe: one event loop uses it.
+class Wire(LeaseRenewal):
+    """HTTP to the gateway, HTTP or the /act channel to the worker, for one model. Not thread-safe: one event loop uses it.
 
     Args:
         gateway_url: base URL of the gateway, no trailing slash.
@@ -178,12 +113,16 @@ class Wire:
             session when the worker answers 415).
         on_queue: ``(position, estimate_s) -> None`` for each ``queued`` answer while ``join``
             waits in line; None: silent.
+        transport: how /act travels (``TRANSPORTS``): "auto" (the persistent channel when the
+            ``websockets`` package is installed and the worker has one, else HTTP), "http" or
+            "channel". None: ``$SEQUENCE_AI_TRANSPORT``, else "auto".
     """
 
     def __init__(self, gateway_url: str, api_key: str, model: str,
                  params: Optional[Dict[str, Any]] = None, timeout_s: float = 60.0,
                  body_format: str = "json",
-                 on_queue: Optional[Callable[[int, Optional[float]], Any]] = None) -> None:
+                 on_queue: Optional[Callable[[int, Optional[float]], Any]] = None,
+                 transport: Optional[str] = None) -> None:
         if body_format not in BODY_FORMATS:
             raise ValueError(f"body_format must be one of {BODY_FORMATS}, not {body_format!r}")
         self.body_format = body_format
@@ -207,6 +146,15 @@ class Wire:
         self.ticket: Optional[str] = None       # our place in a deployment's line, while queued
         self.queued_answers = 0                 # 503 queued answers seen (all joins)
         self._background: List["asyncio.Future[Any]"] = []   # courtesy calls still finishing
+        if transport is None:
+            transport = os.environ.get("SEQUENCE_AI_TRANSPORT") or "auto"
+        if transport not in TRANSPORTS:
+            raise ValueError(f"transport must be one of {TRANSPORTS}, not {transport!r}")
+        self.transport = transport
+        self.channel_opens = 0                  # times the /act channel was opened
+        self._channel: Optional[_channel.ActChannel] = None
+        self._no_channel: Optional[str] = None  # a worker URL that has no channel (HTTP /act there)
+        self._refusal: Optional[httpx.Response] = None   # the worker's answer to a refused channel open
 
     @property
     def http(self) -> httpx.AsyncClient:
@@ -225,6 +173,7 @@ class Wire:
             except BaseException:  # noqa: BLE001 - a courtesy call
                 pass
         self._background.clear()
+        await self._drop_channel()
         if self._http is not None:
             await self._http.aclose()
             self._http = None
@@ -233,6 +182,7 @@ class Wire:
     async def aclose_http(self) -> None:
         """Close the pooled connections but keep the session: the next call opens a new one."""
         await self._cancel_renewal()
+        await self._drop_channel()
         if self._http is not None:
             await self._http.aclose()
             self._http = None
@@ -381,39 +331,17 @@ class Wire:
         )
         return self.session
 
-    def request_interval_s(self) -> Optional[float]:
-        """The longest of the last INTERVAL_WINDOW gaps between this wire's /act requests (s);
-        None before the second request."""
-        return max(self._intervals) if self._intervals else None
-
-    def _note_request(self) -> None:
-        now = time.monotonic()
-        if self._last_request is not None:
-            self._intervals = (self._intervals + [now - self._last_request])[-INTERVAL_WINDOW:]
-        self._last_request = now
-
-    def _lease_due(self, session: Session) -> bool:
-        """Renew before this request? After a failed try: once its backoff has passed (until the
-        lease lapses). Else: at ``renew_at``, or earlier once the robot's request interval has
-        grown so that the lease would lapse before its next request (``lease_margin``)."""
-        now = time.monotonic()
-        if session.retry_at is not None:
-            return now >= session.retry_at and (session.expires_mono is None or now < session.expires_mono)
-        if session.renew_at is not None and now >= session.renew_at:
-            return True
-        if session.expires_mono is None or session.ttl_s is None:
-            return False
-        return now >= session.expires_mono - lease_margin(session.ttl_s, self.request_interval_s())
-
     async def act(self, observation: Dict[str, Any], *, params: Optional[Dict[str, Any]] = None,
                   episode_id: Optional[str] = None, delay: Optional[Dict[str, Any]] = None) -> Prediction:
-        """``POST {worker}/act`` with one observation (wire dict). Returns the Prediction.
+        """One observation (wire dict) to the worker's /act -> the Prediction. Over the
+        persistent channel (``transport``), else ``POST {worker}/act``.
 
         ``delay``: the delay fields sent beside the observation (``prefix``, ``delay_steps``,
         ``obs_time``, ``request_id``, ``generation``; ``_delay.DelayTracker.fields``); the
         answer's echo lands in ``Prediction.request_id`` / ``Prediction.extra["generation"]``.
 
-        Reconnects through the gateway once on 401 or a dropped connection and replays.
+        Reconnects through the gateway once on 401 or a dropped connection (HTTP or channel)
+        and replays.
 
         Raises:
             Unavailable: 503 (``.warming`` while the worker loads).
@@ -432,28 +360,15 @@ class Wire:
         encoded: Dict[bool, Tuple[bytes, str]] = {}
         attempt = 0
         while True:
-            session = self.session
-            if session is None:
-                session = await self.join()
-            elif session.renew_refused:     # a renewal beside requests was refused: a new session now
-                session = await self.renew()
-            elif self._lease_due(session):  # renew before it lapses rather than eat a 401
-                if session.expires_mono is not None and session.expires_mono - time.monotonic() > RENEW_BESIDE_S:
-                    self._renew_beside(session)   # time enough: the request goes on with the current token
-                else:
-                    session = await self.renew()
+            session = await self._current_session()
             binary = self.body_format != "json"
             if binary not in encoded:
                 encoded[binary] = encode_act_body(body, binary)
             content, content_type = encoded[binary]
             self.last_request_bytes = len(content)
             try:
-                response = await self._send(
-                    "POST", f"{session.worker_url}/act", content=content,
-                    headers={"Authorization": f"Bearer {session.direct_secret}",
-                             "Content-Type": content_type},
-                )
-            except _DROPPED as exc:
+                response = await self._post_act(session, content, content_type)
+            except _GONE as exc:
                 if attempt == 0:
                     attempt += 1
                     await self._reconnect()
@@ -473,95 +388,76 @@ class Wire:
                 latency_s=time.monotonic() - started,
             )
 
-    def _retry_later(self, session: Session) -> Session:
-        """The gateway did not answer a renewal: keep the current coordinates (the worker checks
-        the lease itself, so requests go on) and try again after a backoff (RENEW_RETRY_FIRST_S
-        doubling to RENEW_RETRY_MAX_S), never past the lease's lapse."""
-        self.renew_failures += 1
-        now = time.monotonic()
-        pause = min(RENEW_RETRY_MAX_S, RENEW_RETRY_FIRST_S * (2 ** session.retries))
-        if session.expires_mono is not None:
-            pause = min(pause, max(0.05, (session.expires_mono - now) / 2))
-        session.retries += 1
-        session.retry_at = now + pause
-        return session
-
-    async def _try_renew(self, session: Session) -> Optional[bool]:
-        """One ``POST /v1/sessions/{id}/renew`` for ``session``. True: renewed (the answer is the
-        current session, unless another one replaced ``session`` meanwhile); False: the gateway
-        refused; None: it could not be reached (refused, reset, no answer within RENEW_TIMEOUT_S,
-        or a 5xx from inside it) and a retry is scheduled (``_retry_later``)."""
-        started = time.monotonic()
-        try:
-            response = await self._send(
-                "POST", f"{self.gateway_url}/v1/sessions/{session.session_id}/renew",
-                headers={"Authorization": f"Bearer {self._api_key}"},
-                timeout=min(self.timeout_s, RENEW_TIMEOUT_S))
-        except (TransportError, *_DROPPED):
-            self._retry_later(session)
-            return None
-        if response.status_code == 200:
-            self.renewals += 1
-            if session.expires_mono is not None:
-                self.last_renewal_left_s = session.expires_mono - started
-            if self.session is session:
-                self._adopt(response.json(), started)
-            return True
-        if response.status_code >= 500 and response.status_code != 503:
-            self._retry_later(session)           # a gateway failing inside: the lease still holds
-            return None
-        session.renew_refused = True
-        return False
-
-    def _renew_beside(self, session: Session) -> None:
-        """Renew ``session`` in a background task while requests go on with its current token
-        (a slow or restarting gateway then costs the robot nothing); one at a time."""
-        if self._renewal is not None and not self._renewal.done():
-            return
-
-        async def attempt() -> Optional[bool]:
-            try:
-                return await self._try_renew(session)
-            except Exception:  # noqa: BLE001 - e.g. the connections closed under it: retry later
-                self._retry_later(session)
-                return None
-        self._renewal = asyncio.ensure_future(attempt())
-
-    async def _cancel_renewal(self) -> None:
-        task, self._renewal = self._renewal, None
-        if task is not None and not task.done():
-            task.cancel()
-            try:
-                await task
-            except BaseException:  # noqa: BLE001 - cancelled on purpose
-                pass
-
-    async def renew(self) -> Session:
-        """Extend the lease before it lapses: ``POST /v1/sessions/{id}/renew`` (same session).
-
-        A gateway that refuses (lease already gone, worker restarted, no such route) gets a fresh
-        ``/v1/connect`` instead. A gateway that cannot be reached (refused, reset, or no answer
-        within RENEW_TIMEOUT_S: it is restarting or gone) keeps the current coordinates -- the
-        worker honours the lease until it lapses -- and the renewal is retried with backoff on
-        later requests (``_retry_later``) until it lapses.
-        """
+    async def _current_session(self) -> Session:
+        """The session to send with: joined, replaced after a refused renewal, or renewed first
+        when its lease is due (beside the request while there is time, else before it)."""
         session = self.session
         if session is None:
             return await self.join()
-        await self._cancel_renewal()
-        if session.session_id and not session.renew_refused:
-            outcome = await self._try_renew(session)
-            if outcome is None:          # unreachable: go on with the current lease, retry later
-                return session
-            if outcome:
-                return self.session or session
+        if session.renew_refused:     # a renewal beside requests was refused: a new session now
+            return await self.renew()
+        if self._lease_due(session):  # renew before it lapses rather than eat a 401
+            if session.expires_mono is not None and session.expires_mono - time.monotonic() > RENEW_BESIDE_S:
+                self._renew_beside(session)   # time enough: the request goes on with the current token
+            else:
+                return await self.renew()
+        return session
+
+    async def _post_act(self, session: Session, content: bytes, content_type: str) -> httpx.Response:
+        """Send one encoded /act body: over the channel when ``transport`` allows and the worker
+        has one, else HTTP. Raises what ``_send`` raises, ChannelDropped, TransportError (the
+        channel timed out)."""
+        if self.transport != "http":
+            channel = await self._open_channel(session)
+            if channel is not None:
+                try:
+                    return await channel.request(content, content_type != "application/json")
+                except asyncio.TimeoutError as exc:
+                    raise TransportError(f"/act over the channel to {session.worker_url} timed out after "
+                                         f"{self.timeout_s:g}s",
+                                         hint="raise timeout_s= on connect() for slow policies") from exc
+                except _channel.ChannelDropped:
+                    await self._drop_channel()
+                    raise
+            if self._refusal is not None:
+                refusal, self._refusal = self._refusal, None
+                return refusal
+        return await self._send("POST", f"{session.worker_url}/act", content=content,
+                                headers={"Authorization": f"Bearer {session.direct_secret}",
+                                         "Content-Type": content_type})
+
+    async def _open_channel(self, session: Session) -> Optional["_channel.ActChannel"]:
+        """The open channel for ``session``'s worker and token (reopened when either changed),
+        or None: HTTP for this request (no ``websockets``, a worker without a channel, or a
+        refused open, kept in ``_refusal`` for the caller). Raises ChannelDropped."""
+        channel = self._channel
+        if channel is not None and channel.open and channel.worker_url == session.worker_url \
+                and channel.token == session.direct_secret:
+            return channel
+        await self._drop_channel()
+        if not _channel.available() or self._no_channel == session.worker_url:
+            if self.transport == "channel":
+                raise TransportError("the /act channel cannot be used: " + (
+                    "the websockets package is not installed" if not _channel.available()
+                    else f"the worker at {session.worker_url} has none"),
+                    hint="pip install websockets, or transport='auto' to fall back to HTTP")
+            return None
+        channel = _channel.ActChannel(session.worker_url, session.direct_secret, self.timeout_s)
         try:
-            await self._replace(session)
-        except TransportError:
-            self.session = session
-            session.renew_refused = False
-            return self._retry_later(session)
-        return self.session  # type: ignore[return-value]
+            self._refusal = await channel.connect()
+        except _channel.ChannelUnsupported:
+            self._no_channel = session.worker_url    # an older worker: HTTP /act from now on
+            return await self._open_channel(session)
+        if self._refusal is not None:
+            return None
+        self._channel = channel
+        self.channel_opens += 1
+        return channel
+
+    async def _drop_channel(self) -> None:
+        channel, self._channel = self._channel, None
+        if channel is not None:
+            await channel.aclose()
 
     async def close_session(self) -> None:
         """Best effort ``DELETE /v1/sessions/{id}``: frees the session's slot at once."""

@@ -11,6 +11,8 @@ Pure standard library: the client (``sequence_ai_core``) and the server
   ``"data"``, then the raw JPEG/PNG bytes; offsets count from the first byte after the JSON.
   Depth frames (16-bit PNG, rare) stay base64 in the JSON. A malformed body raises
   ``FramingError`` (a ValueError) with the sentence a 400 answer carries;
+* the persistent /act channel's path and request format bytes (``ACT_CHANNEL_PATH``; the
+  websocket carries the /act framing unchanged after a 5-byte header);
 * the error-code table (``ERROR_CODES``): code -> HTTP status -> retryable -> the client's
   exception class name. The server answers with these statuses; the client picks its class
   from them;
@@ -33,6 +35,7 @@ __all__ = [
     "FramingError", "encode_act_body", "decode_act_body", "frame_bytes",
     "ErrorCode", "ERROR_CODES",
     "CameraSpec", "ObservationSpec", "ActionSpec", "Contract", "DELAY_MODES", "DELAY_FIELDS",
+    "ACT_CHANNEL_PATH", "CHANNEL_FORMAT_JSON", "CHANNEL_FORMAT_BINARY",
 ]
 
 #: The delay modes a policy may declare (``seq.ActionContract(delay_modes=...)``).
@@ -49,6 +52,11 @@ BINARY_CONTENT_TYPE = "application/vnd.sequence-ai.act+bin"
 # ~30 KB; raw 4K frames still fit.
 MAX_BODY_BYTES = 32 * 1024 * 1024
 _DESIGN = "see docs/design.md: Binary /act body"
+# The persistent /act channel (a websocket on the worker; docs/design.md "The /act channel"):
+# its path, and the format byte of a request message (after the u32 sequence number).
+ACT_CHANNEL_PATH = "/act/ws"
+CHANNEL_FORMAT_JSON = 0
+CHANNEL_FORMAT_BINARY = 1
 
 
 # ---------------------------------------------------------------- the /act framing

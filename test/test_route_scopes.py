@@ -218,3 +218,36 @@ def test_the_refused_calls_changed_nothing(gw):
     names = {k["name"] for k in gw.client.get("/v1/keys").json()["keys"] if k["revoked_at"] is None}
     assert {"local", "arm-1", "arm-2"} <= names
     assert (gw.data_dir / "state.db").exists() and (gw.data_dir / "api_key").exists()
+
+
+# ---------------------------------------------------------------- the worker's own routes
+
+_WORKER_ROW = re.compile(r"^\| worker (GET|POST|PUT|DELETE|PATCH|WS) \| (/\S*) \| ([a-z ]+?) \|")
+WORKER_SCOPES = ("none", "direct secret", "worker secret")
+
+
+def test_every_worker_route_is_in_the_worker_table_with_a_scope(tmp_path, monkeypatch):
+    """HTTP and websocket routes of the worker app = the "Worker routes" rows of docs/design.md."""
+    from starlette.routing import WebSocketRoute
+
+    from sequence_ai_server.worker_app import WorkerState, create_app
+
+    for name in ("SEQ_CAPTURE_DIR", "SEQ_WORKER_SECRET_FILE", "SEQ_WORKER_ACTIVITY_FILE"):
+        monkeypatch.delenv(name, raising=False)
+    app = create_app(WorkerState("w"), "s3cret")
+    routes = set()
+    for route in app.routes:
+        if isinstance(route, WebSocketRoute):
+            routes.add(("WS", route.path))
+        for method in getattr(route, "methods", None) or ():
+            if method != "HEAD":
+                routes.add((method, route.path))
+    doc = {}
+    for line in DESIGN.read_text().splitlines():
+        m = _WORKER_ROW.match(line)
+        if m:
+            doc[(m.group(1), m.group(2))] = m.group(3).strip()
+    assert ("WS", "/act/ws") in routes and ("POST", "/act") in routes
+    assert {v for v in doc.values()} <= set(WORKER_SCOPES), doc
+    assert sorted(routes - set(doc)) == [], "worker routes without a row in docs/design.md's Worker routes table"
+    assert sorted(set(doc) - routes) == [], "Worker routes rows for routes the worker no longer has"

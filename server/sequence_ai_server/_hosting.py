@@ -104,6 +104,7 @@ class _Item:
     prepared: Optional[Prepared]
     future: concurrent.futures.Future
     episode_end: Optional[str] = None          # an on_episode call instead of an inference
+    raw: Optional[tuple] = None                # (body, content type): decoded on the replica's thread
 
 
 @dataclass
@@ -170,9 +171,11 @@ class _Replica:
                     item = self.queue.get(timeout=wait)
                 except queue.Empty:
                     break
-            if item.prepared is None:               # an episode end: run it after this batch
+            if item.episode_end is not None:        # an episode end: run it after this batch
                 self.queue.put(item)
                 break
+            if item.raw is not None and not self._prepare(item):
+                continue
             items.append(item)
         return items
 
@@ -187,12 +190,32 @@ class _Replica:
                 if first.episode_end is not None:
                     self._end_episode(first)
                     continue
+                if first.raw is not None and not self._prepare(first):
+                    continue
                 items = self._gather(first)
                 live = [i for i in items if i.future.set_running_or_notify_cancel()]
                 if live:
                     self._infer(live)
             finally:
                 self.busy = False
+
+    def _prepare(self, item: _Item) -> bool:
+        """Decode a raw item here, on the replica's thread (``PolicyHost.submit_raw``). False when
+        it was cancelled before, or its body was refused (the future then carries the ApiError)."""
+        raw, item.raw = item.raw, None
+        if item.future.cancelled():
+            return False
+        try:
+            item.prepared = prepared = self.host.prepare(*raw)
+        except Exception as exc:  # noqa: BLE001 - an ApiError (bad body) or a bug: the caller answers it
+            if item.future.set_running_or_notify_cancel():
+                item.future.set_exception(exc)
+            return False
+        if prepared.episode_id is not None:
+            self.host._route(prepared.episode_id)       # episode bookkeeping (one replica: this one)
+            if prepared.end_episode:
+                self.host.end_episode(prepared.episode_id)
+        return True
 
     def _end_episode(self, item: _Item) -> None:
         try:
@@ -391,6 +414,22 @@ class PolicyHost:
         if prepared.end_episode and prepared.episode_id is not None:
             self.end_episode(prepared.episode_id)
         return fut
+
+    @property
+    def decodes_on_replica(self) -> bool:
+        """True when ``submit_raw`` may be used: one replica, so no routing needs the body first."""
+        return len(self.replicas) == 1
+
+    def submit_raw(self, raw: bytes, content_type: str) -> tuple[concurrent.futures.Future, _Item]:
+        """Queue an undecoded /act body on the only replica: it is parsed, checked and decoded on
+        the replica's thread just before inference (one thread hop in all). -> (Future of
+        (result, seconds, batch size), the item: ``item.prepared`` is set once decoded). The
+        future raises ApiError(invalid_request) for a refused body, else as ``submit``. Only
+        when ``decodes_on_replica``; with several replicas use ``prepare`` + ``submit``."""
+        fut: concurrent.futures.Future = concurrent.futures.Future()
+        item = _Item(None, fut, raw=(raw, content_type))
+        self.replicas[0].queue.put(item)
+        return fut, item
 
     def end_episode(self, episode_id: str) -> concurrent.futures.Future:
         """End an episode: ``@seq.on_episode(episode_id)`` runs on its replica after the acts

@@ -1,10 +1,11 @@
 """The worker's HTTP face: the FastAPI app over one ``PolicyHost`` (``_hosting.py``).
 
-Routes: ``/ping`` and ``/info`` (open), ``/act`` and ``/episode/end`` (the direct secret: a
-gateway-signed lease token or the raw worker secret), ``/control/revoke`` (the raw worker secret
+Routes: ``/ping`` and ``/info`` (open), ``/act``, the websocket ``/act/ws`` (``act_channel.py``)
+and ``/episode/end`` (the direct secret: a gateway-signed lease token or the raw worker secret), ``/control/revoke`` (the raw worker secret
 only), ``/openapi.json``. Credentials are checked from the headers before a byte of the body is
 read (``_AuthFirst``), then a body over the size limit is refused 413; parsing and decoding run on
-a thread, never on the event loop. The process around the app is ``worker.py``.
+the replica's own thread (one thread hop; with several replicas on a worker thread first, since
+routing by episode reads the body), never on the event loop. The process around the app is ``worker.py``.
 """
 from __future__ import annotations
 
@@ -144,6 +145,14 @@ def create_app(state: WorkerState, secret: str, *, max_body_bytes: int = MAX_BOD
     app.state.capture = CaptureWriter.from_env()
     _add_probe_routes(app, state)
     _add_act_routes(app, state, max_body_bytes)
+    from .act_channel import add_act_channel  # the persistent /act channel (a websocket)
+    add_act_channel(app, state, direct_auth, max_body_bytes)
+    try:                                             # openpi's websocket protocol at / (needs msgpack)
+        from .openpi_compat import add_openpi_endpoint
+    except ImportError:
+        log.info("msgpack is not installed: no openpi-compatible endpoint")
+    else:
+        add_openpi_endpoint(app, state, direct_auth, max_body_bytes)
     _add_control_routes(app, direct_auth)
     _install_openapi(app)
     from .json_guard import JsonStringGuard   # NUL/lone surrogate in a JSON string -> 400 (inside the auth check)
@@ -195,13 +204,13 @@ def _add_probe_routes(app: FastAPI, state: WorkerState) -> None:
                 "mode": host.mode}
 
 
-async def _infer(host: PolicyHost, prepared: Any, rid: str) -> tuple[Any, float, int]:
-    """Queue ``prepared`` and wait up to ``timeouts.request`` -> (result, seconds, batch size);
-    504 request_timeout past it (the inference still finishes), the policy's error as its ApiError."""
-    future = asyncio.wrap_future(host.submit(prepared))
+async def _infer(host: PolicyHost, future: Any, rid: str) -> tuple[Any, float, int]:
+    """Wait for a queued request's future up to ``timeouts.request`` -> (result, seconds, batch
+    size); 504 request_timeout past it (the inference still finishes), the policy's error as its
+    ApiError, a refused body's ApiError as it is."""
     timeout = host.spec.timeouts.request
     try:
-        return await asyncio.wait_for(asyncio.shield(future), timeout)
+        return await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(future)), timeout)
     except asyncio.TimeoutError:
         log.warning("%s ran past the request timeout (%g s); the worker finishes it", rid, timeout)
         raise ApiError("request_timeout", f"inference ran past the request timeout of {timeout:g} s; "
@@ -211,6 +220,51 @@ async def _infer(host: PolicyHost, prepared: Any, rid: str) -> tuple[Any, float,
     except PolicyError as exc:
         log.warning("%s %s", rid, exc)
         raise exc.to_api_error() from None
+
+
+async def queue_act(host: PolicyHost, raw: bytes, content_type: str) -> tuple[Any, Any]:
+    """Queue one /act body -> (concurrent Future of (result, seconds, batch), holder whose
+    ``.prepared`` is the decoded request once it ran). One replica: the body is parsed and
+    decoded on the replica's own thread (one thread hop); several: decoded on a worker thread
+    first, since routing by episode needs it. Raises ApiError for a refused body (several)."""
+    if host.decodes_on_replica:
+        return host.submit_raw(raw, content_type)
+    prepared = await anyio.to_thread.run_sync(host.prepare, raw, content_type)
+    return host.submit(prepared), _Decoded(prepared)
+
+
+class _Decoded:
+    """The holder ``queue_act`` returns when the body was decoded before queueing."""
+    __slots__ = ("prepared",)
+
+    def __init__(self, prepared: Any) -> None:
+        self.prepared = prepared
+
+
+async def run_act(host: PolicyHost, raw: bytes, content_type: str, rid: str, capture: Any = None,
+                  on_queued: Any = None) -> bytes:
+    """One /act request end to end -> the JSON answer's bytes (``ActResponse``). Shared by the
+    HTTP route and the websocket channel (``act_channel.py``). ``on_queued(future)`` sees the
+    queued request's future (the channel cancels it on the client's word). Raises ApiError."""
+    future, holder = await queue_act(host, raw, content_type)
+    if on_queued is not None:
+        on_queued(future)
+    result, seconds, batch = await _infer(host, future, rid)
+    prepared = holder.prepared
+    chunk, more, outputs = finish_chunk(result, host.spec)
+    if more:
+        log.info("%s clipped: %s", rid, more[0])
+    payload = {"action_chunk": chunk, "warnings": prepared.warnings + more,
+               "inference_ms": round(seconds * 1000.0, 3), "batch_size": batch, "request_id": rid,
+               "outputs": outputs, **prepared.echo}   # the client's request_id / generation, when it sent them
+    try:
+        content = json.dumps(payload, separators=(",", ":"), allow_nan=False).encode()
+    except (TypeError, ValueError) as exc:
+        raise ApiError("policy_error", f"infer() returned outputs that are not JSON ({exc})",
+                       details={"reason": "outputs"}, hint="return dicts/lists of numbers and strings") from None
+    if capture is not None:   # a non-blocking hand-off to the capture writer's thread
+        capture.offer(raw, content_type, prepared.episode_id, prepared.params, chunk, rid, payload["inference_ms"])
+    return content
 
 
 def _add_act_routes(app: FastAPI, state: WorkerState, max_body_bytes: int) -> None:
@@ -224,22 +278,7 @@ def _add_act_routes(app: FastAPI, state: WorkerState, max_body_bytes: int) -> No
         rid = request.state.request_id
         raw = await _read_body(request, max_body_bytes)
         host = state.ready_host()
-        prepared = await anyio.to_thread.run_sync(host.prepare, raw, request.headers.get("content-type", ""))
-        result, seconds, batch = await _infer(host, prepared, rid)
-        chunk, more, outputs = finish_chunk(result, host.spec)
-        if more:
-            log.info("%s clipped: %s", rid, more[0])
-        payload = {"action_chunk": chunk, "warnings": prepared.warnings + more,
-                   "inference_ms": round(seconds * 1000.0, 3), "batch_size": batch, "request_id": rid,
-                   "outputs": outputs, **prepared.echo}   # the client's request_id / generation, when it sent them
-        try:
-            content = json.dumps(payload, separators=(",", ":"), allow_nan=False).encode()
-        except (TypeError, ValueError) as exc:
-            raise ApiError("policy_error", f"infer() returned outputs that are not JSON ({exc})",
-                           details={"reason": "outputs"}, hint="return dicts/lists of numbers and strings") from None
-        if capture is not None:   # a non-blocking hand-off to the capture writer's thread
-            capture.offer(raw, request.headers.get("content-type", ""), prepared.episode_id, prepared.params,
-                          chunk, rid, payload["inference_ms"])
+        content = await run_act(host, raw, request.headers.get("content-type", ""), rid, capture)
         return Response(content, media_type="application/json", headers={"X-Request-ID": rid})
 
     @app.post("/episode/end", responses=_ERRORS, openapi_extra={"security": _DIRECT_SECURITY})

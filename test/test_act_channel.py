@@ -1,0 +1,241 @@
+"""The persistent /act channel (``WS /act/ws``) against a real worker process on loopback: the same
+answers, errors, credentials and limits as HTTP ``/act``, cancellation of a queued request, and
+the client wire using it by default, reconnecting through it, and falling back to HTTP."""
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import struct
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+from websockets.exceptions import InvalidStatus
+from websockets.sync.client import connect as ws_connect
+
+from _core_support import ECHO, connect, observation, unique
+from _servers import ROOT, WorkerProcess, _env, echo_observation
+from sequence_ai_core._wire import Session, Wire
+from sequence_ai_core.protocol import encode_act_body
+from sequence_ai_server.leases import sign_lease
+
+pytestmark = pytest.mark.filterwarnings("ignore:run\\(\\)/act\\(\\) called with validate=None")
+
+
+@pytest.fixture(scope="module")
+def worker(tmp_path_factory):
+    w = WorkerProcess.start(ECHO, tmp_path_factory.mktemp("channel"), name="chan",
+                            env={"SEQ_WORKER_MAX_BODY_BYTES": "200000"})
+    try:
+        yield w
+    finally:
+        w.stop()
+
+
+def _ws(worker, token=None):
+    return ws_connect(f"ws://127.0.0.1:{worker.port}/act/ws", max_size=None, proxy=None,
+                      additional_headers={"Authorization": f"Bearer {worker.secret if token is None else token}"})
+
+
+def _body(params=None, **obs):
+    return {"observation": echo_observation(**obs), "params": params or {}}
+
+
+def _send(ws, seq, body, binary=True):
+    content, ctype = encode_act_body(body, binary)
+    ws.send(struct.pack(">IB", seq, 1 if ctype.endswith("+bin") else 0) + content)
+
+
+def _answer(ws, timeout=30):
+    data = ws.recv(timeout=timeout)
+    seq, status = struct.unpack_from(">IH", data)
+    return seq, status, json.loads(data[6:])
+
+
+def test_the_channel_answers_as_http_act_does(worker):
+    body = _body({"chunk_len": 4}, joint_positions=[0, 0, 1, 2, 3, 4, 5])
+    body["request_id"] = "r-17"          # a field the channel does not know rides along untouched
+    http = worker.act(body)
+    assert http.status_code == 200, http.text
+    with _ws(worker) as ws:
+        _send(ws, 7, body, binary=True)
+        seq, status, got = _answer(ws)
+        _send(ws, 8, body, binary=False)
+        seq2, status2, got_json = _answer(ws)
+    assert (seq, status, seq2, status2) == (7, 200, 8, 200)
+    rows = got["action_chunk"]["actions"]
+    assert len(rows) == 4 and rows[0][2:7] == [1.0, 2.0, 3.0, 4.0, 5.0]
+    assert rows[0][0] == http.json()["action_chunk"]["actions"][0][0] + 1      # the next request
+    assert got_json["action_chunk"]["actions"][0][0] == rows[0][0] + 1
+    assert set(got) == set(http.json()) and got["request_id"].startswith("req_")
+
+
+def test_errors_have_the_http_shape_and_status(worker):
+    bad = _body(views={"exterior_1": base64.b64encode(b"not an image").decode()})
+    http = worker.act(bad)
+    with _ws(worker) as ws:
+        _send(ws, 1, bad, binary=False)
+        _, status, err = _answer(ws)
+        _send(ws, 2, _body({"fail": "RuntimeError"}))
+        _, status_policy, err_policy = _answer(ws)
+        _send(ws, 3, _body({"no_such_param": 1}))
+        _, status_param, err_param = _answer(ws)
+    assert (status, err["code"], err["detail"]) == (http.status_code, http.json()["code"], http.json()["detail"])
+    assert status == 400 and err["request_id"].startswith("req_")
+    assert status_policy == 500 and err_policy["code"] == "policy_error"
+    assert err_policy["details"]["exception_type"] == "RuntimeError"
+    assert status_param == 400 and err_param["details"]["reason"] == "params"
+
+
+def test_credentials_are_checked_at_open_and_per_request(worker):
+    with pytest.raises(InvalidStatus) as refused:
+        _ws(worker, token="wrong").__enter__()
+    assert refused.value.response.status_code == 401
+    assert json.loads(refused.value.response.body)["code"] == "unauthorized"
+    token = sign_lease(worker.secret, "sess_chan", 1, time.time() + 1.5)
+    with _ws(worker, token=token) as ws:
+        _send(ws, 1, _body())
+        assert _answer(ws)[1] == 200
+        time.sleep(1.7)                   # the lease lapses while the channel stays open
+        _send(ws, 2, _body())
+        seq, status, err = _answer(ws)
+    assert (seq, status, err["code"]) == (2, 401, "lease_expired")
+
+
+def test_the_body_limit_is_the_http_one(worker):
+    big = _body(views={"exterior_1": base64.b64encode(b"\xff\xd8" + b"\0" * 250_000).decode()})
+    http = worker.act(big)
+    with _ws(worker) as ws:
+        _send(ws, 1, big)
+        _, status, err = _answer(ws)
+    assert http.status_code == 413 and (status, err["code"]) == (413, "payload_too_large")
+    assert err["details"]["limit_bytes"] == 200000
+
+
+def test_a_body_far_over_the_limit_is_payload_too_large_on_the_wire(worker):
+    """Over twice the limit the worker closes the channel (1009): the wire raises the same
+    InvalidRequest payload_too_large as HTTP's 413, without a replay."""
+    from sequence_ai_core import InvalidRequest
+
+    async def go():
+        wire = _wire(worker)
+        obs = observation().to_wire()
+        obs["images"][0]["data"] = b"\xff\xd8" + b"\0" * 600_000
+        try:
+            with pytest.raises(InvalidRequest) as refused:
+                await wire.act(obs)
+            return refused.value, wire.reconnects
+        finally:
+            await wire.aclose()
+    err, reconnects = asyncio.run(go())
+    assert (err.code, err.status_code, reconnects) == ("payload_too_large", 413, 0)
+
+
+def test_a_cancelled_queued_request_never_runs(worker):
+    with _ws(worker) as ws:
+        _send(ws, 1, _body({"latency_ms": 600}))
+        _send(ws, 2, _body())
+        ws.send(json.dumps({"cancel": 2}))
+        seq, status, first = _answer(ws)
+        _send(ws, 3, _body())
+        seq3, status3, third = _answer(ws)
+    assert (seq, status, seq3, status3) == (1, 200, 3, 200)       # no answer for 2
+    # column 0 is the policy's call counter: request 2 was never run
+    assert third["action_chunk"]["actions"][0][0] == first["action_chunk"]["actions"][0][0] + 1
+
+
+def _wire(worker, **kw) -> Wire:
+    wire = Wire("http://127.0.0.1:9", "unused", "chan", timeout_s=30.0, body_format="binary", **kw)
+    wire.session = Session(session_id=None, worker_url=worker.url, direct_secret=worker.secret)
+    return wire
+
+
+def test_the_wire_uses_the_channel_and_skips_an_interrupted_answer(worker):
+    async def go():
+        wire = _wire(worker)
+        try:
+            first = await wire.act(observation().to_wire())
+            slow = asyncio.ensure_future(wire.act(observation().to_wire(), params={"latency_ms": 500}))
+            await asyncio.sleep(0.2)
+            slow.cancel()                                       # interrupt while it runs
+            with pytest.raises(asyncio.CancelledError):
+                await slow
+            after = await wire.act(observation().to_wire())     # its late answer is skipped
+            return wire.channel_opens, wire._channel.requests, first, after
+        finally:
+            await wire.aclose()
+    opens, requests, first, after = asyncio.run(go())
+    assert (opens, requests) == (1, 2)
+    assert after.action_chunk.actions[0][0] == first.action_chunk.actions[0][0] + 2
+
+
+def test_a_dropped_channel_is_reopened_and_the_request_replayed(module_gateway):
+    """The channel closes under the wire: it resumes the session through the gateway, reopens
+    the channel and replays the request, as for a dropped HTTP connection."""
+    name = unique("echo-drop")
+    module_gateway.deploy(ECHO, name, wait=True)
+    with connect(module_gateway, name) as policy:
+        first = policy.predict(observation())
+        wire = policy._engine._wire
+        wire._channel._ws.transport.abort()          # the TCP connection goes away under the wire
+        pred = policy.predict(observation())
+        assert pred.action_chunk.actions[0][0] == first.action_chunk.actions[0][0] + 1
+        assert (policy.reconnects, wire.resumed, wire.channel_opens) == (1, 1, 2)
+
+
+def test_through_the_gateway_the_channel_is_the_default(module_gateway):
+    name = unique("echo-chan")
+    module_gateway.deploy(ECHO, name, wait=True)
+    with connect(module_gateway, name) as policy:
+        policy.predict(observation())
+        policy._engine._wire.session.direct_secret = "rotated-away"   # the channel open is refused 401
+        pred = policy.predict(observation())
+        wire = policy._engine._wire
+        assert len(pred.action_chunk) == 10 and policy.reconnects == 1
+        assert wire.transport == "auto" and wire.channel_opens == 2 and wire._channel.requests == 1
+
+
+_NO_WEBSOCKETS = """
+import importlib.abc, sys
+class Block(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name == "websockets" or name.startswith("websockets."):
+            raise ImportError("blocked for the test")
+sys.meta_path.insert(0, Block())
+import asyncio
+from sequence_ai_core import _channel
+from sequence_ai_core._wire import Session, Wire
+from _core_support import observation
+assert not _channel.available()
+async def go():
+    wire = Wire("http://127.0.0.1:9", "unused", "w", body_format="binary")
+    wire.session = Session(session_id=None, worker_url=sys.argv[1], direct_secret=sys.argv[2])
+    pred = await wire.act(observation().to_wire())
+    await wire.aclose()
+    print("OK", wire.channel_opens, len(pred.action_chunk))
+asyncio.run(go())
+"""
+
+
+def test_without_websockets_the_wire_falls_back_to_http(worker):
+    done = subprocess.run([sys.executable, "-c", _NO_WEBSOCKETS, worker.url, worker.secret], capture_output=True,
+                          text=True, timeout=120, env=_env({"PYTHONPATH": f"{ROOT / 'test'}:{ROOT}"}), cwd=ROOT)
+    assert done.stdout.strip() == "OK 0 10", done.stderr[-2000:]
+
+
+def test_a_worker_without_the_channel_is_reached_over_http(worker):
+    """An older worker answers the upgrade with 404: HTTP /act for that worker from then on."""
+    async def go():
+        wire = _wire(worker)
+        wire.session.worker_url = worker.url + "/nochannel"      # /nochannel/act/ws: no such route
+        try:
+            opened = await wire._open_channel(wire.session)
+            return opened, wire._no_channel
+        finally:
+            await wire.aclose()
+    opened, no_channel = asyncio.run(go())
+    assert opened is None and no_channel == worker.url + "/nochannel"
+    assert httpx.get(worker.url + "/ping", timeout=10).json()["status"] == "ready"
