@@ -57,7 +57,7 @@ def _answer(ws, timeout=30):
 
 def test_the_channel_answers_as_http_act_does(worker):
     body = _body({"chunk_len": 4}, joint_positions=[0, 0, 1, 2, 3, 4, 5])
-    body["request_id"] = "r-17"          # a field the channel does not know rides along untouched
+    body["request_id"] = "r-17"          # the client's request id rides the channel untouched and is echoed
     http = worker.act(body)
     assert http.status_code == 200, http.text
     with _ws(worker) as ws:
@@ -70,7 +70,7 @@ def test_the_channel_answers_as_http_act_does(worker):
     assert len(rows) == 4 and rows[0][2:7] == [1.0, 2.0, 3.0, 4.0, 5.0]
     assert rows[0][0] == http.json()["action_chunk"]["actions"][0][0] + 1      # the next request
     assert got_json["action_chunk"]["actions"][0][0] == rows[0][0] + 1
-    assert set(got) == set(http.json()) and got["request_id"].startswith("req_")
+    assert set(got) == set(http.json()) and got["request_id"] == http.json()["request_id"] == "r-17"
 
 
 def test_errors_have_the_http_shape_and_status(worker):
