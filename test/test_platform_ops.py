@@ -21,7 +21,7 @@ from zoneinfo import ZoneInfo
 import httpx
 import pytest
 
-from _servers import POLICIES, ROOT, GatewayProcess, _env
+from _servers import ECHO_POLICY, POLICIES, ROOT, GatewayProcess, _env
 
 from sequence_ai_server.alerts import sign, verify_signature
 from sequence_ai_server.gpus import gpu_refusal, parse_nvidia_smi_csv
@@ -209,6 +209,7 @@ def test_usage_counts_worker_seconds_requests_errors_and_bytes_per_deployment(op
 def test_limits_refuse_new_connects_and_builds_naming_the_limit_and_never_cut_an_open_session(ops_gateway):
     gw = ops_gateway
     assert gw.deploy(OPS, "qa")["status"] == "ready"
+    assert _seq(gw, "policy", "scale", "qa", "--min", "1").returncode == 0    # warm: no 2 s idle-out
     conn = gw.connect_ready("qa")
     r = _seq(gw, "account", "limits", "--workers", "1")
     assert r.returncode == 0 and "account      workers 1/1" in r.stdout, r.stdout
@@ -319,6 +320,7 @@ def test_alerts_are_signed_retried_and_verified_by_a_real_receiver(ops_gateway):
         assert ev["deployment"] == "albad" and "checkpoint missing" in ev["details"]["error"]
 
         assert gw.deploy(OPS, "al")["status"] == "ready"
+        assert _seq(gw, "policy", "scale", "al", "--min", "1").returncode == 0   # warm: no 2 s idle-out
         conn = gw.connect_ready("al")
         codes = [_act(conn, {"op": op}).status_code for op in ("echo", "echo", "echo", "fail", "fail")]
         assert codes == [200, 200, 200, 500, 500]
@@ -332,11 +334,12 @@ def test_alerts_are_signed_retried_and_verified_by_a_real_receiver(ops_gateway):
         crash = _until("worker_crashed", lambda: rx.events("worker_crashed"))[0]
         assert crash["deployment"] == "al" and crash["details"]["exit_code"] == -9
 
-        assert _seq(gw, "account", "limits", "--workers", "0").returncode == 0
-        r = gw.connect("al")                                                        # would start a worker
+        assert _seq(gw, "account", "limits", "--worker-hours", "0.00001").returncode == 0
+        time.sleep(1.0)
+        r = gw.connect("al")
         assert r.status_code == 402
         quota = _until("quota_reached", lambda: rx.events("quota_reached"))[0]
-        assert quota["deployment"] == "al" and quota["details"]["limit"] == "max_workers"
+        assert quota["deployment"] == "al" and quota["details"]["limit"] == "worker_hours_per_day"
 
         assert all(g["verified"] for g in rx.got if g["body"] is not None and g["ts"] != old)
         r = _seq(gw, "alerts", "ls")
@@ -363,7 +366,7 @@ def test_seq_gpus_lists_this_machine_and_a_card_it_lacks_is_refused_at_deploy(op
     r = gw.connect("big")
     assert r.status_code == 503 and r.json()["code"] == "worker_failed" and "H100:2" in r.json()["detail"]
 
-    assert gw.deploy(OPS, "small")["status"] == "ready"
+    assert gw.deploy(ECHO_POLICY, "small")["status"] == "ready"      # no gpu=: runs on the CPU
     r = _seq(gw, "gpus")
     assert r.returncode == 0, r.stderr
     assert "source      cpu" in r.stdout and f"cpu         {os.cpu_count()} cores" in r.stdout

@@ -95,7 +95,10 @@ def policy_usage(name: str, since: Optional[str] = typer.Option(None, "--since",
                  gw: Optional[str] = GatewayOpt, api_key: Optional[str] = ApiKeyOpt,
                  data_dir: Optional[Path] = DataDirOpt) -> None:
     """A deployment's usage: worker-seconds by card type, requests, errors, bytes, captured bytes."""
-    start = parse_since(since)
+    try:
+        start = parse_since(since)
+    except CliError as exc:
+        fail(exc)
     u = call(gw, api_key, data_dir, "GET", f"/v1/deployments/{name}/usage", params={"since": start})
     t = u["totals"]
     cards = ", ".join(f"{c} {s:.1f} s" for c, s in sorted(t["worker_s"].items())) or "none"

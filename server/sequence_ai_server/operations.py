@@ -256,27 +256,28 @@ class Operations:
         b = row.build or {}
         if b.get("status") == "failed":
             keys.append(("build_failed", row.name, b.get("version"), b.get("started_at")))
-        if row.status == "failed" and row.phase == "exited":
-            keys.append(("worker_crashed", row.name, row.epoch, row.started_at))
-        elif row.status == "failed" and not row.served:
+        if row.status == "failed" and row.phase != "exited" and not row.served:
             keys.append(("build_failed", row.name, row.version, row.started_at))
         return keys
 
     def _watch_failures(self) -> None:
+        """Alert ``build_failed`` for each failed version not alerted yet (a failed first start,
+        or a build beside the serving version)."""
         for row in self.store.all():
             for k in self._failure_keys(row):
                 if k in self._alerted:
                     continue
                 self._alerted.add(k)
                 b = row.build or {}
-                if k[0] == "worker_crashed":
-                    details = {"version": row.version, "error": row.error,
-                               "exit_code": (row.details or {}).get("exit_code")}
-                elif b.get("status") == "failed" and k[2] == b.get("version") and k[3] == b.get("started_at"):
+                if b.get("status") == "failed" and k[2] == b.get("version") and k[3] == b.get("started_at"):
                     details = {"version": b.get("version"), "error": b.get("error"), "serving": row.version}
                 else:
                     details = {"version": row.version, "error": row.error, "serving": None}
                 self.alerts.emit(k[0], row.name, details)
+
+    def alert_crash(self, name: str, version: int, pid: int, code: Optional[int], error: str) -> None:
+        """The serving worker ``pid`` of ``name`` exited while serving: alert ``worker_crashed``."""
+        self.alerts.emit("worker_crashed", name, {"version": version, "pid": pid, "exit_code": code, "error": error})
 
     def _watch_rates(self, now: float) -> None:
         hooks = [h for h in self.webhooks.all() if h.error_rate is not None or h.p95_ms is not None]

@@ -455,6 +455,7 @@ class WorkerSupervision:
                                   details={"log_tail": _log_tail(w.log_path), "exit_code": code},
                                   worker_port=None, worker_pid=None)
                 log.warning("%s: %s", name, msg)
+                self.alert_crash(name, row.version, w.proc.pid, code, msg)   # webhooks (operations.py)
             return
         if row.status == "starting" and w.startup_expired(time.time()):
             self.workers.pop(name, None)
