@@ -25,7 +25,6 @@ app.add_typer(serve.app)
 app.add_typer(deploy.app)
 account.app.add_typer(ops.limits_app)
 app.add_typer(account.app, name="account")
-app.add_typer(ops.gpus_app)
 app.add_typer(author.app)
 policy.app.add_typer(versions.app)
 policy.app.add_typer(traffic.app)
@@ -40,6 +39,7 @@ app.add_typer(author.image_app, name="image")
 app.add_typer(eval.app, name="eval")
 app.add_typer(adapter.app, name="adapter")
 app.add_typer(ops.alerts_app, name="alerts")
+app.add_typer(ops.gpus_app)
 
 
 def main() -> None:
