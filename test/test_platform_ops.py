@@ -372,3 +372,34 @@ def test_seq_gpus_lists_this_machine_and_a_card_it_lacks_is_refused_at_deploy(op
     assert "source      cpu" in r.stdout and f"cpu         {os.cpu_count()} cores" in r.stdout
     assert 'cards       none: gpu="cpu"' in r.stdout and "held        small: 1 worker(s), no card" in r.stdout
     assert "big" not in r.stdout
+
+
+def test_a_limit_refusal_names_the_limit_its_scope_and_what_is_used():
+    from sequence_ai_server.quotas import Limits, refusal
+    cards = Limits("key:key_7", max_cards=2)
+    err = refusal(cards, action="connect", model="pi", starts_worker=True, workers=1, cards=2, new_cards=1,
+                  worker_hours_today=0.0)
+    assert err.code == "quota_exceeded" and err.status == 402
+    assert err.details == {"reason": "quota_reached", "limit": "max_cards", "scope": "key:key_7", "value": 2,
+                           "used": 2, "action": "connect", "deployment": "pi"}
+    assert "key key_7's limit of 2 cards (max_cards) is reached" in err.detail and "--cards N --key key_7" in err.hint
+    # a connect to a worker that already runs starts nothing: workers and cards are not in the way
+    assert refusal(cards, action="connect", model="pi", starts_worker=False, workers=1, cards=2, new_cards=1,
+                   worker_hours_today=0.0) is None
+    assert refusal(cards, action="build", model="pi", starts_worker=True, workers=1, cards=1, new_cards=1,
+                   worker_hours_today=0.0) is None                              # 1 + 1 fits in 2
+    hours = Limits("account", worker_hours_per_day=8.0)
+    err = refusal(hours, action="build", model="pi", starts_worker=True, workers=0, cards=0, new_cards=0,
+                  worker_hours_today=8.0)
+    assert err.details["limit"] == "worker_hours_per_day" and "cannot build a new version" in err.detail
+
+
+def test_the_last_hours_p95_is_the_nearest_rank_and_old_samples_leave_the_window():
+    from sequence_ai_server.usage import Recent
+    rec = Recent(window_s=3600.0)
+    rec.add("p", [[i, float(i), int(i > 18)] for i in range(1, 21)], now=1000.0)   # 1..20 ms, two errors
+    s = rec.stats("p", now=1000.0)
+    assert s == {"requests": 20, "errors": 2, "error_rate": 0.1, "p95_ms": 19.0}
+    rec.add("p", [[21, 500.0, 0]], now=1000.0 + 3601.0)
+    assert rec.stats("p", now=1000.0 + 3601.0) == {"requests": 1, "errors": 0, "error_rate": 0.0, "p95_ms": 500.0}
+    assert rec.stats("q", now=0.0)["p95_ms"] is None

@@ -18,6 +18,7 @@ measured on disk (``<data_dir>/capture/<name>``) when asked.
 from __future__ import annotations
 
 import collections
+import math
 import os
 import threading
 import time
@@ -145,7 +146,7 @@ class Recent:
             return {"requests": 0, "errors": 0, "error_rate": None, "p95_ms": None}
         ms = sorted(r[1] for r in rows)
         errors = sum(r[2] for r in rows)
-        p95 = ms[min(len(ms) - 1, max(0, int(round(0.95 * len(ms) + 0.5)) - 1))]
+        p95 = ms[max(0, math.ceil(0.95 * len(ms)) - 1)]          # nearest rank
         return {"requests": len(rows), "errors": errors, "error_rate": round(errors / len(rows), 4), "p95_ms": p95}
 
 
