@@ -100,8 +100,16 @@ def account(*, api_key: Optional[str] = None, gateway_url: Optional[str] = None,
         {"key":     {"id", "name", "deployment", ...},     # the key itself (never its secret)
          "balance": None,                                  # self-hosted: there is no money to count
          "self_hosted": True,
-         "usage":   {"policies": 1, "benchmarks": 0, "running_workers": 1, "sessions": 0},
-         "limits":  {"max_gpus": None | int, "lease_ttl_s": 300.0, ...}}
+         "usage":   {"policies": 1, "benchmarks": 0, "running_workers": 1, "sessions": 0,
+                     "deployments": {name: {"total": {"worker_s": {"cpu": 12.5}, "requests", "errors",
+                                                      "bytes_in", "bytes_out"} | None,
+                                            "today": {...} | None, "captured_bytes": int}}},
+         "limits":  {"max_gpus": None | int, "lease_ttl_s": 300.0, ...,
+                     "quotas": [{"scope": "account" | "key:<id>", "max_workers", "max_cards",
+                                 "worker_hours_per_day", "used": {...}}]}}
+
+    Worker-seconds are counted per card type (``cpu`` without ``gpu=``); requests, errors and
+    bytes are the deployment's ``/act`` traffic as its workers counted it (``seq policy usage``).
 
     ``balance`` is None on a self-hosted gateway, which meters nothing in money (the hosted
     service is prepaid); ``limits`` are the caps this gateway is configured with (None: no cap).

@@ -63,6 +63,15 @@ def account_lines(a: dict) -> List[str]:
     gpus = lim.get("max_gpus")
     lines.append(f"limits      workers {'no cap' if gpus is None else gpus} (SEQ_MAX_GPUS), lease "
                  f"{lim.get('lease_ttl_s', 0):g} s, request body {lim.get('max_body_bytes', 0) / 2**20:g} MiB")
+    for q in lim.get("quotas") or []:
+        set_ = [f"{k} {q['used'][k]:g}/{q[k]:g}" for k in ("max_workers", "max_cards", "worker_hours_per_day")
+                if q.get(k) is not None]
+        lines.append(f"quota       {q['scope']}: {', '.join(set_) or 'none'}")
+    for name, d in sorted((u.get("deployments") or {}).items()):
+        t = d.get("total") or {}
+        cards = ", ".join(f"{c} {s:.1f} s" for c, s in sorted((t.get("worker_s") or {}).items())) or "0 s"
+        lines.append(f"usage       {name}: {cards}; {t.get('requests', 0)} requests ({t.get('errors', 0)} errors), "
+                     f"{t.get('bytes_in', 0)} B in, {t.get('bytes_out', 0)} B out, {d.get('captured_bytes', 0)} B captured")
     return lines
 
 

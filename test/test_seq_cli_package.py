@@ -15,9 +15,9 @@ from _servers import ROOT, _env
 
 # the command tree as it was before the CLI became a package: a group lost or renamed is a break
 TOP = ["serve", "deploy", "account", "validate", "init", "policy", "keys", "volume", "secret", "image", "eval",
-       "adapter"]
+       "adapter", "alerts", "gpus"]
 POLICY = {"ls", "status", "stop", "start", "rm", "rotate-secret", "params", "doctor", "versions", "rollback",
-          "traffic", "logs", "capture", "data"}
+          "traffic", "logs", "capture", "data", "scale", "usage"}
 MAX_FUNCTION_LINES = 80
 
 
@@ -34,6 +34,8 @@ def test_the_command_tree_has_every_group_and_policy_command():
     assert root.get_command(ctx, "volume").list_commands(ctx) == ["put", "ls", "rm"]
     assert root.get_command(ctx, "secret").list_commands(ctx) == ["set", "ls", "rm"]
     assert root.get_command(ctx, "eval").list_commands(ctx) == ["run", "status", "report", "ls", "cancel"]
+    assert root.get_command(ctx, "alerts").list_commands(ctx) == ["ls", "add", "rm", "test"]
+    assert root.get_command(ctx, "account").list_commands(ctx) == ["limits"]
 
 
 def test_the_console_script_and_both_module_forms_start_the_same_command():

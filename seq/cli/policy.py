@@ -71,6 +71,10 @@ def policy_status(name: str, gateway: Optional[str] = GatewayOpt, api_key: Optio
     recorded = {k: v for k, v in (spec.get("resources") or {}).items() if v is not None}
     if recorded:
         out.print(f"  declared  {recorded} (recorded; not used self-hosted)")
+    from .ops import scale_line
+    line = scale_line(call(gateway, api_key, data_dir, "GET", f"/v1/deployments/{name}/scale"))
+    if line:
+        out.print(line, markup=False, highlight=False)
     if d.get("stopped_at"):
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(d["stopped_at"]))
         out.print(f"  stopped   {when} by `seq policy stop`: connects are refused until `seq policy start {d['name']}`",

@@ -1,6 +1,7 @@
 """The gateway's FastAPI app: a :class:`~sequence_ai_server.gateway.Gateway`, its middleware
 (credentials first, body limit, request log; middleware.py), one router per resource
-(routes/), and the two background loops (supervision every 100 ms, health; health.py)."""
+(routes/), and the background loops (supervision every 100 ms, health; health.py, operations
+each second: usage, alerts; operations.py)."""
 from __future__ import annotations
 
 import asyncio
@@ -18,7 +19,8 @@ from .errors import install_error_handlers
 from .health import health_loop
 from .metrics import CONTENT_TYPE_LATEST, GatewayMetrics
 from .middleware import BodyLimit, CredentialsFirst, install_request_log
-from .routes import account, act_proxy, adapters, auth_for, capture, deployments, keys, models, secrets, sessions, volumes
+from .routes import (account, act_proxy, adapters, auth_for, capture, deployments, keys, models, operations,
+                     secrets, sessions, volumes)
 
 __all__ = ["create_app"]
 
@@ -35,10 +37,21 @@ async def _supervise(gw: Any) -> None:
         await asyncio.sleep(0.1)
 
 
+async def _operations(gw: Any) -> None:
+    """``gw.ops_tick()`` every second (usage, alerts; operations.py), forever; failures are logged."""
+    while True:
+        try:
+            await asyncio.to_thread(gw.ops_tick)
+        except Exception:
+            log.exception("operations tick failed")
+        await asyncio.sleep(1.0)
+
+
 def _lifespan(gw: Any, proxy: httpx.AsyncClient) -> Any:
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
-        tasks = [asyncio.create_task(_supervise(gw)), asyncio.create_task(health_loop(gw))]
+        tasks = [asyncio.create_task(_supervise(gw)), asyncio.create_task(health_loop(gw)),
+                 asyncio.create_task(_operations(gw))]
         try:
             yield
         finally:
@@ -77,7 +90,7 @@ def create_app(data_dir: Optional[Path] = None, config: Optional[ServerConfig] =
     # outermost: credentials before any body is read (scopes read off each route's dependencies)
     app.add_middleware(CredentialsFirst, gateway=gw, fastapi_app=app, markers=auth.markers())
     for r in (models.router(gw, auth), deployments.router(gw, auth), *sessions.router(gw, auth),
-              keys.router(gw, auth), account.router(gw, auth), volumes.router(gw, auth),
+              keys.router(gw, auth), account.router(gw, auth), volumes.router(gw, auth), *operations.router(gw, auth),
               *secrets.router(gw, auth), act_proxy.router(gw, auth, proxy),
               capture.router(gw, auth),
               adapters.router(gw, auth)):

@@ -15,6 +15,8 @@ home on the server side: the gateway's ``serve`` and a worker started without ``
 | ``SEQ_BACKEND`` | ``backend`` | ``local`` (``ray``: workers as Ray actors) |
 | ``SEQ_RAY_ADDRESS`` | ``ray_address`` | ``local`` (a private loopback head) |
 | ``SEQ_RAY_GPUS_PER_NODE`` | ``ray_gpus_per_node`` | 8 (cards in one machine of a Ray group) |
+| ``SEQ_ALERT_BACKOFF_S`` | ``alert_backoff_s`` | ``0.5,1,2,4`` (waits before each webhook retry) |
+| ``SEQ_TEST_CLOCK_FILE`` | ``test_clock_file`` | None (scheduled scaling reads the real time) |
 """
 from __future__ import annotations
 
@@ -56,7 +58,10 @@ class ServerConfig:
     serving workers are pinged. ``max_body_bytes``: the largest request body the gateway reads
     (None: the gateway's MAX_BODY_BYTES). ``backend``: ``local`` or ``ray``. ``ray_address``:
     the Ray cluster (``local`` starts a private head). ``ray_gpus_per_node``: cards in one
-    machine; a policy asking for more becomes a group of whole machines (ray_backend.py)."""
+    machine; a policy asking for more becomes a group of whole machines (ray_backend.py).
+    ``alert_backoff_s`` (s): the waits before each retry of a webhook delivery (alerts.py).
+    ``test_clock_file``: a file holding unix seconds that scheduled scaling reads as the time
+    (for tests that open and close a window; unset in production)."""
 
     data_dir: Path = field(default_factory=_data_dir_setting)
     lease_ttl_s: float = LEASE_TTL_S
@@ -66,6 +71,8 @@ class ServerConfig:
     backend: str = "local"
     ray_address: str = "local"
     ray_gpus_per_node: int = 8
+    alert_backoff_s: tuple = (0.5, 1.0, 2.0, 4.0)
+    test_clock_file: Optional[Path] = None
 
     @classmethod
     def from_env(cls, data_dir: Optional[Path] = None, environ: Optional[Mapping[str, str]] = None) -> "ServerConfig":
@@ -86,6 +93,8 @@ class ServerConfig:
             backend=backend,
             ray_address=(env.get("SEQ_RAY_ADDRESS") or "local").strip() or "local",
             ray_gpus_per_node=gpus_per_node_setting(env) if backend == "ray" else 8,
+            alert_backoff_s=_backoff(env),
+            test_clock_file=Path(env["SEQ_TEST_CLOCK_FILE"]) if env.get("SEQ_TEST_CLOCK_FILE") else None,
         )
 
 
@@ -102,3 +111,18 @@ def gpus_per_node_setting(env: Mapping[str, str]) -> int:
     if n < 1:
         raise ValueError(f"SEQ_RAY_GPUS_PER_NODE={raw!r} is not a card count; set a whole number >= 1 (default 8)")
     return n
+
+
+def _backoff(env: Mapping[str, str]) -> tuple:
+    """``$SEQ_ALERT_BACKOFF_S`` (comma-separated seconds, default 0.5,1,2,4). Raises ValueError
+    naming a value that is not a number >= 0."""
+    raw = (env.get("SEQ_ALERT_BACKOFF_S") or "").strip()
+    if not raw:
+        return (0.5, 1.0, 2.0, 4.0)
+    try:
+        waits = tuple(float(x) for x in raw.split(",") if x.strip())
+    except ValueError:
+        waits = (-1.0,)
+    if any(w < 0 for w in waits):
+        raise ValueError(f"SEQ_ALERT_BACKOFF_S={raw!r} is not a list of seconds; write e.g. 0.5,1,2,4")
+    return waits

@@ -83,6 +83,7 @@ from .health import HealthCheck
 from .keys import KeyRecord, KeyStore
 from .leases import RevocationList
 from .logs import GATEWAY_LOG, install_json_log
+from .operations import Operations     # scheduled scaling, usage, limits, alerts, cards
 from .routing import TrafficRouting
 from .secrets_store import SecretStore   # encrypted secrets, injected only when declared
 from .sessions import SessionRec, SessionService, SessionTable
@@ -104,7 +105,7 @@ from sequence_ai_core.protocol import MAX_BODY_BYTES  # noqa: E402  the largest 
 
 # ---------------------------------------------------------------- the gateway
 
-class Gateway(DeploymentService, SessionService, TrafficRouting, WorkerSupervision, HealthCheck):
+class Gateway(DeploymentService, SessionService, TrafficRouting, WorkerSupervision, HealthCheck, Operations):
     """Owns the state and the worker processes; the routers call into it. Its jobs live in one
     module each and are mixed in here: deployments and versions (deployments.py), sessions and
     leases (sessions.py), traffic and side workers (routing.py), worker supervision
@@ -154,6 +155,7 @@ class Gateway(DeploymentService, SessionService, TrafficRouting, WorkerSupervisi
         self.health_interval_s = config.health_interval_s
         self._saved_workers: Optional[str] = None     # the last worker records written (_save_workers)
         self._me = {"pid": os.getpid(), "start": process_start(os.getpid())}   # what supervisor files name
+        self._init_operations()                      # schedules, usage, limits, alerts (operations.py)
         # workers of a previous gateway process on this data dir keep serving through its death:
         # the ones still running are adopted, the rest of what it left is cleaned up
         self._adopt_workers()
@@ -220,7 +222,9 @@ class Gateway(DeploymentService, SessionService, TrafficRouting, WorkerSupervisi
     def account(self, key: KeyRecord) -> dict:
         """Usage and configured limits of this local account. ``balance`` is None: a self-hosted
         gateway meters nothing in money (the hosted service's prepaid balance has no counterpart).
-        ``usage.benchmarks`` counts the benchmarks ``seq eval run`` can name here (the built-in
+        ``usage.deployments``: per deployment, ``{"total", "today", "captured_bytes"}`` (usage.py:
+        worker-seconds by card type, requests, errors, bytes in/out); ``limits.quotas``: the
+        account's and this key's limits with what they use (quotas.py). ``usage.benchmarks`` counts the benchmarks ``seq eval run`` can name here (the built-in
         ones), ``usage.evals_running`` the evals in this data dir still running; a key bound to
         one deployment sees that deployment only."""
         from sequence_ai_data.evals import EvalStore
@@ -242,10 +246,13 @@ class Gateway(DeploymentService, SessionService, TrafficRouting, WorkerSupervisi
             "usage": {"policies": len(rows),
                       "running_workers": sum(1 for r in rows if r.status in ("starting", "ready")),
                       "sessions": sum(1 for s in self.sessions.values() if s.model in names),
-                      "benchmarks": len(BUILTIN_BENCHMARKS), "evals_running": running},
+                      "benchmarks": len(BUILTIN_BENCHMARKS), "evals_running": running,
+                      "deployments": self.account_usage(names)},
             "limits": {"lease_ttl_s": self.lease_ttl_s, "max_gpus": self.max_gpus,
                        "max_body_bytes": self.config.max_body_bytes or MAX_BODY_BYTES,
-                       "self_hosted": True},
+                       "self_hosted": True,
+                       "quotas": [q for q in self.limits_view()["limits"]
+                                  if q["scope"] in ("account", f"key:{key.id}")]},
         }
 
     def close(self) -> None:

@@ -22,17 +22,21 @@ log = logging.getLogger("sequence_ai_server.gateway")
 
 
 async def health_loop(gw: Any) -> None:
-    """Ping every serving worker of ``gw`` each ``gw.health_interval_s`` s, forever (cancel to stop)."""
+    """Ping every serving worker of ``gw`` each ``gw.health_interval_s`` s, forever (cancel to stop);
+    each ping also collects the worker's /act usage (``Gateway.take_worker_usage``)."""
     async with httpx.AsyncClient(timeout=httpx.Timeout(5.0)) as http:
         while True:
             await asyncio.sleep(gw.health_interval_s)
             try:
                 for name, url in await asyncio.to_thread(gw.health_targets):
+                    pid = gw.workers[name].proc.pid if name in gw.workers else None
                     try:
-                        r = await http.get(f"{url}/ping")
+                        r = await http.get(f"{url}/ping", params={"usage_since": gw.usage_since(name, pid)})
                         body = r.json() if r.status_code == 200 else {}
                     except (httpx.HTTPError, ValueError):
                         continue          # a dead worker is the supervisor's business
+                    if body.get("usage") and body.get("pid") == pid:   # /act counters (operations.py)
+                        await asyncio.to_thread(gw.take_worker_usage, name, pid, body["usage"])
                     if body.get("status") == "degraded":
                         await asyncio.to_thread(gw.replace_jammed, name, body, int(url.rsplit(":", 1)[1]))
             except Exception:

@@ -148,6 +148,7 @@ class SessionService:
             if side is not None:
                 return side
         self._check_gpu_limit(req.model)
+        self.check_quota(key, req.model, "connect")     # limits per account / key (quotas.py)
         row = self.ensure_ready(req.model)
         spec = row.spec if row.spec is not None else {"contract": {"action": None, "observation": None}, "params": []}
         params = self._session_params(row, req.params)

@@ -321,6 +321,8 @@ class WorkerSupervision:
         ph = w.phase_report()
         if ph.get("spec"):
             w.spec = ph["spec"]
+            if self.refuse_missing_card(key, w, w.spec):   # gpu= names no card here (operations.py)
+                return
         code = w.proc.poll()
         now = time.time()
         if code is None and w.ready_file.exists():
@@ -419,6 +421,8 @@ class WorkerSupervision:
             if ph.get("phase") and row.status == "starting":
                 fields["phase"] = ph["phase"]
             if ph.get("spec"):
+                if self.refuse_missing_card(name, w, ph["spec"]):   # gpu= names no card here (operations.py)
+                    return
                 fields["spec"] = ph["spec"]
                 w.startup_timeout_s = float(ph["spec"].get("timeouts", {}).get("startup", 1800.0))
             if fields:
@@ -451,6 +455,7 @@ class WorkerSupervision:
                                   details={"log_tail": _log_tail(w.log_path), "exit_code": code},
                                   worker_port=None, worker_pid=None)
                 log.warning("%s: %s", name, msg)
+                self.alert_crash(name, row.version, w.proc.pid, code, msg)   # webhooks (operations.py)
             return
         if row.status == "starting" and w.startup_expired(time.time()):
             self.workers.pop(name, None)
@@ -465,7 +470,7 @@ class WorkerSupervision:
         now = time.time()
         for row in self.store.all():
             name = row.name
-            min_workers = int(self._spec_value(row, "min_workers", 0) or 0)
+            min_workers = self.warm_floor(row)      # min_workers, or a scheduled floor (operations.py)
             if row.status == "ready" and name in self.workers and min_workers < 1:
                 idle_timeout = float(self._spec_value(row, "idle_timeout", DEFAULT_IDLE_TIMEOUT_S))
                 last = max(row.ready_at or 0.0, self._activity.get(name, 0.0))

@@ -83,6 +83,7 @@ class PingResponse(BaseModel):
     pid: int
     oldest_request_s: float = 0.0                # age of the longest-running inference (0 when idle)
     request_timeout_s: Optional[float] = None    # the policy's timeouts.request
+    usage: Optional[dict] = None                 # /act counters and recent samples (usage.ActMeter)
 
 
 def _schema(model: type[BaseModel]) -> dict:
@@ -143,6 +144,8 @@ def create_app(state: WorkerState, secret: str, *, max_body_bytes: int = MAX_BOD
     direct_auth = DirectAuth.from_env(secret)
     app.state.direct_auth = direct_auth       # main() starts the revocation poll on it (leases.py)
     app.state.capture = CaptureWriter.from_env()
+    from .usage import ActMeter, MeterLayer
+    app.state.act_meter = ActMeter()          # /act counters the gateway collects through /ping (usage.py)
     _add_probe_routes(app, state)
     _add_act_routes(app, state, max_body_bytes)
     from .act_channel import add_act_channel  # the persistent /act channel (a websocket)
@@ -159,6 +162,7 @@ def create_app(state: WorkerState, secret: str, *, max_body_bytes: int = MAX_BOD
     app.add_middleware(JsonStringGuard)
     app.add_middleware(_AuthFirst, auth=direct_auth)
     app.add_middleware(_RequestIdMiddleware)
+    app.add_middleware(MeterLayer, meter=app.state.act_meter)   # outermost: every /act answer is counted
     install_error_handlers(app)
     return app
 
@@ -184,15 +188,17 @@ async def _read_body(request: Request, limit: int) -> bytes:
 
 def _add_probe_routes(app: FastAPI, state: WorkerState) -> None:
     @app.get("/ping", response_model=PingResponse, responses={503: {"model": ErrorBody}})
-    async def ping() -> PingResponse:
+    async def ping(usage_since: int = -1) -> PingResponse:
         """ready once the policy has loaded and passed its synthetic check; 503 warming before.
         ``degraded`` (still 200) while an inference has run longer than ``timeouts.request``: the
-        worker is jammed and the gateway replaces it (clients treat anything but ready as not ready)."""
+        worker is jammed and the gateway replaces it (clients treat anything but ready as not ready).
+        ``usage``: this worker's /act counters and the samples after number ``usage_since`` (usage.py)."""
         host = state.ready_host()
         oldest = host.oldest_request_s()
         limit = host.spec.timeouts.request
         return PingResponse(status="degraded" if oldest > limit else "ready", name=state.name, pid=os.getpid(),
-                            oldest_request_s=round(oldest, 3), request_timeout_s=limit)
+                            oldest_request_s=round(oldest, 3), request_timeout_s=limit,
+                            usage=app.state.act_meter.snapshot(usage_since))
 
     @app.get("/info")
     async def info() -> dict:

@@ -31,6 +31,7 @@ def _lifecycle(r: APIRouter, gw: Any, auth: Auth) -> None:
 
     @r.post("", response_model=Deployment)
     async def create_deployment(body: DeployRequest, key: KeyRecord = Depends(account_key)) -> Deployment:
+        await asyncio.to_thread(gw.check_quota, key, body.name, "build")   # limits (quotas.py)
         return await asyncio.to_thread(gw.deploy, body)
 
     @r.get("/{name}", response_model=Deployment)

@@ -1,0 +1,405 @@
+"""Platform operations on a real gateway and workers over loopback: scheduled scaling (a window
+that opens and closes within the test, through the gateway's test clock file), usage metering,
+limits per account and per key, signed webhook alerts to a real HTTP receiver, and the card
+inventory with the ``gpu=`` check at deploy. Plus the pure parts (windows, nvidia-smi CSV,
+signatures) as unit tests."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from datetime import datetime
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from zoneinfo import ZoneInfo
+
+import httpx
+import pytest
+
+from _servers import ECHO_POLICY, POLICIES, ROOT, GatewayProcess, _env
+
+from sequence_ai_server.alerts import sign, verify_signature
+from sequence_ai_server.gpus import gpu_refusal, parse_nvidia_smi_csv
+from sequence_ai_server.schedule import parse_window
+from sequence_ai_server.usage import dir_bytes
+
+SEQ_MAIN = "from seq.cli import main; main()"
+OPS = str(POLICIES / "ops_policy.py")
+H100 = str(POLICIES / "h100_policy.py")
+BROKEN = str(POLICIES / "broken_load_policy.py")
+BERLIN = ZoneInfo("Europe/Berlin")
+
+
+def _seq(gw, *args, timeout=60):
+    return subprocess.run([sys.executable, "-c", SEQ_MAIN, *args], capture_output=True, text=True,
+                          env=_env({**gw.env(), "COLUMNS": "250"}), timeout=timeout, cwd=str(ROOT))
+
+
+def _act(conn: dict, observation: dict) -> httpx.Response:
+    body = json.dumps({"observation": observation}).encode()
+    return httpx.post(conn["worker_url"] + "/act", content=body, timeout=30,
+                      headers={"Authorization": f"Bearer {conn['direct_secret']}", "Content-Type": "application/json"})
+
+
+def _until(what, fn, timeout=30.0, every=0.1):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = fn()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(every)
+
+
+@pytest.fixture
+def ops_gateway(tmp_path):
+    """A gateway with a test clock (Monday 2026-11-30 07:59 in Berlin), fast health pings and
+    fast alert retries."""
+    clock = tmp_path / "clock"
+    clock.write_text(str(datetime(2026, 11, 30, 7, 59, tzinfo=BERLIN).timestamp()))
+    gw = GatewayProcess.start(tmp_path, env={"SEQ_TEST_CLOCK_FILE": str(clock), "SEQ_HEALTH_INTERVAL_S": "0.3",
+                                             "SEQ_ALERT_BACKOFF_S": "0.2,0.2,0.2,0.2"})
+    gw.clock = clock
+    try:
+        yield gw
+    finally:
+        gw.close()
+
+
+# ------------------------------------------------------------------ pure parts
+
+def test_a_window_opens_and_closes_by_the_local_time_of_its_zone():
+    w = parse_window("Mon-Fri 08:00-18:00")
+    at = lambda *a: datetime(*a, tzinfo=BERLIN)   # noqa: E731   2026-11-30 is a Monday
+    assert not w.active(at(2026, 11, 30, 7, 59)) and w.active(at(2026, 11, 30, 8, 0))
+    assert w.active(at(2026, 12, 4, 17, 59)) and not w.active(at(2026, 12, 4, 18, 0))
+    assert not w.active(at(2026, 12, 5, 12, 0))                       # Saturday
+    assert w.next_change(at(2026, 11, 30, 7, 59)) == at(2026, 11, 30, 8, 0)
+    night = parse_window("Fri-Mon 22:00-06:00")                        # wraps the week and midnight
+    assert night.active(at(2026, 12, 4, 23, 0)) and night.active(at(2026, 12, 5, 5, 59))
+    assert night.active(at(2026, 12, 8, 5, 0)) and not night.active(at(2026, 12, 8, 22, 0))   # Tue 05:00 ends Mon's
+    for bad, msg in (("Mon-Fri", "is not a window"), ("Mon-Fxi 08:00-18:00", "'Fxi' .* is not a day"),
+                     ("Mon 25:00-26:00", "is not a time of day"), ("Mon 08:00-08:00", "same minute")):
+        with pytest.raises(ValueError, match=msg):
+            parse_window(bad)
+
+
+def test_nvidia_smi_csv_becomes_cards_and_a_missing_card_is_refused_naming_what_exists():
+    text = ("0, NVIDIA H200, 143771, GPU-5a1b\n"
+            "1, NVIDIA A100-SXM4-80GB, 81920, GPU-77c2\n"
+            "2, NVIDIA GeForce RTX 4090, [N/A], GPU-0f00\n\n")
+    cards = parse_nvidia_smi_csv(text)
+    assert [(c["index"], c["type"], c["memory_mib"]) for c in cards] == [(0, "H200", 143771), (1, "A100", 81920),
+                                                                         (2, "RTX4090", None)]
+    with pytest.raises(ValueError, match="line 1 has 2 fields"):
+        parse_nvidia_smi_csv("0, NVIDIA H200\n")
+    inv = {"types": {"H200": 1, "A100": 1}, "cpu": {"cores": 16}, "error": None}
+    assert gpu_refusal("h200", inv) is None and gpu_refusal(["L4", "A100"], inv) is None
+    assert gpu_refusal("cpu", inv) is None and gpu_refusal(None, inv) is None
+    why = gpu_refusal("H200:2", inv)
+    assert why["reason"] == "gpu_unavailable" and "asks for H200:2" in why["detail"] and "A100 x1, H200 x1" in why["detail"]
+    cpu_box = gpu_refusal("L4", {"types": {}, "cpu": {"cores": 2}, "error": None})
+    assert "no GPU (a CPU machine: 2 cores)" in cpu_box["detail"]
+
+
+def test_a_signature_covers_the_timestamp_and_the_body_and_an_old_one_is_refused():
+    body, ts = b'{"event":"test"}', "1800000000"
+    sig = sign("whsec_x", ts, body)
+    assert sig.startswith("sha256=") and len(sig) == 7 + 64
+    assert verify_signature("whsec_x", ts, body, sig, now=1800000010)
+    assert not verify_signature("whsec_y", ts, body, sig, now=1800000010)          # another secret
+    assert not verify_signature("whsec_x", ts, body + b" ", sig, now=1800000010)   # another body
+    assert not verify_signature("whsec_x", "1800000001", body, sig, now=1800000010)  # another timestamp
+    assert not verify_signature("whsec_x", ts, body, sig, now=1800000000 + 301)     # replayed later
+
+
+# ------------------------------------------------------------------ scheduled scaling
+
+def test_a_scheduled_floor_keeps_the_worker_warm_in_its_window_and_lets_it_idle_out_after(ops_gateway):
+    gw = ops_gateway
+    d = gw.deploy(OPS, "sched")
+    assert d["status"] == "ready", d
+    _until("the idle worker to stop", lambda: gw.status("sched")["phase"] == "idle", timeout=30)
+
+    r = _seq(gw, "policy", "scale", "sched", "--min", "1", "--during", "Mon-Fri 08:00-18:00", "--tz", "Europe/Berlin")
+    assert r.returncode == 0, r.stderr
+    assert "min 1 during Mon-Fri 08:00-18:00 (Europe/Berlin); closed now" in r.stdout and "opens Mon 2026-11-30 07:00 UTC" in r.stdout
+    time.sleep(1.5)                                   # 07:59 Berlin: the window is closed, nothing starts
+    assert gw.status("sched")["status"] == "stopped"
+
+    gw.clock.write_text(str(datetime(2026, 11, 30, 8, 0, tzinfo=BERLIN).timestamp()))     # it opens
+    _until("the scheduled worker to start", lambda: gw.status("sched")["status"] == "ready", timeout=60)
+    pid = gw.status("sched")["pid"]
+    r = _seq(gw, "policy", "status", "sched")
+    assert r.returncode == 0 and "open now: 1 kept warm, closes Mon 2026-11-30 17:00 UTC" in r.stdout, r.stdout
+    time.sleep(4.0)                                   # twice idle_timeout with no robot: kept warm
+    assert gw.status("sched")["status"] == "ready" and gw.status("sched")["pid"] == pid
+
+    gw.clock.write_text(str(datetime(2026, 11, 30, 18, 0, tzinfo=BERLIN).timestamp()))    # it closes
+    closed = time.monotonic()
+    _until("the worker to idle out", lambda: gw.status("sched")["phase"] == "idle", timeout=30)
+    assert time.monotonic() - closed >= 1.5          # idle_timeout (2 s) counts from the close
+    view = gw.client.get("/v1/deployments/sched/scale").json()
+    assert view["scale"]["active"] is False and view["scale"]["warm_now"] == 0
+
+    r = _seq(gw, "policy", "scale", "sched", "--min", "1", "--during", "Mon-Fri 8am", "--tz", "Europe/Berlin")
+    assert r.returncode == 5 and "is not a window" in r.stderr
+    r = _seq(gw, "policy", "scale", "sched", "--min", "1", "--tz", "Mars/Olympus")
+    assert r.returncode == 5 and "unknown time zone 'Mars/Olympus'" in r.stderr
+    assert _seq(gw, "policy", "scale", "sched", "--clear").returncode == 0
+    assert gw.client.get("/v1/deployments/sched/scale").json()["scale"] is None
+
+
+# ------------------------------------------------------------------ usage
+
+def test_usage_counts_worker_seconds_requests_errors_and_bytes_per_deployment(ops_gateway):
+    gw = ops_gateway
+    t0 = time.time()
+    assert gw.deploy(OPS, "meter")["status"] == "ready"
+    conn = gw.connect_ready("meter")
+    sent = received = 0
+    answers = []
+    for i in range(5):
+        body = {"op": "echo", "i": i, "pad": "x" * (100 * i)}
+        r = _act(conn, body)
+        answers.append(r.status_code)
+        sent += len(json.dumps({"observation": body}).encode())
+        received += len(r.content)
+    r = _act(conn, {"op": "fail"})
+    answers.append(r.status_code)
+    sent += len(json.dumps({"observation": {"op": "fail"}}).encode())
+    received += len(r.content)
+    r = _act({**conn, "direct_secret": "not-the-secret"}, {"op": "echo"})    # refused before the body is read
+    answers.append(r.status_code)
+    received += len(r.content)
+    assert answers == [200] * 5 + [500, 401]
+
+    u = _until("the gateway to collect 7 requests",
+               lambda: (lambda v: v if v["totals"]["requests"] == 7 else None)(
+                   gw.client.get("/v1/deployments/meter/usage").json()), timeout=30)
+    t = u["totals"]
+    assert t["errors"] == 1 and t["bytes_in"] == sent and t["bytes_out"] == received
+    assert set(t["worker_s"]) == {"cpu"} and 0.0 < t["worker_s"]["cpu"] <= time.time() - t0 + 1.5
+    assert u["last_hour"]["requests"] == 7 and u["last_hour"]["errors"] == 1 and u["last_hour"]["p95_ms"] > 0
+    assert u["captured_bytes"] == dir_bytes(gw.data_dir / "capture" / "meter")
+
+    r = _seq(gw, "policy", "usage", "meter", "--since", "1h")
+    assert r.returncode == 0, r.stderr
+    assert "requests        7 (1 errors)" in r.stdout and f"in {sent} (" in r.stdout and f"out {received} (" in r.stdout
+    assert re.search(r"worker-seconds  cpu \d+\.\d s", r.stdout)
+    r = _seq(gw, "policy", "usage", "meter", "--since", "yesterday")
+    assert r.returncode == 5 and "is not a duration or a date" in r.stderr
+
+    out = subprocess.run([sys.executable, "-c", "import json, sequence_ai; print(json.dumps(sequence_ai.account()))"],
+                         capture_output=True, text=True, env=_env(gw.env()), timeout=60)
+    acct = json.loads(out.stdout)
+    mine = acct["usage"]["deployments"]["meter"]
+    assert mine["total"]["requests"] == 7 and mine["today"]["bytes_in"] == sent and mine["total"]["worker_s"]["cpu"] > 0
+    r = _seq(gw, "account")
+    assert r.returncode == 0 and "usage       meter: cpu " in r.stdout and f"7 requests (1 errors), {sent} B in" in r.stdout
+
+
+# ------------------------------------------------------------------ limits
+
+def test_limits_refuse_new_connects_and_builds_naming_the_limit_and_never_cut_an_open_session(ops_gateway):
+    gw = ops_gateway
+    assert gw.deploy(OPS, "qa")["status"] == "ready"
+    assert _seq(gw, "policy", "scale", "qa", "--min", "1").returncode == 0    # warm: no 2 s idle-out
+    conn = gw.connect_ready("qa")
+    r = _seq(gw, "account", "limits", "--workers", "1")
+    assert r.returncode == 0 and "account      workers 1/1" in r.stdout, r.stdout
+
+    r = gw.client.post("/v1/deployments", json={"name": "qb", "file": OPS})        # a build would start a 2nd worker
+    body = r.json()
+    assert r.status_code == 402 and body["code"] == "quota_exceeded", body
+    assert body["details"]["limit"] == "max_workers" and body["details"]["scope"] == "account"
+    assert "limit of 1 concurrent workers (max_workers) is reached" in body["detail"]
+    assert gw.client.get("/v1/deployments/qb").status_code == 404
+    assert gw.connect("qa").status_code == 200                                      # its worker runs already
+
+    robot = gw.client.post("/v1/keys", json={"name": "arm", "deployment": "qa"}).json()
+    r = _seq(gw, "account", "limits", "--worker-hours", "0.00001", "--key", "arm")   # 36 ms a day
+    assert r.returncode == 0 and f"key:{robot['id']}" in r.stdout
+    time.sleep(1.5)                                                                 # past it
+    r = httpx.post(gw.url + "/v1/connect", json={"model": "qa"}, headers={"Authorization": f"Bearer {robot['key']}"})
+    body = r.json()
+    assert r.status_code == 402 and body["details"]["limit"] == "worker_hours_per_day", body
+    assert body["details"]["scope"] == f"key:{robot['id']}" and "worker-hours per day" in body["detail"]
+    assert gw.connect("qa").status_code == 200                                      # the account has no such limit
+
+    r = _seq(gw, "account", "limits", "--worker-hours", "0.00001")
+    assert r.returncode == 0
+    r = gw.connect("qa")
+    assert r.status_code == 402 and r.json()["details"]["limit"] == "worker_hours_per_day"
+    # the session opened before keeps acting and renewing its lease
+    assert _act(conn, {"op": "echo"}).status_code == 200
+    renew = gw.client.post(f"/v1/sessions/{conn['session_id']}/renew")
+    assert renew.status_code == 200, renew.text
+    assert _act({**conn, "direct_secret": renew.json()["direct_secret"]}, {"op": "echo"}).status_code == 200
+
+    r = _seq(gw, "account", "limits", "--clear", "all")
+    assert r.returncode == 0
+    assert gw.connect("qa").status_code == 200
+    r = _seq(gw, "account", "limits", "--workers", "-1")
+    assert r.returncode == 5 and "--workers -1 is negative" in r.stderr
+
+
+# ------------------------------------------------------------------ alerts
+
+class _Receiver:
+    """A real HTTP server on loopback that verifies each delivery's signature with the webhook's
+    secret (alerts.verify_signature) and answers 401 to one that fails; the first ``test`` event
+    is answered 503 so the sender has to retry."""
+
+    def __init__(self):
+        self.secret = ""
+        self.got: list[dict] = []
+        self.failed_test = False
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):
+                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                ts, sig = self.headers.get("X-Seq-Timestamp"), self.headers.get("X-Seq-Signature")
+                ok = verify_signature(outer.secret, ts, body, sig)
+                event = self.headers.get("X-Seq-Event")
+                status = 200 if ok else 401
+                if ok and event == "test" and not outer.failed_test:
+                    outer.failed_test, status = True, 503
+                outer.got.append({"event": event, "verified": ok, "status": status, "ts": ts, "sig": sig,
+                                  "body": body, "json": json.loads(body) if ok else None})
+                self.send_response(status)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *a):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def events(self, name=None):
+        return [g["json"] for g in self.got if g["verified"] and (name is None or g["event"] == name)]
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_alerts_are_signed_retried_and_verified_by_a_real_receiver(ops_gateway):
+    gw = ops_gateway
+    rx = _Receiver()
+    try:
+        r = _seq(gw, "alerts", "add", rx.url, "--error-rate", "0.3", "--p95-ms", "0", "--min-requests", "4")
+        assert r.returncode == 0, r.stderr
+        hook_id = re.search(r"added (wh_\w+)", r.stdout).group(1)
+        rx.secret = re.search(r"secret (whsec_\S+)", r.stdout).group(1)
+        assert rx.secret not in gw.client.get("/v1/alerts").text                    # shown once
+
+        r = _seq(gw, "alerts", "test", hook_id)
+        assert r.returncode == 0 and "200 after 2 attempt(s)" in r.stdout, (r.stdout, r.stderr)
+        tests = [g for g in rx.got if g["event"] == "test"]
+        assert [(g["verified"], g["status"]) for g in tests] == [(True, 503), (True, 200)]
+
+        # a replay: the delivered body and signature with another timestamp does not verify
+        first = tests[1]
+        old = str(int(first["ts"]) - 600)
+        r = httpx.post(rx.url, content=first["body"], headers={"X-Seq-Timestamp": old, "X-Seq-Signature": first["sig"],
+                                                               "X-Seq-Event": "test"})
+        assert r.status_code == 401
+        assert not verify_signature(rx.secret, first["ts"], first["body"], first["sig"], now=int(first["ts"]) + 301)
+
+        assert gw.deploy(BROKEN, "albad")["status"] == "failed"                     # build failed
+        ev = _until("build_failed", lambda: rx.events("build_failed"))[0]
+        assert ev["deployment"] == "albad" and "checkpoint missing" in ev["details"]["error"]
+
+        assert gw.deploy(OPS, "al")["status"] == "ready"
+        assert _seq(gw, "policy", "scale", "al", "--min", "1").returncode == 0   # warm: no 2 s idle-out
+        conn = gw.connect_ready("al")
+        codes = [_act(conn, {"op": op}).status_code for op in ("echo", "echo", "echo", "fail", "fail")]
+        assert codes == [200, 200, 200, 500, 500]
+        rate = _until("error_rate", lambda: rx.events("error_rate"))[0]
+        assert rate["deployment"] == "al" and rate["details"]["error_rate"] == 0.4 and rate["details"]["threshold"] == 0.3
+        p95 = _until("p95_latency", lambda: rx.events("p95_latency"))[0]
+        assert p95["details"]["p95_ms"] > 0 and p95["details"]["requests"] == 5
+
+        pid = gw.status("al")["pid"]
+        os.kill(pid, signal.SIGKILL)                                                # worker crashed
+        crash = _until("worker_crashed", lambda: rx.events("worker_crashed"))[0]
+        assert crash["deployment"] == "al" and crash["details"]["exit_code"] == -9
+
+        assert _seq(gw, "account", "limits", "--worker-hours", "0.00001").returncode == 0
+        time.sleep(1.0)
+        r = gw.connect("al")
+        assert r.status_code == 402
+        quota = _until("quota_reached", lambda: rx.events("quota_reached"))[0]
+        assert quota["deployment"] == "al" and quota["details"]["limit"] == "worker_hours_per_day"
+
+        assert all(g["verified"] for g in rx.got if g["body"] is not None and g["ts"] != old)
+        r = _seq(gw, "alerts", "ls")
+        assert r.returncode == 0 and hook_id in r.stdout and "quota_reached" in r.stdout and "delivered (200)" in r.stdout
+        assert _seq(gw, "alerts", "rm", hook_id).returncode == 0
+        assert "no webhooks" in _seq(gw, "alerts", "ls").stdout
+        r = _seq(gw, "alerts", "add", "ftp://example.com")
+        assert r.returncode == 5 and "is not an http(s) URL" in r.stderr
+    finally:
+        rx.close()
+
+
+# ------------------------------------------------------------------ cards
+
+def test_seq_gpus_lists_this_machine_and_a_card_it_lacks_is_refused_at_deploy(ops_gateway):
+    gw = ops_gateway
+    g = gw.client.get("/v1/gpus").json()
+    assert g["source"] == "cpu" and g["cards"] == [] and g["cpu"]["cores"] == os.cpu_count()
+
+    d = gw.deploy(H100, "big")
+    assert d["status"] == "failed", d
+    assert "gpu='H100:2' asks for H100:2, which this machine does not have; it has no GPU (a CPU machine" in d["error"]
+    assert d["details"]["reason"] == "gpu_unavailable"
+    r = gw.connect("big")
+    assert r.status_code == 503 and r.json()["code"] == "worker_failed" and "H100:2" in r.json()["detail"]
+
+    assert gw.deploy(ECHO_POLICY, "small")["status"] == "ready"      # no gpu=: runs on the CPU
+    r = _seq(gw, "gpus")
+    assert r.returncode == 0, r.stderr
+    assert "source      cpu" in r.stdout and f"cpu         {os.cpu_count()} cores" in r.stdout
+    assert 'cards       none: gpu="cpu"' in r.stdout and "held        small: 1 worker(s), no card" in r.stdout
+    assert "big" not in r.stdout
+
+
+def test_a_limit_refusal_names_the_limit_its_scope_and_what_is_used():
+    from sequence_ai_server.quotas import Limits, refusal
+    cards = Limits("key:key_7", max_cards=2)
+    err = refusal(cards, action="connect", model="pi", starts_worker=True, workers=1, cards=2, new_cards=1,
+                  worker_hours_today=0.0)
+    assert err.code == "quota_exceeded" and err.status == 402
+    assert err.details == {"reason": "quota_reached", "limit": "max_cards", "scope": "key:key_7", "value": 2,
+                           "used": 2, "action": "connect", "deployment": "pi"}
+    assert "key key_7's limit of 2 cards (max_cards) is reached" in err.detail and "--cards N --key key_7" in err.hint
+    # a connect to a worker that already runs starts nothing: workers and cards are not in the way
+    assert refusal(cards, action="connect", model="pi", starts_worker=False, workers=1, cards=2, new_cards=1,
+                   worker_hours_today=0.0) is None
+    assert refusal(cards, action="build", model="pi", starts_worker=True, workers=1, cards=1, new_cards=1,
+                   worker_hours_today=0.0) is None                              # 1 + 1 fits in 2
+    hours = Limits("account", worker_hours_per_day=8.0)
+    err = refusal(hours, action="build", model="pi", starts_worker=True, workers=0, cards=0, new_cards=0,
+                  worker_hours_today=8.0)
+    assert err.details["limit"] == "worker_hours_per_day" and "cannot build a new version" in err.detail
+
+
+def test_the_last_hours_p95_is_the_nearest_rank_and_old_samples_leave_the_window():
+    from sequence_ai_server.usage import Recent
+    rec = Recent(window_s=3600.0)
+    rec.add("p", [[i, float(i), int(i > 18)] for i in range(1, 21)], now=1000.0)   # 1..20 ms, two errors
+    s = rec.stats("p", now=1000.0)
+    assert s == {"requests": 20, "errors": 2, "error_rate": 0.1, "p95_ms": 19.0}
+    rec.add("p", [[21, 500.0, 0]], now=1000.0 + 3601.0)
+    assert rec.stats("p", now=1000.0 + 3601.0) == {"requests": 1, "errors": 0, "error_rate": 0.0, "p95_ms": 500.0}
+    assert rec.stats("q", now=0.0)["p95_ms"] is None
