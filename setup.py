@@ -50,6 +50,7 @@ setup(
             "fastapi>=0.110",
             "uvicorn>=0.29",
             "uvloop>=0.19; sys_platform != 'win32'",   # worker: the /act event loop (bench_client.py)
+            "uv>=0.13",               # gateway: builds image= environments (envs.py)
             "pydantic>=2.5",
             "numpy>=1.24",
             "simplejpeg>=1.7",     # worker: JPEG decode (libjpeg-turbo); Pillow stays for PNG / depth
