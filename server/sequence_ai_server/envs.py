@@ -357,18 +357,31 @@ class EnvBuilder:
         python = sys.executable if python in (None, "image") else f"python{python}"
         env = {**os.environ, "UV_PYTHON_DOWNLOADS": "never", "UV_NO_PROGRESS": "1"}
         env.update({k: v for s in image.get("steps") or [] if s["kind"] == "env" for k, v in s.get("env", {}).items()})
+        try:
+            self._install(image, uv, python, tmp, env, logf, say)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)        # nothing half-built is left behind
+            raise
+        os.rename(tmp, path)
+        say(f"built {path} in {time.monotonic() - t0:.1f} s")
+
+    def _install(self, image: dict, uv: list, python: str, tmp: Path, env: dict, logf: Any,
+                 say: Callable[[str], None]) -> None:
+        """``uv venv`` at ``tmp``, then the image's packages with the worker's requirements."""
         self._run(uv + ["venv", "--relocatable", "--python", python, str(tmp)], env, logf, say)
         packages = _packages(image)
         install = uv + ["pip", "install", "--python", str(tmp / "bin" / "python"), *pip_indexes(),
                         *packages, *worker_requirements(packages)]
         try:                    # local indexes and uv's cache first: no network needed when they hold it all
             self._run(install + ["--offline"], env, logf, say)
-        except ImageBuildError:
+        except ImageBuildError as offline:
             say("not everything is on this machine: asking the configured indexes over the network")
-            self._run(install, env, logf, say)
+            try:
+                self._run(install, env, logf, say)
+            except ImageBuildError as online:
+                raise ImageBuildError(f"offline: {offline.detail}; over the network: {online.detail}",
+                                      online.details) from None
         (tmp / "seq-image.json").write_text(json.dumps({"image": image, "built_at": time.time()}, indent=1))
-        os.rename(tmp, path)
-        say(f"built {path} in {time.monotonic() - t0:.1f} s")
 
     @staticmethod
     def _run(cmd: list, env: dict, logf: Any, say: Callable[[str], None]) -> None:
@@ -381,6 +394,6 @@ class EnvBuilder:
         code = proc.wait(timeout=BUILD_TIMEOUT_S)
         if code:
             text = b"".join(tail).decode(errors="replace")
-            last = text.strip().splitlines()[-1] if text.strip() else ""
+            last = " ".join(ln.strip() for ln in text.strip().splitlines()[-3:])
             raise ImageBuildError(f"`{Path(cmd[0]).name} {cmd[1]}` exited with code {code}: {last}",
                                   {"command": cmd, "exit_code": code, "output_tail": text.splitlines()})
