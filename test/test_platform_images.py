@@ -151,6 +151,13 @@ def test_the_image_is_read_from_the_file_without_importing_it(tmp_path):
     other.write_text("import seq\n@seq.policy(image=seq.Image.debian_slim().pip_install('tomli==2.4.1'))\n"
                      "class R(seq.Policy):\n    pass\n")
     assert EnvBuilder.spec_hash(image_from_source(str(other))) != EnvBuilder.spec_hash(image)
+    # the image's pin of a package the worker also needs wins; the rest are the gateway's versions
+    from importlib import metadata
+
+    from sequence_ai_server.envs import worker_requirements
+    reqs = worker_requirements(["NumPy==1.26.4", "tomli"])
+    assert not any(r.startswith("numpy") for r in reqs), reqs
+    assert f"fastapi=={metadata.version('fastapi')}" in reqs and f"httpx=={metadata.version('httpx')}" in reqs, reqs
     bad = tmp_path / "s.py"
     bad.write_text("import seq\nimport os\n@seq.policy(image=seq.Image.debian_slim().pip_install(os.environ['X']))\n"
                    "class S(seq.Policy):\n    pass\n")

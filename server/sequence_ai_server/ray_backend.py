@@ -6,9 +6,9 @@ each worker as a Ray actor instead of a local subprocess. Ray places and supervi
 (cpu / gpu / memory from the policy's ``@seq.policy`` declaration become the actor's
 resources); the actor runs the very same worker command (``python -m
 sequence_ai_server.worker``: the same FastAPI app and hosting code, under uvicorn) as a child
-on its node, bound to that node's IP as Ray knows it, and reports the worker's phase / ready /
-error reports, its log and its exit back to the gateway as launch events. The gateway then behaves exactly as
-with a local worker: 503 + Retry-After while the actor boots, the worker's URL in the connect
+on its node, bound to that node's IP as Ray knows it, and the worker's phase, ready and error
+reports, its log and its exit come back to the gateway as launch events. The gateway then
+behaves exactly as with a local worker: 503 + Retry-After while the actor boots, the worker's URL in the connect
 answer, and every ``/act`` goes straight to the worker (Ray is not on the robot path).
 
 Multi-machine groups. ``gpu="TYPE:N"`` with N above the cards of one machine
@@ -26,8 +26,8 @@ the log) and the next connect starts a new one.
 
 :class:`RayLauncher` implements launch.Launcher: ``start(spec, log_handle)`` places the
 actor(s) and returns a handle whose events (ray_worker.py) the supervisor reads; what runs on
-the node is ray_actor.py. A deployment with an ``image=`` is refused here (image environments
-are built by the local launcher, envs.py).
+the node is ray_actor.py. A deployment whose ``image=`` has build steps is refused here (image
+environments are built by the local launcher, envs.py).
 
 The worker binds its node's IP and its Ready event carries the full ``url`` (and, for a
 group, ``host``); the gateway hands robots that host (``worker_host``), so a worker on another
