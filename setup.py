@@ -57,6 +57,7 @@ setup(
             "httptools>=0.6",     # worker: uvicorn's C HTTP parser (h11 costs ~0.3 ms more per /act)
             "websockets>=13",     # worker: the /act channel and the openpi-compatible endpoint
             "msgpack>=1.0",       # worker: the openpi-compatible endpoint's codec
+            "uv>=0.13",               # gateway: builds image= environments (envs.py)
             "pydantic>=2.5",
             "numpy>=1.24",
             "simplejpeg>=1.7",     # worker: JPEG decode (libjpeg-turbo); Pillow stays for PNG / depth

@@ -2,6 +2,9 @@
 
     seq deploy FILE [--name NAME] [--class CLS] [--wait/--no-wait] [--timeout S] [--dry-run]
 
+A policy with ``image=`` first gets its Python environment built on the gateway (once per image
+spec); its build output streams here, under the phase lines, as it is written.
+
 A file that declares an ``@seq.adapter`` is registered instead (nothing builds). When a
 deployment already serves, the new version builds beside it and takes over when ready
 (``wait_build``, shared with ``seq policy rollback``).
@@ -19,7 +22,7 @@ from seq._adapter import file_declares_adapter
 
 from ._client import ApiKeyOpt, CliError, DataDirOpt, GatewayClient, GatewayOpt, fail, out
 
-__all__ = ["app", "show_failure", "wait_build"]
+__all__ = ["app", "show_failure", "wait_build", "BuildOutput"]
 
 app = typer.Typer()
 
@@ -53,7 +56,39 @@ def show_failure(d: dict) -> CliError:
     return CliError("worker_failed", error, extra=extra, hint=hint)
 
 
-def wait_build(gw: GatewayClient, name: str, d: dict, timeout: float, t0: float) -> dict:
+class BuildOutput:
+    """Streams a deployment's image build output (``GET /v1/deployments/NAME/build-log``) to the
+    terminal while ``seq deploy`` waits: each new line indented under a ``│``, from where the log
+    ended when the deploy was sent."""
+
+    def __init__(self, gw: GatewayClient, name: str):
+        self.gw, self.name, self.offset = gw, name, None
+
+    def start(self) -> None:
+        """Note where the build log ends now (before the deploy): only this build's lines show."""
+        try:
+            self.offset = self.gw.call("GET", f"/v1/deployments/{self.name}/build-log", params={"offset": 1 << 62})["offset"]
+        except CliError:
+            self.offset = 0          # a new deployment: no log yet
+
+    def show(self) -> None:
+        """Print the lines written since the last call."""
+        if self.offset is None:
+            self.offset = 0
+        try:
+            got = self.gw.call("GET", f"/v1/deployments/{self.name}/build-log", params={"offset": self.offset})
+        except CliError:
+            return
+        text = got.get("text") or ""
+        if "\n" in text:
+            text = text[:text.rindex("\n") + 1]       # whole lines only; the rest comes next time
+            self.offset += len(text.encode())
+            for line in text.splitlines():
+                out.print(f"         │ {line}", markup=False, highlight=False)
+
+
+def wait_build(gw: GatewayClient, name: str, d: dict, timeout: float, t0: float,
+               build: Optional[BuildOutput] = None) -> dict:
     """Follow a version building beside the serving one until it took over (returns the
     deployment) or failed (raises the worker_failed ``CliError``, saying the old version serves
     on). ``timeout`` counts in seconds from ``t0`` (``time.monotonic()``).
@@ -69,6 +104,8 @@ def wait_build(gw: GatewayClient, name: str, d: dict, timeout: float, t0: float)
               else f"v{building} beside the serving v{serving}")
     while True:
         b = d.get("build") or {}
+        if build is not None and (b.get("phase") == "building_image" or last == "building_image"):
+            build.show()
         if b.get("phase") != last:
             last = b.get("phase")
             out.print(f"  {time.monotonic() - t0:6.1f}s  {last} ({beside})")
@@ -87,7 +124,7 @@ def wait_build(gw: GatewayClient, name: str, d: dict, timeout: float, t0: float)
         d = gw.call("GET", f"/v1/deployments/{name}")
 
 
-def _wait_ready(gw: GatewayClient, name: str, timeout: float, t0: float) -> None:
+def _wait_ready(gw: GatewayClient, name: str, timeout: float, t0: float, build: Optional[BuildOutput] = None) -> None:
     """Print each phase of NAME's first worker until it is ready.
 
     Raises:
@@ -96,6 +133,8 @@ def _wait_ready(gw: GatewayClient, name: str, timeout: float, t0: float) -> None
     last_phase = None
     while True:
         d = gw.call("GET", f"/v1/deployments/{name}")
+        if build is not None and (d.get("phase") == "building_image" or last_phase == "building_image"):
+            build.show()
         if d.get("phase") != last_phase:
             last_phase = d.get("phase")
             out.print(f"  {time.monotonic() - t0:6.1f}s  {last_phase}")
@@ -116,6 +155,9 @@ def _wait_ready(gw: GatewayClient, name: str, timeout: float, t0: float) -> None
 def _deploy_policy(path: Path, name: str, class_name: Optional[str], wait: bool, timeout: float,
                    gw: GatewayClient) -> None:
     """Register PATH as NAME's next version and, with ``wait``, follow it until it serves."""
+    build = BuildOutput(gw, name)
+    if wait:
+        build.start()
     d = gw.call("POST", "/v1/deployments", json={"name": name, "file": str(path), "class_name": class_name})
     b = d.get("build") or {}
     if b.get("status") == "building" and b.get("version") == d["version"]:
@@ -132,9 +174,9 @@ def _deploy_policy(path: Path, name: str, class_name: Optional[str], wait: bool,
         return
     t0 = time.monotonic()
     if b.get("status") == "building":   # a new version builds beside the serving one
-        wait_build(gw, name, d, timeout, t0)
+        wait_build(gw, name, d, timeout, t0, build)
     else:
-        _wait_ready(gw, name, timeout, t0)
+        _wait_ready(gw, name, timeout, t0, build)
 
 
 @app.command()

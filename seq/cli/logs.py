@@ -2,6 +2,7 @@
 merged by time.
 
     seq policy logs NAME [--request-id R] [--lines N] [--follow] [--json]
+    seq policy logs NAME --build      the image environment build output, as seq deploy showed it
 """
 from __future__ import annotations
 
@@ -37,6 +38,7 @@ def policy_logs(name: str,
                 lines: int = typer.Option(200, "--lines", "-n", help="how many of the newest lines"),
                 follow: bool = typer.Option(False, "--follow", "-f", help="keep printing new lines"),
                 as_json: bool = typer.Option(False, "--json", help="print the JSON objects as stored"),
+                build: bool = typer.Option(False, "--build", help="print the image environment build output instead"),
                 interval: float = typer.Option(0.5, "--interval", hidden=True),
                 gw: Optional[str] = GatewayOpt, api_key: Optional[str] = ApiKeyOpt,
                 data_dir: Optional[Path] = DataDirOpt) -> None:
@@ -46,6 +48,20 @@ def policy_logs(name: str,
         for rec in recs:
             print(json.dumps(rec) if as_json else _log_line(rec), flush=True)
 
+    if build:
+        offset, text = 0, ""
+        while True:                      # 1 MiB a request
+            got = call(gw, api_key, data_dir, "GET", f"/v1/deployments/{name}/build-log", params={"offset": offset})
+            print(got["text"], end="", flush=True)
+            text, offset = text + got["text"][-1:], got["offset"]
+            if offset >= got["size"] or not got["text"]:
+                break
+        if text and not text.endswith("\n"):
+            print()
+        if not text:
+            err.print(f"{name} has no image build output (it declares no image=, or it was never built)",
+                      highlight=False, markup=False)
+        return
     params = {"lines": lines, **({"request_id": request_id} if request_id else {})}
     path = f"/v1/deployments/{name}/logs"
     recs = call(gw, api_key, data_dir, "GET", path, params=params)["lines"]

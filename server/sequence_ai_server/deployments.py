@@ -74,6 +74,7 @@ class DeploymentService:
         """Start ``path`` as ``name``. While a version serves, the new one builds beside it and
         takes over only once ready (a failed build changes nothing); otherwise it starts in place.
         ``version`` forces the number (rollback); else the same file keeps it, a changed one bumps it."""
+        self._check_image(str(path))       # an image= that cannot be built here is refused now
         now = time.time()
         with self._lock:
             old = self.store.get(name)

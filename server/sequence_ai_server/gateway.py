@@ -130,10 +130,9 @@ class Gateway(DeploymentService, SessionService, TrafficRouting, WorkerSupervisi
         self._json_log = install_json_log(self.data_dir / "logs" / GATEWAY_LOG, "gateway")   # logs.py
         self.keys = KeyStore(self.store._db, self.store._lock)
         self.workers: dict[str, WorkerProc] = {}
-        # scale-out hook (ray_backend.py): $SEQ_BACKEND=ray starts workers as Ray actors through a
-        # launcher whose start() returns a Popen look-alike; None keeps plain local subprocesses
+        # how workers start (launch.py): local subprocesses, or Ray actors with $SEQ_BACKEND=ray
         from .ray_backend import launcher_for
-        self.launcher = launcher_for(config)
+        self.launcher = launcher_for(config, self.data_dir)
         self._lock = threading.RLock()
         self.api_key_file = self.data_dir / "api_key"
         self._ensure_key()
@@ -210,7 +209,10 @@ class Gateway(DeploymentService, SessionService, TrafficRouting, WorkerSupervisi
             secret = secrets.token_urlsafe(32)
             self.store.update(name, secret=secret)
             w = self.workers.get(name)
-            _write_secret(w.secret_file if w and w.secret_file else self.data_dir / "run" / f"{name}.secret", secret)
+            if w is not None:
+                w.proc.set_secret(secret)
+            else:
+                _write_secret(self.data_dir / "run" / f"{name}.secret", secret)
         log.info("rotated the direct secret of %s", name)
         return {"name": name, "rotated_at": time.time()}
 
@@ -260,8 +262,7 @@ class Gateway(DeploymentService, SessionService, TrafficRouting, WorkerSupervisi
         self.store.close()
         logging.getLogger("sequence_ai_server").removeHandler(self._json_log)
         self._json_log.close()
-        if self.launcher:                # backend hook: disconnect from Ray
-            self.launcher.close()
+        self.launcher.close()             # a Ray launcher disconnects from its cluster
 
 
 def serve(host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, data_dir: Optional[Path] = None,

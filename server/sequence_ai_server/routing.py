@@ -4,7 +4,6 @@ the other versions (started, polled, reaped when no split or pin needs them), an
 view and update behind ``/v1/deployments/{name}/traffic``. The split arithmetic is traffic.py's."""
 from __future__ import annotations
 
-import contextlib
 import logging
 import secrets
 import time
@@ -125,14 +124,13 @@ class TrafficRouting:
         """A side worker: note its port once ready; record why it failed if it exits while loading."""
         code = w.proc.poll()
         if code is None:
-            if w.port is None and w.ready_file.exists():
-                ready = w.ready_report()
-                if ready:
-                    w.port = int(ready["port"])
-                    w.host = _ready_host(ready)
-                    w.spec = ready.get("spec") or w.spec
-                    log.info("%s v%d (side) is ready on port %d after %.2fs", w.name, w.version, w.port,
-                             time.time() - w.started_at)
+            ready = w.ready_report() if w.port is None else None
+            if ready:
+                w.port = int(ready["port"])
+                w.host = _ready_host(ready)
+                w.spec = ready.get("spec") or w.spec
+                log.info("%s v%d (side) is ready on port %d after %.2fs", w.name, w.version, w.port,
+                         time.time() - w.started_at)
             elif w.port is None and w.startup_expired(time.time()):
                 self.workers.pop(key, None)
                 msg, details = w.abandon()
@@ -164,8 +162,7 @@ class TrafficRouting:
                                                           or w.version in pol["pins"].values())
                 idle_timeout = float(self._spec_value(row, "idle_timeout", DEFAULT_IDLE_TIMEOUT_S))
                 last = max(w.started_at, self._activity.get(key, 0.0))
-                with contextlib.suppress(OSError, AttributeError):
-                    last = max(last, w.activity_file.stat().st_mtime)
+                last = max(last, w.last_activity())
                 if wanted and now - last <= idle_timeout:
                     continue
             log.info("stopping the side worker %s v%d (no split or pin needs it)", w.name, w.version)

@@ -12,7 +12,6 @@ import os
 import secrets
 import signal
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -20,10 +19,12 @@ from typing import Any, Optional
 
 import httpx
 
+from .errors import ApiError
 from .store import DeploymentRow
 from ._proc import AdoptedProcess, process_alive, process_cmdline, process_start, stop_process
+from .launch import WorkerLaunchSpec, declared_resources
 from .workers import (DEFAULT_IDLE_TIMEOUT_S, JAMMED_GRACE_S, STOP_GRACE_S, Role, WorkerProc, _exit_reason,
-                      _log_tail, _read_json, _ready_host, _terminate, _worker_url, _write_secret, worker_key)
+                      _log_tail, _read_json, _ready_host, _terminate, _worker_url, worker_key)
 
 log = logging.getLogger("sequence_ai_server.gateway")
 
@@ -65,7 +66,7 @@ class WorkerSupervision:
     def _save_workers(self) -> None:
         """Record the running workers (serving, building, side, retiring) in the ``workers`` table,
         when they changed. Ray workers are not recorded: they stop with their actors."""
-        if self.launcher:
+        if not self.launcher.adopts:
             return
         with self._lock:
             records = [self._worker_record(k, w) for k, w in self.workers.items()]
@@ -119,7 +120,13 @@ class WorkerSupervision:
 
         def path(k: str) -> Optional[Path]:
             return Path(rec[k]) if rec.get(k) else None
-        w = WorkerProc(rec["name"], proc, Path(rec["ready_file"]), Path(rec["log_path"]), float(rec["started_at"]),
+        ready = Path(rec["ready_file"])
+        spec = WorkerLaunchSpec(
+            name=rec["name"], role=rec["role"], version=int(rec.get("version") or 0), policy_file=rec.get("file") or "",
+            class_name=rec.get("class_name"), cwd=str(Path(rec.get("file") or ".").parent), secret=rec.get("secret") or "",
+            run_dir=ready.parent, run_key=ready.name[:-len(".ready.json")], weights_dir=self.data_dir / "weights" / rec["name"],
+            log_path=Path(rec["log_path"]))
+        w = WorkerProc(rec["name"], self.launcher.adopt(spec, pid, start), Path(rec["ready_file"]), Path(rec["log_path"]), float(rec["started_at"]),
                        startup_timeout_s=float(rec.get("startup_timeout_s") or 1800.0), secret=rec.get("secret") or "",
                        secret_file=path("secret_file"), activity_file=path("activity_file"),
                        version=int(rec.get("version") or 0), file=rec.get("file") or "", class_name=rec.get("class_name"),
@@ -136,7 +143,7 @@ class WorkerSupervision:
         builds whose worker is gone, keep the open sessions of adopted workers, and stop any other
         worker process of this data dir (one the previous run started but had not recorded)."""
         kept: set[int] = set()
-        records = [] if self.launcher else self.store.worker_records()
+        records = self.store.worker_records() if self.launcher.adopts else []
         for rec in records:        # a gateway still running on this data dir keeps its workers
             sup = _read_json(Path(rec["supervisor_file"])) if rec.get("supervisor_file") else None
             with contextlib.suppress(KeyError, TypeError, ValueError):
@@ -181,7 +188,7 @@ class WorkerSupervision:
                          and sess.model in self.workers)
             if sess.expires_at < now or not alive:
                 self.sessions.pop(sess.id, None)
-        if not self.launcher:
+        if self.launcher.adopts:
             self._stop_unrecorded(kept)
         self._save_workers()
 
@@ -199,59 +206,80 @@ class WorkerSupervision:
                 self._stop_in_background(AdoptedProcess(int(entry), process_start(int(entry))),
                                          "a worker of this data dir that no record names")
 
+    def _launch_spec(self, name: str, role: Role, file: str, class_name: Optional[str], version: int,
+                     source: Path) -> WorkerLaunchSpec:
+        """The launch spec of ``name``'s worker in ``role``: run files per launch (a build never
+        touches the serving worker's), a fresh secret, the per-deployment settings it reads."""
+        env = {"SEQ_CAPTURE_DIR": str(self.data_dir / "capture" / name),     # kept episodes (capture.py)
+               "SEQ_VOLUMES_DIR": str(self.data_dir / "volumes"),            # weights="vol://NAME@vN" (volumes.py)
+               "SEQ_JSON_LOG": str(self.data_dir / "logs" / f"{name}.jsonl")}  # structured log (logs.py)
+        if self.url:
+            env["SEQ_GATEWAY_URL"] = self.url                                 # declared secrets are fetched from here
+        try:
+            resources = declared_resources(file)
+        except (OSError, SyntaxError):
+            resources = {}
+        return WorkerLaunchSpec(
+            name=name, role=role.value, version=version, policy_file=file, class_name=class_name,
+            cwd=str(source.parent), secret=secrets.token_urlsafe(32), run_dir=self.data_dir / "run",
+            run_key=f"{worker_key(role, name, version)}.{secrets.token_hex(3)}",
+            weights_dir=self.data_dir / "weights" / name, log_path=self.data_dir / "logs" / f"{name}.log",
+            env=env, resources=resources, image=self._image_of(file), adoptable=self.launcher.adopts)
+
+    def _image_of(self, file: str) -> Optional[dict]:
+        """The policy's ``image=`` spec dict (envs.py reads it without importing), or None.
+        Raises ApiError for a declaration the gateway cannot read."""
+        from .envs import image_from_source
+        return image_from_source(file)
+
+    def _check_image(self, file: str) -> None:
+        """At deploy: refuse an ``image=`` the launcher cannot build (``ApiError`` naming the step
+        and what to do) before any version is recorded."""
+        image = self._image_of(file)
+        if image:
+            self.launcher.check_image(image)
+
+    def build_log(self, name: str, offset: int = 0) -> dict:
+        """``{"name", "text", "offset", "size"}``: ``name``'s image build output (envs.py) from
+        byte ``offset`` (at most 1 MiB; ``offset`` is where to ask next; ``size`` the whole
+        log's). not_found when neither the deployment nor a build log exists; invalid_request
+        for a negative offset."""
+        path = self.data_dir / "logs" / f"{name}.build.log"
+        if not path.exists():
+            self.require(name)
+        if offset < 0:
+            raise ApiError("invalid_request", f"offset must be >= 0, got {offset}", hint="start at 0")
+        try:
+            with open(path, "rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                f.seek(min(offset, size))
+                chunk = f.read(1 << 20)
+        except FileNotFoundError:
+            size, chunk = 0, b""
+        return {"name": name, "text": chunk.decode(errors="replace"), "offset": min(offset, size) + len(chunk),
+                "size": size}
+
     def _launch(self, name: str, role: Role, file: str, class_name: Optional[str], version: int,
                 source: Path) -> WorkerProc:
-        """Start a worker process for ``name`` in ``role`` (under ``workers[worker_key(role, name,
-        version)]``); no state row is touched.
-        It runs ``file`` with cwd (and an import path entry) at the original file's directory."""
-        run = self.data_dir / "run"
-        key = f"{worker_key(role, name, version)}.{secrets.token_hex(3)}"   # run files are per launch: a build never touches the serving worker's
-        ready = run / f"{key}.ready.json"
-        for p in (ready, Path(str(ready) + ".phase"), Path(str(ready) + ".error")):
-            with contextlib.suppress(FileNotFoundError):
-                p.unlink()
-        log_path = self.data_dir / "logs" / f"{name}.log"
-        secret = secrets.token_urlsafe(32)
-        here = Path(__file__).resolve().parent.parent                       # .../server
-        seq_root = Path(__import__("seq").__file__).resolve().parent.parent  # dir holding seq/
-        env = dict(os.environ)
-        paths = [str(here), str(seq_root)] + ([str(source.parent)] if Path(file).parent != source.parent else [])
-        env["PYTHONPATH"] = os.pathsep.join(paths + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
-        env["PYTHONUNBUFFERED"] = "1"
-        env["SEQ_WORKER_SECRET"] = secret
-        secret_file, activity_file = run / f"{key}.secret", run / f"{key}.activity"
-        _write_secret(secret_file, secret)
-        with contextlib.suppress(FileNotFoundError):
-            activity_file.unlink()
-        env["SEQ_WORKER_SECRET_FILE"] = str(secret_file)      # rotation (leases.py)
-        env["SEQ_WORKER_ACTIVITY_FILE"] = str(activity_file)  # idle tracking (leases.py)
-        if self.url:
-            env["SEQ_GATEWAY_URL"] = self.url                 # declared secrets are fetched from here
-        env["SEQ_CAPTURE_DIR"] = str(self.data_dir / "capture" / name)  # kept episodes (capture.py)
-        env["SEQ_VOLUMES_DIR"] = str(self.data_dir / "volumes")   # weights="vol://NAME@vN" (volumes.py)
-        env["SEQ_JSON_LOG"] = str(self.data_dir / "logs" / f"{name}.jsonl")   # structured log (logs.py)
-        env["SEQ_DEPLOYMENT_VERSION"] = str(version)
-        cmd = [sys.executable, "-m", "sequence_ai_server.worker", "--file", file, "--port", "0",
-               "--ready-file", str(ready), "--name", name, "--weights-dir", str(self.data_dir / "weights" / name)]
-        supervisor_file: Optional[Path] = None
-        if self.launcher:       # a Ray actor hosts the worker: it stops with its actor (ray_backend sets the pid)
-            cmd += ["--parent-pid", str(os.getpid())]
-        else:                   # a local worker outlives a gateway crash; a restarted gateway adopts it
-            supervisor_file = run / f"{key}.supervisor"
-            self._write_supervisor(supervisor_file)
-            cmd += ["--supervisor-file", str(supervisor_file)]
-        if class_name:
-            cmd += ["--class", class_name]
-        handle = open(log_path, "ab", buffering=0)
+        """Start a worker for ``name`` in ``role`` through the launcher (under
+        ``workers[worker_key(role, name, version)]``); no state row is touched. It runs ``file``
+        with cwd (and an import path entry) at the original file's directory. Raises
+        ``errors.ApiError`` when the launcher refuses the spec."""
+        spec = self._launch_spec(name, role, file, class_name, version, source)
+        if spec.adoptable:      # a local worker outlives a gateway crash; a restarted gateway adopts it
+            self._write_supervisor(spec.supervisor_file)
+        handle = open(spec.log_path, "ab", buffering=0)
         handle.write(f"\n===== {time.strftime('%Y-%m-%d %H:%M:%S')} starting {name} v{version} =====\n".encode())
-        proc = (self.launcher.start if self.launcher else subprocess.Popen)(cmd, stdout=handle,  # backend hook
-                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env=env, cwd=str(source.parent), start_new_session=True)
+        try:
+            proc = self.launcher.start(spec, handle)
+        except BaseException:
+            handle.close()
+            raise
         self.cold_starts += 1
-        w = WorkerProc(name, proc, ready, log_path, time.time(), log_handle=handle, secret=secret,
-                       secret_file=secret_file, activity_file=activity_file, version=version, file=file,
-                       class_name=class_name, supervisor_file=supervisor_file,
-                       proc_start=None if self.launcher else process_start(proc.pid), role=role)
+        w = WorkerProc(name, proc, spec.ready_file, spec.log_path, time.time(), log_handle=handle, secret=spec.secret,
+                       secret_file=spec.secret_file, activity_file=spec.activity_file, version=version, file=file,
+                       class_name=class_name, supervisor_file=spec.supervisor_file if spec.adoptable else None,
+                       proc_start=process_start(proc.pid) if spec.adoptable and proc.pid else None, role=role)
         self.workers[worker_key(role, name, version)] = w
         log.info("started worker for %s v%d (pid %d)", name, version, proc.pid)
         self._save_workers()
@@ -272,6 +300,7 @@ class WorkerSupervision:
             return
         w.stopping = True
         _terminate(w.proc)
+        w.drain()                       # its last log lines
         if w.log_handle:
             w.log_handle.close()
 
@@ -291,6 +320,7 @@ class WorkerSupervision:
             except subprocess.TimeoutExpired:
                 w.proc.kill()
                 w.proc.wait()
+            w.drain()
             if w.log_handle:
                 w.log_handle.close()
             self.store.update(w.name, status="stopped", phase="stopped", worker_port=None, worker_pid=None)
@@ -299,6 +329,8 @@ class WorkerSupervision:
     # -- supervision (called every 100 ms)
     def poll(self) -> None:
         with self._lock:
+            for w in [*self.workers.values(), *self._retiring]:
+                w.drain()               # log chunks, phase / ready / exit reports from the launcher
             for key, w in list(self.workers.items()):
                 if w.role is Role.BUILD:
                     self._poll_build(key, w)
@@ -325,7 +357,7 @@ class WorkerSupervision:
                 return
         code = w.proc.poll()
         now = time.time()
-        if code is None and w.ready_file.exists():
+        if code is None:
             ready = w.ready_report()
             if ready is not None:
                 self._take_over(key, w, row, build, ready, now)
@@ -382,8 +414,7 @@ class WorkerSupervision:
         # (its clients reconnect to the new version) and it drains and exits in the background
         if old is not None:
             old.stopping = True
-            if old.secret_file and old.secret_file != w.secret_file:
-                _write_secret(old.secret_file, secrets.token_urlsafe(32))
+            old.proc.set_secret(secrets.token_urlsafe(32))
             with contextlib.suppress(ProcessLookupError):
                 old.proc.send_signal(signal.SIGTERM)
             old.role, old.retired_at = Role.RETIRING, time.time()
@@ -416,6 +447,8 @@ class WorkerSupervision:
         if row is None:
             return
         ph = w.phase_changed()
+        if w.proc.pid and row.worker_pid != w.proc.pid and row.status == "starting":
+            self.store.update(name, worker_pid=w.proc.pid)     # started once its image environment was built
         if ph:
             fields: dict[str, Any] = {}
             if ph.get("phase") and row.status == "starting":
@@ -428,7 +461,7 @@ class WorkerSupervision:
             if fields:
                 self.store.update(name, **fields)
         code = w.proc.poll()
-        if row.status == "starting" and code is None and w.ready_file.exists():
+        if row.status == "starting" and code is None:
             ready = w.ready_report()
             if ready:
                 now = time.time()
@@ -474,8 +507,7 @@ class WorkerSupervision:
             if row.status == "ready" and name in self.workers and min_workers < 1:
                 idle_timeout = float(self._spec_value(row, "idle_timeout", DEFAULT_IDLE_TIMEOUT_S))
                 last = max(row.ready_at or 0.0, self._activity.get(name, 0.0))
-                with contextlib.suppress(OSError):
-                    last = max(last, self.workers[name].activity_file.stat().st_mtime)
+                last = max(last, self.workers[name].last_activity())
                 if now - last > idle_timeout:
                     log.info("%s idle for %.0f s (idle_timeout %g s): stopping its worker", name, now - last, idle_timeout)
                     self._stop_process(name)

@@ -1,9 +1,10 @@
-"""A worker process as the gateway sees it: :class:`WorkerProc` (its process, role, version,
-run files and secret), :class:`Role`, :func:`worker_key` (the one place a ``Gateway.workers`` key
-is spelled), the supervision constants, and the small helpers that read a worker's run files and
-log and describe how it ended."""
+"""A worker process as the gateway sees it: :class:`WorkerProc` (its launcher handle, role,
+version, run files, secret and the reports its launch events brought), :class:`Role`,
+:func:`worker_key` (the one place a ``Gateway.workers`` key is spelled), the supervision
+constants, and the small helpers that read a worker's log and describe how it ended."""
 from __future__ import annotations
 
+import contextlib
 import enum
 import json
 import os
@@ -14,7 +15,8 @@ from pathlib import Path
 from typing import Any, Optional
 from urllib.parse import urlsplit
 
-from ._proc import EXIT_UNKNOWN, stop_process
+from ._proc import EXIT_UNKNOWN, process_start, stop_process
+from .launch import Exited, Failed, Log, Phase, Ready, Started
 from .store import DeploymentRow
 
 __all__ = ["Role", "WorkerProc", "worker_key", "STOP_GRACE_S", "JAMMED_GRACE_S", "KEEP_VERSIONS",
@@ -52,12 +54,13 @@ class WorkerProc:
     """One worker process the gateway supervises (its role, version, files and secret).
     Times are unix seconds."""
     name: str
-    proc: subprocess.Popen
+    proc: Any                           # its launch.WorkerHandle (Popen-like, with events())
     ready_file: Path
     log_path: Path
     started_at: float
     startup_timeout_s: float = 1800.0
-    phase_mtime: float = 0.0
+    phase_new: bool = False
+    reports: dict = field(default_factory=dict, repr=False)   # phase / ready / error, from events
     stopping: bool = False
     log_handle: Any = field(default=None, repr=False)
     secret: str = field(default="", repr=False)
@@ -78,35 +81,60 @@ class WorkerProc:
     retired_at: float = 0.0             # RETIRING: when it was told to stop (unix s)
     grace_s: float = STOP_GRACE_S       # RETIRING: how long it may drain before it is killed
 
-    # -- what the worker reports through its run files (worker.py writes them): every poller reads
-    # them through these, so the file protocol is spelled once
+    # -- what the worker reports: its launcher's typed events (launch.py), consumed here so every
+    # poller reads the same state
+    def drain(self) -> None:
+        """Consume the handle's new events: log chunks go to the deployment log, the phase,
+        ready and error reports are kept for the readers below."""
+        events = getattr(self.proc, "events", None)
+        for ev in (events() if events else []):
+            if isinstance(ev, Log):
+                if self.log_handle is not None and ev.chunk:
+                    with contextlib.suppress(ValueError, OSError):
+                        self.log_handle.write(ev.chunk)
+            elif isinstance(ev, Started):
+                if self.supervisor_file is not None and self.proc_start is None:
+                    self.proc_start = process_start(ev.pid)     # started after its image environment was built
+            elif isinstance(ev, Phase):
+                self.reports["phase"], self.phase_new = ev.report, True
+            elif isinstance(ev, Ready):
+                self.reports["ready"] = ev.report
+            elif isinstance(ev, Exited) and ev.error:
+                self.reports["error"] = ev.error
+            elif isinstance(ev, Failed):
+                self.reports["error"] = {"phase": "building_image", "detail": ev.reason,
+                                         "exception_type": "ImageBuildError", "traceback": None,
+                                         **({"details": ev.details} if ev.details else {})}
+
     def phase_report(self) -> dict:
-        """The phase file (``{"phase", "spec"?}``); {} while there is none."""
-        return _read_json(Path(str(self.ready_file) + ".phase")) or {}
+        """The last phase report (``{"phase", "spec"?}``); {} while there is none."""
+        self.drain()
+        return self.reports.get("phase") or {}
 
     def phase_changed(self) -> Optional[dict]:
-        """The phase file when it changed since the last call (by mtime), else None."""
-        path = Path(str(self.ready_file) + ".phase")
-        try:
-            mtime = path.stat().st_mtime
-        except OSError:
-            mtime = 0.0
-        if not mtime or mtime == self.phase_mtime:
+        """The phase report when it changed since the last call, else None."""
+        self.drain()
+        if not self.phase_new:
             return None
-        self.phase_mtime = mtime
-        return _read_json(path)
+        self.phase_new = False
+        return self.reports.get("phase")
 
     def ready_report(self) -> Optional[dict]:
-        """The ready file once it names a port (``{"port", "host"|"url", "spec"}``), else None."""
-        if not self.ready_file.exists():
-            return None
-        ready = _read_json(self.ready_file)
+        """The ready report once the worker serves (``{"port", "host"|"url", "spec"}``), else None."""
+        self.drain()
+        ready = self.reports.get("ready")
         return ready if ready and ready.get("port") else None
 
     def error_report(self) -> dict:
-        """The error file a worker writes when its load fails (``{"phase", "detail",
-        "exception_type", "traceback"}``); {} when there is none."""
-        return _read_json(Path(str(self.ready_file) + ".error")) or {}
+        """What a worker whose load failed reported (``{"phase", "detail", "exception_type",
+        "traceback"}``); {} when there is none."""
+        self.drain()
+        return self.reports.get("error") or {}
+
+    def last_activity(self) -> float:
+        """When the worker last accepted a request (unix s), 0 when never."""
+        fn = getattr(self.proc, "last_activity", None)
+        return float(fn()) if fn else 0.0
 
     def load_failure(self, code: int, phase: Optional[str]) -> tuple[str, dict]:
         """``(message, details)`` for a worker that exited with ``code`` while loading (last
@@ -133,11 +161,8 @@ class WorkerProc:
 
 def _write_secret(path: Path, value: str) -> None:
     """Write ``value`` to ``path`` with mode 0600 (atomic replace)."""
-    tmp = Path(f"{path}.tmp")
-    fd = os.open(str(tmp), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(value)
-    os.replace(tmp, path)
+    from .launch_local import write_secret
+    write_secret(path, value)
 
 
 def _log_tail(path: Path, lines: int = 20) -> list[str]:

@@ -78,6 +78,10 @@ def _operations(r: APIRouter, gw: Any, auth: Auth) -> None:
                        key: KeyRecord = Depends(account_key)) -> dict:
         return await asyncio.to_thread(gw.logs, name, request_id, lines, since)
 
+    @r.get("/{name}/build-log")
+    async def get_build_log(name: str, offset: int = 0, key: KeyRecord = Depends(account_key)) -> dict:
+        return await asyncio.to_thread(gw.build_log, name, offset)
+
     @r.get("/{name}/traffic")
     async def get_traffic(name: str, key: KeyRecord = Depends(account_key)) -> dict:
         return await asyncio.to_thread(gw.traffic_view, name)

@@ -1,0 +1,82 @@
+"""The launcher interface (server/sequence_ai_server/launch.py, launch_local.py): a real worker
+started from a WorkerLaunchSpec reports through typed events -- Placed, Started, Phase, Ready,
+Exited -- its secret rotates through the handle, and an image that fails to build reads as
+Failed then Exited, with the failing step's output in the build log."""
+from __future__ import annotations
+
+import signal
+import time
+from pathlib import Path
+
+import httpx
+
+from _servers import ECHO_POLICY, echo_observation
+from sequence_ai_server.envs import EnvBuilder
+from sequence_ai_server.launch import Exited, Failed, Phase, Placed, Ready, Started, WorkerLaunchSpec
+from sequence_ai_server.launch_local import LocalLauncher
+
+
+def _spec(tmp: Path, name: str, file: str, image=None) -> WorkerLaunchSpec:
+    for sub in ("run", "logs", "weights"):
+        (tmp / sub).mkdir(exist_ok=True)
+    return WorkerLaunchSpec(name=name, role="serving", version=1, policy_file=file, class_name=None,
+                            cwd=str(Path(file).parent), secret="s3cret-" + name, run_dir=tmp / "run", run_key=f"{name}.x",
+                            weights_dir=tmp / "weights" / name, log_path=tmp / "logs" / f"{name}.log", image=image,
+                            adoptable=False)
+
+
+def _until(handle, kind, timeout=120.0) -> list:
+    seen, deadline = [], time.monotonic() + timeout
+    while not any(isinstance(e, kind) for e in seen):
+        assert time.monotonic() < deadline, seen
+        seen += handle.events()
+        time.sleep(0.05)
+    return seen
+
+
+def test_a_local_worker_reports_placed_started_phases_ready_and_exited(tmp_path):
+    spec = _spec(tmp_path, "echo", ECHO_POLICY)
+    with open(spec.log_path, "ab") as log:
+        h = LocalLauncher().start(spec, log)
+        try:
+            seen = _until(h, Ready)
+            kinds = [type(e) for e in seen]
+            assert kinds[:2] == [Placed, Started] and seen[1].pid == h.pid > 0, seen
+            phases = [e.report["phase"] for e in seen if isinstance(e, Phase)]
+            assert phases and phases[0] == "importing", phases
+            ready = seen[-1]
+            assert ready.report["pid"] == h.pid and ready.url == f"http://127.0.0.1:{ready.report['port']}"
+            body = {"observation": echo_observation()}
+            r = httpx.post(ready.url + "/act", json=body, headers={"Authorization": f"Bearer {spec.secret}"}, timeout=30)
+            assert r.status_code == 200, r.text
+            h.set_secret("rotated-secret")                 # through the handle: the old secret stops working
+            deadline = time.monotonic() + 10
+            while httpx.post(ready.url + "/act", json=body, timeout=30,
+                             headers={"Authorization": f"Bearer {spec.secret}"}).status_code != 401:
+                assert time.monotonic() < deadline, "the old secret still works after set_secret"
+                time.sleep(0.1)
+            r = httpx.post(ready.url + "/act", json=body, headers={"Authorization": "Bearer rotated-secret"}, timeout=30)
+            assert r.status_code == 200, r.text
+            assert h.last_activity() > 0                   # the worker touched its activity file
+        finally:
+            h.send_signal(signal.SIGTERM)
+            h.wait(30)
+    ended = _until(h, Exited, 10)
+    assert [e.code for e in ended if isinstance(e, Exited)] == [0], ended
+
+
+def test_an_image_that_fails_to_build_reads_as_failed_then_exited(tmp_path):
+    image = {"base": "debian_slim", "python": "3.11",
+             "steps": [{"kind": "pip_install", "args": ["no-such-package-here==9.9.9"]}]}
+    spec = _spec(tmp_path, "broken", ECHO_POLICY, image)
+    with open(spec.log_path, "ab") as log:
+        h = LocalLauncher(EnvBuilder(tmp_path)).start(spec, log)
+        assert h.pid == 0 and h.poll() is None          # building: no worker process yet
+        seen = _until(h, Exited, 300)
+    failed = [e for e in seen if isinstance(e, Failed)]
+    assert len(failed) == 1 and "no-such-package-here" in failed[0].reason, seen
+    assert [e.code for e in seen if isinstance(e, Exited)] == [1] and h.poll() == 1
+    assert not any(isinstance(e, (Started, Ready)) for e in seen), seen
+    build_log = (tmp_path / "logs" / "broken.build.log").read_text()
+    assert "no-such-package-here==9.9.9" in build_log and "uv pip install" in build_log
+    assert list((tmp_path / "envs").iterdir()) == [], "a failed build left a (half-built) environment behind"
