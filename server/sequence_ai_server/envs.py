@@ -52,8 +52,8 @@ __all__ = ["EnvBuilder", "ImageEnv", "ImageStepRefused", "ImageBuildError", "ima
 
 # what the worker itself imports (setup.py's "server" extra, less the gateway-only packages)
 WORKER_REQUIREMENTS = ("fastapi>=0.110", "uvicorn>=0.29", "uvloop>=0.19; sys_platform != 'win32'", "pydantic>=2.5",
-                       "numpy>=1.24", "simplejpeg>=1.7", "pillow>=10", "httpx>=0.27", "sniffio>=1.3",
-                       "httptools>=0.6", "websockets>=13", "msgpack>=1.0")
+                       "numpy>=1.24", "simplejpeg>=1.7", "pillow>=10", "httpx>=0.27", "sniffio>=1.3")
+# httptools, websockets and msgpack are optional for a worker (h11, HTTP /act only, no openpi endpoint)
 PLATFORM_PACKAGES = ("sequence_ai_server", "seq", "sequence_ai_core", "sequence_ai", "sequence_ai_data")
 CONTAINER_STEPS = ("apt_install", "run_commands")
 BUILD_TIMEOUT_S = 1800.0

@@ -229,9 +229,12 @@ class WorkerHandle(Protocol):
 
 class Launcher(Protocol):
     """Starts workers from specs. ``adopts``: whether its workers outlive the gateway (and a
-    restarted gateway adopts them: the local launcher) or stop with it (Ray)."""
+    restarted gateway adopts them: the local launcher) or stop with it (Ray). ``places_cards``:
+    whether something else (a Ray cluster) decides which cards a worker gets; when False the
+    gateway checks ``gpu=`` against this machine's cards (operations.py)."""
 
     adopts: bool
+    places_cards: bool
 
     def start(self, spec: WorkerLaunchSpec, log_handle: Any) -> WorkerHandle:
         """Start ``spec``'s worker, its output going to ``log_handle`` (an open binary file);

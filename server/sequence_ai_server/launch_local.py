@@ -179,6 +179,7 @@ class LocalLauncher:
     for a spec with an ``image``; None runs every worker on the gateway's interpreter."""
 
     adopts = True
+    places_cards = False    # gpu= is checked against this machine's cards
 
     def __init__(self, envs: Any = None):
         self.envs = envs

@@ -105,13 +105,13 @@ class Operations:
         """``GET /v1/gpus``: the inventory, what each deployment holds and what is free."""
         inv = self.card_inventory()
         return {**inv, **holdings([(n, r, g) for n, r, g, _ in self._running()], inv),
-                "check": "local" if not self.launcher else "off (the Ray cluster places cards)"}
+                "check": "local" if not self.launcher.places_cards else "off (the Ray cluster places cards)"}
 
     def refuse_missing_card(self, key: str, w: Any, spec: Optional[dict]) -> bool:
         """Stop worker ``w`` (``workers[key]``) and record why when its ``spec`` declares a ``gpu=``
         this machine lacks; returns whether it did. A serving worker's deployment is marked failed, a
         build's version failed (the serving one stays). With the Ray backend the cluster decides."""
-        if self.launcher or not spec:
+        if self.launcher.places_cards or not spec:
             return False
         why = gpu_refusal((spec.get("resources") or {}).get("gpu"), self.card_inventory())
         if why is None:

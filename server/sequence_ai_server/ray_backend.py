@@ -144,6 +144,7 @@ class RayLauncher:
     or ``local`` (start a private loopback head inside this process; its default when
     ``$SEQ_RAY_ADDRESS`` is unset). Raises ConnectionError when the cluster is unreachable."""
 
+    places_cards = True     # the cluster decides which node's cards a worker gets
     adopts = False          # a worker stops with its actor, and the actor with this gateway's Ray connection
 
     def __init__(self, address: str = "local", gpus_per_node: Optional[int] = None):
