@@ -1,6 +1,7 @@
 """Evaluation: score deployed policies on simulated benchmarks (``seq eval ...``).
 
-``runner`` plans and runs an eval (env processes driving the sim through the normal client),
+``plan`` checks and lays out an eval, ``runner`` runs it (``episode``: the env processes driving the sim
+through the normal client) and summarizes it,
 ``store`` keeps each eval's record, episodes and videos under ``<data_dir>/evals``. The
 built-in benchmarks live in ``sequence_ai_sim.benchmarks`` and are imported only when used.
 """
