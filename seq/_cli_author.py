@@ -67,6 +67,9 @@ def _contract_lines(spec: Any) -> list[str]:
         extra = f", {', '.join(limits)}, on_violation={a.on_violation}" if limits else ""
         lines.append(f"action      {a.robot} · {a.action_space.value} · {a.action_dim} dims · {a.control_frequency_hz:g} Hz"
                      f"{extra}  (every chunk is checked against this)")
+        limit = "no declared limit" if a.max_delay_steps is None else f"max {a.max_delay_steps} steps"
+        takes = ", ".join(spec.delay_inputs) or "neither prefix nor delay_steps"
+        lines.append(f"delay       modes {', '.join(a.delay_modes)} · {limit} · infer takes {takes}")
     else:
         lines.append("action      none declared (infer's return value goes back as is)")
     if o is not None:

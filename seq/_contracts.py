@@ -14,9 +14,14 @@ from typing import Any, Mapping
 
 from ._errors import DeclarationError
 
-__all__ = ["ActionSpace", "Camera", "ActionContract", "ObservationContract"]
+__all__ = ["ActionSpace", "Camera", "ActionContract", "ObservationContract", "DELAY_MODES"]
 
 _MAX_FRAME_EDGE = 8192
+
+#: What a policy may declare about the inference delay (``ActionContract.delay_modes``):
+#: ``chunk`` plain chunks (the prefix is ignored), ``guided`` inference-time guidance (RTC)
+#: inpaints the committed prefix, ``trained`` the model was trained to condition on it.
+DELAY_MODES = ("chunk", "guided", "trained")
 
 
 class ActionSpace(str, Enum):
@@ -102,6 +107,14 @@ class ActionContract:
       dimension, a gripper included: give one number per dimension (e.g. ``[0.05] * 7 + [1.0]``)
       to leave a gripper that takes positions its full range.
 
+    delay_modes: what the policy does with the committed prefix and the inference delay
+    (``DELAY_MODES``): ``("chunk",)`` (the default) ignores them; ``"guided"`` / ``"trained"``
+    make the chunk's first ``delay_steps`` rows continue the prefix (infer() must then declare
+    ``prefix``). max_delay_steps: the largest delay, in control steps at
+    ``control_frequency_hz``, the policy was built for (int >= 0); required with ``guided`` or
+    ``trained``, None (no limit) only for plain chunks. A robot client refuses to start, or
+    holds and ends the run, when its measured delay exceeds it.
+
     Outside them a chunk is clipped (the response's warnings name each step and dimension; the
     client warns with ``sequence_ai.LimitWarning``) or, with ``on_violation="refuse"``, refused:
     the worker answers 500 policy_error ``details.reason="bounds"``, and the client ends the run
@@ -115,6 +128,8 @@ class ActionContract:
     bounds: Any = None
     max_delta: Any = None
     on_violation: str = "clip"
+    delay_modes: Any = ("chunk",)
+    max_delay_steps: Any = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.robot, str) or not self.robot.strip():
@@ -133,6 +148,33 @@ class ActionContract:
         if self.on_violation not in ("clip", "refuse"):
             raise DeclarationError("ActionContract.on_violation", f"unknown value {self.on_violation!r}",
                                    'use "clip" (the default) or "refuse"')
+        self._check_delay()
+
+    def _check_delay(self) -> None:
+        arg = "ActionContract.delay_modes"
+        modes = (self.delay_modes,) if isinstance(self.delay_modes, str) else self.delay_modes
+        try:
+            modes = tuple(modes)
+        except TypeError:
+            raise DeclarationError(arg, f"expected a tuple of modes, got {self.delay_modes!r}",
+                                   'write e.g. delay_modes=("chunk", "guided")') from None
+        unknown = [m for m in modes if m not in DELAY_MODES]
+        if not modes or unknown:
+            raise DeclarationError(arg, f"unknown or missing mode(s) {unknown or list(modes)!r}",
+                                   f"use one or more of {', '.join(DELAY_MODES)}")
+        object.__setattr__(self, "delay_modes", tuple(dict.fromkeys(modes)))
+        if self.max_delay_steps is None:
+            if set(modes) - {"chunk"}:
+                raise DeclarationError("ActionContract.max_delay_steps",
+                                       f"delay_modes {list(modes)} need the largest delay the policy handles",
+                                       "write e.g. max_delay_steps=12 (control steps at control_frequency_hz)")
+        else:
+            _positive_int(self.max_delay_steps, "ActionContract.max_delay_steps", minimum=0, maximum=100000)
+
+    @property
+    def delay_aware(self) -> bool:
+        """True when the policy declares ``guided`` or ``trained``: it reads the committed prefix."""
+        return bool(set(self.delay_modes) - {"chunk"})
 
     @staticmethod
     def _check_bounds(bounds: Any, dim: int) -> tuple[tuple[float, float], ...] | None:
@@ -190,13 +232,16 @@ class ActionContract:
             "bounds": [list(p) for p in self.bounds] if self.bounds is not None else None,
             "max_delta": list(self.max_delta) if isinstance(self.max_delta, tuple) else self.max_delta,
             "on_violation": self.on_violation,
+            "delay": {"modes": list(self.delay_modes), "max_delay_steps": self.max_delay_steps},
         }
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "ActionContract":
         return cls(robot=data["robot"], action_space=data["action_space"], action_dim=data["action_dim"],
                    control_frequency_hz=data["control_frequency_hz"], bounds=data.get("bounds"),
-                   max_delta=data.get("max_delta"), on_violation=data.get("on_violation", "clip"))
+                   max_delta=data.get("max_delta"), on_violation=data.get("on_violation", "clip"),
+                   delay_modes=tuple((data.get("delay") or {}).get("modes") or ("chunk",)),
+                   max_delay_steps=(data.get("delay") or {}).get("max_delay_steps"))
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,14 @@ from typing import Any, Callable, Mapping, Optional
 
 from ._errors import DeclarationError
 
-__all__ = ["Range", "OneOf", "InferParam", "ParamError", "discover_params", "cast_params"]
+__all__ = ["Range", "OneOf", "InferParam", "ParamError", "discover_params", "cast_params",
+           "DELAY_INPUTS", "delay_inputs"]
+
+#: Reserved keyword arguments of infer(): not inference parameters, filled by the worker from
+#: the request's delay fields. ``prefix``: float32 array (k, action_dim), the committed rows
+#: (None on a cold first request); ``delay_steps``: int >= 0, the estimated inference delay in
+#: control steps at the contract's control frequency.
+DELAY_INPUTS = ("prefix", "delay_steps")
 
 _TYPES = {"int": int, "float": float, "bool": bool, "str": str}
 
@@ -205,6 +212,8 @@ def discover_params(infer: Callable, where: str = "infer") -> list[InferParam]:
     for p in params:
         if p.kind in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD):
             continue
+        if p.name in DELAY_INPUTS:
+            continue
         if p.default is inspect.Parameter.empty:
             raise DeclarationError(f"{where}({p.name})", "an argument after the observation has no default",
                                    f"give it one (e.g. `*, {p.name}: int = 5`) so it becomes an inference parameter")
@@ -240,6 +249,12 @@ def discover_params(infer: Callable, where: str = "infer") -> list[InferParam]:
                 raise DeclarationError(f"{where}({p.name})", f"default {p.default!r} does not fit: {exc}") from None
         out.append(param)
     return out
+
+
+def delay_inputs(infer: Callable) -> list[str]:
+    """The reserved delay inputs (``DELAY_INPUTS``) infer() declares, in that order."""
+    names = inspect.signature(infer).parameters
+    return [name for name in DELAY_INPUTS if name in names]
 
 
 def cast_params(declared: list[InferParam], given: Optional[Mapping[str, Any]]) -> dict[str, Any]:

@@ -19,7 +19,7 @@ from typing import Any, Callable, Mapping, Optional
 
 from ._contracts import ActionContract, ObservationContract
 from ._errors import DeclarationError
-from ._params import InferParam, discover_params
+from ._params import InferParam, delay_inputs, discover_params
 from ._resources import Image, Secret, Timeouts, Volume, Weights, check_weight_uri
 from ._scaling import Batching, Concurrency, batching_of, concurrency_of
 from ._types import ActionChunk, Observation
@@ -96,6 +96,7 @@ class PolicySpec:
     resources: dict[str, Any] = field(default_factory=dict)   # recorded only: gpu, max_gpus, cpu, memory, image, deps, models, region
     batching: Optional[Batching] = None
     concurrency: Optional[Concurrency] = None
+    delay_inputs: list[str] = field(default_factory=list)   # "prefix" / "delay_steps" infer() declares
 
     def slots(self) -> int:
         """Model copies one worker holds (self-hosted: one card)."""
@@ -122,6 +123,7 @@ class PolicySpec:
             "resources": dict(self.resources),
             "batching": self.batching.to_dict() if self.batching else None,
             "concurrency": self.concurrency.to_dict() if self.concurrency else None,
+            "delay_inputs": list(self.delay_inputs),
         }
 
 
@@ -354,6 +356,12 @@ def _decorate(cls: Any, args: dict[str, Any]) -> type:
                                "add one that frees an episode's state, or drop streaming=True")
     infer_fn = getattr(cls, stages["infer"])
     params = discover_params(infer_fn, where=f"{cls.__name__}.{stages['infer']}")
+    takes = delay_inputs(infer_fn)
+    action = args["action"]
+    if action is not None and action.delay_aware and "prefix" not in takes:
+        raise DeclarationError(f"{cls.__name__}.{stages['infer']}",
+                               f"the contract declares delay_modes {list(action.delay_modes)} but infer() takes no prefix",
+                               "add `prefix=None, delay_steps=0` to infer's keyword arguments, or declare delay_modes=(\"chunk\",)")
     batching = batching_of(infer_fn)
     if batching is not None and args["streaming"]:
         raise DeclarationError("@seq.batched", "is not for streaming=True: a stateful episode owns its replica",
@@ -385,6 +393,7 @@ def _decorate(cls: Any, args: dict[str, Any]) -> type:
         resources={k: args[k] for k in ("gpu", "max_gpus", "cpu", "memory", "image", "deps", "models", "region")},
         batching=batching,
         concurrency=concurrency_of(cls),
+        delay_inputs=takes,
     )
     check_scaling(cls.__name__, spec, spec.concurrency, batching)
     cls.__seq_spec__ = spec

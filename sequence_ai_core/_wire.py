@@ -406,8 +406,12 @@ class Wire:
         return now >= session.expires_mono - lease_margin(session.ttl_s, self.request_interval_s())
 
     async def act(self, observation: Dict[str, Any], *, params: Optional[Dict[str, Any]] = None,
-                  episode_id: Optional[str] = None) -> Prediction:
+                  episode_id: Optional[str] = None, delay: Optional[Dict[str, Any]] = None) -> Prediction:
         """``POST {worker}/act`` with one observation (wire dict). Returns the Prediction.
+
+        ``delay``: the delay fields sent beside the observation (``prefix``, ``delay_steps``,
+        ``obs_time``, ``request_id``, ``generation``; ``_delay.DelayTracker.fields``); the
+        answer's echo lands in ``Prediction.request_id`` / ``Prediction.extra["generation"]``.
 
         Reconnects through the gateway once on 401 or a dropped connection and replays.
 
@@ -421,6 +425,8 @@ class Wire:
         body: Dict[str, Any] = {"observation": observation, "params": {**self.params, **(params or {})}}
         if episode_id is not None:
             body["episode_id"] = episode_id
+        if delay:
+            body.update(delay)
         started = time.monotonic()
         self._note_request()
         encoded: Dict[bool, Tuple[bytes, str]] = {}

@@ -16,7 +16,9 @@ Pure standard library: the client (``sequence_ai_core``) and the server
   from them;
 * typed views of the contract a handshake or ``/info`` hands back (``Contract.from_wire``):
   ``ObservationSpec`` (cameras, proprioception widths, history) and ``ActionSpec`` (robot,
-  action space, action_dim, control frequency in Hz, bounds, max_delta, on_violation).
+  action space, action_dim, control frequency in Hz, bounds, max_delta, on_violation, and the
+  delay modes / max_delay_steps);
+* the delay fields of an ``/act`` request (``DELAY_FIELDS``).
 """
 from __future__ import annotations
 
@@ -30,8 +32,16 @@ __all__ = [
     "JSON_CONTENT_TYPE", "BINARY_CONTENT_TYPE", "MAX_BODY_BYTES",
     "FramingError", "encode_act_body", "decode_act_body", "frame_bytes",
     "ErrorCode", "ERROR_CODES",
-    "CameraSpec", "ObservationSpec", "ActionSpec", "Contract",
+    "CameraSpec", "ObservationSpec", "ActionSpec", "Contract", "DELAY_MODES", "DELAY_FIELDS",
 ]
+
+#: The delay modes a policy may declare (``seq.ActionContract(delay_modes=...)``).
+DELAY_MODES = ("chunk", "guided", "trained")
+#: The delay fields of an /act request body (beside ``observation``): ``prefix`` (rows,
+#: absolute, the chunk's action space), ``delay_steps`` (int, control steps), ``obs_time``
+#: (capture time, unix s), ``request_id`` (str) and ``generation`` (int); the answer echoes
+#: ``request_id`` and ``generation``.
+DELAY_FIELDS = ("prefix", "delay_steps", "obs_time", "request_id", "generation")
 
 JSON_CONTENT_TYPE = "application/json"
 BINARY_CONTENT_TYPE = "application/vnd.sequence-ai.act+bin"
@@ -286,6 +296,21 @@ class ActionSpec:
     def declared(self, key: str) -> Any:
         """The declared value of field ``key`` as it came on the wire (None when absent)."""
         return self.raw.get(key)
+
+    @property
+    def delay_modes(self) -> Tuple[str, ...]:
+        """What the policy does with the committed prefix: a subset of ``DELAY_MODES``
+        (``"chunk"``, ``"guided"``, ``"trained"``); ``("chunk",)`` when the contract predates it."""
+        delay = self.raw.get("delay")
+        modes = delay.get("modes") if isinstance(delay, Mapping) else None
+        return tuple(str(m) for m in modes) if modes else ("chunk",)
+
+    @property
+    def max_delay_steps(self) -> Optional[int]:
+        """The largest inference delay the policy handles, control steps at
+        ``control_frequency_hz``; None: no declared limit."""
+        delay = self.raw.get("delay")
+        return _int(delay.get("max_delay_steps")) if isinstance(delay, Mapping) else None
 
 
 @dataclass(frozen=True)

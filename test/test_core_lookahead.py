@@ -36,7 +36,7 @@ class LatencyWire:
         self.session = Session(session_id="s", worker_url="http://in-process", direct_secret="x",
                                contract={"action": {"action_space": "joint_absolute"}})
 
-    async def act(self, observation, *, params=None, episode_id=None):
+    async def act(self, observation, *, params=None, episode_id=None, delay=None):
         i = self.calls
         self.calls += 1
         self.in_flight += 1

@@ -39,7 +39,7 @@ class ScriptedWire:
                                contract=contract)
         self.reconnects = 0
 
-    async def act(self, observation, *, params=None, episode_id=None):
+    async def act(self, observation, *, params=None, episode_id=None, delay=None):
         i = self.calls
         self.calls += 1
         await asyncio.sleep(self.delays[i % len(self.delays)])

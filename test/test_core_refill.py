@@ -88,7 +88,7 @@ class _TimedWire:
         self.session = Session(session_id="s", worker_url="http://in-process", direct_secret="x",
                                contract={"action": {"action_space": "joint_absolute"}})
 
-    async def act(self, observation, *, params=None, episode_id=None):
+    async def act(self, observation, *, params=None, episode_id=None, delay=None):
         import asyncio
         import time
         from sequence_ai_core import ActionChunk, Prediction

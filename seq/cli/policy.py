@@ -58,6 +58,10 @@ def policy_status(name: str, gateway: Optional[str] = GatewayOpt, api_key: Optio
     if action:
         out.print(f"  action    {action['robot']} {action['action_space']} x{action['action_dim']} "
                   f"@ {action['control_frequency_hz']:g} Hz" + (" (bounded)" if action.get("bounds") else ""))
+        delay = action.get("delay") or {}
+        limit = delay.get("max_delay_steps")
+        out.print(f"  delay     modes {', '.join(delay.get('modes') or ['chunk'])}; "
+                  + ("no declared limit" if limit is None else f"max {limit} steps"))
     if obs:
         cams = ", ".join(f"{v} {c['width']}x{c['height']}" + (" +depth" if c.get("depth") else "") for v, c in obs["cameras"].items())
         out.print(f"  observe   cameras: {cams or 'none'}; proprio: {obs['proprio']}; history {obs['history']}")

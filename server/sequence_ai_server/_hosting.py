@@ -22,7 +22,7 @@ import queue
 import threading
 import time
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
 
@@ -31,7 +31,7 @@ from seq.spec import EVAL_BATCH_DEADLINE_MS, ParamError, PolicySpec, cast_params
 
 from .chunk import finish_chunk, policy_error
 from .errors import ApiError
-from .observation import fits_float, parse_act_body, parse_observation, synthetic_observation
+from .observation import fits_float, parse_act_body, parse_delay, parse_observation, synthetic_observation
 
 __all__ = [
     "EPISODE_IDLE_S", "PolicyError", "PolicyHost", "Prepared",
@@ -95,6 +95,8 @@ class Prepared:
     warnings: list[str]
     episode_id: Optional[str]
     end_episode: bool = False
+    delay: dict[str, Any] = field(default_factory=dict)   # prefix / delay_steps, for an infer that declares them
+    echo: dict[str, Any] = field(default_factory=dict)    # request_id / generation, answered back
 
 
 @dataclass
@@ -207,10 +209,12 @@ class _Replica:
         try:
             if self.host.spec.batching is None:
                 p = items[0].prepared
-                results = [fn(p.observation, **p.params)]
+                results = [fn(p.observation, **p.params, **p.delay)]
             else:
                 obs = [i.prepared.observation for i in items]
                 params = {d.name: [i.prepared.params.get(d.name, d.default) for i in items] for d in self.host.spec.params}
+                for name in self.host.spec.delay_inputs:
+                    params[name] = [i.prepared.delay.get(name) for i in items]
                 results = fn(obs, **params)
                 if not isinstance(results, (list, tuple)) or len(results) != len(items):
                     got = f"{len(results)} result(s)" if isinstance(results, (list, tuple)) else type(results).__name__
@@ -348,10 +352,11 @@ class PolicyHost:
         if not isinstance(end, bool):  # "false" is truthy: refuse anything but a JSON boolean
             raise ApiError("invalid_request", f"end_episode must be true or false, got {end!r}",
                            hint='send "end_episode": true')
+        delay, echo = parse_delay(body, self.spec)
         if self.spec.infer_mode == "raw":
-            return Prepared(body["observation"], params, [], episode_id, end)
+            return Prepared(body["observation"], params, [], episode_id, end, delay, echo)
         obs, warnings = parse_observation(body["observation"], self.spec, episode_id, blobs)
-        return Prepared(obs, params, warnings, episode_id, end)
+        return Prepared(obs, params, warnings, episode_id, end, delay, echo)
 
     def _route(self, episode_id: Optional[str]) -> _Replica:
         if len(self.replicas) == 1 and episode_id is None:

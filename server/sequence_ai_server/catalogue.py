@@ -10,6 +10,9 @@ a correct request and read the answer, read off that contract so a caller never 
     state_dim             the proprioception width: the sum of ``state_layout``
     state_layout          {field: width}, e.g. {"joint_positions": 7, "gripper": 1}
     action_dim, action_space, robot, control_frequency_hz (Hz)
+    delay_modes           what the policy does with the committed prefix: ["chunk"] (ignores it),
+                          "guided" (inference-time inpainting), "trained" (conditioned on it)
+    max_delay_steps       the largest inference delay it handles, control steps; None: no limit
     action_semantics      the controller interface the rows are for (the declared action space);
                           ``pass_raw`` is always True: nothing converts the rows on the way
     client_resize         {"size": [w, h], "filter": "bilinear"} when every camera has one size,
@@ -66,6 +69,8 @@ def contract_fields(contract: Optional[dict[str, Any]]) -> dict[str, Any]:
         "action_semantics": space,
         "robot": action.get("robot"),
         "control_frequency_hz": action.get("control_frequency_hz"),
+        "delay_modes": list((action.get("delay") or {}).get("modes") or ["chunk"]) if action else None,
+        "max_delay_steps": (action.get("delay") or {}).get("max_delay_steps") if action else None,
         "client_resize": client_resize,
         "input_aspect_ratio": aspect,
         "input_resize": "exact" if client_resize else None,

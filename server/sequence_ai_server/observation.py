@@ -6,6 +6,9 @@
 * ``parse_observation(...)`` -- the ObservationContract check (views, frame sizes, history, depth,
   proprioception widths, instruction), then decoding each frame once: JPEG with simplejpeg
   (libjpeg-turbo), PNG / 16-bit depth PNG with Pillow. Refusals are ``ApiError`` 400s.
+* ``parse_delay(body, spec)`` -- the delay fields of an /act body: the committed ``prefix`` and
+  ``delay_steps`` (for an infer() that declares them) and the ``request_id`` / ``generation``
+  the answer echoes.
 * ``synthetic_observation(spec)`` -- the black-frame observation a worker checks itself with.
 """
 from __future__ import annotations
@@ -25,7 +28,7 @@ from sequence_ai_core.protocol import FramingError, decode_act_body, frame_bytes
 from .errors import ApiError
 
 __all__ = ["parse_act_body", "parse_observation", "decode_image", "decode_depth", "frame_data",
-           "fits_float", "synthetic_observation", "SYNTHETIC_INSTRUCTION"]
+           "fits_float", "synthetic_observation", "SYNTHETIC_INSTRUCTION", "parse_delay"]
 
 SYNTHETIC_INSTRUCTION = "synthetic check: hold still"
 _JPEG_MAGIC = b"\xff\xd8"
@@ -120,6 +123,69 @@ def fits_float(value: Any) -> bool:
     except (TypeError, ValueError):
         return True       # not a number at all: the caller's own check names that
     return True
+
+
+def _prefix(value: Any, action: Any) -> Optional[np.ndarray]:
+    """The committed prefix: None, or rows x action_dim finite floats (float32)."""
+    if value is None:
+        return None
+    try:
+        arr = np.asarray(value, dtype=np.float64)
+    except (TypeError, ValueError, OverflowError, RecursionError):
+        raise _bad("prefix must be a list of rows of numbers (the committed actions)", field="prefix") from None
+    dim = action.action_dim if action is not None else None
+    if arr.ndim != 2 or arr.shape[0] == 0 or (dim is not None and arr.shape[1] != dim):
+        raise _bad(f"prefix has shape {list(arr.shape)}; expected k x {dim or 'action_dim'} with k >= 1",
+                   hint="send the committed rows in the chunk's action space, or null on a cold request",
+                   field="prefix")
+    if not np.all(np.isfinite(arr)):
+        raise _bad("prefix holds NaN or infinity", field="prefix")
+    return arr.astype(np.float32)
+
+
+def _count_field(body: dict, name: str) -> Optional[int]:
+    value = body.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2 ** 53:
+        raise _bad(f"{name} must be a whole number >= 0, got {str(value)[:40]}", field=name)
+    return value
+
+
+def parse_delay(body: dict, spec: PolicySpec) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The delay fields of an /act body -> (keyword arguments for infer, fields to echo).
+
+    ``prefix`` (rows x action_dim, absolute, float32 array; None on a cold request) and
+    ``delay_steps`` (int >= 0, control steps; 0 when absent) go to infer() only when it declares
+    them (``spec.delay_inputs``). ``request_id`` (str, 1..128 chars) and ``generation``
+    (int >= 0) are echoed in the answer. ``obs_time`` (unix s) must be a finite number or null.
+    Raises ApiError(invalid_request): a malformed field, a prefix shorter than delay_steps, or
+    delay_steps beyond the contract's ``max_delay_steps`` (``details.reason = "delay_exceeded"``).
+    """
+    action = spec.action
+    prefix = _prefix(body.get("prefix"), action)
+    steps = _count_field(body, "delay_steps")
+    generation = _count_field(body, "generation")
+    rid = body.get("request_id")
+    if rid is not None and (not isinstance(rid, str) or not 0 < len(rid) <= 128):
+        raise _bad("request_id must be a string of 1 to 128 characters", field="request_id")
+    t = body.get("obs_time")
+    if t is not None and (isinstance(t, bool) or not isinstance(t, (int, float)) or not fits_float(t)
+                          or not np.isfinite(float(t))):
+        raise _bad(f"obs_time must be the capture time in unix seconds or null, got {str(t)[:40]}", field="obs_time")
+    if prefix is not None and steps is not None and prefix.shape[0] < steps:
+        raise _bad(f"prefix has {prefix.shape[0]} rows, fewer than delay_steps={steps}",
+                   hint="pad the prefix by repeating its last row", field="prefix")
+    limit = action.max_delay_steps if action is not None else None
+    if steps is not None and limit is not None and steps > limit:
+        raise ApiError("invalid_request", f"delay_steps={steps} is beyond the {limit} control steps this policy "
+                       "declares it handles (max_delay_steps)", details={"reason": "delay_exceeded",
+                       "delay_steps": steps, "max_delay_steps": limit},
+                       hint="lower the latency (a closer worker, fewer robots per replica) or use a policy trained for longer delays")
+    given = {"prefix": prefix, "delay_steps": steps or 0}
+    delay = {name: given[name] for name in spec.delay_inputs}
+    echo = {k: v for k, v in (("request_id", rid), ("generation", generation)) if v is not None}
+    return delay, echo
 
 
 def _proprio(name: str, values: Any) -> np.ndarray:

@@ -41,6 +41,11 @@ class ActRequest(BaseModel):
     params: dict[str, Any] = {}
     episode_id: Optional[str] = None
     end_episode: bool = False
+    prefix: Optional[list[list[float]]] = None      # the committed rows (absolute, the chunk's action space)
+    delay_steps: Optional[int] = None               # estimated inference delay, control steps
+    obs_time: Optional[float] = None                # the observation's capture time (unix s)
+    request_id: Optional[str] = None                # echoed in the answer
+    generation: Optional[int] = None                # the run's generation, echoed in the answer
 
 
 class ActionChunkOut(BaseModel):
@@ -57,6 +62,7 @@ class ActResponse(BaseModel):
     inference_ms: float
     batch_size: int = 1
     request_id: str
+    generation: Optional[int] = None
     outputs: Any = None
 
 
@@ -225,7 +231,7 @@ def _add_act_routes(app: FastAPI, state: WorkerState, max_body_bytes: int) -> No
             log.info("%s clipped: %s", rid, more[0])
         payload = {"action_chunk": chunk, "warnings": prepared.warnings + more,
                    "inference_ms": round(seconds * 1000.0, 3), "batch_size": batch, "request_id": rid,
-                   "outputs": outputs}
+                   "outputs": outputs, **prepared.echo}   # the client's request_id / generation, when it sent them
         try:
             content = json.dumps(payload, separators=(",", ":"), allow_nan=False).encode()
         except (TypeError, ValueError) as exc:
