@@ -242,7 +242,9 @@ class Policy:
         """Drive the robot: observe, fetch, pace and act until an ending. Returns a RunOutcome.
 
         Same keywords as ``AsyncPolicy.run`` (validate, hold, on_underrun, until, prefetch,
-        lookahead, smooth_seam, startup_timeout_s, on_status, on_chunk, progress, params).
+        lookahead, smooth_seam, startup_timeout_s, on_status, on_chunk, progress, params,
+        max_seconds, merge, delay_mode, blend_dims, max_frame_age_s). Raises what it raises,
+        ``DelayUnsupported`` before motion included.
         observe/act/validate/until/hold run on this thread.
         """
         warn_if_no_validate(options.get("validate"))

@@ -7,7 +7,9 @@ Catching ``SequencesError`` catches all of ours and none of httpx's. The tree::
     ├── OutOfCredit                 the key's quota is used up (402 out_of_credit / quota_exceeded);
     │                               self-hosted: a limit set on the gateway; stop and hold
     ├── InvalidRequest              deterministic: fix the call (400 invalid_request, 404 not_found)
-    │   └── ContractMismatch        the observation or the model's declaration is not what you expect
+    │   ├── ContractMismatch        the observation or the model's declaration is not what you expect
+    │   └── DelayUnsupported        the delay mode asked for, or the measured inference delay, is
+    │                               outside what the policy declares (refused before motion)
     ├── Unavailable                 503: .warming (wait .retry_after_s) or an upstream failure
     ├── PolicyError                 the policy's own code raised (500 policy_error);
     │   │                           .exception_type, .remote_traceback
@@ -15,6 +17,7 @@ Catching ``SequencesError`` catches all of ours and none of httpx's. The tree::
     │                               itself: ``except KeyError`` catches it, and it is still a
     │                               PolicyError with .remote_traceback
     ├── ChunkExhausted              next_action() with an empty buffer and no observation
+    ├── StaleCamera                 a camera stream stopped delivering new frames (.stream)
     └── TransportError              the network failed and one reconnect did not fix it
         └── ConnectionLost          the connection dropped mid-call
 
@@ -41,6 +44,8 @@ __all__ = [
     "OutOfCredit",
     "InvalidRequest",
     "ContractMismatch",
+    "DelayUnsupported",
+    "StaleCamera",
     "Unavailable",
     "PolicyError",
     "ChunkExhausted",
@@ -128,6 +133,50 @@ class ContractMismatch(InvalidRequest):
     """
 
     default_code = "contract_mismatch"
+
+
+class DelayUnsupported(InvalidRequest):
+    """The delay is outside what the policy declares (``ActionContract.delay_modes`` /
+    ``max_delay_steps``).
+
+    Raised before the first action when ``run(delay_mode=...)`` names a mode the policy does not
+    declare, or the delay measured at start-up is beyond ``max_delay_steps``; mid-run the loop
+    holds and ends with ``RunOutcome.reason == "delay_exceeded"`` carrying one as ``.fault``.
+    A worker refusing a request for it (400, ``details.reason == "delay_exceeded"``) is one too.
+
+    Attributes:
+        delay_steps: the measured delay (control steps), or None for a mode mismatch.
+        max_delay_steps: the declared maximum (control steps), or None.
+    """
+
+    default_code = "delay_unsupported"
+
+    def __init__(self, message: str, *, delay_steps: Optional[int] = None,
+                 max_delay_steps: Optional[int] = None, **kwargs: Any) -> None:
+        super().__init__(message, **kwargs)
+        self.delay_steps = delay_steps
+        self.max_delay_steps = max_delay_steps
+
+
+class StaleCamera(SequencesError):
+    """A camera stream stopped delivering new frames: the same frame again, or stamps that stop
+    advancing, for longer than its ``max_frame_age_s``.
+
+    The loop sends no request with the stale frame, holds, and ends the run with
+    ``RunOutcome.reason == "stale_camera"`` and this error as ``RunOutcome.fault``.
+
+    Attributes:
+        stream: the camera view that went stale.
+        age_s: seconds since it last delivered a new frame (s).
+    """
+
+    default_code = "stale_camera"
+
+    def __init__(self, message: str, *, stream: str, age_s: float, **kwargs: Any) -> None:
+        kwargs.setdefault("hint", f"check the {stream!r} camera driver; the run resumes only when you call run() again")
+        super().__init__(message, **kwargs)
+        self.stream = stream
+        self.age_s = age_s
 
 
 class Unavailable(SequencesError):
@@ -268,6 +317,9 @@ def from_response(response: Any) -> SequencesError:
         job_id = (details or {}).get("job_id") or body.get("job_id")
         return Unavailable(message, warming=warming, retry_after_s=retry_after, job_id=job_id,
                            **common)
+    if cls is InvalidRequest and (details or {}).get("reason") == "delay_exceeded":
+        return DelayUnsupported(message, delay_steps=details.get("delay_steps"),
+                                max_delay_steps=details.get("max_delay_steps"), **common)
     if cls is PolicyError:
         d = details or {}
         return policy_error(

@@ -58,6 +58,21 @@ Decisions, in one place:
   (``POST /episode/end``) so the policy's ``@seq.on_episode`` frees its state at once. The
   answer is awaited for half a control period at most (the worker answers only after the
   episode's queued acts), so run() still returns within one period of an interrupt.
+- Delay (``_delay.py``): every request carries the committed prefix (the rows the buffer will
+  play from its observation on), the delay in control steps (the most actions consumed while
+  one of the run's recent requests was in flight), the capture time, a request id and the run's
+  generation. An answer whose echoed generation or request id is not this run's current one is
+  dropped, never played (``stale_answers``).
+- Negotiation, before the first action: the delay mode asked for (``delay_mode``) must be one
+  the contract declares, else ``DelayUnsupported``; the merge defaults to ``aligned`` for a
+  policy that declares ``guided`` / ``trained``, else ``replace``. With a declared
+  ``max_delay_steps`` the start-up delay (turnaround x the declared control frequency; the
+  connection's cold first request is re-measured) beyond it raises ``DelayUnsupported``; mid-run
+  a delay beyond it holds and ends with ``delay_exceeded`` (``RunOutcome.fault``).
+- Merge: ``replace`` queues the chunk behind the buffer; ``aligned`` / ``aligned_blend`` make it
+  the plan from the row due now (``ChunkBuffer.merge_aligned``).
+- Cameras (``_freshness.py``): with ``max_frame_age_s``, an observation whose stream has not
+  advanced for longer than its age is not sent; the run holds and ends with ``stale_camera``.
 """
 from __future__ import annotations
 
@@ -71,7 +86,10 @@ from dataclasses import dataclass
 from typing import Any, Callable, Dict, Optional
 
 from ._buffer import ChunkBuffer, Entry
-from ._errors import SequencesError, Unavailable
+from ._delay import committed_prefix, steps_for
+from ._errors import DelayUnsupported, SequencesError, StaleCamera, Unavailable
+from ._freshness import CameraWatch
+from ._seam import SeamSummary
 from ._limits import Limits, LimitWarning
 from ._pacing import Pacer
 from ._progress import progress_line
@@ -80,8 +98,11 @@ from .protocol import Contract
 
 __all__ = ["LoopConfig", "ControlLoop", "EARLY_ENDINGS"]
 
-EARLY_ENDINGS = frozenset({"interrupted", "validate", "timeout"})
+EARLY_ENDINGS = frozenset({"interrupted", "validate", "timeout", "delay_exceeded", "stale_camera"})
+MERGES = ("replace", "aligned", "aligned_blend")
 _DEFAULT_HZ = 15.0
+#: Rows an ``aligned_blend`` cross-fades when ``smooth_seam`` does not say.
+BLEND_STEPS = 4
 
 
 async def _call(fn: Callable[..., Any], *args: Any) -> Any:
@@ -94,7 +115,24 @@ async def _call(fn: Callable[..., Any], *args: Any) -> Any:
 
 @dataclass
 class LoopConfig:
-    """Everything one run() / act() was asked to do (see AsyncPolicy.run for the meaning)."""
+    """Everything one run() / act() was asked to do (see AsyncPolicy.run for the meaning).
+
+    The delay-aware options, documented here for ``run()``:
+
+    - ``merge``: ``"replace"`` (queue each chunk behind the buffer), ``"aligned"`` (drop the
+      rows whose time passed while the request was in flight; the row due now plays next, in
+      place of the old plan) or ``"aligned_blend"`` (aligned, then cross-fade the first
+      ``smooth_seam`` rows, ``BLEND_STEPS`` when 0, from the old plan on ``blend_dims`` only;
+      never a delta space). None: ``aligned`` when the contract declares ``guided`` or
+      ``trained``, else ``replace``.
+    - ``delay_mode``: ``"chunk"``, ``"guided"`` or ``"trained"``; one the contract does not
+      declare raises ``DelayUnsupported`` before the first action. None: the most capable
+      declared (trained, guided, chunk).
+    - ``blend_dims``: the continuous action dimensions (indices) ``aligned_blend`` may blend;
+      required with it; leave a gripper out.
+    - ``max_frame_age_s``: the most a camera stream may go without a new frame (s), one number
+      or ``{view: s}``; a stale one ends the run with ``stale_camera``. None: not checked.
+    """
 
     observe: Callable[[], Any]
     act: Callable[[Any], Any]
@@ -113,11 +151,30 @@ class LoopConfig:
     on_warming: Optional[Callable[[float, Optional[float]], Any]] = None
     progress: Any = "auto"
     params: Optional[Dict[str, Any]] = None
+    merge: Optional[str] = None
+    delay_mode: Optional[str] = None
+    blend_dims: Optional[Any] = None
+    max_frame_age_s: Any = None
+
+    def check(self) -> None:
+        """Raise ValueError for a merge / delay_mode / blend_dims that cannot work."""
+        if self.merge is not None and self.merge not in MERGES:
+            raise ValueError(f"merge must be one of {', '.join(MERGES)}, not {self.merge!r}")
+        if self.delay_mode is not None and self.delay_mode not in ("chunk", "guided", "trained"):
+            raise ValueError(f'delay_mode must be "chunk", "guided" or "trained", not {self.delay_mode!r}')
+        if self.merge == "aligned_blend" and not self.blend_dims:
+            raise ValueError('merge="aligned_blend" needs blend_dims=[...]: the continuous dimensions it may '
+                             "blend (leave the gripper out)")
+        if self.blend_dims is not None and not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0
+                                                   for i in self.blend_dims):
+            raise ValueError(f"blend_dims must be action dimension indices (ints >= 0), not {self.blend_dims!r}")
+        CameraWatch(self.max_frame_age_s)
 
 
 class _Stop(Exception):
-    def __init__(self, reason: str) -> None:
+    def __init__(self, reason: str, fault: Optional[Exception] = None) -> None:
         self.reason = reason
+        self.fault = fault
 
 
 class ControlLoop:
@@ -138,7 +195,17 @@ class ControlLoop:
         self.fetch: Optional[asyncio.Task] = None
         self.fetch_started = 0.0
         self.fetch_version = 0
+        self.fetch_k = 0                 # actions executed when the request in flight observed
+        self.fetch_info: Dict[str, Any] = {}
         self.requests = 0
+        self.delay = policy._delay
+        self.delay.new_run()
+        policy._generation += 1
+        self.generation = policy._generation
+        self.watch = CameraWatch(config.max_frame_age_s)
+        self.merge = config.merge or "replace"
+        self.max_delay: Optional[int] = None
+        self.startup_steps = 0
         self.out = RunOutcome(reason="")
         self.k = 0
         self.pacer: Optional[Pacer] = None
@@ -165,6 +232,7 @@ class ControlLoop:
                 await self._drive()
             except _Stop as stop:
                 reason = stop.reason
+                self.out.fault = stop.fault
         finally:
             await self._cancel_fetch()
             self.buffer.clear()
@@ -186,6 +254,8 @@ class ControlLoop:
         self.out.actions = self.k
         self.out.chunks = self.buffer.chunks_started
         self.out.max_seam_jump = self.buffer.max_seam_jump
+        self.out.seams = SeamSummary.of(self.buffer.seams)
+        self.out.merge = self.merge
         self._status(f"done: {self.out!r}")
         self._print.end()
         return self.out
@@ -193,11 +263,45 @@ class ControlLoop:
     # -------------------------------------------------------------- startup
 
     async def _startup(self) -> None:
-        """Fetch the first chunk, waiting out warming for up to startup_timeout_s."""
-        t0 = time.monotonic()
-        limit = max(0.0, float(self.cfg.startup_timeout_s or 0.0))
+        """Fetch the first chunk (waiting out warming for up to startup_timeout_s), negotiate
+        the delay mode and check the start-up delay, all before the first action."""
         if self.cfg.max_actions == 0:
             raise _Stop("completed")
+        cold = self.delay.cold is None
+        await self._first_chunk()
+        self._negotiate()
+        if self.max_delay is not None and cold:   # the cold request says little: measure a warm one
+            self.buffer.clear()
+            await self._first_chunk()
+        if self.max_delay is not None and self.startup_steps > self.max_delay:
+            raise DelayUnsupported(
+                f"{self.p.model} declares it handles {self.max_delay} control steps of inference delay; "
+                f"the delay measured before motion is {self.startup_steps} steps", code="delay_exceeded",
+                delay_steps=self.startup_steps, max_delay_steps=self.max_delay,
+                hint="bring the worker closer (or unload it), or use a policy trained for longer delays")
+        now = time.monotonic()
+        self.pacer = Pacer(now, self._period(self.buffer.queued[0]))
+        if self.cfg.max_seconds is not None:
+            self.motion_end = now + float(self.cfg.max_seconds)
+
+    def _negotiate(self) -> None:
+        """The delay mode and merge for this run, from the contract; DelayUnsupported on a mismatch."""
+        action = Contract.from_wire(self.p.contract).action
+        modes = action.delay_modes if action is not None else ("chunk",)
+        mode = self.cfg.delay_mode or next((m for m in ("trained", "guided") if m in modes), "chunk")
+        if mode not in modes:
+            raise DelayUnsupported(
+                f"delay_mode={mode!r} was asked for, but {self.p.model} declares {list(modes)}",
+                code="delay_mode_unsupported", details={"declared": list(modes), "asked": mode},
+                hint=f"pass delay_mode= one of {list(modes)}, or deploy a policy that supports {mode!r}")
+        self.out.delay_mode = mode
+        self.merge = self.cfg.merge or ("aligned" if set(modes) - {"chunk"} else "replace")
+        self.max_delay = action.max_delay_steps if action is not None else None
+
+    async def _first_chunk(self) -> None:
+        """Fetch a chunk into the empty buffer before motion, waiting out warming."""
+        t0 = time.monotonic()
+        limit = max(0.0, float(self.cfg.startup_timeout_s or 0.0))
         while True:
             self._check_interrupt()
             await self._start_fetch()
@@ -206,8 +310,9 @@ class ControlLoop:
                 await self.interrupt.sleep_until(math.inf)
             self._check_interrupt()
             try:
-                self._harvest()
-                break
+                if self._harvest():
+                    break
+                continue   # an answer of an older generation: ask again
             except Unavailable as exc:
                 waited = time.monotonic() - t0
                 if not exc.warming or limit <= 0 or waited >= limit:
@@ -217,10 +322,6 @@ class ControlLoop:
                 await self.interrupt.sleep_until(time.monotonic() + pause)
         if len(self.buffer) == 0:
             raise SequencesError("the policy returned an empty action chunk", code="empty_chunk")
-        now = time.monotonic()
-        self.pacer = Pacer(now, self._period(self.buffer.queued[0]))
-        if self.cfg.max_seconds is not None:
-            self.motion_end = now + float(self.cfg.max_seconds)
 
     def _warming(self, waited: float, eta: Optional[float]) -> None:
         text = f"starting {self.p.model}: waited {waited:.0f}s" + (
@@ -296,14 +397,17 @@ class ControlLoop:
         self.out.underruns += 1
         if self.cfg.on_underrun is not None:
             await _call(self.cfg.on_underrun)
-        while not self.fetch.done():
+        while True:
+            while not self.fetch.done():
+                self._check_interrupt()
+                if time.monotonic() >= self.motion_end:
+                    self.out.underrun_s += time.monotonic() - deadline
+                    raise _Stop("timeout")
+                await self.interrupt.sleep_until(self.motion_end)
             self._check_interrupt()
-            if time.monotonic() >= self.motion_end:
-                self.out.underrun_s += time.monotonic() - deadline
-                raise _Stop("timeout")
-            await self.interrupt.sleep_until(self.motion_end)
-        self._check_interrupt()
-        self._harvest()
+            if self._harvest():
+                break
+            await self._start_fetch()   # the answer was stale: ask again
         now = time.monotonic()
         self.out.underrun_s += max(0.0, now - deadline)
         self.pacer.resync(self.k, now)
@@ -340,26 +444,71 @@ class ControlLoop:
         """Observe (on this thread) and start the request in the background."""
         self.fetch_started = time.monotonic()
         observation = await _call(self.cfg.observe)
+        obs_time = time.time()
         instruction, version = self.p._instruction_now()
         wire = self.p._check(observation_to_wire(observation, instruction))
+        try:
+            self.watch.check(wire)
+        except StaleCamera as exc:   # nothing is sent with a stale frame
+            raise _Stop("stale_camera", exc) from None
         self.fetch_version = version
+        self.fetch_k = self.k
         self.requests += 1
+        steps = self.delay.steps or 0
+        entry = self.buffer.current
+        space = entry.chunk.action_space if entry is not None else None
+        delay = {"prefix": committed_prefix(self.buffer.upcoming(), steps, space, self.buffer.last_action),
+                 "delay_steps": steps, "obs_time": obs_time,
+                 "request_id": f"{self.episode_id}-{self.requests}", "generation": self.generation}
+        self.fetch_info = delay
         self.fetch = asyncio.ensure_future(
-            self.p._request(wire, self.cfg.params, self.episode_id, need_chunk=True))
+            self.p._request(wire, self.cfg.params, self.episode_id, need_chunk=True, delay=delay))
         self.fetch.add_done_callback(lambda _t: self.interrupt.poke())
 
-    def _harvest(self) -> None:
-        """Move a finished fetch's chunk into the buffer; raise its error if it failed."""
+    def _harvest(self) -> bool:
+        """Move a finished fetch's chunk into the buffer (merged per ``merge``); raise its error
+        if it failed. False when there was none to move, or the answer was dropped: an older
+        generation or request, or (aligned) every row's time already passed."""
         task = self.fetch
         if task is None or not task.done():
-            return
+            return False
         self.fetch = None
         prediction = task.result()  # raises the request's error
+        turnaround = time.monotonic() - self.fetch_started
+        sent = self.fetch_info
+        echoed = prediction.extra.get("generation")
+        if echoed is not None and (echoed != sent.get("generation") or prediction.request_id != sent.get("request_id")):
+            self.out.stale_answers += 1
+            return False
         self._refresh_limits()
-        self.latency.add(time.monotonic() - self.fetch_started)
+        self.latency.add(turnaround)
+        chunk = prediction.action_chunk
+        consumed = self.k - self.fetch_k
+        if self.pacer is None:   # before motion nothing is consumed: the turnaround at the declared rate
+            hz = chunk.control_frequency_hz or _DEFAULT_HZ
+            self.startup_steps = steps_for(turnaround, hz)
+            self.delay.add(self.startup_steps)
+        else:
+            self.delay.add(consumed)
+            if self.max_delay is not None and consumed > self.max_delay:
+                raise _Stop("delay_exceeded", DelayUnsupported(
+                    f"the inference delay reached {consumed} control steps; {self.p.model} declares it handles "
+                    f"{self.max_delay}", code="delay_exceeded", delay_steps=consumed, max_delay_steps=self.max_delay,
+                    hint="the run held; bring the worker closer (or unload it) before running again"))
         for warning in prediction.warnings:
             self._print.note(f"worker warning: {warning}")
-        self.buffer.push(prediction.action_chunk, tag=(self.fetch_version, prediction))
+        info = dict(delay_steps=sent.get("delay_steps") or 0, arrival_left_s=self.buffer.seconds_left(
+            self.pacer.period_s if self.pacer is not None else 1.0 / _DEFAULT_HZ))
+        tag = (self.fetch_version, prediction)
+        if self.merge == "replace":
+            self.buffer.push(chunk, tag=tag, consumed=consumed, **info)
+            return True
+        steps = max(0, int(self.cfg.smooth_seam)) or BLEND_STEPS
+        dims = list(self.cfg.blend_dims or []) if self.merge == "aligned_blend" else []
+        if self.buffer.merge_aligned(chunk, tag, consumed=consumed, blend_dims=dims, blend_steps=steps, **info):
+            return True
+        self.out.stale_answers += 1
+        return False
 
     async def _cancel_fetch(self) -> None:
         task, self.fetch = self.fetch, None

@@ -17,6 +17,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from ._buffer import ChunkBuffer
 from ._config import resolve_api_key, resolve_gateway_url
+from ._delay import DelayEstimate
 from ._contract import check_expect, check_observation, drop_undeclared_views
 from .protocol import Contract
 from ._errors import ChunkExhausted, ContractMismatch, SequencesError, Unavailable
@@ -75,6 +76,8 @@ class AsyncPolicy:
         self._buffer = ChunkBuffer()
         self._interrupt = Interrupt()
         self._latency = LatencyEstimate()
+        self._delay = DelayEstimate()
+        self._generation = 0            # one per run: a late answer of an older one is dropped
         self._driving = threading.Lock()
         self._instr_lock = threading.Lock()
         self._instruction: Optional[str] = None
@@ -308,7 +311,8 @@ class AsyncPolicy:
         return {**current, **(params or {})}
 
     async def _request(self, wire: Dict[str, Any], params: Optional[Dict[str, Any]] = None,
-                       episode_id: Optional[str] = None, need_chunk: bool = False) -> Prediction:
+                       episode_id: Optional[str] = None, need_chunk: bool = False,
+                       delay: Optional[Dict[str, Any]] = None) -> Prediction:
         """One ``/act`` with the parameters in force (``_params_for``); a handshake first when
         there is no session yet (waiting in line if need be), so the first request of a session
         already carries the deployment's defaults.
@@ -318,7 +322,7 @@ class AsyncPolicy:
         if self._wire.session is None:
             await self._wire.join()
         prediction = await self._wire.act(wire, params=self._params_for(params, episode_id),
-                                          episode_id=episode_id)
+                                          episode_id=episode_id, delay=delay)
         if need_chunk and prediction.own_io:
             raise SequencesError(
                 f"{self.model} declares no action contract: it answers with its own outputs, not an "
@@ -396,6 +400,10 @@ class AsyncPolicy:
         progress: Any = "auto",
         params: Optional[Dict[str, Any]] = None,
         max_seconds: Optional[float] = None,
+        merge: Optional[str] = None,
+        delay_mode: Optional[str] = None,
+        blend_dims: Optional[List[int]] = None,
+        max_frame_age_s: Any = None,
     ) -> RunOutcome:
         """Own the loop: observe, fetch, pace and act until an ending; return a RunOutcome.
 
@@ -406,37 +414,32 @@ class AsyncPolicy:
             max_actions: stop with ``completed`` after this many actions. Required.
             validate: ``(row) -> bool``; False stops the run (``validate``) before that row is
                 acted. None warns once per process.
-            hold: ``() -> None``; called exactly once on an early ending (interrupted,
-                validate, timeout) or an exception, in a finally. Not on completed/until.
-            on_underrun: ``() -> None``; called once each time an action is due and the buffer
-                is empty.
+            hold: ``() -> None``; called exactly once on an early ending (interrupted, validate,
+                timeout, delay_exceeded, stale_camera) or an exception, in a finally.
+            on_underrun: ``() -> None``; once each time an action is due and the buffer is empty.
             until: ``() -> bool``; checked after each action, True stops with ``until``.
-            prefetch: request the next chunk while the current one plays (default True). False:
-                observe and request only when the buffer is empty (closed loop, stalls).
+            prefetch: request the next chunk while one plays (default True); False: closed loop.
             lookahead: chunks kept queued behind the playing one (default 1; below 1 counts
-                as 1). 1 requests the next chunk as late as the refill latency allows (the
-                freshest observation). N >= 2 requests as soon as fewer than N are queued, so a
-                turnaround as long as about N chunks' playing time still lands in time; the
-                price is that each chunk is planned from an observation about N chunks older
-                than when it plays. Still one request in flight at a time; queued chunks play in
-                order.
-            smooth_seam: ramp the first N rows of each chunk after the first out of the last
-                executed action; absolute action spaces only. 0 (default): off.
-            startup_timeout_s: how long to wait out a warming worker before the first action
-                (s); 0 raises ``Unavailable`` at once.
-            on_status: ``(message: str) -> None`` for progress lines (warming).
-            on_chunk: ``(chunk: ActionChunk, first_action_index: int) -> None`` when a chunk
-                starts playing.
-            progress: "auto" prints status lines to stderr when it is a terminal; True/False force.
-            params: inference parameters for this run's requests, over the session's (the
-                deployment's defaults under connect()'s params), which are read once at the
-                run's first request: a default changed mid-run applies from the next run.
+                as 1). N >= 2 requests as soon as fewer than N are queued: more turnaround
+                tolerated, each chunk planned from an observation about N chunks older.
+            smooth_seam: ramp each later chunk's first N rows out of the last executed action
+                (absolute spaces only; 0, the default: off).
+            startup_timeout_s: how long to wait out a warming worker before motion (s).
+            on_status / on_chunk / progress: ``(message)`` for progress lines; ``(chunk,
+                first_action_index)`` when a chunk starts playing; "auto" prints status lines
+                to stderr when it is a terminal, True/False force.
+            params: inference parameters for this run, over the session's (read at its start).
             max_seconds: also stop with ``timeout`` after this many seconds of motion (s).
+            merge, delay_mode, blend_dims, max_frame_age_s: the delay-aware merge of each
+                chunk at the control cursor, the delay mode negotiated, the dimensions
+                ``aligned_blend`` may blend, and each camera's maximum frame age (s); see
+                ``LoopConfig``.
 
         Raises:
-            SequencesError: already driving (from another thread or task), and any error of the
-            requests (PolicyError, Unavailable mid-run, ...) after hold() has run. Exceptions from
-            your callables propagate the same way.
+            SequencesError: already driving (``busy``), and any error of the requests
+            (PolicyError, Unavailable mid-run, ...) after hold() has run. DelayUnsupported:
+            the delay mode or the start-up delay is outside the contract (before any action).
+            ValueError: a bad argument. Exceptions from your callables propagate after hold().
         """
         if max_actions is None and max_seconds is None:
             raise ValueError("max_actions is required (there is no run_forever())")
@@ -445,17 +448,12 @@ class AsyncPolicy:
         if max_seconds is not None and (not math.isfinite(max_seconds) or max_seconds <= 0):
             raise ValueError(f"max_seconds must be a finite number > 0 (got {max_seconds!r})")
         warn_if_no_validate(validate)
-        config = LoopConfig(
-            observe=observe, act=act, max_actions=max_actions,
-            max_seconds=max_seconds, validate=validate, hold=hold, on_underrun=on_underrun,
-            until=until, prefetch=prefetch, lookahead=lookahead, smooth_seam=smooth_seam,
-            startup_timeout_s=startup_timeout_s, on_status=on_status, on_chunk=on_chunk,
-            progress=progress, params=params,
-        )
+        options = dict(locals())
+        config = LoopConfig(**{k: options[k] for k in LoopConfig.__dataclass_fields__ if k in options})
+        config.check()
         if not self._driving.acquire(blocking=False):
-            raise SequencesError(
-                "this Policy is already driving a control loop",
-                code="busy", hint="one Policy per control loop: connect() once per robot")
+            raise SequencesError("this Policy is already driving a control loop", code="busy",
+                                 hint="one Policy per control loop: connect() once per robot")
         try:
             loop = ControlLoop(self, config)
             self.last_episode_id = loop.episode_id

@@ -13,9 +13,105 @@ Two things happen at a seam and they are kept apart on purpose:
 """
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import List, Optional, Sequence
 
-__all__ = ["seam_jump", "smooth", "should_smooth"]
+__all__ = ["seam_jump", "smooth", "should_smooth", "blend", "SeamRecord", "SeamSummary"]
+
+
+@dataclass(frozen=True)
+class SeamRecord:
+    """One seam: where a new chunk took over.
+
+    Attributes:
+        delay_steps: the delay its request was sent with (control steps; 0 when none was known).
+        consumed: actions executed while its request was in flight (control steps).
+        trimmed: rows dropped because their time had passed (aligned merges; 0 for replace).
+        jump_before: max per-dimension |row due - last executed action|, before any blend
+            (the action space's units).
+        jump_after: the same after the blend / smoothing (equal to jump_before without one).
+        playback_left_s: seconds of motion still buffered when the chunk arrived (s).
+        blended: rows changed by a blend or ramp.
+    """
+
+    delay_steps: int
+    consumed: int
+    trimmed: int
+    jump_before: float
+    jump_after: float
+    playback_left_s: float
+    blended: int = 0
+
+
+def _quantile(values: Sequence[float], q: float) -> float:
+    ordered = sorted(values)
+    if not ordered:
+        return 0.0
+    pos = q * (len(ordered) - 1)
+    lo = int(pos)
+    hi = min(lo + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+
+
+@dataclass
+class SeamSummary:
+    """The seams of one run (``RunOutcome.seams``): the run's first chunk is not a seam.
+
+    Attributes:
+        count: seams.
+        jump_p50 / jump_p99: median / 99th percentile of the jump after any blend (units of
+            the action space); ``jump_before_p99`` the same before it.
+        max_jump: the largest jump after any blend.
+        max_delay_steps: the largest delay a request was sent with (control steps).
+        trimmed: rows dropped over the run because their time had passed.
+        blended: rows changed by a blend or ramp over the run.
+        min_playback_left_s: the least motion still buffered when a chunk arrived (s); None
+            without seams.
+        records: every ``SeamRecord``, in order.
+    """
+
+    count: int = 0
+    jump_p50: float = 0.0
+    jump_p99: float = 0.0
+    jump_before_p99: float = 0.0
+    max_jump: float = 0.0
+    max_delay_steps: int = 0
+    trimmed: int = 0
+    blended: int = 0
+    min_playback_left_s: Optional[float] = None
+    records: List[SeamRecord] = field(default_factory=list, repr=False)
+
+    @classmethod
+    def of(cls, records: Sequence[SeamRecord]) -> "SeamSummary":
+        """Summarise ``records``."""
+        records = list(records)
+        if not records:
+            return cls()
+        after = [r.jump_after for r in records]
+        return cls(count=len(records), jump_p50=_quantile(after, 0.5), jump_p99=_quantile(after, 0.99),
+                   jump_before_p99=_quantile([r.jump_before for r in records], 0.99), max_jump=max(after),
+                   max_delay_steps=max(r.delay_steps for r in records), trimmed=sum(r.trimmed for r in records),
+                   blended=sum(r.blended for r in records),
+                   min_playback_left_s=min(r.playback_left_s for r in records), records=records)
+
+
+def blend(new_rows: Sequence[Sequence[float]], old_rows: Sequence[Sequence[float]], dims: Sequence[int],
+          steps: int) -> List[List[float]]:
+    """Cross-fade the first ``steps`` rows of ``new_rows`` from ``old_rows`` (the plan they
+    replace, row for row at the same times) on dimensions ``dims`` only; other dimensions and
+    later rows are the new chunk's own. Row j's weight on the new plan is (j + 1) / (steps + 1).
+    Where the old plan is shorter, its last row is held."""
+    out = [list(map(float, row)) for row in new_rows]
+    if not old_rows:
+        return out
+    for j in range(min(steps, len(out))):
+        w = (j + 1) / (steps + 1)
+        old = old_rows[min(j, len(old_rows) - 1)]
+        row = out[j]
+        for i in dims:
+            if 0 <= i < len(row) and i < len(old):
+                row[i] = float(old[i]) + w * (row[i] - float(old[i]))
+    return out
 
 
 def seam_jump(last_action: Optional[Sequence[float]], first_row: Sequence[float]) -> float:

@@ -11,6 +11,8 @@ import base64
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
 
+from ._seam import SeamSummary
+
 __all__ = [
     "ImageFrame",
     "Proprioception",
@@ -292,7 +294,10 @@ class RunOutcome:
     Attributes:
         reason: ``completed`` (max_actions executed), ``until`` (your predicate said done),
             ``timeout`` (max_seconds of motion elapsed), ``interrupted`` (``interrupt()``),
-            or ``validate`` (your validate() refused an action, which was not executed).
+            ``validate`` (your validate() refused an action, which was not executed),
+            ``delay_exceeded`` (the measured inference delay went beyond the policy's
+            ``max_delay_steps``) or ``stale_camera`` (a camera stream froze); the last two
+            hold and carry their typed error in ``fault``. ``end_reason`` is the same string.
         actions: actions passed to ``act``.
         chunks: chunks that started playing.
         seconds: wall time of the whole call, startup included (s).
@@ -309,6 +314,13 @@ class RunOutcome:
         clipped: values the client clipped into the declared bounds / max_delta before they
             reached ``act`` (the worker clips within a chunk; this counts what crossed a seam
             or arrived out of bounds anyway).
+        seams: per-seam telemetry (``SeamSummary``: count, jump p50/p99 before and after any
+            blend, largest delay sent, rows trimmed, playback left at arrival, ``.records``).
+        merge: how chunks were merged (``replace``, ``aligned``, ``aligned_blend``).
+        delay_mode: the delay mode the run negotiated (``chunk``, ``guided``, ``trained``).
+        stale_answers: answers dropped because they belonged to an older generation or request.
+        fault: the typed error of a ``delay_exceeded`` (``DelayUnsupported``) or
+            ``stale_camera`` (``StaleCamera``) ending, else None. Those endings hold first.
     """
 
     reason: str
@@ -323,6 +335,16 @@ class RunOutcome:
     action_space: Optional[str] = None
     late_ticks: int = 0
     clipped: int = 0
+    seams: SeamSummary = field(default_factory=SeamSummary)
+    merge: str = "replace"
+    delay_mode: str = "chunk"
+    stale_answers: int = 0
+    fault: Optional[Exception] = None
+
+    @property
+    def end_reason(self) -> str:
+        """How the run ended (the same as ``reason``)."""
+        return self.reason
 
     def __repr__(self) -> str:
         return (f"RunOutcome({self.actions} actions over {self.chunks} chunks in "

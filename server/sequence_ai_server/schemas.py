@@ -69,6 +69,8 @@ class ModelEntry(BaseModel):
     input_resize: Optional[str] = None
     history: Optional[int] = None
     pass_raw: bool = True
+    delay_modes: Optional[list[str]] = None     # chunk | guided | trained (ActionContract.delay_modes)
+    max_delay_steps: Optional[int] = None       # control steps; None: no declared limit
 
 
 class ModelList(BaseModel):
