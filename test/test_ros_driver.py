@@ -208,6 +208,14 @@ def test_commands_arrive_at_the_contract_rate_with_feedback_and_status(ros, echo
     assert status.name == "policy_driver: policy driver" and status.hardware_id == "echo-ros"
     assert {kv.key: kv.value for kv in status.values}["lifecycle_state"] == "active"
     assert outcome_message(res).actions == res.actions
+    # per-seam telemetry (the first chunk is no seam), in the result and the RunOutcome message
+    assert res.seams == res.chunks - 1 and res.seams >= 3, res
+    assert 0.0 <= res.seam_jump_p50 <= res.seam_jump_p99 <= res.max_seam_jump + 1e-9, res
+    assert res.seam_jump_before_blend_p99 == pytest.approx(res.seam_jump_p99)   # no blend
+    assert res.merge == "replace" and res.delay_mode == "chunk"   # the echo policy ignores the prefix
+    assert res.seam_min_playback_left_s >= 0.0
+    msg = outcome_message(res)
+    assert (msg.seams, msg.seam_jump_p99, msg.merge) == (res.seams, res.seam_jump_p99, "replace")
 
 
 @pytest.mark.parametrize("delay_ms", [2.0, 0.0], ids=["publisher_thread", "from_the_core_callback"])

@@ -53,6 +53,8 @@ def fill_result(result, outcome) -> None:
     result.max_instruction_lag_s = float(outcome.max_instruction_lag_s or 0.0)
     result.action_space = str(outcome.action_space or "")
     fill_seams(result, getattr(outcome, "seams", None))
+    result.merge = str(getattr(outcome, "merge", "") or "")
+    result.delay_mode = str(getattr(outcome, "delay_mode", "") or "")
 
 
 def _get(source, *names, default=None):
@@ -68,7 +70,7 @@ def fill_seams(result, seams) -> None:
     """Copy the per-seam telemetry summary (``RunOutcome.seams``: a dict or an object; None =
     no seams) into the message's seam fields: count, jump p50/p99 as played and before any
     blend (action units), the largest delay used (control steps), rows trimmed by the aligned
-    merge, the least playback left at a chunk's arrival (s), the merge and delay modes."""
+    merge, the least playback left at a chunk's arrival (s)."""
     if seams is None:
         return
     result.seams = int(_get(seams, "count", default=0))
@@ -79,8 +81,6 @@ def fill_seams(result, seams) -> None:
     result.seam_max_delay_steps = int(_get(seams, "max_delay_steps", "max_delay", default=0))
     result.seam_rows_trimmed = int(_get(seams, "rows_trimmed", "total_trimmed", "trimmed", default=0))
     result.seam_min_playback_left_s = float(_get(seams, "min_playback_left_s", "playback_left_min_s", default=0.0))
-    result.merge = str(_get(seams, "merge", default=""))
-    result.delay_mode = str(_get(seams, "delay_mode", default=""))
 
 
 class GoalRun:
