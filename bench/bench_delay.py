@@ -57,8 +57,9 @@ POLICIES = {
 }
 
 
-def _load_policy(name: str):
+def _load_policy(name: str, checkpoint=None):
     folder, module, cls_name, weights = POLICIES[name]
+    weights = checkpoint if (checkpoint and name == "learned") else weights
     sys.path.insert(0, str(folder))
     import importlib
 
@@ -125,7 +126,7 @@ def run_episode(env, policy, task: str, instruction: str, seed: int, d: int, mod
             "within": within, "underruns": underruns}
 
 
-def _worker(job_q, out_q, max_seconds: float) -> None:
+def _worker(job_q, out_q, max_seconds: float, checkpoint=None) -> None:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     from sequence_ai_sim.benchmarks.pick_place import TASKS, PickPlaceBenchmark
 
@@ -143,8 +144,14 @@ def _worker(job_q, out_q, max_seconds: float) -> None:
             break
         name = job["policy"]
         if name not in policies:
-            policies[name] = _load_policy(name)
+            policies[name] = _load_policy(name, checkpoint)
         d = math.ceil(job["latency_ms"] / 1000.0 * HZ - 1e-9)
+        limit = getattr(sys.modules[type(policies[name]).__module__], "MAX_DELAY_STEPS", None)
+        if job["mode"] == "guided" and limit is not None and d > limit:
+            # the client refuses this before motion (DelayUnsupported): nothing to run
+            out_q.put({**job, "d": d, "refused": f"delay {d} steps > max_delay_steps {limit}", "success": None,
+                       "steps": 0, "seams": [], "within": [], "underruns": 0, "wall_s": 0.0})
+            continue
         t0 = time.monotonic()
         r = run_episode(env, policies[name], job["task"], TASKS[job["task"]], job["seed"], d, job["mode"],
                         int(round(max_seconds * HZ)))
@@ -163,6 +170,10 @@ def summarize(results: list) -> list:
                   key=lambda k: (k[0], k[1], MODES.index(k[2])))
     for policy, lat, mode in keys:
         rs = [r for r in results if (r["policy"], r["latency_ms"], r["mode"]) == (policy, lat, mode)]
+        if any(r.get("refused") for r in rs):
+            rows.append({"policy": policy, "latency_ms": lat, "delay_steps": rs[0]["d"], "mode": mode,
+                         "episodes": 0, "refused": rs[0]["refused"]})
+            continue
         seams = [j for r in rs for j in r["seams"]]
         within = [j for r in rs for j in r["within"]]
         rows.append({"policy": policy, "latency_ms": lat, "delay_steps": rs[0]["d"], "mode": mode,
@@ -184,6 +195,8 @@ def main(argv=None) -> int:
     ap.add_argument("--tasks", type=int, default=6, help="the first N colour pairs")
     ap.add_argument("--max-seconds", type=float, default=20.0, help="simulated-time bound per episode (s)")
     ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--learned-checkpoint", type=Path, default=None,
+                    help="folder with the learned policy's policy.pt (default: the shipped one)")
     ap.add_argument("--json", type=Path, default=None, help="also write every episode and the table here")
     a = ap.parse_args(argv)
     from sequence_ai_sim.benchmarks.pick_place import TASKS
@@ -203,7 +216,8 @@ def main(argv=None) -> int:
     n = max(1, min(a.jobs, len(jobs)))
     for _ in range(n):
         job_q.put(None)
-    procs = [ctx.Process(target=_worker, args=(job_q, out_q, a.max_seconds), daemon=True) for _ in range(n)]
+    procs = [ctx.Process(target=_worker, args=(job_q, out_q, a.max_seconds, a.learned_checkpoint),
+                          daemon=True) for _ in range(n)]
     t0 = time.monotonic()
     for p in procs:
         p.start()
@@ -211,6 +225,9 @@ def main(argv=None) -> int:
     while len(results) < len(jobs):
         results.append(out_q.get())
         r = results[-1]
+        if r.get("refused"):
+            print(f"  [{len(results)}/{len(jobs)}] {r['policy']} {r['latency_ms']} ms {r['mode']}: refused, {r['refused']}")
+            continue
         print(f"  [{len(results)}/{len(jobs)}] {r['policy']} {r['latency_ms']} ms {r['mode']:8s} {r['task']} "
               f"seed {r['seed']}: success {r['success']:.0f}, {r['steps']} steps, {r['wall_s']:.1f} s", flush=True)
     for p in procs:
@@ -221,6 +238,9 @@ def main(argv=None) -> int:
     print(f"{'policy':12s} {'latency':>8s} {'d':>3s} {'mode':8s} {'success':>8s} {'seam p99':>9s} "
           f"{'step p99':>9s} {'ratio':>6s} {'underruns/ep':>13s}")
     for r in table:
+        if r.get("refused"):
+            print(f"{r['policy']:12s} {r['latency_ms']:6d}ms {r['delay_steps']:3d} {r['mode']:8s} refused: {r['refused']}")
+            continue
         print(f"{r['policy']:12s} {r['latency_ms']:6d}ms {r['delay_steps']:3d} {r['mode']:8s} "
               f"{100 * r['success']:7.1f}% {r['seam_p99']:9.4f} {r['within_p99']:9.4f} {r['ratio']:6.2f} "
               f"{r['underruns_per_ep']:13.1f}")
