@@ -201,3 +201,27 @@ def test_guided_sampling_inpaints_the_committed_prefix_and_stays_deterministic()
     assert err_guided < 0.05 * err_free, (err_guided, err_free)
     assert torch.equal(model.sample(z, prefix=prefix, delay=5), guided)
     assert torch.equal(model.sample(z), free)
+
+
+def test_the_shipped_policy_inpaints_the_committed_prefix_and_refuses_a_delay_beyond_its_maximum():
+    sys.path.insert(0, str(FLYWHEEL))
+    import seq
+    from learned_policy import MAX_DELAY_STEPS, LearnedPickPlacePolicy
+
+    policy = LearnedPickPlacePolicy()
+    policy.load(str(FLYWHEEL / "checkpoint"))
+    rng = np.random.default_rng(0)
+    img = rng.integers(0, 255, (224, 224, 3), dtype=np.uint8)
+    obs = seq.Observation(images={"exterior_1": img, "wrist_left": img},
+                          proprio={"joint_positions": np.array([0.0, -0.78, 0.0, -2.36, 0.0, 1.57, 0.78]),
+                                   "gripper": np.zeros(1)}, instruction="put the red cube on the green pad")
+    free = np.asarray(policy.infer(obs).actions)            # no prefix: the regression chunk
+    prefix = (free[:8] + 0.05).astype(np.float32)           # committed rows the chunk did not plan
+    rows = np.asarray(policy.infer(obs, prefix=prefix, delay_steps=5).actions)
+    assert rows.shape == (16, 8)
+    np.testing.assert_array_equal(rows[:5], prefix[:5].astype(np.float64))
+    # the row after the committed ones continues from them (guidance), not from the free chunk
+    assert np.abs(rows[5, :7] - prefix[5, :7]).max() < np.abs(free[5, :7] - prefix[5, :7]).max()
+    assert np.array_equal(np.asarray(policy.infer(obs, prefix=prefix, delay_steps=5).actions), rows)
+    with pytest.raises(seq.PolicyInputError, match=f"delay_steps=9 is outside 0..{MAX_DELAY_STEPS}"):
+        policy.infer(obs, prefix=np.repeat(prefix, 2, axis=0), delay_steps=9)
