@@ -19,6 +19,12 @@ Rules kept here, per stream (each camera view, and ``joint_state``):
   raises :class:`StaleSensorError`; :meth:`ObservationAssembler.problems` lists it, which is
   how the driver ends a run with reason ``validate`` and a hold (stale sensors never feed the
   policy silently).
+* camera freshness (when ``max_frame_age_s`` is given, as the live driver does): each view has a
+  maximum frame age: the time since its last *fresh* frame -- one whose pixels differ from the
+  frame before it (unless ``frozen_pixels=False``) and whose header stamp advanced. A frozen camera (the same picture again, or stamps
+  that stop advancing) and a stalled one (no frames) both exceed it; :meth:`ObservationAssembler.stale_cameras`
+  names them and :meth:`ObservationAssembler.build` raises :class:`StaleCameraError` for the first,
+  so the driver stops requesting chunks, holds and ends the run with reason ``stale_camera``.
 * malformed data (wrong encoding, wrong size, truncated bytes, a joint missing): the message is
   dropped, the stream records a *fault* (a sentence naming the stream and what is wrong) that
   stays until :meth:`ObservationAssembler.clear_faults`; the driver turns it into a ``validate``
@@ -32,6 +38,7 @@ It imports no rclpy: messages are read by attribute and decoded through
 """
 from __future__ import annotations
 
+import hashlib
 import threading
 import time
 from collections import deque
@@ -64,6 +71,33 @@ class MissingSensorError(SensorError):
 
 class StaleSensorError(SensorError):
     """A camera frame or joint state is older than the allowed age, or (``drop``) not new."""
+
+
+class StaleCameraError(StaleSensorError):
+    """A camera has had no fresh frame (new pixels, an advancing stamp) for longer than its
+    ``max_frame_age_s``: frozen or stalled. ``stream`` names the view."""
+
+    def __init__(self, stream: str, message: str) -> None:
+        super().__init__(message)
+        self.stream = stream
+
+
+def frame_digest(rgb: np.ndarray) -> bytes:
+    """A 16-byte BLAKE2b digest of a frame's pixels ``(H, W, 3)`` uint8, to tell a repeated frame."""
+    return hashlib.blake2b(np.ascontiguousarray(rgb).data, digest_size=16).digest()
+
+
+@dataclass
+class _Freshness:
+    """Per camera: the last frame's digest and stamp, when a fresh frame last came, and the
+    frames since then that were not fresh (``repeats``: same pixels; ``stuck``: stamp did not
+    advance)."""
+
+    digest: bytes
+    stamp_s: float
+    fresh_mono_s: float
+    repeats: int = 0
+    stuck: int = 0
 
 
 def image_to_array(msg) -> np.ndarray:
@@ -151,6 +185,12 @@ class ObservationAssembler:
             node passes its clock; the bag exporter the bag's time).
         camera_sizes: ``{view: (width, height)}`` (px) the policy declared; a frame of another
             size is a fault. Empty = any size.
+        max_frame_age_s: ``{view: s}``, the most a camera may go without a fresh frame (see the
+            module docstring; views not given use ``max_age_s``); None (default) checks no
+            camera's freshness (the bag exporter: recorded frames are what they are).
+        frozen_pixels: a frame with the same pixels as the one before is not fresh (default;
+            a real sensor's noise makes every frame differ). False for simulated cameras, which
+            render a still scene identically: then only stamps and arrivals count.
 
     Raises:
         ValueError: no views, no joint names, or max_age_s <= 0.
@@ -169,6 +209,8 @@ class ObservationAssembler:
         rules: Optional[Mapping[str, StreamRule]] = None,
         header_clock: Callable[[], float] = time.time,
         camera_sizes: Optional[Mapping[str, Tuple[int, int]]] = None,
+        max_frame_age_s: Optional[Mapping[str, float]] = None,
+        frozen_pixels: bool = True,
     ) -> None:
         if not views:
             raise ValueError("at least one camera view is required")
@@ -187,6 +229,11 @@ class ObservationAssembler:
                 raise ValueError(f"rule for unknown stream {stream!r}; streams are {self.streams}")
             self.rules[stream] = rule
         self.camera_sizes = dict(camera_sizes or {})
+        self.max_frame_age_s: Optional[Dict[str, float]] = None
+        if max_frame_age_s is not None:
+            self.set_max_frame_age(max_frame_age_s)
+        self.frozen_pixels = bool(frozen_pixels)
+        self._fresh: Dict[str, _Freshness] = {}
         self._clock = clock
         self._header_clock = header_clock
         self._lock = threading.Lock()
@@ -228,8 +275,67 @@ class ObservationAssembler:
             self._fault(view, text)
             raise SensorDataError(text)
         frame = _Frame(image.rgb, float(stamp_s), self._clock(), _jpeg=image.jpeg)
+        digest = frame_digest(image.rgb) if self.max_frame_age_s is not None and self.frozen_pixels else b""
         with self._lock:
             self._hist[view].append(_Sample(frame))
+            self._note_freshness(view, digest, frame)
+
+    def _note_freshness(self, view: str, digest: bytes, frame: "_Frame") -> None:
+        """Record whether ``frame`` is fresh (new pixels and, for stamped streams, a later
+        stamp than the last frame's). Caller holds the lock."""
+        last = self._fresh.get(view)
+        if last is None:
+            self._fresh[view] = _Freshness(digest, frame.stamp_s, frame.received_mono_s)
+            return
+        same = self.frozen_pixels and digest == last.digest
+        stuck = frame.stamp_s <= last.stamp_s and not (frame.stamp_s == 0.0 and last.stamp_s == 0.0)
+        if same or stuck:
+            last.repeats += int(same)
+            last.stuck += int(stuck)
+        else:
+            last.fresh_mono_s, last.repeats, last.stuck = frame.received_mono_s, 0, 0
+        last.digest, last.stamp_s = digest, max(last.stamp_s, frame.stamp_s)
+
+    def set_max_frame_age(self, ages: Mapping[str, float]) -> None:
+        """Check camera freshness with ``{view: s}`` maximum frame ages (others: ``max_age_s``).
+        Raises ValueError for an unknown view or an age <= 0."""
+        for view, age in ages.items():
+            if view not in self.views:
+                raise ValueError(f"max_frame_age_s for unknown camera view {view!r}; views are {self.views}")
+            if not float(age) > 0:
+                raise ValueError(f"max_frame_age_s for {view!r} must be > 0 s, got {age}")
+        self.max_frame_age_s = {v: float(a) for v, a in ages.items()}
+
+    def frame_age_limit(self, view: str) -> float:
+        """The maximum frame age of ``view`` (s): its own, else ``max_age_s``."""
+        return (self.max_frame_age_s or {}).get(view, self.max_age_s)
+
+    def stale_cameras(self) -> Dict[str, str]:
+        """``{view: sentence}`` for each camera whose last fresh frame is older than its maximum
+        frame age: frozen (frames keep coming, the same picture or a stamp that does not advance)
+        or stalled (no frames). Views that never delivered are not listed (see :meth:`ready`);
+        empty when freshness is not checked (``max_frame_age_s=None``)."""
+        if self.max_frame_age_s is None:
+            return {}
+        now = self._clock()
+        out: Dict[str, str] = {}
+        with self._lock:
+            for view in self.views:
+                f = self._fresh.get(view)
+                if f is None:
+                    continue
+                age, limit = now - f.fresh_mono_s, self.frame_age_limit(view)
+                if age <= limit:
+                    continue
+                if f.repeats:
+                    how = f"frozen: {f.repeats} identical frame(s) since the last new picture"
+                elif f.stuck:
+                    how = f"frozen: header stamp stuck at {f.stamp_s:.3f} s for {f.stuck} frame(s)"
+                else:
+                    how = "stalled: no frame received"
+                out[view] = (f"camera {view!r} {how}; no fresh frame for {age * 1000:.0f} ms "
+                             f"(max_frame_age_s={limit:g}); check the camera and its driver")
+        return out
 
     def on_joint_state(self, msg, type_name: str = "sensor_msgs/msg/JointState") -> None:
         """Decode and store a joint-state message; joints are picked by name.
@@ -360,7 +466,13 @@ class ObservationAssembler:
         Raises:
             MissingSensorError: a stream has never delivered (or has no sample the rule allows).
             StaleSensorError: a selected sample is older than ``max_age_s`` (strict only).
+            StaleCameraError: a camera had no fresh frame within its maximum frame age (strict only).
         """
+        if strict:
+            frozen = self.stale_cameras()
+            if frozen:
+                view = next(iter(frozen))
+                raise StaleCameraError(view, frozen[view])
         chosen: Dict[str, object] = {}
         missing, stale = [], []
         with self._lock:

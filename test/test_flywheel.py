@@ -170,3 +170,58 @@ def test_a_checkpoint_from_another_model_version_is_refused_with_the_fix(tmp_pat
     torch.save(ck, path)
     with pytest.raises(RuntimeError, match=r"written by another version of model\.py .* retrain it with train\.py"):
         load_checkpoint(path)
+
+
+def test_prefix_weights_are_one_over_the_committed_rows_then_decay_to_zero():
+    sys.path.insert(0, str(FLYWHEEL))
+    from model import prefix_weights
+
+    w = prefix_weights(16, 4, 10).tolist()
+    assert w[:4] == [1.0] * 4 and w[10:] == [0.0] * 6
+    assert all(1.0 > a > b > 0.0 for a, b in zip(w[4:9], w[5:10]))
+    assert prefix_weights(16, 0, 0).tolist() == [0.0] * 16
+
+
+def test_guided_sampling_inpaints_the_committed_prefix_and_stays_deterministic():
+    """Real-time-chunking guidance pulls the flow head's chunk onto the committed rows (the
+    unguided chunk ignores them) and, starting from the noise mean, repeats exactly."""
+    sys.path.insert(0, str(FLYWHEEL))
+    import torch
+    from model import ModelConfig, VisuomotorPolicy
+
+    torch.manual_seed(0)
+    model = VisuomotorPolicy(ModelConfig(tasks=["a", "b"])).eval()
+    z = torch.randn(1, 2 * 32 * 2 + 32 + 8)
+    prefix = torch.randn(1, 9, 8)
+    free = model.sample(z)
+    guided = model.sample(z, prefix=prefix, delay=5)
+    assert free.shape == guided.shape == (1, 16, 8)
+    err_free = (free[0, :5] - prefix[0, :5]).abs().mean().item()
+    err_guided = (guided[0, :5] - prefix[0, :5]).abs().mean().item()
+    assert err_guided < 0.05 * err_free, (err_guided, err_free)
+    assert torch.equal(model.sample(z, prefix=prefix, delay=5), guided)
+    assert torch.equal(model.sample(z), free)
+
+
+def test_the_shipped_policy_inpaints_the_committed_prefix_and_refuses_a_delay_beyond_its_maximum():
+    sys.path.insert(0, str(FLYWHEEL))
+    import seq
+    from learned_policy import MAX_DELAY_STEPS, LearnedPickPlacePolicy
+
+    policy = LearnedPickPlacePolicy()
+    policy.load(str(FLYWHEEL / "checkpoint"))
+    rng = np.random.default_rng(0)
+    img = rng.integers(0, 255, (224, 224, 3), dtype=np.uint8)
+    obs = seq.Observation(images={"exterior_1": img, "wrist_left": img},
+                          proprio={"joint_positions": np.array([0.0, -0.78, 0.0, -2.36, 0.0, 1.57, 0.78]),
+                                   "gripper": np.zeros(1)}, instruction="put the red cube on the green pad")
+    free = np.asarray(policy.infer(obs).actions)            # no prefix: the regression chunk
+    prefix = (free[:8] + 0.05).astype(np.float32)           # committed rows the chunk did not plan
+    rows = np.asarray(policy.infer(obs, prefix=prefix, delay_steps=5).actions)
+    assert rows.shape == (16, 8)
+    np.testing.assert_array_equal(rows[:5], prefix[:5].astype(np.float64))
+    # the row after the committed ones continues from them (guidance), not from the free chunk
+    assert np.abs(rows[5, :7] - prefix[5, :7]).max() < np.abs(free[5, :7] - prefix[5, :7]).max()
+    assert np.array_equal(np.asarray(policy.infer(obs, prefix=prefix, delay_steps=5).actions), rows)
+    with pytest.raises(seq.PolicyInputError, match=f"delay_steps=9 is outside 0..{MAX_DELAY_STEPS}"):
+        policy.infer(obs, prefix=np.repeat(prefix, 2, axis=0), delay_steps=9)

@@ -4,7 +4,7 @@ Exactly as the served path: 15 Hz, 16-step chunks, replanning every 8 steps from
 renders of both cameras, each JPEG-encoded at quality 95 (Pillow) and decoded before
 perception. ``obs_age`` > 0 takes the observation that many steps before the chunk boundary,
 as prefetch does; ``continue_from_command`` passes the last executed row as the
-controller's ``start_command`` (what a policy wrapper remembering its last chunk would do).
+controller's ``start_command`` (what the policy does with the last row of the committed prefix).
 """
 from __future__ import annotations
 
@@ -186,3 +186,64 @@ def test_chunk_tcp_follows_the_cartesian_path_between_ik_keyframes(path, settle)
         assert np.allclose(R, kin.top_down_rotation(), atol=2e-2)
     assert np.abs(np.diff(chunk[:, :7], axis=0)).max() <= MAX_JOINT_STEP + 1e-9
     assert np.abs(chunk[0, :7] - q).max() <= MAX_JOINT_STEP + 1e-9
+
+
+# -- the committed prefix (delay-aware chunks) ----------------------------------------------------
+
+def _delay_bench():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_delay", ROOT / "bench" / "bench_delay.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def policy():
+    sys.path.insert(0, str(ROOT / "examples" / "pick_place"))
+    from policy import PickPlacePolicy
+
+    p = PickPlacePolicy()
+    p.load(None)
+    return p
+
+
+def test_the_policy_returns_the_committed_rows_then_continues_from_the_last(sim, policy):
+    import seq
+
+    sim.reset(2)
+    raw = {cam: sim.render(cam) for cam in sim.cameras}
+    obs = seq.Observation(images=raw, proprio={"joint_positions": sim.joint_positions(),
+                                               "gripper": [sim.gripper()]},
+                          instruction="put the red cube on the green pad")
+    cold = np.asarray(policy.infer(obs).actions)
+    prefix = cold[:9].astype(np.float32)                    # what the robot will play meanwhile
+    chunk = policy.infer(obs, prefix=prefix, delay_steps=6)
+    rows = np.asarray(chunk.actions)
+    assert rows.shape == (16, 8)
+    np.testing.assert_array_equal(rows[:6], prefix[:6].astype(np.float64))
+    # the continuation starts where the committed rows end: one controller step, not a jump back
+    assert np.abs(rows[6, :7] - rows[5, :7]).max() <= MAX_JOINT_STEP + 1e-9
+    with pytest.raises(seq.PolicyInputError, match="delay_steps=12 needs a prefix of at least 12 rows"):
+        policy.infer(obs, prefix=prefix, delay_steps=12)
+
+
+def test_at_400_ms_planning_from_the_prefix_keeps_the_seams_within_twice_the_chunk_steps(policy):
+    """Injected latency of 400 ms (6 steps at 15 Hz), the cursor-aligned merge: a chunk planned
+    from the measured joints steps back at every seam; planned from the committed prefix its
+    seams are no larger than twice the within-chunk steps, and the task still succeeds."""
+    bench = _delay_bench()
+    from sequence_ai_sim.benchmarks.pick_place import TASKS, PickPlaceBenchmark
+
+    env = PickPlaceBenchmark()
+    env.setup(max_seconds=20.0)
+    try:
+        out = {mode: bench.run_episode(env, policy, "red-on-blue", TASKS["red-on-blue"], 100001, 6, mode, 300)
+               for mode in ("aligned", "guided")}
+    finally:
+        env.close()
+    p99 = {m: (np.percentile(r["seams"], 99), np.percentile(r["within"], 99)) for m, r in out.items()}
+    assert out["guided"]["success"] == 1.0, out["guided"]
+    assert p99["guided"][0] <= 2 * p99["guided"][1], p99
+    assert p99["aligned"][0] > 2 * p99["aligned"][1], p99      # the problem is real without the prefix

@@ -1,7 +1,9 @@
 """policy_driver with real rclpy (Fast DDS), a real gateway + echo-policy worker, and a recording robot node.
 
 The robot node publishes a 64x64 rgb8 camera and Panda joint states at 30 Hz and records every
-command it receives with its arrival time. The echo policy declares 15 Hz joint_absolute chunks.
+command it receives with its arrival time. Like a real sensor's noise, one pixel changes from
+frame to frame; ``freeze`` makes the camera repeat one picture (``"pixels"``) or stop advancing
+its header stamps (``"stamp"``). The echo policy declares 15 Hz joint_absolute chunks.
 """
 from __future__ import annotations
 
@@ -51,6 +53,9 @@ class FakeRobot(Node):
         self.commands = []
         self.cameras_on = True
         self.bad_image = None   # an Image to publish instead of the good one, once
+        self.freeze = None      # None | "pixels" (the same picture again) | "stamp" (the header stamp stops)
+        self.frames = 0
+        self._stuck_stamp = None
         self.create_timer(1.0 / 30.0, self._tick)
 
     def _on_cmd(self, msg):
@@ -63,9 +68,14 @@ class FakeRobot(Node):
             msg.header.stamp = stamp
             self.img_pub.publish(msg)
         elif self.cameras_on:
-            msg = Image(height=64, width=64, encoding="rgb8", step=64 * 3,
-                        data=np.full((64, 64, 3), 90, np.uint8).tobytes())
-            msg.header.stamp = stamp
+            pixels = np.full((64, 64, 3), 90, np.uint8)
+            if self.freeze != "pixels":
+                self.frames += 1
+            pixels[0, 0, 0] = self.frames % 256      # sensor noise: no two live frames are equal
+            msg = Image(height=64, width=64, encoding="rgb8", step=64 * 3, data=pixels.tobytes())
+            if self.freeze == "stamp":
+                self._stuck_stamp = self._stuck_stamp or stamp
+            msg.header.stamp = self._stuck_stamp if self.freeze == "stamp" else stamp
             self.img_pub.publish(msg)
         js = JointState(name=JOINTS + ["panda_gripper"], position=[0.1 * i for i in range(7)] + [0.5])
         js.header.stamp = stamp
@@ -198,6 +208,14 @@ def test_commands_arrive_at_the_contract_rate_with_feedback_and_status(ros, echo
     assert status.name == "policy_driver: policy driver" and status.hardware_id == "echo-ros"
     assert {kv.key: kv.value for kv in status.values}["lifecycle_state"] == "active"
     assert outcome_message(res).actions == res.actions
+    # per-seam telemetry (the first chunk is no seam), in the result and the RunOutcome message
+    assert res.seams == res.chunks - 1 and res.seams >= 3, res
+    assert 0.0 <= res.seam_jump_p50 <= res.seam_jump_p99 <= res.max_seam_jump + 1e-9, res
+    assert res.seam_jump_before_blend_p99 == pytest.approx(res.seam_jump_p99)   # no blend
+    assert res.merge == "replace" and res.delay_mode == "chunk"   # the echo policy ignores the prefix
+    assert res.seam_min_playback_left_s >= 0.0
+    msg = outcome_message(res)
+    assert (msg.seams, msg.seam_jump_p99, msg.merge) == (res.seams, res.seam_jump_p99, "replace")
 
 
 @pytest.mark.parametrize("delay_ms", [2.0, 0.0], ids=["publisher_thread", "from_the_core_callback"])
@@ -231,7 +249,7 @@ def test_instruction_swap_via_topic_reaches_the_next_request(ros, echo_server):
     assert goal.feedback[-1][1].instruction == "put the blue cube on the red pad"
 
 
-def test_stale_camera_stops_the_run_with_validate_and_a_hold(ros, echo_server):
+def test_stalled_camera_ends_the_goal_as_stale_camera_naming_it_with_a_hold(ros, echo_server):
     robot, driver, client, _ = setup_driver(ros, echo_server)
     goal = Goal(client, max_seconds=20.0)
     wait(lambda: len(robot.commands) >= 10, 10.0, "commands")
@@ -241,12 +259,46 @@ def test_stale_camera_stops_the_run_with_validate_and_a_hold(ros, echo_server):
     time.sleep(0.5)
     res = wrapped.result
     assert wrapped.status == GoalStatus.STATUS_ABORTED
-    assert res.reason == "validate", res
-    assert "exterior_1" in res.message and "stale" in res.message
+    assert res.reason == "stale_camera", res
+    assert "'exterior_1' stalled" in res.message and "max_frame_age_s=0.3" in res.message, res.message
     # stopped within the allowed age plus a couple of periods
     assert driver.trace.hold_time - t_off < 0.3 + 0.3
     assert robot.commands[-1][1] == pytest.approx(robot.commands[-2][1])
     assert len(robot.commands) == res.actions + 1
+    assert outcome_message(res).reason == "stale_camera"
+
+
+@pytest.mark.parametrize("freeze, words", [("pixels", "identical frame"), ("stamp", "header stamp stuck")])
+def test_a_frozen_camera_still_publishing_ends_the_goal_as_stale_camera_within_its_age(ros, echo_server,
+                                                                                       freeze, words):
+    """Frames keep arriving on time, so no age rule on arrivals sees it; the same picture again, or a
+    stamp that stops advancing, is no fresh frame: no new request, a hold, the view named."""
+    robot, driver, client, _ = setup_driver(ros, echo_server, camera_max_frame_age_s=[0.4])
+    goal = Goal(client, max_seconds=20.0)
+    wait(lambda: len(robot.commands) >= 10, 10.0, "commands")
+    chunks_before = len(driver.trace.seams)
+    robot.freeze = freeze
+    t_freeze = time.monotonic()
+    wrapped = goal.wait_result(timeout=10.0)
+    time.sleep(0.5)
+    res = wrapped.result
+    assert wrapped.status == GoalStatus.STATUS_ABORTED
+    assert res.reason == "stale_camera", res
+    assert "camera 'exterior_1' frozen" in res.message and words in res.message, res.message
+    assert "max_frame_age_s=0.4" in res.message
+    hold_after = driver.trace.hold_time - t_freeze
+    assert 0.4 - 0.05 <= hold_after < 0.4 + 0.3, hold_after      # within the declared age (+ a tick)
+    assert robot.commands[-1][1] == pytest.approx(robot.commands[-2][1])
+    assert len(robot.commands) == res.actions + 1
+    # a chunk for the frozen picture never played: at most the one already in flight landed
+    assert len(driver.trace.seams) <= chunks_before + 1
+
+
+def test_camera_max_frame_age_needs_one_positive_age_per_view(ros, echo_server):
+    with pytest.raises(ValueError, match="camera_max_frame_age_s has 2 entries but camera_views has 1"):
+        PolicyDriver(context=ros.ctx, parameter_overrides=driver_params(echo_server, camera_max_frame_age_s=[0.3, 0.3]))
+    with pytest.raises(ValueError, match=r"camera_max_frame_age_s has \[0.0\]: each must be in \(0, 3600\] s"):
+        PolicyDriver(context=ros.ctx, parameter_overrides=driver_params(echo_server, camera_max_frame_age_s=[0.0]))
 
 
 @pytest.mark.parametrize("bad, words", [

@@ -2,6 +2,7 @@
 
     python examples/flywheel/run_flywheel.py [--out DIR] [--episodes 300] [--max-seconds 15]
         [--train-minutes 60 | --train-steps N] [--train-batch 64] [--train-successes-only]
+        [--train-init CHECKPOINT [--train-flow-only]]
         [--eval-episodes 10] [--eval-envs 2] [--eval-seed 100000] [--jobs 2] [--gate success>=0.5] [--ship]
 
 What runs, each as the real thing (``. scripts/env.sh`` first):
@@ -12,7 +13,8 @@ What runs, each as the real thing (``. scripts/env.sh`` first):
    the client into episode bags (``DIR/bags``), labelled by the sim's success check;
 3. ``sequence-ai bag export DIR/bags/* --out DIR/dataset --format lerobot`` -- the project's
    exporter, LeRobot v3.0;
-4. ``train.py DIR/dataset --out DIR/checkpoint`` (torch, CPU);
+4. ``train.py DIR/dataset --out DIR/checkpoint`` (torch, CPU; ``--train-init`` / ``--train-flow-only``
+   pass ``--init`` / ``--flow-only``: start from a checkpoint, train only its flow head);
 5. ``seq volume put pick-place-learned DIR/checkpoint`` (the next version of the volume the
    learned policy declares, ``weights="vol://pick-place-learned"``) and ``seq deploy
    learned_policy.py --name learned``;
@@ -56,6 +58,7 @@ def _run(cmd: list, env: dict, timeout: float, what: str, log=None) -> subproces
 def flywheel(out: Path, *, episodes: int, max_seconds: float, train_minutes=None, train_steps=None,
              eval_episodes: int = 10, eval_envs: int = 2, eval_tasks: int = 6, eval_max_seconds: float = None,
              train_batch: int = 64, train_successes_only: bool = False, jobs: int = 2, gate: str = None,
+             train_init: Path = None, train_flow_only: bool = False,
              ship: bool = False, quiet: bool = False, eval_seed: int = EVAL_SEED) -> dict:
     """Run the six steps (see the module docstring) under ``out``; returns the summary dict
     (also written to ``out/flywheel.json``). Raises RuntimeError naming the step that failed."""
@@ -108,6 +111,8 @@ def flywheel(out: Path, *, episodes: int, max_seconds: float, train_minutes=None
             cmd += ["--successes-only"] if train_successes_only else []
             cmd += ["--steps", train_steps] if train_steps is not None else []
             cmd += ["--minutes", train_minutes] if train_minutes is not None else []
+            cmd += ["--init", train_init] if train_init is not None else []
+            cmd += ["--flow-only"] if train_flow_only else []
             res = _run(cmd, env, 4 * 3600, "train", log)
             summary["train"] = {k: v for k, v in json.loads((ckpt / "train.json").read_text()).items() if k != "losses"}
             summary["train"]["checkpoint_mb"] = round((ckpt / "policy.pt").stat().st_size / 1e6, 2)
@@ -167,6 +172,8 @@ def main(argv=None) -> int:
     ap.add_argument("--train-batch", type=int, default=64)
     ap.add_argument("--train-successes-only", action="store_true",
                     help="train on the demonstrations the sim labelled successful only")
+    ap.add_argument("--train-init", type=Path, default=None, help="start training from this policy.pt")
+    ap.add_argument("--train-flow-only", action="store_true", help="with --train-init: train only the flow head")
     ap.add_argument("--eval-episodes", type=int, default=10, help="episodes per colour pair and policy")
     ap.add_argument("--eval-envs", type=int, default=2)
     ap.add_argument("--eval-tasks", type=int, default=6, help="colour pairs to evaluate (first N)")
@@ -183,6 +190,7 @@ def main(argv=None) -> int:
                      train_steps=a.train_steps, eval_episodes=a.eval_episodes, eval_envs=a.eval_envs,
                      eval_tasks=a.eval_tasks, eval_max_seconds=a.eval_max_seconds, eval_seed=a.eval_seed,
                      train_batch=a.train_batch, train_successes_only=a.train_successes_only, jobs=a.jobs,
+                     train_init=a.train_init, train_flow_only=a.train_flow_only,
                      gate=a.gate, ship=a.ship)
     except RuntimeError as exc:
         print(f"error: {exc}", file=sys.stderr)

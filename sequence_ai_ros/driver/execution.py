@@ -6,6 +6,9 @@ and a terminal status, whatever ends it:
 
 * the run's own end (``completed`` / ``until`` / ``timeout``: succeeded; ``validate`` / ``error``:
   aborted, ``message`` naming the stream, bound or error);
+* a frozen or stalled camera (no fresh frame within its ``camera_max_frame_age_s``): no new
+  request goes out, the arm holds, and the goal aborts with reason ``stale_camera``, ``message``
+  naming the view;
 * the client's cancel (``interrupted``, canceled) -- before the run started too;
 * a newer goal (``goal_policy: preempt``: ``interrupted``, aborted, "preempted by a new goal");
 * the driver ending it: deactivate, shutdown, SIGINT/SIGTERM (``interrupted``, aborted, the
@@ -27,7 +30,7 @@ from std_msgs.msg import String
 from sequence_ai_msgs.srv import CheckSuccess
 
 from ..bag import events as _capture
-from ..observation import SensorError
+from ..observation import SensorError, StaleCameraError
 from .goal import CANCELED, SUCCEED, GoalRun, RunTrace
 
 PREEMPT_WAIT_S = 10.0
@@ -189,6 +192,8 @@ class GoalExecution:
             )
         except Exception as exc:  # noqa: BLE001 - the core ran hold; the gateway may be gone
             self._hold()
+            if isinstance(exc, StaleCameraError) and run.end_request is not None:
+                return run.early(*run.end_request)   # stale_camera: observe refused to send a request
             self.get_logger().error(f"Act goal failed: {type(exc).__name__}: {exc}")
             return run.early("error", f"{type(exc).__name__}: {exc}")
         finally:
@@ -268,9 +273,23 @@ class GoalExecution:
             run.trace.hold_time = time.monotonic()
             run.trace.hold_command = target or None
 
+    def _stale_camera(self, run: GoalRun) -> Optional[StaleCameraError]:
+        """A frozen or stalled camera ends the run (``stale_camera``, naming the view); else None."""
+        stale = self.assembler.stale_cameras()
+        if not stale:
+            return None
+        view, text = next(iter(stale.items()))
+        if run is not None:
+            run.request_end("stale_camera", text)
+            run.stop_reason = text
+        self.get_logger().error(f"stopping the run (stale_camera): {text}")
+        return StaleCameraError(view, text)
+
     def _validate(self, action) -> bool:
-        """Sensors fresh and well-formed; action finite and inside the configured bounds."""
+        """Cameras fresh; sensors fresh and well-formed; action finite and inside the configured bounds."""
         run = self._run
+        if self._stale_camera(run) is not None:
+            return False
         problems = self.assembler.problems()
         if problems:
             run.stop_reason = "; ".join(problems)
@@ -295,6 +314,9 @@ class GoalExecution:
             # A cancel or an end request that arrived while the run was starting: the core clears
             # its interrupt flag when a run starts, so deliver it again now, before any action.
             self._interrupt()
+        stale = self._stale_camera(run)
+        if stale is not None:
+            raise stale   # no request goes out on a frozen picture; the core holds
         try:
             obs = self.assembler.build(run.instruction)
             run.last_good = obs

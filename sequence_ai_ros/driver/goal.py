@@ -19,9 +19,11 @@ from typing import Optional, Tuple
 
 from sequence_ai_msgs.action import Act
 
-__all__ = ["RunTrace", "GoalRun", "fill_result", "SUCCEED", "ABORT", "CANCELED"]
+__all__ = ["RunTrace", "GoalRun", "fill_result", "fill_seams", "SUCCEED", "ABORT", "CANCELED", "TYPED_ENDINGS"]
 
 SUCCEED, ABORT, CANCELED = "succeed", "abort", "canceled"
+#: Endings the driver itself decides and reports as the result's reason (aborted).
+TYPED_ENDINGS = ("stale_camera",)
 
 
 @dataclass
@@ -50,6 +52,35 @@ def fill_result(result, outcome) -> None:
     result.instruction_swaps = int(outcome.instruction_swaps or 0)
     result.max_instruction_lag_s = float(outcome.max_instruction_lag_s or 0.0)
     result.action_space = str(outcome.action_space or "")
+    fill_seams(result, getattr(outcome, "seams", None))
+    result.merge = str(getattr(outcome, "merge", "") or "")
+    result.delay_mode = str(getattr(outcome, "delay_mode", "") or "")
+
+
+def _get(source, *names, default=None):
+    """The first of ``names`` present in ``source`` (a dict or an object), else ``default``."""
+    for name in names:
+        value = source.get(name) if isinstance(source, dict) else getattr(source, name, None)
+        if value is not None:
+            return value
+    return default
+
+
+def fill_seams(result, seams) -> None:
+    """Copy the per-seam telemetry summary (``RunOutcome.seams``: a dict or an object; None =
+    no seams) into the message's seam fields: count, jump p50/p99 as played and before any
+    blend (action units), the largest delay used (control steps), rows trimmed by the aligned
+    merge, the least playback left at a chunk's arrival (s)."""
+    if seams is None:
+        return
+    result.seams = int(_get(seams, "count", default=0))
+    result.seam_jump_p50 = float(_get(seams, "jump_p50", "p50_jump", default=0.0))
+    result.seam_jump_p99 = float(_get(seams, "jump_p99", "p99_jump", default=0.0))
+    result.seam_jump_before_blend_p99 = float(_get(seams, "jump_before_p99", "raw_jump_p99",
+                                                   "jump_p99", "p99_jump", default=0.0))
+    result.seam_max_delay_steps = int(_get(seams, "max_delay_steps", "max_delay", default=0))
+    result.seam_rows_trimmed = int(_get(seams, "rows_trimmed", "total_trimmed", "trimmed", default=0))
+    result.seam_min_playback_left_s = float(_get(seams, "min_playback_left_s", "playback_left_min_s", default=0.0))
 
 
 class GoalRun:
@@ -120,7 +151,9 @@ class GoalRun:
     def finish(self, outcome, cancel_confirmed: bool):
         """``(Act.Result, status)`` from the core's ``RunOutcome``.
 
-        ``cancel_confirmed``: the client's cancel was accepted (the goal is CANCELING). An
+        ``cancel_confirmed``: the client's cancel was accepted (the goal is CANCELING). A frozen or
+        stalled camera (``end_request`` ``stale_camera``) aborts with that reason whatever the
+        core reported (it stopped through validate or observe). An
         ``interrupted`` run is canceled when the client asked, aborted with the end request's
         message when the driver ended it (preempt, deactivate, shutdown); ``validate`` and
         ``error`` abort; ``completed`` / ``until`` / ``timeout`` succeed.
@@ -129,6 +162,9 @@ class GoalRun:
         fill_result(result, outcome)
         result.actions = len(self.trace.commands)   # published: a row queued at the hold was dropped
         reason = str(outcome.reason)
+        if self.end_request is not None and self.end_request[0] in TYPED_ENDINGS:
+            result.reason, result.message = self.end_request
+            return result, ABORT
         if reason == "interrupted" and self.end_request is not None:
             result.message = self.end_request[1]
             return result, ABORT

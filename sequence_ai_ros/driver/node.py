@@ -279,7 +279,14 @@ class PolicyDriver(GoalExecution, LifecycleNodeMixin, Node):
         rules[JOINT_STREAM] = StreamRule(p.joint_state_time_base, p.joint_state_alignment)
         self.assembler = ObservationAssembler(
             views, list(p.joint_names), p.gripper_joint or None, max_age_s=p.max_sensor_age_s, rules=rules,
-            header_clock=lambda: self.get_clock().now().nanoseconds * 1e-9, camera_sizes=sizes)
+            header_clock=lambda: self.get_clock().now().nanoseconds * 1e-9, camera_sizes=sizes,
+            max_frame_age_s=self._frame_ages(views), frozen_pixels=bool(p.camera_frozen_pixels))
+
+    def _frame_ages(self, views) -> dict:
+        """``{view: max frame age (s)}`` from ``camera_max_frame_age_s`` (empty: ``max_sensor_age_s``)."""
+        p = self._params
+        ages = list(p.camera_max_frame_age_s or [])
+        return {v: float(ages[i]) if ages else float(p.max_sensor_age_s) for i, v in enumerate(views)}
 
     def _make_subscriptions(self, views, topics, transports) -> None:
         sensors = MutuallyExclusiveCallbackGroup()
@@ -347,6 +354,10 @@ class PolicyDriver(GoalExecution, LifecycleNodeMixin, Node):
         self._params = new
         if "max_sensor_age_s" in changes and self.assembler is not None:
             self.assembler.max_age_s = new.max_sensor_age_s
+        if self.assembler is not None and {"max_sensor_age_s", "camera_max_frame_age_s"} & set(changes):
+            self.assembler.set_max_frame_age(self._frame_ages(self.assembler.views))
+        if "camera_frozen_pixels" in changes and self.assembler is not None:
+            self.assembler.frozen_pixels = bool(new.camera_frozen_pixels)
         if "feedback_hz" in changes:
             self._feedback_timer.timer_period_ns = int(1e9 / new.feedback_hz)
         if "status_hz" in changes:

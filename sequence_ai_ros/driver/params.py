@@ -167,6 +167,14 @@ TABLE: Dict[str, Spec] = {
                                  "contract. A mismatch refuses to configure.", lo=0.0, hi=10000.0),
     "max_sensor_age_s": Spec(0.5, "A frame or joint state older than this (s) stops the run (reason validate) "
                                   "with a hold.", lo=0.0, hi=3600.0, above=True, runtime=True),
+    "camera_max_frame_age_s": Spec(_DOUBLES, "Per view: the most a camera may go without a fresh frame (s) -- new "
+                                             "pixels (see camera_frozen_pixels) and an advancing header stamp. A "
+                                             "frozen or stalled camera past it stops new requests, holds and ends the "
+                                             "goal with reason stale_camera naming the view; empty = max_sensor_age_s "
+                                             "for every view.", runtime=True),
+    "camera_frozen_pixels": Spec(True, "A frame with the same pixels as the one before is not fresh (a real sensor's "
+                                       "noise makes every frame differ); false for simulated cameras, which render a "
+                                       "still scene identically (then stamps and arrivals alone count).", runtime=True),
     "sensor_wait_s": Spec(10.0, "How long a goal waits for the first frames and joint state (s).",
                           lo=0.0, hi=3600.0, runtime=True),
     "default_max_seconds": Spec(60.0, "Time bound used when a goal's max_seconds is 0 (s); must be > 0.",
@@ -330,10 +338,13 @@ def check_all(p: Params) -> None:
         raise ParameterRefused("camera_views is empty: name at least one camera view")
     if len(views) != len(topics):
         raise ParameterRefused(f"camera_views has {len(views)} entries but camera_topics has {len(topics)}")
-    for key in ("camera_transports", "camera_time_bases", "camera_alignments"):
+    for key in ("camera_transports", "camera_time_bases", "camera_alignments", "camera_max_frame_age_s"):
         given = p[key]
         if given and len(given) != len(views):
             raise ParameterRefused(f"{key} has {len(given)} entries but camera_views has {len(views)}: give one per view")
+    bad_age = [a for a in (p.camera_max_frame_age_s or []) if not 0 < a <= 3600.0]
+    if bad_age:
+        raise ParameterRefused(f"camera_max_frame_age_s has {bad_age}: each must be in (0, 3600] s")
     if not p.joint_names:
         raise ParameterRefused("joint_names is empty: name the arm joints in the policy's order")
     width = p.command_width
