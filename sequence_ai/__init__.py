@@ -36,6 +36,7 @@ from sequence_ai_core import (
 from sequence_ai_core.protocol import Contract
 
 from ._connect import account, aconnect, connect, models
+from ._chat import ChatResult, DecideResult, ToolCall, chat, decide
 from ._image import encode, encode_jpeg, encode_jpeg_bytes, observation
 from ._sync import Policy
 from ._prepare import prepare, to_joint_positions
@@ -49,6 +50,11 @@ __all__ = [
     "aconnect",
     "models",
     "account",
+    "chat",
+    "decide",
+    "ChatResult",
+    "DecideResult",
+    "ToolCall",
     "encode_jpeg",
     "encode_jpeg_bytes",
     "Policy",
