@@ -105,13 +105,16 @@ class PolicyBackend(Backend):
     Args:
         policy: a connected ``sequence_ai.Policy`` (``sequence_ai.connect(model)``).
         robot: a :class:`Robot`; its ``hold`` is the run's hold, its ``done`` (if any) the until.
-        run_options: extra keywords for ``Policy.act`` (``params``, ``prefetch``, ...).
+        run_options: extra keywords for ``Policy.act`` (``params``, ``prefetch``, ...);
+            ``startup_timeout_s`` defaults to 30 s here (not the engine's 1800 s): a tool call should
+            not sit that long waiting for a warming worker before its max_seconds even starts.
     """
 
     def __init__(self, policy: "sequence_ai.Policy", robot: Robot, **run_options: Any) -> None:
         self.policy = policy
         self.robot = robot
         self.run_options = dict(run_options)
+        self.run_options.setdefault("startup_timeout_s", 30.0)
         hz = None
         contract = policy.contract or {}
         if contract.get("action"):

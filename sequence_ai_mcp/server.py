@@ -35,7 +35,7 @@ import sequence_ai
 from mcp.server import MCPServer
 from mcp.server.mcpserver.utilities.types import Image
 from mcp.server.transport_security import TransportSecuritySettings
-from mcp_types import CallToolResult, TextContent
+from mcp.types import CallToolResult, TextContent
 from pydantic import BaseModel, Field
 
 from .backend import Backend
@@ -129,7 +129,10 @@ def build_server(backend: Backend, settings: Optional[McpSettings] = None) -> MC
         "after. One act at a time; interrupt() stops it, set_instruction(text) changes it mid-run."))
 
     @mcp.tool()
-    async def act(instruction: str, max_seconds: float) -> Annotated[CallToolResult, ActOutcome]:
+    async def act(
+        instruction: Annotated[str, Field(description='one step for the robot, e.g. "put the red cube on the green pad"')],
+        max_seconds: Annotated[float, Field(description=f"time bound of the run in seconds: required, > 0, at most {cap:g}")],
+    ) -> Annotated[CallToolResult, ActOutcome]:
         """Drive the robot with the policy for one instruction, e.g. "put the red cube on the green
         pad", for at most max_seconds seconds (required). Returns when the task is done, the time is
         up, or it was interrupted: the status and the run's outcome (actions, chunks, seconds)."""

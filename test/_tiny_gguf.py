@@ -10,7 +10,8 @@ so the hidden state is ``sqrt(n_embd) * e0`` whatever the context and the logits
 
 So P(token) = softmax(LOGITS) at every position: decide()'s label probabilities can be checked
 against numbers computed here, and grammar-constrained generation (llama.cpp's function
-calling) is deterministic: an empty string, the digit 3, then the closing brackets.
+calling) is deterministic under greedy decoding: an empty string, the digit 3, then the closing
+brace; free text is a run of double quotes.
 """
 from __future__ import annotations
 
@@ -23,15 +24,15 @@ import numpy as np
 N_EMBD = 64
 N_HEAD = 4
 N_FF = 128
-N_CTX = 4096
+N_CTX = 16384
 BASE_LOGIT = -6.0
 #: the logits the model gives these tokens at every position (the rest: BASE_LOGIT)
 LOGITS: Dict[str, float] = {
-    "</s>": 7.0,    # free text ends at once; inside a grammar it is not allowed until the end
-    '"': 6.0,       # strings close at once
-    "}": 5.0, ",": 4.8, "]": 4.6,
-    "3": 4.5,       # the preferred digit
+    '"': 6.5,       # free text is a run of quotes; strings close at once
+    "}": 5.5, ",": 5.2, "]": 5.0,
+    "3": 4.0,       # the preferred digit
     "A": 3.0, "B": 2.0, "C": 1.0, "D": 0.0,   # decide()'s labels
+    "</s>": 2.5,    # ends a grammar-constrained answer (the only token allowed then)
 }
 
 SPECIAL = ["<unk>", "<s>", "</s>"]

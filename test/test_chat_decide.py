@@ -47,7 +47,7 @@ def llm(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("llm")
     model = _tiny_gguf.build(tmp / "tiny.gguf")
     port = _free_port()
-    common = {"model": str(model), "n_ctx": 2048, "n_threads": 1, "n_batch": 512, "verbose": False}
+    common = {"model": str(model), "n_ctx": 8192, "n_threads": 1, "n_batch": 512, "verbose": False}
     config = {"host": "127.0.0.1", "port": port,
               "models": [dict(common, model_alias=CHAT_MODEL, chat_format="chatml-function-calling"),
                          dict(common, model_alias=SCORE_MODEL, chat_format="chatml")]}
@@ -79,14 +79,17 @@ def llm(tmp_path_factory):
 
 
 def test_chat_returns_the_reply_without_a_choices_wrapper(llm):
+    # temperature 0 (greedy) and repeat_penalty (a llama.cpp parameter, passed through) make the
+    # fixed model's reply exact: its favourite token, max_tokens times
     r = sequence_ai.chat(SCORE_MODEL, [{"role": "user", "content": "what should the arm do?"}],
-                         base_url=llm, max_tokens=8, seed=1)
-    assert r.content == "" and r.tool_calls is None       # the model's first choice is end-of-text
-    assert r.finish_reason == "stop"
-    assert r.usage["prompt_tokens"] > 10 and r.usage["completion_tokens"] <= 1
+                         base_url=llm, max_tokens=8, temperature=0.0, repeat_penalty=1.0)
+    assert r.content == '"' * 8 and r.tool_calls is None
+    assert r.finish_reason == "length"
+    assert r.usage["prompt_tokens"] > 10 and r.usage["completion_tokens"] == 8
+    assert r.model == SCORE_MODEL
     assert r.cost_usd is None                              # a local server, no prices configured
     priced = sequence_ai.chat(SCORE_MODEL, [{"role": "user", "content": "hi"}], base_url=llm, max_tokens=4,
-                              prices=(2.0, 8.0))
+                              temperature=0.0, prices=(2.0, 8.0))
     assert priced.cost_usd == pytest.approx((2.0 * priced.usage["prompt_tokens"]
                                              + 8.0 * priced.usage["completion_tokens"]) / 1e6)
 
@@ -95,22 +98,27 @@ def test_tool_call_round_trip(llm, monkeypatch):
     monkeypatch.setenv("SEQUENCES_CHAT_BASE_URL", llm)    # the endpoint from the environment
     messages = [{"role": "system", "content": "You drive a robot with the act tool."},
                 {"role": "user", "content": "put the red cube on the green pad"}]
-    r = sequence_ai.chat(CHAT_MODEL, messages, tools=[ACT_TOOL],
+    r = sequence_ai.chat(CHAT_MODEL, messages, tools=[ACT_TOOL], temperature=0.0, repeat_penalty=1.0,
                          tool_choice={"type": "function", "function": {"name": "act"}}, max_tokens=64)
-    assert r.finish_reason == "tool_calls" and r.content is None
+    assert r.finish_reason == "tool_calls" and not r.content
     assert len(r.tool_calls) == 1
     call = r.tool_calls[0]
     assert call.name == "act" and call.id
-    # what the grammar and the model's fixed preferences give: an empty string, then the digit 3
+    # what the schema's grammar and the model's fixed preferences give: an empty string, then 3
     assert call.arguments == {"instruction": "", "max_seconds": 3}
     assert json.loads(call.raw_arguments) == call.arguments
-    # the round trip: the assistant turn and the tool's result go back, the model answers in text
-    messages += [r.message, {"role": "tool", "tool_call_id": call.id,
-                             "content": json.dumps({"status": "SUCCEEDED", "outcome": {"reason": "until"}})}]
+    # the round trip: the assistant's tool call and the tool's result go back; the endpoint takes
+    # both (llama.cpp's chatml-function-calling template renders the call into the prompt -- more
+    # prompt tokens than the same conversation without it -- and drops tool messages)
     assert r.message["tool_calls"][0]["function"] == {"name": "act", "arguments": call.raw_arguments}
-    r2 = sequence_ai.chat(CHAT_MODEL, messages, tools=[ACT_TOOL], tool_choice="none", max_tokens=16)
+    turn = [r.message, {"role": "tool", "tool_call_id": call.id,
+                        "content": json.dumps({"status": "SUCCEEDED", "outcome": {"reason": "until"}})}]
+    r2 = sequence_ai.chat(CHAT_MODEL, messages + turn, tools=[ACT_TOOL], tool_choice="none", max_tokens=4,
+                          temperature=0.0)
+    without = sequence_ai.chat(CHAT_MODEL, messages, tools=[ACT_TOOL], tool_choice="none", max_tokens=4,
+                               temperature=0.0)
     assert r2.tool_calls is None and isinstance(r2.content, str)
-    assert r2.usage["prompt_tokens"] > r.usage["prompt_tokens"]   # the tool result was sent
+    assert r2.usage["prompt_tokens"] >= without.usage["prompt_tokens"] + len(call.raw_arguments)
 
 
 def test_decide_scores_from_token_logprobs(llm):

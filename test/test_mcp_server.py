@@ -27,6 +27,7 @@ from mcp import Client, StdioServerParameters  # noqa: E402
 from PIL import Image as PILImage  # noqa: E402
 
 from _servers import GatewayProcess, _env  # noqa: E402
+from test_chat_decide import CHAT_MODEL, llm  # noqa: E402,F401  (the llama.cpp server fixture)
 from sequence_ai_mcp import McpSettings, PolicyBackend, build_server  # noqa: E402
 from sequence_ai_mcp.server import serve_http  # noqa: E402
 from sequence_ai_mcp.sim import SimRobot  # noqa: E402
@@ -288,3 +289,22 @@ def test_cli_serves_stdio_and_refuses_an_open_bind_without_a_token(cell):
     names, st = _run(go())
     assert names == TOOLS
     assert st["running"] is False and st["max_seconds_cap"] == 60.0 and "pick-place" in st["backend"]
+
+
+def test_vlm_agent_example_runs_its_loop_against_a_local_model(cell, llm):
+    """examples/vlm_agent/agent.py with the tiny fixed model (test_chat_decide's llama.cpp server):
+    it snapshots, chats with the MCP tools, prints each tool call and makes it. The model plans
+    nothing (an empty instruction), so the server refuses the act and nothing moves."""
+    import subprocess
+    _, backend, served = cell
+    t0 = time.monotonic()
+    out = subprocess.run([sys.executable, str(ROOT / "examples" / "vlm_agent" / "agent.py"), "--mcp", served.url,
+                          "--model", CHAT_MODEL, "--base-url", llm, "--no-image", "--max-turns", "1"],
+                         capture_output=True, text=True, env=_env(), timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0].startswith('[turn 1] tool call: act({"instruction": ""') or \
+        lines[0].startswith('[turn 1] tool call: act({"instruction":""'), out.stdout
+    assert "error: " in lines[1] and "instruction is empty" in lines[1], out.stdout
+    assert lines[-1].endswith("refused")
+    assert _journal_since(backend.robot, t0) == []
