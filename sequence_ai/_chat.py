@@ -102,7 +102,8 @@ class ChatResult:
     def message(self) -> Dict[str, Any]:
         """This reply as an assistant message to append to ``messages`` for the next turn
         (before the ``{"role": "tool", "tool_call_id": ..., "content": ...}`` results)."""
-        msg: Dict[str, Any] = {"role": "assistant", "content": self.content}
+        # "" rather than null beside tool calls: OpenAI takes either, some servers (llama.cpp's) only a string
+        msg: Dict[str, Any] = {"role": "assistant", "content": self.content or ("" if self.tool_calls else None)}
         if self.tool_calls:
             msg["tool_calls"] = [{"id": c.id, "type": "function",
                                   "function": {"name": c.name, "arguments": c.raw_arguments}}

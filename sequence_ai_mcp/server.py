@@ -22,7 +22,7 @@ error shape ``{"code", "detail", "retryable", "hint"}`` (and the same sentence a
 HTTP (``serve_http``): 127.0.0.1 by default; any other bind address needs a bearer token, and a
 configured token is checked (constant time) on every request before its body is read.
 """
-from __future__ import annotations
+# no `from __future__ import annotations`: the tools' annotations (act's cap in its schema) are evaluated here
 
 import hmac
 import ipaddress
@@ -31,10 +31,10 @@ import time
 from dataclasses import dataclass
 from typing import Annotated, Any, Awaitable, Callable, Dict, List, Optional
 
+import anyio
 import sequence_ai
 from mcp.server import MCPServer
 from mcp.server.mcpserver.utilities.types import Image
-from mcp.server.transport_security import TransportSecuritySettings
 from mcp.types import CallToolResult, TextContent
 from pydantic import BaseModel, Field
 
@@ -87,6 +87,10 @@ class ActOutcome(BaseModel):
     task_done: Optional[bool] = Field(None, description="the robot's own success check for the "
                                                         "instruction, when it has one")
     message: str = ""
+
+
+def _ok(text: str, data: Dict[str, Any]) -> CallToolResult:
+    return CallToolResult(content=[TextContent(type="text", text=text)], structured_content=data)
 
 
 def _error(code: str, detail: str, *, hint: Optional[str] = None, retryable: bool = False) -> CallToolResult:
@@ -158,25 +162,30 @@ def build_server(backend: Backend, settings: Optional[McpSettings] = None) -> MC
         except sequence_ai.SequencesError as exc:
             driving.last = {"error": exc.code, "detail": str(exc)}
             return _error(exc.code, exc.message, hint=exc.hint, retryable=exc.retryable)
+        except anyio.get_cancelled_exc_class():
+            driving.last = {"status": "CANCELED", "message": "the act call was cancelled or its session dropped: "
+                                                              "the robot was stopped (hold)"}
+            raise
         finally:
             driving.started = None
-        driving.last = result
-        text = (f"{result['status']}: {result['outcome']['reason']} after {result['outcome']['actions']} actions "
-                f"in {result['outcome']['seconds']:.1f} s"
-                + ("" if result.get("task_done") is None else f"; task done: {result['task_done']}"))
-        return CallToolResult(content=[TextContent(type="text", text=text)],
-                              structured_content=ActOutcome.model_validate(result).model_dump(mode="json"))
+        out = ActOutcome.model_validate(result)
+        driving.last = out.model_dump(mode="json")
+        text = (f"{out.status}: {out.outcome.reason} after {out.outcome.actions} actions in "
+                f"{out.outcome.seconds:.1f} s" + ("" if out.task_done is None else f"; task done: {out.task_done}")
+                + (f" ({out.message})" if out.message else ""))
+        return _ok(text, driving.last)
 
     @mcp.tool()
-    async def interrupt() -> Dict[str, Any]:
+    async def interrupt() -> CallToolResult:
         """Stop the running act within one control period (the robot holds). Returns whether one ran."""
         was = driving.active
         if was:
             backend.interrupt()
-        return {"interrupted": was, "instruction": driving.instruction if was else None}
+        return _ok("interrupted the running act" if was else "nothing was running",
+                   {"interrupted": was, "instruction": driving.instruction if was else None})
 
     @mcp.tool()
-    async def set_instruction(text: str) -> Annotated[CallToolResult, Dict[str, Any]]:
+    async def set_instruction(text: str) -> CallToolResult:
         """Change the instruction of the running act without stopping the robot; the next action
         chunk is planned under it."""
         if not text or not text.strip():
@@ -186,19 +195,20 @@ def build_server(backend: Backend, settings: Optional[McpSettings] = None) -> MC
                           hint="call act(instruction, max_seconds) with the new instruction")
         backend.set_instruction(text)
         driving.instruction = text
-        return CallToolResult(content=[TextContent(type="text", text=f"instruction now {text!r}")],
-                              structured_content={"instruction": text, "running": True})
+        return _ok(f"instruction now {text!r}", {"instruction": text, "running": True})
 
     @mcp.tool()
-    async def status() -> Dict[str, Any]:
+    async def status() -> CallToolResult:
         """What runs now: whether an act is driving, under which instruction, since when (unix s)
         and for how long; the camera views; the max_seconds cap; and how the last act ended."""
-        return {"running": driving.active, "instruction": driving.instruction if driving.active else None,
-                "since_unix_s": driving.since_unix if driving.active else None,
-                "elapsed_s": (time.monotonic() - driving.started) if driving.active else None,
-                "max_seconds": driving.max_seconds if driving.active else None,
-                "max_seconds_cap": cap, "backend": backend.description, "views": backend.views,
-                "last": driving.last}
+        now = {"running": driving.active, "instruction": driving.instruction if driving.active else None,
+               "since_unix_s": driving.since_unix if driving.active else None,
+               "elapsed_s": (time.monotonic() - driving.started) if driving.active else None,
+               "max_seconds": driving.max_seconds if driving.active else None,
+               "max_seconds_cap": cap, "backend": backend.description, "views": backend.views,
+               "last": driving.last}
+        text = (f"running {now['instruction']!r} for {now['elapsed_s']:.1f} s" if driving.active else "idle")
+        return _ok(text, now)
 
     @mcp.tool()
     async def snapshot(view: str = "") -> Any:
@@ -212,14 +222,13 @@ def build_server(backend: Backend, settings: Optional[McpSettings] = None) -> MC
         return Image(data=data, format="jpeg")
 
     @mcp.tool()
-    async def models() -> Annotated[CallToolResult, Dict[str, Any]]:
+    async def models() -> CallToolResult:
         """The deployed policies the gateway serves (name, status, robot, action space, Hz, cameras)."""
         try:
             rows = await backend.models()
         except sequence_ai.SequencesError as exc:
             return _error(exc.code, exc.message, hint=exc.hint, retryable=exc.retryable)
-        return CallToolResult(content=[TextContent(type="text", text=", ".join(r["name"] for r in rows) or "none")],
-                              structured_content={"models": rows})
+        return _ok(", ".join(r["name"] for r in rows) or "none", {"models": rows})
 
     mcp.driving = driving   # type: ignore[attr-defined]   status for embedders and tests
     return mcp
@@ -279,11 +288,9 @@ async def serve_http(mcp: MCPServer, *, host: str = "127.0.0.1", port: int = 847
     if not is_loopback(host) and not token:
         raise ValueError(f"binding {host} (not loopback) needs a bearer token: set SEQUENCES_MCP_TOKEN "
                          "(clients send Authorization: Bearer <token>), or bind 127.0.0.1")
-    allowed = [host, f"{host}:*", "127.0.0.1:*", "localhost:*", "[::1]:*"]
-    app = mcp.streamable_http_app(streamable_http_path=path, host=host,
-                                  transport_security=TransportSecuritySettings(
-                                      enable_dns_rebinding_protection=is_loopback(host),
-                                      allowed_hosts=allowed, allowed_origins=[]))
+    # On loopback the SDK checks Host / Origin (DNS rebinding); elsewhere the bearer token, which a
+    # browser never sends on its own, guards every request
+    app = mcp.streamable_http_app(streamable_http_path=path, host=host)
     asgi = _BearerAuth(app, token) if token else app
     server = uvicorn.Server(uvicorn.Config(asgi, host=host, port=port, log_level="warning", lifespan="on"))
 

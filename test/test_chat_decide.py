@@ -47,7 +47,8 @@ def llm(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("llm")
     model = _tiny_gguf.build(tmp / "tiny.gguf")
     port = _free_port()
-    common = {"model": str(model), "n_ctx": 8192, "n_threads": 1, "n_batch": 512, "verbose": False}
+    common = {"model": str(model), "n_ctx": 8192, "n_threads": 1, "n_batch": 512, "logits_all": True,
+              "verbose": False}
     config = {"host": "127.0.0.1", "port": port,
               "models": [dict(common, model_alias=CHAT_MODEL, chat_format="chatml-function-calling"),
                          dict(common, model_alias=SCORE_MODEL, chat_format="chatml")]}
@@ -111,6 +112,7 @@ def test_tool_call_round_trip(llm, monkeypatch):
     # both (llama.cpp's chatml-function-calling template renders the call into the prompt -- more
     # prompt tokens than the same conversation without it -- and drops tool messages)
     assert r.message["tool_calls"][0]["function"] == {"name": "act", "arguments": call.raw_arguments}
+    assert r.message["content"] == ""
     turn = [r.message, {"role": "tool", "tool_call_id": call.id,
                         "content": json.dumps({"status": "SUCCEEDED", "outcome": {"reason": "until"}})}]
     r2 = sequence_ai.chat(CHAT_MODEL, messages + turn, tools=[ACT_TOOL], tool_choice="none", max_tokens=4,
@@ -157,11 +159,13 @@ def test_decide_refuses_an_unknown_question_type_before_any_request():
 
 
 def test_a_refused_request_is_invalid_request_in_the_providers_words(llm):
+    # a prompt longer than the model's context (8192 tokens; one character is one token here)
     with pytest.raises(InvalidRequest) as err:
-        sequence_ai.chat(SCORE_MODEL, [{"role": "robot", "content": "hi"}], base_url=llm)
+        sequence_ai.chat(SCORE_MODEL, [{"role": "user", "content": "x" * 9000}], base_url=llm, max_tokens=1)
     e = err.value
-    assert e.code == "provider_rejected" and e.status_code in (400, 422) and not e.retryable
-    assert "role" in str(e)                                   # the provider's own words name the field
+    assert e.code == "provider_rejected" and e.status_code == 400 and not e.retryable
+    assert "context" in str(e) and "8192" in str(e)          # the provider's own words
+    assert not isinstance(e, Unavailable)
 
 
 def test_a_server_that_is_down_is_unavailable():
