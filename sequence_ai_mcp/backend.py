@@ -7,7 +7,9 @@ waits, shielded, until the run has unwound before re-raising -- so nothing is se
 
 Python mode (:class:`PolicyBackend`) runs ``Policy.act`` on a worker thread, against a
 :class:`Robot` (``observe`` / ``apply`` / ``hold``, optionally ``frame`` for snapshots and
-``done`` for the run's ``until``). ``sim.SimRobot`` is the simulated cell.
+``done`` for the run's ``until``). ``sim.SimRobot`` is the simulated cell. The robot is held
+after every ending (the engine holds on early endings; this adds the hold after ``completed`` /
+``until``), exactly once per act.
 """
 from __future__ import annotations
 
@@ -64,6 +66,8 @@ class Backend:
     description: str = ""
     #: the control period (s), for the hold bound; None when unknown
     period_s: Optional[float] = None
+    #: the gateway models() asks; None: $SEQUENCES_GATEWAY_URL or the local default
+    gateway_url: Optional[str] = None
 
     @property
     def views(self) -> List[str]:
@@ -90,7 +94,7 @@ class Backend:
 
     async def models(self) -> List[Dict[str, Any]]:
         """The gateway's catalogue rows (deployments), as dicts."""
-        rows = await anyio.to_thread.run_sync(lambda: sequence_ai.models(kind="model"))
+        rows = await anyio.to_thread.run_sync(lambda: sequence_ai.models(self.gateway_url, kind="model"))
         return [{"name": r.name, "status": r.status, "robot": r.robot, "action_space": r.action_space,
                  "action_dim": r.action_dim, "control_frequency_hz": r.control_frequency_hz,
                  "camera_views": r.camera_views} for r in rows]
@@ -105,13 +109,17 @@ class PolicyBackend(Backend):
     Args:
         policy: a connected ``sequence_ai.Policy`` (``sequence_ai.connect(model)``).
         robot: a :class:`Robot`; its ``hold`` is the run's hold, its ``done`` (if any) the until.
+        gateway_url: the gateway ``models()`` lists (the one the policy was connected through;
+            default ``$SEQUENCES_GATEWAY_URL`` or the local default).
         run_options: extra keywords for ``Policy.act`` (``params``, ``prefetch``, ...);
             ``startup_timeout_s`` defaults to 30 s here (not the engine's 1800 s): a tool call should
             not sit that long waiting for a warming worker before its max_seconds even starts.
     """
 
-    def __init__(self, policy: "sequence_ai.Policy", robot: Robot, **run_options: Any) -> None:
+    def __init__(self, policy: "sequence_ai.Policy", robot: Robot, *, gateway_url: Optional[str] = None,
+                 **run_options: Any) -> None:
         self.policy = policy
+        self.gateway_url = gateway_url
         self.robot = robot
         self.run_options = dict(run_options)
         self.run_options.setdefault("startup_timeout_s", 30.0)
@@ -147,6 +155,10 @@ class PolicyBackend(Backend):
                     instruction, observe=self.robot.observe, act=self.robot.apply, hold=self.robot.hold,
                     validate=self._validate, max_seconds=float(max_seconds), until=until,
                     progress=False, **self.run_options)
+                if box["outcome"].reason in ("completed", "until"):
+                    # the engine holds on early endings only; a tool call leaves the arm held on
+                    # every ending, since the model's next call may be seconds away
+                    self.robot.hold()
             except BaseException as exc:  # noqa: BLE001 - handed to the awaiting task
                 box["error"] = exc
             finally:

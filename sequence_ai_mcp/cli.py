@@ -69,7 +69,7 @@ def _backend(args: argparse.Namespace):
     from .backend import PolicyBackend
     policy = sequence_ai.connect(args.model, gateway_url=args.gateway)
     try:
-        return PolicyBackend(policy, _robot(args.robot, args.seed))
+        return PolicyBackend(policy, _robot(args.robot, args.seed), gateway_url=args.gateway)
     except BaseException:
         policy.close()
         raise

@@ -76,7 +76,7 @@ def cell(tmp_path_factory):
         robot = SimRobot(seed=0)
         policy = sequence_ai.connect("pick-place", api_key=gw.api_key, gateway_url=gw.url)
         policy.wait_until_ready(120.0)
-        backend = PolicyBackend(policy, robot)
+        backend = PolicyBackend(policy, robot, gateway_url=gw.url)
         served = Served(backend, McpSettings(max_seconds_cap=CAP_S))
         yield gw, backend, served
         served.close()
@@ -294,17 +294,18 @@ def test_cli_serves_stdio_and_refuses_an_open_bind_without_a_token(cell):
 def test_vlm_agent_example_runs_its_loop_against_a_local_model(cell, llm):
     """examples/vlm_agent/agent.py with the tiny fixed model (test_chat_decide's llama.cpp server):
     it snapshots, chats with the MCP tools, prints each tool call and makes it. The model plans
-    nothing (an empty instruction), so the server refuses the act and nothing moves."""
+    nothing: asked for an act (forced; greedy), it writes an empty instruction, so the server
+    refuses the act and nothing moves."""
     import subprocess
     _, backend, served = cell
     t0 = time.monotonic()
     out = subprocess.run([sys.executable, str(ROOT / "examples" / "vlm_agent" / "agent.py"), "--mcp", served.url,
-                          "--model", CHAT_MODEL, "--base-url", llm, "--no-image", "--max-turns", "1"],
+                          "--model", CHAT_MODEL, "--base-url", llm, "--no-image", "--max-turns", "1",
+                          "--tool-choice", "act", "--temperature", "0"],
                          capture_output=True, text=True, env=_env(), timeout=300)
     assert out.returncode == 0, out.stdout + out.stderr
     lines = out.stdout.splitlines()
-    assert lines[0].startswith('[turn 1] tool call: act({"instruction": ""') or \
-        lines[0].startswith('[turn 1] tool call: act({"instruction":""'), out.stdout
+    assert lines[0].startswith("[turn 1] tool call: act(") and '"max_seconds"' in lines[0], out.stdout
     assert "error: " in lines[1] and "instruction is empty" in lines[1], out.stdout
     assert lines[-1].endswith("refused")
     assert _journal_since(backend.robot, t0) == []

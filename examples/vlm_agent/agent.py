@@ -53,7 +53,7 @@ def _result_text(result: Any) -> str:
 
 async def plan_and_drive(client: Any, *, model: str, instruction: str, base_url: str | None, max_turns: int,
                          tool_choice: Any = None, view: str = "exterior_1", send_image: bool = True,
-                         say=print) -> List[Dict[str, Any]]:
+                         temperature: float | None = None, say=print) -> List[Dict[str, Any]]:
     """Run the loop on a connected ``mcp.Client``; returns the tool calls made
     (``[{"name", "arguments", "is_error", "result"}]``). ``send_image=False`` still takes the
     snapshot each turn but sends the model only text (for a text-only model)."""
@@ -67,7 +67,8 @@ async def plan_and_drive(client: Any, *, model: str, instruction: str, base_url:
              else f"The camera now ({view}). Continue the task: {instruction}"},
             _image_part(snap.content) if send_image else {"type": "text", "text": "(image not sent)"}]})
         reply = await anyio.to_thread.run_sync(lambda: sequence_ai.chat(
-            model, messages, tools=tools, tool_choice=tool_choice, base_url=base_url, max_tokens=512))
+            model, messages, tools=tools, tool_choice=tool_choice, base_url=base_url, max_tokens=512,
+            temperature=temperature))
         messages.append(reply.message)
         if not reply.tool_calls:
             say(f"[turn {turn}] model: {reply.content!r} (no tool call: done)")
@@ -100,7 +101,7 @@ async def _main(args: argparse.Namespace) -> int:
         try:
             made = await plan_and_drive(client, model=args.model, instruction=args.instruction,
                                         base_url=args.base_url, max_turns=args.max_turns, tool_choice=tool_choice,
-                                        send_image=not args.no_image)
+                                        send_image=not args.no_image, temperature=args.temperature)
         except sequence_ai.SequencesError as exc:
             print(f"error[{exc.code}]: {exc}", file=sys.stderr)
             return 1
@@ -116,6 +117,7 @@ def main(argv=None) -> int:
     p.add_argument("--base-url", default=None, help="OpenAI-compatible /v1 root (default $SEQUENCES_CHAT_BASE_URL)")
     p.add_argument("--instruction", default=DEFAULT_INSTRUCTION)
     p.add_argument("--max-turns", type=int, default=12)
+    p.add_argument("--temperature", type=float, default=None, help="sampling temperature (default: the endpoint's)")
     p.add_argument("--no-image", action="store_true", help="send the model text only (a text-only model)")
     p.add_argument("--tool-choice", default="auto", help="auto | none | required | a tool name to force")
     return anyio.run(_main, p.parse_args(argv))
