@@ -7,7 +7,9 @@
                          validate=robot.is_safe, hold=robot.hold)
     print(out)   # RunOutcome(250 actions over 32 chunks in 16.8s, completed)
 
-Everything public is importable from here; the modules behind it are private. The engine is
+``chat()`` / ``decide()`` are the one-shot language-model calls beside the loop (an
+OpenAI-compatible endpoint you configure). Everything public is importable from here; the
+modules behind it are private. The engine is
 ``sequence_ai_core`` (asyncio); ``Policy`` is its synchronous face, ``AsyncPolicy`` the engine.
 """
 from sequence_ai_core import (
