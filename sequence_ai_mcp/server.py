@@ -29,7 +29,7 @@ import ipaddress
 import math
 import time
 from dataclasses import dataclass
-from typing import Annotated, Any, Awaitable, Callable, Dict, List, Optional
+from typing import Annotated, Any, Callable, Dict, Optional
 
 import anyio
 import sequence_ai

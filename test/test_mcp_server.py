@@ -252,7 +252,7 @@ def test_bearer_token_is_checked_and_required_off_loopback(cell):
     with pytest.raises(ValueError, match="bearer token"):
         anyio.run(lambda: serve_http(build_server(backend), host="0.0.0.0", port=0))
     served = Served(backend, McpSettings(), token="s3cret-token")
-    request = served.close
+    close_served = served.close
     r = httpx.post(served.url, json={"jsonrpc": "2.0", "id": 1, "method": "ping"})
     assert r.status_code == 401 and r.json()["code"] == "unauthorized"
     r = httpx.post(served.url, json={}, headers={"Authorization": "Bearer wrong"})
@@ -266,7 +266,7 @@ def test_bearer_token_is_checked_and_required_off_loopback(cell):
     try:
         assert _run(go()) == TOOLS
     finally:
-        request()
+        close_served()
 
 
 def test_cli_serves_stdio_and_refuses_an_open_bind_without_a_token(cell):
