@@ -14,6 +14,7 @@ after every ending (the engine holds on early endings; this adds the hold after 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import threading
 import time
 from typing import Any, Dict, List, Optional, Protocol, Sequence, runtime_checkable
@@ -23,6 +24,8 @@ import anyio
 import sequence_ai
 
 __all__ = ["Backend", "Robot", "PolicyBackend", "outcome_status"]
+
+_log = logging.getLogger("sequence_ai_mcp")
 
 
 def outcome_status(reason: str, cancelled_by_caller: bool) -> str:
@@ -176,6 +179,10 @@ class PolicyBackend(Backend):
             self.policy.interrupt()
             with anyio.CancelScope(shield=True):
                 await anyio.to_thread.run_sync(finished.wait)
+            outcome = box.get("outcome")
+            _log.warning("act %r: call cancelled or session dropped; the run stopped (%s) %.3f s after the cancel",
+                         instruction, outcome.reason if outcome else box.get("error"),
+                         time.monotonic() - self.cancelled_at)
             raise
         if "error" in box:
             raise box["error"]

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import logging
 import os
 import sys
 from typing import Any, List, Optional
@@ -82,6 +83,13 @@ def main(argv: Optional[List[str]] = None) -> int:
     import sequence_ai
 
     args = _parser().parse_args(argv)
+    # this package's own lines plain on stderr (stdout is the stdio transport); the SDK logs warnings
+    log = logging.getLogger("sequence_ai_mcp")
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("sequence-ai mcp: %(levelname)s %(message)s"))
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    log.propagate = False
     token = os.environ.get(TOKEN_ENV) or None
     if args.http and not is_loopback(args.host) and not token:
         print(f"error: binding {args.host} needs a bearer token: set {TOKEN_ENV} (clients send "
@@ -102,9 +110,22 @@ def main(argv: Optional[List[str]] = None) -> int:
             anyio.run(serve_stdio, mcp)
     except KeyboardInterrupt:
         pass
+    except BaseException as exc:  # noqa: BLE001
+        if not _client_gone(exc):
+            raise
+        print("sequence-ai mcp: the client closed stdio; stopped", file=sys.stderr)
     finally:
         backend.close()
     return 0
+
+
+def _client_gone(exc: BaseException) -> bool:
+    """Whether ``exc`` is only the stdio client having gone away (a broken pipe on stdout, possibly
+    wrapped in exception groups): the act it drove was already interrupted and held by then."""
+    group = getattr(__import__("builtins"), "BaseExceptionGroup", None)
+    if group is not None and isinstance(exc, group):
+        return all(_client_gone(e) for e in exc.exceptions)
+    return isinstance(exc, (BrokenPipeError, ConnectionResetError))
 
 
 if __name__ == "__main__":

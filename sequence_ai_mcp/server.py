@@ -127,7 +127,7 @@ def build_server(backend: Backend, settings: Optional[McpSettings] = None) -> MC
     settings = settings or McpSettings()
     cap = float(settings.max_seconds_cap)
     driving = _Driving()
-    mcp = MCPServer(settings.name, instructions=(
+    mcp = MCPServer(settings.name, log_level="WARNING", instructions=(
         "Drive a robot with a deployed action-chunk policy. act(instruction, max_seconds) runs one "
         f"instruction for at most max_seconds (s, at most {cap:g}); look with snapshot(view) first and "
         "after. One act at a time; interrupt() stops it, set_instruction(text) changes it mid-run."))

@@ -309,3 +309,45 @@ def test_vlm_agent_example_runs_its_loop_against_a_local_model(cell, llm):
     assert "error: " in lines[1] and "instruction is empty" in lines[1], out.stdout
     assert lines[-1].endswith("refused")
     assert _journal_since(backend.robot, t0) == []
+
+
+def test_stdio_client_killed_mid_act_stops_the_run_and_the_server(cell):
+    """The hardest drop: the process holding the stdio session is SIGKILLed mid-act. The server
+    (``sequence-ai mcp`` over stdio) sees its input close, interrupts the run -- which holds --
+    within one control period of the cancel, says so on stderr, and exits cleanly."""
+    import re
+    import subprocess
+    gw, backend, _ = cell
+    env = _env(gw.env())
+    client = ("import asyncio, os, sys\n"
+              "from mcp import Client, StdioServerParameters\n"
+              "async def main():\n"
+              "    p = StdioServerParameters(command=sys.executable, args=['-m', 'sequence_ai', 'mcp', '--model',\n"
+              "                              'pick-place', '--seed', '2'], env=dict(os.environ))\n"
+              "    async with Client(p) as c:\n"
+              "        print('calling act', flush=True)\n"
+              "        await c.call_tool('act', {'instruction': 'put the blue cube on the red pad', 'max_seconds': 30})\n"
+              "asyncio.run(main())\n")
+    proc = subprocess.Popen([sys.executable, "-c", client], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        assert proc.stdout.readline().strip() == "calling act", proc.stderr.read()
+        time.sleep(4.0)                      # the run is under way (a pick-and-place takes ~8 s)
+        server = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True).stdout.split()
+        assert len(server) == 1
+        proc.kill()
+        t_kill = time.monotonic()
+        while os.path.exists(f"/proc/{server[0]}") and \
+                open(f"/proc/{server[0]}/stat").read().split()[2] != "Z":
+            assert time.monotonic() - t_kill < 15.0, "the server still runs 15 s after its client died"
+            time.sleep(0.05)
+        err = proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+    found = re.search(r"the run stopped \((\w+)\) ([\d.]+) s after the cancel", err)
+    assert found, err[-3000:]
+    assert found.group(1) == "interrupted"                      # interrupted: the engine held
+    assert float(found.group(2)) <= backend.period_s
+    assert "the client closed stdio; stopped" in err and "Traceback" not in err, err[-3000:]
