@@ -36,6 +36,7 @@ setup(
         "sequence_ai_ros",
         "sequence_ai_ros.bag",
         "sequence_ai_ros.driver",
+        "sequence_ai_mcp",
     ],
     package_data={"seq": ["templates/*/*.py", "templates/*/*.md"]},
     package_dir={"sequence_ai_server": "server/sequence_ai_server"},
@@ -78,13 +79,20 @@ setup(
         # test/test_ros_workspace.py; schemathesis fuzzes the worker's and the gateway's OpenAPI (under
         # pytest 8 pip picks a schemathesis that uses hypothesis-jsonschema 0.23, which needs a
         # hypothesis before 6.156)
+        # test/test_chat_decide.py: llama.cpp's OpenAI-compatible server (an sdist: built once with
+        # cmake + g++, then pip's wheel cache; scripts/bootstrap.sh sets CMAKE_ARGS to keep the build
+        # small) and gguf, which writes the test's tiny model
         "test": ["pytest==8.3.5", "colcon-common-extensions>=0.3", "pytest-timeout>=2.3", "pytest-xdist>=3.5",
-                 "hypothesis>=6.90,<6.156", "simplejpeg>=1.7", "psutil>=5.9", "schemathesis>=4.0"],
+                 "hypothesis>=6.90,<6.156", "simplejpeg>=1.7", "psutil>=5.9", "schemathesis>=4.0",
+                 "llama-cpp-python[server]==0.3.36", "gguf>=0.17"],
         # workers placed by Ray (`seq serve --backend ray`); ray 2.60.0 checked here
         "ray": ["ray[default]>=2.60,<3", "psutil>=5.9"],
         # the flywheel example's learned policy (examples/flywheel: train.py, learned_policy.py);
         # pinned: 2.13.0 resolves to the local CPU build here
         "train": ["torch==2.13.0"],
+        # `sequence-ai mcp` (sequence_ai_mcp): the official MCP SDK; 2.3.0 checked here. Python mode
+        # on the simulated cell also needs the sim extra; --ros needs the ROS 2 set-up
+        "mcp": ["mcp>=2.3,<3"],
     },
     data_files=[
         ("share/ament_index/resource_index/packages", [f"resource/{ROS_PACKAGE}"]),
@@ -103,7 +111,8 @@ setup(
             "episode_recorder = sequence_ai_ros.recorder_node:main",
         ],
         # `sequence-ai bag ...`: the client's CLI finds it here and never imports sequence_ai_ros
-        "sequence_ai.commands": ["bag = sequence_ai_ros.bag.cli:main"],
+        "sequence_ai.commands": ["bag = sequence_ai_ros.bag.cli:main",
+                                 "mcp = sequence_ai_mcp.cli:main"],
     },
     zip_safe=False,
 )

@@ -79,7 +79,7 @@ ROS_WHEELS=(
   ros-jazzy-rosidl-typesupport-fastrtps-cpp ros-jazzy-rosidl-typesupport-interface
   ros-jazzy-rosidl-typesupport-introspection-c ros-jazzy-rosidl-typesupport-introspection-cpp
 )
-PROJECT_SPEC=".[server,fast,sim,demo,test,data,ray,train]"
+PROJECT_SPEC=".[server,fast,sim,demo,test,data,ray,train,mcp]"
 OTHER_WHEELS=(rosbags)
 NODEPS_WHEELS=(dm-robotics-panda)   # Panda MJCF + meshes only; never imported
 
@@ -138,6 +138,9 @@ if [ "${SEQAI_FORCE:-0}" = 1 ] || [ "$(cat "$PIP_STAMP" 2>/dev/null)" != "$PIP_K
   log "pip install"
   say "pip install (a few minutes the first time; log: build/bootstrap.log)"
   rm -f "$PIP_STAMP"
+  # llama-cpp-python (test extra) is an sdist: when pip's wheel cache lacks it, build the library
+  # only (portable, no tools/examples/tests, no OpenMP): ~10 min on 2 cores instead of far more
+  export CMAKE_ARGS=${CMAKE_ARGS:-"-DGGML_NATIVE=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_CURL=OFF -DGGML_OPENMP=OFF"}
   run "$VPY" -m pip install -q -e "$PROJECT_SPEC" "${ROS_WHEELS[@]}" "${OTHER_WHEELS[@]}"
   run "$VPY" -m pip install -q --no-deps "${NODEPS_WHEELS[@]}"
   echo "$PIP_KEY" >"$PIP_STAMP"

@@ -7,7 +7,9 @@
                          validate=robot.is_safe, hold=robot.hold)
     print(out)   # RunOutcome(250 actions over 32 chunks in 16.8s, completed)
 
-Everything public is importable from here; the modules behind it are private. The engine is
+``chat()`` / ``decide()`` are the one-shot language-model calls beside the loop (an
+OpenAI-compatible endpoint you configure). Everything public is importable from here; the
+modules behind it are private. The engine is
 ``sequence_ai_core`` (asyncio); ``Policy`` is its synchronous face, ``AsyncPolicy`` the engine.
 """
 from sequence_ai_core import (
@@ -38,6 +40,7 @@ from sequence_ai_core import (
 from sequence_ai_core.protocol import Contract
 
 from ._connect import account, aconnect, connect, models
+from ._chat import ChatResult, DecideResult, ToolCall, chat, decide
 from ._image import encode, encode_jpeg, encode_jpeg_bytes, observation
 from ._sync import Policy
 from ._prepare import prepare, to_joint_positions
@@ -51,6 +54,11 @@ __all__ = [
     "aconnect",
     "models",
     "account",
+    "chat",
+    "decide",
+    "ChatResult",
+    "DecideResult",
+    "ToolCall",
     "encode_jpeg",
     "encode_jpeg_bytes",
     "Policy",

@@ -8,6 +8,7 @@ authoring and server commands live in ``seq``.
     sequence-ai account [--gateway URL]    # usage and configured limits of the key's account
     sequence-ai version
     sequence-ai bag export|repair|info ...   # needs the data extra (sequence_ai_ros.bag.cli)
+    sequence-ai mcp [--model NAME | --ros] [--http]   # MCP tools: act, snapshot, ... (the mcp extra)
 
 Commands from other installed packages join by entry point: a ``sequence_ai.commands`` entry
 ``NAME = module:main`` makes ``sequence-ai NAME ARGS...`` call ``main(ARGS)`` (``bag`` is one,
@@ -280,7 +281,8 @@ def doctor(model: Optional[str], gateway: Optional[str], calls: int, api_key: Op
 
 #: Entry-point group of commands other packages add to ``sequence-ai``.
 PLUGIN_GROUP = "sequence_ai.commands"
-_PLUGIN_HELP = {"bag": "episode bags: export to LeRobot datasets, repair (sequence-ai bag -h)"}
+_PLUGIN_HELP = {"bag": "episode bags: export to LeRobot datasets, repair (sequence-ai bag -h)",
+                "mcp": "serve the robot as MCP tools for a language model (sequence-ai mcp -h)"}
 
 
 def _plugin_commands() -> dict:
@@ -301,7 +303,8 @@ def main(argv=None) -> int:
             plugin_main = plugins[argv[0]].load()
         except ImportError as exc:
             print(f"error: `sequence-ai {argv[0]}` could not be loaded: {exc}. Install the extra it needs "
-                  "(for bag: pip install 'sequence-ai[data]' and source scripts/env.sh)", file=sys.stderr)
+                  "(for bag: pip install 'sequence-ai[data]' and source scripts/env.sh; for mcp: "
+                  "pip install 'sequence-ai[mcp,sim]')", file=sys.stderr)
             return 1
         return plugin_main(argv[1:])
     parser = argparse.ArgumentParser(prog="sequence-ai", description=__doc__.splitlines()[0])

@@ -47,6 +47,7 @@ PACKAGES = {
     "sequence_ai_sim": REPO / "sequence_ai_sim",
     "sequence_ai_eval": REPO / "sequence_ai_eval",
     "sequence_ai_ros": REPO / "sequence_ai_ros",
+    "sequence_ai_mcp": REPO / "sequence_ai_mcp",
 }
 
 #: unit -> what it may import from other units
@@ -60,6 +61,9 @@ RULES = {
     "sequence_ai_sim": {"seq"},
     "sequence_ai_eval": {"sequence_ai", "seq.spec", "sequence_ai_sim", "sequence_ai_data"},
     "sequence_ai_ros": {"sequence_ai", "sequence_ai_data", "sequence_ai_sim"},
+    # the MCP server: Python mode drives sequence_ai against the simulated cell; only its --ros
+    # module (sequence_ai_mcp/ros.py) imports sequence_ai_ros, lazily
+    "sequence_ai_mcp": {"sequence_ai", "sequence_ai_sim", "sequence_ai_ros"},
 }
 
 #: (importing file, imported module or module.name) pairs that break a rule today, in files being

@@ -1,0 +1,25 @@
+"""sequence_ai_mcp: the robot as a tool a language model calls, over MCP (the Model Context Protocol).
+
+``sequence-ai mcp`` serves six tools on the official ``mcp`` SDK (stdio, or streamable HTTP on
+127.0.0.1 by default; a bearer token is required to bind anywhere else):
+
+* ``act(instruction, max_seconds)`` -- drive the robot with the deployed policy for one
+  instruction; returns the RunOutcome as structured content. ``max_seconds`` (s) is required and
+  capped by the server (``--max-seconds-cap``). A dropped MCP session or a cancelled tool call
+  interrupts the run: the robot holds within one control period and nothing is sent after.
+  One driving call at a time: a second ``act`` while one runs gets a typed ``busy`` error.
+* ``interrupt()``, ``set_instruction(text)``, ``status()``, ``snapshot(view)`` (image content),
+  ``models()`` (the gateway's catalogue).
+
+Two backends (``backend.py``): Python mode drives a ``sequence_ai.Policy`` against a robot object
+(the simulated cell of ``sim.py`` by default); ``--ros`` mode sends each ``act`` as an ``Act``
+goal to the policy driver's ROS 2 action server (``ros.py``, the only module that imports rclpy).
+
+Modules: ``server`` (the tools, the driving lock, the HTTP/stdio runners and the bearer check),
+``backend`` (Python mode), ``sim`` (the simulated cell as a robot), ``ros`` (``--ros`` mode),
+``cli`` (``sequence-ai mcp``).
+"""
+from .backend import PolicyBackend, Robot
+from .server import ActOutcome, McpSettings, build_server
+
+__all__ = ["build_server", "McpSettings", "ActOutcome", "PolicyBackend", "Robot"]

@@ -1,0 +1,214 @@
+"""What the MCP tools drive: the backend interface and Python mode (a ``sequence_ai.Policy``).
+
+A backend runs one ``act`` at a time (the server's driving lock sees to that), and must honour
+cancellation: when the awaiting task is cancelled (a dropped MCP session, a cancelled tool
+call), the run is interrupted, the robot holds within one control period, and the coroutine
+waits, shielded, until the run has unwound before re-raising -- so nothing is sent after.
+
+Python mode (:class:`PolicyBackend`) runs ``Policy.act`` on a worker thread, against a
+:class:`Robot` (``observe`` / ``apply`` / ``hold``, optionally ``frame`` for snapshots and
+``done`` for the run's ``until``). ``sim.SimRobot`` is the simulated cell. The robot is held
+after every ending (the engine holds on early endings; this adds the hold after ``completed`` /
+``until``), exactly once per act.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+import time
+from typing import Any, Dict, List, Optional, Protocol, Sequence, runtime_checkable
+
+import anyio
+
+import sequence_ai
+
+__all__ = ["Backend", "Robot", "PolicyBackend", "outcome_status"]
+
+_log = logging.getLogger("sequence_ai_mcp")
+
+
+def outcome_status(reason: str, cancelled_by_caller: bool) -> str:
+    """The Act goal status a run's ending maps to (as the ROS driver reports it):
+    ``completed`` / ``until`` / ``timeout`` -> ``SUCCEEDED``; ``interrupted`` -> ``CANCELED`` when
+    the caller asked (interrupt(), a cancelled call), ``ABORTED`` otherwise; ``validate`` /
+    ``error`` -> ``ABORTED``."""
+    if reason in ("completed", "until", "timeout"):
+        return "SUCCEEDED"
+    if reason == "interrupted" and cancelled_by_caller:
+        return "CANCELED"
+    return "ABORTED"
+
+
+@runtime_checkable
+class Robot(Protocol):
+    """The robot a Python-mode server drives (``sim.SimRobot`` is one).
+
+    ``observe()`` returns a ``sequence_ai.Observation`` (cameras + proprioception);
+    ``apply(row)`` sends one action row (the policy's action space, e.g. 7 joint targets in rad +
+    gripper 0..1); ``hold()`` makes the robot stay where it is (called on every ending);
+    ``views`` names the cameras ``frame(view)`` can return (JPEG bytes); ``done(instruction)``
+    (optional) says whether the instruction is achieved, used as the run's ``until``.
+    """
+
+    views: Sequence[str]
+
+    def observe(self) -> Any: ...
+
+    def apply(self, row: List[float]) -> None: ...
+
+    def hold(self) -> None: ...
+
+    def frame(self, view: str) -> bytes: ...
+
+
+class Backend:
+    """The interface the MCP tools call. Subclasses: :class:`PolicyBackend`, ``ros.RosBackend``."""
+
+    #: what it drives, for status(): e.g. ``"policy pick-place on the simulated cell"``
+    description: str = ""
+    #: the control period (s), for the hold bound; None when unknown
+    period_s: Optional[float] = None
+    #: the gateway models() asks; None: $SEQUENCES_GATEWAY_URL or the local default
+    gateway_url: Optional[str] = None
+
+    @property
+    def views(self) -> List[str]:
+        """Camera views ``snapshot`` accepts."""
+        return []
+
+    async def act(self, instruction: str, max_seconds: float) -> Dict[str, Any]:
+        """Run one instruction for at most ``max_seconds`` (s). Returns ``{"status", "outcome",
+        "task_done", "message"}`` (see ``server.ActOutcome``). Cancellation interrupts the run and
+        returns only after the robot holds. Raises ``sequence_ai.SequencesError`` subclasses."""
+        raise NotImplementedError
+
+    def interrupt(self) -> bool:
+        """Stop the active run within one control period; returns whether one was active."""
+        raise NotImplementedError
+
+    def set_instruction(self, text: str) -> None:
+        """Change the running instruction without stopping (the next chunk is planned under it)."""
+        raise NotImplementedError
+
+    async def snapshot(self, view: str) -> bytes:
+        """The current frame of camera ``view`` as JPEG bytes. Raises ValueError for an unknown view."""
+        raise NotImplementedError
+
+    async def models(self) -> List[Dict[str, Any]]:
+        """The gateway's catalogue rows (deployments), as dicts."""
+        rows = await anyio.to_thread.run_sync(lambda: sequence_ai.models(self.gateway_url, kind="model"))
+        return [{"name": r.name, "status": r.status, "robot": r.robot, "action_space": r.action_space,
+                 "action_dim": r.action_dim, "control_frequency_hz": r.control_frequency_hz,
+                 "camera_views": r.camera_views} for r in rows]
+
+    def close(self) -> None:
+        """Release what the backend holds (interrupting a run first)."""
+
+
+class PolicyBackend(Backend):
+    """Python mode: ``policy.act()`` on a worker thread against ``robot``.
+
+    Args:
+        policy: a connected ``sequence_ai.Policy`` (``sequence_ai.connect(model)``).
+        robot: a :class:`Robot`; its ``hold`` is the run's hold, its ``done`` (if any) the until.
+        gateway_url: the gateway ``models()`` lists (the one the policy was connected through;
+            default ``$SEQUENCES_GATEWAY_URL`` or the local default).
+        run_options: extra keywords for ``Policy.act`` (``params``, ``prefetch``, ...);
+            ``startup_timeout_s`` defaults to 30 s here (not the engine's 1800 s): a tool call should
+            not sit that long waiting for a warming worker before its max_seconds even starts.
+    """
+
+    def __init__(self, policy: "sequence_ai.Policy", robot: Robot, *, gateway_url: Optional[str] = None,
+                 **run_options: Any) -> None:
+        self.policy = policy
+        self.gateway_url = gateway_url
+        self.robot = robot
+        self.run_options = dict(run_options)
+        self.run_options.setdefault("startup_timeout_s", 30.0)
+        hz = None
+        contract = policy.contract or {}
+        if contract.get("action"):
+            hz = contract["action"].get("control_frequency_hz")
+        self.period_s = 1.0 / float(hz) if hz else None
+        self.description = f"policy {policy.model} (Python mode) on {type(robot).__name__}"
+        self._cancelled = threading.Event()
+        #: time.monotonic() (s) at which the last act call was cancelled (dropped session or a
+        #: cancelled tool call) and the run interrupted; None before any
+        self.cancelled_at: Optional[float] = None
+
+    @property
+    def views(self) -> List[str]:
+        return list(self.robot.views)
+
+    def _validate(self, row: List[float]) -> bool:
+        import math
+        return all(math.isfinite(float(x)) for x in row)
+
+    async def act(self, instruction: str, max_seconds: float) -> Dict[str, Any]:
+        finished = threading.Event()
+        box: Dict[str, Any] = {}
+        self._cancelled.clear()
+        done = getattr(self.robot, "done", None)
+        until = (lambda: done(self.policy.instruction or instruction)) if callable(done) else None
+
+        def run() -> None:
+            try:
+                box["outcome"] = self.policy.act(
+                    instruction, observe=self.robot.observe, act=self.robot.apply, hold=self.robot.hold,
+                    validate=self._validate, max_seconds=float(max_seconds), until=until,
+                    progress=False, **self.run_options)
+                if box["outcome"].reason in ("completed", "until"):
+                    # the engine holds on early endings only; a tool call leaves the arm held on
+                    # every ending, since the model's next call may be seconds away
+                    self.robot.hold()
+            except BaseException as exc:  # noqa: BLE001 - handed to the awaiting task
+                box["error"] = exc
+            finally:
+                finished.set()
+
+        thread = threading.Thread(target=run, name="sequence-ai-mcp-act", daemon=True)
+        thread.start()
+        try:
+            await anyio.to_thread.run_sync(finished.wait, abandon_on_cancel=True)
+        except anyio.get_cancelled_exc_class():
+            # The call was cancelled or the session dropped: stop the arm, and return only once
+            # the run has unwound through hold() (so nothing is sent after this call ends).
+            self.cancelled_at = time.monotonic()
+            self._cancelled.set()
+            self.policy.interrupt()
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(finished.wait)
+            outcome = box.get("outcome")
+            _log.warning("act %r: call cancelled or session dropped; the run stopped (%s) %.3f s after the cancel",
+                         instruction, outcome.reason if outcome else box.get("error"),
+                         time.monotonic() - self.cancelled_at)
+            raise
+        if "error" in box:
+            raise box["error"]
+        outcome = box["outcome"]
+        task_done = None
+        if callable(done):
+            task_done = bool(await anyio.to_thread.run_sync(done, instruction))
+        return {"status": outcome_status(outcome.reason, self._cancelled.is_set()),
+                "outcome": dataclasses.asdict(outcome), "task_done": task_done, "message": ""}
+
+    def interrupt(self) -> bool:
+        self._cancelled.set()
+        self.policy.interrupt()
+        return True
+
+    def set_instruction(self, text: str) -> None:
+        self.policy.set_instruction(text)
+
+    async def snapshot(self, view: str) -> bytes:
+        if view not in self.views:
+            raise ValueError(f"no camera view {view!r}: this robot has {self.views}")
+        return await anyio.to_thread.run_sync(self.robot.frame, view)
+
+    def close(self) -> None:
+        self.policy.interrupt()
+        self.policy.close()
+        close = getattr(self.robot, "close", None)
+        if callable(close):
+            close()

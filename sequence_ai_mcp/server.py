@@ -1,0 +1,312 @@
+"""The MCP tools over a backend, the one-driver rule, and the stdio / streamable-HTTP runners.
+
+``build_server(backend, settings)`` returns an ``mcp.server.MCPServer`` with the tools
+``act``, ``interrupt``, ``set_instruction``, ``status``, ``snapshot`` and ``models``.
+
+Rules the tools keep:
+
+* ``act`` needs ``max_seconds`` (s, > 0, at most ``McpSettings.max_seconds_cap``): a tool call a
+  language model can start but nothing bounds is one an arm can be left running by a dropped
+  conversation. A missing one is refused by the tool's input schema, an over-cap one with the
+  typed error ``max_seconds_over_cap``.
+* One driving call at a time per robot: a second ``act`` while one runs gets the typed error
+  ``busy`` (retryable) naming what runs; ``interrupt`` and ``set_instruction`` are the way to
+  change a running act.
+* A cancelled ``act`` call (``notifications/cancelled``) or a dropped session cancels the
+  handler; the backend then interrupts the run (hold within one control period) and the
+  handler returns only after the hold, so nothing is sent after.
+
+Typed errors come back as ``is_error`` tool results whose structured content is the platform's
+error shape ``{"code", "detail", "retryable", "hint"}`` (and the same sentence as text).
+
+HTTP (``serve_http``): 127.0.0.1 by default; any other bind address needs a bearer token, and a
+configured token is checked (constant time) on every request before its body is read.
+"""
+# no `from __future__ import annotations`: the tools' annotations (act's cap in its schema) are evaluated here
+
+import hmac
+import ipaddress
+import math
+import time
+from dataclasses import dataclass
+from typing import Annotated, Any, Callable, Dict, Optional
+
+import anyio
+import sequence_ai
+from mcp.server import MCPServer
+from mcp.server.mcpserver.utilities.types import Image
+from mcp.types import CallToolResult, TextContent
+from pydantic import BaseModel, Field
+
+from .backend import Backend
+
+__all__ = ["McpSettings", "ActOutcome", "RunOutcomeFields", "build_server", "serve_http", "serve_stdio",
+           "is_loopback", "DEFAULT_MAX_SECONDS_CAP"]
+
+#: The longest ``max_seconds`` (s) ``act`` accepts unless the server is told otherwise.
+DEFAULT_MAX_SECONDS_CAP = 60.0
+
+
+@dataclass
+class McpSettings:
+    """Server settings.
+
+    Attributes:
+        max_seconds_cap: the largest ``max_seconds`` (s) ``act`` accepts (default
+            :data:`DEFAULT_MAX_SECONDS_CAP`; ``sequence-ai mcp --max-seconds-cap``).
+        name: the MCP server name clients see (default ``"sequence-ai"``).
+    """
+
+    max_seconds_cap: float = DEFAULT_MAX_SECONDS_CAP
+    name: str = "sequence-ai"
+
+
+class RunOutcomeFields(BaseModel):
+    """``sequence_ai.RunOutcome`` as structured content (units: s; jumps in action-space units)."""
+
+    reason: str = Field(description="completed | until | timeout | interrupted | validate | error")
+    actions: int = 0
+    chunks: int = 0
+    seconds: float = 0.0
+    underruns: int = 0
+    underrun_s: float = 0.0
+    max_seam_jump: float = 0.0
+    instruction_swaps: int = 0
+    max_instruction_lag_s: Optional[float] = None
+    action_space: Optional[str] = None
+    late_ticks: int = 0
+    clipped: int = 0
+
+
+class ActOutcome(BaseModel):
+    """What ``act`` returns: the goal status, the run's outcome, and the task check when known."""
+
+    status: str = Field(description="SUCCEEDED (completed/until/timeout) | CANCELED (interrupted by "
+                                    "the caller) | ABORTED (validate, error, or ended by the robot side)")
+    outcome: RunOutcomeFields
+    task_done: Optional[bool] = Field(None, description="the robot's own success check for the "
+                                                        "instruction, when it has one")
+    message: str = ""
+
+
+def _ok(text: str, data: Dict[str, Any]) -> CallToolResult:
+    return CallToolResult(content=[TextContent(type="text", text=text)], structured_content=data)
+
+
+def _error(code: str, detail: str, *, hint: Optional[str] = None, retryable: bool = False) -> CallToolResult:
+    text = detail + (f" (hint: {hint})" if hint else "")
+    return CallToolResult(content=[TextContent(type="text", text=f"error[{code}]: {text}")],
+                          structured_content={"code": code, "detail": detail, "retryable": retryable,
+                                              "hint": hint},
+                          is_error=True)
+
+
+class _Driving:
+    """What runs now (one at a time)."""
+
+    def __init__(self) -> None:
+        self.instruction: Optional[str] = None
+        self.since_unix: Optional[float] = None
+        self.started: Optional[float] = None
+        self.max_seconds: Optional[float] = None
+        self.last: Optional[Dict[str, Any]] = None
+
+    @property
+    def active(self) -> bool:
+        return self.started is not None
+
+
+def build_server(backend: Backend, settings: Optional[McpSettings] = None) -> MCPServer:
+    """The MCP server (tools over ``backend``); run it with :func:`serve_stdio` /
+    :func:`serve_http`, or hand it to ``mcp.Client`` in-process.
+
+    Args:
+        backend: a ``backend.PolicyBackend`` (Python mode) or ``ros.RosBackend`` (``--ros``).
+        settings: :class:`McpSettings` (default: a cap of 60 s).
+    """
+    settings = settings or McpSettings()
+    cap = float(settings.max_seconds_cap)
+    driving = _Driving()
+    mcp = MCPServer(settings.name, log_level="WARNING", instructions=(
+        "Drive a robot with a deployed action-chunk policy. act(instruction, max_seconds) runs one "
+        f"instruction for at most max_seconds (s, at most {cap:g}); look with snapshot(view) first and "
+        "after. One act at a time; interrupt() stops it, set_instruction(text) changes it mid-run."))
+
+    @mcp.tool()
+    async def act(
+        instruction: Annotated[str, Field(description='one step for the robot, e.g. "put the red cube on the green pad"')],
+        max_seconds: Annotated[float, Field(description=f"time bound of the run in seconds: required, > 0, at most {cap:g}")],
+    ) -> Annotated[CallToolResult, ActOutcome]:
+        """Drive the robot with the policy for one instruction, e.g. "put the red cube on the green
+        pad", for at most max_seconds seconds (required). Returns when the task is done, the time is
+        up, or it was interrupted: the status and the run's outcome (actions, chunks, seconds)."""
+        if not isinstance(max_seconds, (int, float)) or not math.isfinite(max_seconds) or max_seconds <= 0:
+            return _error("invalid_request", f"max_seconds must be a number of seconds > 0, not {max_seconds!r}",
+                          hint=f"pass a bound such as 20 (at most {cap:g})")
+        if max_seconds > cap:
+            return _error("max_seconds_over_cap",
+                          f"max_seconds {max_seconds:g} s is over this server's cap of {cap:g} s",
+                          hint=f"pass max_seconds <= {cap:g}, or restart the server with a larger "
+                               "--max-seconds-cap")
+        if not instruction or not instruction.strip():
+            return _error("invalid_request", "instruction is empty", hint="say what the robot should do")
+        if driving.active:
+            return _error("busy", f"the robot is already driving {driving.instruction!r} "
+                                  f"(for {time.monotonic() - driving.started:.1f} s of at most "
+                                  f"{driving.max_seconds:g} s)",
+                          hint="wait for that act to return, or call interrupt() first", retryable=True)
+        driving.instruction, driving.max_seconds = instruction, float(max_seconds)
+        driving.since_unix, driving.started = time.time(), time.monotonic()
+        try:
+            result = await backend.act(instruction, float(max_seconds))
+        except sequence_ai.SequencesError as exc:
+            driving.last = {"error": exc.code, "detail": str(exc)}
+            return _error(exc.code, exc.message, hint=exc.hint, retryable=exc.retryable)
+        except anyio.get_cancelled_exc_class():
+            driving.last = {"status": "CANCELED", "message": "the act call was cancelled or its session dropped: "
+                                                              "the robot was stopped (hold)"}
+            raise
+        finally:
+            driving.started = None
+        out = ActOutcome.model_validate(result)
+        driving.last = out.model_dump(mode="json")
+        text = (f"{out.status}: {out.outcome.reason} after {out.outcome.actions} actions in "
+                f"{out.outcome.seconds:.1f} s" + ("" if out.task_done is None else f"; task done: {out.task_done}")
+                + (f" ({out.message})" if out.message else ""))
+        return _ok(text, driving.last)
+
+    @mcp.tool()
+    async def interrupt() -> CallToolResult:
+        """Stop the running act within one control period (the robot holds). Returns whether one ran."""
+        was = driving.active
+        if was:
+            backend.interrupt()
+        return _ok("interrupted the running act" if was else "nothing was running",
+                   {"interrupted": was, "instruction": driving.instruction if was else None})
+
+    @mcp.tool()
+    async def set_instruction(text: str) -> CallToolResult:
+        """Change the instruction of the running act without stopping the robot; the next action
+        chunk is planned under it."""
+        if not text or not text.strip():
+            return _error("invalid_request", "text is empty", hint="say what the robot should do")
+        if not driving.active:
+            return _error("not_running", "no act is running, so there is no instruction to change",
+                          hint="call act(instruction, max_seconds) with the new instruction")
+        backend.set_instruction(text)
+        driving.instruction = text
+        return _ok(f"instruction now {text!r}", {"instruction": text, "running": True})
+
+    @mcp.tool()
+    async def status() -> CallToolResult:
+        """What runs now: whether an act is driving, under which instruction, since when (unix s)
+        and for how long; the camera views; the max_seconds cap; and how the last act ended."""
+        now = {"running": driving.active, "instruction": driving.instruction if driving.active else None,
+               "since_unix_s": driving.since_unix if driving.active else None,
+               "elapsed_s": (time.monotonic() - driving.started) if driving.active else None,
+               "max_seconds": driving.max_seconds if driving.active else None,
+               "max_seconds_cap": cap, "backend": backend.description, "views": backend.views,
+               "last": driving.last}
+        text = (f"running {now['instruction']!r} for {now['elapsed_s']:.1f} s" if driving.active else "idle")
+        return _ok(text, now)
+
+    @mcp.tool()
+    async def snapshot(view: str = "") -> Any:
+        """The current camera frame of view (default: the first camera) as a JPEG image."""
+        views = backend.views
+        name = view or (views[0] if views else "")
+        try:
+            data = await backend.snapshot(name)
+        except ValueError as exc:
+            return _error("invalid_request", str(exc), hint=f"views: {views}")
+        return Image(data=data, format="jpeg")
+
+    @mcp.tool()
+    async def models() -> CallToolResult:
+        """The deployed policies the gateway serves (name, status, robot, action space, Hz, cameras)."""
+        try:
+            rows = await backend.models()
+        except sequence_ai.SequencesError as exc:
+            return _error(exc.code, exc.message, hint=exc.hint, retryable=exc.retryable)
+        return _ok(", ".join(r["name"] for r in rows) or "none", {"models": rows})
+
+    mcp.driving = driving   # type: ignore[attr-defined]   status for embedders and tests
+    return mcp
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` is a loopback address or ``localhost``."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+class _BearerAuth:
+    """ASGI middleware: every HTTP request needs ``Authorization: Bearer <token>``; checked before
+    the body is read (401 with the platform's error shape otherwise)."""
+
+    def __init__(self, app: Any, token: str) -> None:
+        self.app, self._token = app, token.encode()
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "http":
+            given = b""
+            for name, value in scope.get("headers") or ():
+                if name.lower() == b"authorization" and value[:7].lower() == b"bearer ":
+                    given = value[7:].strip()
+            if not hmac.compare_digest(given, self._token):
+                import json
+                body = json.dumps({"detail": "missing or wrong bearer token", "code": "unauthorized",
+                                   "retryable": False, "retry_after_s": None, "request_id": None,
+                                   "hint": "send Authorization: Bearer <the server's token>", "details": None}).encode()
+                await send({"type": "http.response.start", "status": 401,
+                            "headers": [(b"content-type", b"application/json"), (b"www-authenticate", b"Bearer")]})
+                await send({"type": "http.response.body", "body": body})
+                return
+        await self.app(scope, receive, send)
+
+
+async def serve_http(mcp: MCPServer, *, host: str = "127.0.0.1", port: int = 8471, token: Optional[str] = None,
+                     on_ready: Optional[Callable[[str], Any]] = None, path: str = "/mcp") -> None:
+    """Serve ``mcp`` over streamable HTTP until cancelled.
+
+    Args:
+        host: bind address (default 127.0.0.1). Anything but loopback needs ``token``.
+        port: TCP port (default 8471; 0 picks a free one).
+        token: bearer token every request must carry; None for none (loopback only).
+        on_ready: called with the URL (``http://host:port/mcp``) once the socket listens.
+
+    Raises:
+        ValueError: a non-loopback ``host`` without a token.
+    """
+    import anyio
+    import uvicorn
+
+    if not is_loopback(host) and not token:
+        raise ValueError(f"binding {host} (not loopback) needs a bearer token: set SEQUENCES_MCP_TOKEN "
+                         "(clients send Authorization: Bearer <token>), or bind 127.0.0.1")
+    # On loopback the SDK checks Host / Origin (DNS rebinding); elsewhere the bearer token, which a
+    # browser never sends on its own, guards every request
+    app = mcp.streamable_http_app(streamable_http_path=path, host=host)
+    asgi = _BearerAuth(app, token) if token else app
+    server = uvicorn.Server(uvicorn.Config(asgi, host=host, port=port, log_level="warning", lifespan="on"))
+
+    async def announce() -> None:
+        while not server.started:
+            await anyio.sleep(0.02)
+        bound = server.servers[0].sockets[0].getsockname()[1]
+        if on_ready is not None:
+            on_ready(f"http://{host}:{bound}{path}")
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(announce)
+        await server.serve()
+        tg.cancel_scope.cancel()
+
+
+async def serve_stdio(mcp: MCPServer) -> None:
+    """Serve ``mcp`` on this process's stdin/stdout until the client closes it."""
+    await mcp.run_stdio_async()

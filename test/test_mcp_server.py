@@ -1,0 +1,353 @@
+"""``sequence-ai mcp`` through the real MCP client SDK, against the simulated cell.
+
+One gateway process serves the demo policy (examples/pick_place); the MCP server runs in this
+process (Python mode: ``sequence_ai.Policy`` + ``SimRobot``) on streamable HTTP on 127.0.0.1, so
+the tests can read the robot's journal (every row applied, every hold, with its time) next to
+what the MCP client saw. The stdio test starts ``sequence-ai mcp`` itself as a subprocess.
+"""
+from __future__ import annotations
+
+import asyncio
+import base64
+import io
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+
+import anyio
+import httpx
+import pytest
+
+os.environ.setdefault("MUJOCO_GL", "egl")
+
+import sequence_ai  # noqa: E402
+from mcp import Client, StdioServerParameters  # noqa: E402
+from PIL import Image as PILImage  # noqa: E402
+
+from _servers import GatewayProcess, _env  # noqa: E402
+from test_chat_decide import CHAT_MODEL, llm  # noqa: E402,F401  (the llama.cpp server fixture)
+from sequence_ai_mcp import McpSettings, PolicyBackend, build_server  # noqa: E402
+from sequence_ai_mcp.server import serve_http  # noqa: E402
+from sequence_ai_mcp.sim import SimRobot  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+POLICY = ROOT / "examples" / "pick_place" / "policy.py"
+CAP_S = 40.0
+TASK = "put the red cube on the green pad"
+TOOLS = {"act", "interrupt", "set_instruction", "status", "snapshot", "models"}
+
+
+class Served:
+    """The MCP server on a thread of its own (its own event loop), bound to a free port."""
+
+    def __init__(self, backend, settings, token=None):
+        self.backend, self.mcp = backend, build_server(backend, settings)
+        self.url = None
+        self._ready, self._stop = threading.Event(), threading.Event()
+        self._thread = threading.Thread(target=anyio.run, args=(self._main, token), daemon=True)
+        self._thread.start()
+        assert self._ready.wait(30), "the MCP HTTP server did not start"
+
+    async def _main(self, token):
+        def ready(url):
+            self.url = url
+            self._ready.set()
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(lambda: serve_http(self.mcp, host="127.0.0.1", port=0, token=token, on_ready=ready))
+            while not self._stop.is_set():
+                await anyio.sleep(0.05)
+            tg.cancel_scope.cancel()
+
+    def close(self):
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def cell(tmp_path_factory):
+    """(gateway, policy backend, served MCP server) for the module."""
+    gw = GatewayProcess.start(tmp_path_factory.mktemp("mcp-gw"))
+    robot = policy = None
+    try:
+        dep = gw.deploy(str(POLICY), name="pick-place", timeout=180.0)
+        assert dep["status"] == "ready", dep
+        robot = SimRobot(seed=0)
+        policy = sequence_ai.connect("pick-place", api_key=gw.api_key, gateway_url=gw.url)
+        policy.wait_until_ready(120.0)
+        backend = PolicyBackend(policy, robot, gateway_url=gw.url)
+        served = Served(backend, McpSettings(max_seconds_cap=CAP_S))
+        yield gw, backend, served
+        served.close()
+    finally:
+        if policy is not None:
+            policy.close()
+        if robot is not None:
+            robot.close()
+        gw.close()
+
+
+def _run(coro):
+    return asyncio.run(coro)
+
+
+def _journal_since(robot, t0):
+    return [(t, kind) for t, kind, _ in list(robot.journal) if t >= t0]
+
+
+async def _wait_for_actions(robot, since, n, timeout_s=60.0):
+    deadline = time.monotonic() + timeout_s
+    while sum(1 for _, k in _journal_since(robot, since) if k == "act") < n:
+        assert time.monotonic() < deadline, f"fewer than {n} actions reached the arm within {timeout_s} s"
+        await asyncio.sleep(0.02)
+
+
+def test_lists_the_tools_with_a_required_time_bound(cell):
+    _, _, served = cell
+
+    async def go():
+        async with Client(served.url) as client:
+            return (await client.list_tools()).tools
+    tools = {t.name: t for t in _run(go())}
+    assert set(tools) == TOOLS
+    schema = tools["act"].input_schema
+    assert set(schema["required"]) == {"instruction", "max_seconds"}
+    assert schema["properties"]["max_seconds"]["type"] == "number"
+    assert tools["act"].output_schema is not None and "outcome" in tools["act"].output_schema["properties"]
+
+
+def test_act_on_the_sim_succeeds_with_a_run_outcome(cell):
+    _, backend, served = cell
+    robot = backend.robot
+    robot.reset(0)
+    t0 = time.monotonic()
+
+    async def go():
+        async with Client(served.url) as client:
+            return await client.call_tool("act", {"instruction": TASK, "max_seconds": 30.0})
+    res = _run(go())
+    assert not res.is_error, res.content
+    out = res.structured_content
+    assert out["status"] == "SUCCEEDED", out
+    assert out["outcome"]["reason"] == "until", out       # the sim's own check ended it, not the clock
+    assert out["task_done"] is True
+    applied = [k for _, k in _journal_since(robot, t0)]
+    assert out["outcome"]["actions"] == applied.count("act") > 15
+    assert out["outcome"]["chunks"] >= 2 and out["outcome"]["action_space"] == "joint_absolute"
+    assert applied[-1] == "hold"
+    assert robot.done(TASK)
+
+
+def test_second_concurrent_act_is_refused_busy_and_interrupt_cancels(cell):
+    _, backend, served = cell
+    robot = backend.robot
+    robot.reset(3)
+    t0 = time.monotonic()
+
+    async def go():
+        async with Client(served.url) as first, Client(served.url) as second:
+            task = asyncio.ensure_future(first.call_tool("act", {"instruction": TASK, "max_seconds": 30.0}))
+            await _wait_for_actions(robot, t0, 5)
+            st = (await second.call_tool("status", {})).structured_content
+            busy = await second.call_tool("act", {"instruction": "put the blue cube on the red pad",
+                                                  "max_seconds": 10.0})
+            swapped = await second.call_tool("set_instruction", {"text": "put the blue cube on the red pad"})
+            stopped = await second.call_tool("interrupt", {})
+            return st, busy, swapped, stopped, await task
+    st, busy, swapped, stopped, first = _run(go())
+    assert st["running"] is True and st["instruction"] == TASK and st["max_seconds"] == 30.0
+    assert st["since_unix_s"] <= time.time() and st["elapsed_s"] > 0
+    assert busy.is_error and busy.structured_content["code"] == "busy", busy
+    assert busy.structured_content["retryable"] is True and TASK in busy.structured_content["detail"]
+    assert not swapped.is_error and swapped.structured_content["instruction"].startswith("put the blue")
+    assert stopped.structured_content["interrupted"] is True
+    assert not first.is_error, first.content
+    assert first.structured_content["status"] == "CANCELED"
+    assert first.structured_content["outcome"]["reason"] == "interrupted"
+    kinds = [k for _, k in _journal_since(robot, t0)]
+    assert kinds[-1] == "hold" and kinds.count("hold") == 1
+
+
+def test_max_seconds_missing_or_over_the_cap_is_refused_before_anything_moves(cell):
+    _, backend, served = cell
+    robot = backend.robot
+    t0 = time.monotonic()
+
+    async def go():
+        async with Client(served.url) as client:
+            missing = await client.call_tool("act", {"instruction": TASK})
+            over = await client.call_tool("act", {"instruction": TASK, "max_seconds": CAP_S + 1})
+            zero = await client.call_tool("act", {"instruction": TASK, "max_seconds": 0})
+            return missing, over, zero
+    missing, over, zero = _run(go())
+    assert missing.is_error and "max_seconds" in missing.content[0].text, missing
+    assert over.is_error and over.structured_content["code"] == "max_seconds_over_cap", over
+    assert f"{CAP_S:g}" in over.structured_content["detail"]
+    assert zero.is_error and zero.structured_content["code"] == "invalid_request"
+    time.sleep(0.2)
+    assert _journal_since(robot, t0) == []
+
+
+def test_dropped_session_mid_act_holds_within_one_period_and_sends_nothing_after(cell):
+    _, backend, served = cell
+    robot = backend.robot
+    robot.reset(7)
+    t0 = time.monotonic()
+    marks = {}
+
+    async def go():
+        async def drive():
+            async with Client(served.url) as client:
+                await client.call_tool("act", {"instruction": "put the green cube on the blue pad",
+                                               "max_seconds": 30.0})
+        task = asyncio.ensure_future(drive())
+        await _wait_for_actions(robot, t0, 10)
+        marks["drop"] = time.monotonic()
+        task.cancel()                      # the client goes away mid-call: its session ends
+        try:
+            await task
+        except asyncio.CancelledError:
+            pass
+    _run(go())
+    deadline = time.monotonic() + 10.0
+    while "hold" not in [k for _, k in _journal_since(robot, marks["drop"])]:
+        assert time.monotonic() < deadline, "no hold within 10 s of the session dropping"
+        time.sleep(0.02)
+    time.sleep(1.0)                        # anything still coming would arrive now
+    after = _journal_since(robot, marks["drop"])
+    hold_at = next(t for t, k in after if k == "hold")
+    cancelled_at = backend.cancelled_at
+    assert cancelled_at is not None and marks["drop"] <= cancelled_at <= hold_at
+    assert hold_at - cancelled_at <= backend.period_s, (hold_at - cancelled_at, backend.period_s)
+    assert [k for t, k in after if t > hold_at] == [], "actions reached the arm after the hold"
+    assert sum(1 for t, k in after if k == "act" and t >= cancelled_at) <= 1
+
+    async def status():
+        async with Client(served.url) as client:
+            return (await client.call_tool("status", {})).structured_content
+    st = _run(status())
+    assert st["running"] is False
+
+
+def test_snapshot_is_the_current_camera_frame_and_models_lists_the_deployment(cell):
+    _, _, served = cell
+
+    async def go():
+        async with Client(served.url) as client:
+            return (await client.call_tool("snapshot", {"view": "wrist_left"}),
+                    await client.call_tool("snapshot", {"view": "nope"}),
+                    await client.call_tool("models", {}))
+    snap, bad, models = _run(go())
+    assert not snap.is_error and snap.content[0].type == "image" and snap.content[0].mime_type == "image/jpeg"
+    img = PILImage.open(io.BytesIO(base64.b64decode(snap.content[0].data)))
+    assert img.format == "JPEG" and img.size == (224, 224)
+    assert bad.is_error and bad.structured_content["code"] == "invalid_request" and "exterior_1" in bad.content[0].text
+    rows = models.structured_content["models"]
+    assert [r["name"] for r in rows] == ["pick-place"] and rows[0]["control_frequency_hz"] == 15.0
+
+
+def test_bearer_token_is_checked_and_required_off_loopback(cell):
+    _, backend, _ = cell
+    with pytest.raises(ValueError, match="bearer token"):
+        anyio.run(lambda: serve_http(build_server(backend), host="0.0.0.0", port=0))
+    served = Served(backend, McpSettings(), token="s3cret-token")
+    close_served = served.close
+    r = httpx.post(served.url, json={"jsonrpc": "2.0", "id": 1, "method": "ping"})
+    assert r.status_code == 401 and r.json()["code"] == "unauthorized"
+    r = httpx.post(served.url, json={}, headers={"Authorization": "Bearer wrong"})
+    assert r.status_code == 401
+
+    async def go():
+        async with httpx.AsyncClient(headers={"Authorization": "Bearer s3cret-token"}) as http:
+            from mcp.client.streamable_http import streamable_http_client
+            async with Client(streamable_http_client(served.url, http_client=http)) as client:
+                return {t.name for t in (await client.list_tools()).tools}
+    try:
+        assert _run(go()) == TOOLS
+    finally:
+        close_served()
+
+
+def test_cli_serves_stdio_and_refuses_an_open_bind_without_a_token(cell):
+    gw, _, _ = cell
+    env = _env(gw.env())
+    env.pop("SEQUENCES_MCP_TOKEN", None)
+    import subprocess
+    out = subprocess.run([sys.executable, "-m", "sequence_ai", "mcp", "--model", "pick-place", "--http",
+                          "--host", "0.0.0.0"], capture_output=True, text=True, env=env, timeout=60)
+    assert out.returncode == 2 and "SEQUENCES_MCP_TOKEN" in out.stderr
+
+    async def go():
+        params = StdioServerParameters(command=sys.executable,
+                                       args=["-m", "sequence_ai", "mcp", "--model", "pick-place", "--seed", "1"],
+                                       env=env, cwd=str(ROOT))
+        async with Client(params) as client:
+            names = {t.name for t in (await client.list_tools()).tools}
+            st = (await client.call_tool("status", {})).structured_content
+            return names, st
+    names, st = _run(go())
+    assert names == TOOLS
+    assert st["running"] is False and st["max_seconds_cap"] == 60.0 and "pick-place" in st["backend"]
+
+
+def test_vlm_agent_example_runs_its_loop_against_a_local_model(cell, llm):
+    """examples/vlm_agent/agent.py with the tiny fixed model (test_chat_decide's llama.cpp server):
+    it snapshots, chats with the MCP tools, prints each tool call and makes it. The model plans
+    nothing: asked for an act (forced; greedy), it writes an empty instruction, so the server
+    refuses the act and nothing moves."""
+    import subprocess
+    _, backend, served = cell
+    t0 = time.monotonic()
+    out = subprocess.run([sys.executable, str(ROOT / "examples" / "vlm_agent" / "agent.py"), "--mcp", served.url,
+                          "--model", CHAT_MODEL, "--base-url", llm, "--no-image", "--max-turns", "1",
+                          "--tool-choice", "act", "--temperature", "0"],
+                         capture_output=True, text=True, env=_env(), timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0].startswith("[turn 1] tool call: act(") and '"max_seconds"' in lines[0], out.stdout
+    assert "error: " in lines[1] and "instruction is empty" in lines[1], out.stdout
+    assert lines[-1].endswith("refused")
+    assert _journal_since(backend.robot, t0) == []
+
+
+def test_stdio_client_killed_mid_act_stops_the_run_and_the_server(cell):
+    """The hardest drop: the process holding the stdio session is SIGKILLed mid-act. The server
+    (``sequence-ai mcp`` over stdio) sees its input close, interrupts the run -- which holds --
+    within one control period of the cancel, says so on stderr, and exits cleanly."""
+    import re
+    import subprocess
+    gw, backend, _ = cell
+    env = _env(gw.env())
+    client = ("import asyncio, os, sys\n"
+              "from mcp import Client, StdioServerParameters\n"
+              "async def main():\n"
+              "    p = StdioServerParameters(command=sys.executable, args=['-m', 'sequence_ai', 'mcp', '--model',\n"
+              "                              'pick-place', '--seed', '2'], env=dict(os.environ))\n"
+              "    async with Client(p) as c:\n"
+              "        print('calling act', flush=True)\n"
+              "        await c.call_tool('act', {'instruction': 'put the blue cube on the red pad', 'max_seconds': 30})\n"
+              "asyncio.run(main())\n")
+    proc = subprocess.Popen([sys.executable, "-c", client], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        assert proc.stdout.readline().strip() == "calling act", proc.stderr.read()
+        time.sleep(4.0)                      # the run is under way (a pick-and-place takes ~8 s)
+        server = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True).stdout.split()
+        assert len(server) == 1
+        proc.kill()
+        t_kill = time.monotonic()
+        while os.path.exists(f"/proc/{server[0]}") and \
+                open(f"/proc/{server[0]}/stat").read().split()[2] != "Z":
+            assert time.monotonic() - t_kill < 15.0, "the server still runs 15 s after its client died"
+            time.sleep(0.05)
+        err = proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+    found = re.search(r"the run stopped \((\w+)\) ([\d.]+) s after the cancel", err)
+    assert found, err[-3000:]
+    assert found.group(1) == "interrupted"                      # interrupted: the engine held
+    assert float(found.group(2)) <= backend.period_s
+    assert "the client closed stdio; stopped" in err and "Traceback" not in err, err[-3000:]
