@@ -132,6 +132,15 @@ def build_server(backend: Backend, settings: Optional[McpSettings] = None) -> MC
         f"instruction for at most max_seconds (s, at most {cap:g}); look with snapshot(view) first and "
         "after. One act at a time; interrupt() stops it, set_instruction(text) changes it mid-run."))
 
+    _add_act_tool(mcp, backend, driving, cap)
+    _add_control_tools(mcp, backend, driving, cap)
+    mcp.driving = driving   # type: ignore[attr-defined]   status for embedders and tests
+    return mcp
+
+
+def _add_act_tool(mcp: MCPServer, backend: Backend, driving: "_Driving", cap: float) -> None:
+    """Register ``act``: the one driving call (bounded by ``max_seconds`` <= ``cap`` s; one at a time)."""
+
     @mcp.tool()
     async def act(
         instruction: Annotated[str, Field(description='one step for the robot, e.g. "put the red cube on the green pad"')],
@@ -174,6 +183,10 @@ def build_server(backend: Backend, settings: Optional[McpSettings] = None) -> MC
                 f"{out.outcome.seconds:.1f} s" + ("" if out.task_done is None else f"; task done: {out.task_done}")
                 + (f" ({out.message})" if out.message else ""))
         return _ok(text, driving.last)
+
+
+def _add_control_tools(mcp: MCPServer, backend: Backend, driving: "_Driving", cap: float) -> None:
+    """Register interrupt, set_instruction, status, snapshot and models (none of them drives)."""
 
     @mcp.tool()
     async def interrupt() -> CallToolResult:
@@ -229,9 +242,6 @@ def build_server(backend: Backend, settings: Optional[McpSettings] = None) -> MC
         except sequence_ai.SequencesError as exc:
             return _error(exc.code, exc.message, hint=exc.hint, retryable=exc.retryable)
         return _ok(", ".join(r["name"] for r in rows) or "none", {"models": rows})
-
-    mcp.driving = driving   # type: ignore[attr-defined]   status for embedders and tests
-    return mcp
 
 
 def is_loopback(host: str) -> bool:
