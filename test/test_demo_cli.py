@@ -81,7 +81,7 @@ def test_demo_policy_learned_deploys_the_shipped_checkpoint_from_a_volume_and_dr
     out = "".join(read_until(lines, r"^total ", 400))
     assert proc.wait(timeout=30) in (0, 1), out        # 0: the task succeeded, 1: it did not
     assert re.search(r"^deployed  pick-place-learned from examples/flywheel/learned_policy\.py "
-                     r"\(weights: volume pick-place-learned v1, 2 files, 1\.9 MB\)", out, re.M), out
+                     r"\(weights: volume pick-place-learned v1, 2 files, 3\.0 MB\)", out, re.M), out
     assert "goal: 'put the red cube on the green pad' (policy pick-place-learned, seed 100004, light_jitter 1," in out
     for bad in ("Traceback", "InvalidHandle", "never retrieved"):     # the teardown before the summary is quiet
         assert bad not in out, out

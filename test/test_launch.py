@@ -43,7 +43,13 @@ def test_a_local_worker_reports_placed_started_phases_ready_and_exited(tmp_path)
             kinds = [type(e) for e in seen]
             assert kinds[:2] == [Placed, Started] and seen[1].pid == h.pid > 0, seen
             phases = [e.report["phase"] for e in seen if isinstance(e, Phase)]
-            assert phases and phases[0] == "importing", phases
+            # the worker's phase file holds its latest phase, so a busy machine may skip one;
+            # what is seen keeps the worker's order, ends ready, and carries the declared spec
+            order = ["importing", "loading", "warmup", "checking", "ready"]
+            assert phases and phases[-1] == "ready" and all(p in order for p in phases), phases
+            assert [order.index(p) for p in phases] == sorted(order.index(p) for p in phases), phases
+            last = [e for e in seen if isinstance(e, Phase)][-1]
+            assert last.report["spec"]["class_name"], last.report
             ready = seen[-1]
             assert ready.report["pid"] == h.pid and ready.url == f"http://127.0.0.1:{ready.report['port']}"
             body = {"observation": echo_observation()}

@@ -395,6 +395,22 @@ class EnvBuilder:
         code = proc.wait(timeout=BUILD_TIMEOUT_S)
         if code:
             text = b"".join(tail).decode(errors="replace")
-            last = " ".join(ln.strip() for ln in text.strip().splitlines()[-3:])
+            last = _failure_lines(text)
             raise ImageBuildError(f"`{Path(cmd[0]).name} {cmd[1]}` exited with code {code}: {last}",
                                   {"command": cmd, "exit_code": code, "output_tail": text.splitlines()})
+
+
+def _failure_lines(text: str) -> str:
+    """The lines of a failed command's output that say why, joined (at most 600 characters):
+    from its first ``error`` / ``×`` line (uv's resolver names the package it could not find
+    there) up to its first ``hint`` line; else its last three lines."""
+    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
+    start = next((i for i, ln in enumerate(lines) if ln.lower().startswith(("error", "×"))), None)
+    if start is None:
+        return " ".join(lines[-3:])
+    why = []
+    for ln in lines[start:]:
+        if ln.lower().startswith("hint"):
+            break
+        why.append(ln)
+    return " ".join(why)[:600]
