@@ -14,4 +14,4 @@ workers=${SEQ_TEST_WORKERS:-2}
 if [ "$workers" = "0" ]; then
   exec scripts/in_loopback_ns.sh python -m pytest "$@"
 fi
-exec scripts/in_loopback_ns.sh python -m pytest -n "$workers" --dist loadfile "$@"
+exec scripts/in_loopback_ns.sh python -m pytest -n "$workers" --dist loadfile --durations=25 "$@"

@@ -82,6 +82,7 @@ class Cell:
         self.live_obs = {}    # command log time (ns) -> Observation built live at that instant
         self.seen = {}        # stream (view, "joints", "command") -> receipt times (ns) the recorder saw
         self.probing = False
+        self.live_errors = {}  # command log time (ns) -> why the live observation could not be built
         self.recorder.taps.append(self._tap)
 
     def _tap(self, kind, key, raw, t_ns):
@@ -93,8 +94,8 @@ class Cell:
                 self.live.on_joint_state(deserialize_message(raw, JointState))
             elif kind == "command" and self.probing:
                 self.live_obs[t_ns] = self.live.build(INSTRUCTION)
-        except Exception:
-            pass
+        except Exception as exc:  # noqa: BLE001 - reported by the test that compares
+            self.live_errors[t_ns] = repr(exc)
 
     def run(self, instruction, max_seconds=45.0, cancel_after_s=None, during=None):
         self.recorder.last_bag = None
@@ -261,6 +262,7 @@ def test_live_and_exported_observations_are_equal(recorded, cell):
     assert fps == FPS and len(steps) == result.actions    # every command, the first included
     compared = 0
     for t_ns, exported, _ in steps:
+        assert t_ns in cell.live_obs, (t_ns, cell.live_errors.get(t_ns), sorted(cell.live_obs)[:3])
         live = cell.live_obs[t_ns]        # built live, by the recorder's callbacks, at the same command
         assert live.instruction == exported.instruction == INSTRUCTION
         assert live.proprioception.joint_positions == exported.proprioception.joint_positions
