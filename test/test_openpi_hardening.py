@@ -55,6 +55,10 @@ def test_text_vectors_deep_nesting_and_a_non_text_prompt_are_typed_errors():
     with pytest.raises(ApiError) as prompt:
         observation_from_openpi({"prompt": 17, "state": np.zeros(2)}, None)
     assert prompt.value.code == "invalid_request" and "'prompt'" in prompt.value.detail
+    nan = np.full((4, 4, 3), np.nan, np.float32)
+    with pytest.raises(ApiError) as image:
+        observation_from_openpi({"cam": nan}, None)
+    assert image.value.code == "invalid_request" and "NaN" in image.value.detail
     ok = observation_from_openpi(unpackb(packb({"prompt": np.array("pick"), "state": np.arange(2.0)})), None)
     assert ok.instruction == "pick" and ok.proprio["state"].tolist() == [0.0, 1.0]
 

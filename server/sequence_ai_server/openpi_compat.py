@@ -138,6 +138,8 @@ def _image(value: Any, key: str, size: Optional[tuple[int, int]]) -> np.ndarray:
         raise ApiError("contract_mismatch", f"{key!r}: an image must be HxWx3 or 3xHxW, got shape {list(arr.shape)}",
                        hint=_HINT)
     if arr.dtype.kind == "f":
+        if not np.all(np.isfinite(arr)):
+            raise ApiError("invalid_request", f"{key!r}: a float image holds NaN or inf", hint="send values in [0, 1]")
         arr = (np.clip(arr, 0.0, 1.0) * 255.0 + 0.5).astype(np.uint8)
     elif arr.dtype != np.uint8:
         raise ApiError("contract_mismatch", f"{key!r}: image dtype {arr.dtype} is not uint8 (or float in [0, 1])",
