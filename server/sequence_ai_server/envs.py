@@ -58,7 +58,7 @@ PLATFORM_PACKAGES = ("sequence_ai_server", "seq", "sequence_ai_core", "sequence_
 CONTAINER_STEPS = ("apt_install", "run_commands")
 # environment variables an image's env step may not set: the worker's import path and the
 # platform's own settings (SEQ_*), and the build's (uv's UV_*, the library loader's preload)
-PLATFORM_ENV = ("PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "LD_PRELOAD", "LD_LIBRARY_PATH", "PATH")
+PLATFORM_ENV = ("PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "LD_PRELOAD")
 PLATFORM_ENV_PREFIXES = ("SEQ_", "SEQUENCE_AI_", "UV_")
 BUILD_TIMEOUT_S = 1800.0
 
