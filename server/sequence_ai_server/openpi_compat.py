@@ -13,8 +13,9 @@ msgpack-numpy convention and is answered with one action dict (``{"actions": flo
   observation (an expired or ended lease is refused from then on);
 * errors: a text message holding the common error body (``{"detail", "code", ...}``, the codes
   of HTTP /act); openpi's client raises it as ``RuntimeError``. The connection stays open;
-* limits: a message over the worker's body limit is refused (``payload_too_large``); object and
-  void dtypes are refused (no pickle), as are arrays whose bytes do not match their shape;
+* limits: a message over the worker's body limit is refused (``payload_too_large``); only bool,
+  integer, float and text dtypes are read (object / void: no pickle), arrays whose bytes do not
+  match their shape and dicts nested over ``MAX_DEPTH`` are refused;
 * one connection is one episode (``@seq.on_episode`` runs when it closes).
 
 The observation dict is mapped through the policy's contract (docs/openpi.md): nested dicts are
