@@ -161,20 +161,22 @@ class ActChannel:
         seq = self._seq
         head = _REQUEST_HEAD.pack(seq, CHANNEL_FORMAT_BINARY if binary else CHANNEL_FORMAT_JSON)
         ws = self._ws
+        sent = False
         try:
-            await ws.send(head + content)
-            async with _timeout(self.timeout_s):
+            async with _timeout(self.timeout_s):      # the send too: a stalled worker stops reading
+                await ws.send(head + content)
+                sent = True
                 while True:
                     answer = await ws.recv(decode=False)
                     if len(answer) >= _ANSWER_HEAD.size:
                         got, status = _ANSWER_HEAD.unpack_from(answer)
                         if got == seq:
                             break        # an older, cancelled request's late answer is skipped
-        except asyncio.CancelledError:
-            self._cancel_soon(seq)
-            raise
-        except asyncio.TimeoutError:
-            self._cancel_soon(seq)
+        except (asyncio.CancelledError, asyncio.TimeoutError):
+            if sent:
+                self._cancel_soon(seq)
+            else:                       # a frame may be half-written: this websocket is unusable
+                self._drop(ws)
             raise
         except (_Closed, OSError) as exc:
             self._ws = None
@@ -184,6 +186,14 @@ class ActChannel:
         self.requests += 1
         return httpx.Response(status, content=answer[_ANSWER_HEAD.size:],
                               headers={"content-type": "application/json"})
+
+    def _drop(self, ws: Any) -> None:
+        """Forget ``ws`` and abort its connection at once (no closing handshake: it is stuck)."""
+        if self._ws is ws:
+            self._ws = None
+        transport = getattr(ws, "transport", None)
+        if transport is not None:
+            transport.abort()
 
     def _cancel_soon(self, seq: int) -> None:
         """Tell the worker to drop request ``seq`` if it has not started (best effort, not awaited)."""

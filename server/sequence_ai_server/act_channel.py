@@ -14,6 +14,10 @@ Messages (all big-endian; docs/design.md "The /act channel"):
   JSON answer body (an ``ActResponse`` for 200, else the common ``ErrorBody``);
 * cancel, text: ``{"cancel": seq}`` -- a request still waiting in the replica's queue is dropped
   (no answer follows); one already running finishes and its answer is sent (the client drops it).
+  A cancel for a seq not in flight (answered already, or never sent) is ignored.
+
+At most ``MAX_IN_FLIGHT`` requests of one channel are in flight at once; one more is answered 503
+``unavailable`` at once (the robot's client sends one at a time).
 
 Credentials: ``Authorization: Bearer <direct secret or lease token>`` on the upgrade request,
 checked before the websocket is accepted (a refusal is the HTTP 401 error body, like /act), and
@@ -45,6 +49,9 @@ log = logging.getLogger("sequence_ai_server.worker")
 
 _REQUEST_HEAD = struct.Struct(">IB")
 _ANSWER_HEAD = struct.Struct(">IH")
+# Requests one channel may have in flight (read, queued or running) at once: the robot's client
+# sends one at a time, so this only bounds what a misbehaving peer can make the worker hold.
+MAX_IN_FLIGHT = 32
 _CONTENT_TYPES = {CHANNEL_FORMAT_JSON: JSON_CONTENT_TYPE, CHANNEL_FORMAT_BINARY: BINARY_CONTENT_TYPE}
 
 
@@ -76,6 +83,7 @@ class _Channel:
         self.capture, self.max_body_bytes = capture, max_body_bytes
         self.queued: dict[int, Any] = {}     # seq -> the concurrent future of a request not yet answered
         self.tasks: set[asyncio.Task] = set()
+        self.pending: set[int] = set()       # seq of every request read and not yet answered
         self.cancelled: set[int] = set()     # cancels that came before their request was queued
 
     async def serve(self) -> None:
@@ -85,7 +93,11 @@ class _Channel:
                 if message["type"] == "websocket.disconnect":
                     break
                 data = message.get("bytes")
-                if data is not None:
+                if data is not None and len(self.tasks) >= MAX_IN_FLIGHT:
+                    await self.refuse_busy(data)
+                elif data is not None:
+                    if len(data) >= _REQUEST_HEAD.size:
+                        self.pending.add(_REQUEST_HEAD.unpack_from(data)[0])
                     task = asyncio.ensure_future(self.answer(data))
                     self.tasks.add(task)
                     task.add_done_callback(self.tasks.discard)
@@ -99,6 +111,19 @@ class _Channel:
             for task in list(self.tasks):
                 task.cancel()
 
+    async def refuse_busy(self, data: bytes) -> None:
+        """Answer a request over ``MAX_IN_FLIGHT`` at once with 503 ``unavailable`` (not queued)."""
+        if len(data) < _REQUEST_HEAD.size:
+            return
+        seq, _ = _REQUEST_HEAD.unpack_from(data)
+        exc = ApiError("unavailable", f"this channel already has {MAX_IN_FLIGHT} requests in flight",
+                       details={"max_in_flight": MAX_IN_FLIGHT}, request_id=new_request_id(),
+                       hint="wait for an answer before sending the next request")
+        try:
+            await self.ws.send_bytes(_ANSWER_HEAD.pack(seq, exc.status) + _error_bytes(exc))
+        except (WebSocketDisconnect, RuntimeError, OSError):
+            pass
+
     def control(self, text: str) -> None:
         try:
             seq = json.loads(text).get("cancel")
@@ -107,9 +132,10 @@ class _Channel:
         if not isinstance(seq, int):
             return
         future = self.queued.get(seq)
-        if future is None:                  # its task has not queued it yet: drop it when it does
-            if len(self.cancelled) < 1024:
+        if future is None:
+            if seq in self.pending:         # read, not queued yet: dropped when it would be queued
                 self.cancelled.add(seq)
+            # else: answered already, or never sent -- nothing to drop (a later request is answered)
         elif future.cancel():
             self.queued.pop(seq, None)
 
@@ -119,6 +145,7 @@ class _Channel:
         seq, fmt = _REQUEST_HEAD.unpack_from(data)
         if seq in self.cancelled:
             self.cancelled.discard(seq)
+            self.pending.discard(seq)
             return
         rid = new_request_id()
         try:
@@ -135,6 +162,8 @@ class _Channel:
             status, content = err.status, _error_bytes(err)
         finally:
             self.queued.pop(seq, None)
+            self.pending.discard(seq)
+            self.cancelled.discard(seq)
         try:
             await self.ws.send_bytes(_ANSWER_HEAD.pack(seq, status) + content)
         except (WebSocketDisconnect, RuntimeError, OSError):
@@ -160,8 +189,12 @@ class _Channel:
                            "valid Unicode without NUL", details={"reason": "bad_string", "path": path},
                            hint="send text as UTF-8 without NUL bytes or lone surrogates")
         host = self.state.ready_host()
-        return await run_act(host, raw, content_type, rid, self.capture,
-                             on_queued=lambda future: self.queued.__setitem__(seq, future))
+        def on_queued(future: Any) -> None:
+            if seq in self.cancelled:       # cancelled while it was being decoded: never runs
+                future.cancel()
+            else:
+                self.queued[seq] = future
+        return await run_act(host, raw, content_type, rid, self.capture, on_queued=on_queued)
 
 
 def add_act_channel(app: Any, state: Any, auth: Any, max_body_bytes: int) -> None:

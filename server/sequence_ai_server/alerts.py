@@ -39,6 +39,8 @@ EVENTS = ("build_failed", "worker_crashed", "error_rate", "p95_latency", "quota_
 TOLERANCE_S = 300.0
 BACKOFF_S = (0.5, 1.0, 2.0, 4.0)
 _KEEP_DELIVERIES = 200
+# threads that run `seq alerts test` deliveries (more at once wait their turn)
+TEST_THREADS = 4
 
 
 def sign(secret: str, timestamp: str, body: bytes) -> str:
@@ -196,7 +198,9 @@ class Dispatcher:
     receiver holds up nothing else), and records every outcome in the store."""
 
     def __init__(self, store: WebhookStore, backoff_s: tuple = BACKOFF_S):
+        from concurrent.futures import ThreadPoolExecutor
         self.store, self.backoff_s = store, backoff_s
+        self._test_pool = ThreadPoolExecutor(max_workers=TEST_THREADS, thread_name_prefix="alert-test")
         self._last: dict[tuple, float] = {}      # (event, key) -> unix s: rate limit of repeated events
 
     def emit(self, event: str, deployment: Optional[str], details: dict, *, once_per_s: float = 0.0,
@@ -220,6 +224,13 @@ class Dispatcher:
         def run() -> None:
             self.store.record(hook.id, deliver(hook, event, deployment, details, backoff_s=self.backoff_s))
         threading.Thread(target=run, name=f"alert-{event}", daemon=True).start()
+
+    async def test_async(self, hook: Webhook) -> dict:
+        """:meth:`test` on the alerts' own threads (``TEST_THREADS``), never the event loop's
+        shared pool: a receiver that hangs (up to five 10 s attempts) holds up only other test
+        deliveries, not the gateway's connects and polls that share that pool."""
+        import asyncio
+        return await asyncio.wrap_future(self._test_pool.submit(self.test, hook))
 
     def test(self, hook: Webhook) -> dict:
         """Deliver a ``test`` event now and return its outcome (also recorded)."""

@@ -56,6 +56,10 @@ WORKER_REQUIREMENTS = ("fastapi>=0.110", "uvicorn>=0.29", "uvloop>=0.19; sys_pla
 # httptools, websockets and msgpack are optional for a worker (h11, HTTP /act only, no openpi endpoint)
 PLATFORM_PACKAGES = ("sequence_ai_server", "seq", "sequence_ai_core", "sequence_ai", "sequence_ai_data")
 CONTAINER_STEPS = ("apt_install", "run_commands")
+# environment variables an image's env step may not set: the worker's import path and the
+# platform's own settings (SEQ_*), and the build's (uv's UV_*, the library loader's preload)
+PLATFORM_ENV = ("PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "LD_PRELOAD")
+PLATFORM_ENV_PREFIXES = ("SEQ_", "SEQUENCE_AI_", "UV_")
 BUILD_TIMEOUT_S = 1800.0
 
 
@@ -315,6 +319,19 @@ class EnvBuilder:
                                    f"environments only and does not build container images ({runtime} is here)",
                                    f"build the image yourself (`seq image dockerfile FILE` | {runtime} build -) and "
                                    "serve it outside this gateway, or drop the step")
+        for i, step in enumerate(image.get("steps") or [], 1):
+            if step["kind"] in ("pip_install", "uv_pip_install"):
+                for req in step.get("args") or []:
+                    if not isinstance(req, str) or req.strip().startswith("-") or "\0" in req:
+                        raise ImageStepRefused(i, step["kind"], f"{req!r} is an installer option, not a requirement",
+                                               "name packages only (e.g. \"tomli==2.4.0\"); indexes come from the "
+                                               "gateway's pip configuration")
+            elif step["kind"] == "env":
+                for k, v in (step.get("env") or {}).items():
+                    if k in PLATFORM_ENV or k.startswith(PLATFORM_ENV_PREFIXES) or "\0" in str(v):
+                        raise ImageStepRefused(i, "env", f"{k} is set by the platform for the worker and the build; "
+                                               "an image cannot change it",
+                                               "drop it from env(); the worker's import path and settings are the gateway's")
         if image.get("base") not in (None, "debian_slim"):
             raise ImageStepRefused(0, "from_registry", f"the base image {image['base']!r} would have to be pulled",
                                    "use seq.Image.debian_slim() with pip_install steps, or serve it outside this gateway")
@@ -356,8 +373,9 @@ class EnvBuilder:
         shutil.rmtree(tmp, ignore_errors=True)
         python = image.get("python")
         python = sys.executable if python in (None, "image") else f"python{python}"
-        env = {**os.environ, "UV_PYTHON_DOWNLOADS": "never", "UV_NO_PROGRESS": "1"}
+        env = dict(os.environ)
         env.update({k: v for s in image.get("steps") or [] if s["kind"] == "env" for k, v in s.get("env", {}).items()})
+        env.update({"UV_PYTHON_DOWNLOADS": "never", "UV_NO_PROGRESS": "1"})      # the platform's, last
         try:
             self._install(image, uv, python, tmp, env, logf, say)
         except BaseException:

@@ -130,9 +130,12 @@ def _prefix(value: Any, action: Any) -> Optional[np.ndarray]:
     if value is None:
         return None
     try:
-        arr = np.asarray(value, dtype=np.float64)
+        arr = np.asarray(value)
     except (TypeError, ValueError, OverflowError, RecursionError):
+        arr = None
+    if arr is None or arr.dtype.kind not in "iuf":     # strings, booleans, null, ragged or huge ints
         raise _bad("prefix must be a list of rows of numbers (the committed actions)", field="prefix") from None
+    arr = arr.astype(np.float64)
     dim = action.action_dim if action is not None else None
     if arr.ndim != 2 or arr.shape[0] == 0 or (dim is not None and arr.shape[1] != dim):
         raise _bad(f"prefix has shape {list(arr.shape)}; expected k x {dim or 'action_dim'} with k >= 1",

@@ -13,8 +13,9 @@ msgpack-numpy convention and is answered with one action dict (``{"actions": flo
   observation (an expired or ended lease is refused from then on);
 * errors: a text message holding the common error body (``{"detail", "code", ...}``, the codes
   of HTTP /act); openpi's client raises it as ``RuntimeError``. The connection stays open;
-* limits: a message over the worker's body limit is refused (``payload_too_large``); object and
-  void dtypes are refused (no pickle), as are arrays whose bytes do not match their shape;
+* limits: a message over the worker's body limit is refused (``payload_too_large``); only bool,
+  integer, float and text dtypes are read (object / void: no pickle), arrays whose bytes do not
+  match their shape and dicts nested over ``MAX_DEPTH`` are refused;
 * one connection is one episode (``@seq.on_episode`` runs when it closes).
 
 The observation dict is mapped through the policy's contract (docs/openpi.md): nested dicts are
@@ -27,6 +28,7 @@ images in [0, 1] are scaled); a declared proprioception field ``f`` takes the ke
 """
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from typing import Any, Optional
@@ -63,18 +65,35 @@ def _pack_array(obj: Any) -> Any:
     return obj
 
 
+# dtype kinds an incoming array or scalar may have: bool, integers, floats, and text (a prompt);
+# object and void would mean pickle, complex / datetime / timedelta are no observation
+_ARRAY_KINDS = "biufUS"
+# how deep an observation's dicts may nest (openpi's own are two levels deep)
+MAX_DEPTH = 16
+
+
 def _unpack_array(obj: dict) -> Any:
-    if b"__ndarray__" in obj:
-        dtype = np.dtype(obj[b"dtype"])
-        if dtype.kind in ("V", "O", "c"):
-            raise ValueError(f"array dtype {dtype} is not accepted (numbers only)")
-        shape = tuple(int(n) for n in obj[b"shape"])
-        data = obj[b"data"]
-        if int(np.prod(shape, dtype=np.int64)) * dtype.itemsize != len(data):
-            raise ValueError(f"array of shape {shape} and dtype {dtype} does not match its {len(data)} data bytes")
-        return np.frombuffer(data, dtype=dtype).reshape(shape)
-    if b"__npgeneric__" in obj:
-        return np.dtype(obj[b"dtype"]).type(obj[b"data"])
+    try:
+        if b"__ndarray__" in obj:
+            dtype = np.dtype(obj[b"dtype"])
+            if dtype.kind not in _ARRAY_KINDS:
+                raise ValueError(f"array dtype {dtype} is not accepted (numbers only)")
+            shape = tuple(int(n) for n in obj[b"shape"])
+            data = obj[b"data"]
+            if not isinstance(data, bytes) or any(n < 0 for n in shape) \
+                    or int(np.prod(shape, dtype=object)) * dtype.itemsize != len(data):
+                raise ValueError(f"array of shape {shape} and dtype {dtype} does not match its "
+                                 f"{len(data) if isinstance(data, bytes) else type(data).__name__} data bytes")
+            return np.frombuffer(data, dtype=dtype).reshape(shape)
+        if b"__npgeneric__" in obj:
+            dtype = np.dtype(obj[b"dtype"])
+            if dtype.kind not in _ARRAY_KINDS:
+                raise ValueError(f"scalar dtype {dtype} is not accepted (numbers only)")
+            return dtype.type(obj[b"data"])
+    except KeyError as exc:
+        raise ValueError(f"an encoded numpy value lacks its {exc.args[0]!r} field") from None
+    except (TypeError, OverflowError) as exc:
+        raise ValueError(f"an encoded numpy value is malformed ({exc})") from None
     return obj
 
 
@@ -84,18 +103,22 @@ def packb(obj: Any) -> bytes:
 
 
 def unpackb(data: bytes) -> Any:
-    """The inverse of ``packb``; raises ValueError for object/void dtypes or a size mismatch."""
+    """The inverse of ``packb``; raises ValueError for a dtype other than bool, integer, float or
+    text, a size mismatch, or a malformed ``__ndarray__`` / ``__npgeneric__`` map."""
     return msgpack.unpackb(data, object_hook=_unpack_array)
 
 
 # ---------------------------------------------------------------- the mapping
 
-def _flatten(obj: dict, prefix: str = "") -> dict[str, Any]:
+def _flatten(obj: dict, prefix: str = "", depth: int = 0) -> dict[str, Any]:
+    if depth >= MAX_DEPTH:
+        raise ApiError("invalid_request", f"the observation nests dicts more than {MAX_DEPTH} deep (at {prefix!r})",
+                       hint=_HINT, details={"max_depth": MAX_DEPTH})
     flat: dict[str, Any] = {}
     for key, value in obj.items():
-        key = key.decode() if isinstance(key, bytes) else str(key)
+        key = key.decode(errors="replace") if isinstance(key, bytes) else str(key)
         if isinstance(value, dict):
-            flat.update(_flatten(value, f"{prefix}{key}/"))
+            flat.update(_flatten(value, f"{prefix}{key}/", depth + 1))
         else:
             flat[prefix + key] = value
     return flat
@@ -116,6 +139,8 @@ def _image(value: Any, key: str, size: Optional[tuple[int, int]]) -> np.ndarray:
         raise ApiError("contract_mismatch", f"{key!r}: an image must be HxWx3 or 3xHxW, got shape {list(arr.shape)}",
                        hint=_HINT)
     if arr.dtype.kind == "f":
+        if not np.all(np.isfinite(arr)):
+            raise ApiError("invalid_request", f"{key!r}: a float image holds NaN or inf", hint="send values in [0, 1]")
         arr = (np.clip(arr, 0.0, 1.0) * 255.0 + 0.5).astype(np.uint8)
     elif arr.dtype != np.uint8:
         raise ApiError("contract_mismatch", f"{key!r}: image dtype {arr.dtype} is not uint8 (or float in [0, 1])",
@@ -130,7 +155,11 @@ def _image(value: Any, key: str, size: Optional[tuple[int, int]]) -> np.ndarray:
 
 
 def _vector(value: Any, key: str) -> np.ndarray:
-    arr = np.asarray(value, dtype=np.float64).reshape(-1)
+    arr = np.asarray(value)
+    if arr.dtype.kind not in "biuf":
+        raise ApiError("contract_mismatch", f"{key!r}: a proprioception vector must hold numbers, got dtype {arr.dtype}",
+                       hint=_HINT)
+    arr = arr.astype(np.float64).reshape(-1)
     if not np.all(np.isfinite(arr)):
         raise ApiError("invalid_request", f"{key!r} holds NaN or inf", hint="send finite values")
     return arr.astype(np.float32)
@@ -168,7 +197,13 @@ def observation_from_openpi(obs: Any, contract: Any, episode_id: Optional[str] =
         raise ApiError("invalid_request", "an openpi observation is a dict", hint=_HINT)
     flat = _flatten(obs)
     prompt = flat.get("prompt")
-    instruction = prompt.decode() if isinstance(prompt, bytes) else (str(prompt) if prompt is not None else "")
+    if isinstance(prompt, np.ndarray) and prompt.dtype.kind in "US" and prompt.size == 1:
+        prompt = prompt.reshape(-1)[0]
+    if isinstance(prompt, bytes):
+        prompt = prompt.decode(errors="replace")
+    if prompt is not None and not isinstance(prompt, str):
+        raise ApiError("invalid_request", f"'prompt' must be a string, got {type(prompt).__name__}", hint=_HINT)
+    instruction = str(prompt) if prompt is not None else ""
     images: dict[str, np.ndarray] = {}
     if contract is None:
         for key, value in flat.items():
@@ -256,6 +291,12 @@ def add_openpi_endpoint(app: Any, state: Any, auth: Any, max_body_bytes: int) ->
                 except ApiError as exc:
                     exc.request_id = exc.request_id or new_request_id()
                     await websocket.send_text(_error_bytes(exc).decode())
+                except (WebSocketDisconnect, asyncio.CancelledError):
+                    raise
+                except Exception as exc:  # noqa: BLE001 - a bug here: a typed 500 answer, the connection stays
+                    from .errors import _internal
+                    log.exception("unhandled error on the openpi endpoint")
+                    await websocket.send_text(_error_bytes(_internal(exc, new_request_id())).decode())
         except (WebSocketDisconnect, RuntimeError, KeyError):
             pass        # the client closed (receive_bytes raises KeyError on a text frame: treat as gone)
         finally:

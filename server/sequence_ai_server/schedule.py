@@ -25,6 +25,9 @@ __all__ = ["Window", "parse_window", "zone", "Scale", "ScaleStore"]
 
 _DAYS = ["mon", "tue", "wed", "thu", "fri", "sat", "sun"]
 _WINDOW = re.compile(r"^\s*(?P<days>[A-Za-z,\- ]+?)\s+(?P<h1>\d{1,2}):(?P<m1>\d{2})\s*-\s*(?P<h2>\d{1,2}):(?P<m2>\d{2})\s*$")
+# the longest window text read: the pattern backtracks over runs of spaces (cubic in the length),
+# so a long string is refused before matching (a real window is a few dozen characters)
+MAX_WINDOW_CHARS = 120
 _HINT = 'write e.g. "Mon-Fri 08:00-18:00", "Sat,Sun 10:00-14:00" or "daily 22:00-06:00"'
 
 
@@ -65,8 +68,11 @@ def _day(word: str, text: str) -> int:
 
 def parse_window(text: str) -> Window:
     """The :class:`Window` ``text`` spells (see the module docstring). Raises ValueError naming
-    what is wrong and showing the form."""
-    m = _WINDOW.match(text or "")
+    what is wrong and showing the form (also for a text over ``MAX_WINDOW_CHARS``)."""
+    if not isinstance(text, str) or len(text) > MAX_WINDOW_CHARS:
+        raise ValueError(f"a window is at most {MAX_WINDOW_CHARS} characters, got "
+                         f"{len(text) if isinstance(text, str) else type(text).__name__}; {_HINT}")
+    m = _WINDOW.match(text)
     if not m:
         raise ValueError(f"{text!r} is not a window; {_HINT}")
     days: set[int] = set()

@@ -147,9 +147,10 @@ class SessionService:
             side = self._connect_on_version(req, key, version, split)
             if side is not None:
                 return side
-        self._check_gpu_limit(req.model)
-        self.check_quota(key, req.model, "connect")     # limits per account / key (quotas.py)
-        row = self.ensure_ready(req.model)
+        with self._lock:        # check and start as one step: two connects at a limit start one worker
+            self._check_gpu_limit(req.model)
+            self.check_quota(key, req.model, "connect")     # limits per account / key (quotas.py)
+            row = self.ensure_ready(req.model)
         spec = row.spec if row.spec is not None else {"contract": {"action": None, "observation": None}, "params": []}
         params = self._session_params(row, req.params)
         now = time.time()

@@ -25,10 +25,16 @@ from ..keys import KeyRecord
 from . import Auth
 
 
+# The largest count or number of hours a limit or floor takes: the state database stores 64-bit
+# integers, and a larger number would fail there (a 500) instead of being refused here (a 400).
+MAX_COUNT = 1_000_000
+MAX_HOURS = 1e9
+
+
 class ScaleUpdate(BaseModel):
     """``POST /v1/deployments/{name}/scale``."""
     model_config = ConfigDict(extra="forbid")
-    min: Optional[int] = Field(default=None, description="workers kept warm (any >= 1 keeps this gateway's one worker warm)")
+    min: Optional[int] = Field(default=None, le=MAX_COUNT, description="workers kept warm (any >= 1 keeps this gateway's one worker warm)")
     during: Optional[str] = Field(default=None, description='weekly window, e.g. "Mon-Fri 08:00-18:00"; none: always')
     tz: Optional[str] = Field(default=None, description="IANA time zone of the window (default UTC)")
     clear: bool = False
@@ -38,9 +44,9 @@ class LimitsUpdate(BaseModel):
     """``POST /v1/account/limits``: a None limit is left as it is unless named in ``clear``."""
     model_config = ConfigDict(extra="forbid")
     key: Optional[str] = Field(default=None, description="a key id (or name): its own limits; none: the account's")
-    max_workers: Optional[int] = None
-    max_cards: Optional[int] = None
-    worker_hours_per_day: Optional[float] = None
+    max_workers: Optional[int] = Field(default=None, le=MAX_COUNT)
+    max_cards: Optional[int] = Field(default=None, le=MAX_COUNT)
+    worker_hours_per_day: Optional[float] = Field(default=None, le=MAX_HOURS, allow_inf_nan=False)
     clear: list[str] = Field(default_factory=list, description='limits to remove, or ["all"]')
 
 
@@ -50,9 +56,9 @@ class WebhookCreate(BaseModel):
     url: str
     events: Optional[list[str]] = None
     deployment: Optional[str] = None
-    error_rate: Optional[float] = None
-    p95_ms: Optional[float] = None
-    min_requests: int = 20
+    error_rate: Optional[float] = Field(default=None, allow_inf_nan=False)
+    p95_ms: Optional[float] = Field(default=None, allow_inf_nan=False)
+    min_requests: int = Field(default=20, le=MAX_COUNT)
 
 
 def _invalid(exc: ValueError, hint: str) -> ApiError:
@@ -153,6 +159,6 @@ def _account_routes(gw: Any, auth: Auth) -> APIRouter:
         hook = gw.webhooks.get(ref)
         if hook is None:
             raise ApiError("not_found", f"no webhook {ref!r}", hint="`seq alerts ls` lists them")
-        return await asyncio.to_thread(gw.alerts.test, hook)
+        return await gw.alerts.test_async(hook)      # its own threads: a hanging receiver blocks nothing else
 
     return r
