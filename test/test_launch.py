@@ -86,3 +86,26 @@ def test_an_image_that_fails_to_build_reads_as_failed_then_exited(tmp_path):
     build_log = (tmp_path / "logs" / "broken.build.log").read_text()
     assert "no-such-package-here==9.9.9" in build_log and "uv pip install" in build_log
     assert list((tmp_path / "envs").iterdir()) == [], "a failed build left a (half-built) environment behind"
+
+
+def test_a_half_built_environment_of_a_dead_builder_is_removed_and_a_live_ones_kept(tmp_path):
+    # a gateway killed mid-build leaves uv writing into its own .{hash}.{pid}.building folder:
+    # the next build removes it once that process is gone, and never shares it
+    import subprocess
+    import sys
+    from sequence_ai_server.envs import remove_orphan_builds
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        dead = subprocess.Popen([sys.executable, "-c", "pass"])
+        dead.wait()
+        folders = {who: tmp_path / f".abc123.{pid}.building" for who, pid in
+                   (("dead", dead.pid), ("live", live.pid), ("other", 1))}
+        for f in folders.values():
+            (f / "lib").mkdir(parents=True)
+        (tmp_path / ".zzz999.77.building").mkdir()          # another spec's build is not touched
+        removed = remove_orphan_builds(tmp_path, "abc123")
+        assert removed == [folders["dead"]] and not folders["dead"].exists()
+        assert folders["live"].exists() and folders["other"].exists() and (tmp_path / ".zzz999.77.building").exists()
+    finally:
+        live.kill()
+        live.wait()

@@ -48,7 +48,7 @@ from typing import Any, Callable, Optional
 from .errors import ApiError
 
 __all__ = ["EnvBuilder", "ImageEnv", "ImageStepRefused", "ImageBuildError", "image_from_source",
-           "WORKER_REQUIREMENTS", "container_runtime", "platform_copy"]
+           "WORKER_REQUIREMENTS", "container_runtime", "platform_copy", "remove_orphan_builds"]
 
 # what the worker itself imports (setup.py's "server" extra, less the gateway-only packages)
 WORKER_REQUIREMENTS = ("fastapi>=0.110", "uvicorn>=0.29", "uvloop>=0.19; sys_platform != 'win32'", "pydantic>=2.5",
@@ -369,7 +369,8 @@ class EnvBuilder:
         t0 = time.monotonic()
         uv = _uv()
         self.root.mkdir(parents=True, exist_ok=True)
-        tmp = self.root / f".{path.name}.building"
+        remove_orphan_builds(self.root, path.name)
+        tmp = self.root / f".{path.name}.{os.getpid()}.building"
         shutil.rmtree(tmp, ignore_errors=True)
         python = image.get("python")
         python = sys.executable if python in (None, "image") else f"python{python}"
@@ -416,6 +417,29 @@ class EnvBuilder:
             last = _failure_lines(text)
             raise ImageBuildError(f"`{Path(cmd[0]).name} {cmd[1]}` exited with code {code}: {last}",
                                   {"command": cmd, "exit_code": code, "output_tail": text.splitlines()})
+
+
+def remove_orphan_builds(root: Path, spec_hash: str) -> list[Path]:
+    """Remove the half-built folders ``.{spec_hash}.{pid}.building`` under ``root`` whose
+    building process is gone (a gateway killed mid-build leaves its ``uv`` writing into its own
+    folder, never into a later build's). -> the folders removed."""
+    removed = []
+    for folder in root.glob(f".{spec_hash}.*.building"):
+        pid = folder.name[len(spec_hash) + 2:-len(".building")]
+        if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
+            shutil.rmtree(folder, ignore_errors=True)
+            removed.append(folder)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _failure_lines(text: str) -> str:
