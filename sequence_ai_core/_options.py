@@ -15,6 +15,8 @@ import sys
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, Callable, Dict, Optional
 
+from ._wire import TRANSPORTS
+
 __all__ = ["ConnectOptions", "DEFAULT_TIMEOUT_S", "DEFAULT_BODY_FORMAT", "VALIDATE_MODES",
            "print_queue_position", "options_signature"]
 
@@ -70,8 +72,12 @@ class ConnectOptions:
         body_format: how /act bodies are sent: ``"json"`` (base64 frames), ``"binary"`` (the
             framed body of docs/design.md: raw JPEG bytes, no base64) or ``"auto"`` (default:
             binary, falling back to JSON for the session when the worker answers 415).
+        transport: how /act travels: ``"auto"`` (the worker's persistent websocket channel when
+            the ``websockets`` package is installed and the worker has one, else HTTP),
+            ``"channel"`` (the channel only) or ``"http"`` (``POST /act`` per request). Default
+            ``$SEQUENCE_AI_TRANSPORT``, then ``"auto"``.
 
-    Raises ValueError (on construction) for an unknown ``validate``/``body_format`` or a
+    Raises ValueError (on construction) for an unknown ``validate``/``body_format``/``transport`` or a
     ``timeout_s`` that is not a finite number > 0, and TypeError for a callback that is not callable.
     """
 
@@ -84,12 +90,15 @@ class ConnectOptions:
     on_queue: Optional[Callable[[int, Optional[float]], Any]] = field(default=None)
     timeout_s: float = DEFAULT_TIMEOUT_S
     body_format: str = DEFAULT_BODY_FORMAT
+    transport: Optional[str] = None
 
     def __post_init__(self) -> None:
         if self.validate not in VALIDATE_MODES:
             raise ValueError(f'validate must be "warn", "strict" or "off", not {self.validate!r}')
         if self.body_format not in _BODY_FORMATS:
             raise ValueError(f"body_format must be one of {_BODY_FORMATS}, not {self.body_format!r}")
+        if self.transport is not None and self.transport not in TRANSPORTS:
+            raise ValueError(f"transport must be one of {TRANSPORTS}, not {self.transport!r}")
         if isinstance(self.timeout_s, bool) or not isinstance(self.timeout_s, (int, float)) \
                 or not math.isfinite(self.timeout_s) or self.timeout_s <= 0:
             raise ValueError(f"timeout_s must be a finite number of seconds > 0, not {self.timeout_s!r}")

@@ -68,7 +68,8 @@ class AsyncPolicy:
         self.gateway_url = resolve_gateway_url(options.gateway_url)
         self._on_queue = options.on_queue if options.on_queue is not None else print_queue_position()
         self._wire = Wire(self.gateway_url, resolve_api_key(options.api_key), model, options.params,
-                          options.timeout_s, body_format=options.body_format, on_queue=self._on_queue)
+                          options.timeout_s, body_format=options.body_format, on_queue=self._on_queue,
+                          transport=options.transport)
         self.last_episode_id: Optional[str] = None
         self._expect = dict(options.expect) if options.expect else None
         self._validate_mode = options.validate

@@ -186,6 +186,17 @@ def test_a_dropped_channel_is_reopened_and_the_request_replayed(module_gateway):
         assert (policy.reconnects, wire.resumed, wire.channel_opens) == (1, 1, 2)
 
 
+def test_connect_chooses_the_transport_and_refuses_an_unknown_one(module_gateway):
+    name = unique("echo-http")
+    module_gateway.deploy(ECHO, name, wait=True)
+    with connect(module_gateway, name, transport="http") as policy:
+        pred = policy.predict(observation())
+        wire = policy._engine._wire
+        assert len(pred.action_chunk) == 10 and wire.transport == "http" and wire.channel_opens == 0
+    with pytest.raises(ValueError, match="transport must be one of"):
+        connect(module_gateway, name, transport="pigeon")
+
+
 def test_through_the_gateway_the_channel_is_the_default(module_gateway):
     name = unique("echo-chan")
     module_gateway.deploy(ECHO, name, wait=True)
