@@ -191,7 +191,8 @@ class PolicyBackend(Backend):
         if callable(done):
             task_done = bool(await anyio.to_thread.run_sync(done, instruction))
         return {"status": outcome_status(outcome.reason, self._cancelled.is_set()),
-                "outcome": dataclasses.asdict(outcome), "task_done": task_done, "message": ""}
+                "outcome": {**dataclasses.asdict(outcome), "fault": str(outcome.fault) if outcome.fault else None},
+                "task_done": task_done, "message": ""}
 
     def interrupt(self) -> bool:
         self._cancelled.set()

@@ -26,8 +26,10 @@ configured token is checked (constant time) on every request before its body is 
 
 import hmac
 import ipaddress
+import dataclasses
 import math
 import time
+import typing
 from dataclasses import dataclass
 from typing import Annotated, Any, Callable, Dict, Optional
 
@@ -36,7 +38,7 @@ import sequence_ai
 from mcp.server import MCPServer
 from mcp.server.mcpserver.utilities.types import Image
 from mcp.types import CallToolResult, TextContent
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, create_model
 
 from .backend import Backend
 
@@ -61,21 +63,27 @@ class McpSettings:
     name: str = "sequence-ai"
 
 
-class RunOutcomeFields(BaseModel):
-    """``sequence_ai.RunOutcome`` as structured content (units: s; jumps in action-space units)."""
+def _outcome_model() -> type:
+    """``sequence_ai.RunOutcome`` as a pydantic model for the act tool's output schema, made from
+    the dataclass's own fields (so the schema follows it); ``fault`` travels as its message."""
+    # its annotations are strings, spelled in the module that defined the dataclass
+    hints = typing.get_type_hints(sequence_ai.RunOutcome, globalns=sequence_ai.RunOutcome.__init__.__globals__)
+    spec: Dict[str, Any] = {}
+    for f in dataclasses.fields(sequence_ai.RunOutcome):
+        if f.name == "fault":
+            spec[f.name] = (Optional[str], None)
+        elif f.default is not dataclasses.MISSING:
+            spec[f.name] = (hints[f.name], f.default)
+        elif f.default_factory is not dataclasses.MISSING:
+            spec[f.name] = (hints[f.name], Field(default_factory=f.default_factory))
+        else:
+            spec[f.name] = (hints[f.name], Field(description="completed | until | timeout | interrupted | "
+                                                             "validate | error | delay_exceeded | stale_camera"))
+    return create_model("RunOutcomeFields", __doc__="``sequence_ai.RunOutcome`` as structured content "
+                        "(units: s; jumps in action-space units).", **spec)
 
-    reason: str = Field(description="completed | until | timeout | interrupted | validate | error")
-    actions: int = 0
-    chunks: int = 0
-    seconds: float = 0.0
-    underruns: int = 0
-    underrun_s: float = 0.0
-    max_seam_jump: float = 0.0
-    instruction_swaps: int = 0
-    max_instruction_lag_s: Optional[float] = None
-    action_space: Optional[str] = None
-    late_ticks: int = 0
-    clipped: int = 0
+
+RunOutcomeFields = _outcome_model()
 
 
 class ActOutcome(BaseModel):

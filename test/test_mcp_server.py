@@ -135,6 +135,8 @@ def test_act_on_the_sim_succeeds_with_a_run_outcome(cell):
     applied = [k for _, k in _journal_since(robot, t0)]
     assert out["outcome"]["actions"] == applied.count("act") > 15
     assert out["outcome"]["chunks"] >= 2 and out["outcome"]["action_space"] == "joint_absolute"
+    seams = out["outcome"]["seams"]                     # the per-seam telemetry travels too (schema from RunOutcome)
+    assert seams["count"] == out["outcome"]["chunks"] - 1 and out["outcome"]["merge"] in ("replace", "aligned"), seams
     assert applied[-1] == "hold"
     assert robot.done(TASK)
 
