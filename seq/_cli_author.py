@@ -90,7 +90,9 @@ def describe(path: Path, cls: type, name: Optional[str] = None) -> list[str]:
     res = spec.resources
     name = name or (path.parent.name if path.stem == "policy" else path.stem).replace("_", "-")
     lines = [f"policy      {name}  ({spec.class_name} in {path.name})",
-             "platform    accepted  (self-hosted: validated locally; gpu, region and image are recorded, not provisioned)"]
+             "platform    accepted  (self-hosted: validated locally; gpu is checked against this machine's cards "
+             "at deploy; image pip/uv_pip/env steps are built into a Python env of their own, apt_install/"
+             "run_commands/registry bases are refused; region is recorded only)"]
     gpu = res.get("gpu")
     if gpu or res.get("max_gpus") or res.get("cpu") or res.get("memory"):
         lines.append(f"resources   gpu={gpu} max_gpus={res.get('max_gpus')} cpu={res.get('cpu')} memory={res.get('memory')}")

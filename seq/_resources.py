@@ -1,7 +1,10 @@
 """Declarations of things a policy needs from outside its code: timeouts, weights, secrets, an image.
 
-All of them are pure data. Self-hosted, the image, GPU type and region are recorded on the
-policy's spec (shown by ``seq policy status``) but change nothing; weights that name a local
+All of them are pure data. Self-hosted, the region is recorded on the policy's spec (shown by
+``seq policy status``) but changes nothing; a GPU type is checked against this machine's cards
+when the version loads; an image's ``pip_install`` / ``uv_pip_install`` / ``env`` steps are built
+into a Python environment of its own (``sequence_ai_server/envs.py``), and ``apt_install``,
+``run_commands`` and a registry base image are refused at deploy; weights that name a local
 directory are handed to ``load`` as they are, and a secret is read from the environment variable
 of the same name in upper case.
 """
@@ -213,7 +216,10 @@ def _strings_arg(where: str, values: tuple, what: str, pattern: Optional[re.Patt
 @dataclass(frozen=True)
 class Image:
     """A declarative container image. Immutable: each method returns a new Image with one more
-    step, in build order. Self-hosted nothing is built; ``seq image dockerfile FILE`` renders it.
+    step, in build order. Self-hosted, ``pip_install`` / ``uv_pip_install`` / ``env`` steps are built
+    into a Python environment per image spec (the worker runs in it); ``apt_install``,
+    ``run_commands`` and a registry base (``from_registry``) are refused at deploy, naming the step.
+    ``seq image dockerfile FILE`` renders the whole image as a Dockerfile.
 
     python: "3.11" (default), "3.12", "3.13", or "image" (the base's own Python).
     Raises DeclarationError for an unknown python, an empty or shell-looking package name, or a

@@ -35,7 +35,9 @@ def resolve_api_key(api_key: Optional[str] = None) -> str:
     """``api_key`` argument, else ``$SEQUENCES_API_KEY``.
 
     Raises:
-        AuthError: neither is set; the hint says where the local gateway keeps its key.
+        AuthError: neither is set (``code="no_api_key"``); the hint says where the local gateway
+            keeps its key, that the client does not read that file, and that an MCP host needs
+            the key in its server env entry.
     """
     key = api_key or os.environ.get("SEQUENCES_API_KEY")
     if key:
@@ -45,5 +47,7 @@ def resolve_api_key(api_key: Optional[str] = None) -> str:
         "no API key: pass api_key= or set SEQUENCES_API_KEY",
         code="no_api_key",
         hint=(f"the local gateway writes its key to {key_file} on first start "
-              f"(export SEQUENCES_API_KEY=$(cat {key_file}))"),
+              f"(export SEQUENCES_API_KEY=$(cat {key_file})); the client does not read that file. "
+              "An MCP host starting `sequence-ai mcp` over stdio does not pass your shell's "
+              "environment: set SEQUENCES_API_KEY (and SEQUENCES_GATEWAY_URL) in the host's server env entry"),
     )

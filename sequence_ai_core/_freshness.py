@@ -13,11 +13,12 @@ this machine's clock (a camera's clock may be its own, or simulated).
 """
 from __future__ import annotations
 
+import difflib
 import hashlib
 import time
-from typing import Any, Dict, Mapping, Optional, Tuple, Union
+from typing import Any, Dict, Iterable, Mapping, Optional, Tuple, Union
 
-from ._errors import StaleCamera
+from ._errors import InvalidRequest, StaleCamera
 
 __all__ = ["CameraWatch"]
 
@@ -54,6 +55,27 @@ class CameraWatch:
     def enabled(self) -> bool:
         """True when at least one stream is watched."""
         return self._default is not None or bool(self._ages)
+
+    def check_views(self, declared: Optional[Iterable[str]]) -> None:
+        """Refuse a ``{view: seconds}`` naming a view the contract does not declare (it would never
+        be watched). ``declared``: the contract's camera views; None (no contract): nothing checked.
+
+        Raises:
+            InvalidRequest: ``code="unknown_view"``, naming the view(s) and listing the declared ones.
+        """
+        if declared is None:
+            return
+        views = list(declared)
+        unknown = sorted(v for v in self._ages if v not in views)
+        if unknown:
+            near = [v for v in views if unknown[0] in v or v in unknown[0]]
+            near = near or difflib.get_close_matches(unknown[0], views, n=1) or views[:1]
+            raise InvalidRequest(
+                f"max_frame_age_s names camera view(s) {unknown} that the contract does not declare "
+                f"(its views: {views})", code="unknown_view",
+                details={"unknown": unknown, "views": views},
+                hint=f"key max_frame_age_s by the contract's view names, e.g. {{{near[0]!r}: 0.5}}" if views
+                else "this policy declares no camera views: pass max_frame_age_s=None")
 
     def _age_for(self, view: str) -> Optional[float]:
         return self._ages.get(view, self._default)

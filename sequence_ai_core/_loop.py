@@ -131,7 +131,9 @@ class LoopConfig:
     - ``blend_dims``: the continuous action dimensions (indices) ``aligned_blend`` may blend;
       required with it; leave a gripper out.
     - ``max_frame_age_s``: the most a camera stream may go without a new frame (s), one number
-      or ``{view: s}``; a stale one ends the run with ``stale_camera``. None: not checked.
+      or ``{view: s}``; a stale one ends the run with ``stale_camera``. None: not checked. A
+      view the contract does not declare is refused before motion (``InvalidRequest``,
+      code ``unknown_view``).
     """
 
     observe: Callable[[], Any]
@@ -268,7 +270,9 @@ class ControlLoop:
         if self.cfg.max_actions == 0:
             raise _Stop("completed")
         cold = self.delay.cold is None
+        self._check_watched_views()
         await self._first_chunk()
+        self._check_watched_views()      # the handshake of the first request brought the contract
         self._negotiate()
         if self.max_delay is not None and cold:   # the cold request says little: measure a warm one
             self.buffer.clear()
@@ -283,6 +287,12 @@ class ControlLoop:
         self.pacer = Pacer(now, self._period(self.buffer.queued[0]))
         if self.cfg.max_seconds is not None:
             self.motion_end = now + float(self.cfg.max_seconds)
+
+    def _check_watched_views(self) -> None:
+        """InvalidRequest (before any motion) when max_frame_age_s names a view the contract lacks."""
+        if self.p.contract is not None:
+            observation = Contract.from_wire(self.p.contract).observation
+            self.watch.check_views(list(observation.cameras) if observation is not None else None)
 
     def _negotiate(self) -> None:
         """The delay mode and merge for this run, from the contract; DelayUnsupported on a mismatch."""

@@ -250,3 +250,26 @@ def test_a_worker_without_the_channel_is_reached_over_http(worker):
     opened, no_channel = asyncio.run(go())
     assert opened is None and no_channel == worker.url + "/nochannel"
     assert httpx.get(worker.url + "/ping", timeout=10).json()["status"] == "ready"
+
+
+def _usage(worker) -> dict:
+    r = httpx.get(f"http://127.0.0.1:{worker.port}/ping", params={"usage_since": 10**9}, trust_env=False)
+    assert r.status_code == 200, r.text
+    return r.json()["usage"]
+
+
+def test_channel_requests_are_metered_like_http_act(worker):
+    before = _usage(worker)
+    sent = received = 0
+    with _ws(worker) as ws:
+        for seq, body in ((1, _body()), (2, _body({"fail": "RuntimeError"})), (3, _body())):
+            content, ctype = encode_act_body(body, True)
+            ws.send(struct.pack(">IB", seq, 1) + content)
+            data = ws.recv(timeout=30)
+            sent, received = sent + len(content), received + len(data) - 6
+    after = _usage(worker)
+    assert after["requests"] - before["requests"] == 3
+    assert after["errors"] - before["errors"] == 1            # the policy_error (500)
+    assert after["bytes_in"] - before["bytes_in"] == sent
+    assert after["bytes_out"] - before["bytes_out"] == received
+    assert after["seq"] - before["seq"] == 3

@@ -446,6 +446,9 @@ def test_every_template_scaffolds_and_passes_seq_validate(template, tmp_path):
     r = _seq("validate", str(target / "policy.py"))
     assert r.returncode == 0, r.stderr
     assert "platform    accepted" in r.stdout and "lifecycle   @seq.load load()" in r.stdout
+    assert "not provisioned" not in r.stdout            # image steps are built (envs.py), not just recorded
+    assert "pip/uv_pip/env steps are built" in r.stdout and "apt_install/run_commands/registry bases are refused" \
+        in r.stdout
 
 
 def test_validate_shows_image_weights_code_contracts_and_param_ranges():

@@ -19,7 +19,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sequence_ai_core import (ActionChunk, AsyncPolicy, DelayUnsupported, Prediction, StaleCamera)
+from sequence_ai_core import (ActionChunk, AsyncPolicy, DelayUnsupported, InvalidRequest, Prediction,
+                              StaleCamera)
 from sequence_ai_core._delay import WINDOW, DelayEstimate, committed_prefix, steps_for
 from sequence_ai_core._wire import Session
 
@@ -301,6 +302,23 @@ def test_a_live_camera_runs_to_the_end():
     out = drive(DelayWire(lambda i: numbered(i, rows=3, hz=20.0), [0.0], contract(hz=20.0, modes=("chunk",))),
                 robot, max_actions=30, max_frame_age_s=0.2)
     assert out.reason == "completed" and out.fault is None
+
+
+def test_a_view_the_contract_lacks_is_refused_before_motion_listing_its_views():
+    declared = contract(hz=20.0, modes=("chunk",))
+    declared["observation"] = {"cameras": {"exterior_1": {"width": 64, "height": 64},
+                                           "wrist_left": {"width": 64, "height": 64}}}
+    robot = Robot(frames("live"))
+    wire = DelayWire(lambda i: numbered(i, rows=3, hz=20.0), [0.0], declared)
+    with pytest.raises(InvalidRequest) as err:
+        drive(wire, robot, max_actions=30, max_frame_age_s={"wrist": 0.5})
+    assert err.value.code == "unknown_view" and "'wrist'" in str(err.value)
+    assert err.value.details == {"unknown": ["wrist"], "views": ["exterior_1", "wrist_left"]}
+    assert "wrist_left" in err.value.hint
+    assert robot.rows == [] and wire.sent == [] and robot.events == ["hold"]
+    out = drive(DelayWire(lambda i: numbered(i, rows=3, hz=20.0), [0.0], declared), Robot(frames("live")),
+                max_actions=5, max_frame_age_s={"wrist_left": 0.5})
+    assert out.reason == "completed"
 
 
 # ------------------------------------------------------------------ properties

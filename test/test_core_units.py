@@ -187,6 +187,19 @@ def test_no_api_key_is_an_auth_error_naming_the_key_file(monkeypatch, tmp_path):
     assert str(tmp_path / "api_key") in info.value.hint
 
 
+def test_the_key_file_is_not_read_and_the_hint_says_so_and_names_the_mcp_host_env(monkeypatch, tmp_path):
+    monkeypatch.delenv("SEQUENCES_API_KEY", raising=False)
+    monkeypatch.setenv("SEQUENCES_HOME", str(tmp_path))
+    (tmp_path / "api_key").write_text("seq_live_from_file\n")
+    from sequence_ai_core import resolve_api_key
+    with pytest.raises(sequence_ai.AuthError) as info:
+        resolve_api_key()                     # api_key= then $SEQUENCES_API_KEY only, as the hint says
+    assert info.value.code == "no_api_key"
+    assert "does not read that file" in info.value.hint
+    assert "SEQUENCES_API_KEY (and SEQUENCES_GATEWAY_URL) in the host's server env entry" in info.value.hint
+    assert resolve_api_key("seq_live_arg") == "seq_live_arg"
+
+
 # ------------------------------------------------------------------ types
 
 def test_action_chunk_reads_like_the_spec():

@@ -128,3 +128,28 @@ def test_the_state_vector_must_fit_the_declared_proprioception():
         observation_from_openpi({"observation/image": np.zeros((8, 8, 3), np.uint8),
                                  "observation/state": np.arange(7.0)}, contract)
     assert wrong.value.code == "contract_mismatch" and "7 values" in wrong.value.detail
+
+
+def test_openpi_observations_are_metered_like_http_act(worker):
+    import httpx
+    from websockets.sync.client import connect as ws_connect
+
+    def usage() -> dict:
+        return httpx.get(f"http://127.0.0.1:{worker.port}/ping", trust_env=False).json()["usage"]
+
+    img = np.zeros((64, 64, 3), np.uint8)
+    good = packb({"observation/exterior_1": img, "observation/state": np.arange(8.0), "prompt": "pick"})
+    bad = packb({"observation/exterior_1": np.zeros((32, 32, 3), np.uint8), "state": np.zeros(8)})
+    before = usage()
+    received = 0
+    with ws_connect(f"ws://127.0.0.1:{worker.port}/", max_size=None, proxy=None,
+                    additional_headers={"Authorization": f"Api-Key {worker.secret}"}) as ws:
+        ws.recv(timeout=30)                                   # the metadata message is not an /act
+        for message in (good, bad, good):
+            answer = ws.recv(timeout=30) if ws.send(message) is None else None
+            received += len(answer if isinstance(answer, bytes) else answer.encode())
+    after = usage()
+    assert after["requests"] - before["requests"] == 3
+    assert after["errors"] - before["errors"] == 1            # the 32x32 frame: contract_mismatch
+    assert after["bytes_in"] - before["bytes_in"] == 2 * len(good) + len(bad)
+    assert after["bytes_out"] - before["bytes_out"] == received

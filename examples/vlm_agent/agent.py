@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
 import sys
 from typing import Any, Dict, List
@@ -91,7 +92,8 @@ async def _main(args: argparse.Namespace) -> int:
 
     if args.stdio:
         argv = shlex.split(args.mcp)
-        target: Any = StdioServerParameters(command=argv[0], args=argv[1:])
+        # the SDK starts the server with a minimal environment: pass ours (SEQUENCES_API_KEY, ...)
+        target: Any = StdioServerParameters(command=argv[0], args=argv[1:], env=dict(os.environ))
     else:
         target = args.mcp
     tool_choice = None if args.tool_choice == "auto" else (

@@ -25,6 +25,10 @@ again for every request (a lease that expires or a session the gateway ends is r
 its next request on; the client then reconnects through the gateway). A message over the body
 limit is answered 413 ``payload_too_large``; one over twice the limit closes the channel with
 1009 (``channel_max_size``), which the client reports as ``payload_too_large`` as well.
+
+Metering: every answered request is counted in the worker's ``usage.ActMeter`` like an HTTP /act
+(status, the body bytes after the request and answer heads, the time to answer); a request
+cancelled before it ran, which gets no answer, is not counted.
 """
 from __future__ import annotations
 
@@ -32,6 +36,7 @@ import asyncio
 import json
 import logging
 import struct
+import time
 from typing import Any
 
 from starlette.responses import JSONResponse
@@ -78,9 +83,9 @@ class _Channel:
     """One accepted websocket: reads requests, runs each as its own task, answers in any order."""
 
     def __init__(self, websocket: WebSocket, token: str, state: Any, auth: Any, capture: Any,
-                 max_body_bytes: int) -> None:
+                 max_body_bytes: int, meter: Any = None) -> None:
         self.ws, self.token, self.state, self.auth = websocket, token, state, auth
-        self.capture, self.max_body_bytes = capture, max_body_bytes
+        self.capture, self.max_body_bytes, self.meter = capture, max_body_bytes, meter
         self.queued: dict[int, Any] = {}     # seq -> the concurrent future of a request not yet answered
         self.tasks: set[asyncio.Task] = set()
         self.pending: set[int] = set()       # seq of every request read and not yet answered
@@ -142,6 +147,7 @@ class _Channel:
     async def answer(self, data: bytes) -> None:
         if len(data) < _REQUEST_HEAD.size:
             return                      # nothing to answer to: not a request
+        t0 = time.perf_counter()
         seq, fmt = _REQUEST_HEAD.unpack_from(data)
         if seq in self.cancelled:
             self.cancelled.discard(seq)
@@ -167,7 +173,10 @@ class _Channel:
         try:
             await self.ws.send_bytes(_ANSWER_HEAD.pack(seq, status) + content)
         except (WebSocketDisconnect, RuntimeError, OSError):
-            pass                        # the client went away; its requests are cancelled
+            status = 0                  # the client went away; its requests are cancelled
+        if self.meter is not None:      # counted like HTTP /act (usage.py)
+            self.meter.count((time.perf_counter() - t0) * 1000.0, status,
+                             len(data) - _REQUEST_HEAD.size, len(content))
 
     async def run(self, seq: int, fmt: int, body: memoryview, rid: str) -> bytes:
         from .worker_app import run_act
@@ -216,7 +225,8 @@ def add_act_channel(app: Any, state: Any, auth: Any, max_body_bytes: int) -> Non
             await _refuse(websocket, exc)
             return
         await websocket.accept()
-        await _Channel(websocket, token, state, auth, capture, max_body_bytes).serve()
+        await _Channel(websocket, token, state, auth, capture, max_body_bytes,
+                       getattr(app.state, "act_meter", None)).serve()
 
 
 def channel_max_size(max_body_bytes: int) -> int:

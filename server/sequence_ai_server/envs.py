@@ -24,10 +24,10 @@ so every worker runs the code its gateway was started with, and an environment i
 across gateway upgrades. (A copy is ~1 MB and takes milliseconds; installing the packages
 into each environment would cost a wheel build per code change.)
 
-``apt_install`` and ``run_commands`` change the system, not a Python environment: they need a
-container runtime. Without one (podman, or docker with a reachable daemon) the deploy is
-refused with :class:`ImageStepRefused`, naming the step and what to do; with one, the deploy is
-refused too (this gateway does not build container images yet) -- never silently skipped.
+``apt_install`` and ``run_commands`` change the system, not a Python environment: the deploy is
+refused with :class:`ImageStepRefused`, naming the step and what to do (pip_install /
+uv_pip_install, or install the system package on the host), with or without a container runtime
+(this gateway does not build container images) -- never silently skipped.
 """
 from __future__ import annotations
 
@@ -309,16 +309,15 @@ class EnvBuilder:
                 continue
             runtime = runtime or container_runtime() or "none"
             what = " ".join(step.get("args") or [])
+            hint = ("use pip_install / uv_pip_install for Python packages, or install the system package on "
+                    "the host (the gateway's machine) and drop the step")
             if runtime == "none":
-                raise ImageStepRefused(i, step["kind"], f"{what!r} needs a container runtime and none is here "
-                                       "(no podman; docker's daemon does not answer `docker info`)",
-                                       "install podman or start the docker daemon, or install the library on the "
-                                       "gateway's machine and drop the step; pip_install / uv_pip_install / env steps "
-                                       "build without a container")
+                raise ImageStepRefused(i, step["kind"], f"{what!r} changes the system; this gateway builds Python "
+                                       "environments only (pip_install / uv_pip_install / env steps)", hint)
             raise ImageStepRefused(i, step["kind"], f"{what!r} changes the system; this gateway builds Python "
                                    f"environments only and does not build container images ({runtime} is here)",
-                                   f"build the image yourself (`seq image dockerfile FILE` | {runtime} build -) and "
-                                   "serve it outside this gateway, or drop the step")
+                                   f"{hint}; or build the image yourself (`seq image dockerfile FILE` | {runtime} "
+                                   "build -) and serve it outside this gateway")
         for i, step in enumerate(image.get("steps") or [], 1):
             if step["kind"] in ("pip_install", "uv_pip_install"):
                 for req in step.get("args") or []:

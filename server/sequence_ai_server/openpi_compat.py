@@ -16,7 +16,9 @@ msgpack-numpy convention and is answered with one action dict (``{"actions": flo
 * limits: a message over the worker's body limit is refused (``payload_too_large``); only bool,
   integer, float and text dtypes are read (object / void: no pickle), arrays whose bytes do not
   match their shape and dicts nested over ``MAX_DEPTH`` are refused;
-* one connection is one episode (``@seq.on_episode`` runs when it closes).
+* one connection is one episode (``@seq.on_episode`` runs when it closes);
+* metering: each observation answered (actions or an error) is counted in the worker's
+  ``usage.ActMeter`` like an HTTP /act (status, message bytes in and out, time to answer).
 
 The observation dict is mapped through the policy's contract (docs/openpi.md): nested dicts are
 flattened to ``/``-joined keys; a declared camera view ``v`` takes the key ``v`` or one ending in
@@ -281,22 +283,32 @@ def add_openpi_endpoint(app: Any, state: Any, auth: Any, max_body_bytes: int) ->
             return
         await websocket.accept()
         episode_id = "openpi_" + new_request_id()[4:]
+        meter = getattr(app.state, "act_meter", None)
         try:
             await websocket.send_bytes(packb(metadata(state)))
             while True:
                 data = await websocket.receive_bytes()
+                t0, status, out = time.perf_counter(), 0, b""
                 try:
-                    auth.check(token)
-                    await websocket.send_bytes(await _one(host, episode_id, data, max_body_bytes))
-                except ApiError as exc:
-                    exc.request_id = exc.request_id or new_request_id()
-                    await websocket.send_text(_error_bytes(exc).decode())
-                except (WebSocketDisconnect, asyncio.CancelledError):
-                    raise
-                except Exception as exc:  # noqa: BLE001 - a bug here: a typed 500 answer, the connection stays
-                    from .errors import _internal
-                    log.exception("unhandled error on the openpi endpoint")
-                    await websocket.send_text(_error_bytes(_internal(exc, new_request_id())).decode())
+                    try:
+                        auth.check(token)
+                        out, status = await _one(host, episode_id, data, max_body_bytes), 200
+                        await websocket.send_bytes(out)
+                    except ApiError as exc:
+                        exc.request_id = exc.request_id or new_request_id()
+                        out, status = _error_bytes(exc), exc.status
+                        await websocket.send_text(out.decode())
+                    except (WebSocketDisconnect, asyncio.CancelledError):
+                        raise
+                    except Exception as exc:  # noqa: BLE001 - a bug here: a typed 500 answer, the connection stays
+                        from .errors import _internal
+                        log.exception("unhandled error on the openpi endpoint")
+                        err = _internal(exc, new_request_id())
+                        out, status = _error_bytes(err), err.status
+                        await websocket.send_text(out.decode())
+                finally:
+                    if meter is not None:       # counted like HTTP /act (usage.py)
+                        meter.count((time.perf_counter() - t0) * 1000.0, status, len(data), len(out))
         except (WebSocketDisconnect, RuntimeError, KeyError):
             pass        # the client closed (receive_bytes raises KeyError on a text frame: treat as gone)
         finally:

@@ -3,7 +3,9 @@
 
 Two halves:
 
-- :class:`ActMeter`, in each worker: a pure ASGI layer counting ``/act`` requests, the ones
+- :class:`ActMeter`, in each worker: a pure ASGI layer counting HTTP ``/act`` requests (and
+  :meth:`ActMeter.count`, which the /act channel ``/act/ws`` and the openpi endpoint ``/`` call
+  for each request they answer, so every /act is counted alike), the ones
   answered with an error (any status >= 400 except 401, which is a routine reconnect after a
   secret rotation), request and response body bytes, and the handler time of each (ms). The
   worker's ``/ping?usage_since=N`` returns the counters and the samples after sequence number N.
@@ -80,15 +82,19 @@ class ActMeter:
         try:
             await app(scope, counted_receive, counted_send)
         finally:
-            ms = (time.perf_counter() - t0) * 1000.0
-            error = status >= 400 and status != 401 or status == 0
-            with self._lock:
-                self.requests += 1
-                self.errors += int(error)
-                self.bytes_in += size_in
-                self.bytes_out += size_out
-                self.seq += 1
-                self.samples.append((self.seq, round(ms, 3), int(error)))
+            self.count((time.perf_counter() - t0) * 1000.0, status, size_in, size_out)
+
+    def count(self, ms: float, status: int, size_in: int, size_out: int) -> None:
+        """Count one answered /act: its handler time ``ms`` (ms), HTTP ``status`` (0: no answer
+        was sent; an error like any status >= 400 except 401), request and answer body sizes (bytes)."""
+        error = status >= 400 and status != 401 or status == 0
+        with self._lock:
+            self.requests += 1
+            self.errors += int(error)
+            self.bytes_in += size_in
+            self.bytes_out += size_out
+            self.seq += 1
+            self.samples.append((self.seq, round(ms, 3), int(error)))
 
     def snapshot(self, since: int = -1) -> dict:
         """The counters and the samples with a sequence number above ``since``."""
