@@ -201,10 +201,9 @@ def _delay_bench():
 
 @pytest.fixture(scope="module")
 def policy():
-    sys.path.insert(0, str(ROOT / "examples" / "pick_place"))
-    from policy import PickPlacePolicy
+    from seq.spec import load_policy_class   # by path: another test file may have imported a `policy` module
 
-    p = PickPlacePolicy()
+    p = load_policy_class(str(ROOT / "examples" / "pick_place" / "policy.py"), "PickPlacePolicy")()
     p.load(None)
     return p
 
