@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from _servers import POLICIES, GatewayProcess
+from _servers import POLICIES
 from sequence_ai_server.envs import EnvBuilder, ImageStepRefused, image_from_source
 from sequence_ai_server.errors import ApiError
 from sequence_ai_server.observation import _prefix
@@ -53,15 +53,6 @@ def test_an_option_written_in_a_policy_file_is_refused_at_deploy(tmp_path):
                  "class P(seq.Policy):\n    pass\n")
     with pytest.raises(ImageStepRefused, match="installer option"):
         EnvBuilder(tmp_path).prepare(image_from_source(str(f)), "p", 1)
-
-
-@pytest.fixture
-def gateway(tmp_path):
-    gw = GatewayProcess.start(tmp_path)
-    try:
-        yield gw
-    finally:
-        gw.close()
 
 
 def test_numbers_the_database_cannot_hold_and_long_windows_are_400s(gateway):

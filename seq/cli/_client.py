@@ -25,7 +25,7 @@ from ..gateway_client import GatewayClient, data_dir_of
 from ..gateway_client import GatewayError as CliError
 
 __all__ = ["EXIT", "CliError", "GatewayClient", "fail", "call", "data_dir_of", "out", "err",
-           "GatewayOpt", "ApiKeyOpt", "DataDirOpt"]
+           "GatewayOpt", "ApiKeyOpt", "DataDirOpt", "human_size"]
 
 EXIT = {"unauthorized": 3, "lease_expired": 3, "not_found": 4, "invalid_request": 5, "warming": 6,
         "worker_failed": 6, "unreachable": 6, "timeout": 7}
@@ -63,3 +63,12 @@ def call(gateway: Optional[str], api_key: Optional[str], data_dir: Optional[Path
 GatewayOpt = typer.Option(None, "--gateway", help="gateway URL (default: $SEQUENCES_GATEWAY_URL or http://127.0.0.1:8470)")
 ApiKeyOpt = typer.Option(None, "--api-key", help="API key (default: $SEQUENCES_API_KEY or <data-dir>/api_key)")
 DataDirOpt = typer.Option(None, "--data-dir", help="data dir (default: $SEQUENCES_HOME or ~/.sequence-ai)")
+
+
+def human_size(n: float) -> str:
+    """``n`` bytes as B / KiB / MiB / GiB for a person (``1536`` -> ``"1.5 KiB"``)."""
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024.0
+    return str(n)

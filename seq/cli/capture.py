@@ -22,21 +22,13 @@ from typing import Optional
 
 import typer
 
-from ._client import ApiKeyOpt, CliError, DataDirOpt, GatewayClient, GatewayOpt, fail, out as console
+from ._client import ApiKeyOpt, CliError, DataDirOpt, GatewayClient, GatewayOpt, fail, human_size, out as console
 
 __all__ = ["app"]
 
 app = typer.Typer()
 data_app = typer.Typer(help="Export the episodes kept by capture.", no_args_is_help=True)
 app.add_typer(data_app, name="data")
-
-
-def _size(n: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024.0
-    return str(n)
 
 
 @app.command("capture")
@@ -66,7 +58,7 @@ def capture(name: str,
     console.print(f"capture {name}: {state}", highlight=False, markup=False)
     oldest = time.strftime("%Y-%m-%d %H:%M", time.localtime(d["oldest"])) if d.get("oldest") else "-"
     console.print(f"kept: {d['episodes']} episodes, {d['steps']} steps, {d['labeled']} labeled, "
-                   f"{_size(d['bytes'])}, oldest {oldest}", highlight=False, markup=False)
+                   f"{human_size(d['bytes'])}, oldest {oldest}", highlight=False, markup=False)
 
 
 @data_app.command("export")

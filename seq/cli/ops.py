@@ -20,7 +20,7 @@ from typing import List, Optional
 import typer
 from rich.table import Table
 
-from ._client import ApiKeyOpt, CliError, DataDirOpt, GatewayOpt, call, fail, out
+from ._client import ApiKeyOpt, CliError, DataDirOpt, GatewayOpt, call, fail, human_size, out
 
 __all__ = ["scale_app", "alerts_app", "gpus_app", "limits_app", "parse_since", "scale_line"]
 
@@ -82,14 +82,6 @@ def policy_scale(name: str,
     _print(scale_line(view) or f"  scale     none: {name} keeps min_workers={view['min_workers']} only")
 
 
-def _bytes(n: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return str(n)
-
-
 @scale_app.command("usage")
 def policy_usage(name: str, since: Optional[str] = typer.Option(None, "--since", help="24h, 7d, 30m or YYYY-MM-DD (default: all)"),
                  gw: Optional[str] = GatewayOpt, api_key: Optional[str] = ApiKeyOpt,
@@ -105,8 +97,8 @@ def policy_usage(name: str, since: Optional[str] = typer.Option(None, "--since",
     _print(f"{name}: usage since {'the start' if not start else datetime.fromtimestamp(start, timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}")
     _print(f"  worker-seconds  {cards}")
     _print(f"  requests        {t['requests']} ({t['errors']} errors)")
-    _print(f"  bytes           in {t['bytes_in']} ({_bytes(t['bytes_in'])}), out {t['bytes_out']} ({_bytes(t['bytes_out'])})")
-    _print(f"  captured        {u['captured_bytes']} bytes ({_bytes(u['captured_bytes'])})")
+    _print(f"  bytes           in {t['bytes_in']} ({human_size(t['bytes_in'])}), out {t['bytes_out']} ({human_size(t['bytes_out'])})")
+    _print(f"  captured        {u['captured_bytes']} bytes ({human_size(u['captured_bytes'])})")
     h = u.get("last_hour") or {}
     if h.get("requests"):
         _print(f"  last hour       {h['requests']} requests, error rate {h['error_rate']:.1%}, p95 {h['p95_ms']:.1f} ms")
