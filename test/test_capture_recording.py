@@ -97,6 +97,15 @@ class Cell:
         except Exception as exc:  # noqa: BLE001 - reported by the test that compares
             self.live_errors[t_ns] = repr(exc)
 
+    def wait_streams(self, timeout_s=30.0):
+        """Until the recorder's callbacks have seen every camera view and the joint states (its
+        subscriptions match late on a loaded machine; a command before then has no live observation)."""
+        want = set(self.driver._p["camera_views"]) | {"joints"}
+        deadline = time.monotonic() + timeout_s
+        while not want <= set(self.seen):
+            assert time.monotonic() < deadline, f"the recorder saw only {sorted(self.seen)} of {sorted(want)}"
+            time.sleep(0.05)
+
     def run(self, instruction, max_seconds=45.0, cancel_after_s=None, during=None):
         self.recorder.last_bag = None
         handle = _wait(self.act.send_goal_async(Act.Goal(instruction=instruction, max_seconds=max_seconds)), 30, "the Act goal")
@@ -149,6 +158,7 @@ def cell(tmp_path_factory):
 @pytest.fixture(scope="module")
 def recorded(cell):
     """One real demo run recorded around its Act goal: (bag, Act result, success verdict, commands sent)."""
+    cell.wait_streams()
     cell.probing = True
     result, verdict = cell.run(INSTRUCTION)
     cell.probing = False
