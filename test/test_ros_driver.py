@@ -158,6 +158,24 @@ class Goal:
         return self.result
 
 
+def wait_goal_path(client, timeout=60.0):
+    """Sends refused goals (an empty instruction) until one is answered.
+
+    A driver in another process may drop the answer to a goal sent before its reply writer has
+    discovered this client (wait_for_server only sees the request side); a refusal is safe to repeat.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        fut = client.send_goal_async(Act.Goal(instruction=" ", max_seconds=1.0))
+        t_ask = time.monotonic()
+        while not fut.done() and time.monotonic() - t_ask < 2.0:
+            time.sleep(0.02)
+        if fut.done():
+            assert not fut.result().accepted
+            return
+        assert time.monotonic() < deadline, "no answer to a goal from the driver"
+
+
 def setup_driver(ros, gateway, namespace="", **params):
     robot = ros.add(FakeRobot(ros.ctx, namespace))
     driver = ros.add(PolicyDriver(namespace=namespace, context=ros.ctx, parameter_overrides=driver_params(gateway, **params)))

@@ -26,7 +26,7 @@ from rclpy.action import ActionClient
 from _servers import ECHO_POLICY, ROOT
 from sequence_ai_msgs.action import Act
 from sequence_ai_ros.driver_node import PolicyDriver
-from test_ros_driver import KEY_ENV, FakeRobot, Goal, driver_params, echo_server, ros, wait  # noqa: F401
+from test_ros_driver import KEY_ENV, FakeRobot, Goal, driver_params, echo_server, ros, wait, wait_goal_path  # noqa: F401
 
 PERIOD_S = 1.0 / 15.0
 
@@ -350,6 +350,7 @@ def test_a_signal_to_the_driver_process_mid_goal_gives_the_client_its_result_aft
             label = fut.result().current_state.label if fut.done() else None
             if label != "active":
                 time.sleep(0.2)
+        wait_goal_path(client)
         goal = Goal(client, max_seconds=30.0)
         assert goal.handle.accepted
         wait(lambda: len(robot.commands) >= 10, 20.0, "commands")
