@@ -85,35 +85,47 @@ class Policy:
         self._owner: Optional[int] = None     # the thread inside _call (close() from another waits)
         self._closed = False
 
-    def _call(self, coro: Awaitable[Any]) -> Any:
+    @contextlib.contextmanager
+    def _driving(self) -> Iterator[None]:
+        """The one-driver rule: this thread drives the Policy for the block, else ``busy``/``closed``."""
         if self._closed:
-            coro.close()  # type: ignore[union-attr]
             raise SequencesError("this Policy is closed", code="closed")
         if not self._busy.acquire(blocking=False):
-            coro.close()  # type: ignore[union-attr]
             raise SequencesError(
                 "this Policy is already driving on another thread (or re-entered from a callback)",
                 code="busy", hint="one Policy per control loop: connect() once per robot")
         self._owner = threading.get_ident()
         try:
-            task = self._loop.create_task(coro)  # type: ignore[arg-type]
-            try:
-                with _outer_loop_set_aside():   # called from another Policy's callback
-                    return self._loop.run_until_complete(task)
-            except KeyboardInterrupt:
-                # Ctrl-C landed in the event loop itself: unwind the run through its finally
-                # (hold) before letting the KeyboardInterrupt through.
-                if not task.done():
-                    task.cancel()
-                    try:
-                        with _outer_loop_set_aside():
-                            self._loop.run_until_complete(task)
-                    except BaseException:  # noqa: BLE001
-                        pass
-                raise
+            yield
         finally:
             self._owner = None
             self._busy.release()
+
+    def _call(self, coro: Awaitable[Any]) -> Any:
+        try:
+            with self._driving():
+                task = self._loop.create_task(coro)  # type: ignore[arg-type]
+                try:
+                    with _outer_loop_set_aside():   # called from another Policy's callback
+                        return self._loop.run_until_complete(task)
+                except KeyboardInterrupt:
+                    # Ctrl-C landed in the event loop itself: unwind the run through its finally
+                    # (hold) before letting the KeyboardInterrupt through.
+                    if not task.done():
+                        task.cancel()
+                        try:
+                            with _outer_loop_set_aside():
+                                self._loop.run_until_complete(task)
+                        except BaseException:  # noqa: BLE001
+                            pass
+                    raise
+        finally:
+            coro.close()  # type: ignore[union-attr]   # a no-op once run; a refused call never starts it
+
+    def _call_now(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """Call a blocking engine method (no event loop) under the same one-driver rule as ``_call``."""
+        with self._driving():
+            return fn(*args, **kwargs)
 
     # ------------------------------------------------------------ lifecycle
 
@@ -228,6 +240,9 @@ class Policy:
     def predict(self, observation: Any, *, params: Optional[Dict[str, Any]] = None) -> Any:
         """One request: the whole action chunk for ``observation`` (a ``Prediction``); for a policy
         with no contract, exactly what its infer() returned. See AsyncPolicy.predict."""
+        done, result = self._call_now(self._engine.predict_now, observation, params=params)
+        if done:
+            return result
         return self._call(self._engine.predict(observation, params=params))
 
     def next_action(self, observation: Any = None) -> List[float]:

@@ -117,13 +117,14 @@ class LeaseRenewal:
         None before the second request."""
         return max(self._intervals) if self._intervals else None
 
-    def _note_request(self) -> None:
+    def note_request(self) -> None:
+        """Note that an /act request starts now (the request interval the lease margin uses)."""
         now = time.monotonic()
         if self._last_request is not None:
             self._intervals = (self._intervals + [now - self._last_request])[-INTERVAL_WINDOW:]
         self._last_request = now
 
-    def _lease_due(self, session: Session) -> bool:
+    def lease_due(self, session: Session) -> bool:
         """Renew before this request? After a failed try: once its backoff has passed (until the
         lease lapses). Else: at ``renew_at``, or earlier once the robot's request interval has
         grown so that the lease would lapse before its next request (``lease_margin``)."""

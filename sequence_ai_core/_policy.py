@@ -15,6 +15,7 @@ import time
 import warnings
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
+from ._blocking import BlockingAct
 from ._buffer import ChunkBuffer
 from ._config import resolve_api_key, resolve_gateway_url
 from ._delay import DelayEstimate
@@ -70,6 +71,7 @@ class AsyncPolicy:
         self._wire = Wire(self.gateway_url, resolve_api_key(options.api_key), model, options.params,
                           options.timeout_s, body_format=options.body_format, on_queue=self._on_queue,
                           transport=options.transport)
+        self._blocking = BlockingAct(self._wire)
         self.last_episode_id: Optional[str] = None
         self._expect = dict(options.expect) if options.expect else None
         self._validate_mode = options.validate
@@ -144,6 +146,7 @@ class AsyncPolicy:
         """Stop any run (interrupt), close the session (its slot frees at once) or give up a
         place in line, and close the connections."""
         self._interrupt.set()
+        self._blocking.close()
         await self._wire.aclose()
 
     async def __aenter__(self) -> "AsyncPolicy":
@@ -296,6 +299,24 @@ class AsyncPolicy:
         wire = self._check(observation_to_wire(observation, instruction))
         prediction = await self._request(wire, params)
         return prediction.outputs if prediction.own_io else prediction
+
+    def predict_now(self, observation: Any, *, params: Optional[Dict[str, Any]] = None) -> Tuple[bool, Any]:
+        """``predict()`` on this thread without an event loop, for the sync face's hot path.
+
+        The steady state of a session (joined, lease not due, the worker has a channel) goes out
+        over a blocking websocket (``_blocking.BlockingAct``). -> ``(True, what predict() returns)``,
+        or ``(False, None)`` when this call needs the event loop (no session yet, a lease to renew,
+        ``transport="http"``, a 401 or a dropped channel for the wire to reconnect and replay):
+        run ``predict()`` then. Raises what ``predict()`` raises.
+        """
+        if not self._blocking.usable():
+            return False, None
+        instruction, _ = self._instruction_now()
+        wire = self._check(observation_to_wire(observation, instruction))
+        prediction = self._blocking.act(wire, params=self._params_for(params, None))
+        if prediction is None:
+            return False, None
+        return True, (prediction.outputs if prediction.own_io else prediction)
 
     def _params_for(self, params: Optional[Dict[str, Any]], episode_id: Optional[str]) -> Dict[str, Any]:
         """The inference parameters of one request: the session's (the deployment's defaults under

@@ -350,13 +350,9 @@ class Wire(LeaseRenewal):
             AuthError: the API key itself was refused at the gateway.
             TransportError / ConnectionLost: the network failed twice.
         """
-        body: Dict[str, Any] = {"observation": observation, "params": {**self.params, **(params or {})}}
-        if episode_id is not None:
-            body["episode_id"] = episode_id
-        if delay:
-            body.update(delay)
+        body = self._body(observation, params, episode_id, delay)
         started = time.monotonic()
-        self._note_request()
+        self.note_request()
         encoded: Dict[bool, Tuple[bytes, str]] = {}
         attempt = 0
         while True:
@@ -383,10 +379,30 @@ class Wire(LeaseRenewal):
                 continue
             if response.is_error:
                 raise from_response(response)
-            return Prediction.from_wire(
-                response.json(), request_id=response.headers.get("x-request-id"),
-                latency_s=time.monotonic() - started,
-            )
+            return self.prediction(response, started)
+
+    def _body(self, observation: Dict[str, Any], params: Optional[Dict[str, Any]],
+              episode_id: Optional[str], delay: Optional[Dict[str, Any]]) -> Dict[str, Any]:
+        body: Dict[str, Any] = {"observation": observation, "params": {**self.params, **(params or {})}}
+        if episode_id is not None:
+            body["episode_id"] = episode_id
+        if delay:
+            body.update(delay)
+        return body
+
+    def encode_body(self, observation: Dict[str, Any], params: Optional[Dict[str, Any]] = None,
+                    episode_id: Optional[str] = None, delay: Optional[Dict[str, Any]] = None) -> Tuple[bytes, bool]:
+        """The /act body of one request as ``act`` would send it now -> ``(bytes, binary)``."""
+        binary = self.body_format != "json"
+        content, _ = encode_act_body(self._body(observation, params, episode_id, delay), binary)
+        self.last_request_bytes = len(content)
+        return content, binary
+
+    @staticmethod
+    def prediction(response: httpx.Response, started: float) -> Prediction:
+        """A 2xx /act answer -> the Prediction (``latency_s`` counted from ``started``, monotonic s)."""
+        return Prediction.from_wire(response.json(), request_id=response.headers.get("x-request-id"),
+                                    latency_s=time.monotonic() - started)
 
     async def _current_session(self) -> Session:
         """The session to send with: joined, replaced after a refused renewal, or renewed first
@@ -396,7 +412,7 @@ class Wire(LeaseRenewal):
             return await self.join()
         if session.renew_refused:     # a renewal beside requests was refused: a new session now
             return await self.renew()
-        if self._lease_due(session):  # renew before it lapses rather than eat a 401
+        if self.lease_due(session):  # renew before it lapses rather than eat a 401
             if session.expires_mono is not None and session.expires_mono - time.monotonic() > RENEW_BESIDE_S:
                 self._renew_beside(session)   # time enough: the request goes on with the current token
             else:

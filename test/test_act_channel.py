@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import socket
 import struct
 import subprocess
 import sys
@@ -13,6 +14,7 @@ import time
 
 import httpx
 import pytest
+import sequence_ai
 from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect as ws_connect
 
@@ -172,18 +174,64 @@ def test_the_wire_uses_the_channel_and_skips_an_interrupted_answer(worker):
     assert after.action_chunk.actions[0][0] == first.action_chunk.actions[0][0] + 2
 
 
+def _aconnect(gateway, model, **kwargs):
+    return sequence_ai.aconnect(model, api_key=gateway.api_key, gateway_url=gateway.url, **kwargs)
+
+
 def test_a_dropped_channel_is_reopened_and_the_request_replayed(module_gateway):
-    """The channel closes under the wire: it resumes the session through the gateway, reopens
-    the channel and replays the request, as for a dropped HTTP connection."""
+    """The channel closes under the asyncio wire: it resumes the session through the gateway,
+    reopens the channel and replays the request, as for a dropped HTTP connection."""
     name = unique("echo-drop")
     module_gateway.deploy(ECHO, name, wait=True)
+
+    async def go():
+        async with _aconnect(module_gateway, name) as policy:
+            first = await policy.predict(observation())
+            wire = policy._wire
+            wire._channel._ws.transport.abort()          # the TCP connection goes away under the wire
+            pred = await policy.predict(observation())
+            assert pred.action_chunk.actions[0][0] == first.action_chunk.actions[0][0] + 1
+            assert (policy.reconnects, wire.resumed, wire.channel_opens) == (1, 1, 2)
+    asyncio.run(go())
+
+
+def test_sync_predict_rides_a_blocking_channel_once_the_session_is_up(module_gateway):
+    """Sync predict(): connect() joined on the event loop; every predict then goes out over the
+    blocking channel on this thread (no event loop entered), answered in order."""
+    name = unique("echo-fast")
+    module_gateway.deploy(ECHO, name, wait=True)
     with connect(module_gateway, name) as policy:
-        first = policy.predict(observation())
-        wire = policy._engine._wire
-        wire._channel._ws.transport.abort()          # the TCP connection goes away under the wire
-        pred = policy.predict(observation())
-        assert pred.action_chunk.actions[0][0] == first.action_chunk.actions[0][0] + 1
-        assert (policy.reconnects, wire.resumed, wire.channel_opens) == (1, 1, 2)
+        fast, wire = policy._engine._blocking, policy._engine._wire
+        firsts = [policy.predict(observation()).action_chunk.actions[0][0] for _ in range(5)]
+        assert firsts == [firsts[0] + i for i in range(5)]        # one worker counter, no replays
+        assert (fast.requests, wire._channel, wire.channel_opens) == (5, None, 0)
+        entered = []
+        real = policy._loop.run_until_complete
+        policy._loop.run_until_complete = lambda *a: entered.append(a) or real(*a)
+        try:
+            policy.predict(observation())
+        finally:
+            policy._loop.run_until_complete = real
+        assert entered == [] and fast.requests == 6
+
+
+def test_sync_predict_after_a_dropped_or_refused_blocking_channel_goes_through_the_wire(module_gateway):
+    """The blocking channel never replays: a drop under it, or a refused token, hands the call to
+    the asyncio wire, which reconnects (401) once and answers; nothing is played twice."""
+    name = unique("echo-fast-drop")
+    module_gateway.deploy(ECHO, name, wait=True)
+    with connect(module_gateway, name) as policy:
+        fast = policy._engine._blocking
+        a = policy.predict(observation()).action_chunk.actions[0][0]
+        b = policy.predict(observation()).action_chunk.actions[0][0]
+        fast._channel._sock.shutdown(socket.SHUT_RDWR)               # the connection goes away
+        c = policy.predict(observation()).action_chunk.actions[0][0]
+        assert (b, c) == (a + 1, a + 2) and fast.requests == 2 and policy.reconnects == 0
+        assert policy._engine._wire._channel.requests == 1             # c: the asyncio wire's channel
+        policy._engine._wire.session.direct_secret = "rotated-away"   # both channels refused 401
+        d = policy.predict(observation())
+        assert d.action_chunk.actions[0][0] == a + 3 and policy.reconnects == 1
+        assert policy.predict(observation()).action_chunk.actions[0][0] == a + 4 and fast.requests == 3
 
 
 def test_connect_chooses_the_transport_and_refuses_an_unknown_one(module_gateway):
@@ -206,7 +254,9 @@ def test_through_the_gateway_the_channel_is_the_default(module_gateway):
         pred = policy.predict(observation())
         wire = policy._engine._wire
         assert len(pred.action_chunk) == 10 and policy.reconnects == 1
-        assert wire.transport == "auto" and wire.channel_opens == 2 and wire._channel.requests == 1
+        assert wire.transport == "auto" and wire.channel_opens == 1 and wire._channel.requests == 1
+        policy.predict(observation())                 # the new token's blocking channel takes it
+        assert wire._channel.requests == 1 and policy._engine._blocking.requests == 2
 
 
 _NO_WEBSOCKETS = """

@@ -1,0 +1,319 @@
+"""The sync client's hot path: /act over the channel on the calling thread, no event loop.
+
+``sequence_ai.Policy`` (the sync face) drives the asyncio engine by entering a private event loop
+per call. For ``predict()`` -- one request, nothing to overlap -- that entry (a task, the loop's
+selector turn, the wake-up of the waiting task) is a large share of a ~1.5 ms round trip on
+loopback. ``BlockingAct`` is the steady-state alternative: it sends the same /act body over its
+own websocket to the worker's ``/act/ws`` with a plain blocking socket, driven by the sans-I/O
+protocol of the ``websockets`` package (``websockets.client.ClientProtocol``), so a request is a
+``sendall`` and a ``recv`` on the caller's thread: no event loop, no task, no helper thread.
+
+It takes only the common case. Everything with state to manage stays in the asyncio wire
+(``_wire.Wire``), which the sync face then runs as before: no session yet (the handshake, waiting
+in line), a lease due for renewal, a refused renewal, ``transport="http"``, a worker without a
+channel, an answer 401 (a rotated secret: reconnect through the gateway) or 415, and a channel
+that dropped before its answer (the wire reconnects and replays, once, as for HTTP). ``act``
+returns None for those; the caller runs the engine's ``predict`` and nothing is lost.
+
+Errors it raises itself are the wire's: the mapped error of an error answer (``from_response``),
+TransportError when the answer does not come within ``timeout_s``.
+"""
+from __future__ import annotations
+
+import json
+import select
+import socket
+import ssl
+import time
+from typing import Any, Dict, List, Optional
+from urllib.parse import urlsplit
+
+import httpx
+
+from . import _channel
+from ._errors import TransportError, from_response
+from ._types import Prediction
+from .protocol import CHANNEL_FORMAT_BINARY, CHANNEL_FORMAT_JSON, MAX_BODY_BYTES
+
+__all__ = ["BlockingAct", "BlockingChannel"]
+
+try:  # optional, as for the asyncio channel
+    from websockets.client import ClientProtocol as _ClientProtocol
+    from websockets.frames import Opcode as _Opcode
+    from websockets.protocol import State as _State
+    from websockets.uri import parse_uri as _parse_uri
+except ImportError:  # pragma: no cover - exercised by the fallback test with a blocked import
+    _ClientProtocol = None
+
+_RECV_BYTES = 1 << 16
+
+
+class BlockingChannel:
+    """One websocket to a worker's ``/act/ws``, driven on the calling thread.
+
+    Same messages as ``_channel.ActChannel`` (a request is ``seq`` u32, ``format`` u8, the /act
+    body; an answer ``seq`` u32, ``status`` u16, the JSON body); answers come back as
+    ``httpx.Response`` so the wire's status handling applies. Not thread-safe: one thread, one
+    request at a time.
+
+    Args:
+        worker_url: the worker's base URL (``http://127.0.0.1:PORT``).
+        token: the direct secret / lease token it is opened with (``Authorization: Bearer``).
+        timeout_s: how long a request may take, send and answer together (s).
+    """
+
+    def __init__(self, worker_url: str, token: str, timeout_s: float) -> None:
+        self.worker_url, self.token, self.timeout_s = worker_url, token, timeout_s
+        self._sock: Optional[socket.socket] = None
+        self._proto: Any = None
+        self._seq = 0
+        self._partial: List[bytes] = []
+        self.requests = 0
+
+    @property
+    def open(self) -> bool:
+        """True while the websocket is open."""
+        return self._sock is not None
+
+    def connect(self) -> Optional[httpx.Response]:
+        """Open the websocket. -> None when open, or the worker's refusal (401/503 with our error
+        body) as an httpx.Response.
+
+        Raises:
+            ChannelUnsupported: the worker has no channel (another refusal of the upgrade).
+            ChannelDropped: the worker could not be reached or the upgrade failed midway.
+        """
+        url = _channel.channel_url(self.worker_url)
+        deadline = time.monotonic() + min(_channel.OPEN_TIMEOUT_S, self.timeout_s)
+        try:
+            sock = self._dial(url, deadline)
+        except OSError as exc:
+            raise _channel.ChannelDropped(f"could not open the /act channel to {self.worker_url}: {exc!r}") from exc
+        proto = _ClientProtocol(_parse_uri(url), max_size=MAX_BODY_BYTES + 1024)
+        request = proto.connect()
+        request.headers["Authorization"] = f"Bearer {self.token}"
+        proto.send_request(request)
+        self._sock, self._proto = sock, proto
+        try:
+            self._flush(deadline)
+            response = None
+            while response is None:
+                self._feed(deadline)
+                response = next(iter(proto.events_received()), None)
+        except (OSError, _channel.ChannelDropped) as exc:
+            self.abort()
+            raise _channel.ChannelDropped(f"the /act channel upgrade to {self.worker_url} failed: {exc!r}") from exc
+        if proto.handshake_exc is None:
+            return None
+        self.abort()
+        body = bytes(response.body or b"")
+        if response.status_code in (401, 503) and body.startswith(b"{"):
+            return httpx.Response(response.status_code, content=body, headers={"content-type": "application/json"})
+        raise _channel.ChannelUnsupported(f"{self.worker_url} answered the channel upgrade with "
+                                          f"{response.status_code}")
+
+    @staticmethod
+    def _dial(url: str, deadline: float) -> socket.socket:
+        parts = urlsplit(url)
+        secure = parts.scheme == "wss"
+        port = parts.port or (443 if secure else 80)
+        sock = socket.create_connection((parts.hostname, port), timeout=max(0.001, deadline - time.monotonic()))
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if secure:
+            sock = ssl.create_default_context().wrap_socket(sock, server_hostname=parts.hostname)
+        return sock
+
+    def request(self, content: bytes, binary: bool) -> httpx.Response:
+        """Send one /act body (``binary``: the binary framing, else JSON) and wait for its answer.
+
+        Returns the answer as an ``httpx.Response``. Raises ChannelDropped when the websocket is
+        closed or fails (the worker closed it, a reset), TimeoutError past ``timeout_s``
+        (the channel is closed then: a late answer can never be taken for the next request's).
+        """
+        deadline = time.monotonic() + self.timeout_s
+        self._seq = (self._seq + 1) & 0xFFFFFFFF
+        seq = self._seq
+        proto = self._proto
+        try:
+            self._take_pending()          # a close the worker sent while we were idle
+            proto.send_binary(_channel._REQUEST_HEAD.pack(seq, CHANNEL_FORMAT_BINARY if binary else CHANNEL_FORMAT_JSON)
+                              + content)
+            self._flush(deadline)
+            while True:
+                for message in self._messages(deadline):
+                    if len(message) >= _channel._ANSWER_HEAD.size:
+                        got, status = _channel._ANSWER_HEAD.unpack_from(message)
+                        if got == seq:
+                            self.requests += 1
+                            return httpx.Response(status, content=message[_channel._ANSWER_HEAD.size:],
+                                                  headers={"content-type": "application/json"})
+        except _channel.ChannelDropped:
+            close = proto.close_rcvd
+            self.abort()
+            if close is not None and close.code == 1009:
+                return _channel._too_large(len(content))   # the worker would not read it: as HTTP's 413
+            raise
+        except OSError as exc:         # socket.timeout is an OSError: the deadline passed
+            self.abort()
+            if isinstance(exc, socket.timeout):
+                raise TimeoutError(f"no /act answer within {self.timeout_s:g} s") from exc
+            raise _channel.ChannelDropped(f"the /act channel to {self.worker_url} failed: {exc!r}") from exc
+        except BaseException:          # Ctrl-C mid-request: the channel's state is unknown
+            self.abort()
+            raise
+
+    def _messages(self, deadline: float) -> List[bytes]:
+        """Read until at least one data frame arrives; -> the complete messages (fragments joined)."""
+        out: List[bytes] = []
+        while not out:
+            self._feed(deadline)
+            for frame in self._proto.events_received():
+                if frame.opcode is _Opcode.BINARY or frame.opcode is _Opcode.TEXT:
+                    self._partial = [frame.data]
+                elif frame.opcode is _Opcode.CONT:
+                    self._partial.append(frame.data)
+                else:
+                    continue            # ping (answered by the protocol), pong, close (state)
+                if frame.fin:
+                    out.append(b"".join(self._partial))
+            self._flush(deadline)
+            if not out and self._proto.state is not _State.OPEN:
+                raise _channel.ChannelDropped(f"the worker closed the /act channel ({self._proto.close_rcvd})")
+        return out
+
+    def _feed(self, deadline: float) -> None:
+        """One blocking read into the protocol (EOF included)."""
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise socket.timeout("timed out")
+        self._sock.settimeout(remaining)
+        data = self._sock.recv(_RECV_BYTES)
+        if not data:
+            self._proto.receive_eof()
+            raise _channel.ChannelDropped("the worker closed the connection")
+        self._proto.receive_data(data)
+
+    def _take_pending(self) -> None:
+        """Read whatever arrived while idle (without blocking) and fail early on a closed channel."""
+        if not isinstance(self._sock, ssl.SSLSocket) and select.select([self._sock], [], [], 0)[0]:
+            self._sock.setblocking(False)
+            try:
+                data = self._sock.recv(_RECV_BYTES)
+            except BlockingIOError:
+                data = None
+            if data == b"":
+                self._proto.receive_eof()
+            elif data:
+                self._proto.receive_data(data)
+            for _ in self._proto.events_received():
+                pass                    # no request is outstanding: late answers are dropped
+        if self._proto.state is not _State.OPEN:
+            raise _channel.ChannelDropped(f"the worker closed the /act channel ({self._proto.close_rcvd})")
+
+    def _flush(self, deadline: float) -> None:
+        for chunk in self._proto.data_to_send():
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise socket.timeout("timed out")
+            self._sock.settimeout(remaining)
+            if chunk:
+                self._sock.sendall(chunk)
+
+    def abort(self) -> None:
+        """Close the socket at once (no closing handshake). Idempotent."""
+        sock, self._sock = self._sock, None
+        if sock is not None:
+            try:
+                sock.close()
+            except OSError:
+                pass
+
+    def close(self) -> None:
+        """Send a close frame (best effort, not waited for) and close the socket."""
+        if self._sock is not None and self._proto is not None and self._proto.state is _State.OPEN:
+            try:
+                self._proto.send_close(1000)
+                self._flush(time.monotonic() + 0.5)
+            except OSError:
+                pass
+        self.abort()
+
+
+class BlockingAct:
+    """``Wire.act`` on the calling thread, for the steady state of a sync ``predict()``.
+
+    Owns one ``BlockingChannel`` beside the wire's own channel, reopened when the session's worker
+    or token changes. ``act`` returns None whenever the asyncio wire must take the call (see the
+    module docstring); it never replays a request itself.
+    """
+
+    def __init__(self, wire: Any) -> None:
+        self._wire = wire
+        self._channel: Optional[BlockingChannel] = None
+        self._unsupported: Optional[str] = None    # a worker URL that has no channel
+        self.requests = 0
+
+    def usable(self) -> bool:
+        """True when a request can take this path now (a session, its lease not due, a channel)."""
+        wire = self._wire
+        session = wire.session
+        return (_ClientProtocol is not None and session is not None and wire.transport != "http"
+                and not session.renew_refused and not wire.lease_due(session)
+                and self._unsupported != session.worker_url)
+
+    def act(self, observation: Dict[str, Any], *, params: Optional[Dict[str, Any]] = None,
+            episode_id: Optional[str] = None, delay: Optional[Dict[str, Any]] = None) -> Optional[Prediction]:
+        """One observation (wire dict) -> the Prediction, or None: run ``Wire.act`` instead.
+
+        Raises: the mapped error of an error answer (InvalidRequest, PolicyError, Unavailable, ...),
+        TransportError when no answer comes within the wire's ``timeout_s``.
+        """
+        if not self.usable():
+            return None
+        wire = self._wire
+        session = wire.session
+        content, binary = wire.encode_body(observation, params, episode_id, delay)
+        channel = self._open(session)
+        if channel is None:
+            return None
+        started = time.monotonic()
+        wire.note_request()
+        try:
+            response = channel.request(content, binary)
+        except TimeoutError as exc:
+            raise TransportError(f"/act over the channel to {session.worker_url} timed out after "
+                                 f"{wire.timeout_s:g}s", hint="raise timeout_s= on connect() for slow policies") from exc
+        except _channel.ChannelDropped:
+            self._channel = None
+            return None
+        if response.status_code in (401, 415):
+            return None                  # a new token through the gateway / the JSON body: the wire's job
+        if response.is_error:
+            raise from_response(response)
+        self.requests += 1
+        return wire.prediction(response, started)
+
+    def _open(self, session: Any) -> Optional[BlockingChannel]:
+        channel = self._channel
+        if channel is not None and channel.open and channel.worker_url == session.worker_url \
+                and channel.token == session.direct_secret:
+            return channel
+        self.close()
+        channel = BlockingChannel(session.worker_url, session.direct_secret, self._wire.timeout_s)
+        try:
+            refusal = channel.connect()
+        except _channel.ChannelUnsupported:
+            self._unsupported = session.worker_url
+            return None
+        except _channel.ChannelDropped:
+            return None
+        if refusal is not None:
+            return None                  # the wire meets the same refusal and handles it
+        self._channel = channel
+        return channel
+
+    def close(self) -> None:
+        """Close the channel (best effort). Idempotent; the next ``act`` opens a new one."""
+        channel, self._channel = self._channel, None
+        if channel is not None:
+            channel.close()
