@@ -215,6 +215,7 @@ ERROR_CODES: Dict[str, ErrorCode] = {
     "deployment_full": ErrorCode(503, False, "Unavailable"),        # every slot taken, on_full="reject"
     "deployment_stopped": ErrorCode(503, False, "Unavailable"),     # `seq policy stop`
     "gpu_limit_reached": ErrorCode(503, False, "Unavailable"),      # no GPU left for another worker
+    "too_many_connections": ErrorCode(503, True, "Unavailable"),    # a worker's websocket places all taken
     "request_timeout": ErrorCode(504, True, "Unavailable"),         # one inference ran past its timeout
 }
 

@@ -26,9 +26,19 @@ its next request on; the client then reconnects through the gateway). A message 
 limit is answered 413 ``payload_too_large``; one over twice the limit closes the channel with
 1009 (``channel_max_size``), which the client reports as ``payload_too_large`` as well.
 
+Open connections: the /act channels and the openpi endpoint (``openpi_compat.py``) share one
+budget per worker, :class:`ConnectionBudget` (``--max-connections`` /
+``$SEQ_WORKER_MAX_CONNECTIONS``, default ``MAX_CONNECTIONS`` = 64). Past it a new upgrade is
+refused before it is accepted, with HTTP 503 ``too_many_connections`` (retryable, Retry-After)
+in the common error body, after its credentials were checked; the open connections are never
+dropped. A connection frees its place when its handler ends: a close, or the TCP connection
+going away without a closing handshake (a killed client).
+
 Metering: every answered request is counted in the worker's ``usage.ActMeter`` like an HTTP /act
-(status, the body bytes after the request and answer heads, the time to answer); a request
-cancelled before it ran, which gets no answer, is not counted.
+(status, the body bytes after the request and answer heads, the time to answer). A request that
+ran, or was running, when the client went away is counted with status 0 (an error: nothing was
+delivered) and no bytes out; a request cancelled before it ran, which gets no answer, is not
+counted.
 """
 from __future__ import annotations
 
@@ -39,7 +49,6 @@ import struct
 import time
 from typing import Any
 
-from starlette.responses import JSONResponse
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from sequence_ai_core.protocol import (ACT_CHANNEL_PATH, BINARY_CONTENT_TYPE, CHANNEL_FORMAT_BINARY,
@@ -48,7 +57,7 @@ from sequence_ai_core.protocol import (ACT_CHANNEL_PATH, BINARY_CONTENT_TYPE, CH
 from .errors import ApiError, new_request_id
 from .json_guard import _json_part, check_json, scrub
 
-__all__ = ["add_act_channel", "ACT_CHANNEL_PATH"]
+__all__ = ["add_act_channel", "ACT_CHANNEL_PATH", "ConnectionBudget", "connection_budget", "MAX_CONNECTIONS"]
 
 log = logging.getLogger("sequence_ai_server.worker")
 
@@ -57,6 +66,11 @@ _ANSWER_HEAD = struct.Struct(">IH")
 # Requests one channel may have in flight (read, queued or running) at once: the robot's client
 # sends one at a time, so this only bounds what a misbehaving peer can make the worker hold.
 MAX_IN_FLIGHT = 32
+# Persistent connections (/act channels and openpi websockets together) one worker holds open at
+# once: a worker serves a few robots, each with one; the rest of the budget is for reconnects
+# overlapping a not-yet-noticed drop. Each costs a file descriptor, a task and its buffers.
+MAX_CONNECTIONS = 64
+_REFUSAL_LOG_S = 10.0       # at most one warning per this many seconds about refused connections
 _CONTENT_TYPES = {CHANNEL_FORMAT_JSON: JSON_CONTENT_TYPE, CHANNEL_FORMAT_BINARY: BINARY_CONTENT_TYPE}
 
 
@@ -70,13 +84,61 @@ def _error_bytes(exc: ApiError) -> bytes:
 
 
 async def _refuse(websocket: WebSocket, exc: ApiError) -> None:
-    """Refuse the upgrade with ``exc`` as an HTTP answer (the ASGI denial-response extension),
-    else close before accepting (the server then answers 403)."""
+    """Refuse the upgrade with ``exc`` as an HTTP answer (the ASGI denial-response extension:
+    the common error body, ``X-Request-ID`` and ``Retry-After`` headers), else close before
+    accepting (the server then answers 403)."""
     if "websocket.http.response" in (websocket.scope.get("extensions") or {}):
-        body = scrub(exc.body().model_dump())
-        await websocket.send_denial_response(JSONResponse(body, status_code=exc.status))
+        await websocket.send_denial_response(exc.response())
     else:
         await websocket.close(code=4000 + exc.status, reason=exc.detail[:120])
+
+
+class ConnectionBudget:
+    """The places for persistent websocket connections of one worker, shared by the /act
+    channel and the openpi endpoint. ``limit``: the most open at once (>= 1; from
+    ``--max-connections`` / ``$SEQ_WORKER_MAX_CONNECTIONS``, default ``MAX_CONNECTIONS``).
+    Used from the event loop only: :meth:`take` and :meth:`release` never await, so a check and
+    its reservation cannot interleave with another upgrade."""
+
+    def __init__(self, limit: int = MAX_CONNECTIONS) -> None:
+        if int(limit) < 1:
+            raise ValueError(f"the connection limit is {limit}; give a whole number >= 1 (default {MAX_CONNECTIONS})")
+        self.limit = int(limit)
+        self.open = 0
+        self.refused = 0
+        self._logged_at = -_REFUSAL_LOG_S
+
+    def take(self, path: str) -> None:
+        """Reserve a place for a connection to ``path`` (for the message). Raises ApiError
+        ``too_many_connections`` (503, retryable, ``retry_after_s`` 1) when all are taken."""
+        if self.open < self.limit:
+            self.open += 1
+            return
+        self.refused += 1
+        now = time.monotonic()
+        if now - self._logged_at >= _REFUSAL_LOG_S:
+            self._logged_at = now
+            log.warning("refused a websocket to %s: %d of %d connections open (%d refused so far); "
+                        "raise --max-connections / $SEQ_WORKER_MAX_CONNECTIONS if these are real robots",
+                        path, self.open, self.limit, self.refused)
+        raise ApiError("too_many_connections", f"this worker already holds {self.open} open websocket connections, "
+                       f"its limit ({self.limit}, the /act channel and the openpi endpoint together)",
+                       retry_after_s=1.0, details={"open": self.open, "limit": self.limit},
+                       hint="close connections you no longer use (one per robot); POST /act still answers, or "
+                            "the operator raises the worker's --max-connections / $SEQ_WORKER_MAX_CONNECTIONS")
+
+    def release(self) -> None:
+        """Free the place of a connection that ended (or was never accepted)."""
+        self.open = max(0, self.open - 1)
+
+
+def connection_budget(app: Any) -> ConnectionBudget:
+    """The worker ``app``'s shared :class:`ConnectionBudget` (``app.state.connections``; made
+    with ``MAX_CONNECTIONS`` places when the app has none yet)."""
+    budget = getattr(app.state, "connections", None)
+    if budget is None:
+        budget = app.state.connections = ConnectionBudget()
+    return budget
 
 
 class _Channel:
@@ -111,10 +173,11 @@ class _Channel:
         except WebSocketDisconnect:
             pass
         finally:
-            for future in self.queued.values():
-                future.cancel()          # a request not yet running is not run for a gone client
+            for seq, future in list(self.queued.items()):
+                if future.cancel():      # a request not yet running is not run for a gone client
+                    self.queued.pop(seq, None)
             for task in list(self.tasks):
-                task.cancel()
+                task.cancel()            # one still running is counted undelivered (answer())
 
     async def refuse_busy(self, data: bytes) -> None:
         """Answer a request over ``MAX_IN_FLIGHT`` at once with 503 ``unavailable`` (not queued)."""
@@ -160,6 +223,8 @@ class _Channel:
             exc.request_id = exc.request_id or rid
             status, content = exc.status, _error_bytes(exc)
         except asyncio.CancelledError:
+            if seq in self.queued:      # it ran (or runs on) for a client now gone: undelivered
+                self.count(t0, 0, data, b"")
             raise
         except Exception as exc:  # noqa: BLE001 - a bug in the server: 500 internal, the channel stays
             from .errors import _internal
@@ -174,9 +239,14 @@ class _Channel:
             await self.ws.send_bytes(_ANSWER_HEAD.pack(seq, status) + content)
         except (WebSocketDisconnect, RuntimeError, OSError):
             status = 0                  # the client went away; its requests are cancelled
-        if self.meter is not None:      # counted like HTTP /act (usage.py)
+        self.count(t0, status, data, content)
+
+    def count(self, t0: float, status: int, data: bytes, content: bytes) -> None:
+        """Meter one request like an HTTP /act (usage.py): ``status`` 0 is an answer that never
+        reached the client (counted as an error, with no bytes out)."""
+        if self.meter is not None:
             self.meter.count((time.perf_counter() - t0) * 1000.0, status,
-                             len(data) - _REQUEST_HEAD.size, len(content))
+                             len(data) - _REQUEST_HEAD.size, len(content) if status else 0)
 
     async def run(self, seq: int, fmt: int, body: memoryview, rid: str) -> bytes:
         from .worker_app import run_act
@@ -208,8 +278,10 @@ class _Channel:
 
 def add_act_channel(app: Any, state: Any, auth: Any, max_body_bytes: int) -> None:
     """Add the ``/act/ws`` websocket route to the worker ``app`` (``state``: the WorkerState,
-    ``auth``: the app's ``leases.DirectAuth``; ``max_body_bytes``: the /act body limit)."""
+    ``auth``: the app's ``leases.DirectAuth``; ``max_body_bytes``: the /act body limit). Its
+    connections count against ``connection_budget(app)``."""
     capture = app.state.capture
+    budget = connection_budget(app)
 
     @app.websocket(ACT_CHANNEL_PATH)
     async def act_channel(websocket: WebSocket) -> None:
@@ -220,13 +292,17 @@ def add_act_channel(app: Any, state: Any, auth: Any, max_body_bytes: int) -> Non
                 raise ApiError("unauthorized", "missing or wrong direct secret",
                                hint="send `Authorization: Bearer <direct_secret>` from POST /v1/connect")
             auth.check(token)
+            budget.take(ACT_CHANNEL_PATH)
         except ApiError as exc:
             exc.request_id = new_request_id()
             await _refuse(websocket, exc)
             return
-        await websocket.accept()
-        await _Channel(websocket, token, state, auth, capture, max_body_bytes,
-                       getattr(app.state, "act_meter", None)).serve()
+        try:
+            await websocket.accept()
+            await _Channel(websocket, token, state, auth, capture, max_body_bytes,
+                           getattr(app.state, "act_meter", None)).serve()
+        finally:
+            budget.release()
 
 
 def channel_max_size(max_body_bytes: int) -> int:

@@ -17,6 +17,7 @@ its main rows:
 | internal        | 500  | no        | a bug in the server itself                                |
 | warming         | 503  | yes       | the worker is loading; Retry-After says when to ask again |
 | worker_failed   | 503  | no        | the worker failed to load or died                         |
+| too_many_connections | 503 | yes   | a worker's open websockets (/act/ws + openpi) at its limit |
 | request_timeout | 504  | yes       | one inference ran past timeouts.request (it still finishes)|
 
 ``install_error_handlers(app)`` makes every error a FastAPI app raises -- our ``ApiError``,

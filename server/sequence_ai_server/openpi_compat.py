@@ -17,8 +17,14 @@ msgpack-numpy convention and is answered with one action dict (``{"actions": flo
   integer, float and text dtypes are read (object / void: no pickle), arrays whose bytes do not
   match their shape and dicts nested over ``MAX_DEPTH`` are refused;
 * one connection is one episode (``@seq.on_episode`` runs when it closes);
+* open connections: they share the worker's budget with the /act channel
+  (``act_channel.ConnectionBudget``, ``--max-connections`` / ``$SEQ_WORKER_MAX_CONNECTIONS``,
+  default 64); past it the upgrade is refused with HTTP 503 ``too_many_connections`` before it is
+  accepted (openpi's client raises ``InvalidStatus``), and a closed connection frees its place;
 * metering: each observation answered (actions or an error) is counted in the worker's
-  ``usage.ActMeter`` like an HTTP /act (status, message bytes in and out, time to answer).
+  ``usage.ActMeter`` like an HTTP /act (status, message bytes in and out, time to answer); an
+  answer that could not be sent because the client went away is counted with status 0 (an
+  error: nothing delivered) and no bytes out, as on the /act channel.
 
 The observation dict is mapped through the policy's contract (docs/openpi.md): nested dicts are
 flattened to ``/``-joined keys; a declared camera view ``v`` takes the key ``v`` or one ending in
@@ -43,7 +49,7 @@ import seq
 from seq.spec import cast_params
 
 from ._hosting import Prepared
-from .act_channel import _error_bytes, _refuse
+from .act_channel import _error_bytes, _refuse, connection_budget
 from .chunk import finish_chunk
 from .errors import ApiError, new_request_id
 
@@ -266,9 +272,50 @@ async def _one(host: Any, episode_id: str, data: bytes, max_body_bytes: int) -> 
                                                         "total_ms": (time.monotonic() - t0) * 1000.0}})
 
 
+async def _answer(host: Any, auth: Any, token: str, episode_id: str, data: bytes,
+                  max_body_bytes: int) -> tuple[int, bytes]:
+    """One observation message -> ``(status, message)``: 200 and the packed action dict, or the
+    error's HTTP status and its common error body (JSON bytes). Sends nothing."""
+    try:
+        auth.check(token)
+        return 200, await _one(host, episode_id, data, max_body_bytes)
+    except ApiError as exc:
+        exc.request_id = exc.request_id or new_request_id()
+        return exc.status, _error_bytes(exc)
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - a bug here: a typed 500 answer, the connection stays
+        from .errors import _internal
+        log.exception("unhandled error on the openpi endpoint")
+        err = _internal(exc, new_request_id())
+        return err.status, _error_bytes(err)
+
+
+async def _serve(websocket: WebSocket, host: Any, auth: Any, token: str, episode_id: str,
+                 max_body_bytes: int, meter: Any) -> None:
+    """Answer observations until the client goes; each is metered with the status that reached
+    the client (0 when the answer could not be sent, with no bytes out)."""
+    while True:
+        data = await websocket.receive_bytes()
+        t0, status, out, delivered = time.perf_counter(), 0, b"", False
+        try:
+            status, out = await _answer(host, auth, token, episode_id, data, max_body_bytes)
+            if status == 200:
+                await websocket.send_bytes(out)
+            else:
+                await websocket.send_text(out.decode())
+            delivered = True
+        finally:
+            if meter is not None:       # counted like HTTP /act (usage.py); 0: not delivered
+                meter.count((time.perf_counter() - t0) * 1000.0, status if delivered else 0, len(data),
+                            len(out) if delivered else 0)
+
+
 def add_openpi_endpoint(app: Any, state: Any, auth: Any, max_body_bytes: int) -> None:
     """Add the openpi-compatible websocket at ``/`` to the worker ``app`` (``state``: the
-    WorkerState; ``auth``: its ``leases.DirectAuth``; ``max_body_bytes``: the message limit)."""
+    WorkerState; ``auth``: its ``leases.DirectAuth``; ``max_body_bytes``: the message limit).
+    Its connections count against ``act_channel.connection_budget(app)``."""
+    budget = connection_budget(app)
 
     @app.websocket(OPENPI_PATH)
     async def openpi_endpoint(websocket: WebSocket) -> None:
@@ -277,41 +324,20 @@ def add_openpi_endpoint(app: Any, state: Any, auth: Any, max_body_bytes: int) ->
         try:
             auth.check(token)
             host = state.ready_host()
+            budget.take(OPENPI_PATH)
         except ApiError as exc:
             exc.request_id = new_request_id()
             await _refuse(websocket, exc)
             return
-        await websocket.accept()
         episode_id = "openpi_" + new_request_id()[4:]
-        meter = getattr(app.state, "act_meter", None)
         try:
+            await websocket.accept()
             await websocket.send_bytes(packb(metadata(state)))
-            while True:
-                data = await websocket.receive_bytes()
-                t0, status, out = time.perf_counter(), 0, b""
-                try:
-                    try:
-                        auth.check(token)
-                        out, status = await _one(host, episode_id, data, max_body_bytes), 200
-                        await websocket.send_bytes(out)
-                    except ApiError as exc:
-                        exc.request_id = exc.request_id or new_request_id()
-                        out, status = _error_bytes(exc), exc.status
-                        await websocket.send_text(out.decode())
-                    except (WebSocketDisconnect, asyncio.CancelledError):
-                        raise
-                    except Exception as exc:  # noqa: BLE001 - a bug here: a typed 500 answer, the connection stays
-                        from .errors import _internal
-                        log.exception("unhandled error on the openpi endpoint")
-                        err = _internal(exc, new_request_id())
-                        out, status = _error_bytes(err), err.status
-                        await websocket.send_text(out.decode())
-                finally:
-                    if meter is not None:       # counted like HTTP /act (usage.py)
-                        meter.count((time.perf_counter() - t0) * 1000.0, status, len(data), len(out))
-        except (WebSocketDisconnect, RuntimeError, KeyError):
-            pass        # the client closed (receive_bytes raises KeyError on a text frame: treat as gone)
+            await _serve(websocket, host, auth, token, episode_id, max_body_bytes,
+                         getattr(app.state, "act_meter", None))
+        except (WebSocketDisconnect, RuntimeError, KeyError, OSError):
+            pass        # the client went (receive_bytes raises KeyError on a text frame: treat as gone)
         finally:
+            budget.release()
             if episode_id in host.episodes:
                 host.end_episode(episode_id)
-

@@ -28,7 +28,8 @@ gateway ends sessions there, ``leases.py``); ``/ping``, ``/info`` and ``/openapi
 
     python -m sequence_ai_server.worker --file policy.py [--class C] --port 0 \\
         --secret S --ready-file /tmp/w.json [--name N] [--weights-dir D] [--cache-dir D] \\
-        [--mode serve|eval] [--max-body-bytes N] [--parent-pid PID] [--supervisor-file F]
+        [--mode serve|eval] [--max-body-bytes N] [--max-connections N] [--parent-pid PID] \\
+        [--supervisor-file F]
 
 The secret may come from ``$SEQ_WORKER_SECRET`` instead of ``--secret`` (keeps it out of ps).
 Supervision: ``--supervisor-file`` (what the local gateway passes) names the gateway supervising
@@ -36,6 +37,9 @@ the worker; when it dies the worker keeps serving the leases robots hold, a rest
 adopts it, and without one it stops after the policy's ``idle_timeout`` with no request
 (``_Supervision``). ``--parent-pid`` (a Ray actor) stops it as soon as that process goes away.
 ``$SEQ_EPISODE_IDLE_S`` overrides the 300 s after which an idle episode is ended.
+``--max-connections`` (``$SEQ_WORKER_MAX_CONNECTIONS``, default 64): the open websockets -- /act
+channels and openpi connections together -- the worker holds at once; one more upgrade is refused
+503 ``too_many_connections`` (``act_channel.ConnectionBudget``).
 A worker started by a gateway (``$SEQ_GATEWAY_URL``) polls it for ended sessions every
 ``$SEQ_REVOCATION_POLL_S`` (1 s; ``leases.RevocationPoller``); a gateway that does not answer
 changes nothing on /act.
@@ -183,6 +187,18 @@ class _Supervision:
         return False
 
 
+def _at_least_one(raw: str) -> int:
+    """argparse type: a whole number >= 1 (``--max-connections`` and its env default)."""
+    try:
+        n = int(raw)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{raw!r} is not a whole number >= 1 (--max-connections / "
+                                         "$SEQ_WORKER_MAX_CONNECTIONS; default 64)")
+    return n
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m sequence_ai_server.worker", description=__doc__.split("\n")[0])
     parser.add_argument("--file", required=True, help="the policy file")
@@ -200,6 +216,9 @@ def _parser() -> argparse.ArgumentParser:
                         help="serve: batches never wait for more requests; eval: they gather (eval_wait_ms)")
     parser.add_argument("--max-body-bytes", type=int,
                         default=int(os.environ.get("SEQ_WORKER_MAX_BODY_BYTES", MAX_BODY_BYTES)))
+    parser.add_argument("--max-connections", type=_at_least_one, default=os.environ.get("SEQ_WORKER_MAX_CONNECTIONS"),
+                        help="open websockets (/act channels and openpi together) held at once; more are refused "
+                             "503 too_many_connections (default $SEQ_WORKER_MAX_CONNECTIONS, else 64)")
     parser.add_argument("--load-estimate-s", type=float, default=10.0, help="Retry-After basis while loading")
     parser.add_argument("--parent-pid", type=int, default=None,
                         help="exit when this process goes away (a Ray actor hosting the worker)")
@@ -371,7 +390,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     supervision = _Supervision(args.supervisor_file) if args.supervisor_file else None
 
     import uvicorn
-    worker_app = create_app(state, secret, max_body_bytes=args.max_body_bytes)
+    worker_app = create_app(state, secret, max_body_bytes=args.max_body_bytes, max_connections=args.max_connections)
     from .leases import RevocationPoller   # sessions the gateway ended, when its push did not arrive
     RevocationPoller.from_env(worker_app.state.direct_auth)
     server = uvicorn.Server(uvicorn.Config(worker_app, log_level="warning", access_log=False, lifespan="off",

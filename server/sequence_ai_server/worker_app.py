@@ -125,12 +125,15 @@ class WorkerState:
         return host
 
 
-def create_app(state: WorkerState, secret: str, *, max_body_bytes: int = MAX_BODY_BYTES) -> FastAPI:
+def create_app(state: WorkerState, secret: str, *, max_body_bytes: int = MAX_BODY_BYTES,
+               max_connections: Optional[int] = None) -> FastAPI:
     """The worker's FastAPI app: /ping, /info, /act, /episode/end, /control/revoke, /openapi.json.
 
     The bearer token is the worker secret or a lease token signed with it (``leases.DirectAuth``:
     rotation via ``$SEQ_WORKER_SECRET_FILE``, idle tracking via ``$SEQ_WORKER_ACTIVITY_FILE``).
     ``max_body_bytes``: the largest /act body read (default ``protocol.MAX_BODY_BYTES``, 32 MiB).
+    ``max_connections``: the open websockets (/act channels and openpi together) it holds at once
+    (default ``act_channel.MAX_CONNECTIONS``, 64; ``act_channel.ConnectionBudget``).
     With ``$SEQ_CAPTURE_DIR`` set, kept episodes are written by ``capture.CaptureWriter``'s own
     thread; /act only hands it references."""
     app = FastAPI(title=f"sequence-ai worker: {state.name or 'policy'}", docs_url=None, redoc_url=None,
@@ -148,7 +151,8 @@ def create_app(state: WorkerState, secret: str, *, max_body_bytes: int = MAX_BOD
     app.state.act_meter = ActMeter()          # /act counters the gateway collects through /ping (usage.py)
     _add_probe_routes(app, state)
     _add_act_routes(app, state, max_body_bytes)
-    from .act_channel import add_act_channel  # the persistent /act channel (a websocket)
+    from .act_channel import MAX_CONNECTIONS, ConnectionBudget, add_act_channel  # the persistent /act channel
+    app.state.connections = ConnectionBudget(max_connections or MAX_CONNECTIONS)   # shared with openpi's
     add_act_channel(app, state, direct_auth, max_body_bytes)
     try:                                             # openpi's websocket protocol at / (needs msgpack)
         from .openpi_compat import add_openpi_endpoint
