@@ -259,6 +259,7 @@ class BlockingAct:
         session = wire.session
         return (_ClientProtocol is not None and session is not None and wire.transport != "http"
                 and not session.renew_refused and not wire.lease_due(session)
+                and time.monotonic() >= wire.channel_paused_until
                 and self._unsupported != session.worker_url)
 
     def act(self, observation: Dict[str, Any], *, params: Optional[Dict[str, Any]] = None,

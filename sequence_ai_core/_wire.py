@@ -71,8 +71,18 @@ _GONE = (*_DROPPED, _channel.ChannelDropped)
 # drops a robot that has not asked for 15 s (slots.ABANDON_S).
 QUEUE_POLL_MIN_S = 0.25
 QUEUE_POLL_MAX_S = 5.0
+# After a worker refused the channel for want of websocket places (``too_many_connections``),
+# "auto" sends /act over HTTP for this long (s) before it tries the channel again.
+CHANNEL_PAUSE_S = 30.0
 # Bound on the best-effort calls made while unwinding (episode end, leaving the line, closing).
 COURTESY_TIMEOUT_S = 2.0
+
+
+def _error_code(response: httpx.Response) -> Optional[str]:
+    try:
+        return (response.json() or {}).get("code")
+    except ValueError:
+        return None
 
 
 def _seconds(value: Any) -> Optional[float]:
@@ -155,6 +165,7 @@ class Wire(LeaseRenewal):
         self._channel: Optional[_channel.ActChannel] = None
         self._no_channel: Optional[str] = None  # a worker URL that has no channel (HTTP /act there)
         self._refusal: Optional[httpx.Response] = None   # the worker's answer to a refused channel open
+        self.channel_paused_until = 0.0         # monotonic s: the worker's websocket places were all taken
 
     @property
     def http(self) -> httpx.AsyncClient:
@@ -451,6 +462,8 @@ class Wire(LeaseRenewal):
                 and channel.token == session.direct_secret:
             return channel
         await self._drop_channel()
+        if self.transport == "auto" and time.monotonic() < self.channel_paused_until:
+            return None
         if not _channel.available() or self._no_channel == session.worker_url:
             if self.transport == "channel":
                 raise TransportError("the /act channel cannot be used: " + (
@@ -465,6 +478,9 @@ class Wire(LeaseRenewal):
             self._no_channel = session.worker_url    # an older worker: HTTP /act from now on
             return await self._open_channel(session)
         if self._refusal is not None:
+            if self.transport == "auto" and _error_code(self._refusal) == "too_many_connections":
+                self._refusal = None          # HTTP /act is not limited that way: use it for a while
+                self.channel_paused_until = time.monotonic() + CHANNEL_PAUSE_S
             return None
         self._channel = channel
         self.channel_opens += 1

@@ -248,3 +248,32 @@ def test_the_limit_defaults_to_64_and_a_bad_setting_stops_the_worker_naming_it(t
                               env=_env({"SEQ_WORKER_SECRET": "s3cret", "SEQ_WORKER_MAX_CONNECTIONS": bad}))
         assert done.returncode == 2 and not (tmp_path / "r.json").exists()
         assert f"{bad!r} is not a whole number >= 1" in done.stderr and "SEQ_WORKER_MAX_CONNECTIONS" in done.stderr
+
+
+_FULL_WORKER_CLIENT = """
+import asyncio, sys, time
+from sequence_ai_core._wire import Session, Wire
+from _core_support import observation
+async def go():
+    wire = Wire("http://127.0.0.1:9", "unused", "w", body_format="binary")
+    wire.session = Session(session_id=None, worker_url=sys.argv[1], direct_secret=sys.argv[2])
+    pred = await wire.act(observation().to_wire(), params={"latency_ms": 0.0})
+    paused = wire.channel_paused_until - time.monotonic()
+    await wire.aclose()
+    print("OK", wire.channel_opens, len(pred.action_chunk), round(paused))
+asyncio.run(go())
+"""
+
+
+def test_a_client_refused_for_want_of_places_uses_http_act_for_a_while(worker):
+    """The client's "auto" transport meets a worker whose websocket places are all taken: the
+    request goes out over HTTP /act (no error), and the channel is not tried again for 30 s."""
+    held = [_channel(worker) for _ in range(LIMIT)]
+    try:
+        done = subprocess.run([sys.executable, "-c", _FULL_WORKER_CLIENT, worker.url, worker.secret],
+                              capture_output=True, text=True, timeout=120, cwd=str(Path(__file__).parents[1]),
+                              env=_env({"PYTHONPATH": f"{Path(__file__).parent}:{Path(__file__).parents[1]}"}))
+    finally:
+        for ws in held:
+            ws.close()
+    assert done.stdout.strip() == "OK 0 10 30", done.stdout + done.stderr[-2000:]
