@@ -4,8 +4,10 @@ One run, interleaved rounds, every client and server in its own process, the sam
 policy (a 16x8 chunk of zeros) behind each, one observation = 2 x 224x224 RGB frames + 8 floats +
 an instruction:
 
-* ours, channel -- ``sequence_ai.observation()`` (JPEG q95 encode, timed) + the wire's /act over
-  the persistent channel (``WS /act/ws``) to a real worker process;
+* ours, sync    -- ``sequence_ai.observation()`` (JPEG q95 encode, timed) + /act over the channel
+  (``WS /act/ws``) to a real worker process the way the sync ``Policy.predict`` sends it in a
+  session's steady state: a blocking websocket on the calling thread (``_blocking.BlockingAct``);
+* ours, channel -- the same through the asyncio wire (``AsyncPolicy.predict``, and ``run()``);
 * ours, http    -- the same over ``POST /act`` (binary body; httptools + uvloop on the worker);
 * openpi        -- openpi's own ``WebsocketPolicyServer`` (``../shared/peers/openpi/``) and the real
   ``openpi_client.WebsocketClientPolicy`` (raw frames, msgpack-numpy), in the openpi-client
@@ -40,7 +42,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 SIDE_PY = ROOT / ".venv" / "sides" / "openpi-client" / "bin" / "python"
 OPENPI_DIR = ROOT.parent / "shared" / "peers" / "openpi"
-CLIENTS = ("ours-channel", "ours-http", "openpi", "naive")
+CLIENTS = ("ours-sync", "ours-channel", "ours-http", "openpi", "naive")
 
 POLICY = '''
 import numpy as np
@@ -101,14 +103,20 @@ if kind_of.startswith("ours"):
     import asyncio, sequence_ai
     from sequence_ai_core._wire import Session, Wire
     wire = Wire("http://127.0.0.1:9", "unused", "bench", body_format="binary",
-                transport="channel" if kind_of == "ours-channel" else "http")
+                transport="http" if kind_of == "ours-http" else "channel")
     wire.session = Session(session_id=None, worker_url=target, direct_secret=extra[0])
     contract = json.loads(extra[1])
     loop = asyncio.new_event_loop()
+    if kind_of == "ours-sync":
+        from sequence_ai_core._blocking import BlockingAct
+        fast = BlockingAct(wire)
     def one(imgs):
         obs = sequence_ai.observation(images={"exterior": imgs[0], "wrist": imgs[1]}, joints=STATE, gripper=[0.5],
                                       instruction="put the red cube on the green pad", contract=contract)
-        pred = loop.run_until_complete(wire.act(obs.to_wire(raw=True)))
+        if kind_of == "ours-sync":
+            pred = fast.act(obs.to_wire(raw=True))
+        else:
+            pred = loop.run_until_complete(wire.act(obs.to_wire(raw=True)))
         assert len(pred.action_chunk) == 16
         return wire.last_request_bytes
 elif kind_of == "openpi":
@@ -233,7 +241,7 @@ class Bench:
                 raise RuntimeError("worker did not start: " + (self.tmp / "worker.log").read_text()[-2000:])
             time.sleep(0.1)
         info = json.loads(ready.read_text())
-        self.server_pid["ours-channel"] = self.server_pid["ours-http"] = worker.pid if not self.ns_srv else info["pid"]
+        self.server_pid["ours-sync"] = self.server_pid["ours-channel"] = self.server_pid["ours-http"] = worker.pid if not self.ns_srv else info["pid"]
         op_port, nv_port = free_port(), free_port()
         openpi = self.spawn([str(SIDE_PY), "-c", OPENPI_SERVER, str(OPENPI_DIR), "127.0.0.1", str(op_port)], self.ns_srv,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -248,7 +256,8 @@ class Bench:
 
     def start_agents(self) -> None:
         worker_url, secret, openpi, naive, contract = self.start_servers()
-        plans = {"ours-channel": ([sys.executable], [worker_url, secret, json.dumps(contract)]),
+        plans = {"ours-sync": ([sys.executable], [worker_url, secret, json.dumps(contract)]),
+                 "ours-channel": ([sys.executable], [worker_url, secret, json.dumps(contract)]),
                  "ours-http": ([sys.executable], [worker_url, secret, json.dumps(contract)]),
                  "openpi": ([str(SIDE_PY)], [openpi]), "naive": ([sys.executable], [naive])}
         for name, (py, args) in plans.items():

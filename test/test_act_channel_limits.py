@@ -277,3 +277,17 @@ def test_a_client_refused_for_want_of_places_uses_http_act_for_a_while(worker):
         for ws in held:
             ws.close()
     assert done.stdout.strip() == "OK 0 10 30", done.stdout + done.stderr[-2000:]
+
+
+def test_the_worker_side_of_a_connection_keeps_tcp_keepalive_on(worker):
+    """A link that dies silently (no FIN, no RST) would hold a place until TCP gives up; the worker's
+    accepted sockets probe it: ``ss`` shows a keepalive timer on the worker's end, idle time 30 s."""
+    ws = _channel(worker)
+    try:
+        out = subprocess.run(["ss", "-tnoH", "state", "established", f"( sport = :{worker.port} )"],
+                             capture_output=True, text=True, timeout=30).stdout
+    finally:
+        ws.close()
+    assert "timer:(keepalive," in out, out
+    seconds = float(out.split("timer:(keepalive,", 1)[1].split(",", 1)[0].rstrip("sec"))
+    assert 20 < seconds <= 30, out

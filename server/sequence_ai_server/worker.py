@@ -329,8 +329,23 @@ def _bind(host: str, port: int) -> socket.socket:
     # IPPROTO_TCP; with 0 every response waits ~40 ms for the client's delayed ACK (Nagle).
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    _keepalive(sock)
     sock.bind((host, port))
     return sock
+
+
+# TCP keepalive on every accepted connection (Linux copies these from the listening socket): a
+# robot whose link died without a FIN or RST holds its websocket place (``--max-connections``)
+# for about KEEPIDLE + KEEPCNT x KEEPINTVL = 60 s, not the kernel's default of over two hours.
+KEEPALIVE_IDLE_S, KEEPALIVE_INTERVAL_S, KEEPALIVE_COUNT = 30, 10, 3
+
+
+def _keepalive(sock: socket.socket) -> None:
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    for name, value in (("TCP_KEEPIDLE", KEEPALIVE_IDLE_S), ("TCP_KEEPINTVL", KEEPALIVE_INTERVAL_S),
+                        ("TCP_KEEPCNT", KEEPALIVE_COUNT)):
+        if hasattr(socket, name):           # Linux; elsewhere the system's keepalive timing applies
+            sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, name), value)
 
 
 async def _serve(server: Any, sock: socket.socket, launch: _Launch, supervision: Optional[_Supervision]) -> None:
