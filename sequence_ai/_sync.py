@@ -3,7 +3,10 @@
 A Policy owns a private asyncio event loop and drives ``sequence_ai_core.AsyncPolicy`` with
 ``loop.run_until_complete`` on the *calling* thread. So observe, act, validate, until and hold
 run on the thread that called ``run()``; the HTTP call is a task on that same loop and makes
-progress while the loop sleeps between actions.
+progress while the loop sleeps between actions. ``predict()`` -- one request, nothing to overlap --
+first tries the engine's blocking path (``AsyncPolicy.predict_now``: a websocket driven on this
+thread, no event loop) and enters the loop only when the session needs it (joining, a lease to
+renew, a reconnect).
 
 Every sync call also works from inside a callback of another ``run()`` (or any code already
 running an event loop on this thread): that loop is blocked while the callback runs, so this
