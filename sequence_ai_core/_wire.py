@@ -56,7 +56,7 @@ from ._lease import (_DROPPED, INTERVAL_WINDOW, LEASE_MARGIN_FLOOR_S, LEASE_MARG
                      RENEW_RETRY_MAX_S, RENEW_TIMEOUT_S, LeaseRenewal, Session, _lease_ttl, _renew_at,
                      lease_margin)
 from ._types import ModelInfo, Prediction
-from .protocol import encode_act_body
+from .protocol import JSON_CONTENT_TYPE, encode_act_body
 
 __all__ = ["Session", "Wire", "fetch_models", "BODY_FORMATS", "TRANSPORTS"]
 
@@ -403,11 +403,12 @@ class Wire(LeaseRenewal):
 
     def encode_body(self, observation: Dict[str, Any], params: Optional[Dict[str, Any]] = None,
                     episode_id: Optional[str] = None, delay: Optional[Dict[str, Any]] = None) -> Tuple[bytes, bool]:
-        """The /act body of one request as ``act`` would send it now -> ``(bytes, binary)``."""
-        binary = self.body_format != "json"
-        content, _ = encode_act_body(self._body(observation, params, episode_id, delay), binary)
+        """The /act body of one request as ``act`` would send it now -> ``(bytes, binary)``
+        (``binary``: the binary framing; a body without frames is JSON either way)."""
+        content, content_type = encode_act_body(self._body(observation, params, episode_id, delay),
+                                                self.body_format != "json")
         self.last_request_bytes = len(content)
-        return content, binary
+        return content, content_type != JSON_CONTENT_TYPE
 
     @staticmethod
     def prediction(response: httpx.Response, started: float) -> Prediction:
@@ -438,7 +439,7 @@ class Wire(LeaseRenewal):
             channel = await self._open_channel(session)
             if channel is not None:
                 try:
-                    return await channel.request(content, content_type != "application/json")
+                    return await channel.request(content, content_type != JSON_CONTENT_TYPE)
                 except asyncio.TimeoutError as exc:
                     raise TransportError(f"/act over the channel to {session.worker_url} timed out after "
                                          f"{self.timeout_s:g}s",
