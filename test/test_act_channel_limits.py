@@ -291,3 +291,22 @@ def test_the_worker_side_of_a_connection_keeps_tcp_keepalive_on(worker):
     assert "timer:(keepalive," in out, out
     seconds = float(out.split("timer:(keepalive,", 1)[1].split(",", 1)[0].rstrip("sec"))
     assert 20 < seconds <= 30, out
+
+
+def test_an_http_act_whose_client_left_before_the_answer_is_metered_undelivered(worker):
+    """POST /act, then the client gives up (its read timeout closes the connection) while the
+    policy still runs: the answer the server drops is counted as an error with no bytes out; a
+    delivered answer keeps its status and size."""
+    content, ctype = encode_act_body({"observation": echo_observation(), "params": {"latency_ms": SLOW_MS}}, True)
+    headers = {"Authorization": f"Bearer {worker.secret}", "Content-Type": ctype}
+    before = _usage(worker)
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(f"{worker.url}/act", content=content, headers=headers, timeout=0.3, trust_env=False)
+    got = _usage_after(worker, before, 1)
+    assert got == {"requests": 1, "errors": 1, "bytes_in": len(content), "bytes_out": 0}
+    fast, _ = encode_act_body({"observation": echo_observation(), "params": {"latency_ms": 0.0}}, True)
+    before = _usage(worker)
+    answer = httpx.post(f"{worker.url}/act", content=fast, headers=headers, timeout=30, trust_env=False)
+    assert answer.status_code == 200
+    assert _usage_after(worker, before, 1) == {"requests": 1, "errors": 0, "bytes_in": len(fast),
+                                               "bytes_out": len(answer.content)}

@@ -19,6 +19,7 @@ measured on disk (``<data_dir>/capture/<name>``) when asked.
 """
 from __future__ import annotations
 
+import asyncio
 import collections
 import math
 import os
@@ -63,25 +64,39 @@ class ActMeter:
         t0 = time.perf_counter()
         size_in = size_out = 0
         status = 0
+        answered = False
+        watch: Optional[asyncio.Task] = None
+
+        async def gone() -> bool:
+            # Once the body is read, the server's next message is the disconnect: before the
+            # answer went out it means the client left (the server drops the answer unsent).
+            return (await receive())["type"] == "http.disconnect" and not answered
 
         async def counted_receive() -> dict:
-            nonlocal size_in
+            nonlocal size_in, watch
             message = await receive()
             if message["type"] == "http.request":
                 size_in += len(message.get("body", b""))
+                if not message.get("more_body") and watch is None:
+                    watch = asyncio.ensure_future(gone())
             return message
 
         async def counted_send(message: dict) -> None:
-            nonlocal size_out, status
+            nonlocal size_out, status, answered
             if message["type"] == "http.response.start":
                 status = message["status"]
             elif message["type"] == "http.response.body":
+                answered = answered or not message.get("more_body")
                 size_out += len(message.get("body", b""))
             await send(message)
 
         try:
             await app(scope, counted_receive, counted_send)
         finally:
+            if watch is not None:
+                if watch.done() and not watch.cancelled() and watch.exception() is None and watch.result():
+                    status, size_out = 0, 0          # nothing was delivered
+                watch.cancel()
             self.count((time.perf_counter() - t0) * 1000.0, status, size_in, size_out)
 
     def count(self, ms: float, status: int, size_in: int, size_out: int) -> None:
