@@ -530,3 +530,30 @@ def test_realtime_priority_is_applied_to_the_thread_or_the_reason_is_given():
     else:
         assert "CAP_SYS_NICE" in out["why"] and out["policy"] != os.SCHED_FIFO
     assert set_thread_realtime(0) is None and os.sched_getscheduler(0) != os.SCHED_FIFO
+
+
+def test_the_success_poll_waits_until_the_run_has_pinned_its_instruction(ros, echo_server):
+    """Between a goal's acceptance and its run pinning the instruction, the policy has none: the
+    success poll must skip that tick, not send a request with no instruction (rclpy raised a
+    TypeError in the timer callback and the driver process died mid-goal)."""
+    from sequence_ai_msgs.srv import CheckSuccess
+    from sequence_ai_ros.driver.goal import GoalRun
+    robot, driver, client, node = setup_driver(ros, echo_server, success_service="check_success")
+    asked = []
+
+    def answer(request, response):
+        asked.append(request.instruction)
+        return response
+    node.create_service(CheckSuccess, "check_success", answer)
+    wait(driver._success_client.service_is_ready, 20.0, "the success service")
+    assert driver.policy.instruction is None
+    driver._run = GoalRun(None, "put the red cube on the green pad", 1.0)   # accepted, not yet running
+    try:
+        driver._poll_success()
+        assert driver._success_call is None
+        driver.policy.set_instruction("put the red cube on the green pad")
+        driver._poll_success()
+        wait(lambda: asked, 20.0, "the success request")
+    finally:
+        driver._run = None
+    assert asked == ["put the red cube on the green pad"]

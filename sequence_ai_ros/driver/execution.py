@@ -353,6 +353,8 @@ class GoalExecution:
         if not self._success_client.service_is_ready():
             return
         instruction = self.policy.instruction
+        if instruction is None:      # the goal's run has not pinned its instruction yet: next tick
+            return
         call = self._success_client.call_async(CheckSuccess.Request(instruction=instruction))
         self._success_call = call
 
