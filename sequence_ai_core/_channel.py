@@ -51,7 +51,10 @@ def available() -> bool:
 
 class ChannelDropped(ConnectionError):
     """The channel closed or failed under a request: the wire reconnects and replays, as for a
-    dropped HTTP connection."""
+    dropped HTTP connection. ``sent``: the request had started to go out (the worker may have
+    run it); set by the sync client's blocking channel (``_blocking.py``)."""
+
+    sent = False
 
 
 class ChannelUnsupported(Exception):
