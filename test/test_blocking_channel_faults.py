@@ -201,3 +201,18 @@ def test_a_session_holds_one_websocket_so_a_second_robot_keeps_its_channel(tmp_p
             assert (wire_a._channel, wire_b._channel) == (None, None)     # the wires' own: closed
     finally:
         gw.close()
+
+
+def test_a_request_without_frames_goes_out_as_json_on_the_blocking_path(module_gateway):
+    """A policy with no contract takes a plain dict: its body has no frames, so it is JSON even
+    though the session asks for the binary body ("auto"); the blocking channel's format byte says
+    so and the worker answers it (not a 400 for a binary framing it cannot find)."""
+    from _servers import POLICIES
+    name = unique("raw-blk")
+    module_gateway.deploy(str(POLICIES / "raw_policy.py"), name, wait=True)
+    with connect(module_gateway, name) as policy:
+        assert policy._engine._wire.body_format == "auto"
+        first = policy.predict({"op": "echo", "x": 1})
+        second = policy.predict({"op": "echo", "x": 2})
+        assert first["echo"] == {"op": "echo", "x": 1} and second["calls"] == first["calls"] + 1
+        assert policy._engine._blocking.requests == 2 and policy._engine._wire.channel_opens == 0
