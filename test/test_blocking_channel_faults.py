@@ -2,8 +2,9 @@
 gateway and worker processes on loopback: a connection cut after the request went out (the
 request is played at most twice, as over the asyncio wire), a worker that stops answering (a
 typed error within the wire's own time), a body far over the worker's limit (413 without a second
-upload), Ctrl-C while the channel opens (its socket closes at once), and the worker's websocket
-places (one per session, so a second robot is not pushed onto HTTP)."""
+upload), Ctrl-C while the channel opens (its socket closes at once), the worker's websocket
+places (one per session, so a second robot is not pushed onto HTTP; the wire's channel closed
+for it closes its socket even when the worker hangs), and a body without frames (JSON)."""
 from __future__ import annotations
 
 import os
@@ -216,3 +217,42 @@ def test_a_request_without_frames_goes_out_as_json_on_the_blocking_path(module_g
         second = policy.predict({"op": "echo", "x": 2})
         assert first["echo"] == {"op": "echo", "x": 1} and second["calls"] == first["calls"] + 1
         assert policy._engine._blocking.requests == 2 and policy._engine._wire.channel_opens == 0
+
+
+def _connections_to(port: int) -> int:
+    """This machine's established TCP connections to ``port`` (their client ends)."""
+    out = subprocess.run(["ss", "-tnH", "state", "established", f"( dport = :{port} )"], capture_output=True,
+                         text=True, timeout=30).stdout
+    return len(out.strip().splitlines())
+
+
+def test_closing_the_wires_channel_to_a_hung_worker_closes_its_socket(tmp_path):
+    """The sync face closes the wire's channel before its blocking one opens. To a worker that
+    stopped answering, the closing handshake gives up after 2 s and the connection is closed
+    then, not left open until garbage collection."""
+    import asyncio
+
+    worker = WorkerProcess.start(ECHO, tmp_path, name="hung")
+    try:
+        async def go():
+            wire = Wire("http://127.0.0.1:9", "unused", "hung", timeout_s=5.0, body_format="binary")
+            wire.session = Session(session_id=None, worker_url=worker.url, direct_secret=worker.secret)
+            try:
+                await wire.act(observation().to_wire())
+                opened = _connections_to(worker.port)
+                os.kill(worker.proc.pid, signal.SIGSTOP)
+                try:
+                    t0 = time.monotonic()
+                    await wire.close_channel()
+                    took = time.monotonic() - t0
+                    await asyncio.sleep(0.05)          # the loop completes the close
+                    return opened, took, _connections_to(worker.port), wire.channel_open
+                finally:
+                    os.kill(worker.proc.pid, signal.SIGCONT)
+            finally:
+                await wire.aclose_http()
+        opened, took, left, still_open = asyncio.run(go())
+        assert (opened, left, still_open) == (1, 0, False)
+        assert 1.9 <= took < 4.0
+    finally:
+        worker.stop()
