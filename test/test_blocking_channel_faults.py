@@ -188,10 +188,11 @@ def test_a_session_holds_one_websocket_so_a_second_robot_keeps_its_channel(tmp_p
             a.predict(observation())
             wire_a.session.renew_at = 0.0                 # the lease is due: the event loop takes it
             a.predict(observation())
-            for _ in range(20):                          # until the renewal beside it has been tried
-                if fast_a.usable():
-                    break
+            deadline = time.monotonic() + 30
+            while not (wire_a.renewals == 1 and fast_a.usable()):   # until the renewal beside it landed
+                assert time.monotonic() < deadline, (wire_a.renewals, wire_a.renew_failures)
                 a.predict(observation())
+                time.sleep(0.05)
             assert wire_a.channel_opens >= 1             # the event loop took calls over the wire's channel
             before = fast_a.requests
             a.predict(observation())
