@@ -243,6 +243,8 @@ class Policy:
     def predict(self, observation: Any, *, params: Optional[Dict[str, Any]] = None) -> Any:
         """One request: the whole action chunk for ``observation`` (a ``Prediction``); for a policy
         with no contract, exactly what its infer() returned. See AsyncPolicy.predict."""
+        if self._engine.loop_channel_in_the_way():       # one websocket per session on the worker
+            self._call(self._engine.release_loop_channel())
         done, result = self._call_now(self._engine.predict_now, observation, params=params)
         if done:
             return result

@@ -12,8 +12,10 @@ It takes only the common case. Everything with state to manage stays in the asyn
 (``_wire.Wire``), which the sync face then runs as before: no session yet (the handshake, waiting
 in line), a lease due for renewal, a refused renewal, ``transport="http"``, a worker without a
 channel, an answer 401 (a rotated secret: reconnect through the gateway) or 415, and a channel
-that dropped before its answer (the wire reconnects and replays, once, as for HTTP). ``act``
-returns None for those; the caller runs the engine's ``predict`` and nothing is lost.
+that dropped before its answer (the wire reconnects and replays, once, as for HTTP: a request
+the blocking path already sent, or whose channel it could not open, counts as the wire's first
+attempt, ``Wire.first_attempt_spent``). ``act`` returns None for those; the caller runs the
+engine's ``predict`` and nothing is lost.
 
 Errors it raises itself are the wire's: the mapped error of an error answer (``from_response``),
 TransportError when the answer does not come within ``timeout_s``.
@@ -103,6 +105,9 @@ class BlockingChannel:
         except (OSError, _channel.ChannelDropped) as exc:
             self.abort()
             raise _channel.ChannelDropped(f"the /act channel upgrade to {self.worker_url} failed: {exc!r}") from exc
+        except BaseException:          # Ctrl-C mid-upgrade: the socket is closed now, not when the traceback goes
+            self.abort()
+            raise
         if proto.handshake_exc is None:
             return None
         self.abort()
@@ -126,18 +131,24 @@ class BlockingChannel:
     def request(self, content: bytes, binary: bool) -> httpx.Response:
         """Send one /act body (``binary``: the binary framing, else JSON) and wait for its answer.
 
-        Returns the answer as an ``httpx.Response``. Raises ChannelDropped when the websocket is
-        closed or fails (the worker closed it, a reset), TimeoutError past ``timeout_s``
-        (the channel is closed then: a late answer can never be taken for the next request's).
+        Returns the answer as an ``httpx.Response``; a channel the worker closed with 1009 (the
+        message is over its limit) is the 413 ``payload_too_large`` answer HTTP gives, also when
+        the worker's close reset the connection before the body was all sent. Raises
+        ChannelDropped when the websocket is closed or fails (the worker closed it, a reset; its
+        ``sent`` is True once the request had started to go out, so the worker may have run it),
+        TimeoutError past ``timeout_s`` (the channel is closed then: a late answer can never be
+        taken for the next request's).
         """
         deadline = time.monotonic() + self.timeout_s
         self._seq = (self._seq + 1) & 0xFFFFFFFF
         seq = self._seq
         proto = self._proto
+        sent = False
         try:
             self._take_pending()          # a close the worker sent while we were idle
             proto.send_binary(_channel._REQUEST_HEAD.pack(seq, CHANNEL_FORMAT_BINARY if binary else CHANNEL_FORMAT_JSON)
                               + content)
+            sent = True
             self._flush(deadline)
             while True:
                 for message in self._messages(deadline):
@@ -147,20 +158,44 @@ class BlockingChannel:
                             self.requests += 1
                             return httpx.Response(status, content=message[_channel._ANSWER_HEAD.size:],
                                                   headers={"content-type": "application/json"})
-        except _channel.ChannelDropped:
+        except socket.timeout as exc:  # the deadline passed
+            self.abort()
+            raise TimeoutError(f"no /act answer within {self.timeout_s:g} s") from exc
+        except (_channel.ChannelDropped, OSError) as exc:
+            if sent:
+                self._drain()              # a 1009 close that came just before the reset
             close = proto.close_rcvd
             self.abort()
             if close is not None and close.code == 1009:
                 return _channel._too_large(len(content))   # the worker would not read it: as HTTP's 413
-            raise
-        except OSError as exc:         # socket.timeout is an OSError: the deadline passed
-            self.abort()
-            if isinstance(exc, socket.timeout):
-                raise TimeoutError(f"no /act answer within {self.timeout_s:g} s") from exc
-            raise _channel.ChannelDropped(f"the /act channel to {self.worker_url} failed: {exc!r}") from exc
+            dropped = exc if isinstance(exc, _channel.ChannelDropped) else _channel.ChannelDropped(
+                f"the /act channel to {self.worker_url} failed: {exc!r}")
+            dropped.sent = sent
+            if dropped is exc:
+                raise
+            raise dropped from exc
         except BaseException:          # Ctrl-C mid-request: the channel's state is unknown
             self.abort()
             raise
+
+    def _drain(self) -> None:
+        """Feed the protocol what the socket still holds without waiting (after a send failed:
+        the worker's close frame may be queued ahead of its reset)."""
+        sock = self._sock
+        if sock is None or isinstance(sock, ssl.SSLSocket):
+            return
+        try:
+            sock.setblocking(False)
+            while True:
+                data = sock.recv(_RECV_BYTES)
+                if not data:
+                    self._proto.receive_eof()
+                    break
+                self._proto.receive_data(data)
+        except OSError:                 # nothing more queued, or the reset itself
+            pass
+        for _ in self._proto.events_received():
+            pass
 
     def _messages(self, deadline: float) -> List[bytes]:
         """Read until at least one data frame arrives; -> the complete messages (fragments joined)."""
@@ -242,9 +277,13 @@ class BlockingChannel:
 class BlockingAct:
     """``Wire.act`` on the calling thread, for the steady state of a sync ``predict()``.
 
-    Owns one ``BlockingChannel`` beside the wire's own channel, reopened when the session's worker
-    or token changes. ``act`` returns None whenever the asyncio wire must take the call (see the
-    module docstring); it never replays a request itself.
+    Owns one ``BlockingChannel``, reopened when the session's worker or token changes; the wire's
+    own channel is closed while this one serves (``AsyncPolicy``), so a session holds one
+    websocket on its worker. ``act`` returns None whenever the asyncio wire must take the call (see
+    the module docstring); it never replays a request itself. When the call failed here on a gone
+    connection (the channel could not be opened, or it dropped after the request went out) it
+    sets ``wire.first_attempt_spent``: the wire then reconnects first and replays once, so a
+    request is played at most twice, as over the asyncio wire alone.
     """
 
     def __init__(self, wire: Any) -> None:
@@ -284,8 +323,9 @@ class BlockingAct:
         except TimeoutError as exc:
             raise TransportError(f"/act over the channel to {session.worker_url} timed out after "
                                  f"{wire.timeout_s:g}s", hint="raise timeout_s= on connect() for slow policies") from exc
-        except _channel.ChannelDropped:
+        except _channel.ChannelDropped as exc:
             self._channel = None
+            wire.first_attempt_spent = exc.sent     # it may have run: the wire replays once, no more
             return None
         if response.status_code in (401, 415):
             return None                  # a new token through the gateway / the JSON body: the wire's job
@@ -307,6 +347,7 @@ class BlockingAct:
             self._unsupported = session.worker_url
             return None
         except _channel.ChannelDropped:
+            self._wire.first_attempt_spent = True   # as the wire's own failed open: reconnect, then once more
             return None
         if refusal is not None:
             return None                  # the wire meets the same refusal and handles it

@@ -51,7 +51,10 @@ def available() -> bool:
 
 class ChannelDropped(ConnectionError):
     """The channel closed or failed under a request: the wire reconnects and replays, as for a
-    dropped HTTP connection."""
+    dropped HTTP connection. ``sent``: the request had started to go out (the worker may have
+    run it); set by the sync client's blocking channel (``_blocking.py``)."""
+
+    sent = False
 
 
 class ChannelUnsupported(Exception):
@@ -204,10 +207,14 @@ class ActChannel:
         task.add_done_callback(lambda t: t.cancelled() or t.exception())
 
     async def aclose(self) -> None:
-        """Close the websocket (best effort)."""
+        """Close the websocket (best effort): the closing handshake for up to 2 s, then the
+        connection is aborted all the same (a hung worker never answers the close; its socket
+        must not stay open until garbage collection)."""
         ws, self._ws = self._ws, None
         if ws is not None:
             try:
                 await asyncio.wait_for(ws.close(), 2.0)
             except Exception:  # noqa: BLE001 - closing a dead channel
                 pass
+            finally:
+                self._drop(ws)          # a no-op once the close completed

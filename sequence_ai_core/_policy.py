@@ -309,6 +309,7 @@ class AsyncPolicy:
         ``transport="http"``, a 401 or a dropped channel for the wire to reconnect and replay):
         run ``predict()`` then. Raises what ``predict()`` raises.
         """
+        self._wire.first_attempt_spent = False
         if not self._blocking.usable():
             return False, None
         instruction, _ = self._instruction_now()
@@ -317,6 +318,17 @@ class AsyncPolicy:
         if prediction is None:
             return False, None
         return True, (prediction.outputs if prediction.own_io else prediction)
+
+    def loop_channel_in_the_way(self) -> bool:
+        """True when the wire's (asyncio) /act channel is open -- left by a call the event loop
+        took: a lease renewal, a reconnect, ``run()`` -- while ``predict_now`` could serve the next
+        request: the sync face closes it first (``release_loop_channel``), so a session holds one
+        websocket on its worker (whose places are counted: ``--max-connections``)."""
+        return self._wire.channel_open and self._blocking.usable()
+
+    async def release_loop_channel(self) -> None:
+        """Close the wire's /act channel (the blocking path opens its own)."""
+        await self._wire.close_channel()
 
     def _params_for(self, params: Optional[Dict[str, Any]], episode_id: Optional[str]) -> Dict[str, Any]:
         """The inference parameters of one request: the session's (the deployment's defaults under
@@ -341,6 +353,7 @@ class AsyncPolicy:
 
         Raises what the wire raises, and SequencesError (code ``no_action_chunk``) when
         ``need_chunk`` and the policy answered with its own outputs instead of a chunk."""
+        self._blocking.close()          # the wire's channel carries this one: one websocket per session
         if self._wire.session is None:
             await self._wire.join()
         prediction = await self._wire.act(wire, params=self._params_for(params, episode_id),

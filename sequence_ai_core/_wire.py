@@ -166,6 +166,9 @@ class Wire(LeaseRenewal):
         self._no_channel: Optional[str] = None  # a worker URL that has no channel (HTTP /act there)
         self._refusal: Optional[httpx.Response] = None   # the worker's answer to a refused channel open
         self.channel_paused_until = 0.0         # monotonic s: the worker's websocket places were all taken
+        # Set by the sync client's blocking path (``_blocking.BlockingAct``) when it spent the next
+        # request's first attempt on a gone connection: ``act`` reconnects first and replays once.
+        self.first_attempt_spent = False
 
     @property
     def http(self) -> httpx.AsyncClient:
@@ -352,7 +355,8 @@ class Wire(LeaseRenewal):
         answer's echo lands in ``Prediction.request_id`` / ``Prediction.extra["generation"]``.
 
         Reconnects through the gateway once on 401 or a dropped connection (HTTP or channel)
-        and replays.
+        and replays; with ``first_attempt_spent`` set (the sync client's blocking path already
+        tried, on a connection that failed) it reconnects first and that replay is the only one.
 
         Raises:
             Unavailable: 503 (``.warming`` while the worker loads).
@@ -366,6 +370,10 @@ class Wire(LeaseRenewal):
         self.note_request()
         encoded: Dict[bool, Tuple[bytes, str]] = {}
         attempt = 0
+        if self.first_attempt_spent:     # the blocking path sent it, or could not open: this is the replay
+            self.first_attempt_spent = False
+            attempt = 1
+            await self._reconnect()
         while True:
             session = await self._current_session()
             binary = self.body_format != "json"
@@ -486,6 +494,15 @@ class Wire(LeaseRenewal):
         self._channel = channel
         self.channel_opens += 1
         return channel
+
+    @property
+    def channel_open(self) -> bool:
+        """True while this wire's /act channel is open."""
+        return self._channel is not None and self._channel.open
+
+    async def close_channel(self) -> None:
+        """Close this wire's /act channel (best effort); the next request over it opens a new one."""
+        await self._drop_channel()
 
     async def _drop_channel(self) -> None:
         channel, self._channel = self._channel, None

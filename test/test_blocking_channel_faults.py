@@ -1,0 +1,259 @@
+"""The sync client's blocking /act path (``sequence_ai_core/_blocking.py``) under faults, against real
+gateway and worker processes on loopback: a connection cut after the request went out (the
+request is played at most twice, as over the asyncio wire), a worker that stops answering (a
+typed error within the wire's own time), a body far over the worker's limit (413 without a second
+upload), Ctrl-C while the channel opens (its socket closes at once), the worker's websocket
+places (one per session, so a second robot is not pushed onto HTTP; the wire's channel closed
+for it closes its socket even when the worker hangs), and a body without frames (JSON)."""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import threading
+import time
+
+import pytest
+
+from _core_support import ECHO, connect, observation, unique
+from _servers import GatewayProcess, WorkerProcess
+from sequence_ai_core import ConnectionLost, InvalidRequest, TransportError
+from sequence_ai_core._blocking import BlockingAct, BlockingChannel
+from sequence_ai_core._wire import Session, Wire
+
+pytestmark = pytest.mark.filterwarnings("ignore:run\\(\\)/act\\(\\) called with validate=None")
+
+
+def _cut(sock) -> None:
+    """Cut a TCP connection from another thread (a dup of its descriptor, shut down both ways)."""
+    dup = socket.socket(fileno=os.dup(sock.fileno()))
+    try:
+        dup.shutdown(socket.SHUT_RDWR)
+    finally:
+        dup.close()
+
+
+def _first(prediction) -> float:
+    return prediction.action_chunk.actions[0][0]       # the echo policy's call counter
+
+
+def _worker_pid(policy) -> int:
+    """The pid of the process listening on the session's worker port (``ss``)."""
+    port = int(policy._engine._wire.session.worker_url.rsplit(":", 1)[1])
+    out = subprocess.run(["ss", "-tlnpH", f"( sport = :{port} )"], capture_output=True, text=True,
+                         timeout=30).stdout
+    assert "pid=" in out, out
+    return int(out.split("pid=", 1)[1].split(",", 1)[0])
+
+
+def test_a_request_cut_after_it_went_out_is_played_at_most_twice(module_gateway):
+    """The blocking channel drops while the worker runs the request (it ran: the worker's counter
+    moved); the asyncio wire replays it once, and when that replay's connection is cut too the
+    call raises ConnectionLost -- the request ran twice, never three times."""
+    name = unique("echo-cut")
+    module_gateway.deploy(ECHO, name, wait=True)
+    with connect(module_gateway, name) as policy:
+        fast, wire = policy._engine._blocking, policy._engine._wire
+        a = _first(policy.predict(observation()))
+        cut = []
+
+        def cutter():
+            t0 = time.monotonic()
+            time.sleep(0.3)                               # the first run (1 s) is under way
+            _cut(fast._channel._sock)
+            cut.append("blocking")
+            deadline = time.monotonic() + 10
+            while not wire.channel_open and time.monotonic() < deadline:
+                time.sleep(0.005)
+            # the replay waits in the worker's queue behind the first run, then runs 1 s
+            time.sleep(max(0.0, t0 + 1.5 - time.monotonic()))
+            _cut(wire._channel._ws.transport.get_extra_info("socket"))
+            cut.append("wire")
+        thread = threading.Thread(target=cutter, daemon=True)
+        thread.start()
+        with pytest.raises(ConnectionLost, match="dropped twice"):
+            policy.predict(observation(), params={"latency_ms": 1000})
+        thread.join(10)
+        assert cut == ["blocking", "wire"]
+        assert _first(policy.predict(observation())) == a + 3     # ran twice, then this one
+        assert policy.reconnects == 1 and fast.requests == 2
+
+
+def test_a_worker_that_stops_answering_costs_what_it_costs_the_asyncio_wire(module_gateway):
+    """A SIGSTOPped worker: a request on the open blocking channel raises TransportError after
+    timeout_s; the next predict's channel open times out too, which counts as the first attempt:
+    one reconnect and one more try, ConnectionLost after about 2 x timeout_s (not 3 x)."""
+    name = unique("echo-stop")
+    module_gateway.deploy(ECHO, name, wait=True)
+    with connect(module_gateway, name, timeout_s=2.0) as policy:
+        a = _first(policy.predict(observation()))
+        pid = _worker_pid(policy)
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            t0 = time.monotonic()
+            with pytest.raises(TransportError, match="timed out after 2s") as timed_out:
+                policy.predict(observation())
+            first_s = time.monotonic() - t0
+            t0 = time.monotonic()
+            with pytest.raises(ConnectionLost):
+                policy.predict(observation())
+            second_s = time.monotonic() - t0
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        assert type(timed_out.value) is TransportError and 1.9 <= first_s < 3.0
+        assert 3.9 <= second_s < 5.5, second_s      # two opens of 2 s (the old path: three)
+        deadline = time.monotonic() + 30
+        while True:                                 # the worker serves again once resumed
+            try:
+                b = _first(policy.predict(observation()))
+                break
+            except TransportError:
+                assert time.monotonic() < deadline
+        assert a < b <= a + 2                        # the timed-out request may have run, nothing more
+
+
+@pytest.fixture(scope="module")
+def small_worker(tmp_path_factory):
+    w = WorkerProcess.start(ECHO, tmp_path_factory.mktemp("blocking"), name="blk",
+                            env={"SEQ_WORKER_MAX_BODY_BYTES": "200000"})
+    try:
+        yield w
+    finally:
+        w.stop()
+
+
+def _blocking(worker):
+    wire = Wire("http://127.0.0.1:9", "unused", "blk", timeout_s=10.0, body_format="binary")
+    wire.session = Session(session_id=None, worker_url=worker.url, direct_secret=worker.secret)
+    return wire, BlockingAct(wire)
+
+
+@pytest.mark.parametrize("size", [5_000_000, 40_000_000])
+def test_a_body_far_over_the_limit_is_payload_too_large_on_the_blocking_path(small_worker, size):
+    """Far over the limit the worker closes with 1009 while the body is still going out, and the
+    connection resets under the send: the blocking path reads the 1009 close and raises the same
+    413 as HTTP, rather than handing the body to the asyncio wire to upload again."""
+    wire, fast = _blocking(small_worker)
+    try:
+        obs = observation().to_wire()
+        obs["images"][0]["data"] = b"\xff\xd8" + b"\0" * size
+        with pytest.raises(InvalidRequest) as refused:
+            fast.act(obs)
+        assert (refused.value.code, refused.value.status_code) == ("payload_too_large", 413)
+        assert "1009" in str(refused.value) and not wire.first_attempt_spent
+        before = _first(fast.act(observation().to_wire()))          # a new channel serves on
+        assert _first(fast.act(observation().to_wire())) == before + 1 and fast.requests == 2
+    finally:
+        fast.close()
+
+
+def test_ctrl_c_while_the_channel_opens_closes_its_socket_at_once():
+    """A worker that accepted the TCP connection but does not answer the upgrade; Ctrl-C: the
+    socket is closed when KeyboardInterrupt leaves, not when its traceback is collected (a REPL
+    keeps the last one)."""
+    server = socket.create_server(("127.0.0.1", 0))
+    port = server.getsockname()[1]
+    main = threading.get_ident()
+    timer = threading.Timer(0.3, lambda: signal.pthread_kill(main, signal.SIGINT))
+    try:
+        timer.start()
+        with pytest.raises(KeyboardInterrupt) as stopped:
+            BlockingChannel(f"http://127.0.0.1:{port}", "token", 10.0).connect()
+        peer, _ = server.accept()
+        with peer:
+            peer.settimeout(5.0)
+            upgrade = peer.recv(65536)
+            while b"\r\n\r\n" not in upgrade:
+                upgrade += peer.recv(65536)
+            assert upgrade.startswith(b"GET /act/ws HTTP/1.1")
+            assert peer.recv(65536) == b""          # closed, with the traceback still alive
+        assert stopped.value is not None
+    finally:
+        timer.cancel()
+        server.close()
+
+
+def test_a_session_holds_one_websocket_so_a_second_robot_keeps_its_channel(tmp_path):
+    """A worker with two websocket places and two robots. Robot A's lease renewal goes through
+    the event loop (the wire's channel) and A's next predict rides its blocking channel again:
+    A holds one place, not two, so robot B's channel opens instead of being refused
+    (too_many_connections, which would send B to HTTP for 30 s)."""
+    gw = GatewayProcess.start(tmp_path, env={"SEQ_WORKER_MAX_CONNECTIONS": "2"})
+    try:
+        name = "echo-places"
+        gw.deploy(ECHO, name, wait=True)
+        with connect(gw, name) as a, connect(gw, name) as b:
+            fast_a, wire_a = a._engine._blocking, a._engine._wire
+            a.predict(observation())
+            wire_a.session.renew_at = 0.0                 # the lease is due: the event loop takes it
+            a.predict(observation())
+            deadline = time.monotonic() + 30
+            while not (wire_a.renewals == 1 and fast_a.usable()):   # until the renewal beside it landed
+                assert time.monotonic() < deadline, (wire_a.renewals, wire_a.renew_failures)
+                a.predict(observation())
+                time.sleep(0.05)
+            assert wire_a.channel_opens >= 1             # the event loop took calls over the wire's channel
+            before = fast_a.requests
+            a.predict(observation())
+            assert fast_a.requests == before + 1
+            b.predict(observation())
+            fast_b, wire_b = b._engine._blocking, b._engine._wire
+            assert fast_b.requests == 1 and wire_b.channel_paused_until == 0.0
+            assert (wire_a._channel, wire_b._channel) == (None, None)     # the wires' own: closed
+    finally:
+        gw.close()
+
+
+def test_a_request_without_frames_goes_out_as_json_on_the_blocking_path(module_gateway):
+    """A policy with no contract takes a plain dict: its body has no frames, so it is JSON even
+    though the session asks for the binary body ("auto"); the blocking channel's format byte says
+    so and the worker answers it (not a 400 for a binary framing it cannot find)."""
+    from _servers import POLICIES
+    name = unique("raw-blk")
+    module_gateway.deploy(str(POLICIES / "raw_policy.py"), name, wait=True)
+    with connect(module_gateway, name) as policy:
+        assert policy._engine._wire.body_format == "auto"
+        first = policy.predict({"op": "echo", "x": 1})
+        second = policy.predict({"op": "echo", "x": 2})
+        assert first["echo"] == {"op": "echo", "x": 1} and second["calls"] == first["calls"] + 1
+        assert policy._engine._blocking.requests == 2 and policy._engine._wire.channel_opens == 0
+
+
+def _connections_to(port: int) -> int:
+    """This machine's established TCP connections to ``port`` (their client ends)."""
+    out = subprocess.run(["ss", "-tnH", "state", "established", f"( dport = :{port} )"], capture_output=True,
+                         text=True, timeout=30).stdout
+    return len(out.strip().splitlines())
+
+
+def test_closing_the_wires_channel_to_a_hung_worker_closes_its_socket(tmp_path):
+    """The sync face closes the wire's channel before its blocking one opens. To a worker that
+    stopped answering, the closing handshake gives up after 2 s and the connection is closed
+    then, not left open until garbage collection."""
+    import asyncio
+
+    worker = WorkerProcess.start(ECHO, tmp_path, name="hung")
+    try:
+        async def go():
+            wire = Wire("http://127.0.0.1:9", "unused", "hung", timeout_s=5.0, body_format="binary")
+            wire.session = Session(session_id=None, worker_url=worker.url, direct_secret=worker.secret)
+            try:
+                await wire.act(observation().to_wire())
+                opened = _connections_to(worker.port)
+                os.kill(worker.proc.pid, signal.SIGSTOP)
+                try:
+                    t0 = time.monotonic()
+                    await wire.close_channel()
+                    took = time.monotonic() - t0
+                    await asyncio.sleep(0.05)          # the loop completes the close
+                    return opened, took, _connections_to(worker.port), wire.channel_open
+                finally:
+                    os.kill(worker.proc.pid, signal.SIGCONT)
+            finally:
+                await wire.aclose_http()
+        opened, took, left, still_open = asyncio.run(go())
+        assert (opened, left, still_open) == (1, 0, False)
+        assert 1.9 <= took < 4.0
+    finally:
+        worker.stop()
