@@ -349,8 +349,9 @@ class BlockingAct:
         except _channel.ChannelDropped:
             self._wire.first_attempt_spent = True   # as the wire's own failed open: reconnect, then once more
             return None
-        if refusal is not None:
-            return None                  # the wire meets the same refusal and handles it
+        if refusal is not None:          # the wire meets the same refusal and handles it, unless it is
+            self._wire.pause_channel_for(refusal)   # for want of places: then HTTP, without asking again
+            return None
         self._channel = channel
         return channel
 

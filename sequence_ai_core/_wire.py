@@ -487,13 +487,19 @@ class Wire(LeaseRenewal):
             self._no_channel = session.worker_url    # an older worker: HTTP /act from now on
             return await self._open_channel(session)
         if self._refusal is not None:
-            if self.transport == "auto" and _error_code(self._refusal) == "too_many_connections":
+            if self.pause_channel_for(self._refusal):
                 self._refusal = None          # HTTP /act is not limited that way: use it for a while
-                self.channel_paused_until = time.monotonic() + CHANNEL_PAUSE_S
             return None
         self._channel = channel
         self.channel_opens += 1
         return channel
+
+    def pause_channel_for(self, refusal: httpx.Response) -> bool:
+        """Pause the channel (CHANNEL_PAUSE_S; HTTP /act meanwhile) after an "auto" open refused for want of places."""
+        if self.transport != "auto" or _error_code(refusal) != "too_many_connections":
+            return False
+        self.channel_paused_until = time.monotonic() + CHANNEL_PAUSE_S
+        return True
 
     @property
     def channel_open(self) -> bool:

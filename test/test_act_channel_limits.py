@@ -310,3 +310,32 @@ def test_an_http_act_whose_client_left_before_the_answer_is_metered_undelivered(
     assert answer.status_code == 200
     assert _usage_after(worker, before, 1) == {"requests": 1, "errors": 0, "bytes_in": len(fast),
                                                "bytes_out": len(answer.content)}
+
+
+def test_a_sync_predict_refused_for_want_of_places_asks_the_worker_once_per_pause(worker, monkeypatch):
+    """The sync client's blocking path meets the full worker first: it pauses the channel itself,
+    so the asyncio wire goes straight to HTTP /act instead of asking for a place a second time."""
+    import sequence_ai
+    from sequence_ai_core import _channel as channel_module
+    from sequence_ai_core._wire import Session
+    asked = []
+    real_connect = channel_module.ActChannel.connect
+
+    async def counted_connect(self):
+        asked.append(self.worker_url)
+        return await real_connect(self)
+    monkeypatch.setattr(channel_module.ActChannel, "connect", counted_connect)
+    held = [_channel(worker) for _ in range(LIMIT)]
+    try:
+        policy = sequence_ai.Policy(sequence_ai.aconnect("w", api_key="unused", gateway_url="http://127.0.0.1:9"))
+        wire = policy._engine._wire
+        wire.session = Session(session_id=None, worker_url=worker.url, direct_secret=worker.secret)
+        before = time.monotonic()
+        pred = policy.predict(echo_observation(), params={"latency_ms": 0.0})
+        assert len(pred.action_chunk) == 10
+        assert wire.channel_paused_until > before + 29 and wire.channel_opens == 0 and wire._refusal is None
+        assert asked == []                # the asyncio wire never asked for a place
+        policy.close()
+    finally:
+        for ws in held:
+            ws.close()
