@@ -21,7 +21,7 @@ if _worker.startswith("gw") and _worker[2:].isdigit():
     _base = int(os.environ.get("ROS_DOMAIN_ID", "1"))
     os.environ["ROS_DOMAIN_ID"] = str((_base + 50 * int(_worker[2:]) - 1) % 101 + 1)
 
-from _servers import ECHO_POLICY, GatewayProcess  # noqa: E402
+from _servers import ECHO_POLICY, GatewayProcess, WorkerProcess  # noqa: E402
 
 
 @pytest.fixture
@@ -41,6 +41,18 @@ def module_gateway(tmp_path_factory):
         yield gw
     finally:
         gw.close()
+
+
+@pytest.fixture(scope="module")
+def small_body_worker(tmp_path_factory):
+    """One echo worker process for a test module, taking bodies up to 200 kB
+    (``SEQ_WORKER_MAX_BODY_BYTES``), so over-limit bodies stay cheap to send."""
+    w = WorkerProcess.start(ECHO_POLICY, tmp_path_factory.mktemp("worker"), name="small",
+                            env={"SEQ_WORKER_MAX_BODY_BYTES": "200000"})
+    try:
+        yield w
+    finally:
+        w.stop()
 
 
 @pytest.fixture

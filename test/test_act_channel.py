@@ -19,7 +19,7 @@ from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect as ws_connect
 
 from _core_support import ECHO, connect, observation, unique
-from _servers import ROOT, WorkerProcess, _env, echo_observation
+from _servers import ROOT, _env, echo_observation
 from sequence_ai_core._wire import Session, Wire
 from sequence_ai_core.protocol import encode_act_body
 from sequence_ai_server.leases import sign_lease
@@ -28,13 +28,8 @@ pytestmark = pytest.mark.filterwarnings("ignore:run\\(\\)/act\\(\\) called with 
 
 
 @pytest.fixture(scope="module")
-def worker(tmp_path_factory):
-    w = WorkerProcess.start(ECHO, tmp_path_factory.mktemp("channel"), name="chan",
-                            env={"SEQ_WORKER_MAX_BODY_BYTES": "200000"})
-    try:
-        yield w
-    finally:
-        w.stop()
+def worker(small_body_worker):
+    return small_body_worker
 
 
 def _ws(worker, token=None):

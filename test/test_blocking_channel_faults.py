@@ -113,14 +113,6 @@ def test_a_worker_that_stops_answering_costs_what_it_costs_the_asyncio_wire(modu
         assert a < b <= a + 2                        # the timed-out request may have run, nothing more
 
 
-@pytest.fixture(scope="module")
-def small_worker(tmp_path_factory):
-    w = WorkerProcess.start(ECHO, tmp_path_factory.mktemp("blocking"), name="blk",
-                            env={"SEQ_WORKER_MAX_BODY_BYTES": "200000"})
-    try:
-        yield w
-    finally:
-        w.stop()
 
 
 def _blocking(worker):
@@ -130,11 +122,11 @@ def _blocking(worker):
 
 
 @pytest.mark.parametrize("size", [5_000_000, 40_000_000])
-def test_a_body_far_over_the_limit_is_payload_too_large_on_the_blocking_path(small_worker, size):
+def test_a_body_far_over_the_limit_is_payload_too_large_on_the_blocking_path(small_body_worker, size):
     """Far over the limit the worker closes with 1009 while the body is still going out, and the
     connection resets under the send: the blocking path reads the 1009 close and raises the same
     413 as HTTP, rather than handing the body to the asyncio wire to upload again."""
-    wire, fast = _blocking(small_worker)
+    wire, fast = _blocking(small_body_worker)
     try:
         obs = observation().to_wire()
         obs["images"][0]["data"] = b"\xff\xd8" + b"\0" * size
