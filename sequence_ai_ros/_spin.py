@@ -9,6 +9,13 @@ executor, the node and rclpy shut down -- joined, so rclpy's C++ layer does not 
 Python runs a signal handler only when the main thread is back in the interpreter, and without
 rclpy's own handler nothing wakes an executor that waits with no timer due (an idle recorder).
 So the main thread spins in ``SPIN_WAKE_S`` slices: a signal is acted on within that long.
+
+A node that destroys its own entities while it spins (the driver's lifecycle cleanup and shutdown
+transitions, run on an executor thread) races rclpy's wait-set build on the spinning thread: an
+entity's QoS event handler whose destruction was requested after the build took it raises
+``InvalidHandle`` there, which ends ``executor.spin()`` (its thread dies; nothing is executed any
+more, so service replies and results never arrive). :func:`spin_once` and :func:`spin` ride that
+out: the wait set is dropped, and the next one no longer lists the destroyed entity.
 """
 from __future__ import annotations
 
@@ -18,7 +25,8 @@ import threading
 from typing import Callable, Optional
 
 import rclpy
-from rclpy.executors import ExternalShutdownException, MultiThreadedExecutor
+from rclpy.exceptions import InvalidHandle
+from rclpy.executors import Executor, ExternalShutdownException, MultiThreadedExecutor
 from rclpy.node import Node
 from rclpy.signals import SignalHandlerOptions
 
@@ -29,6 +37,26 @@ SPIN_WAKE_S = 0.2
 
 def _raise_keyboard_interrupt(signum, frame):
     raise KeyboardInterrupt
+
+
+def spin_once(executor: Executor, timeout_sec: float) -> None:
+    """``executor.spin_once(timeout_sec)`` (s) that survives an entity destroyed by another thread
+    while this one built its wait set (see the module docstring). Raises what ``spin_once`` raises
+    otherwise (``ExternalShutdownException`` when the context was shut down)."""
+    try:
+        executor.spin_once(timeout_sec=timeout_sec)
+    except InvalidHandle:
+        pass   # an entity being destroyed: the next wait set leaves it out
+
+
+def spin(executor: Executor) -> None:
+    """``executor.spin()`` for a spinning thread, through :func:`spin_once`: returns once the
+    executor is shut down or its context is. Raises nothing of the destroy race."""
+    while executor.context.ok() and not executor._is_shutdown:   # Executor.spin()'s own condition
+        try:
+            spin_once(executor, SPIN_WAKE_S)
+        except ExternalShutdownException:
+            return
 
 
 def stop_executor(executor: MultiThreadedExecutor, timeout_s: float = 5.0) -> None:
@@ -80,7 +108,7 @@ def spin_node(make_node: Callable[[], Node], *, threads: int, args=None,
             return 2
         executor.add_node(node)
         while rclpy.ok():
-            executor.spin_once(timeout_sec=SPIN_WAKE_S)
+            spin_once(executor, SPIN_WAKE_S)
     except (KeyboardInterrupt, ExternalShutdownException):
         pass
     finally:

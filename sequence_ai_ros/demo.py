@@ -273,7 +273,7 @@ def _start_nodes(stack: ExitStack, model: str):
     from rclpy.parameter import Parameter
     from rclpy.signals import SignalHandlerOptions
 
-    from ._spin import stop_executor
+    from ._spin import spin_once, stop_executor
     from .driver_node import PolicyDriver
 
     # Ctrl-C must reach us as KeyboardInterrupt (to cancel the goal and let the driver publish
@@ -292,7 +292,7 @@ def _start_nodes(stack: ExitStack, model: str):
 
     def _spin_loop():
         while spinning.is_set() and rclpy.ok():
-            executor.spin_once(timeout_sec=0.1)
+            spin_once(executor, 0.1)   # rides out a lifecycle transition destroying entities
 
     spin = threading.Thread(target=_spin_loop, name="demo_spin", daemon=True)
     spin.start()

@@ -20,7 +20,9 @@ Pre-roll: the recorder always keeps the latest message of each sensor stream (ev
 and the joint state), recording or not, and writes those at the start of an episode with their
 original receipt times. The driver builds its first observation from samples that arrived before
 the goal started, so without them the first command(s) of an episode would have no observation
-in force in the bag, and the export would lose those control steps. Commands are what the
+in force in the bag, and the export would lose those control steps. Once every stream has delivered
+a message the recorder logs one INFO line saying so (``every sensor stream has delivered``): an
+episode that starts after it has a pre-roll for every stream. Commands are what the
 episode does, so only those received at or after the start marker's ``t_ns`` (when the driver
 built it) are written from the short backlog kept for this: a command the driver published
 before the recorder got round to its start marker is kept, one from before the episode is not.
@@ -299,12 +301,19 @@ class EpisodeRecorder(Node):
 
     # -- sensor / command callbacks: enqueue only ------------------------------------------------
     def _sensor(self, topic: str, msgtype: str, t_ns: int, raw: bytes, transform=None) -> None:
-        """Keep a sensor message as its stream's pre-roll and, while recording, queue it."""
+        """Keep a sensor message as its stream's pre-roll and, while recording, queue it; the first
+        time every stream has a pre-roll, log that once."""
         entry = (topic, msgtype, t_ns, raw, transform)
         with self._stream_lock:
+            first = topic not in self.preroll
             self.preroll[topic] = entry
             if self._episode is not None:
                 self.writer.put(*entry)
+            complete = first and len(self.preroll) == len(self._image_topics) + 1
+        if complete:   # once: decided under the lock, by the callback that completed the set
+            self.get_logger().info(
+                f"every sensor stream has delivered (cameras {sorted(self._image_topics)}, joint states "
+                f"{self._joint_topic}): episodes started from now on begin with a pre-roll of each")
 
     def _on_image(self, view: str, bag_topic: str, raw: bytes, compress: bool) -> None:
         t = time.time_ns()

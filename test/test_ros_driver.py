@@ -27,6 +27,7 @@ from std_msgs.msg import Float64MultiArray, String
 
 from _servers import ECHO_POLICY
 from sequence_ai_msgs.action import Act
+from sequence_ai_ros._spin import spin
 from sequence_ai_ros.driver_node import PolicyDriver, _CommandGate, outcome_message, set_thread_realtime
 
 PERIOD_S = 1.0 / 15.0
@@ -106,7 +107,9 @@ class Harness:
         return node
 
     def start(self):
-        self.thread = threading.Thread(target=self.executor.spin, daemon=True)
+        # spin() of _spin: the driver's cleanup / shutdown transitions destroy entities while this
+        # thread builds wait sets, which can end a bare executor.spin() (no reply is seen after it)
+        self.thread = threading.Thread(target=spin, args=(self.executor,), daemon=True)
         self.thread.start()
 
     def close(self):

@@ -109,10 +109,15 @@ def test_lifecycle_services_configure_activate_deactivate_cleanup(ros, echo_serv
 
 
 def test_the_shutdown_transition_mid_goal_gives_the_client_its_result_after_the_hold(ros, echo_server):
-    robot, driver, client, node = start(ros, echo_server)
+    # the run must still be going when the transition comes. The fake robot publishes from this
+    # test's own process: with three busy cores beside it its camera went 0.4 s without a frame
+    # (2 of 11 runs), which at max_sensor_age_s 0.3 rightly ended the run as stale_camera after
+    # 3-5 actions, before the transition; sensor freshness is the stale-camera tests' subject
+    robot, driver, client, node = start(ros, echo_server, max_sensor_age_s=2.0)
     wait(driver.assembler.ready, 20.0, "sensors")
     goal = Goal(client, max_seconds=20.0)
     wait(lambda: len(robot.commands) >= 10, 15.0, "commands")
+    assert not goal._res.done(), "the run ended before the shutdown transition"
     assert change_state(node, Transition.TRANSITION_ACTIVE_SHUTDOWN)
     wrapped = goal.wait_result(timeout=10.0)
     assert wrapped.status == GoalStatus.STATUS_ABORTED

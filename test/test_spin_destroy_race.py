@@ -1,0 +1,85 @@
+"""The spin loops of ``sequence_ai_ros._spin`` survive an entity destroyed while the spinning
+thread builds its wait set (what the driver's cleanup / shutdown transitions do from an executor
+thread). Real rclpy: the race's window is opened on purpose by a waitable that destroys a
+publisher as the executor takes it into the wait set, after the executor has listed the
+publisher's QoS event handler."""
+from __future__ import annotations
+
+import pytest
+import rclpy
+from rclpy.exceptions import InvalidHandle
+from rclpy.executors import SingleThreadedExecutor
+from rclpy.waitable import NumberOfEntities, Waitable
+from std_msgs.msg import String
+
+from sequence_ai_ros._spin import spin_once
+
+
+class _DestroyOnEnter(Waitable):
+    """Destroys ``victim`` (a publisher of ``node``) the first time an executor takes it into a wait set."""
+
+    def __init__(self, node, victim):
+        super().__init__(node.default_callback_group)
+        self.node, self.victim = node, victim
+
+    def __enter__(self):
+        if self.victim is not None:
+            victim, self.victim = self.victim, None
+            self.node.destroy_publisher(victim)
+
+    def __exit__(self, t, v, tb):
+        pass
+
+    def is_ready(self, wait_set):
+        return False
+
+    def take_data(self):
+        return None
+
+    async def execute(self, taken_data):
+        return None
+
+    def get_num_entities(self):
+        return NumberOfEntities()
+
+    def add_to_wait_set(self, wait_set):
+        pass
+
+
+def _node_with_the_race(ctx):
+    node = rclpy.create_node("spin_race", context=ctx)
+    destroyer = _DestroyOnEnter(node, None)
+    node.add_waitable(destroyer)                           # listed before the publisher's event handler
+    destroyer.victim = node.create_publisher(String, "spin_race", 10)
+    fired = []
+    node.create_timer(0.01, lambda: fired.append(1))
+    return node, fired
+
+
+@pytest.fixture
+def ctx():
+    c = rclpy.context.Context()
+    rclpy.init(context=c)
+    yield c
+    rclpy.shutdown(context=c)
+
+
+def test_a_bare_spin_once_dies_on_the_race_and_spin_once_of_spin_rides_it_out(ctx):
+    node, fired = _node_with_the_race(ctx)
+    ex = SingleThreadedExecutor(context=ctx)
+    ex.add_node(node)
+    try:
+        with pytest.raises(InvalidHandle):                 # rclpy itself: what ended executor.spin()
+            ex.spin_once(timeout_sec=0.5)
+        node.destroy_node()
+        node, fired = _node_with_the_race(ctx)
+        ex.add_node(node)
+        spin_once(ex, 0.5)                                 # the same race: dropped, no exception
+        for _ in range(20):
+            spin_once(ex, 0.5)
+            if fired:
+                break
+        assert fired, "the executor ran nothing after the race"
+    finally:
+        ex.shutdown()
+        node.destroy_node()
