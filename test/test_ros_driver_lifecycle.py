@@ -267,7 +267,7 @@ def test_parameter_changes_at_run_time_are_applied_or_refused_with_a_reason(ros,
     assert not ok and "joint_upper has 1 entries; a command has 8" in why
     ok, why = set_param(node, "goal_policy", "sometimes")
     assert not ok and "goal_policy" in why and "preempt" in why
-    assert driver.get_parameter("max_sensor_age_s").value == 0.3 and driver.assembler.max_age_s == 0.3
+    assert driver.get_parameter("max_sensor_age_s").value == 1.0 and driver.assembler.max_age_s == 1.0
     assert driver._params.joint_upper is None                           # still unset
 
     ok, why = set_param(node, "max_sensor_age_s", 0.25)
