@@ -43,16 +43,25 @@ def module_gateway(tmp_path_factory):
         gw.close()
 
 
-@pytest.fixture(scope="module")
-def small_body_worker(tmp_path_factory):
-    """One echo worker process for a test module, taking bodies up to 200 kB
-    (``SEQ_WORKER_MAX_BODY_BYTES``), so over-limit bodies stay cheap to send."""
-    w = WorkerProcess.start(ECHO_POLICY, tmp_path_factory.mktemp("worker"), name="small",
-                            env={"SEQ_WORKER_MAX_BODY_BYTES": "200000"})
+def _echo_worker(tmp_path_factory, name: str, env=None):
+    w = WorkerProcess.start(ECHO_POLICY, tmp_path_factory.mktemp(name), name=name, env=env)
     try:
         yield w
     finally:
         w.stop()
+
+
+@pytest.fixture(scope="module")
+def worker(tmp_path_factory):
+    """One echo worker process (no gateway) for a test module, on loopback."""
+    yield from _echo_worker(tmp_path_factory, "echo")
+
+
+@pytest.fixture(scope="module")
+def small_body_worker(tmp_path_factory):
+    """One echo worker process for a test module, taking bodies up to 200 kB
+    (``SEQ_WORKER_MAX_BODY_BYTES``), so over-limit bodies stay cheap to send."""
+    yield from _echo_worker(tmp_path_factory, "small", {"SEQ_WORKER_MAX_BODY_BYTES": "200000"})
 
 
 @pytest.fixture

@@ -21,15 +21,6 @@ from sequence_ai_core.protocol import encode_act_body
 from sequence_ai_server.act_channel import MAX_IN_FLIGHT
 
 
-@pytest.fixture(scope="module")
-def worker(tmp_path_factory):
-    w = WorkerProcess.start(ECHO, tmp_path_factory.mktemp("chanh"), name="chanh")
-    try:
-        yield w
-    finally:
-        w.stop()
-
-
 def _ws(worker):
     return ws_connect(f"ws://127.0.0.1:{worker.port}/act/ws", max_size=None, proxy=None,
                       additional_headers={"Authorization": f"Bearer {worker.secret}"})

@@ -14,8 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from _core_support import ECHO
-from _servers import ROOT, WorkerProcess
+from _servers import ROOT
 from sequence_ai_server.leases import sign_lease
 from sequence_ai_server.openpi_compat import observation_from_openpi, packb, unpackb
 
@@ -56,15 +55,6 @@ def _side_python() -> Path:
         subprocess.run([sys.executable, "-m", "venv", str(SIDE)], check=True, timeout=300)
         subprocess.run([str(SIDE_PY), "-m", "pip", "install", "-q", "openpi-client==0.1.2", "typing_extensions"], check=True, timeout=900)
     return SIDE_PY
-
-
-@pytest.fixture(scope="module")
-def worker(tmp_path_factory):
-    w = WorkerProcess.start(ECHO, tmp_path_factory.mktemp("openpi"), name="openpi")
-    try:
-        yield w
-    finally:
-        w.stop()
 
 
 def _run_client(port: int, key: str, mode: str) -> list[dict]:

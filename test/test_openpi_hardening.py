@@ -11,8 +11,6 @@ import numpy as np
 import pytest
 from websockets.sync.client import connect as ws_connect
 
-from _core_support import ECHO
-from _servers import WorkerProcess
 from sequence_ai_server.errors import ApiError
 from sequence_ai_server.openpi_compat import MAX_DEPTH, observation_from_openpi, packb, unpackb
 
@@ -61,15 +59,6 @@ def test_text_vectors_deep_nesting_and_a_non_text_prompt_are_typed_errors():
     assert image.value.code == "invalid_request" and "NaN" in image.value.detail
     ok = observation_from_openpi(unpackb(packb({"prompt": np.array("pick"), "state": np.arange(2.0)})), None)
     assert ok.instruction == "pick" and ok.proprio["state"].tolist() == [0.0, 1.0]
-
-
-@pytest.fixture(scope="module")
-def worker(tmp_path_factory):
-    w = WorkerProcess.start(ECHO, tmp_path_factory.mktemp("openpih"), name="openpih")
-    try:
-        yield w
-    finally:
-        w.stop()
 
 
 def test_malformed_messages_are_answered_with_typed_errors_and_the_connection_serves_on(worker):
