@@ -1,28 +1,47 @@
 #!/usr/bin/env bash
-# Install everything sequence-ai needs into the repository, idempotently:
-#   .venv/            the project (editable, extras server,sim,demo,test), ROS 2 Jazzy wheels from
-#                     PyPI (rclpy over Fast DDS, ament_cmake, rosidl), rosbags, Panda assets
+# Install what sequence-ai needs into the repository, idempotently, for one of two profiles:
+#
+# demo (scripts/demo.sh): what the demo runs -- `seq serve`, the worker, sim_robot, policy_driver
+#   .venv/            the project (editable, extras image,fast,server,ros,sim,demo), the ROS 2 Jazzy
+#                     wheels from PyPI (rclpy over Fast DDS, ament_cmake, rosidl), Panda assets
+#                     (dm-robotics-panda, --no-deps)
 #   build/msgs/       the plain-cmake build of msg/ (sequence_ai_msgs)
 #   install/          its install prefix (Python package + typesupport libraries), and an ament
 #                     prefix for the sequence_ai package itself (links to launch/, config/ and the
 #                     venv's node executables), so `ros2 run|launch sequence_ai ...` work here
+#   plus an offscreen-rendering check (MUJOCO_GL=egl) and a smoke check.
+# test (scripts/test.sh; the default): the demo profile and everything the suite needs besides
+#   .venv/            every other extra too (test, data, ray, train, mcp, docs: pytest, torch, ray,
+#                     llama-cpp-python built from its sdist, schemathesis, mkdocs ...), rosbags
 #   the ROS 2 tools PyPI lacks (launch, launch_ros, launch_testing, launch_pytest, the ros2 CLI)
 #                     from ../shared/ros-jazzy-extras/ (or $SEQAI_ROS_EXTRAS) into .venv, and
 #                     composition_interfaces built into .venv -- unless a ROS install is sourced
-# plus the few Debian packages that are missing (iproute2, EGL/Mesa for offscreen MuJoCo,
+#   .venv/sides/openpi-client   a side venv with openpi's own client (numpy<2)
+#   uv's cache        what the image-environment tests install (scripts/prefetch_images.py), since
+#                     the suite runs offline in a loopback-only namespace
+#   build/wheelhouse/ what the wheel-install tests install from (scripts/wheelhouse.sh)
+# A venv set up for tests satisfies the demo as it is (test includes demo); a demo venv gets the
+# rest on its first test run.
+# Both: the few Debian packages that are missing (iproute2, EGL/Mesa for offscreen MuJoCo,
 # python3-dev/-venv, g++/make), when run as root (or with sudo).
 #
-# Usage: bash scripts/bootstrap.sh        then: . scripts/env.sh
+# Usage: bash scripts/bootstrap.sh [demo|test]        then: . scripts/env.sh
+#   SEQAI_PROFILE=demo|test  the profile when none is given (default: test)
 #   PYTHON=python3.11   interpreter used to create .venv (default: python3)
-#   SEQAI_FORCE=1       redo the pip install and the msg build even if their stamps match
+#   SEQAI_FORCE=1       redo the pip installs, the prefetch and the builds even if their stamps match
 #   SEQAI_ROS_EXTRAS=DIR  the ros-jazzy-extras folder (default: ../shared/ros-jazzy-extras)
-# Prints one line to stderr as each phase that has work to do starts, and a one-line summary at the
-# end (only the summary when everything is up to date); full log: build/bootstrap.log; prints the
-# log tail on failure.
+# Prints one line to stderr as each phase that has work to do starts (with the seconds the previous
+# one took), and a summary at the end with each phase's seconds (only the summary when everything
+# is up to date, ~1 s); full log: build/bootstrap.log; prints the log tail on failure.
 # On a machine with a system ROS 2, do not use this: build the workspace with colcon instead
 # (README, "In a ROS 2 workspace").
 set -Eeuo pipefail
 
+PROFILE=${1:-${SEQAI_PROFILE:-test}}
+case "$PROFILE" in
+  demo|test) ;;
+  *) echo "usage: bash scripts/bootstrap.sh [demo|test]   (got '$PROFILE')" >&2; exit 2 ;;
+esac
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
 PYTHON=${PYTHON:-python3}
@@ -48,6 +67,16 @@ CUR=""
 trap 'fail "${CUR:-line $LINENO: $BASH_COMMAND}"' ERR
 log() { echo "== [$(( ($(date +%s%N) - T0) / 1000000 )) ms] $*" >>"$LOG"; }
 say() { echo "bootstrap: $*" >&2; }   # one progress line per phase, as it starts
+# phase timing: phase NAME starts a phase (ending the one before); DONE gets "NAME Ns"
+PH_NAME="" PH_T=0
+now_ns() { date +%s%N; }
+phase_end() {
+  if [ -n "$PH_NAME" ]; then
+    DONE+=("$PH_NAME $(awk -v a="$PH_T" -v b="$(now_ns)" 'BEGIN { printf "%.1f", (b - a) / 1e9 }') s")
+    PH_NAME=""
+  fi
+}
+phase() { phase_end; PH_NAME=$1; PH_T=$(now_ns); }
 run() { CUR="$*"; CUR=${CUR:0:200}; echo "+ $*" >>"$LOG"; "$@" >>"$LOG" 2>&1; CUR=""; }
 sha() { sha256sum | cut -c1-32; }
 
@@ -79,8 +108,18 @@ ROS_WHEELS=(
   ros-jazzy-rosidl-typesupport-fastrtps-cpp ros-jazzy-rosidl-typesupport-interface
   ros-jazzy-rosidl-typesupport-introspection-c ros-jazzy-rosidl-typesupport-introspection-cpp
 )
-PROJECT_SPEC=".[server,fast,sim,demo,test,data,ray,train,mcp]"
-OTHER_WHEELS=(rosbags)
+# The project's extras per profile (setup.py): the demo's processes import server (gateway and
+# worker), fast (the driver's /act channel), image + ros (the driver's frames), sim (sim_robot) and
+# demo (the run picture) -- checked by tracing every module the demo's processes load -- and no
+# rosbags (the demo records no bag); test adds the rest. An extra setup.py lacks is a pip warning.
+DEMO_EXTRAS=image,fast,server,ros,sim,demo
+TEST_EXTRAS=$DEMO_EXTRAS,data,mcp,ray,train,test,docs
+TEST_WHEELS=(rosbags)
+if [ "$PROFILE" = demo ]; then
+  PROJECT_SPEC=".[$DEMO_EXTRAS]" OTHER_WHEELS=()
+else
+  PROJECT_SPEC=".[$TEST_EXTRAS]" OTHER_WHEELS=("${TEST_WHEELS[@]}")
+fi
 NODEPS_WHEELS=(dm-robotics-panda)   # Panda MJCF + meshes only; never imported
 
 # ---------------------------------------------------------------------------------------------
@@ -105,6 +144,7 @@ if command -v dpkg-query >/dev/null 2>&1; then
   fi
 fi
 if [ ${#APT[@]} -gt 0 ]; then
+  phase apt
   log "apt-get install ${APT[*]}"
   say "apt-get install ${APT[*]}"
   SUDO=()
@@ -115,36 +155,51 @@ if [ ${#APT[@]} -gt 0 ]; then
   export DEBIAN_FRONTEND=noninteractive
   run "${SUDO[@]}" apt-get update -q
   run "${SUDO[@]}" apt-get install -y -q --no-install-recommends "${APT[@]}"
-  DONE+=("apt: ${APT[*]}")
+  log "apt: installed ${APT[*]}"
+  phase_end
 fi
 
 # ---------------------------------------------------------------------------------------------
 # 2. The virtual environment.
 if [ ! -x "$VPY" ]; then
+  phase venv
   log "create $VENV with $PYTHON"
   say "creating .venv with $PYTHON"
   run "$PYTHON" -m venv "$VENV"
   run "$VPY" -m pip install -q --upgrade pip
-  DONE+=("venv: created")
+  phase_end
 fi
 
 # ---------------------------------------------------------------------------------------------
-# 3. pip (skipped when setup.py, the wheel list and the interpreter are unchanged).
+# 3. pip (skipped when the packaging files, the wheel lists and the interpreter are unchanged).
+#    The stamp holds one line per profile whose set is installed ("demo KEY", "test KEY"); the test
+#    install is the demo set and more, so it writes both lines and a demo run after it installs
+#    nothing.
 PY_TAG=$("$VPY" -c 'import sys; print(sys.version.split()[0], sys.prefix)')
-PIP_KEY=$( { echo "$PY_TAG"; cat setup.py setup.cfg; echo "${ROS_WHEELS[*]} ${OTHER_WHEELS[*]} ${NODEPS_WHEELS[*]} $PROJECT_SPEC"; } | sha)
+PKG_FILES=(setup.py)
+for f in setup.cfg pyproject.toml; do [ -f "$f" ] && PKG_FILES+=("$f"); done
+BASE_KEY=$( { echo "$PY_TAG"; cat "${PKG_FILES[@]}"; echo "${ROS_WHEELS[*]} ${NODEPS_WHEELS[*]}"; } | sha)
+DEMO_KEY=$( { echo "$BASE_KEY"; echo "$DEMO_EXTRAS"; } | sha)
+TEST_KEY=$( { echo "$BASE_KEY"; echo "$TEST_EXTRAS ${TEST_WHEELS[*]}"; } | sha)
+if [ "$PROFILE" = demo ]; then PIP_KEY=$DEMO_KEY; else PIP_KEY=$TEST_KEY; fi
 ROS_KEY=$( { echo "$PY_TAG"; echo "${ROS_WHEELS[*]}"; } | sha)   # what the msg build depends on
 PIP_STAMP=$VENV/.seqai-pip.stamp
-if [ "${SEQAI_FORCE:-0}" = 1 ] || [ "$(cat "$PIP_STAMP" 2>/dev/null)" != "$PIP_KEY" ]; then
-  log "pip install"
-  say "pip install (a few minutes the first time; log: build/bootstrap.log)"
+if [ "${SEQAI_FORCE:-0}" = 1 ] || ! grep -qxF "$PROFILE $PIP_KEY" "$PIP_STAMP" 2>/dev/null; then
+  phase "pip ($PROFILE)"
+  log "pip install ($PROFILE profile: $PROJECT_SPEC)"
+  if [ "$PROFILE" = demo ]; then
+    say "pip install, demo profile (about a minute the first time; log: build/bootstrap.log)"
+  else
+    say "pip install, test profile (torch, ray, llama-cpp-python ...: minutes the first time; log: build/bootstrap.log)"
+  fi
   rm -f "$PIP_STAMP"
   # llama-cpp-python (test extra) is an sdist: when pip's wheel cache lacks it, build the library
-  # only (portable, no tools/examples/tests, no OpenMP): ~10 min on 2 cores instead of far more
+  # only (portable, no tools/examples/tests, no OpenMP): a few minutes on 2 cores instead of far more
   export CMAKE_ARGS=${CMAKE_ARGS:-"-DGGML_NATIVE=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_CURL=OFF -DGGML_OPENMP=OFF"}
-  run "$VPY" -m pip install -q -e "$PROJECT_SPEC" "${ROS_WHEELS[@]}" "${OTHER_WHEELS[@]}"
+  run "$VPY" -m pip install -q -e "$PROJECT_SPEC" "${ROS_WHEELS[@]}" ${OTHER_WHEELS[@]+"${OTHER_WHEELS[@]}"}
   run "$VPY" -m pip install -q --no-deps "${NODEPS_WHEELS[@]}"
-  echo "$PIP_KEY" >"$PIP_STAMP"
-  DONE+=("pip: installed")
+  if [ "$PROFILE" = demo ]; then echo "demo $DEMO_KEY" >"$PIP_STAMP"; else printf 'demo %s\ntest %s\n' "$DEMO_KEY" "$TEST_KEY" >"$PIP_STAMP"; fi
+  phase_end
 fi
 
 # ---------------------------------------------------------------------------------------------
@@ -159,23 +214,25 @@ EXTRAS_PKGS=(launch launch_xml launch_yaml launch_testing launch_pytest launch_r
   ros2service ros2interface ros2lifecycle ros2component)
 EXTRAS_PYPI=(osrf_pycommon psutil)
 HAVE_EXTRAS=0
-if [ -n "${ROS_DISTRO:-}" ]; then
+if [ "$PROFILE" != test ]; then
+  :   # the demo drives rclpy directly: no launch, no ros2 CLI
+elif [ -n "${ROS_DISTRO:-}" ]; then
   log "ROS_DISTRO=$ROS_DISTRO is sourced: launch/ros2cli come from it"
 elif [ ! -f "$EXTRAS_DIR/SHA256SUMS" ]; then
   echo "bootstrap: warning: $EXTRAS_DIR not found: launch, launch_ros, launch_pytest and the ros2 CLI are" \
        "not installed (ros2 launch and test/test_ros_launch.py need them); set SEQAI_ROS_EXTRAS=<folder>" >&2
 else
   HAVE_EXTRAS=1
-  EXTRAS_KEY=$( { echo "$PIP_KEY"; cat "$EXTRAS_DIR/SHA256SUMS"; echo "${EXTRAS_PKGS[*]} ${EXTRAS_PYPI[*]}"; } | sha)
+  EXTRAS_KEY=$( { echo "$TEST_KEY"; cat "$EXTRAS_DIR/SHA256SUMS"; echo "${EXTRAS_PKGS[*]} ${EXTRAS_PYPI[*]}"; } | sha)
   EXTRAS_STAMP=$VENV/.seqai-ros-extras.stamp
   if [ "${SEQAI_FORCE:-0}" = 1 ] || [ "$(cat "$EXTRAS_STAMP" 2>/dev/null)" != "$EXTRAS_KEY" ]; then
+    phase "ros2 tools"
     log "ROS 2 tools from $EXTRAS_DIR"
     say "installing launch, launch_ros and the ros2 CLI from $EXTRAS_DIR"
     rm -f "$EXTRAS_STAMP"
     run "$VPY" -m pip install -q --no-index --no-deps --find-links "$EXTRAS_DIR/wheels" "${EXTRAS_PKGS[@]}"
     run "$VPY" -m pip install -q "${EXTRAS_PYPI[@]}"
-    echo "$EXTRAS_KEY" >"$EXTRAS_STAMP"
-    DONE+=("ros2 tools: installed")
+    echo "$EXTRAS_KEY" >"$EXTRAS_STAMP"; phase_end
   fi
 fi
 
@@ -184,20 +241,23 @@ fi
 #     test/test_openpi_compat.py and bench/bench_wire.py drive a worker with it.
 OPENPI_VENV=$VENV/sides/openpi-client
 OPENPI_SPEC="openpi-client==0.1.2 typing_extensions"   # its wheel imports typing_extensions but does not declare it
-if [ "$(cat "$OPENPI_VENV/.stamp" 2>/dev/null)" != "$OPENPI_SPEC" ]; then
+if [ "$PROFILE" = test ] && [ "$(cat "$OPENPI_VENV/.stamp" 2>/dev/null)" != "$OPENPI_SPEC" ]; then
+  phase "openpi side venv"
   log "side venv $OPENPI_VENV ($OPENPI_SPEC)"
   say "side venv for openpi-client (numpy<2)"
   rm -rf "$OPENPI_VENV"
   run "$PYTHON" -m venv "$OPENPI_VENV"
   run "$OPENPI_VENV/bin/python" -m pip install -q $OPENPI_SPEC
-  echo "$OPENPI_SPEC" >"$OPENPI_VENV/.stamp"
-  DONE+=("openpi-client side venv: created")
+  echo "$OPENPI_SPEC" >"$OPENPI_VENV/.stamp"; phase_end
 fi
 
 # ---------------------------------------------------------------------------------------------
-# 4. Offscreen rendering check (once per pip state): MUJOCO_GL=egl must render a frame.
+# 4. Offscreen rendering check (once per pip state of the demo set): MUJOCO_GL=egl must render a
+#    frame. The demo's sim_robot renders its cameras anyway, but would only say so in its own log
+#    after the gateway and the worker had started; this names the cause (~2 s, once).
 RENDER_STAMP=$VENV/.seqai-render.stamp
-if [ "$(cat "$RENDER_STAMP" 2>/dev/null)" != "$PIP_KEY-$MUJOCO_GL_BACKEND" ]; then
+if [ "$(cat "$RENDER_STAMP" 2>/dev/null)" != "$DEMO_KEY-$MUJOCO_GL_BACKEND" ]; then
+  phase "render check"
   log "render check MUJOCO_GL=$MUJOCO_GL_BACKEND"
   say "checking offscreen MuJoCo rendering (MUJOCO_GL=$MUJOCO_GL_BACKEND)"
   MUJOCO_GL=$MUJOCO_GL_BACKEND PYOPENGL_PLATFORM=$MUJOCO_GL_BACKEND run "$VPY" -c '
@@ -210,8 +270,7 @@ r = mujoco.Renderer(m, 32, 32); r.update_scene(d, "c"); img = r.render(); r.clos
 assert img.shape == (32, 32, 3) and img.any(), "blank frame"
 print("render ok", img.mean())
 ' || fail "offscreen MuJoCo rendering with MUJOCO_GL=$MUJOCO_GL_BACKEND does not work"
-  echo "$PIP_KEY-$MUJOCO_GL_BACKEND" >"$RENDER_STAMP"
-  DONE+=("render: $MUJOCO_GL_BACKEND ok")
+  echo "$DEMO_KEY-$MUJOCO_GL_BACKEND" >"$RENDER_STAMP"; phase_end
 fi
 
 # ---------------------------------------------------------------------------------------------
@@ -221,8 +280,9 @@ fi
 MSG_KEY=$( { echo "$ROS_KEY"; find msg scripts/cmake -type f -print0 | sort -z | xargs -0 sha256sum; } | sha)
 MSG_STAMP=$MSG_INSTALL/.seqai-msgs.stamp
 if [ "${SEQAI_FORCE:-0}" = 1 ] || [ "$(cat "$MSG_STAMP" 2>/dev/null)" != "$MSG_KEY" ]; then
+  phase "msgs build"
   log "build msg/ -> $MSG_INSTALL"
-  say "building sequence_ai_msgs (msg/ -> install/; a few minutes the first time)"
+  say "building sequence_ai_msgs (msg/ -> install/; about a minute the first time)"
   rm -rf "$MSG_BUILD" "$MSG_INSTALL"
   export AMENT_PREFIX_PATH="$VENV" CMAKE_PREFIX_PATH="$VENV" PATH="$VENV/bin:$PATH"
   run cmake -S msg -B "$MSG_BUILD" \
@@ -233,8 +293,7 @@ if [ "${SEQAI_FORCE:-0}" = 1 ] || [ "$(cat "$MSG_STAMP" 2>/dev/null)" != "$MSG_K
     -DCMAKE_PROJECT_INCLUDE="$ROOT/scripts/cmake/wheel_fixups.cmake"
   run cmake --build "$MSG_BUILD" -j "$(nproc)"
   run cmake --install "$MSG_BUILD"
-  echo "$MSG_KEY" >"$MSG_STAMP"
-  DONE+=("msgs: built")
+  echo "$MSG_KEY" >"$MSG_STAMP"; phase_end
 fi
 mkdir -p "$MSG_INSTALL"
 
@@ -247,6 +306,7 @@ if [ "$HAVE_EXTRAS" = 1 ]; then
   CI_KEY=$( { echo "$ROS_KEY"; find "$CI_SRC" scripts/cmake -type f -print0 | sort -z | xargs -0 sha256sum | cut -c1-64; } | sha)
   CI_STAMP=$VENV/.seqai-composition-interfaces.stamp
   if [ "${SEQAI_FORCE:-0}" = 1 ] || [ "$(cat "$CI_STAMP" 2>/dev/null)" != "$CI_KEY" ]; then
+    phase "composition_interfaces"
     log "build composition_interfaces -> $VENV"
     say "building composition_interfaces (for launch_ros; into .venv)"
     rm -rf "$CI_BUILD"
@@ -261,8 +321,7 @@ if [ "$HAVE_EXTRAS" = 1 ]; then
       run cmake --build "$CI_BUILD" -j "$(nproc)"
       run cmake --install "$CI_BUILD"
     )
-    echo "$CI_KEY" >"$CI_STAMP"
-    DONE+=("composition_interfaces: built")
+    echo "$CI_KEY" >"$CI_STAMP"; phase_end
   fi
 fi
 
@@ -294,25 +353,60 @@ done
 touch "$ROOT/build/COLCON_IGNORE" "$PFX/COLCON_IGNORE"
 
 # ---------------------------------------------------------------------------------------------
+# 5d. (test) uv's cache: the suite runs in a loopback-only namespace, where the image-environment
+#     tests' `uv pip install` cannot reach an index; scripts/prefetch_images.py builds those
+#     environments here once (the gateway's own code, the worker's pins derived from this venv)
+#     and checks they then install offline. Keyed on what it installs, uv's version and uv's cache
+#     folder ($UV_CACHE_DIR), so a new cache is filled again.
+if [ "$PROFILE" = test ]; then
+  PREFETCH_KEY=$("$VPY" scripts/prefetch_images.py key 2>>"$LOG") || fail "scripts/prefetch_images.py key"
+  PREFETCH_STAMP=$VENV/.seqai-uv-prefetch.stamp
+  if [ "${SEQAI_FORCE:-0}" = 1 ] || [ "$(cat "$PREFETCH_STAMP" 2>/dev/null)" != "$PREFETCH_KEY" ]; then
+    phase "uv cache"
+    log "prefetch the image environments' packages into uv's cache"
+    say "filling uv's cache for the image-environment tests (they run offline)"
+    rm -f "$PREFETCH_STAMP"
+    run "$VPY" scripts/prefetch_images.py fetch
+    echo "$PREFETCH_KEY" >"$PREFETCH_STAMP"; phase_end
+  fi
+fi
+
+# ---------------------------------------------------------------------------------------------
+# 5e. (test) build/wheelhouse/: what the wheel-install tests install from, offline
+#     (scripts/wheelhouse.sh keeps its own stamp: ~instant when up to date).
+if [ "$PROFILE" = test ] && [ -f scripts/wheelhouse.sh ]; then
+  CUR="scripts/wheelhouse.sh"
+  WH_T=$(now_ns)
+  PYTHON=$VPY bash scripts/wheelhouse.sh >>"$LOG" 2>&1 || fail "scripts/wheelhouse.sh"
+  CUR=""
+  WH_S=$(awk -v a="$WH_T" -v b="$(now_ns)" 'BEGIN { printf "%.0f", (b - a) / 1e9 }')
+  [ "$WH_S" -lt 2 ] || DONE+=("wheelhouse $WH_S s")
+fi
+phase_end
+
+# ---------------------------------------------------------------------------------------------
 # 6. Smoke check after any change: the environment resolves rclpy and the built interfaces.
 if [ ${#DONE[@]} -gt 0 ]; then
+  phase "smoke check"
   log "smoke check"
   say "smoke check (import rclpy, sequence_ai_msgs)"
   run bash -c '. scripts/env.sh && python -c "
-import rclpy, rosbags, mujoco
+import importlib, rclpy, mujoco
+if \"$1\" == \"test\": importlib.import_module(\"rosbags\")
 from sequence_ai_msgs.action import Act
 from ament_index_python.packages import get_package_share_directory
 assert get_package_share_directory(\"sequence_ai\").endswith(\"install/share/sequence_ai\")
 g = Act.Goal(instruction=\"x\", max_seconds=1.0)
 print(\"ok\", Act.Result().reason == \"\", g.max_seconds)
-"' || fail "smoke check (. scripts/env.sh; import rclpy, sequence_ai_msgs) failed"
+"' _ "$PROFILE" || fail "smoke check (. scripts/env.sh; import rclpy, sequence_ai_msgs) failed"
+  phase_end
 fi
 
 T1=$(date +%s%N)
 secs=$(awk -v a="$T0" -v b="$T1" 'BEGIN { printf "%.1f", (b - a) / 1e9 }')
 if [ ${#DONE[@]} -eq 0 ]; then
-  echo "bootstrap: up to date (${secs}s); now: . scripts/env.sh"
+  echo "bootstrap: up to date ($PROFILE profile, ${secs}s); now: . scripts/env.sh"
 else
   summary=$(IFS=';'; echo "${DONE[*]}")
-  echo "bootstrap: ok in ${secs}s (${summary//;/; }); now: . scripts/env.sh"
+  echo "bootstrap: ok, $PROFILE profile, in ${secs}s (${summary//;/, }); now: . scripts/env.sh"
 fi

@@ -18,7 +18,11 @@ from _servers import ROOT, _env
 
 SEQ_MAIN = "from seq.cli import main; main()"   # what the `seq` console script runs
 
-# tomli 2.4.0 and 2.4.1 both lie in the local package index (/opt/pypi)
+# The two pins deployed side by side (tomli 2.4.0 and 2.4.1). The suite runs offline (a loopback-only
+# namespace): scripts/prefetch_images.py reads POLICY and PINS from this file and fills uv's cache with
+# what their environments install (the worker's requirements included) before the suite starts.
+PINS = ("2.4.0", "2.4.1")
+OLD, NEW = PINS
 POLICY = '''\
 import sys
 
@@ -62,21 +66,21 @@ def _act(lease: dict, n: int) -> dict:
 
 
 def test_two_policies_pinning_conflicting_versions_serve_side_by_side(module_gateway, tmp_path):
-    old = _policy(tmp_path, "tomli_old", "2.4.0", "old")
-    new = _policy(tmp_path, "tomli_new", "2.4.1", "new")
+    old = _policy(tmp_path, "tomli_old", OLD, "old")
+    new = _policy(tmp_path, "tomli_new", NEW, "new")
     r = _seq(module_gateway, "deploy", str(old), "--name", "tomli-old", "--timeout", "600")
     assert r.returncode == 0, r.stdout + r.stderr
     # the build output streamed to the terminal under the phase lines, as it was written
     assert "building_image" in r.stdout and "│" in r.stdout, r.stdout
-    assert "tomli==2.4.0" in r.stdout and "environment ready" in r.stdout, r.stdout
+    assert f"tomli=={OLD}" in r.stdout and "environment ready" in r.stdout, r.stdout
     r = _seq(module_gateway, "deploy", str(new), "--name", "tomli-new", "--timeout", "600")
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "tomli==2.4.1" in r.stdout, r.stdout
+    assert f"tomli=={NEW}" in r.stdout, r.stdout
 
     a, b = module_gateway.connect_ready("tomli-old"), module_gateway.connect_ready("tomli-new")
     out_a, out_b = _act(a, 1), _act(b, 2)
     # both serve at once, each with its own pin, from its own environment under the data dir
-    assert (out_a["tomli"], out_b["tomli"]) == ("2.4.0", "2.4.1"), (out_a, out_b)
+    assert (out_a["tomli"], out_b["tomli"]) == (OLD, NEW), (out_a, out_b)
     assert (out_a["echo"], out_b["echo"], out_a["tag"], out_b["tag"]) == (1, 2, "old", "new")
     envs = module_gateway.data_dir.resolve() / "envs"
     for out in (out_a, out_b):
@@ -87,16 +91,16 @@ def test_two_policies_pinning_conflicting_versions_serve_side_by_side(module_gat
     assert out_a["prefix"] != out_b["prefix"]
     pids = [out_a["pid"], out_b["pid"]]                 # two worker processes, both running now
     assert all(Path(f"/proc/{p}").exists() for p in pids) and pids[0] != pids[1]
-    assert _act(a, 3)["tomli"] == "2.4.0"            # still its own after the other one served
+    assert _act(a, 3)["tomli"] == OLD                # still its own after the other one served
 
     # the build output is kept: seq policy logs NAME --build
     r = _seq(module_gateway, "policy", "logs", "tomli-new", "--build")
-    assert r.returncode == 0 and "tomli==2.4.1" in r.stdout and "environment ready" in r.stdout, r.stdout + r.stderr
-    assert "tomli==2.4.0" not in r.stdout
+    assert r.returncode == 0 and f"tomli=={NEW}" in r.stdout and "environment ready" in r.stdout, r.stdout + r.stderr
+    assert f"tomli=={OLD}" not in r.stdout
 
     # the same spec again (another deployment): the built environment is reused, not rebuilt
     t0 = time.monotonic()
-    twin = _policy(tmp_path, "tomli_twin", "2.4.0", "old")
+    twin = _policy(tmp_path, "tomli_twin", OLD, "old")
     r = _seq(module_gateway, "deploy", str(twin), "--name", "tomli-twin", "--timeout", "600")
     assert r.returncode == 0, r.stdout + r.stderr
     assert "using the cached environment" in r.stdout, r.stdout
