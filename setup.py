@@ -7,9 +7,42 @@ links to this folder (the root itself is no colcon package: see ``colcon.pkg``);
 ``setup.cfg`` sends the console scripts to ``lib/sequence_ai/`` where ``ros2 run`` looks. The
 interface package ``sequence_ai_msgs`` is ``msg/`` (ament_cmake), a package of its own.
 """
+import os
+import shutil
 from glob import glob
 
-from setuptools import setup
+from setuptools import find_packages, setup
+from setuptools.command.build_py import build_py
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+# The import names this distribution installs; sequence_ai_server lives in server/ (package_dir).
+TOP_LEVEL = ["seq", "sequence_ai", "sequence_ai_core", "sequence_ai_data", "sequence_ai_eval",
+             "sequence_ai_mcp", "sequence_ai_ros", "sequence_ai_sim"]
+PACKAGES = (find_packages(HERE, include=[p for name in TOP_LEVEL for p in (name, name + ".*")])
+            + find_packages(os.path.join(HERE, "server"), include=["sequence_ai_server", "sequence_ai_server.*"]))
+TEMPLATE_FILES = ("py", "md", "txt", "json", "yaml", "toml")
+# `seq init pick-place` copies the demo policy, which lives in examples/pick_place (the demo and
+# its tests run it from there); the built package carries a copy as seq/templates/pick-place.
+PICK_PLACE = os.path.join("examples", "pick_place")
+README = os.path.join(HERE, "README.md")
+
+
+class BuildPy(build_py):
+    """build_py that also copies examples/pick_place/*.py into seq/templates/pick-place/ of the
+    build (the wheel, a colcon install); a tree without examples/ builds without that template
+    (``seq init pick-place`` then says it ships with the source checkout)."""
+
+    def run(self):
+        super().run()
+        src = os.path.join(HERE, PICK_PLACE)
+        if not os.path.isdir(src):
+            return
+        dest = os.path.join(self.build_lib, "seq", "templates", "pick-place")
+        os.makedirs(dest, exist_ok=True)
+        for name in sorted(os.listdir(src)):
+            if name.rsplit(".", 1)[-1] in TEMPLATE_FILES and os.path.isfile(os.path.join(src, name)):
+                shutil.copyfile(os.path.join(src, name), os.path.join(dest, name))
+
 
 ROS_PACKAGE = "sequence_ai"
 
@@ -17,29 +50,21 @@ setup(
     name="sequence-ai",
     version="0.1.0",
     description="Self-hosted action-chunk policy serving and a robot client with ROS 2 nodes",
-    long_description=open("README.md", encoding="utf-8").read() if __import__("os").path.exists("README.md") else "",
+    long_description=open(README, encoding="utf-8").read() if os.path.exists(README) else "",
     long_description_content_type="text/markdown",
     license="Apache-2.0",
     # The robot client (sequence_ai, sequence_ai_core) runs on 3.9+; the server, authoring and ROS
     # parts need 3.10+ (their extras and bootstrap.sh pick that interpreter).
     python_requires=">=3.9",
-    packages=[
-        "sequence_ai_core",
-        "sequence_ai",
-        "seq",
-        "seq.cli",
-        "sequence_ai_server",
-        "sequence_ai_data",
-        "sequence_ai_sim",
-        "sequence_ai_sim.benchmarks",
-        "sequence_ai_eval",
-        "sequence_ai_ros",
-        "sequence_ai_ros.bag",
-        "sequence_ai_ros.driver",
-        "sequence_ai_mcp",
-    ],
-    package_data={"seq": ["templates/*/*.py", "templates/*/*.md"]},
+    # Every package under the import names this distribution owns (sequence_ai.recipes and
+    # sequence_ai_server.routes were once missed by a hand-written list: the wheel could not import).
+    packages=PACKAGES,
+    # Files read at run time, beside the code: the ``seq init`` templates (the file types
+    # seq._cli_author.init_template copies). pick-place is examples/pick_place, copied in by build_py.
+    package_data={"seq": [f"templates/*/*.{ext}" for ext in TEMPLATE_FILES]},
+    include_package_data=False,
     package_dir={"sequence_ai_server": "server/sequence_ai_server"},
+    cmdclass={"build_py": BuildPy},
     # The robot client is deliberately small: httpx (which brings anyio) and sniffio, which
     # httpcore imports on every request and, when it is missing, re-searches sys.path for each
     # time (~0.2-0.9 ms of CPU per /act; bench/bench_client.py).
@@ -69,6 +94,10 @@ setup(
             "prometheus-client>=0.19",  # gateway: /metrics
         ],
         # the simulated cell and its benchmarks (sequence_ai_sim; no rclpy)
+        # the ROS 2 nodes' Python libraries that come from PyPI (rclpy and the message packages come
+        # from the ROS 2 install: /opt/ros/<distro> or the bootstrap's wheels); sim_robot also needs
+        # the sim extra and episode_recorder the data extra
+        "ros": ["numpy>=1.24", "simplejpeg>=1.7", "pillow>=10"],
         "sim": ["mujoco>=3.1", "numpy>=1.24", "pillow>=10", "fast-simplification>=0.2"],
         "demo": ["matplotlib>=3.7"],
         # LeRobot datasets (sequence_ai_data, no rclpy) and episode bags (sequence_ai_ros.bag;
@@ -82,7 +111,8 @@ setup(
         # test/test_chat_decide.py: llama.cpp's OpenAI-compatible server (an sdist: built once with
         # cmake + g++, then pip's wheel cache; scripts/bootstrap.sh sets CMAKE_ARGS to keep the build
         # small) and gguf, which writes the test's tiny model
-        "test": ["pytest==8.3.5", "colcon-common-extensions>=0.3", "pytest-timeout>=2.3", "pytest-xdist>=3.5",
+        # build: test/test_wheel_install.py builds the sdist and the wheel (python -m build --no-isolation)
+        "test": ["pytest==8.3.5", "build>=1.0", "colcon-common-extensions>=0.3", "pytest-timeout>=2.3", "pytest-xdist>=3.5",
                  "hypothesis>=6.90,<6.156", "simplejpeg>=1.7", "psutil>=5.9", "schemathesis>=4.0",
                  "llama-cpp-python[server]==0.3.36", "gguf>=0.17"],
         # workers placed by Ray (`seq serve --backend ray`); ray 2.60.0 checked here
@@ -93,6 +123,8 @@ setup(
         # `sequence-ai mcp` (sequence_ai_mcp): the official MCP SDK; 2.3.0 checked here. Python mode
         # on the simulated cell also needs the sim extra; --ros needs the ROS 2 set-up
         "mcp": ["mcp>=2.3,<3"],
+        # the documentation site (mkdocs build; the test suite builds it)
+        "docs": ["mkdocs>=1.6"],
     },
     data_files=[
         ("share/ament_index/resource_index/packages", [f"resource/{ROS_PACKAGE}"]),
@@ -102,13 +134,15 @@ setup(
     ],
     entry_points={
         "console_scripts": [
-            "seq = seq.cli:main",
+            # each script loads its module when run: without the extra it needs, one line naming
+            # the extra (sequence_ai.extras), not a traceback
+            "seq = sequence_ai.extras:seq_main",
             "sequence-ai = sequence_ai.cli:main",
             "seqai = sequence_ai.cli:main",
             # ROS 2 executables (ros2 run sequence_ai <name>)
-            "sim_robot = sequence_ai_ros.sim_node:main",
-            "policy_driver = sequence_ai_ros.driver_node:main",
-            "episode_recorder = sequence_ai_ros.recorder_node:main",
+            "sim_robot = sequence_ai_ros.executables:sim_robot",
+            "policy_driver = sequence_ai_ros.executables:policy_driver",
+            "episode_recorder = sequence_ai_ros.executables:episode_recorder",
         ],
         # `sequence-ai bag ...`: the client's CLI finds it here and never imports sequence_ai_ros
         "sequence_ai.commands": ["bag = sequence_ai_ros.bag.cli:main",

@@ -100,7 +100,9 @@ TEMPLATES: dict = {t.name: t for t in (
     Template("toy-policy", "a @seq.policy with its own inputs and outputs (no contract, no weights)",
              _HERE / "templates" / "toy-policy"),
     Template("pick-place", "the demo: colour segmentation + IK pick-and-place for the simulated Panda",
-             _REPO / "examples" / "pick_place"),
+             # a checkout's examples/pick_place; an installed package's copy of it (setup.py's build_py)
+             _REPO / "examples" / "pick_place" if (_REPO / "examples" / "pick_place").is_dir()
+             else _HERE / "templates" / "pick-place"),
     Template("pi05-droid", "pi0.5 on DROID with openpi (declaration only here: serving needs a GPU)",
              _HERE / "templates" / "pi05-droid"),
     Template("toy-adapter", "a @seq.adapter (policy_io=\"own\") between the pick-place benchmark and toy-policy",

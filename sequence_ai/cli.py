@@ -283,6 +283,9 @@ def doctor(model: Optional[str], gateway: Optional[str], calls: int, api_key: Op
 PLUGIN_GROUP = "sequence_ai.commands"
 _PLUGIN_HELP = {"bag": "episode bags: export to LeRobot datasets, repair (sequence-ai bag -h)",
                 "mcp": "serve the robot as MCP tools for a language model (sequence-ai mcp -h)"}
+#: the extra each plugin command needs (its line when a library is missing; mcp's Python mode on
+#: the simulated cell also needs the sim extra, which the line names when mujoco is the one missing)
+_PLUGIN_EXTRA = {"bag": "data", "mcp": "mcp"}
 
 
 def _plugin_commands() -> dict:
@@ -299,14 +302,14 @@ def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     plugins = _plugin_commands()
     if argv[:1] and argv[0] in plugins:   # imported only when asked for (the bag tools need the data extra)
-        try:
-            plugin_main = plugins[argv[0]].load()
-        except ImportError as exc:
-            print(f"error: `sequence-ai {argv[0]}` could not be loaded: {exc}. Install the extra it needs "
-                  "(for bag: pip install 'sequence-ai[data]' and source scripts/env.sh; for mcp: "
-                  "pip install 'sequence-ai[mcp,sim]')", file=sys.stderr)
-            return 1
-        return plugin_main(argv[1:])
+        # a missing library (at load or while it runs) is one line naming the extra
+        # (sequence_ai.extras), not a traceback
+        from .extras import guarded
+        name = argv[0]
+
+        def run_plugin() -> int:
+            return plugins[name].load()(argv[1:])
+        return guarded(lambda: run_plugin, f"sequence-ai {name}", _PLUGIN_EXTRA.get(name, name))
     parser = argparse.ArgumentParser(prog="sequence-ai", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     for name in sorted(plugins):

@@ -26,9 +26,20 @@ def _strings(tree):
     return {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
 
 
+def _setup_kwargs() -> dict:
+    """The keyword arguments setup.py passes to setup(), run from the root (setuptools.setup replaced)."""
+    import runpy
+    from unittest import mock
+
+    seen: dict = {}
+    with mock.patch("setuptools.setup", lambda **kw: seen.update(kw)), mock.patch("sys.argv", ["setup.py", "--name"]):
+        runpy.run_path(str(ROOT / "setup.py"), run_name="__main__")
+    return seen
+
+
 def _console_scripts():
     text = (ROOT / "setup.py").read_text()
-    return set(re.findall(r'"(\w+) = sequence_ai_ros\.\w+:main"', text))
+    return set(re.findall(r'"(\w+) = sequence_ai_ros\.executables:\w+"', text))
 
 
 @pytest.mark.parametrize("path", LAUNCH, ids=lambda p: p.name)
@@ -234,10 +245,10 @@ def test_the_colcon_package_folder_links_every_file_setup_py_reads_to_the_root()
     # colcon builds sequence_ai from ros/sequence_ai; setup.py runs there with relative paths
     pkg = ROOT / "ros" / "sequence_ai"
     for name in ("package.xml", "setup.py", "setup.cfg", "README.md", "LICENSE", "resource", "launch", "config",
-                 "sequence_ai_core", "sequence_ai", "seq", "server", "sequence_ai_ros"):
+                 "sequence_ai_core", "sequence_ai", "seq", "server", "sequence_ai_ros", "examples"):
         assert (pkg / name).is_symlink() and (pkg / name).resolve() == (ROOT / name).resolve(), name
-    packages = re.findall(r'^\s+"([\w.]+)",$', (ROOT / "setup.py").read_text(), re.M)
-    assert "sequence_ai_ros" in packages
+    packages = _setup_kwargs()["packages"]      # what setup() is given, as colcon reads it
+    assert "sequence_ai_ros" in packages and "sequence_ai.recipes" in packages, packages
     for p in packages:
         top = p.split(".")[0]
         assert (pkg / ("server" if top == "sequence_ai_server" else top)).exists(), p

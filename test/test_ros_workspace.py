@@ -8,13 +8,17 @@ that goes into the workspace's colcon defaults file (``$COLCON_HOME/defaults.yam
 the clone's own ``scripts/colcon_defaults.sh`` (what the README tells a venv user to run), so the
 command itself stays a bare ``colcon build``. The checkout's own install/ (bootstrap's
 sequence_ai_msgs and sequence_ai prefix) is taken off every path first, so whatever resolves
-afterwards comes from the workspace.
+afterwards comes from the workspace. From that install, ``seq serve`` runs a gateway that deploys a
+policy, and ``policy_driver`` configures against it and goes active.
 """
 from __future__ import annotations
 
 import os
+import re
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -56,6 +60,36 @@ def workspace(tmp_path_factory):
 
 def _sh(script: str, ws: Path, env: dict, timeout: float = 600) -> subprocess.CompletedProcess:
     return subprocess.run(["bash", "-c", script], cwd=ws, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def _start(script: str, ws: Path, env: dict, log: Path) -> subprocess.Popen:
+    """``script`` (bash, after sourcing install/setup.bash) in its own process group, output to ``log``."""
+    with open(log, "wb") as f:
+        return subprocess.Popen(["bash", "-c", f". install/setup.bash\nexec {script}"], cwd=ws, env=env, stdout=f,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def _wait_log(pattern: str, log: Path, proc: subprocess.Popen, timeout: float) -> re.Match:
+    deadline = time.monotonic() + timeout
+    while True:
+        m = re.search(pattern, log.read_text())
+        if m:
+            return m
+        assert proc.poll() is None, f"exited with {proc.returncode} before {pattern!r}:\n{log.read_text()[-3000:]}"
+        assert time.monotonic() < deadline, f"no {pattern!r} after {timeout} s:\n{log.read_text()[-3000:]}"
+        time.sleep(0.05)
+
+
+def _ctrl_c(proc: subprocess.Popen, timeout: float = 20.0) -> int:
+    """SIGINT to the process group (a terminal's Ctrl-C); its exit code, SIGKILL after ``timeout`` s."""
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGINT)
+    try:
+        return proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        raise
 
 
 def test_colcon_discovers_both_packages_and_builds_them_without_flags(workspace):
@@ -101,3 +135,47 @@ def test_the_editable_pip_install_keeps_its_console_scripts_on_path():
     for exe in ("seq", "sequence-ai", "policy_driver", "sim_robot", "episode_recorder"):
         assert (VENV / "bin" / exe).is_file(), exe
     assert not (VENV / "lib" / "sequence_ai").exists()
+
+
+def test_the_workspace_install_serves_a_policy_and_the_driver_configures_against_it(workspace):
+    """``seq serve`` / ``seq init`` / ``seq deploy`` and ``policy_driver`` from install/ (not the
+    checkout), through ``ros2 run``: the gateway deploys a policy, the driver reaches it and goes
+    active; Ctrl-C stops both."""
+    ws, env = workspace
+    if not (ws / "install" / "sequence_ai").is_dir():   # the build test did not run first (-k)
+        out = _sh("colcon build", ws, env)
+        assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:]
+    out = _sh(". install/setup.bash\n"
+              "python -c 'import seq.cli, sequence_ai_server.gateway as g, sequence_ai_server.routes as r; "
+              "print(\"from\", seq.cli.__file__, g.__file__, r.__file__)'\n"
+              "ros2 run sequence_ai seq init toy-policy toy-policy\n", ws, env, timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr
+    site = f"{ws}/install/sequence_ai/lib/"
+    assert out.stdout.count(site) == 3, out.stdout          # package data: the template from install/
+    assert (ws / "toy-policy" / "policy.py").is_file(), out.stdout
+    # pick-place's template is examples/pick_place, copied in by setup.py's build_py
+    assert list((ws / "install" / "sequence_ai" / "lib").glob("python3*/site-packages/seq/templates/pick-place/policy.py"))
+
+    home = ws / "seq-home"
+    serve = _start(f"ros2 run sequence_ai seq serve --host 127.0.0.1 --port 0 --data-dir {home}", ws, env,
+                   ws / "serve.log")
+    driver = None
+    try:
+        url = _wait_log(r"serving on (http://127\.0\.0\.1:\d+)", ws / "serve.log", serve, 60).group(1)
+        key = (home / "api_key").read_text().strip()
+        genv = dict(env, SEQUENCES_GATEWAY_URL=url, SEQUENCES_API_KEY=key, SEQUENCES_HOME=str(home))
+        echo = ws / "src" / "sequence-ai" / "test" / "policies" / "echo_policy.py"
+        out = _sh(f". install/setup.bash\nros2 run sequence_ai seq deploy {echo} --name echo-ros", ws, genv, timeout=120)
+        assert out.returncode == 0 and "ready: echo-ros v1" in out.stdout, out.stdout + out.stderr
+
+        driver = _start("ros2 run sequence_ai policy_driver --ros-args -p model:=echo-ros "
+                        f"-p gateway_url:={url} -p camera_views:='[exterior_1]' "
+                        "-p camera_topics:='[camera/exterior_1/image_raw]'", ws, genv, ws / "driver.log")
+        _wait_log(r"active: Act goals accepted", ws / "driver.log", driver, 90)
+        assert "configure refused" not in (ws / "driver.log").read_text()
+    finally:
+        if driver is not None:
+            _ctrl_c(driver)
+        rc = _ctrl_c(serve)
+    text = (ws / "serve.log").read_text()
+    assert rc == 0 and "gateway stopped" in text, text[-3000:]
