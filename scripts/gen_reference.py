@@ -357,7 +357,8 @@ def render_cli() -> str:
 
 ENV_NAME = re.compile(r"(?<![A-Za-z0-9_])(?:SEQ|SEQUENCES|SEQAI|SEQUENCE_AI)_[A-Z0-9_]*[A-Z0-9](?![A-Za-z0-9_])")
 #: where the names are looked for: the packages, the scripts, launch and parameter files, benches,
-#: examples. Tests, docs and build output are not the code the variables belong to.
+#: examples (and the build files at the root). Tests, docs and build output are not the code the
+#: variables belong to.
 SCAN_ROOTS = ("sequence_ai_core", "sequence_ai", "seq", "server", "sequence_ai_data", "sequence_ai_sim",
               "sequence_ai_eval", "sequence_ai_ros", "sequence_ai_mcp", "scripts", "launch", "config",
               "bench", "examples", ".ci")
@@ -370,11 +371,12 @@ def scan_env_vars() -> Dict[str, List[str]]:
     """``{NAME: [repo-relative files that mention it]}`` for every variable-like name in the source,
     the files in :data:`SCAN_ROOTS` order (the packages first)."""
     found: Dict[str, Dict[str, None]] = {}
-    for root in SCAN_ROOTS:
-        base = REPO / root
-        if not base.is_dir():
+    top = [p for p in sorted(REPO.glob("*")) if p.suffix in (".py", ".toml", ".cfg")]   # setup.py, pyproject.toml
+    for root in (*SCAN_ROOTS, None):
+        base = REPO / root if root else None
+        if base is not None and not base.is_dir():
             continue
-        for path in sorted(base.rglob("*")):
+        for path in (sorted(base.rglob("*")) if base is not None else top):
             if path.is_symlink() or not path.is_file() or "__pycache__" in path.parts:
                 continue
             if path.suffix in SKIP_SUFFIXES or path.suffix not in SCAN_SUFFIXES:
