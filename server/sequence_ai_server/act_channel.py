@@ -54,6 +54,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 from sequence_ai_core.protocol import (ACT_CHANNEL_PATH, BINARY_CONTENT_TYPE, CHANNEL_FORMAT_BINARY,
                                        CHANNEL_FORMAT_JSON, JSON_CONTENT_TYPE)
 
+from .body_limit import check_size
 from .errors import ApiError, new_request_id
 from .json_guard import _json_part, check_json, scrub
 
@@ -255,10 +256,7 @@ class _Channel:
         if content_type is None:
             raise ApiError("invalid_request", f"channel request format {fmt} is not 0 (JSON) or 1 (binary)",
                            hint="see docs/design.md: The /act channel")
-        if len(body) > self.max_body_bytes:
-            raise ApiError("payload_too_large", f"body is {len(body)} bytes; this worker takes at most "
-                           f"{self.max_body_bytes}", details={"limit_bytes": self.max_body_bytes},
-                           hint="send JPEG frames at the declared camera size (the binary body avoids base64)")
+        check_size(len(body), self.max_body_bytes)    # 413 as HTTP /act words it (body_limit.py)
         raw = bytes(body)
         part = _json_part(raw, content_type)
         bad = check_json(part) if part is not None else None

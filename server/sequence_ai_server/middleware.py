@@ -12,6 +12,7 @@ from typing import Any, Optional
 
 from fastapi import FastAPI, Request
 
+from .body_limit import BodyLimit as _BodyLimit, too_large
 from .errors import ApiError, new_request_id
 from .logs import DEPLOYMENT, REQUEST_ID
 
@@ -25,66 +26,16 @@ _QUIET_ROUTES = {"/metrics", "/healthz", "/v1/deployments/{name}/logs", "/v1/dep
                  "/v1/internal/revocations"}  # polled: not logged
 
 
-class BodyLimit:
+class BodyLimit(_BodyLimit):
     """ASGI middleware: refuse a request body over ``max_bytes`` with 413 payload_too_large in
-    the common error shape. A declared Content-Length is checked before anything is read; a
-    chunked body is counted as it streams and cut off at the limit (the handler sees the client
-    leave; whatever it answers is replaced by the same 413). The gateway passes its MAX_BODY_BYTES
-    (32 MiB, the worker's cap), or $SEQ_GATEWAY_MAX_BODY_BYTES (config.ServerConfig)."""
+    the common error shape (``body_limit.BodyLimit``: a declared Content-Length is checked
+    before anything is read; a chunked body is counted as it streams and cut off at the limit).
+    The gateway passes its MAX_BODY_BYTES (32 MiB, the worker's cap), or
+    $SEQ_GATEWAY_MAX_BODY_BYTES (config.ServerConfig)."""
 
-    def __init__(self, app: Any, max_bytes: int):
-        self.app = app
-        self.max_bytes = int(max_bytes)
-
-    def _error(self, size: Optional[int]) -> ApiError:
-        what = f"the body is {size} bytes" if size is not None else "the body is over the limit"
-        return ApiError("payload_too_large", f"{what}; this gateway takes at most {self.max_bytes} bytes",
-                        hint="send camera frames as JPEG (see docs) or fewer/smaller views",
-                        details={"max_bytes": self.max_bytes}, request_id=new_request_id())
-
-    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        length = dict(scope.get("headers") or []).get(b"content-length")
-        if length is not None and length.isdigit() and int(length) > self.max_bytes:
-            resp = self._error(int(length)).response()
-            resp.headers["Connection"] = "close"
-            await resp(scope, receive, send)
-            return
-        seen, over, started = 0, False, False
-
-        async def counted() -> dict:
-            # Past the limit the app is told the client left (it stops reading) and its answer is
-            # replaced by the 413 below: raising here would reach the app as a body-parse error
-            # (400) or an exception group (500) instead.
-            nonlocal seen, over
-            if over:
-                return {"type": "http.disconnect"}
-            message = await receive()
-            if message.get("type") == "http.request":
-                seen += len(message.get("body", b""))
-                if seen > self.max_bytes and not started:
-                    over = True
-                    return {"type": "http.disconnect"}
-            return message
-
-        async def guarded(message: dict) -> None:
-            nonlocal started
-            if over:
-                return              # the app's answer to a cut-off body is dropped
-            started = True
-            await send(message)
-
-        try:
-            await self.app(scope, counted, guarded)
-        except Exception:
-            if not over:
-                raise
-        if over:
-            resp = self._error(None).response()
-            resp.headers["Connection"] = "close"
-            await resp(scope, receive, send)
+    def error(self, limit: int, size: Optional[int]) -> ApiError:
+        return too_large(limit, size, what="the body", server="gateway", details_key="max_bytes",
+                         hint="send camera frames as JPEG (see docs) or fewer/smaller views")
 
 
 def bearer_or_api_key(authorization: Optional[str], x_api_key: Optional[str]) -> Optional[str]:

@@ -50,6 +50,7 @@ from seq.spec import cast_params
 
 from ._hosting import Prepared
 from .act_channel import _error_bytes, _refuse, connection_budget
+from .body_limit import check_size
 from .chunk import finish_chunk
 from .errors import ApiError, new_request_id
 
@@ -251,9 +252,7 @@ def metadata(state: Any) -> dict:
 
 async def _one(host: Any, episode_id: str, data: bytes, max_body_bytes: int) -> bytes:
     from .worker_app import _infer
-    if len(data) > max_body_bytes:
-        raise ApiError("payload_too_large", f"message is {len(data)} bytes; this worker takes at most {max_body_bytes}",
-                       details={"limit_bytes": max_body_bytes}, hint="send frames at the declared camera size")
+    check_size(len(data), max_body_bytes, what="message", hint="send frames at the declared camera size")
     try:
         obs = unpackb(data)
     except (ValueError, TypeError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError) as exc:

@@ -1,11 +1,14 @@
 """The worker's HTTP face: the FastAPI app over one ``PolicyHost`` (``_hosting.py``).
 
 Routes: ``/ping`` and ``/info`` (open), ``/act``, the websocket ``/act/ws`` (``act_channel.py``)
-and ``/episode/end`` (the direct secret: a gateway-signed lease token or the raw worker secret), ``/control/revoke`` (the raw worker secret
-only), ``/openapi.json``. Credentials are checked from the headers before a byte of the body is
-read (``_AuthFirst``), then a body over the size limit is refused 413; parsing and decoding run on
-the replica's own thread (one thread hop; with several replicas on a worker thread first, since
-routing by episode reads the body), never on the event loop. The process around the app is ``worker.py``.
+and ``/episode/end`` (the direct secret: a gateway-signed lease token or the raw worker secret),
+``/control/revoke`` (the raw worker secret only), ``/openapi.json``. Credentials are checked from
+the headers before a byte of the body is read (``_AuthFirst``), then the body's size
+(``body_limit.BodyLimit``: a declared Content-Length over the limit is refused 413 from the
+headers, a chunked body as it crosses the limit), before anything reads it; parsing and decoding
+run on the replica's own thread (one thread hop; with several replicas on a worker thread first,
+since routing by episode reads the body), never on the event loop. The process around the app is
+``worker.py``.
 """
 from __future__ import annotations
 
@@ -25,6 +28,7 @@ from pydantic import BaseModel
 from sequence_ai_core.protocol import BINARY_CONTENT_TYPE, JSON_CONTENT_TYPE, MAX_BODY_BYTES
 
 from ._hosting import PolicyError, PolicyHost
+from .body_limit import BodyLimit
 from .chunk import finish_chunk
 from .errors import ApiError, ErrorBody, ResponseStatus, install_error_handlers, new_request_id
 from .logs import REQUEST_ID
@@ -150,7 +154,7 @@ def create_app(state: WorkerState, secret: str, *, max_body_bytes: int = MAX_BOD
     from .usage import ActMeter, MeterLayer
     app.state.act_meter = ActMeter()          # /act counters the gateway collects through /ping (usage.py)
     _add_probe_routes(app, state)
-    _add_act_routes(app, state, max_body_bytes)
+    _add_act_routes(app, state)
     from .act_channel import MAX_CONNECTIONS, ConnectionBudget, add_act_channel  # the persistent /act channel
     app.state.connections = ConnectionBudget(max_connections or MAX_CONNECTIONS)   # shared with openpi's
     add_act_channel(app, state, direct_auth, max_body_bytes)
@@ -162,32 +166,16 @@ def create_app(state: WorkerState, secret: str, *, max_body_bytes: int = MAX_BOD
         add_openpi_endpoint(app, state, direct_auth, max_body_bytes)
     _add_control_routes(app, direct_auth)
     _install_openapi(app)
-    from .json_guard import JsonStringGuard   # NUL/lone surrogate in a JSON string -> 400 (inside the auth check)
-    app.add_middleware(JsonStringGuard)
+    from .json_guard import JsonStringGuard   # NUL/lone surrogate in a JSON string -> 400 (it reads the body)
+    app.add_middleware(JsonStringGuard, max_bytes=max(max_body_bytes, CONTROL_MAX_BODY_BYTES))
+    # credentials -> declared size -> body: a Content-Length over the limit is 413 from the headers
+    # and a chunked body is cut off at it, before JsonStringGuard or a route reads a byte of it
+    app.add_middleware(BodyLimit, max_bytes=max_body_bytes, limits={"/control/": CONTROL_MAX_BODY_BYTES})
     app.add_middleware(_AuthFirst, auth=direct_auth)
     app.add_middleware(_RequestIdMiddleware)
     app.add_middleware(MeterLayer, meter=app.state.act_meter)   # outermost: every /act answer is counted
     install_error_handlers(app)
     return app
-
-
-async def _read_body(request: Request, limit: int) -> bytes:
-    """The request body, refused 413 ``payload_too_large`` past ``limit`` bytes (by its
-    Content-Length before reading, else while streaming)."""
-    length = request.headers.get("content-length")
-    if length is not None and length.isdigit() and int(length) > limit:
-        raise ApiError("payload_too_large", f"body is {int(length)} bytes; this worker takes at most {limit}",
-                       hint="send JPEG frames at the declared camera size (the binary body avoids base64)",
-                       details={"limit_bytes": limit})
-    if length is not None:
-        return await request.body()
-    buf = bytearray()
-    async for part in request.stream():
-        buf += part
-        if len(buf) > limit:
-            raise ApiError("payload_too_large", f"body is over this worker's limit of {limit} bytes",
-                           details={"limit_bytes": limit})
-    return bytes(buf)
 
 
 def _add_probe_routes(app: FastAPI, state: WorkerState) -> None:
@@ -277,7 +265,7 @@ async def run_act(host: PolicyHost, raw: bytes, content_type: str, rid: str, cap
     return content
 
 
-def _add_act_routes(app: FastAPI, state: WorkerState, max_body_bytes: int) -> None:
+def _add_act_routes(app: FastAPI, state: WorkerState) -> None:
     capture = app.state.capture
 
     @app.post("/act", response_model=ActResponse, responses=_ERRORS,
@@ -286,7 +274,7 @@ def _add_act_routes(app: FastAPI, state: WorkerState, max_body_bytes: int) -> No
         """One observation -> one action chunk (JSON or binary body; see docs/design.md).
         Bearer: the direct secret (checked before the body is read)."""
         rid = request.state.request_id
-        raw = await _read_body(request, max_body_bytes)
+        raw = await request.body()     # bounded by BodyLimit (create_app)
         host = state.ready_host()
         content = await run_act(host, raw, request.headers.get("content-type", ""), rid, capture)
         return Response(content, media_type="application/json", headers={"X-Request-ID": rid})
@@ -313,7 +301,7 @@ def _add_control_routes(app: FastAPI, direct_auth: Any) -> None:
         """The gateway ends sessions here: their lease tokens are refused (401) from the next
         request on. Bearer: the raw worker secret only (a lease token is refused).
         -> ``{"revoked": n new, "held": n held}``."""
-        raw = await _read_body(request, CONTROL_MAX_BODY_BYTES)
+        raw = await request.body()     # bounded by BodyLimit (create_app)
         try:
             body = json.loads(raw)
         except (ValueError, RecursionError):
