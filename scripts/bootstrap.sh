@@ -372,9 +372,9 @@ if [ "$PROFILE" = test ]; then
 fi
 
 # ---------------------------------------------------------------------------------------------
-# 5e. (test) build/wheelhouse/: what the wheel-install tests install from, offline
+# 5e. (test) build/wheelhouse/: what test/test_wheel_install.py's fresh venvs install from, offline
 #     (scripts/wheelhouse.sh keeps its own stamp: ~instant when up to date).
-if [ "$PROFILE" = test ] && [ -f scripts/wheelhouse.sh ]; then
+if [ "$PROFILE" = test ]; then
   CUR="scripts/wheelhouse.sh"
   WH_T=$(now_ns)
   PYTHON=$VPY bash scripts/wheelhouse.sh >>"$LOG" 2>&1 || fail "scripts/wheelhouse.sh"
