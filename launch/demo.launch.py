@@ -21,10 +21,13 @@ from launch.conditions import IfCondition
 from launch.substitutions import LaunchConfiguration
 from launch_ros.actions import Node
 
+from sequence_ai_ros.launch_support import stop_nodes_on_sigterm
+
 
 def generate_launch_description():
     config = os.path.join(get_package_share_directory("sequence_ai"), "config", "panda_sim.yaml")
     return LaunchDescription([
+        stop_nodes_on_sigterm(),   # SIGTERM to ros2 launch stops the nodes as Ctrl-C does, then returns
         DeclareLaunchArgument("seed", default_value="0", description="Scene seed for the simulated cell."),
         DeclareLaunchArgument("record", default_value="false",
                               description="true: also run episode_recorder (one bag per Act goal)."),

@@ -18,6 +18,8 @@ from launch.conditions import IfCondition
 from launch.substitutions import LaunchConfiguration
 from launch_ros.actions import Node
 
+from sequence_ai_ros.launch_support import stop_nodes_on_sigterm
+
 
 def _config_path(context) -> str:
     config = LaunchConfiguration("config").perform(context)
@@ -47,6 +49,7 @@ def _nodes(context):
 
 def generate_launch_description():
     return LaunchDescription([
+        stop_nodes_on_sigterm(),   # SIGTERM to ros2 launch stops the nodes as Ctrl-C does, then returns
         DeclareLaunchArgument("namespace", default_value="", description="Namespace of the driver and its robot topics."),
         DeclareLaunchArgument("model", default_value="", description="Deployment name; empty = the config file's."),
         DeclareLaunchArgument("config", default_value="franka_droid.yaml",

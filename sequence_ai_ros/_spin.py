@@ -2,13 +2,22 @@
 
 rclpy's default signal handler invalidates the ROS context the moment Ctrl-C arrives, before a
 node can publish anything on its way out (the driver's hold, the recorder's end-of-episode
-marker). So the process takes SIGINT and SIGTERM itself: the signal becomes KeyboardInterrupt in
-the main thread, ``on_stop(node)`` runs while the context is still valid, and only then are the
-executor, the node and rclpy shut down -- joined, so rclpy's C++ layer does not abort at exit.
+marker). So the process takes SIGINT and SIGTERM itself, and a signal never lands as an
+exception in the middle of a callback:
 
-Python runs a signal handler only when the main thread is back in the interpreter, and without
-rclpy's own handler nothing wakes an executor that waits with no timer due (an idle recorder).
-So the main thread spins in ``SPIN_WAKE_S`` slices: a signal is acted on within that long.
+* while the node is being built (``make_node``: the driver's configure can wait for its gateway
+  or its model there) the first signal raises ``KeyboardInterrupt`` in the main thread, which
+  ends that wait; the process exits 0 without a node;
+* once it spins, the executor runs on a thread of its own and the main thread only waits for a
+  signal: the first one sets the stop, ``on_stop(node)`` runs while the context is still valid
+  and the executor still spins (the driver's result goes out), then the executor is stopped and
+  joined, the node destroyed and rclpy shut down -- joined, so rclpy's C++ layer does not abort;
+* every later signal is ignored (Ctrl-C under ``ros2 launch`` reaches a node twice: from the
+  terminal to the process group, and forwarded by launch; a second ``KeyboardInterrupt`` raised
+  during the first one's shutdown printed a traceback). ``ros2 launch`` escalates to SIGKILL
+  itself when a node does not stop within its timeouts.
+
+The import window before ``spin_node`` runs is covered by :mod:`._entry`.
 
 A node that destroys its own entities while it spins (the driver's lifecycle cleanup and shutdown
 transitions, run on an executor thread) races rclpy's wait-set build on the spinning thread: an
@@ -22,6 +31,7 @@ from __future__ import annotations
 import signal
 import sys
 import threading
+import traceback
 from typing import Callable, Optional
 
 import rclpy
@@ -32,11 +42,8 @@ from rclpy.signals import SignalHandlerOptions
 
 
 SPIN_WAKE_S = 0.2
-"""The longest the main thread waits in one executor slice (s): the bound on signal latency."""
-
-
-def _raise_keyboard_interrupt(signum, frame):
-    raise KeyboardInterrupt
+"""The longest one executor slice of :func:`spin` waits (s): how soon a spinning thread sees
+that it is asked to stop."""
 
 
 def spin_once(executor: Executor, timeout_sec: float) -> None:
@@ -49,10 +56,13 @@ def spin_once(executor: Executor, timeout_sec: float) -> None:
         pass   # an entity being destroyed: the next wait set leaves it out
 
 
-def spin(executor: Executor) -> None:
+def spin(executor: Executor, until: Optional[threading.Event] = None) -> None:
     """``executor.spin()`` for a spinning thread, through :func:`spin_once`: returns once the
-    executor is shut down or its context is. Raises nothing of the destroy race."""
+    executor is shut down or its context is, or ``until`` is set (seen within ``SPIN_WAKE_S``).
+    Raises nothing of the destroy race; a callback's exception propagates."""
     while executor.context.ok() and not executor._is_shutdown:   # Executor.spin()'s own condition
+        if until is not None and until.is_set():
+            return
         try:
             spin_once(executor, SPIN_WAKE_S)
         except ExternalShutdownException:
@@ -82,6 +92,33 @@ def stop_executor(executor: MultiThreadedExecutor, timeout_s: float = 5.0) -> No
             task.exception()    # marks it read; a callback's error here is teardown noise
 
 
+class _Stop:
+    """SIGINT / SIGTERM for :func:`spin_node`: the first one sets ``requested`` (and raises
+    ``KeyboardInterrupt`` while ``interrupt_main``, i.e. while the node is being built); every
+    later one is ignored."""
+
+    def __init__(self) -> None:
+        self.requested = threading.Event()
+        self.interrupt_main = True
+        self.signum: Optional[int] = None
+        for sig in (signal.SIGINT, signal.SIGTERM):   # SIGINT also when started with it ignored (`&`)
+            signal.signal(sig, self._on_signal)
+
+    def _on_signal(self, signum, frame) -> None:
+        if self.requested.is_set():
+            return                        # already stopping: a second Ctrl-C, launch's forwarded SIGINT
+        self.signum = signum
+        self.requested.set()
+        if self.interrupt_main:
+            self.interrupt_main = False
+            raise KeyboardInterrupt
+
+    def set(self) -> None:
+        """Stop without a signal (the spinning thread ended)."""
+        self.interrupt_main = False
+        self.requested.set()
+
+
 def spin_node(make_node: Callable[[], Node], *, threads: int, args=None,
               on_stop: Optional[Callable[[Node], None]] = None) -> int:
     """Create the node with ``make_node()``, spin it on ``threads`` executor threads, stop cleanly.
@@ -90,33 +127,58 @@ def spin_node(make_node: Callable[[], Node], *, threads: int, args=None,
         make_node: builds the node (after ``rclpy.init``).
         threads: MultiThreadedExecutor threads.
         args: command-line arguments for ``rclpy.init`` (``--ros-args ...``).
-        on_stop: called with the node after Ctrl-C / SIGTERM, before anything is shut down.
+        on_stop: called with the node after Ctrl-C / SIGTERM, before anything is shut down,
+            while the executor still spins on its thread.
     Returns:
-        the process exit code: 0, or 2 when ``make_node`` refused a parameter (``ValueError``,
-        printed as one ``error:`` line).
+        the process exit code: 0; 2 when ``make_node`` refused a parameter (``ValueError``,
+        printed as one ``error:`` line); 1 when a callback raised (its traceback printed).
     """
     rclpy.init(args=args, signal_handler_options=SignalHandlerOptions.NO)
-    signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
-    signal.signal(signal.SIGINT, _raise_keyboard_interrupt)   # also when started with SIGINT ignored (a shell's `&`)
+    stop = _Stop()
     node = None
     executor = MultiThreadedExecutor(num_threads=threads)
+    release = threading.Event()      # the spinning thread leaves once on_stop is done
+    spinner: Optional[threading.Thread] = None
+    failure: list = []
+
+    def spin_thread() -> None:
+        try:
+            spin(executor, until=release)
+        except BaseException as exc:  # noqa: BLE001 - a callback raised: reported by the main thread
+            failure.append(exc)
+        finally:
+            stop.set()
+
+    code = 0
     try:
         try:
             node = make_node()
         except ValueError as exc:      # a bad parameter: say which, no traceback
             print(f"error: {exc}", file=sys.stderr)
-            return 2
-        executor.add_node(node)
-        while rclpy.ok():
-            spin_once(executor, SPIN_WAKE_S)
-    except (KeyboardInterrupt, ExternalShutdownException):
-        pass
+            code = 2
+        else:
+            stop.interrupt_main = False
+            executor.add_node(node)
+            spinner = threading.Thread(target=spin_thread, name="executor", daemon=True)
+            spinner.start()
+            stop.requested.wait()     # a signal's handler runs here (this wait is interruptible)
+    except KeyboardInterrupt:
+        pass                          # a signal while the node was being built
     finally:
-        if node is not None and on_stop is not None:
-            on_stop(node)
-        stop_executor(executor)
-        if node is not None:
-            node.destroy_node()
-        if rclpy.ok():
-            rclpy.shutdown()
-    return 0
+        stop.set()                    # from here on every signal is ignored
+        try:
+            if node is not None and on_stop is not None:
+                on_stop(node)
+        finally:
+            release.set()
+            if spinner is not None:
+                spinner.join(SPIN_WAKE_S + 5.0)
+            stop_executor(executor)
+            if node is not None:
+                node.destroy_node()
+            if rclpy.ok():
+                rclpy.shutdown()
+    if failure:
+        traceback.print_exception(failure[0])
+        return 1
+    return code

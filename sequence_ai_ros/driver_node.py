@@ -54,8 +54,9 @@ without stopping; diagnostics (``diagnostic_msgs/DiagnosticArray``) on ``/diagno
 """
 from __future__ import annotations
 
+from . import _entry  # noqa: F401  first: a signal during the imports below ends the process quietly
+
 import sys
-import threading
 import time
 
 from .driver.gate import CommandGate, set_thread_realtime
@@ -96,33 +97,17 @@ def _pending_tasks(executor) -> bool:
 
 
 def _stop_runs(node: PolicyDriver) -> None:
-    """Ctrl-C / SIGTERM: end the active run (hold first), keep the executor spinning until the
-    goal's result has gone out to the Act client (bounded: 3 s to unwind + ``RESULT_FLUSH_S``),
-    then take the lifecycle shutdown transition."""
+    """Ctrl-C / SIGTERM: end the active run (hold first), let the goal's result go out to the Act
+    client (bounded: 3 s to unwind + ``RESULT_FLUSH_S``; the executor keeps spinning on its own
+    thread meanwhile, see ``_spin.spin_node``), then take the lifecycle shutdown transition."""
+    if not node.stop_runs(timeout_s=3.0, message="driver shutting down (SIGINT/SIGTERM): "
+                                                 "the run was stopped and the arm held"):
+        node.get_logger().error("the active run did not unwind within 3 s of the shutdown request")
     executor = node.executor
-    done = threading.Event()
-
-    def stop():
-        try:
-            if not node.stop_runs(timeout_s=3.0, message="driver shutting down (SIGINT/SIGTERM): "
-                                                         "the run was stopped and the arm held"):
-                node.get_logger().error("the active run did not unwind within 3 s of the shutdown request")
-        finally:
-            done.set()
-
-    threading.Thread(target=stop, name="policy_driver_stop", daemon=True).start()
-    deadline = time.monotonic() + 4.0
-    while not done.is_set() and time.monotonic() < deadline:
-        if executor is None:
-            done.wait(0.05)
-        else:
-            executor.spin_once(timeout_sec=0.05)
-    if executor is None:
-        return
-    flush_until = time.monotonic() + RESULT_FLUSH_S
-    executor.spin_once(timeout_sec=0.05)
-    while _pending_tasks(executor) and time.monotonic() < flush_until:
-        executor.spin_once(timeout_sec=0.05)
+    if executor is not None:
+        flush_until = time.monotonic() + RESULT_FLUSH_S
+        while _pending_tasks(executor) and time.monotonic() < flush_until:
+            time.sleep(0.01)
     try:
         node.trigger_shutdown()   # lifecycle: -> finalized (releases the gateway session)
     except Exception as exc:  # noqa: BLE001 - a transition already under way; destroy_node releases

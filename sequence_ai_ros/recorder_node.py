@@ -44,6 +44,8 @@ Topics in the bag: see :mod:`sequence_ai_ros.bag`. Parameters: see ``_PARAMS`` b
 """
 from __future__ import annotations
 
+from . import _entry  # noqa: F401  first: a signal during the imports below ends the process quietly
+
 import json
 import os
 import secrets

@@ -21,6 +21,8 @@ the wall-clock time elapsed since the last reset, renders, and publishes.
 """
 from __future__ import annotations
 
+from . import _entry  # noqa: F401  first: a signal during the imports below ends the process quietly
+
 import json
 import os
 import sys
@@ -87,8 +89,16 @@ class SimRobotNode(Node):
         self.commands_received = 0
         self._thread = threading.Thread(target=self._physics_loop, name="sim_physics", daemon=True)
         self._thread.start()
-        if not self._ready.wait(timeout=120.0) or self._error is not None:
+        try:
+            ready = self._ready.wait(timeout=120.0)
+        except BaseException:   # Ctrl-C / SIGTERM while MuJoCo loads: let the thread free its GL context
+            self._stop.set()
+            self._thread.join(timeout=30.0)
+            raise
+        if not ready or self._error is not None:
             raise RuntimeError(f"simulation failed to start: {self._error!r}")
+        self.get_logger().info(f"sim_robot ready: cameras {list(VIEWS)} and joint states at {self._rate:g} Hz, "
+                               f"seed {self._seed}")
 
     # -- ROS callbacks (never touch MuJoCo directly; hand work to the physics thread) ----------
     def _on_command(self, msg: Float64MultiArray) -> None:

@@ -1,7 +1,16 @@
-"""Every node's process stops cleanly on SIGINT (Ctrl-C, ``ros2 launch``) and SIGTERM, promptly,
-even when nothing is due on its executor (an idle recorder has no timer to wake it)."""
+"""Every node's process stops cleanly and promptly on SIGINT (Ctrl-C), SIGTERM (systemd, docker,
+``kill``) and on Ctrl-C under ``ros2 launch`` (a SIGINT from the terminal and the one launch
+forwards: two, close together), even when nothing is due on its executor (an idle recorder has no
+timer to wake it): exit code 0, no traceback, gone within about a second.
+
+Real processes (``python -m sequence_ai_ros.<node>``), real rclpy and Fast DDS; the driver is
+configured and active against a real gateway serving the echo policy. Each test measures the
+time from the signal to the process's exit and prints it; the bound asserted is looser than the
+1 s goal, for a loaded 2-core machine (the figures printed are the measurement).
+"""
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -9,39 +18,115 @@ import time
 
 import pytest
 
-STOP_WITHIN_S = 5.0   # SPIN_WAKE_S (0.2 s) plus shutdown, with room for a loaded 2-core machine
+from _servers import ECHO_POLICY, ROOT
+
+STOP_GOAL_S = 1.0    # what a node should take, idle machine (printed beside each measurement)
+STOP_WITHIN_S = 3.0  # what the test allows: the goal with room for a loaded 2-core machine
+KEY_ENV = "SEQ_TEST_SIGNALS_KEY"
+
+SIGNALS = {"SIGINT": [signal.SIGINT], "SIGTERM": [signal.SIGTERM],
+           "ctrl-c-under-launch": [signal.SIGINT, signal.SIGINT]}
 
 
-def _start_recorder(tmp_path):
-    log = open(tmp_path / "recorder.log", "wb")
-    proc = subprocess.Popen([sys.executable, "-m", "sequence_ai_ros.recorder_node", "--ros-args",
-                             "-p", f"output_dir:={tmp_path / 'bags'}"],
-                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    deadline = time.monotonic() + 60
-    while b"recording to" not in (tmp_path / "recorder.log").read_bytes():
-        assert proc.poll() is None, (tmp_path / "recorder.log").read_text()
-        assert time.monotonic() < deadline, "the recorder never said it was up"
-        time.sleep(0.1)
-    return proc, log
+@pytest.fixture(scope="module")
+def echo_gateway(module_gateway):
+    dep = module_gateway.deploy(ECHO_POLICY, name="echo-signals")
+    assert dep["status"] == "ready", dep
+    os.environ[KEY_ENV] = module_gateway.api_key
+    yield module_gateway
+
+
+def _node_command(name: str, tmp_path, gateway) -> tuple[list, str]:
+    """(argv, the log text that says the node is up and spinning)."""
+    module = {"sim_robot": "sim_node", "episode_recorder": "recorder_node", "policy_driver": "driver_node"}[name]
+    argv = [sys.executable, "-m", f"sequence_ai_ros.{module}", "--ros-args"]
+    if name == "episode_recorder":
+        return argv + ["-p", f"output_dir:={tmp_path / 'bags'}"], "recording to"
+    if name == "sim_robot":
+        return argv + ["-p", "publish_rate_hz:=15.0"], "sim_robot ready"
+    return argv + ["-p", "model:=echo-signals", "-p", f"gateway_url:={gateway.url}", "-p", f"api_key_env:={KEY_ENV}",
+                   "-p", "camera_views:=[exterior_1]", "-p", "camera_topics:=[camera/exterior_1/image_raw]"], \
+        "active: Act goals accepted"
+
+
+def _start(argv, up: str, tmp_path):
+    log_path = tmp_path / "node.log"
+    env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=os.pathsep.join(
+        [str(ROOT)] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else [])))
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    deadline = time.monotonic() + 120.0
+    while up not in log_path.read_text(errors="replace"):
+        assert proc.poll() is None, log_path.read_text(errors="replace")
+        assert time.monotonic() < deadline, f"the node never said {up!r}:\n{log_path.read_text(errors='replace')}"
+        time.sleep(0.05)
+    return proc, log_path
+
+
+def _stop_time(proc, signals) -> float:
+    """Send ``signals`` (10 ms apart), poll until the process has exited; seconds from the first."""
+    t0 = time.monotonic()
+    for i, sig in enumerate(signals):
+        if i:
+            time.sleep(0.01)
+        proc.send_signal(sig)
+    deadline = t0 + 30.0
+    while proc.poll() is None:
+        assert time.monotonic() < deadline, "still running 30 s after the signal"
+        time.sleep(0.005)
+    return time.monotonic() - t0
+
+
+def _idle(seconds: float, proc) -> None:
+    """Let the node sit idle (nothing due) for ``seconds``, checking it stays up."""
+    until = time.monotonic() + seconds
+    while time.monotonic() < until:
+        assert proc.poll() is None
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("how", list(SIGNALS))
+@pytest.mark.parametrize("name", ["sim_robot", "episode_recorder", "policy_driver"])
+def test_each_node_exits_cleanly_within_about_a_second_of_a_signal(tmp_path, echo_gateway, name, how):
+    argv, up = _node_command(name, tmp_path, echo_gateway)
+    proc, log_path = _start(argv, up, tmp_path)
+    try:
+        _idle(0.5, proc)
+        took = _stop_time(proc, SIGNALS[how])
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    text = log_path.read_text(errors="replace")
+    print(f"{name} {how}: exited {took:.3f} s after the signal (goal {STOP_GOAL_S:g} s)")
+    assert proc.returncode == 0, text
+    for bad in ("Traceback", "KeyboardInterrupt", "terminate called", "EGL_BAD_ACCESS", "never retrieved"):
+        assert bad not in text, text
+    assert took < STOP_WITHIN_S, f"{name} took {took:.2f} s to stop after {how}:\n{text}"
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
-def test_an_idle_recorder_exits_cleanly_and_promptly_on_a_signal(tmp_path, sig):
-    proc, log = _start_recorder(tmp_path)
+def test_a_signal_while_the_sim_loads_its_scene_ends_it_quietly(tmp_path, sig):
+    """Ctrl-C during start-up (imports, MuJoCo loading the scene): exit 0, no traceback."""
+    argv, _ = _node_command("sim_robot", tmp_path, None)
+    log_path = tmp_path / "node.log"
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     try:
-        time.sleep(1.0)               # idle: no sensor, no goal, nothing due
-        t0 = time.monotonic()
-        proc.send_signal(sig)
-        code = proc.wait(timeout=30)
-        took = time.monotonic() - t0
+        # the sim is loading once its module has been imported (the scene's MuJoCo warning is printed
+        # while the model is compiled); without the warning, the signal lands during the imports
+        deadline = time.monotonic() + 60.0
+        while "Attaching a spec" not in log_path.read_text(errors="replace") and time.monotonic() < deadline:
+            assert proc.poll() is None, log_path.read_text(errors="replace")
+            time.sleep(0.01)
+        took = _stop_time(proc, [sig])
     finally:
         if proc.poll() is None:
-            proc.kill()
-        log.close()
-    text = (tmp_path / "recorder.log").read_text()
-    assert code == 0 and "Traceback" not in text, text
-    assert took < STOP_WITHIN_S, f"took {took:.2f} s to stop"
-    assert f"recording to {tmp_path / 'bags'}" in text
+            os.killpg(proc.pid, signal.SIGKILL)
+    text = log_path.read_text(errors="replace")
+    print(f"sim_robot {signal.Signals(sig).name} while loading: exited {took:.3f} s after the signal")
+    assert proc.returncode == 0 and "Traceback" not in text, text
+    assert took < 30.0, took
 
 
 @pytest.mark.parametrize("value, says", [("5", "light_jitter must be in [0, 1]"),
