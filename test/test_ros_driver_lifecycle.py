@@ -223,8 +223,17 @@ def test_autostart_without_a_gateway_gives_up_after_connect_timeout_without_rais
 def test_a_configure_refusal_raises_from_an_autostarting_constructor_naming_the_parameter(ros, echo_server):
     with pytest.raises(ValueError, match="control_rate_hz=100 contradicts echo-ros's contract"):
         PolicyDriver(context=ros.ctx, parameter_overrides=driver_params(echo_server, control_rate_hz=100.0))
-    with pytest.raises(ValueError, match="cannot connect to deployment 'no-such-model'"):
-        PolicyDriver(context=ros.ctx, parameter_overrides=driver_params(echo_server, model="no-such-model"))
+
+
+def test_an_undeployed_model_is_waited_for_and_connect_timeout_ends_the_wait_without_raising(ros, echo_server):
+    t0 = time.monotonic()
+    driver = ros.add(PolicyDriver(context=ros.ctx, parameter_overrides=driver_params(
+        echo_server, model="no-such-model", connect_retry_s=0.1, connect_timeout_s=0.5)))
+    assert 0.5 <= time.monotonic() - t0 < 10.0
+    assert driver.policy is None and driver._lifecycle_label() == "unconfigured"
+    level, message = driver._diag
+    assert level == DiagnosticStatus.ERROR, message
+    assert "model 'no-such-model' not deployed" in message and "connect_timeout_s=0.5" in message, message
 
 
 # -- parameters at run time -----------------------------------------------------------------------
@@ -383,6 +392,50 @@ def test_ros2_run_with_an_out_of_range_parameter_exits_2_with_one_error_line():
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "error: realtime_priority must be >= 0 and <= 99, got 500" in proc.stderr
     assert "Traceback" not in proc.stderr, proc.stderr
+
+
+def test_a_driver_whose_model_is_not_deployed_waits_in_configure_with_a_warning_then_activates(gateway, tmp_path):
+    """``policy_driver`` for a model the gateway does not have yet: no exit (it used to exit 2),
+    a periodic WARN naming the model and the ``seq deploy`` command; once the model is deployed
+    the same process configures and activates, and still stops cleanly."""
+    log_path = tmp_path / "driver.log"
+    env = dict(os.environ, PYTHONUNBUFFERED="1", SEQ_TEST_LATE_KEY=gateway.api_key, PYTHONPATH=os.pathsep.join(
+        [str(ROOT)] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else [])))
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "sequence_ai_ros.driver_node", "--ros-args", "-p", "model:=echo-later",
+             "-p", f"gateway_url:={gateway.url}", "-p", "api_key_env:=SEQ_TEST_LATE_KEY", "-p", "connect_retry_s:=0.2",
+             "-p", "camera_views:=[exterior_1]", "-p", "camera_topics:=[camera/exterior_1/image_raw]"],
+            stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    warning = "model 'echo-later' is not deployed on the gateway"
+    try:
+        deadline = time.monotonic() + 60.0
+        while log_path.read_text(errors="replace").count(warning) < 3:
+            assert proc.poll() is None, log_path.read_text(errors="replace")
+            assert time.monotonic() < deadline, log_path.read_text(errors="replace")
+            time.sleep(0.05)
+        text = log_path.read_text(errors="replace")
+        line = next(ln for ln in text.splitlines() if warning in ln)
+        assert "[WARN]" in line and "`seq deploy <policy file> --name echo-later`" in line and gateway.url in line, line
+        assert "active:" not in text and proc.poll() is None      # waiting in configure, not gone
+        dep = gateway.deploy(ECHO_POLICY, name="echo-later")
+        assert dep["status"] == "ready", dep
+        deadline = time.monotonic() + 60.0
+        while "active: Act goals accepted" not in log_path.read_text(errors="replace"):
+            assert proc.poll() is None, log_path.read_text(errors="replace")
+            assert time.monotonic() < deadline, log_path.read_text(errors="replace")
+            time.sleep(0.05)
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=30)
+        took = time.monotonic() - t0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    text = log_path.read_text(errors="replace")
+    print(f"stopped {took:.3f} s after SIGTERM")
+    assert code == 0 and "Traceback" not in text and "error:" not in text, text
+    assert took < 5.0, took
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])

@@ -8,8 +8,9 @@ What a user does with the package, end to end, against a real gateway with the p
 - ``driver.launch.py namespace:=arm config:=franka_droid.yaml`` beside ``namespace:=sim
   config:=panda_sim.yaml``: two drivers side by side, each with its own file's parameters
   (read back with the real ``ros2 param dump``) and its own Act action server;
-- ``ros2 launch`` (the CLI) stopped with SIGINT exits 0, every node it started is gone, and no
-  process printed a traceback (sim_robot's EGL context, the recorder, the driver).
+- ``ros2 launch`` (the CLI) stopped with SIGINT or SIGTERM exits 0, every node it started is gone
+  within about a second, and no process printed a traceback (sim_robot's EGL context, the
+  recorder, the driver); ``driver.launch.py`` whose model is not deployed waits with a warning.
 
 Needs the ROS 2 tools from ../shared/ros-jazzy-extras (scripts/bootstrap.sh installs them).
 """
@@ -196,16 +197,41 @@ def test_namespaced_drivers_side_by_side_each_apply_their_config():
     assert out.stdout.strip() == "String value is: zeros", out.stdout + out.stderr
 
 
-# -- ros2 launch (the CLI) and SIGINT -------------------------------------------------------------
+# -- ros2 launch (the CLI): SIGINT and SIGTERM ----------------------------------------------------
 
-def test_sigint_to_ros2_launch_stops_every_node_cleanly(pick_place_gateway, tmp_path):
-    log_path = tmp_path / "launch.log"
+STOP_GOAL_S = 1.0    # every process gone after the signal, idle machine (printed beside each measurement)
+STOP_WITHIN_S = 4.0  # what the tests allow: the goal with room for a loaded 2-core machine
+
+
+def _ros2_launch(log_path, *args):
     with open(log_path, "wb") as log:
-        proc = subprocess.Popen(["ros2", "launch", "sequence_ai", "sim.launch.py", "namespace:=cell", "record:=true",
-                                 f"record_dir:={tmp_path / 'bags'}"],
-                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        return subprocess.Popen(["ros2", "launch", "sequence_ai", *args], stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+
+
+def _all_gone_after(proc, sig, kids) -> float:
+    """Send ``sig`` to the launch process alone; seconds until it and every node it started have exited."""
+    procs = [psutil.Process(proc.pid)] + kids
+    t0 = time.monotonic()
+    proc.send_signal(sig)
+    deadline = t0 + 60.0
+    while True:
+        proc.poll()
+        alive = [p for p in procs if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+        if not alive:
+            return time.monotonic() - t0
+        assert time.monotonic() < deadline, f"still running 60 s after {sig!r}: {[p.pid for p in alive]}"
+        time.sleep(0.005)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_signal_to_ros2_launch_stops_every_node_cleanly_within_about_a_second(pick_place_gateway, tmp_path, sig):
+    """SIGINT is what Ctrl-C sends the launch process; SIGTERM what systemd, docker or ``kill`` send
+    (upstream launch died of it at once and left the nodes running)."""
+    log_path = tmp_path / "launch.log"
+    proc = _ros2_launch(log_path, "sim.launch.py", "namespace:=cell", "record:=true", f"record_dir:={tmp_path / 'bags'}")
     try:
-        ready = ("[sim_robot", "[policy_driver", "recording to")
+        ready = ("sim_robot ready", "active: Act goals accepted", "recording to")
         deadline = time.monotonic() + 120.0
         text = ""
         while time.monotonic() < deadline:
@@ -217,24 +243,55 @@ def test_sigint_to_ros2_launch_stops_every_node_cleanly(pick_place_gateway, tmp_
             time.sleep(0.5)
         else:
             raise AssertionError(f"the nodes did not come up within 120 s:\n{text}")
-        time.sleep(2.0)                      # sim_robot rendering and publishing, the recorder buffering
+        deadline = time.monotonic() + 30.0   # sim_robot rendering and publishing, the recorder buffering
+        while "every sensor stream has delivered" not in log_path.read_text(errors="replace"):
+            assert time.monotonic() < deadline and proc.poll() is None, log_path.read_text(errors="replace")
+            time.sleep(0.1)
         kids = psutil.Process(proc.pid).children(recursive=True)
-        t0 = time.monotonic()
-        proc.send_signal(signal.SIGINT)      # what Ctrl-C in the terminal sends the launch process
-        code = proc.wait(timeout=60)
-        took = time.monotonic() - t0
+        took = _all_gone_after(proc, sig, kids)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
-    _, alive = psutil.wait_procs(kids, timeout=10)
+    code = proc.wait(timeout=10)
     text = log_path.read_text(errors="replace")
+    print(f"ros2 launch {signal.Signals(sig).name}: every process gone {took:.3f} s after the signal "
+          f"(goal {STOP_GOAL_S:g} s)")
     assert code == 0, text
-    assert not alive, [p.pid for p in alive]
-    for bad in ("Traceback", "EGL_BAD_ACCESS", "InvalidHandle", "process has died", "terminate called"):
+    for bad in ("Traceback", "KeyboardInterrupt", "EGL_BAD_ACCESS", "InvalidHandle", "process has died",
+                "terminate called", "orphaned", "escalating"):
         assert bad not in text, text
     for node in ("sim_robot", "policy_driver", "episode_recorder"):
         assert re.search(rf"\[INFO\] \[{node}-\d+\]: process has finished cleanly", text), (node, text)
-    assert took < 30.0, took
+    assert took < STOP_WITHIN_S, (took, text)
+
+
+def test_driver_launch_with_its_model_not_deployed_waits_with_a_warning_and_stops_on_sigterm(pick_place_gateway,
+                                                                                            tmp_path):
+    """The default ``driver.launch.py`` (franka_droid.yaml: ``pi05-droid``) against a gateway that
+    does not serve that model: the driver stays up in configure, saying which model and how to
+    deploy it (it used to exit with code 2), and SIGTERM to the launch stops it cleanly."""
+    log_path = tmp_path / "launch.log"
+    proc = _ros2_launch(log_path, "driver.launch.py")
+    warning = "model 'pi05-droid' is not deployed on the gateway"
+    try:
+        deadline = time.monotonic() + 120.0
+        while log_path.read_text(errors="replace").count(warning) < 2:
+            assert proc.poll() is None, log_path.read_text(errors="replace")
+            assert time.monotonic() < deadline, log_path.read_text(errors="replace")
+            time.sleep(0.2)
+        kids = psutil.Process(proc.pid).children(recursive=True)
+        assert kids, "the driver is gone"
+        took = _all_gone_after(proc, signal.SIGTERM, kids)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    code = proc.wait(timeout=10)
+    text = log_path.read_text(errors="replace")
+    print(f"driver.launch.py waiting for pi05-droid: every process gone {took:.3f} s after SIGTERM")
+    assert "`seq deploy <policy file> --name pi05-droid`" in text and "[WARN]" in text, text
+    assert code == 0 and "Traceback" not in text and "process has died" not in text, text
+    assert re.search(r"\[INFO\] \[policy_driver-\d+\]: process has finished cleanly", text), text
+    assert took < STOP_WITHIN_S, (took, text)
 
 
 def _act_server_up(name: str) -> bool:

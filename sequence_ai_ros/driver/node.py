@@ -3,12 +3,13 @@
 Lifecycle (``rclpy.lifecycle``; the standard ``~/change_state``, ``~/get_state`` ... services):
 
 * **configure** -- read and validate the parameters (:mod:`.params`), import ``codec_modules``,
-  reach the gateway: a gateway that is not up yet (or a deployment still warming its queue) is
-  retried every ``connect_retry_s`` with a WARN diagnostic, for ever or up to
+  reach the gateway: a gateway that is not up yet, a model that is not deployed on it yet (the
+  WARN names the model and the ``seq deploy`` command) or a deployment still warming its queue is
+  retried every ``connect_retry_s`` with a WARN log line and diagnostic, for ever or up to
   ``connect_timeout_s``; never a crash. Then check the contract (control rate, camera sizes),
   create the sensor subscriptions, the command outputs (:mod:`.outputs`) and the gate
-  (:mod:`.gate`). A refusal (bad parameter, wrong key, unknown model, a rate that contradicts
-  the contract) returns FAILURE with the reason in the log and on ``/diagnostics``.
+  (:mod:`.gate`). A refusal (bad parameter, wrong key, a rate that contradicts the contract)
+  returns FAILURE with the reason in the log and on ``/diagnostics``.
 * **activate** -- accept ``Act`` goals (rejected while inactive) and publish commands.
 * **deactivate** -- end the running goal (hold first, then its result: aborted, "driver
   deactivated") and refuse new ones.
@@ -62,8 +63,14 @@ SUCCESS, FAILURE = TransitionCallbackReturn.SUCCESS, TransitionCallbackReturn.FA
 
 
 class ConfigureError(ValueError):
-    """Configuring cannot succeed as set up (a parameter, the key, the model, the contract);
+    """Configuring cannot succeed as set up (a parameter, the key, the contract);
     the message says what is wrong and what to change. Retrying unchanged will not help."""
+
+
+def _not_deployed(exc: Exception) -> bool:
+    """The gateway answered that no deployment has the model's name (``not_found``): one may be
+    deployed later (``seq deploy``), so configure waits for it as for an absent gateway."""
+    return isinstance(exc, sequence_ai.InvalidRequest) and getattr(exc, "code", None) == "not_found"
 
 
 class PolicyDriver(GoalExecution, LifecycleNodeMixin, Node):
@@ -75,7 +82,7 @@ class PolicyDriver(GoalExecution, LifecycleNodeMixin, Node):
             their own, so the parameter services answer while configure waits for the gateway.
     Raises:
         ValueError: a parameter is malformed (names it); with ``autostart``, also a configure
-            refusal (``ConfigureError``: wrong key, unknown model, a contradicting control rate).
+            refusal (``ConfigureError``: wrong key, a contradicting control rate).
     """
 
     def __init__(self, node_name: str = "policy_driver", **kwargs) -> None:
@@ -238,14 +245,21 @@ class PolicyDriver(GoalExecution, LifecycleNodeMixin, Node):
                 policy.__enter__()
                 return policy
             except sequence_ai.SequencesError as exc:
-                if not exc.retryable:
+                undeployed = _not_deployed(exc)
+                if not exc.retryable and not undeployed:
                     raise ConfigureError(f"cannot connect to deployment {p.model!r} at {url}: "
                                          f"{type(exc).__name__}: {exc}") from None
                 why = f"{type(exc).__name__}: {exc}"
             if deadline is not None and time.monotonic() >= deadline:
-                raise TimeoutError(f"gateway {url} not reachable within connect_timeout_s={p.connect_timeout_s:g} s "
+                what = f"model {p.model!r} not deployed at {url}" if undeployed else f"gateway {url} not reachable"
+                raise TimeoutError(f"{what} within connect_timeout_s={p.connect_timeout_s:g} s "
                                    f"({attempt} attempts; last: {why})")
-            text = f"waiting for the gateway at {url} (attempt {attempt}, retry in {p.connect_retry_s:g} s): {why}"
+            if undeployed:
+                text = (f"model {p.model!r} is not deployed on the gateway at {url}: waiting for it (attempt "
+                        f"{attempt}, retry in {p.connect_retry_s:g} s); deploy it with "
+                        f"`seq deploy <policy file> --name {p.model}`")
+            else:
+                text = f"waiting for the gateway at {url} (attempt {attempt}, retry in {p.connect_retry_s:g} s): {why}"
             self.get_logger().warning(text)
             self._set_diag(DiagnosticStatus.WARN, text)
             self._publish_status()
