@@ -7,6 +7,11 @@ top-level records, keeps every complete one (so every closed chunk), and appends
 filled when the process died is lost. :func:`repair_bag` (``sequence-ai bag repair``) makes that
 permanent: it rewrites the bag with a fresh ``metadata.yaml``.
 
+Times: every message keeps its log time (the recorder's receipt time); a header-first message's
+sensor time is the ``header.stamp`` inside it. :func:`time_sources` says which topic has which
+(``metadata.yaml``'s ``custom_data``, else derived from the message types: see :mod:`.stamps`), and
+:attr:`RecordedEpisode.time_sources` carries it to the export.
+
 Messages are deserialized with ``rclpy.serialization`` (``rosbags``' own CDR reader rejects some
 messages rclpy writes, e.g. a JointState with empty arrays), so reading needs the ROS
 environment (``. scripts/env.sh``).
@@ -142,6 +147,38 @@ def iter_raw(bag: Path) -> Iterator[RawMessage]:
         yield RawMessage(conn.topic, conn.msgtype, t_ns, raw)
 
 
+def custom_data(bag: Path) -> dict:
+    """``metadata.yaml``'s ``custom_data`` of bag directory ``bag`` ({} without metadata or custom data)."""
+    meta = Path(bag) / "metadata.yaml"
+    if not meta.is_file():
+        return {}
+    try:
+        from ruamel.yaml import YAML
+
+        info = (YAML(typ="safe").load(meta.read_text()) or {}).get("rosbag2_bagfile_information") or {}
+        return {str(k): str(v) for k, v in (info.get("custom_data") or {}).items()}
+    except Exception:   # unreadable metadata: the reader falls back to the MCAP alone
+        return {}
+
+
+def time_sources(bag: Path, msgtypes: Optional[dict] = None) -> dict:
+    """``{topic: "header" | "receive"}`` of a bag: what its ``metadata.yaml`` declares
+    (:data:`.stamps.TIME_SOURCES_KEY`), completed from ``msgtypes`` (topic -> type; a cut bag has no
+    metadata) with :func:`.stamps.time_source`."""
+    from .stamps import TIME_SOURCES_KEY, time_source
+
+    declared = {}
+    raw = custom_data(bag).get(TIME_SOURCES_KEY)
+    if raw:
+        try:
+            declared = {str(k): str(v) for k, v in json.loads(raw).items()}
+        except (ValueError, AttributeError):
+            declared = {}
+    for topic, msgtype in (msgtypes or {}).items():
+        declared.setdefault(topic, time_source(msgtype))
+    return declared
+
+
 def _rewrite(bag: Path, extra: Sequence["RawMessage"] = ()) -> tuple:
     """Rewrite bag directory ``bag`` in place as a complete bag holding every recoverable message
     plus ``extra``; returns ``(messages written, RecoveryReport)``.
@@ -153,8 +190,11 @@ def _rewrite(bag: Path, extra: Sequence["RawMessage"] = ()) -> tuple:
     from rosbags.rosbag2.storage_mcap import McapReader
     from rosbags.typesys import Stores, get_typestore
 
+    from .stamps import TIME_SOURCES_KEY
+
     bag = Path(bag).resolve()
     mcap = _mcap_file(bag)
+    kept_custom = custom_data(bag)
     tmp = Path(tempfile.mkdtemp(prefix=f".{bag.name}.rewrite-", dir=bag.parent))
     try:
         fixed = tmp / "recovered.mcap"
@@ -184,6 +224,11 @@ def _rewrite(bag: Path, extra: Sequence["RawMessage"] = ()) -> tuple:
                 for t, _, conn, raw in msgs:
                     writer.write(conn, t, raw)
                     n += 1
+                # the bag keeps saying which topic is timed how (a repaired bag says it for the first time)
+                for key, value in kept_custom.items():
+                    writer.set_custom_data(key, value)
+                sources = time_sources(bag, {c.topic: c.msgtype for c in writer.connections})
+                writer.set_custom_data(TIME_SOURCES_KEY, json.dumps(sources, sort_keys=True))
         finally:
             reader.close()
         # swap: the original directory's files are replaced by the rewritten ones
@@ -269,7 +314,10 @@ class RecordedEpisode:
     ``start``/``end``: the JSON episode markers (``end`` is ``None`` for a cut bag);
     ``labels``: the label markers (JSON, log-time order; see :func:`label_event`);
     ``images``: view -> [(t_ns, sensor_msgs/CompressedImage)]; ``joints``: [(t_ns, JointState)];
-    ``commands``: [(t_ns, [float])]; ``instructions``: [(t_ns, str)]. Times are log times (ns).
+    ``commands``: [(t_ns, [float])]; ``instructions``: [(t_ns, str)]. Times are log times (ns): the
+    recorder's receipt times. ``command_stamps``: per command, its ``header.stamp`` (ns) when the
+    command type has a header and it is non-zero, else ``None``; sensor messages carry theirs in
+    ``msg.header``. ``time_sources``: topic -> ``"header"`` | ``"receive"`` (:func:`time_sources`).
     Sensor messages logged before the start marker are the recorder's pre-roll (the latest
     sample of each stream when the episode started) and belong to the episode.
     """
@@ -282,6 +330,8 @@ class RecordedEpisode:
     commands: list = field(default_factory=list)
     instructions: list = field(default_factory=list)
     labels: list = field(default_factory=list)
+    command_stamps: list = field(default_factory=list)
+    time_sources: dict = field(default_factory=dict)
 
     @property
     def task(self) -> str:
@@ -317,14 +367,16 @@ def read_episode(bag: Path) -> RecordedEpisode:
 
     from ..codecs import message_class as get_message
     from .events import command_values
+    from .stamps import has_header, header_stamp_ns
 
     classes: dict = {}
+    msgtypes: dict = {}
     start = end = None
     rec = RecordedEpisode(path=Path(bag), start={}, end=None)
     image_topics: dict = {}
     pending: list = []   # messages logged before the start marker (the pre-roll), sorted once it is seen
 
-    def place(t_ns: int, topic: str, msg) -> None:
+    def place(t_ns: int, topic: str, msg, raw: bytes, msgtype: str) -> None:
         if topic == INSTRUCTION_TOPIC:
             rec.instructions.append((t_ns, str(msg.data)))
         elif topic in image_topics:
@@ -333,12 +385,14 @@ def read_episode(bag: Path) -> RecordedEpisode:
             rec.joints.append((t_ns, msg))
         elif topic == _abs(start.get("command_topic", "joint_commands")):
             rec.commands.append((t_ns, command_values(msg)))   # Float64MultiArray or JointTrajectory
+            rec.command_stamps.append(header_stamp_ns(raw) if has_header(msgtype) else None)
 
     for m in iter_raw(bag):
         cls = classes.get(m.msgtype)
         if cls is None:
             cls = classes[m.msgtype] = get_message(m.msgtype)
         msg = deserialize_message(m.raw, cls)
+        msgtypes.setdefault(m.topic, m.msgtype)
         if m.topic == EPISODE_TOPIC:
             event = json.loads(msg.data)
             kind = event.get("event")
@@ -349,20 +403,21 @@ def read_episode(bag: Path) -> RecordedEpisode:
                 for view, topic in topics.items():
                     image_topics[topic] = view
                     rec.images[view] = []
-                for t_ns, topic, early in pending:
-                    place(t_ns, topic, early)
+                for early in pending:
+                    place(*early)
                 pending = []
             elif kind == "end":
                 end = event
             elif kind == "label":
                 rec.labels.append(event)
         elif start is None:
-            pending.append((m.t_ns, m.topic, msg))
+            pending.append((m.t_ns, m.topic, msg, m.raw, m.msgtype))
         else:
-            place(m.t_ns, m.topic, msg)
+            place(m.t_ns, m.topic, msg, m.raw, m.msgtype)
     if start is None:
         raise BagReadError(f"{bag}: no episode start marker on {EPISODE_TOPIC}; was it written by recorder_node?")
     rec.start, rec.end = start, end
+    rec.time_sources = time_sources(bag, msgtypes)
     return rec
 
 

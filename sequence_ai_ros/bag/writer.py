@@ -13,6 +13,14 @@ deleting the oldest of them before a new one opens (:func:`prune_bags`): only ba
 directly in its output folder (not symlinks) whose start marker carries its recorder id
 (:func:`bag_recorder_id`); a bag another tool or recorder put there is never deleted.
 
+Sensor time: for every message whose type starts with a ``std_msgs/Header`` the writer thread
+reads ``header.stamp`` straight from the CDR bytes (:func:`.stamps.header_stamp_ns`, one
+``struct.unpack``; the subscriptions stay raw) and keeps receipt-minus-stamp lags per topic
+(:attr:`BagStats.stamps`). At close it writes into ``metadata.yaml`` ``custom_data`` each topic's
+time source (``sequence_ai.time_sources``: ``header`` -- the stamp in the message is its sensor
+time -- or ``receive`` -- no header, the log time is all there is) and those lags
+(``sequence_ai.stamp_lag``). The messages themselves are stored unchanged, stamp included.
+
 The chunk control reaches into the ``rosbags`` MCAP storage writer (``Writer.storage``, its
 ``chunk``, ``close_chunk()`` and ``bio``), the one place this module depends on rosbags internals
 (checked against rosbags 0.11); everything else is its public API.
@@ -26,9 +34,11 @@ import shutil
 import struct
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
+
+from .stamps import HEADER, STAMP_LAG_KEY, TIME_SOURCES_KEY, StampStats, header_stamp_ns, time_source
 
 #: Default chunk size bound (bytes): about half a second of two 224x224 JPEG streams at 15 Hz.
 DEFAULT_CHUNK_BYTES = 256 * 1024
@@ -46,7 +56,9 @@ class BagStats:
 
     ``written``: messages in the bag; ``dropped_queue``: dropped because the writer queue was full;
     ``dropped_disk``: dropped because the bag reached ``max_bag_bytes``; ``failed``: transforms
-    that raised (message skipped); ``chunks``: MCAP chunks closed.
+    that raised (message skipped); ``chunks``: MCAP chunks closed. ``time_sources``: topic ->
+    ``"header"`` | ``"receive"`` (see :mod:`.stamps`); ``stamps``: topic -> receipt-minus-stamp
+    lag summary (``n``, ``unstamped``, ``lag_ms_p50``/``p99``/``max``, ms), filled at close.
     """
 
     path: Optional[Path] = None
@@ -58,6 +70,8 @@ class BagStats:
     bytes: int = 0
     started_ns: int = 0
     ended_ns: int = 0
+    time_sources: dict = field(default_factory=dict)
+    stamps: dict = field(default_factory=dict)
 
     @property
     def dropped(self) -> int:
@@ -100,6 +114,7 @@ class BagWriter:
         self.stats = BagStats()
         self._writer = None
         self._connections: dict = {}
+        self._stamps = StampStats()
         self._typestore = None
         self._chunk_t0 = 0.0
         self._error: Optional[BaseException] = None
@@ -224,6 +239,7 @@ class BagWriter:
         self._writer = Writer(path, version=9, storage_plugin=StoragePlugin.MCAP)
         self._writer.open()
         self._connections = {}
+        self._stamps = StampStats()
         self._chunk_t0 = time.monotonic()
 
     def _write(self, topic: str, msgtype: str, t_ns: int, raw: bytes, transform, essential: bool) -> None:
@@ -244,6 +260,9 @@ class BagWriter:
         if conn is None:
             conn = w.add_connection(topic, msgtype, typestore=self._typestore)
             self._connections[topic] = conn
+            self.stats.time_sources[topic] = time_source(msgtype, self._typestore)
+        if self.stats.time_sources[topic] == HEADER:
+            self._stamps.add(topic, t_ns, header_stamp_ns(raw))
         w.write(conn, t_ns, raw)
         self.stats.written += 1
         if storage.chunk.bio.tell() >= self.chunk_bytes or time.monotonic() - self._chunk_t0 >= self.chunk_s:
@@ -263,6 +282,9 @@ class BagWriter:
             return
         if w.storage.chunk.bio.tell():
             self.stats.chunks += 1
+        self.stats.stamps = self._stamps.summary()
+        w.set_custom_data(TIME_SOURCES_KEY, json.dumps(self.stats.time_sources, sort_keys=True))
+        w.set_custom_data(STAMP_LAG_KEY, json.dumps(self.stats.stamps, sort_keys=True))
         w.close()
         self.stats.ended_ns = time.time_ns()
         self.stats.bytes = bag_size(self.stats.path)
