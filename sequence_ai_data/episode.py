@@ -16,6 +16,21 @@ class ExportError(RuntimeError):
     """An episode cannot be turned into dataset frames (the message says which and why)."""
 
 
+class StreamRateError(ExportError):
+    """A stream's times disagree with its declared rate, so one frame per message at that rate
+    would compress or stretch the episode's time.
+
+    Attributes: ``source`` (the bag), ``stream`` (its topic), ``declared_hz`` and ``measured_hz``
+    (Hz), ``time_source`` (``"header"``: from its header stamps; ``"receive"``: receipt times).
+    """
+
+    def __init__(self, message: str, *, source: str = "", stream: str = "", declared_hz: Optional[float] = None,
+                 measured_hz: Optional[float] = None, time_source: str = "") -> None:
+        super().__init__(message)
+        self.source, self.stream, self.time_source = source, stream, time_source
+        self.declared_hz, self.measured_hz = declared_hz, measured_hz
+
+
 @dataclass
 class EpisodeFrames:
     """One episode, one frame per control step (the dataset writer's input).
@@ -33,6 +48,9 @@ class EpisodeFrames:
         tasks: per-frame task (instruction in force), length T; defaults to ``task`` everywhere.
         cut: the bag had no end marker (the recording was cut, e.g. by a crash): the episode has
             no outcome and its last chunk may be missing. False for synthetic episodes.
+        timing: how the frames were timed (a bag's: declared and measured rates per stream, time
+            sources, recorded vs exported duration in s; ``warnings``: what the user should know);
+            ``None`` for sources that do not report it.
     """
 
     task: str
@@ -46,6 +64,7 @@ class EpisodeFrames:
     source: str = ""
     tasks: Optional[List[str]] = None
     cut: bool = False
+    timing: Optional[dict] = None
 
     def __post_init__(self) -> None:
         n = len(self.state)

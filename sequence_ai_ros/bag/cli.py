@@ -49,11 +49,15 @@ def add_parser(sub) -> None:
 
 def _warn_if_cut(episodes):
     """Pass ``EpisodeFrames`` through, warning on stderr for each one whose bag had no end
-    marker: it is exported (recovering such a bag is the point), but the user should know."""
+    marker: it is exported (recovering such a bag is the point), but the user should know; and
+    for what its timing report warns of (a stream whose receipt times disagree with its declared
+    rate, stamps that could not be used, a rate measured for want of a declared one)."""
     for ep in episodes:
         if ep.cut:
             print(f"warning: {ep.source} has no end marker (the recording was cut, e.g. by a crash): exported "
                   "what was recovered, but its last chunk may be missing and it has no outcome", file=sys.stderr)
+        for text in (ep.timing or {}).get("warnings", []):
+            print(f"warning: {ep.source}: {text}", file=sys.stderr)
         yield ep
 
 
@@ -100,6 +104,8 @@ def run(args) -> int:
                       + ", ".join(f"{v} {len(m)} frames" for v, m in rec.images.items())
                       + f", {len(rec.joints)} joint states, {len(rec.commands)} commands; "
                       + (f"end {rec.end.get('outcome')}, label {rec.success}" if rec.end else "no end marker (cut)"))
+                print("  times: " + ", ".join(f"{t} {s}" for t, s in sorted(rec.time_sources.items()))
+                      + f"; declared control rate {rec.start.get('control_frequency_hz') or 'none'}")
         return 0
     except (ExportError, BagReadError) as exc:
         print(f"error: {exc}", file=sys.stderr)

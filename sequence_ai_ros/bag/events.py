@@ -10,9 +10,12 @@ observations with exactly the rules the driver used live (:func:`assembler_from_
 Start: ``{"event": "start", "source": "act", "task", "max_seconds", "goal_id", "t_ns",
 "views", "camera_topics", "camera_transports", "camera_time_bases", "camera_alignments",
 "joint_state_topic", "joint_state_type", "joint_state_time_base", "joint_state_alignment",
-"joint_names", "gripper_joint", "max_sensor_age_s", "command_mode", "command_topic", "command_type"}``
-(a ros2_control ``command_mode`` adds ``command_joint_names`` and, with a gripper output,
-``gripper_command_topic``).
+"joint_names", "gripper_joint", "max_sensor_age_s", "command_mode", "command_topic", "command_type",
+"control_frequency_hz"}`` (a ros2_control ``command_mode`` adds ``command_joint_names`` and, with a
+gripper output, ``gripper_command_topic``). ``control_frequency_hz`` (Hz) is the rate the driver
+publishes commands at -- the policy contract's -- and the export's fps (``None`` when the driver
+had none). A start marker may also declare ``stream_rates_hz`` (``{topic: Hz}``) for other streams;
+the export checks each declared stream's times against its rate (``sequence_ai_ros.bag.frames``).
 End: ``{"event": "end", "source": "act", "goal_id", "t_ns", "outcome": {Act result fields},
 "label": {"success": true | false | null}}`` (``null`` when the driver has no success check).
 """
@@ -96,9 +99,11 @@ def start_event(driver, goal) -> str:
     """JSON start marker for an ``Act`` goal that is starting on ``driver`` (a PolicyDriver)."""
     run = getattr(driver, "_run", None)
     gid = getattr(getattr(run, "handle", None), "goal_id", None)
+    hz = getattr(driver, "control_rate_hz", None)
     event = {"event": "start", "source": "act", "task": goal.instruction,
              "max_seconds": float(goal.max_seconds), "goal_id": bytes(gid.uuid).hex() if gid is not None else None,
-             "t_ns": time.time_ns(), **assembly_settings(driver, driver._p)}
+             "t_ns": time.time_ns(), "control_frequency_hz": float(hz) if hz else None,
+             **assembly_settings(driver, driver._p)}
     return json.dumps(event)
 
 

@@ -6,25 +6,300 @@
 :func:`frames_from_bag` resamples a bag to one frame per control step and builds every frame's
 observation with the driver's own :class:`~sequence_ai_ros.observation.ObservationAssembler`,
 configured from the bag's start marker (views, joint order, time bases, alignments, max age) and
-driven by the bag's clock: messages are fed in log-time order, the assembler's clocks read the
-log time of the message being fed, and each observation is built at its step's time. So a frame
-holds what the policy would have been given at that instant.
+driven by the bag's *sensor* clock (:func:`episode_timing`): each sensor message is fed at its
+``header.stamp`` (the time it was taken) when it has one, at its receipt time otherwise, and each
+observation is built at its step's time. So a frame holds the samples taken at or before its
+instant, however late or bunched the recorder received them.
 
-Steps: with ``fps`` equal to the control rate (the default; the rate is measured from the
-commands' median period), each published command is one step, at its log time. With another
-``fps``, steps sit on a uniform grid from the first command and each takes the latest command at
-or before it. The hold the driver publishes after the last action is not a step (the end
-marker's ``actions`` count bounds the commands used).
+Rate and time (issue 30: a recorder that fell behind received a 30 Hz command stream 3-6 ms
+apart, and an fps measured from those receipts made a 3.4 s episode 0.32 s of dataset time):
+
+* fps is the declared control rate -- the start marker's ``control_frequency_hz``, the policy
+  contract's rate the driver publishes at -- not a measurement; ``fps`` (``--fps``) overrides it.
+  Only a bag without a declared rate (a RecordEpisode episode; a bag from before the marker
+  carried it) measures it from the commands' receipt times -- their median period, or the mean
+  over their span when bunched receipts make the median a bunch's -- with a warning saying so.
+* Step times: a command's ``header.stamp`` when it has one; else its receipt time de-bunched at
+  the declared period (:func:`.stamps.debunch`).
+* Every stream with a declared rate (the commands; any ``stream_rates_hz`` of the start marker)
+  is checked against it: stamps that disagree (median period off by more than
+  :data:`RATE_TOLERANCE`) raise :class:`~sequence_ai_data.episode.StreamRateError` naming the
+  stream -- the export never compresses or stretches it silently; pass ``--fps`` to resample on
+  a grid of sensor time instead. A headerless stream is checked from its receipt times (mean
+  period over its span, which bunching leaves alone; :data:`RECEIVE_RATE_TOLERANCE`): there a
+  disagreement is a warning, as
+  the recorder's lag and the publisher's rate cannot be told apart.
+
+Steps: with ``fps`` equal to the control rate (the default), each published command is one step,
+at its time. With another ``fps``, steps sit on a uniform grid from the first command's time and
+each takes the latest command at or before it. The hold the driver publishes after the last
+action is not a step (the end marker's ``actions`` count bounds the commands used).
 """
 from __future__ import annotations
 
 import base64
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
 import numpy as np
 
-from sequence_ai_data.episode import EpisodeFrames, ExportError, control_rate_hz
+from sequence_ai_data.episode import EpisodeFrames, ExportError, StreamRateError, control_rate_hz
+
+#: A stream's rate measured from its header stamps may differ from its declared one by this
+#: fraction (10 %) before the export refuses it.
+RATE_TOLERANCE = 0.10
+#: ... and one measured from receipt times (mean over the span) by this one (25 %) before the
+#: export warns: a recorder that falls behind or catches up moves the span's ends by its lag.
+RECEIVE_RATE_TOLERANCE = 0.25
+#: Stamps further than this from their receipt times (median, s) are on another clock than the
+#: recorder's: that stream is placed by receipt time instead (and the report says so).
+MAX_CLOCK_OFFSET_S = 10.0
+
+
+@dataclass
+class StreamTiming:
+    """One stream of an episode: ``topic``; ``time_source`` (``"header"`` stamps or ``"receive"``
+    times) the export used; ``n`` messages; ``declared_hz`` (``None`` = none declared);
+    ``median_hz`` (1 / median period) and ``mean_hz`` ((n - 1) / span) measured from those times
+    (Hz); ``span_s`` first to last (s); ``lag_ms_p50``/``lag_ms_p99``: receipt minus stamp (ms,
+    stamped streams); ``verdict``: ``ok`` | ``disagrees`` | ``unchecked``."""
+
+    topic: str
+    time_source: str
+    n: int
+    declared_hz: Optional[float] = None
+    median_hz: Optional[float] = None
+    mean_hz: Optional[float] = None
+    span_s: float = 0.0
+    lag_ms_p50: Optional[float] = None
+    lag_ms_p99: Optional[float] = None
+    verdict: str = "unchecked"
+
+
+@dataclass
+class EpisodeTiming:
+    """How an episode's frames are timed (:func:`episode_timing`).
+
+    ``fps`` (Hz) of the dataset; ``declared_hz`` the control rate the bag declares (``None``:
+    none) and ``fps_from`` where ``fps`` came from; ``step_times`` (ns, sensor clock) and
+    ``step_commands`` (one per frame); ``streams`` per topic; ``recorded_s`` the commands' span
+    plus one period (s) and ``exported_s`` frames / fps (s); ``warnings``: text for the user.
+    """
+
+    fps: float
+    declared_hz: Optional[float]
+    fps_from: str
+    step_times: list
+    step_commands: list
+    command_times: list
+    streams: dict = field(default_factory=dict)
+    recorded_s: float = 0.0
+    exported_s: float = 0.0
+    warnings: list = field(default_factory=list)
+
+    def as_dict(self) -> dict:
+        """JSON-friendly summary (no per-step lists)."""
+        return {"fps": self.fps, "declared_hz": self.declared_hz, "fps_from": self.fps_from,
+                "frames": len(self.step_times), "recorded_s": round(self.recorded_s, 4),
+                "exported_s": round(self.exported_s, 4), "warnings": list(self.warnings),
+                "streams": {t: dict(vars(s)) for t, s in self.streams.items()}}
+
+
+def _abs(topic: str) -> str:
+    return topic if topic.startswith("/") else "/" + topic
+
+
+def _stamp_ns(msg) -> Optional[int]:
+    header = getattr(msg, "header", None)
+    if header is None:
+        return None
+    ns = int(header.stamp.sec) * 1_000_000_000 + int(header.stamp.nanosec)
+    return ns if ns > 0 else None
+
+
+def _measure(times: list) -> tuple:
+    """(median_hz, mean_hz, span_s) of sorted-by-arrival times (ns); rates None below 2 times."""
+    if len(times) < 2:
+        return None, None, 0.0
+    t = np.asarray(times, dtype=np.int64)
+    span = float(t.max() - t.min())
+    d = np.diff(np.sort(t))
+    d = d[d > 0]
+    median = float(1e9 / np.median(d)) if len(d) else None
+    mean = float((len(t) - 1) * 1e9 / span) if span > 0 else None
+    return median, mean, span * 1e-9
+
+
+def _sensor_series(rec) -> dict:
+    """topic -> (time_source, [(sensor t_ns, receipt t_ns, kind, view, msg)]) for every sensor
+    stream, with stamps used where the stream has trustworthy ones."""
+    from .stamps import HEADER, RECEIVE
+
+    topics = dict(rec.start.get("image_topics") or {})
+    out = {}
+    streams = [(topics.get(v, v), "image", v, msgs) for v, msgs in rec.images.items()]
+    streams.append((_abs(rec.start.get("joint_state_topic", "joint_states")), "joints", None, rec.joints))
+    for topic, kind, view, msgs in streams:
+        stamps = [_stamp_ns(m) for _, m in msgs]
+        source = rec.time_sources.get(topic, HEADER if stamps and stamps[0] is not None else RECEIVE)
+        usable = source == HEADER and msgs and all(s is not None for s in stamps)
+        if usable:
+            offset = float(np.median([t - s for (t, _), s in zip(msgs, stamps)])) * 1e-9
+            usable = abs(offset) <= MAX_CLOCK_OFFSET_S
+        if usable:
+            out[topic] = (HEADER, [(s, t, kind, view, m) for (t, m), s in zip(msgs, stamps)])
+        else:
+            out[topic] = (RECEIVE, [(t, t, kind, view, m) for t, m in msgs])
+            # a wholly unstamped stream (header.stamp 0 throughout) is simply a receipt-time one;
+            # partly stamped, or stamped on another clock, is worth a word
+            if source == HEADER and msgs and any(s is not None for s in stamps):
+                why = ("some messages are unstamped (header.stamp 0)" if any(s is None for s in stamps)
+                       else f"its stamps are {offset:+.1f} s from their receipt times (another clock)")
+                out[topic] = (RECEIVE + " (stamps unusable: " + why + ")", out[topic][1])
+    return out
+
+
+def episode_timing(rec, fps: Optional[float] = None) -> EpisodeTiming:
+    """Rates, time sources and step times of a :class:`~.reader.RecordedEpisode` (module docstring).
+
+    Args:
+        rec: the episode read from a bag.
+        fps: the dataset's frames per second (Hz); ``None`` = the declared control rate.
+    Raises:
+        StreamRateError: a stream's header stamps disagree with its declared rate (``fps`` not
+            given; with ``fps`` it is a warning in the report).
+        ExportError: no commands; a declared rate that is not an integer with no ``fps``; fps <= 0.
+    """
+    from .stamps import HEADER, RECEIVE, debunch
+
+    src = str(rec.path)
+    commands = list(rec.commands)
+    stamps = list(rec.command_stamps) or [None] * len(commands)
+    outcome = (rec.end or {}).get("outcome") or {}
+    n_actions = outcome.get("actions")
+    if isinstance(n_actions, int) and 0 < n_actions < len(commands):
+        commands, stamps = commands[:n_actions], stamps[:n_actions]   # the hold after the last action is not a step
+    if not commands:
+        raise ExportError(f"{rec.path}: no commands recorded (nothing was driven)")
+    if fps is not None and fps <= 0:
+        raise ExportError(f"fps must be > 0, got {fps}")
+    cmd_topic = _abs(rec.start.get("command_topic", "joint_commands"))
+    declared = rec.start.get("control_frequency_hz")
+    declared = float(declared) if isinstance(declared, (int, float)) and declared > 0 else None
+    warnings: list = []
+    recv = [t for t, _ in commands]
+
+    # the command clock
+    if all(s is not None for s in stamps):
+        cmd_source, times = HEADER, [int(s) for s in stamps]
+    elif declared is not None:
+        cmd_source, times = RECEIVE, debunch(recv, 1e9 / declared)
+    else:
+        cmd_source, times = RECEIVE, recv
+
+    # declared rates: the commands' control rate, and whatever else the start marker declares
+    rates = {_abs(str(k)): float(v) for k, v in (rec.start.get("stream_rates_hz") or {}).items()
+             if isinstance(v, (int, float)) and v > 0}
+    if declared is not None:
+        rates[cmd_topic] = declared
+    series = {cmd_topic: (cmd_source, times, recv)}
+    for topic, (source, msgs) in _sensor_series(rec).items():
+        series[topic] = (source, [m[0] for m in msgs], [m[1] for m in msgs])
+        if source.startswith(RECEIVE + " ("):
+            warnings.append(f"{topic}: placed by receipt time, {source[len(RECEIVE) + 2:-1]}")
+
+    streams = {}
+    for topic, (source, ts, rts) in series.items():
+        base = HEADER if source == HEADER else RECEIVE
+        median, mean, span = _measure(ts if base == HEADER else rts)
+        entry = StreamTiming(topic=topic, time_source=base, n=len(ts), declared_hz=rates.get(topic),
+                             median_hz=median, mean_hz=mean, span_s=span)
+        if base == HEADER:
+            lags = sorted(r - t for t, r in zip(ts, rts))
+            if lags:
+                entry.lag_ms_p50 = lags[len(lags) // 2] / 1e6
+                entry.lag_ms_p99 = lags[min(len(lags) - 1, int(round(0.99 * (len(lags) - 1))))] / 1e6
+        hz = rates.get(topic)
+        if hz is not None and len(ts) >= 3:
+            measured = median if base == HEADER else mean
+            tolerance = RATE_TOLERANCE if base == HEADER else RECEIVE_RATE_TOLERANCE
+            if measured is None or abs(measured - hz) > tolerance * hz:
+                entry.verdict = "disagrees"
+                shown = "no spread" if measured is None else f"{measured:.2f} Hz"
+                if base == HEADER:
+                    if topic == cmd_topic:
+                        what = (f"one frame per command at {hz:g} Hz would "
+                                f"{'stretch' if measured and measured > hz else 'compress'} the episode's time")
+                    else:
+                        what = "the observations would not be sampled as declared"
+                    text = (f"stream {topic} declares {hz:g} Hz but its header stamps are {shown} apart (median "
+                            f"period of {len(ts)} messages): {what}")
+                    if fps is None:
+                        raise StreamRateError(
+                            f"{src}: {text}. Fix the publisher's rate or stamps (or the declaration), or pass "
+                            "--fps N to export on sensor time anyway (the mismatch is then a warning)",
+                            source=src, stream=topic, declared_hz=hz, measured_hz=measured, time_source=HEADER)
+                    warnings.append(f"{text}; exported at --fps {fps:g} on sensor time")
+                    streams[topic] = entry
+                    continue
+                warnings.append(
+                    f"{topic}: declared {hz:g} Hz, but its receipt times average {shown} over {span:.2f} s "
+                    f"({len(ts)} messages, no header stamps): the recorder's lag and the publisher's rate cannot "
+                    f"be told apart; exported at {hz:g} Hz, one frame per message")
+            else:
+                entry.verdict = "ok"
+        streams[topic] = entry
+
+    # fps
+    cmd_rate = None
+    if declared is None and len(commands) > 1:
+        median = control_rate_hz(recv)
+        mean = streams[cmd_topic].mean_hz
+        cmd_rate = median if mean is None or abs(median - mean) <= 0.25 * mean else mean
+    if fps is None:
+        if declared is not None:
+            if abs(declared - round(declared)) > 1e-6:
+                raise ExportError(f"{src}: the declared control rate {declared:g} Hz is not an integer, which a "
+                                  "LeRobot dataset needs: pass --fps N to resample")
+            fps, fps_from = float(round(declared)), "declared control_frequency_hz"
+        else:
+            if len(commands) < 2:
+                raise ExportError(f"{rec.path}: one command only and no declared control rate; pass --fps")
+            c = streams[cmd_topic]
+            median = control_rate_hz(recv)
+            fps_from = "measured from command receipt times (no declared rate)"
+            if c.mean_hz is not None and abs(median - c.mean_hz) <= 0.25 * c.mean_hz:
+                measured = median
+                fps = float(max(1, round(measured)))
+            else:   # bunched receipts: the median period is a bunch's; the span's mean is not
+                measured = c.mean_hz or median
+                fps = float(max(1, round(measured)))
+                warnings.append(f"{cmd_topic}: the bag declares no control rate (no control_frequency_hz in its start "
+                                f"marker) and its receipt times are bunched (median {median:.1f} Hz, mean "
+                                f"{measured:.1f} Hz over the episode): fps {fps:g} from the mean; pass --fps N to set it")
+            c.declared_hz = None
+            cmd_rate = measured
+    else:
+        fps, fps_from = float(fps), "--fps"
+    rate = declared if declared is not None else cmd_rate
+    if rate is not None and abs(rate - fps) < 0.5:
+        step_times, step_commands = list(times), [c for _, c in commands]     # one step per command
+    else:
+        t0, t_end = times[0], times[-1]
+        period = 1e9 / fps
+        step_times, step_commands, j = [], [], 0
+        for k in range(int((t_end - t0) // period) + 1):
+            t = int(t0 + k * period)
+            while j + 1 < len(times) and times[j + 1] <= t:
+                j += 1
+            step_times.append(t)
+            step_commands.append(commands[j][1])
+    cmd_period = 1.0 / (rate or fps)
+    recorded = (times[-1] - times[0]) * 1e-9 + cmd_period
+    return EpisodeTiming(fps=float(fps), declared_hz=declared, fps_from=fps_from, step_times=step_times,
+                         step_commands=step_commands, command_times=list(times), streams=streams,
+                         recorded_s=recorded, exported_s=len(step_times) / float(fps), warnings=warnings)
 
 
 def _jpeg_to_rgb(data) -> np.ndarray:
@@ -35,48 +310,34 @@ def _jpeg_to_rgb(data) -> np.ndarray:
     return simplejpeg.decode_jpeg(raw, colorspace="RGB")
 
 
-def observations_from_bag(rec, fps: Optional[float] = None):
+def observations_from_bag(rec, fps: Optional[float] = None, timing: Optional[EpisodeTiming] = None):
     """Resample a :class:`~.reader.RecordedEpisode` to control steps; build each observation.
 
+    Args:
+        rec: the episode.
+        fps: frames per second (Hz); ``None`` = the declared control rate (see the module docstring).
+        timing: an :func:`episode_timing` of ``rec`` already computed (else computed here).
     Returns:
         ``(fps, steps)``: ``steps`` is a list of ``(t_ns, Observation, command)`` -- one per
-        control step, ``Observation`` from the assembler at ``t_ns``, ``command`` the action (list).
+        control step, ``t_ns`` its time on the sensor clock (ns), ``Observation`` from the
+        assembler at ``t_ns``, ``command`` the action (list).
     Raises:
         ExportError: no commands, or a sensor stream is stale/missing after the first step.
+        StreamRateError: see :func:`episode_timing`.
     """
     from ..observation import MissingSensorError, StaleSensorError
     from .events import assembler_from_start
 
-    commands = list(rec.commands)
-    outcome = (rec.end or {}).get("outcome") or {}
-    n_actions = outcome.get("actions")
-    if isinstance(n_actions, int) and 0 < n_actions < len(commands):
-        commands = commands[:n_actions]   # the hold after the last action is not a step
-    if not commands:
-        raise ExportError(f"{rec.path}: no commands recorded (nothing was driven)")
-    rate = control_rate_hz([t for t, _ in commands]) if len(commands) > 1 else None
-    if fps is None:
-        if rate is None:
-            raise ExportError(f"{rec.path}: one command only; pass --fps")
-        fps = float(round(rate))
-    if fps <= 0:
-        raise ExportError(f"fps must be > 0, got {fps}")
-    if rate is not None and abs(rate - fps) < 0.5:
-        steps = commands                                           # one step per command
-    else:
-        t0, t_end = commands[0][0], commands[-1][0]
-        period = 1e9 / fps
-        steps, j = [], 0
-        for k in range(int((t_end - t0) // period) + 1):
-            t = int(t0 + k * period)
-            while j + 1 < len(commands) and commands[j + 1][0] <= t:
-                j += 1
-            steps.append((t, commands[j][1]))
+    if timing is None:
+        timing = episode_timing(rec, fps)
+    fps = timing.fps
+    steps = list(zip(timing.step_times, timing.step_commands))
 
     now = {"t": 0.0}
     assembler = assembler_from_start(rec.start, clock=lambda: now["t"], header_clock=lambda: now["t"])
-    stream = [(t, 0, "image", v, m) for v, msgs in rec.images.items() for t, m in msgs]
-    stream += [(t, 1, "joints", None, m) for t, m in rec.joints]
+    # every sensor message at its sensor time (its stamp, else its receipt): images before joints at a tie
+    stream = [(t, 0 if kind == "image" else 1, kind, view, m)
+              for _, msgs in _sensor_series(rec).values() for t, _, kind, view, m in msgs]
     stream.sort(key=lambda x: (x[0], x[1]))
     instructions = sorted(rec.instructions)
     out, i, ins_i = [], 0, 0
@@ -116,14 +377,17 @@ def frames_from_bag(bag: Path, fps: Optional[float] = None) -> EpisodeFrames:
 
     Args:
         bag: a bag directory written by ``episode_recorder`` (a cut bag is recovered).
-        fps: frames per second; ``None`` = the measured control rate, rounded to an integer.
+        fps: frames per second (Hz); ``None`` = the declared control rate (a bag without one: the
+            rate measured from the commands, rounded to an integer).
     Raises:
-        ExportError / BagReadError: see :func:`observations_from_bag` and :func:`.reader.read_episode`.
+        ExportError (StreamRateError) / BagReadError: see :func:`episode_timing`,
+            :func:`observations_from_bag` and :func:`.reader.read_episode`.
     """
     from .reader import read_episode
 
     rec = read_episode(bag)
-    fps, steps = observations_from_bag(rec, fps)
+    timing = episode_timing(rec, fps)
+    fps, steps = observations_from_bag(rec, timing=timing)
     views = list(rec.start.get("views") or [])
     images = {v: np.stack([_jpeg_to_rgb(next(f.data for f in obs.images if f.view == v)) for _, obs, _ in steps])
               for v in views}
@@ -138,4 +402,5 @@ def frames_from_bag(bag: Path, fps: Optional[float] = None) -> EpisodeFrames:
         state_names=names if len(names) == state.shape[1] else [f"s{i}" for i in range(state.shape[1])],
         action_names=names if len(names) == action.shape[1] else [f"a{i}" for i in range(action.shape[1])],
         source=str(bag), tasks=[obs.instruction for _, obs, _ in steps], cut=rec.end is None,
+        timing=dict(timing.as_dict(), frames=len(steps), exported_s=round(len(steps) / float(fps), 4)),
     )
