@@ -1,6 +1,7 @@
 """Recorder cost at 2 cameras x 15 Hz: CPU of the recorder process and dropped messages.
 
     . scripts/env.sh && scripts/in_loopback_ns.sh python bench/bench_recorder.py [--seconds 20] [--rate 15]
+    . scripts/env.sh && scripts/in_loopback_ns.sh python bench/bench_recorder.py --timing [--seconds 3]
 
 A publisher in this process plays a robot: two 224x224 rgb8 camera streams (a moving scene, so
 JPEG sizes are realistic), joint states and joint commands, all at ``--rate`` Hz. The recorder
@@ -11,6 +12,14 @@ messages written, messages dropped, bag MB/s, the publisher's period jitter (med
 p99 |period - 1/rate|, ms) in each phase (recording must not disturb the loop that publishes),
 and the pre-roll the bag starts with (the latest sample of each sensor stream from before the
 episode started, and how old it was then, ms).
+
+``--timing`` (issue 30): real times in bags and datasets. For observations at 15 and 30 Hz, with
+commands at the observation rate and at twice it (lerobot PR #4423's case), one episode of
+``--seconds`` each, recorded around driver-style markers (auto_record) that declare the command
+rate: the recorder's stamp error (receipt minus header stamp, ms, p50/p99/max, from the bag's
+``sequence_ai.stamp_lag``) and the exported episode's duration (frames / fps, s) against the
+recorded one (commands x period), now and as the export before it timed frames from stamps and
+declared rates would have had it (fps = the median receipt rate). Goal: within one period.
 """
 from __future__ import annotations
 
@@ -29,6 +38,7 @@ import rclpy
 from rclpy.action import ActionClient
 from rclpy.executors import MultiThreadedExecutor
 from rclpy.qos import qos_profile_sensor_data
+from builtin_interfaces.msg import Time
 from sensor_msgs.msg import Image, JointState
 from std_msgs.msg import Float64MultiArray
 
@@ -113,11 +123,157 @@ def preroll_ages_ms(bag: Path) -> dict:
     return {m.topic: (start - m.t_ns) / 1e6 for m in msgs if m.t_ns < start}
 
 
+def _commands_on_disk(bag: Path) -> int:
+    from sequence_ai_ros.bag.reader import BagReadError, iter_raw
+
+    if not list(bag.glob("*.mcap")):
+        return 0
+    try:
+        return sum(1 for m in iter_raw(bag) if m.topic == "/joint_commands")
+    except BagReadError:
+        return 0
+
+
+def _until(cond, timeout_s: float, what: str):
+    deadline = time.monotonic() + timeout_s
+    while True:
+        got = cond()
+        if got:
+            return got
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"no {what} within {timeout_s} s")
+        time.sleep(0.02)
+
+
+def timing_episode(node, pubs, out: Path, obs_hz: float, cmd_hz: float, seconds: float) -> dict:
+    """One auto_record episode: cameras + joint states at ``obs_hz`` stamped on their grid, ``cmd_hz``
+    commands for ``seconds``; returns the bag and what was published."""
+    import json
+
+    from std_msgs.msg import String
+
+    marker, cams, joints, cmds = pubs
+    names = [f"panda_joint{i}" for i in range(1, 8)] + ["panda_gripper"]
+    before = set(out.iterdir())
+    stop = threading.Event()
+    frames = [scene(k) for k in range(16)]
+
+    def sensors():
+        k, t0 = 0, time.time_ns()
+        while not stop.is_set():
+            due = t0 + int(k * 1e9 / obs_hz)
+            if stop.wait(max(0.0, (due - time.time_ns()) * 1e-9)):
+                return
+            stamp = Time(sec=due // 1_000_000_000, nanosec=due % 1_000_000_000)
+            for i, v in enumerate(VIEWS):
+                rgb = frames[(k + 5 * i) % len(frames)]
+                msg = Image(height=224, width=224, encoding="rgb8", step=224 * 3, data=rgb.tobytes())
+                msg.header.stamp = stamp
+                cams[v].publish(msg)
+            js = JointState(name=names, position=[0.1 * np.sin(k / 20 + j) for j in range(8)])
+            js.header.stamp = stamp
+            joints.publish(js)
+            k += 1
+
+    th = threading.Thread(target=sensors, daemon=True)
+    th.start()
+    try:
+        time.sleep(1.0)   # a pre-roll of every stream
+        start = {"event": "start", "source": "act", "task": "bench timing", "t_ns": time.time_ns(),
+                 "control_frequency_hz": cmd_hz, "views": list(VIEWS),
+                 "camera_topics": [f"/camera/{v}/image_raw" for v in VIEWS], "camera_transports": ["raw"] * len(VIEWS),
+                 "camera_time_bases": ["receive"] * len(VIEWS), "camera_alignments": ["latest"] * len(VIEWS),
+                 "joint_state_topic": "/joint_states", "joint_state_time_base": "receive",
+                 "joint_state_alignment": "latest", "joint_names": names[:7], "gripper_joint": "panda_gripper",
+                 "max_sensor_age_s": 1.0, "command_mode": "joint_commands", "command_topic": "/joint_commands",
+                 "command_type": "float64_multi_array"}
+        marker.publish(String(data=json.dumps(start)))
+        bag = _until(lambda: next((p for p in out.iterdir() if p.is_dir() and p not in before), None), 30, "bag")
+        n = int(round(seconds * cmd_hz))
+        c0 = time.monotonic()
+        for k in range(n):
+            time.sleep(max(0.0, c0 + k / cmd_hz - time.monotonic()))
+            cmds.publish(Float64MultiArray(data=[0.1 * np.cos(k / 20 + j) for j in range(8)]))
+        _until(lambda: _commands_on_disk(bag) >= n, 60, f"{n} commands in the bag")
+    finally:
+        stop.set()
+        th.join(timeout=10)
+    marker.publish(String(data=json.dumps({"event": "end", "source": "act", "t_ns": time.time_ns(),
+                                           "outcome": {"reason": "until", "actions": n}, "label": {"success": True}})))
+    _until(lambda: (bag / "metadata.yaml").exists(), 60, "closed bag")
+    return {"bag": bag, "n": n}
+
+
+def timing_main(seconds: float) -> int:
+    """``--timing``: see the module docstring."""
+    import json
+
+    from std_msgs.msg import String
+
+    from sequence_ai_data.episode import control_rate_hz
+    from sequence_ai_ros.bag.frames import episode_timing, observations_from_bag
+    from sequence_ai_ros.bag.reader import custom_data, read_episode
+    from sequence_ai_ros.bag.stamps import STAMP_LAG_KEY
+
+    out = Path(tempfile.mkdtemp(prefix="bench-recorder-timing-"))
+    rec = subprocess.Popen([sys.executable, "-m", "sequence_ai_ros.recorder_node", "--ros-args",
+                            "-p", f"output_dir:={out}", "-p", "auto_record:=true", "-p", "queue_size:=4096"],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    rclpy.init()
+    node = rclpy.create_node("bench_timing_robot")
+    pubs = (node.create_publisher(String, "policy_driver/episode", 10),
+            {v: node.create_publisher(Image, f"camera/{v}/image_raw", qos_profile_sensor_data) for v in VIEWS},
+            node.create_publisher(JointState, "joint_states", 10),
+            node.create_publisher(Float64MultiArray, "joint_commands", 100))
+    try:
+        _until(lambda: all(p.get_subscription_count() for p in (pubs[0], pubs[2], pubs[3])), 60, "recorder")
+        print(f"recorder timing: {len(VIEWS)} cameras 224x224 rgb8 + joint states at the observation rate, "
+              f"commands at 1x / 2x it, {seconds:g} s episodes, {os.cpu_count()} cores")
+        print(f"  {'obs Hz':>6} {'cmd Hz':>6} {'frames':>6} {'recorded s':>10} {'exported s':>10} {'err/period':>10}"
+              f" | {'before: fps':>11} {'exported s':>10} | stamp error ms (p50/p99/max): joints; camera")
+        for obs_hz, factor in ((15.0, 1), (15.0, 2), (30.0, 1), (30.0, 2)):
+            cmd_hz = obs_hz * factor
+            ep = timing_episode(node, pubs, out, obs_hz, cmd_hz, seconds)
+            episode = read_episode(ep["bag"])
+            timing = episode_timing(episode)
+            _, steps = observations_from_bag(episode, timing=timing)
+            recorded = ep["n"] / cmd_hz
+            exported = len(steps) / timing.fps
+            receipts = [t for t, _ in episode.commands][:ep["n"]]
+            old_fps = round(control_rate_hz(receipts))
+            lag = json.loads(custom_data(ep["bag"]).get(STAMP_LAG_KEY, "{}"))
+
+            def fmt(topic):
+                e = lag.get(topic) or {}
+                return f"{e.get('lag_ms_p50', float('nan')):.1f}/{e.get('lag_ms_p99', float('nan')):.1f}/" \
+                       f"{e.get('lag_ms_max', float('nan')):.1f}"
+
+            print(f"  {obs_hz:6.0f} {cmd_hz:6.0f} {len(steps):6d} {recorded:10.3f} {exported:10.3f} "
+                  f"{(exported - recorded) * cmd_hz:+10.2f} | {old_fps:11d} {ep['n'] / max(old_fps, 1):10.3f} | "
+                  f"{fmt('/joint_states')}; {fmt(f'/camera/{VIEWS[0]}/image_raw/compressed')}"
+                  + (f"  warnings: {timing.warnings}" if timing.warnings else ""))
+    finally:
+        node.destroy_node()
+        rclpy.shutdown()
+        rec.send_signal(2)
+        try:
+            rec.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            rec.kill()
+        import shutil
+        shutil.rmtree(out, ignore_errors=True)
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--seconds", type=float, default=20.0, help="length of each phase (s)")
+    ap.add_argument("--seconds", type=float, default=None, help="length of each phase (s; default 20, --timing 3)")
     ap.add_argument("--rate", type=float, default=15.0, help="camera/joint/command rate (Hz)")
+    ap.add_argument("--timing", action="store_true", help="stamp error and exported vs recorded duration (issue 30)")
     args = ap.parse_args()
+    if args.timing:
+        return timing_main(args.seconds or 3.0)
+    args.seconds = args.seconds or 20.0
     out = Path(tempfile.mkdtemp(prefix="bench-recorder-"))
     rec = subprocess.Popen([sys.executable, "-m", "sequence_ai_ros.recorder_node", "--ros-args",
                             "-p", f"output_dir:={out}"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

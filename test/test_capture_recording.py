@@ -31,8 +31,8 @@ from sequence_ai.cli import main as sequence_ai_main
 from sequence_ai_msgs.action import Act, RecordEpisode
 from sequence_ai_msgs.srv import CheckSuccess, LabelEpisode, ResetScene
 from sequence_ai_ros import demo
-from sequence_ai_ros.bag.frames import observations_from_bag
-from sequence_ai_ros.bag.events import assembler_from_start, assembly_settings
+from sequence_ai_ros.bag.frames import episode_timing, observations_from_bag
+from sequence_ai_ros.bag.events import assembly_settings
 from sequence_ai_ros.bag.reader import BagReadError, iter_raw, read_episode
 from sequence_ai_ros.bag.writer import bag_size
 from sequence_ai_ros.driver_node import PolicyDriver
@@ -40,6 +40,10 @@ from sequence_ai_ros.recorder_node import EpisodeRecorder
 
 INSTRUCTION = "put the red cube on the green pad"
 FPS = 15
+
+
+def _stamp_ns(msg) -> int:
+    return msg.header.stamp.sec * 1_000_000_000 + msg.header.stamp.nanosec
 
 
 def _wait(future, timeout_s, what="the call"):
@@ -73,29 +77,17 @@ class Cell:
         assert self.act.wait_for_server(timeout_sec=30.0)
         assert self.check.wait_for_service(timeout_sec=120.0), "sim_robot did not come up"
         assert self.driver._wait_for_sensors(), "no sensor data from sim_robot"
-        # the live path: an assembler configured like the driver, fed by the recorder's own callbacks
-        # the live path's clock is the tap callback's, which the suite's load can delay by more than
-        # the driver's 0.3 s sensor age: this comparison is about equal observations, not freshness
-        # (the exporter applies its own age rule on the bag's clock), so the live side allows 5 s
-        settings = dict(assembly_settings(self.driver, self.driver._p), max_sensor_age_s=5.0)
-        self.live = assembler_from_start(settings, clock=time.monotonic, header_clock=time.time)
-        self.live_obs = {}    # command log time (ns) -> Observation built live at that instant
+        # what the recorder's own callbacks received, by stream, with each message's header stamp:
+        # the oracle of what the export must put in each frame (the sample in force by sensor time)
+        self.received = {}    # view or "joints" -> [(header stamp ns, message)]
         self.seen = {}        # stream (view, "joints", "command") -> receipt times (ns) the recorder saw
-        self.probing = False
-        self.live_errors = {}  # command log time (ns) -> why the live observation could not be built
         self.recorder.taps.append(self._tap)
 
     def _tap(self, kind, key, raw, t_ns):
         self.seen.setdefault(key or kind, []).append(t_ns)
-        try:
-            if kind == "image":
-                self.live.on_image(key, deserialize_message(raw, Image))
-            elif kind == "joints":
-                self.live.on_joint_state(deserialize_message(raw, JointState))
-            elif kind == "command" and self.probing:
-                self.live_obs[t_ns] = self.live.build(INSTRUCTION)
-        except Exception as exc:  # noqa: BLE001 - reported by the test that compares
-            self.live_errors[t_ns] = repr(exc)
+        if kind in ("image", "joints"):
+            msg = deserialize_message(raw, Image if kind == "image" else JointState)
+            self.received.setdefault(key or kind, []).append((_stamp_ns(msg), msg))
 
     def wait_streams(self, timeout_s=30.0):
         """Until the recorder's callbacks have seen every camera view and the joint states (its
@@ -159,9 +151,7 @@ def cell(tmp_path_factory):
 def recorded(cell):
     """One real demo run recorded around its Act goal: (bag, Act result, success verdict, commands sent)."""
     cell.wait_streams()
-    cell.probing = True
     result, verdict = cell.run(INSTRUCTION)
-    cell.probing = False
     bag = cell.wait_bag()
     sent = [values for _, values in cell.driver.trace.commands]
     return bag, result, verdict, sent
@@ -266,25 +256,33 @@ def test_export_gives_one_frame_per_control_step_with_what_was_sent(recorded, tm
     _check_dataset(out, version, result, sent)
 
 
-def test_live_and_exported_observations_are_equal(recorded, cell):
+def test_exported_observations_hold_the_samples_in_force_by_sensor_time(recorded, cell):
+    """Each frame's observation holds, per stream, the latest sample the recorder received whose
+    header stamp is at or before the frame's time: sensor time, however the recorder's receipts
+    bunched. Frame times are the commands' receipt times de-bunched at the declared 15 Hz."""
+    from sequence_ai_ros.observation import stamp_to_s
+
     bag, result, _, _ = recorded
-    fps, steps = observations_from_bag(read_episode(bag))
+    rec = read_episode(bag)
+    fps, steps = observations_from_bag(rec)
     assert fps == FPS and len(steps) == result.actions    # every command, the first included
-    compared = 0
-    for t_ns, exported, _ in steps:
-        assert t_ns in cell.live_obs, (t_ns, cell.live_errors.get(t_ns), sorted(cell.live_obs)[:3])
-        live = cell.live_obs[t_ns]        # built live, by the recorder's callbacks, at the same command
-        assert live.instruction == exported.instruction == INSTRUCTION
-        assert live.proprioception.joint_positions == exported.proprioception.joint_positions
-        assert live.proprioception.gripper == exported.proprioception.gripper
-        # the same frame per view (header stamps); pixels equal up to the bag's JPEG
-        assert [(f.view, f.timestamp_ms) for f in live.images] == [(f.view, f.timestamp_ms) for f in exported.images]
-        compared += 1
-    assert compared == len(steps)
+    assert rec.start["control_frequency_hz"] == FPS       # declared by the driver (the contract's rate)
+    receipts = [t for t, _ in rec.commands]
+    names = cell.driver._p["joint_names"]
+    for k, (t_ns, exported, _) in enumerate(steps):
+        assert t_ns <= receipts[k]                        # published before it was received
+        assert exported.instruction == INSTRUCTION
+        for frame in exported.images:
+            stamp, msg = max((m for m in cell.received[frame.view] if m[0] <= t_ns), key=lambda m: m[0])
+            assert frame.timestamp_ms == int(stamp_to_s(msg.header.stamp) * 1000), (k, frame.view)
+        stamp, js = max((m for m in cell.received["joints"] if m[0] <= t_ns), key=lambda m: m[0])
+        assert exported.proprioception.joint_positions == [js.position[list(js.name).index(j)] for j in names], k
     import simplejpeg
-    live_jpeg, exported_jpeg = cell.live_obs[steps[-1][0]].images[0].data, steps[-1][1].images[0].data
-    assert isinstance(live_jpeg, bytes) and isinstance(exported_jpeg, bytes)   # raw JPEG, no base64 hop
-    a = simplejpeg.decode_jpeg(live_jpeg)
+    last = steps[-1][1].images[0]
+    _, raw = max((m for m in cell.received[last.view] if m[0] <= steps[-1][0]), key=lambda m: m[0])
+    exported_jpeg = last.data
+    assert isinstance(exported_jpeg, bytes)                # raw JPEG, no base64 hop
+    a = np.frombuffer(bytes(raw.data), np.uint8).reshape(raw.height, raw.width, 3)
     b = simplejpeg.decode_jpeg(exported_jpeg)
     assert np.abs(a.astype(int) - b.astype(int)).mean() < 3.0
 
@@ -425,8 +423,11 @@ def test_sigkill_during_recording_leaves_a_bag_that_exports_all_but_its_last_chu
     # recorder starts just before the goal, and under CI's load its first wrist frame or joint
     # state can arrive after the first commands (the exporter skips steps no policy could have
     # taken; once, 11 of 59). That start-up gap is bounded; after it nothing is skipped.
-    ready_ns = max([min(t for t, _ in msgs) for msgs in rec.images.values()] + [min(t for t, _ in rec.joints)])
-    times = [t for t, _ in rec.commands]
+    # (by sensor time: the export places each sample at its header stamp and each command at its
+    # receipt time de-bunched at the declared rate)
+    ready_ns = max([min(_stamp_ns(m) for _, m in msgs) for msgs in rec.images.values()]
+                   + [min(_stamp_ns(m) for _, m in rec.joints)])
+    times = episode_timing(rec).command_times
     expected = sum(1 for t in times if t >= ready_ns)
     assert expected >= len(recovered) - int(2.0 * FPS), (expected, len(recovered))
     assert info["total_frames"] == expected
