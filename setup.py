@@ -27,12 +27,27 @@ PICK_PLACE = os.path.join("examples", "pick_place")
 README = os.path.join(HERE, "README.md")
 
 
+def _empty_build_lib(build_lib):
+    """Remove ``build_lib`` (``build/lib`` of an in-tree ``pip wheel .``, ``<build-base>/lib`` of
+    colcon's ament_python build): build_py only adds and overwrites there, so a module or
+    example file deleted from the tree would otherwise stay in every later wheel and install.
+    Never a folder holding this tree (a misconfigured ``--build-lib``)."""
+    lib, here = os.path.realpath(build_lib), os.path.realpath(HERE)
+    if lib == here or here.startswith(lib + os.sep) or os.path.exists(os.path.join(lib, "setup.py")):
+        raise SystemExit(f"setup.py: refusing to empty build_lib {build_lib}: it holds the source tree")
+    shutil.rmtree(lib, ignore_errors=True)
+
+
 class BuildPy(build_py):
-    """build_py that also copies examples/pick_place/*.py into seq/templates/pick-place/ of the
-    build (the wheel, a colcon install); a tree without examples/ builds without that template
-    (``seq init pick-place`` then says it ships with the source checkout)."""
+    """build_py from an empty build_lib (:func:`_empty_build_lib`: nothing deleted from the tree
+    survives in a build) that also copies examples/pick_place/*.py into
+    seq/templates/pick-place/ of the build (the wheel, a colcon install); a tree without
+    examples/ builds without that template (``seq init pick-place`` then says it ships with the
+    source checkout)."""
 
     def run(self):
+        if not self.editable_mode:   # an editable install's build_lib is a fresh temporary folder
+            _empty_build_lib(self.build_lib)
         super().run()
         src = os.path.join(HERE, PICK_PLACE)
         if not os.path.isdir(src):

@@ -30,19 +30,25 @@ _ASPECT_TOLERANCE = 0.02  # relative difference in width/height accepted as "the
 _HINT = "pip install 'sequence-ai[image]'"
 
 
-def _numpy():
+def _missing(what: str, needs: str) -> str:
+    """The ImportError's text: what the call asked for, what it lacks, and the extra."""
+    return f"{what} needs {needs} ({'neither is' if ' or ' in needs else 'it is not'} installed): {_HINT}"
+
+
+def _numpy(what: str = "an array frame"):
     try:
         import numpy
     except ImportError as exc:  # pragma: no cover - depends on the environment
-        raise ImportError(f"array frames need numpy: {_HINT}") from exc
+        raise ImportError(_missing(what, "numpy")) from exc
     return numpy
 
 
-def _pil():
+def _pil(what: str, needs: str = "Pillow"):
+    """PIL.Image, or an ImportError naming ``what`` (the thing asked for that needs Pillow)."""
     try:
         from PIL import Image
     except ImportError as exc:  # pragma: no cover - depends on the environment
-        raise ImportError(f"resizing a frame, PIL input and depth PNG need Pillow: {_HINT}") from exc
+        raise ImportError(_missing(what, needs)) from exc
     return Image
 
 
@@ -118,7 +124,7 @@ def encode_jpeg_bytes(image: Any, quality: int = JPEG_QUALITY,
     arr = _as_array(image)
     target = _target_size(arr, size, view)
     if (arr.shape[1], arr.shape[0]) != target:
-        Image = _pil()
+        Image = _pil(f"resizing a {arr.shape[1]}x{arr.shape[0]} frame to {target[0]}x{target[1]}")
         arr = _numpy().asarray(Image.fromarray(arr).resize(target, Image.BILINEAR))
     try:
         import simplejpeg
@@ -131,7 +137,7 @@ def encode_jpeg_bytes(image: Any, quality: int = JPEG_QUALITY,
                                           colorspace="GRAY", colorsubsampling="Gray")
         return simplejpeg.encode_jpeg(np.ascontiguousarray(arr), quality=int(quality),
                                       colorspace="RGB", colorsubsampling="420")
-    Image = _pil()
+    Image = _pil("JPEG encoding", "simplejpeg or Pillow")
     buf = io.BytesIO()
     Image.fromarray(arr).save(buf, format="JPEG", quality=int(quality))
     return buf.getvalue()
@@ -194,7 +200,7 @@ def encode_depth_png(depth: Any, unit: str = "m") -> bytes:
     """
     if unit not in ("m", "mm"):
         raise ValueError(f'depth unit must be "m" or "mm", not {unit!r}')
-    np = _numpy()
+    np = _numpy("a depth PNG")
     arr = np.asarray(depth, dtype=np.float64)
     if arr.ndim == 3 and arr.shape[2] == 1:
         arr = arr[:, :, 0]
@@ -203,7 +209,7 @@ def encode_depth_png(depth: Any, unit: str = "m") -> bytes:
     mm = arr * (1000.0 if unit == "m" else 1.0)
     mm = np.where(np.isfinite(mm), mm, 0.0)
     mm16 = np.clip(np.rint(mm), 0, 65535).astype(np.uint16)
-    Image = _pil()
+    Image = _pil("a depth PNG")
     buf = io.BytesIO()
     Image.fromarray(mm16).save(buf, format="PNG")
     return buf.getvalue()

@@ -104,8 +104,9 @@ def guarded(load: Callable[[], Callable[[], Optional[int]]], command: str, extra
 
 def seq_main() -> int:
     """The ``seq`` console script (setup.py's entry point; ``python -m seq`` too): ``seq.cli.main``
-    with ``sys.argv``, loaded by name only when run, as an entry point is, since importing the
-    ``seq`` package itself needs the server extra's numpy. Returns its exit code (1: an extra is
+    with ``sys.argv``, loaded by name only when run, as an entry point is: ``seq.cli`` needs the
+    server extra (typer, numpy), while ``import seq`` needs nothing (its exports load on first
+    use), so ``python -m seq`` reaches this guard too. Returns its exit code (1: an extra is
     missing, after its one line)."""
     def load():
         import importlib

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import json
+import re
+import sys
 
 import httpx
 import pytest
@@ -229,6 +231,26 @@ def test_encode_jpeg_gives_base64_jpeg():
 
     data = base64.b64decode(sequence_ai.encode_jpeg(np.zeros((8, 8, 3), np.uint8)))
     assert data[:2] == b"\xff\xd8"
+
+
+def test_a_missing_image_library_is_named_for_what_was_asked(monkeypatch):
+    import numpy as np
+
+    from sequence_ai import _image
+
+    frame = np.zeros((8, 8, 3), np.uint8)
+    hint = "pip install 'sequence-ai[image]'"
+    monkeypatch.setitem(sys.modules, "PIL", None)          # Pillow absent, simplejpeg present
+    assert sequence_ai.encode_jpeg(frame)                  # no resize asked: simplejpeg alone encodes
+    with pytest.raises(ImportError, match=r"^resizing a 8x8 frame to 4x4 needs Pillow \(it is not installed\): "
+                                          + re.escape(hint)):
+        sequence_ai.encode_jpeg_bytes(frame, size=(4, 4))
+    with pytest.raises(ImportError, match=r"^a depth PNG needs Pillow"):
+        _image.encode_depth_png(np.zeros((4, 4)))
+    monkeypatch.setitem(sys.modules, "simplejpeg", None)   # neither codec
+    with pytest.raises(ImportError) as exc:
+        sequence_ai.encode_jpeg(frame)
+    assert str(exc.value) == f"JPEG encoding needs simplejpeg or Pillow (neither is installed): {hint}"
 
 
 def test_public_namespace_is_flat():

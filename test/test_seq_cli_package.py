@@ -47,6 +47,34 @@ def test_the_console_script_and_both_module_forms_start_the_same_command():
             assert name in r.stdout, (argv, name, r.stdout)
 
 
+def test_import_seq_loads_no_submodule_and_every_export_resolves_as_its_type_checking_import_says():
+    # `python -m seq` imports the package before seq.__main__'s guard: it must need nothing (numpy)
+    probe = ("import sys, seq\n"
+             "assert not [m for m in sys.modules if m.startswith('seq.') or m == 'numpy'], sorted(sys.modules)\n"
+             "seq.policy, seq.Observation\n"
+             "from seq import *\n"
+             "assert 'numpy' in sys.modules\n")
+    r = subprocess.run([sys.executable, "-c", probe], env=_env(), capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+    import seq
+
+    tree = ast.parse((ROOT / "seq" / "__init__.py").read_text())
+    checked = {a.name: node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.level == 1
+               for a in node.names}
+    checked.pop("fetch_version")     # adapter_source's own import
+    assert checked == seq._EXPORTS                                   # the TYPE_CHECKING block and the lazy map agree
+    assert set(seq.__all__) == set(seq._EXPORTS) | {"adapter_source"}
+    for name in seq.__all__:
+        assert getattr(seq, name).__module__.startswith("seq"), name
+    assert set(seq.__all__) <= set(dir(seq))
+    try:
+        seq.no_such_name
+    except AttributeError as exc:
+        assert "no_such_name" in str(exc)
+    else:
+        raise AssertionError("seq.no_such_name resolved")
+
+
 def test_the_cli_takes_its_defaults_from_the_client_resolvers(tmp_path, monkeypatch):
     import sequence_ai_core
     from seq.cli._client import CliError, GatewayClient

@@ -90,17 +90,23 @@ def _make_venv(where: Path, requirement: str) -> Path:
     return where
 
 
+def _copy_checkout(src: Path) -> Path:
+    """``src``: a copy of the checkout as a clone has it (tracked and untracked-not-ignored files,
+    links kept; no build/, no egg-info)."""
+    src.mkdir()
+    files = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+                           cwd=ROOT, capture_output=True, check=True).stdout
+    subprocess.run(f"tar --null -T - -cf - | tar -xf - -C '{src}'", shell=True, input=files, cwd=ROOT, check=True)
+    return src
+
+
 @pytest.fixture(scope="module")
 def dist(tmp_path_factory):
     """``(src, sdist, wheel)``: a copy of the checkout as a clone has it (tracked and
     untracked-not-ignored files, links kept) and what ``python -m build`` made of it (the wheel
     is built from the sdist, so the sdist holds what the wheel needs)."""
     tmp = tmp_path_factory.mktemp("dist")
-    src = tmp / "src"
-    src.mkdir()
-    files = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-                           cwd=ROOT, capture_output=True, check=True).stdout
-    subprocess.run(f"tar --null -T - -cf - | tar -xf - -C '{src}'", shell=True, input=files, cwd=ROOT, check=True)
+    src = _copy_checkout(tmp / "src")
     out = _run([sys.executable, "-m", "build", "--no-isolation", "--outdir", tmp / "out", src], tmp, os.environ,
                timeout=300)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
@@ -324,16 +330,24 @@ def test_the_client_alone_installs_only_httpx_and_answers_a_missing_extra_in_one
     # frame encoding without the image extra: an ImportError naming it
     out = _run([py, "-c", "import sequence_ai\ntry:\n    sequence_ai.encode_jpeg([[0]])\n"
                           "except ImportError as e:\n    print(e)"], tmp_path, env)
-    assert out.returncode == 0 and "pip install 'sequence-ai[image]'" in out.stdout, out.stdout + out.stderr
+    assert out.returncode == 0 and out.stdout == ("an array frame needs numpy (it is not installed): "
+                                                  "pip install 'sequence-ai[image]'\n"), out.stdout + out.stderr
 
     # console scripts that need an extra: one line on stderr naming it, exit code 1
-    out = _run(["seq", "serve", "--port", "0"], tmp_path, env)
-    assert out.returncode == 1 and SERVER_LINE.fullmatch(out.stderr) and not out.stdout, out.stderr
+    # `python -m seq` (docs/quickstart.md: where coreutils' seq comes first) says the same line:
+    # `import seq` itself needs no extra, so seq.__main__'s guard runs
+    for cmd in (["seq"], [py, "-m", "seq"]):
+        out = _run([*cmd, "serve", "--port", "0"], tmp_path, env)
+        assert out.returncode == 1 and SERVER_LINE.fullmatch(out.stderr) and not out.stdout, (cmd, out.stderr)
+        out = _run([*cmd, "--help"], tmp_path, env)
+        assert out.returncode == 1 and re.fullmatch(r"seq: needs the server extra \(\w+ is not installed\): "
+                                                    r"pip install 'sequence-ai\[server\]'\n", out.stderr), (cmd, out.stderr)
     for cmd, prefix in ((["sim_robot"], "sim_robot: needs "),
                         (["policy_driver", "--ros-args", "-p", "model:=x"], "policy_driver: needs "),
                         (["episode_recorder"], "episode_recorder: needs "),
                         (["sequence-ai", "mcp", "--help"], "sequence-ai mcp: needs the mcp extra"),
-                        (["sequence-ai", "bag", "export", tmp_path / "no-bag", "--out", tmp_path / "ds"], "error: ")):
+                        (["sequence-ai", "bag", "export", tmp_path / "no-bag", "--out", tmp_path / "ds"],
+                         "sequence-ai bag: needs the data extra")):
         out = _run(cmd, tmp_path, env)
         lines = out.stderr.splitlines()
         assert out.returncode == 1 and len(lines) == 1 and "Traceback" not in out.stderr, (cmd, out.stderr)
@@ -349,3 +363,36 @@ def test_the_full_install_without_ros_names_the_ros_set_up_for_the_nodes(full_ve
         out = _run([exe], tmp_path, _clean_env(full_venv))
         assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr
         assert re.fullmatch(rf"{exe}: needs (ROS 2 \(\w+ is not importable\)|the \w+ extra).*\n", out.stderr), out.stderr
+
+
+def test_a_file_deleted_from_the_tree_is_in_no_later_wheel_built_in_the_tree(tmp_path):
+    """``pip wheel .`` in the source tree builds in its build/lib, which outlives the build (and
+    build/ is bootstrap's folder too): a module or an examples/pick_place file deleted since the
+    last build must not come back from there (setup.py's BuildPy empties build_lib first)."""
+    src = _copy_checkout(tmp_path / "src")
+    stale = {"seq/zz_stale.py": "seq/zz_stale.py",
+             "examples/pick_place/zz_stale.py": "seq/templates/pick-place/zz_stale.py"}
+    keep = src / "build" / "wheelhouse" / "keep.txt"      # bootstrap's wheelhouse beside build/lib
+    keep.parent.mkdir(parents=True)
+    keep.write_text("kept\n")
+
+    def wheel(name: str) -> set:
+        out = _run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "--no-index",
+                    "-w", tmp_path / name, "."], src, _clean_env(Path(sys.prefix)), timeout=300)
+        assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+        wheels = list((tmp_path / name).glob("*.whl"))
+        assert len(wheels) == 1, wheels
+        return set(zipfile.ZipFile(wheels[0]).namelist())
+
+    for rel in stale:
+        (src / rel).write_text("STALE = True\n")
+    first = wheel("first")
+    assert set(stale.values()) <= first, sorted(set(stale.values()) - first)
+    assert (src / "build" / "lib" / "seq" / "zz_stale.py").is_file()   # the build really was in the tree
+    for rel in stale:
+        (src / rel).unlink()
+    second = wheel("second")
+    assert not set(stale.values()) & second, sorted(set(stale.values()) & second)
+    assert first - second == set(stale.values()), sorted(first - second)
+    assert "seq/templates/pick-place/policy.py" in second and "seq/__init__.py" in second
+    assert keep.read_text() == "kept\n"

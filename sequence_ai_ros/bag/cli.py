@@ -62,17 +62,19 @@ def _warn_if_cut(episodes):
 
 
 def run(args) -> int:
-    """Run a parsed ``bag`` command; returns the exit code (0 ok, 1 a typed error)."""
-    try:
-        from sequence_ai_data.episode import ExportError
-        from sequence_ai_data.lerobot import write_export
+    """Run a parsed ``bag`` command; returns the exit code (0 ok, 1 a typed error or a missing
+    library: one line naming the extra, or the ROS 2 set-up, as every console script says it:
+    :func:`sequence_ai.extras.guarded`)."""
+    from sequence_ai.extras import guarded
+    return guarded(lambda: lambda: _run(args), "sequence-ai bag", "data")
 
-        from .frames import frames_from_bag
-        from .reader import BagReadError, label_bag, read_episode, repair_bag
-    except ImportError as exc:
-        print(f"error: {exc}. Install the data extra: pip install 'sequence-ai[data]', "
-              "and source scripts/env.sh (ROS messages)", file=sys.stderr)
-        return 1
+
+def _run(args) -> int:
+    from sequence_ai_data.episode import ExportError
+    from sequence_ai_data.lerobot import write_export
+
+    from .frames import frames_from_bag
+    from .reader import BagReadError, label_bag, read_episode, repair_bag
     try:
         if args.bag_command == "export":
             mode = "append" if args.append else "overwrite" if args.overwrite else "new"
