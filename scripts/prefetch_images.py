@@ -55,7 +55,9 @@ def _images(tmp: Path) -> list[dict]:
 
 
 def _uv_cache_dir(uv: list) -> str:
-    return subprocess.run(uv + ["cache", "dir"], capture_output=True, text=True, check=True).stdout.strip()
+    """uv's cache folder ($UV_CACHE_DIR, else uv's default), resolved (one folder, one key)."""
+    out = subprocess.run(uv + ["cache", "dir"], capture_output=True, text=True, check=True).stdout.strip()
+    return os.path.realpath(out)
 
 
 def _key(images: list[dict], uv: list) -> str:
