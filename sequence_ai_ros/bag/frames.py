@@ -160,6 +160,167 @@ def _sensor_series(rec) -> dict:
     return out
 
 
+def _episode_commands(rec) -> tuple:
+    """(commands, stamps) of the steps: the hold after the last action is cut (the end marker's
+    ``actions`` count); ``stamps`` is one header stamp or ``None`` per command."""
+    commands = list(rec.commands)
+    stamps = list(rec.command_stamps) or [None] * len(commands)
+    outcome = (rec.end or {}).get("outcome") or {}
+    n_actions = outcome.get("actions")
+    if isinstance(n_actions, int) and 0 < n_actions < len(commands):
+        commands, stamps = commands[:n_actions], stamps[:n_actions]   # the hold after the last action is not a step
+    if not commands:
+        raise ExportError(f"{rec.path}: no commands recorded (nothing was driven)")
+    return commands, stamps
+
+
+def _command_clock(stamps: list, recv: list, declared: Optional[float]) -> tuple:
+    """(time source, step times ns) of the commands: their header stamps when all have one, else
+    receipt times (de-bunched at the declared period when there is one)."""
+    from .stamps import HEADER, RECEIVE, debunch
+
+    if all(s is not None for s in stamps):
+        return HEADER, [int(s) for s in stamps]
+    if declared is not None:
+        return RECEIVE, debunch(recv, 1e9 / declared)
+    return RECEIVE, recv
+
+
+def _declared_rates(rec, cmd_topic: str, declared: Optional[float]) -> dict:
+    """topic -> declared Hz: the start marker's ``stream_rates_hz`` and the commands' control rate."""
+    rates = {_abs(str(k)): float(v) for k, v in (rec.start.get("stream_rates_hz") or {}).items()
+             if isinstance(v, (int, float)) and v > 0}
+    if declared is not None:
+        rates[cmd_topic] = declared
+    return rates
+
+
+def _stream_timing(topic: str, source: str, ts: list, rts: list, hz: Optional[float]) -> StreamTiming:
+    """A stream's measured timing (verdict not yet set): ``ts`` its times, ``rts`` its receipts."""
+    from .stamps import HEADER, RECEIVE
+
+    base = HEADER if source == HEADER else RECEIVE
+    median, mean, span = _measure(ts if base == HEADER else rts)
+    entry = StreamTiming(topic=topic, time_source=base, n=len(ts), declared_hz=hz,
+                         median_hz=median, mean_hz=mean, span_s=span)
+    if base == HEADER:
+        lags = sorted(r - t for t, r in zip(ts, rts))
+        if lags:
+            entry.lag_ms_p50 = lags[len(lags) // 2] / 1e6
+            entry.lag_ms_p99 = lags[min(len(lags) - 1, int(round(0.99 * (len(lags) - 1))))] / 1e6
+    return entry
+
+
+def _check_rate(entry: StreamTiming, cmd_topic: str, fps: Optional[float], src: str, warnings: list) -> None:
+    """Set ``entry.verdict`` against its declared rate (unchecked below 3 messages or without one);
+    a disagreement raises :class:`StreamRateError` (header stamps, no ``fps``) or is a warning."""
+    from .stamps import HEADER
+
+    hz, topic, header = entry.declared_hz, entry.topic, entry.time_source == HEADER
+    if hz is None or entry.n < 3:
+        return
+    measured = entry.median_hz if header else entry.mean_hz
+    tolerance = RATE_TOLERANCE if header else RECEIVE_RATE_TOLERANCE
+    if measured is not None and abs(measured - hz) <= tolerance * hz:
+        entry.verdict = "ok"
+        return
+    entry.verdict = "disagrees"
+    shown = "no spread" if measured is None else f"{measured:.2f} Hz"
+    if not header:
+        warnings.append(
+            f"{topic}: declared {hz:g} Hz, but its receipt times average {shown} over {entry.span_s:.2f} s "
+            f"({entry.n} messages, no header stamps): the recorder's lag and the publisher's rate cannot "
+            f"be told apart; exported at {hz:g} Hz, one frame per message")
+        return
+    if topic == cmd_topic:
+        what = (f"one frame per command at {hz:g} Hz would "
+                f"{'stretch' if measured and measured > hz else 'compress'} the episode's time")
+    else:
+        what = "the observations would not be sampled as declared"
+    text = (f"stream {topic} declares {hz:g} Hz but its header stamps are {shown} apart (median "
+            f"period of {entry.n} messages): {what}")
+    if fps is None:
+        raise StreamRateError(
+            f"{src}: {text}. Fix the publisher's rate or stamps (or the declaration), or pass "
+            "--fps N to export on sensor time anyway (the mismatch is then a warning)",
+            source=src, stream=topic, declared_hz=hz, measured_hz=measured, time_source=HEADER)
+    warnings.append(f"{text}; exported at --fps {fps:g} on sensor time")
+
+
+def _stream_timings(rec, cmd_topic: str, cmd_series: tuple, rates: dict, fps: Optional[float],
+                    warnings: list) -> dict:
+    """topic -> :class:`StreamTiming` of the commands (``cmd_series``: source, times, receipts)
+    and every sensor stream, each checked against its declared rate."""
+    from .stamps import RECEIVE
+
+    series = {cmd_topic: cmd_series}
+    for topic, (source, msgs) in _sensor_series(rec).items():
+        series[topic] = (source, [m[0] for m in msgs], [m[1] for m in msgs])
+        if source.startswith(RECEIVE + " ("):
+            warnings.append(f"{topic}: placed by receipt time, {source[len(RECEIVE) + 2:-1]}")
+    streams = {}
+    for topic, (source, ts, rts) in series.items():
+        entry = streams[topic] = _stream_timing(topic, source, ts, rts, rates.get(topic))
+        _check_rate(entry, cmd_topic, fps, str(rec.path), warnings)
+    return streams
+
+
+def _measured_fps(rec, cmd: StreamTiming, recv: list, warnings: list) -> tuple:
+    """(fps, measured command rate Hz) of a bag that declares no control rate, from the commands'
+    receipt times: their median rate, or the span's mean when bunched receipts make them differ."""
+    if len(recv) < 2:
+        raise ExportError(f"{rec.path}: one command only and no declared control rate; pass --fps")
+    median = control_rate_hz(recv)
+    if cmd.mean_hz is not None and abs(median - cmd.mean_hz) <= 0.25 * cmd.mean_hz:
+        measured = median
+        fps = float(max(1, round(measured)))
+    else:   # bunched receipts: the median period is a bunch's; the span's mean is not
+        measured = cmd.mean_hz or median
+        fps = float(max(1, round(measured)))
+        warnings.append(f"{cmd.topic}: the bag declares no control rate (no control_frequency_hz in its start "
+                        f"marker) and its receipt times are bunched (median {median:.1f} Hz, mean "
+                        f"{measured:.1f} Hz over the episode): fps {fps:g} from the mean; pass --fps N to set it")
+    cmd.declared_hz = None
+    return fps, measured
+
+
+def _choose_fps(rec, fps: Optional[float], declared: Optional[float], cmd: StreamTiming, recv: list,
+                warnings: list) -> tuple:
+    """(fps, fps_from, command rate Hz or None) -- ``fps`` given, the declared control rate, or
+    measured (:func:`_measured_fps`)."""
+    cmd_rate = None
+    if declared is None and len(recv) > 1:
+        median = control_rate_hz(recv)
+        mean = cmd.mean_hz
+        cmd_rate = median if mean is None or abs(median - mean) <= 0.25 * mean else mean
+    if fps is not None:
+        return float(fps), "--fps", cmd_rate
+    if declared is not None:
+        if abs(declared - round(declared)) > 1e-6:
+            raise ExportError(f"{rec.path}: the declared control rate {declared:g} Hz is not an integer, which "
+                              "a LeRobot dataset needs: pass --fps N to resample")
+        return float(round(declared)), "declared control_frequency_hz", cmd_rate
+    fps, cmd_rate = _measured_fps(rec, cmd, recv, warnings)
+    return fps, "measured from command receipt times (no declared rate)", cmd_rate
+
+
+def _steps(times: list, commands: list, rate: Optional[float], fps: float) -> tuple:
+    """(step times ns, step commands): one step per command when ``fps`` is the command rate, else
+    a uniform grid from the first command's time, each step taking the latest command at or before it."""
+    if rate is not None and abs(rate - fps) < 0.5:
+        return list(times), [c for _, c in commands]     # one step per command
+    t0, t_end = times[0], times[-1]
+    period = 1e9 / fps
+    step_times, step_commands, j = [], [], 0
+    for k in range(int((t_end - t0) // period) + 1):
+        t = int(t0 + k * period)
+        while j + 1 < len(times) and times[j + 1] <= t:
+            j += 1
+        step_times.append(t)
+        step_commands.append(commands[j][1])
+    return step_times, step_commands
+
+
 def episode_timing(rec, fps: Optional[float] = None) -> EpisodeTiming:
     """Rates, time sources and step times of a :class:`~.reader.RecordedEpisode` (module docstring).
 
@@ -171,17 +332,7 @@ def episode_timing(rec, fps: Optional[float] = None) -> EpisodeTiming:
             given; with ``fps`` it is a warning in the report).
         ExportError: no commands; a declared rate that is not an integer with no ``fps``; fps <= 0.
     """
-    from .stamps import HEADER, RECEIVE, debunch
-
-    src = str(rec.path)
-    commands = list(rec.commands)
-    stamps = list(rec.command_stamps) or [None] * len(commands)
-    outcome = (rec.end or {}).get("outcome") or {}
-    n_actions = outcome.get("actions")
-    if isinstance(n_actions, int) and 0 < n_actions < len(commands):
-        commands, stamps = commands[:n_actions], stamps[:n_actions]   # the hold after the last action is not a step
-    if not commands:
-        raise ExportError(f"{rec.path}: no commands recorded (nothing was driven)")
+    commands, stamps = _episode_commands(rec)
     if fps is not None and fps <= 0:
         raise ExportError(f"fps must be > 0, got {fps}")
     cmd_topic = _abs(rec.start.get("command_topic", "joint_commands"))
@@ -189,114 +340,13 @@ def episode_timing(rec, fps: Optional[float] = None) -> EpisodeTiming:
     declared = float(declared) if isinstance(declared, (int, float)) and declared > 0 else None
     warnings: list = []
     recv = [t for t, _ in commands]
-
-    # the command clock
-    if all(s is not None for s in stamps):
-        cmd_source, times = HEADER, [int(s) for s in stamps]
-    elif declared is not None:
-        cmd_source, times = RECEIVE, debunch(recv, 1e9 / declared)
-    else:
-        cmd_source, times = RECEIVE, recv
-
-    # declared rates: the commands' control rate, and whatever else the start marker declares
-    rates = {_abs(str(k)): float(v) for k, v in (rec.start.get("stream_rates_hz") or {}).items()
-             if isinstance(v, (int, float)) and v > 0}
-    if declared is not None:
-        rates[cmd_topic] = declared
-    series = {cmd_topic: (cmd_source, times, recv)}
-    for topic, (source, msgs) in _sensor_series(rec).items():
-        series[topic] = (source, [m[0] for m in msgs], [m[1] for m in msgs])
-        if source.startswith(RECEIVE + " ("):
-            warnings.append(f"{topic}: placed by receipt time, {source[len(RECEIVE) + 2:-1]}")
-
-    streams = {}
-    for topic, (source, ts, rts) in series.items():
-        base = HEADER if source == HEADER else RECEIVE
-        median, mean, span = _measure(ts if base == HEADER else rts)
-        entry = StreamTiming(topic=topic, time_source=base, n=len(ts), declared_hz=rates.get(topic),
-                             median_hz=median, mean_hz=mean, span_s=span)
-        if base == HEADER:
-            lags = sorted(r - t for t, r in zip(ts, rts))
-            if lags:
-                entry.lag_ms_p50 = lags[len(lags) // 2] / 1e6
-                entry.lag_ms_p99 = lags[min(len(lags) - 1, int(round(0.99 * (len(lags) - 1))))] / 1e6
-        hz = rates.get(topic)
-        if hz is not None and len(ts) >= 3:
-            measured = median if base == HEADER else mean
-            tolerance = RATE_TOLERANCE if base == HEADER else RECEIVE_RATE_TOLERANCE
-            if measured is None or abs(measured - hz) > tolerance * hz:
-                entry.verdict = "disagrees"
-                shown = "no spread" if measured is None else f"{measured:.2f} Hz"
-                if base == HEADER:
-                    if topic == cmd_topic:
-                        what = (f"one frame per command at {hz:g} Hz would "
-                                f"{'stretch' if measured and measured > hz else 'compress'} the episode's time")
-                    else:
-                        what = "the observations would not be sampled as declared"
-                    text = (f"stream {topic} declares {hz:g} Hz but its header stamps are {shown} apart (median "
-                            f"period of {len(ts)} messages): {what}")
-                    if fps is None:
-                        raise StreamRateError(
-                            f"{src}: {text}. Fix the publisher's rate or stamps (or the declaration), or pass "
-                            "--fps N to export on sensor time anyway (the mismatch is then a warning)",
-                            source=src, stream=topic, declared_hz=hz, measured_hz=measured, time_source=HEADER)
-                    warnings.append(f"{text}; exported at --fps {fps:g} on sensor time")
-                    streams[topic] = entry
-                    continue
-                warnings.append(
-                    f"{topic}: declared {hz:g} Hz, but its receipt times average {shown} over {span:.2f} s "
-                    f"({len(ts)} messages, no header stamps): the recorder's lag and the publisher's rate cannot "
-                    f"be told apart; exported at {hz:g} Hz, one frame per message")
-            else:
-                entry.verdict = "ok"
-        streams[topic] = entry
-
-    # fps
-    cmd_rate = None
-    if declared is None and len(commands) > 1:
-        median = control_rate_hz(recv)
-        mean = streams[cmd_topic].mean_hz
-        cmd_rate = median if mean is None or abs(median - mean) <= 0.25 * mean else mean
-    if fps is None:
-        if declared is not None:
-            if abs(declared - round(declared)) > 1e-6:
-                raise ExportError(f"{src}: the declared control rate {declared:g} Hz is not an integer, which a "
-                                  "LeRobot dataset needs: pass --fps N to resample")
-            fps, fps_from = float(round(declared)), "declared control_frequency_hz"
-        else:
-            if len(commands) < 2:
-                raise ExportError(f"{rec.path}: one command only and no declared control rate; pass --fps")
-            c = streams[cmd_topic]
-            median = control_rate_hz(recv)
-            fps_from = "measured from command receipt times (no declared rate)"
-            if c.mean_hz is not None and abs(median - c.mean_hz) <= 0.25 * c.mean_hz:
-                measured = median
-                fps = float(max(1, round(measured)))
-            else:   # bunched receipts: the median period is a bunch's; the span's mean is not
-                measured = c.mean_hz or median
-                fps = float(max(1, round(measured)))
-                warnings.append(f"{cmd_topic}: the bag declares no control rate (no control_frequency_hz in its start "
-                                f"marker) and its receipt times are bunched (median {median:.1f} Hz, mean "
-                                f"{measured:.1f} Hz over the episode): fps {fps:g} from the mean; pass --fps N to set it")
-            c.declared_hz = None
-            cmd_rate = measured
-    else:
-        fps, fps_from = float(fps), "--fps"
+    cmd_source, times = _command_clock(stamps, recv, declared)
+    rates = _declared_rates(rec, cmd_topic, declared)
+    streams = _stream_timings(rec, cmd_topic, (cmd_source, times, recv), rates, fps, warnings)
+    fps, fps_from, cmd_rate = _choose_fps(rec, fps, declared, streams[cmd_topic], recv, warnings)
     rate = declared if declared is not None else cmd_rate
-    if rate is not None and abs(rate - fps) < 0.5:
-        step_times, step_commands = list(times), [c for _, c in commands]     # one step per command
-    else:
-        t0, t_end = times[0], times[-1]
-        period = 1e9 / fps
-        step_times, step_commands, j = [], [], 0
-        for k in range(int((t_end - t0) // period) + 1):
-            t = int(t0 + k * period)
-            while j + 1 < len(times) and times[j + 1] <= t:
-                j += 1
-            step_times.append(t)
-            step_commands.append(commands[j][1])
-    cmd_period = 1.0 / (rate or fps)
-    recorded = (times[-1] - times[0]) * 1e-9 + cmd_period
+    step_times, step_commands = _steps(times, commands, rate, fps)
+    recorded = (times[-1] - times[0]) * 1e-9 + 1.0 / (rate or fps)
     return EpisodeTiming(fps=float(fps), declared_hz=declared, fps_from=fps_from, step_times=step_times,
                          step_commands=step_commands, command_times=list(times), streams=streams,
                          recorded_s=recorded, exported_s=len(step_times) / float(fps), warnings=warnings)
