@@ -18,8 +18,28 @@ goal to the policy driver's ROS 2 action server (``ros.py``, the only module tha
 Modules: ``server`` (the tools, the driving lock, the HTTP/stdio runners and the bearer check),
 ``backend`` (Python mode), ``sim`` (the simulated cell as a robot), ``ros`` (``--ros`` mode),
 ``cli`` (``sequence-ai mcp``).
-"""
-from .backend import PolicyBackend, Robot
-from .server import ActOutcome, McpSettings, build_server
 
-__all__ = ["build_server", "McpSettings", "ActOutcome", "PolicyBackend", "Robot"]
+``sim`` needs no ``mcp``: ``from sequence_ai_mcp.sim import SimRobot`` works with the ``sim``
+extra alone (the README's Python example), since the names below load on first use (PEP 562).
+"""
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .backend import PolicyBackend, Robot
+    from .server import ActOutcome, McpSettings, build_server
+
+_EXPORTS = {"build_server": "server", "McpSettings": "server", "ActOutcome": "server",
+            "PolicyBackend": "backend", "Robot": "backend"}
+__all__ = list(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value

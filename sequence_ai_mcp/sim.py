@@ -76,6 +76,18 @@ class SimRobot:
         with self._lock:
             self.journal.append((time.monotonic(), "act", values))
 
+    def is_safe(self, row: List[float]) -> bool:
+        """A bounds check for ``validate=``: 8 finite values, the 7 joint targets within the
+        Panda's joint limits (rad) and the gripper within 0..1 (1e-6 slack). Runs off the sim thread (it
+        reads no state)."""
+        import math
+
+        from sequence_ai_sim.panda_sim import PandaPickPlaceSim
+
+        values = [float(x) for x in row]
+        return len(values) == 8 and all(math.isfinite(x) and lo - 1e-6 <= x <= hi + 1e-6 for x, (lo, hi)
+                                        in zip(values, PandaPickPlaceSim.JOINT_LIMITS.tolist()))
+
     def hold(self) -> None:
         """Keep the arm where it is: targets = the measured joints, the gripper target unchanged."""
         def hold():

@@ -1,11 +1,16 @@
 """``sequence_ai.prepare``, ``sequence_ai.to_joint_positions`` and ``sequence_ai.recipes``
 against the live catalogue of a real gateway: the pick-place demo and toy-policy templates
 deployed as shipped, and a stand-in with the pi05-droid template's exact contract served under
-the name ``pi05-droid`` (the real one needs openpi and a GPU).
+the name ``pi05-droid`` (the real one needs openpi and a GPU); and the README's Python example,
+extracted from README.md and run as written against the pick-place deployment.
 """
 from __future__ import annotations
 
 import importlib.util
+import os
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -140,3 +145,38 @@ def test_each_recipe_is_written_for_its_shipped_template(template, path, cls):
     assert {v: (c["width"], c["height"]) for v, c in declared["observation"]["cameras"].items()} == \
         {v: (c["width"], c["height"]) for v, c in recipe.EXPECT["observation"]["cameras"].items()}
     assert declared["observation"]["proprio"] == recipe.EXPECT["observation"]["proprio"]
+
+
+# -- the README's Python example, as written, against the demo's deployment ----------------------
+
+_OUTCOME = re.compile(r"RunOutcome\((\d+) actions over (\d+) chunks in ([\d.]+)s, (\w+)\)")
+
+
+def _readme_python_block() -> str:
+    """The fenced ``python`` block under the README's "From Python" heading, verbatim."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = text.split("\n## From Python\n", 1)[1].split("\n## ", 1)[0]
+    blocks = re.findall(r"^```python\n(.*?)^```$", section, re.S | re.M)
+    assert len(blocks) == 1, f"expected one python block under 'From Python', found {len(blocks)}"
+    return blocks[0]
+
+
+def test_the_readme_python_example_runs_as_written_and_prints_what_its_comment_says(gw):
+    block = _readme_python_block()
+    claimed = _OUTCOME.search(block.split("print(out)", 1)[1])
+    assert claimed, "the README's print(out) comment should show a RunOutcome"
+    # as after the README's `seq serve`, `seq deploy ... --name pick-place` and `export
+    # SEQUENCES_API_KEY=...`; the demo profile has no `mcp` package, so it is made unimportable;
+    # a UserWarning (validate=None and the like) fails the run
+    env = {**os.environ, **gw.env()}
+    prelude = "import sys, warnings; sys.modules['mcp'] = None; warnings.simplefilter('error', UserWarning)\n"
+    run = subprocess.run([sys.executable, "-c", prelude + block], env=env, capture_output=True, text=True,
+                         timeout=180, cwd=str(ROOT))
+    assert run.returncode == 0, run.stdout + run.stderr
+    printed = _OUTCOME.fullmatch(run.stdout.strip().splitlines()[-1])
+    assert printed, run.stdout
+    actions, chunks, seconds, reason = int(printed[1]), int(printed[2]), float(printed[3]), printed[4]
+    assert reason == claimed[4] == "until"          # the sim's own success check ended it
+    assert abs(actions - int(claimed[1])) <= 0.3 * int(claimed[1]), (printed[0], claimed[0])
+    assert abs(chunks - int(claimed[2])) <= 0.3 * int(claimed[2]), (printed[0], claimed[0])
+    assert abs(seconds - float(claimed[3])) <= 0.3 * float(claimed[3]), (printed[0], claimed[0])
