@@ -88,6 +88,24 @@ def test_connect_with_an_unknown_param_is_400_naming_the_declared_ones(gateway):
     assert "replan_steps" in r.json()["detail"] and "chunk_len" in r.json()["detail"]
 
 
+def test_a_form_encoded_body_is_400_naming_the_content_type_and_the_json_header(gateway):
+    # what `curl -d '{"model":"pick-place"}'` sends: JSON text as application/x-www-form-urlencoded
+    form = gateway.client.post("/v1/connect", content=b'{"model":"pick-place"}',
+                               headers={"Content-Type": "application/x-www-form-urlencoded"})
+    body = form.json()
+    assert form.status_code == 400 and body["code"] == "invalid_request", body
+    assert body["detail"].startswith("request body does not match the schema: ")
+    assert "Content-Type is 'application/x-www-form-urlencoded', not application/json" in body["detail"]
+    assert '-H "Content-Type: application/json"' in body["hint"]
+    # a JSON body with a schema error says nothing about the content type
+    wrong = gateway.client.post("/v1/connect", json={"modle": "pick-place"})
+    assert wrong.status_code == 400 and "Content-Type" not in wrong.json()["detail"] + wrong.json()["hint"]
+    # and the same bytes sent as JSON are read (an unknown model, not a schema error)
+    sent = gateway.client.post("/v1/connect", content=b'{"model":"pick-place"}',
+                               headers={"Content-Type": "application/json"})
+    assert sent.status_code == 404 and sent.json()["code"] == "not_found"
+
+
 def test_cold_start_answers_503_warming_with_retry_after_then_ready(gateway, tmp_path):
     gateway.deploy(_slow_copy(tmp_path, 2.0), "slow", wait=False)
     r = gateway.connect("slow")

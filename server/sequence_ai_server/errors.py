@@ -103,6 +103,12 @@ def _request_id(request: Request) -> str:
     return rid
 
 
+def _is_json(content_type: Optional[str]) -> bool:
+    """``application/json`` or a ``+json`` type (parameters such as ``charset`` ignored)."""
+    media = (content_type or "").split(";", 1)[0].strip().lower()
+    return media == "application/json" or (media.startswith("application/") and media.endswith("+json"))
+
+
 def _field_path(loc: tuple) -> str:
     parts = [str(p) for p in loc if p not in ("body",)]
     return ".".join(parts) or "body"
@@ -165,9 +171,18 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
         problems = [f"{_field_path(tuple(e.get('loc', ())))}: {e.get('msg')}" for e in exc.errors()]
-        err = ApiError("invalid_request", "request body does not match the schema: " + "; ".join(problems[:5]),
-                       hint="see docs/design.md for the body this endpoint takes",
-                       details={"errors": problems}, request_id=_request_id(request))
+        detail = "request body does not match the schema: " + "; ".join(problems[:5])
+        hint = "see docs/design.md for the body this endpoint takes"
+        content_type = request.headers.get("content-type")
+        if content_type and not _is_json(content_type):
+            # curl -d sends application/x-www-form-urlencoded, and FastAPI then reads no JSON at all
+            # (a request without the header is read as JSON)
+            detail += (f" (the request's Content-Type is {content_type!r}, not application/json, so the "
+                       "body was not read as JSON)")
+            hint = 'send the body as JSON with the header "Content-Type: application/json" (curl: -H ' \
+                   '"Content-Type: application/json" -d \'{...}\'); ' + hint
+        err = ApiError("invalid_request", detail, hint=hint, details={"errors": problems},
+                       request_id=_request_id(request))
         return err.response()
 
     @app.exception_handler(StarletteHTTPException)
