@@ -197,8 +197,10 @@ def render_dockerfile(target: str) -> str:
     return text + f"# then: COPY {path.name} and run the sequence-ai worker on it (pip install 'sequence-ai[server]')\n"
 
 
-def init_template(template: str, directory: Path) -> list[Path]:
+def init_template(template: str, directory: Path, name: Optional[str] = None) -> list[Path]:
     """Copy a template into ``directory`` (created; must be empty). -> the files written.
+    ``name``: the deployment name ``seq init`` tells the user to deploy it as; a ``client.py``
+    then connects to that name (the template's own name, quoted, becomes ``name``).
     Raises _Usage for an unknown template or a non-empty directory."""
     t = TEMPLATES.get(template)
     if t is None:
@@ -213,6 +215,10 @@ def init_template(template: str, directory: Path) -> list[Path]:
     for src in sorted(t.source.iterdir()):
         if src.is_file() and src.suffix in _COPY_SUFFIXES:
             dst = directory / src.name
-            shutil.copyfile(src, dst)
+            if name and src.name == "client.py":
+                dst.write_text(src.read_text(encoding="utf-8").replace(f'"{t.name}"', f'"{name}"'), encoding="utf-8")
+                shutil.copymode(src, dst)
+            else:
+                shutil.copyfile(src, dst)
             written.append(dst)
     return written

@@ -217,6 +217,28 @@ def test_cli_deploy_waits_and_prints_the_phase_and_load_time(gateway):
     assert gateway.status("echo")["status"] == "stopped"
 
 
+def test_seq_init_names_the_deployment_and_its_client_connects_to_what_the_next_line_deploys(gateway, tmp_path):
+    def seq_(*args):
+        return subprocess.run([sys.executable, "-c", SEQ_MAIN, *args], capture_output=True, text=True,
+                              env=_env(gateway.env()), timeout=120, cwd=str(tmp_path))
+
+    r = seq_("init", "toy-policy", "my_policy")                   # the README's own line
+    assert r.returncode == 0, r.stderr
+    next_line = r.stdout.splitlines()[-1]
+    assert next_line == ("next: seq validate my_policy/policy.py   "
+                         "then: seq deploy my_policy/policy.py --name my-policy"), r.stdout
+    client = (tmp_path / "my_policy" / "client.py").read_text()
+    assert 'sequence_ai.connect("my-policy")' in client and '"toy-policy"' not in client
+    r = seq_(*next_line.split("then: seq ", 1)[1].split())         # run the "then:" command as printed
+    assert r.returncode == 0 and "ready: my-policy v1" in r.stdout, r.stdout + r.stderr
+    r = subprocess.run([sys.executable, "client.py"], capture_output=True, text=True, env=_env(gateway.env()),
+                       timeout=60, cwd=str(tmp_path / "my_policy"))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines()[-1] == "x = 0.500", r.stdout   # toy-policy's steps reach the target
+    # the shipped template itself is unchanged
+    assert 'connect("toy-policy")' in (ROOT / "seq" / "templates" / "toy-policy" / "client.py").read_text()
+
+
 def test_cli_deploy_of_a_broken_policy_exits_non_zero_with_its_error(gateway):
     r = _seq(gateway, "deploy", str(POLICIES / "broken_load_policy.py"))
     assert r.returncode == 6

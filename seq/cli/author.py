@@ -40,18 +40,22 @@ def init(template: Optional[str] = typer.Argument(None, help="template name (see
         for t in TEMPLATES.values():
             out.print(f"{t.name:<12} {t.description}", markup=False)
         return
+    from .deploy import default_name
+
+    target = directory or Path(template)
+    name = default_name(target.expanduser().absolute() / "policy.py")   # what `seq deploy` would call it
     try:
-        files = init_template(template, directory or Path(template))
+        files = init_template(template, target, name)
     except _Usage as exc:
         err.print(f"error[invalid_request]: {exc}", markup=False)
         raise typer.Exit(2)
-    target = directory or Path(template)
     out.print(f"wrote {len(files)} file(s) to {target}: {', '.join(f.name for f in files)}", markup=False)
     if any(f.name == "adapter.py" for f in files):
         out.print(f"next: seq adapter check {target / 'adapter.py'}   then: seq deploy {target / 'adapter.py'}",
                   markup=False)
         return
-    out.print(f"next: seq validate {target / 'policy.py'}   then: seq deploy {target / 'policy.py'}", markup=False)
+    out.print(f"next: seq validate {target / 'policy.py'}   then: seq deploy {target / 'policy.py'} --name {name}",
+              markup=False)
 
 
 @image_app.command("dockerfile")
