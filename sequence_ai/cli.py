@@ -89,8 +89,10 @@ def _median_ms(fn: Callable[[], Any], calls: int) -> float:
     return statistics.median(samples)
 
 
-def _synthetic_observation(contract: Any) -> Optional[Any]:
-    """Black frames and zero vectors shaped by the contract (needs the image extra), else None."""
+def _synthetic_observation(contract: Any) -> tuple[Optional[Any], Optional[str], Optional[str]]:
+    """``(observation, None, None)``: black frames and zero vectors shaped by the contract; or
+    ``(None, why, hint)`` when doctor cannot build one: the image extra is missing (numpy, Pillow
+    or a JPEG codec; the hint installs it), or a contract it does not know how to fill."""
     obs = Contract.from_wire(contract).observation
     try:
         import numpy as np
@@ -100,9 +102,14 @@ def _synthetic_observation(contract: Any) -> Optional[Any]:
         widths = obs.proprio or {"joint_positions": 7}
         return build(contract, images=images, joints=[0.0] * int(widths.get("joint_positions", 7)),
                      gripper=[0.0] * int(widths["gripper"]) if "gripper" in widths else None,
-                     instruction="sequence-ai doctor")
-    except Exception:  # noqa: BLE001 - no image extra or an unusual contract: time /ping instead
-        return None
+                     instruction="sequence-ai doctor"), None, None
+    except ImportError as exc:   # a client-only install: no image extra
+        missing = exc.name or getattr(exc.__cause__, "name", None)
+        lacks = f"{missing} is not installed" if missing else str(exc)
+        return None, (f"it has a contract, but doctor's synthetic observation for it needs the image extra "
+                      f"({lacks})"), "pip install 'sequence-ai[image]', then doctor times POST /act"
+    except Exception as exc:  # noqa: BLE001 - an unusual contract: time /ping instead
+        return None, f"doctor cannot build an observation for its contract ({type(exc).__name__}: {exc})", None
 
 
 def _doctor_key(api_key: Optional[str]) -> Optional[str]:
@@ -212,8 +219,9 @@ def _doctor_ping_latency(worker_url: str, calls: int) -> tuple[float, float]:
 
 def _doctor_connect(model: str, key: str, url: str, calls: int) -> Optional[tuple[float, float, str]]:
     """Connect to MODEL, wait until it is ready, and time it (``_doctor_act_latency``, or the
-    worker's /ping for a policy with no contract). Returns (new ms, reused ms, what was timed), or
-    None after printing what failed."""
+    worker's /ping for a policy with no contract, or when doctor cannot build an observation for
+    its contract: no image extra). Returns (new ms, reused ms, what was timed), or None after
+    printing what failed. The session is closed on every path (``with policy``)."""
     try:
         t0 = time.perf_counter()
         policy = connect(model, api_key=key, gateway_url=url)
@@ -234,10 +242,12 @@ def _doctor_connect(model: str, key: str, url: str, calls: int) -> Optional[tupl
               f"lease {lease.get('ttl_s', '?')}s  ({(time.perf_counter() - t0) * 1000.0:.0f} ms)")
         # no contract: the policy defines its own inputs, so no synthetic observation fits it
         declared = Contract.from_wire(policy.contract).observation is not None
-        obs = _synthetic_observation(policy.contract) if declared else None
+        obs, why, hint = _synthetic_observation(policy.contract) if declared else (None, None, None)
         if obs is None:
-            print("  note          no contract (the policy defines its own inputs): timing its worker's "
-                  "GET /ping, not /act")
+            why = why or "no contract (the policy defines its own inputs)"
+            print(f"  note          {why}: timing its worker's GET /ping, not /act")
+            if hint:
+                print(f"  hint          {hint}")
             return (*_doctor_ping_latency(session.worker_url, calls), "GET /ping")
         timed = _doctor_act_latency(policy, model, obs, calls)
         if timed is None:
@@ -252,7 +262,9 @@ def doctor(model: Optional[str], gateway: Optional[str], calls: int, api_key: Op
     ``model`` None checks the only deployment; with several it lists them and asks for
     ``--model NAME`` (returns 2) rather than guessing. A policy that refuses the synthetic
     observation (400) is noted, not failed; a policy error (5xx) on it fails the check. A policy
-    with no contract (its own inputs) gets its worker's ``GET /ping`` timed instead of ``/act``.
+    with no contract (its own inputs) gets its worker's ``GET /ping`` timed instead of ``/act``, as
+    does one whose contract needs the image extra to fill when it is not installed (the note says
+    so, with the pip line).
 
     Returns 0 when every check passed (prints ``ready``), 1 otherwise, 2 when the model to
     check is ambiguous.

@@ -368,6 +368,58 @@ def test_doctor_checks_key_gateway_connect_and_connection_reuse(module_gateway, 
     assert out.rstrip().endswith("ready")
 
 
+def _sessions_of(gw, name: str, expect: int, timeout: float = 15.0) -> int:
+    """How many sessions ``name`` holds, polled until it is ``expect`` or ``timeout`` s passed."""
+    deadline = time.monotonic() + timeout
+    while True:
+        n = len(gw.status(name).get("sessions") or [])
+        if n == expect or time.monotonic() > deadline:
+            return n
+        time.sleep(0.05)
+
+
+@pytest.fixture(scope="module")
+def pick_place(module_gateway):
+    """examples/pick_place/policy.py deployed (a contract: one camera, joints, gripper)."""
+    name = unique("pick-place-doctor")
+    module_gateway.deploy(str(Path(__file__).resolve().parent.parent / "examples" / "pick_place" / "policy.py"),
+                          name, wait=True, timeout=120)
+    return name
+
+
+def test_doctor_closes_its_session_when_the_policy_refuses_its_observation(module_gateway, pick_place, capsys):
+    """pick-place refuses doctor's synthetic observation (its instruction names no colours); doctor
+    times those refusals, a fresh connection each, and still ends its session: the deployment holds
+    none after each run (it held one more per run, until the 300 s lease expired: the last call went
+    by the sync client's blocking path after the pooled connections were closed, and the DELETE
+    was skipped for want of them)."""
+    for _ in range(2):
+        rc = cli.main(["doctor", "--gateway", module_gateway.url, "--model", pick_place, "--calls", "2",
+                       "--api-key", module_gateway.api_key])
+        out = capsys.readouterr().out
+        assert rc == 0 and "refused doctor's synthetic observation" in out and "POST /act" in out, out
+        assert _sessions_of(module_gateway, pick_place, 0) == 0, out
+
+
+def test_doctor_without_the_image_extra_says_so_for_a_policy_with_a_contract(module_gateway, pick_place,
+                                                                             monkeypatch, capsys):
+    """A client-only install (no numpy, Pillow or simplejpeg) cannot build pick-place's synthetic
+    observation: doctor says the image extra is missing and how to install it (not "no contract"),
+    times GET /ping instead, and closes its session."""
+    for module in ("numpy", "PIL", "simplejpeg"):
+        monkeypatch.setitem(sys.modules, module, None)     # import numpy -> ModuleNotFoundError
+    rc = cli.main(["doctor", "--gateway", module_gateway.url, "--model", pick_place, "--calls", "2",
+                   "--api-key", module_gateway.api_key])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert "no contract" not in out, out
+    assert ("note          it has a contract, but doctor's synthetic observation for it needs the image extra "
+            "(numpy is not installed): timing its worker's GET /ping, not /act\n"
+            "  hint          pip install 'sequence-ai[image]'") in out, out
+    assert "(median of 2, GET /ping)" in out and out.rstrip().endswith("ready"), out
+    assert _sessions_of(module_gateway, pick_place, 0) == 0, out
+
+
 def test_doctor_with_several_deployments_lists_them_and_asks_for_model(module_gateway, echo, capsys):
     """No --model and more than one deployment: doctor names them and asks, never guesses (exit 2);
     with --model it says which it checked, and a contract-less policy gets its /ping timed, not a
