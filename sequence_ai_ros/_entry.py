@@ -5,9 +5,9 @@ MuJoCo or the client (seconds on a loaded machine). Python's default SIGINT hand
 a ``KeyboardInterrupt`` traceback from inside some import, and SIGTERM kills the process with
 no exit code of its own (launch reports "process has died"). When this process was started as
 one of the node executables (``policy_driver``, ``sim_robot``, ``episode_recorder``, or
-``python -m sequence_ai_ros.<module>``), SIGINT and SIGTERM raise ``SystemExit(0)`` instead until
-``_spin.spin_node`` installs its own handlers: nothing runs yet, so there is nothing to stop but
-the imports, and Python exits without a traceback. Imported anywhere else (a test, the demo, a
+``python -m sequence_ai_ros.<module>``), the first SIGINT or SIGTERM raises ``SystemExit(0)``
+instead (later ones are ignored) until ``_spin.spin_node`` installs its own handlers: nothing
+runs yet, so there is nothing to stop but the imports, and Python exits without a traceback. Imported anywhere else (a test, the demo, a
 user's process) this module changes nothing.
 """
 from __future__ import annotations
@@ -25,6 +25,8 @@ def _started_as_node() -> bool:
 
 
 def _quiet_exit(signum, frame):
+    for sig in (signal.SIGINT, signal.SIGTERM):   # a second one must not kill the exit under way
+        signal.signal(sig, signal.SIG_IGN)
     raise SystemExit(0)
 
 

@@ -19,26 +19,35 @@ exception in the middle of a callback:
 
 The import window before ``spin_node`` runs is covered by :mod:`._entry`.
 
+The executor is a :class:`NodeExecutor`: single-threaded, so a node's CPU is its callbacks' work
+(``MultiThreadedExecutor`` here spun a core for one 30 Hz subscription), with threads only for the
+callback groups a node names as blocking (the Act goal's run, a configure waiting for its
+gateway, a recorder's episode goal).
+
 A node that destroys its own entities while it spins (the driver's lifecycle cleanup and shutdown
 transitions, run on an executor thread) races rclpy's wait-set build on the spinning thread: an
 entity's QoS event handler whose destruction was requested after the build took it raises
 ``InvalidHandle`` there, which ends ``executor.spin()`` (its thread dies; nothing is executed any
-more, so service replies and results never arrive). :func:`spin_once` and :func:`spin` ride that
-out: the wait set is dropped, and the next one no longer lists the destroyed entity.
+more, so service replies and results never arrive). :func:`spin_once`, :func:`spin` and
+:meth:`NodeExecutor.spin_until_set` ride that out: the wait set is dropped, and the next one no
+longer lists the destroyed entity.
 """
 from __future__ import annotations
 
 import signal
 import sys
 import threading
+import time
 import traceback
 from typing import Callable, Optional
 
 import rclpy
 from rclpy.exceptions import InvalidHandle
-from rclpy.executors import Executor, ExternalShutdownException, MultiThreadedExecutor
+from rclpy.executors import (ConditionReachedException, Executor, ExternalShutdownException, ShutdownException,
+                             SingleThreadedExecutor, TimeoutException)
 from rclpy.node import Node
 from rclpy.signals import SignalHandlerOptions
+from rclpy.task import Task
 
 
 SPIN_WAKE_S = 0.2
@@ -69,9 +78,145 @@ def spin(executor: Executor, until: Optional[threading.Event] = None) -> None:
             return
 
 
-def stop_executor(executor: MultiThreadedExecutor, timeout_s: float = 5.0) -> None:
-    """Stop ``executor`` and let the callbacks it already handed to its thread pool finish,
-    *before* the caller destroys its nodes.
+class NodeExecutor(SingleThreadedExecutor):
+    """A single-threaded executor that idles: callbacks run on the spinning thread, one at a time,
+    except those of the callback groups a node names as blocking, each of which runs on a thread
+    of its own while it lasts.
+
+    Why not ``MultiThreadedExecutor``: the rclpy here keeps each callback it hands to its pool in
+    its task list, and every pass yields each task not executing yet before it waits, so the
+    spinning thread resubmits them instead of waiting while the pool (contending for the GIL)
+    gets round to them: 85-100 % of a core for one 30 Hz subscription (issue 30), where a
+    single-threaded executor uses 2-3 %. Here the spinning thread waits in ``rcl_wait`` whenever
+    nothing is due (test_node_executor measures its CPU).
+
+    Blocking work (the Act goal's run, a lifecycle configure that waits for its gateway, the
+    recorder's RecordEpisode goal and bag rewrites) runs on a thread started for that callback,
+    so sensor callbacks, timers and the parameter and action services keep being served while it
+    runs. A node names those groups in ``blocking_callback_groups`` (read by :meth:`add_node`), or
+    a caller passes them to :meth:`run_on_thread`. Tasks created from a method of an object whose
+    ``callback_group`` is one of them run on a thread too: the action server's execute task
+    (``ActionServer.notify_execute`` -> ``create_task(self._execute_goal, ...)``), i.e. the goal's
+    run. While such a thread runs, a mutually exclusive group's other callbacks wait (rclpy leaves
+    them out of the wait set), as they would in any executor.
+
+    An exception raised by a callback on a thread is raised again on the spinning thread at its
+    next :meth:`spin_once` (as ``MultiThreadedExecutor`` does with its pool's).
+    Call :meth:`join_threads` after stopping the spinning thread and before destroying the nodes.
+    """
+
+    def __init__(self, *, context=None) -> None:
+        super().__init__(context=context)
+        self._threaded_groups: set = set()
+        self._threads: set = set()
+        self._threads_lock = threading.Lock()
+        self._thread_errors: list = []
+
+    def run_on_thread(self, *groups) -> None:
+        """Run the callbacks of ``groups`` (``CallbackGroup``) on threads of their own."""
+        self._threaded_groups.update(groups)
+
+    def add_node(self, node) -> bool:
+        self.run_on_thread(*getattr(node, "blocking_callback_groups", ()))
+        return super().add_node(node)
+
+    def create_task(self, callback, *args, **kwargs) -> Task:
+        # rclpy's create_task, with the mark set before the task becomes visible to the spinning thread
+        task = Task(callback, args, kwargs, executor=self)
+        owner = getattr(callback, "__self__", None)
+        if getattr(owner, "callback_group", None) in self._threaded_groups:
+            task._sequence_ai_thread = True
+        with self._tasks_lock:
+            self._tasks.append((task, None, None))
+            if self._guard is not None:    # None once shut down (a run thread finishing late)
+                self._guard.trigger()
+        return task
+
+    def _on_thread(self, handler, entity) -> bool:
+        if getattr(handler, "_sequence_ai_thread", False):
+            return True
+        group = getattr(entity, "callback_group", None)
+        return group is not None and group in self._threaded_groups
+
+    def _start_thread(self, handler) -> None:
+        running = getattr(handler, "_sequence_ai_runner", None)
+        if running is not None and running.is_alive():
+            # yielded again before its thread got inside it (a task not yet executing is
+            # yielded on every pass): let that thread get there
+            time.sleep(0.0002)
+            return
+        started = threading.Event()
+
+        def run():
+            started.set()
+            try:
+                handler()
+                if handler.done() and handler.exception() is not None:
+                    with self._threads_lock:
+                        self._thread_errors.append(handler.exception())
+                    self.wake()
+            finally:
+                with self._threads_lock:
+                    self._threads.discard(thread)
+
+        thread = threading.Thread(target=run, name="callback", daemon=True)
+        handler._sequence_ai_runner = thread   # a coroutine that suspended is resumed on a new one
+        with self._threads_lock:
+            self._threads.add(thread)
+        thread.start()
+        started.wait()
+
+    def read_errors(self) -> list:
+        """The exceptions raised by callbacks on threads and not raised again yet (cleared)."""
+        with self._threads_lock:
+            errors, self._thread_errors = self._thread_errors, []
+        return errors
+
+    def _spin_once_impl(self, timeout_sec=None, wait_condition=lambda: False) -> None:
+        errors = self.read_errors()
+        if errors:
+            raise errors[0]
+        try:
+            handler, entity, node = self.wait_for_ready_callbacks(timeout_sec, None, wait_condition)
+        except (ShutdownException, TimeoutException, ConditionReachedException):
+            return
+        if self._on_thread(handler, entity):
+            self._start_thread(handler)
+            return
+        handler()
+        if handler.exception() is not None:
+            raise handler.exception()
+        handler.result()
+
+    def spin_until_set(self, event: threading.Event) -> None:
+        """Spin until ``event`` is set (wake it with :meth:`wake` after setting it), the executor
+        is shut down or its context is. Survives the destroy race (module docstring)."""
+        while not event.is_set() and self._context.ok() and not self._is_shutdown:
+            try:
+                self._spin_once_impl(None, event.is_set)
+            except InvalidHandle:
+                pass
+            except ExternalShutdownException:
+                return
+
+    def join_threads(self, timeout_s: float) -> bool:
+        """Wait (at most ``timeout_s`` s in all) for the callbacks running on threads; True when none is left."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            with self._threads_lock:
+                threads = list(self._threads)
+            if not threads:
+                return True
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            threads[0].join(left)
+
+
+def stop_executor(executor: Executor, timeout_s: float = 5.0) -> None:
+    """Stop ``executor`` and let the callbacks it already handed to its threads finish (a
+    ``MultiThreadedExecutor``'s pool, a :class:`NodeExecutor`'s callback threads), *before* the
+    caller destroys its nodes.
 
     ``Executor.shutdown()`` of the rclpy here returns without waiting for them, so a timer or
     subscription callback queued in the pool ran after ``destroy_node()`` and failed with
@@ -82,6 +227,10 @@ def stop_executor(executor: MultiThreadedExecutor, timeout_s: float = 5.0) -> No
     the executor's own. Waits at most about ``2 * timeout_s``. Raises nothing.
     """
     executor.shutdown(timeout_sec=timeout_s)
+    if isinstance(executor, NodeExecutor):
+        executor.join_threads(timeout_s)
+        executor.read_errors()
+        return
     pool = getattr(executor, "_executor", None)           # MultiThreadedExecutor's ThreadPoolExecutor
     if pool is not None:   # bounded: a callback stuck for good must not hang the process at exit
         joiner = threading.Thread(target=pool.shutdown, kwargs={"wait": True}, daemon=True)
@@ -119,13 +268,13 @@ class _Stop:
         self.requested.set()
 
 
-def spin_node(make_node: Callable[[], Node], *, threads: int, args=None,
+def spin_node(make_node: Callable[[], Node], *, args=None,
               on_stop: Optional[Callable[[Node], None]] = None) -> int:
-    """Create the node with ``make_node()``, spin it on ``threads`` executor threads, stop cleanly.
+    """Create the node with ``make_node()``, spin it on a :class:`NodeExecutor`, stop cleanly.
 
     Args:
-        make_node: builds the node (after ``rclpy.init``).
-        threads: MultiThreadedExecutor threads.
+        make_node: builds the node (after ``rclpy.init``); its ``blocking_callback_groups``
+            run on threads of their own (see :class:`NodeExecutor`).
         args: command-line arguments for ``rclpy.init`` (``--ros-args ...``).
         on_stop: called with the node after Ctrl-C / SIGTERM, before anything is shut down,
             while the executor still spins on its thread.
@@ -136,14 +285,14 @@ def spin_node(make_node: Callable[[], Node], *, threads: int, args=None,
     rclpy.init(args=args, signal_handler_options=SignalHandlerOptions.NO)
     stop = _Stop()
     node = None
-    executor = MultiThreadedExecutor(num_threads=threads)
+    executor = NodeExecutor()
     release = threading.Event()      # the spinning thread leaves once on_stop is done
     spinner: Optional[threading.Thread] = None
     failure: list = []
 
     def spin_thread() -> None:
         try:
-            spin(executor, until=release)
+            executor.spin_until_set(release)
         except BaseException as exc:  # noqa: BLE001 - a callback raised: reported by the main thread
             failure.append(exc)
         finally:
@@ -172,12 +321,20 @@ def spin_node(make_node: Callable[[], Node], *, threads: int, args=None,
         finally:
             release.set()
             if spinner is not None:
-                spinner.join(SPIN_WAKE_S + 5.0)
+                executor.wake()
+                spinner.join(5.0)
             stop_executor(executor)
             if node is not None:
                 node.destroy_node()
             if rclpy.ok():
-                rclpy.shutdown()
+                # uninstall_handlers=False: rclpy's uninstall (it installed none: NO) set SIGINT
+                # back to the OS default, and a Ctrl-C after it killed the process (exit -2)
+                rclpy.shutdown(uninstall_handlers=False)
+            # Python's finalization sets every signal with a Python handler back to the OS default
+            # (not one set to SIG_IGN), and a repeated Ctrl-C / SIGTERM landing there killed the
+            # process as it exited (exit -2 / -15, "process has died"): it is done, ignore them
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                signal.signal(sig, signal.SIG_IGN)
     if failure:
         traceback.print_exception(failure[0])
         return 1

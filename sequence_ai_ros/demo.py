@@ -268,12 +268,11 @@ def _start_nodes(stack: ExitStack, model: str):
     """rclpy up, the policy driver (for ``model``) and a client node spinning on an executor;
     their teardown is pushed on ``stack``. Returns ``(driver, client_node, recorder)``."""
     import rclpy
-    from rclpy.executors import MultiThreadedExecutor
     from rclpy.node import Node
     from rclpy.parameter import Parameter
     from rclpy.signals import SignalHandlerOptions
 
-    from ._spin import spin_once, stop_executor
+    from ._spin import NodeExecutor, stop_executor
     from .driver_node import PolicyDriver
 
     # Ctrl-C must reach us as KeyboardInterrupt (to cancel the goal and let the driver publish
@@ -284,17 +283,13 @@ def _start_nodes(stack: ExitStack, model: str):
     driver = PolicyDriver(parameter_overrides=[Parameter("model", value=model)])
     client_node = Node("demo_client")
     recorder = _Recorder(client_node, "camera/exterior_1/image_raw", "joint_commands")
-    executor = MultiThreadedExecutor(num_threads=4)
+    # one thread spins both nodes (the driver's goal runs on a thread of its own: NodeExecutor);
+    # spin_until_set rides out a lifecycle transition destroying entities
+    executor = NodeExecutor()
     executor.add_node(driver)
     executor.add_node(client_node)
-    spinning = threading.Event()
-    spinning.set()
-
-    def _spin_loop():
-        while spinning.is_set() and rclpy.ok():
-            spin_once(executor, 0.1)   # rides out a lifecycle transition destroying entities
-
-    spin = threading.Thread(target=_spin_loop, name="demo_spin", daemon=True)
+    stop_spinning = threading.Event()
+    spin = threading.Thread(target=executor.spin_until_set, args=(stop_spinning,), name="demo_spin", daemon=True)
     spin.start()
     client_node.demo_action_clients = []      # destroyed before their node (see _stop)
 
@@ -305,7 +300,8 @@ def _start_nodes(stack: ExitStack, model: str):
         # it (this rclpy) and destroys the guard condition that thread's wait set holds, and
         # destroying a node the executor is still waiting on fails the same way (InvalidHandle:
         # "cannot use Destroyable because destruction was requested" at teardown).
-        spinning.clear()
+        stop_spinning.set()
+        executor.wake()
         spin.join(timeout=10)
         stop_executor(executor)     # callbacks still queued run before their nodes go (quiet teardown)
         for client in client_node.demo_action_clients:   # a node's destroy_node() leaves its action clients alive

@@ -123,7 +123,7 @@ def main(args=None) -> int:
     first (see there). Exit code 2 with one ``error:`` line when a parameter is refused.
     """
     sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
-    return spin_node(PolicyDriver, threads=6, args=args, on_stop=_stop_runs)
+    return spin_node(PolicyDriver, args=args, on_stop=_stop_runs)
 
 
 if __name__ == "__main__":

@@ -187,12 +187,16 @@ class EpisodeRecorder(Node):
                                      callback_group=events)
         self.create_subscription(String, p["driver_instruction_topic"], self._on_instruction, 10,
                                  callback_group=events)
-        self.create_service(LabelEpisode, "~/label_episode", self._on_label,
-                            callback_group=MutuallyExclusiveCallbackGroup())
+        labels, record = MutuallyExclusiveCallbackGroup(), ReentrantCallbackGroup()
+        self.create_service(LabelEpisode, "~/label_episode", self._on_label, callback_group=labels)
         self._action_server = ActionServer(
             self, RecordEpisode, "~/record_episode", execute_callback=self._execute,
             goal_callback=self._on_goal, cancel_callback=lambda gh: CancelResponse.ACCEPT,
-            callback_group=ReentrantCallbackGroup())
+            callback_group=record)
+        # what blocks runs on threads of its own (_spin.NodeExecutor): opening / closing a bag
+        # (pruning, the writer's flush), a bag's rewrite for a label, a RecordEpisode goal's
+        # episode; the sensor and command callbacks (enqueue only) run on the spinning thread
+        self.blocking_callback_groups = [events, labels, record]
         self.get_logger().info(
             f"recording to {self.output_dir} ({'one bag per Act goal (auto_record)' if p['auto_record'] else 'on RecordEpisode goals'}); "
             f"cameras {dict(zip(views, topics))}, joints {self._joint_topic}, commands {self._command_topic}")
@@ -484,7 +488,7 @@ def _recorder_id(output_dir: Path) -> str:
 
 def main(args=None) -> int:
     """``ros2 run sequence_ai episode_recorder``: spin until Ctrl-C, close the open bag, shut down."""
-    return spin_node(EpisodeRecorder, threads=3, args=args)
+    return spin_node(EpisodeRecorder, args=args)
 
 
 if __name__ == "__main__":

@@ -74,10 +74,13 @@ class SimRobotNode(Node):
             v: self.create_publisher(Image, f"camera/{v}/image_raw", qos_profile_sensor_data) for v in VIEWS
         }
         self._joint_pub = self.create_publisher(JointState, "joint_states", 10)
-        group = MutuallyExclusiveCallbackGroup()
-        self.create_subscription(Float64MultiArray, "joint_commands", self._on_command, 10, callback_group=group)
-        self.create_service(ResetScene, "~/reset", self._on_reset, callback_group=group)
-        self.create_service(CheckSuccess, "~/check_success", self._on_check, callback_group=group)
+        self.create_subscription(Float64MultiArray, "joint_commands", self._on_command, 10)
+        # reset and check wait for the physics thread's next tick: on a thread of their own
+        # (_spin.NodeExecutor), so commands keep arriving meanwhile
+        services = MutuallyExclusiveCallbackGroup()
+        self.blocking_callback_groups = [services]
+        self.create_service(ResetScene, "~/reset", self._on_reset, callback_group=services)
+        self.create_service(CheckSuccess, "~/check_success", self._on_check, callback_group=services)
 
         self._lock = threading.Lock()
         self._pending_command: Optional[tuple[np.ndarray, float]] = None
@@ -221,7 +224,7 @@ class SimRobotNode(Node):
 
 def main(args=None) -> int:
     """``ros2 run sequence_ai sim_robot``: spin until Ctrl-C / SIGTERM, then shut down cleanly."""
-    return spin_node(SimRobotNode, threads=2, args=args)
+    return spin_node(SimRobotNode, args=args)
 
 
 if __name__ == "__main__":

@@ -1,9 +1,13 @@
-"""The spin loops of ``sequence_ai_ros._spin`` survive an entity destroyed while the spinning
+"""The spin loops of ``sequence_ai_ros._spin`` (``spin_once`` / ``spin`` and the nodes' own
+``NodeExecutor.spin_until_set``) survive an entity destroyed while the spinning
 thread builds its wait set (what the driver's cleanup / shutdown transitions do from an executor
 thread). Real rclpy: the race's window is opened on purpose by a waitable that destroys a
 publisher as the executor takes it into the wait set, after the executor has listed the
 publisher's QoS event handler."""
 from __future__ import annotations
+
+import threading
+import time
 
 import pytest
 import rclpy
@@ -12,7 +16,7 @@ from rclpy.executors import SingleThreadedExecutor
 from rclpy.waitable import NumberOfEntities, Waitable
 from std_msgs.msg import String
 
-from sequence_ai_ros._spin import spin_once
+from sequence_ai_ros._spin import NodeExecutor, spin_once
 
 
 class _DestroyOnEnter(Waitable):
@@ -83,3 +87,31 @@ def test_a_bare_spin_once_dies_on_the_race_and_spin_once_of_spin_rides_it_out(ct
     finally:
         ex.shutdown()
         node.destroy_node()
+
+
+def test_node_executor_meets_the_race_and_spin_until_set_rides_it_out(ctx):
+    node, fired = _node_with_the_race(ctx)
+    ex = NodeExecutor(context=ctx)
+    ex.add_node(node)
+    stop = threading.Event()
+    thread = None
+    try:
+        with pytest.raises(InvalidHandle):                 # the nodes' executor meets it too
+            ex.spin_once(timeout_sec=0.5)
+        node.destroy_node()
+        node, fired = _node_with_the_race(ctx)
+        ex.add_node(node)
+        thread = threading.Thread(target=ex.spin_until_set, args=(stop,), daemon=True)
+        thread.start()
+        deadline = time.monotonic() + 20.0
+        while not fired and thread.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert fired and thread.is_alive(), "the spinning thread died on the race or ran nothing after it"
+    finally:
+        stop.set()
+        ex.wake()
+        if thread is not None:
+            thread.join(5.0)
+        ex.shutdown()
+        node.destroy_node()
+    assert not thread.is_alive()

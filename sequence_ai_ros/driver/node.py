@@ -80,6 +80,11 @@ class PolicyDriver(GoalExecution, LifecycleNodeMixin, Node):
         node_name: default ``policy_driver``; ``**kwargs`` go to ``rclpy.node.Node`` (namespace,
             context, parameter_overrides, ...). The lifecycle services get a callback group of
             their own, so the parameter services answer while configure waits for the gateway.
+    Attributes:
+        blocking_callback_groups: the groups whose callbacks block (the lifecycle services,
+            ``~/wait_until_ready``, the Act action and its goals' runs): a
+            ``_spin.NodeExecutor`` runs them on threads of their own; everything else (sensors,
+            timers, parameters, the success poll) runs on its spinning thread.
     Raises:
         ValueError: a parameter is malformed (names it); with ``autostart``, also a configure
             refusal (``ConfigureError``: wrong key, a contradicting control rate).
@@ -87,7 +92,9 @@ class PolicyDriver(GoalExecution, LifecycleNodeMixin, Node):
 
     def __init__(self, node_name: str = "policy_driver", **kwargs) -> None:
         Node.__init__(self, node_name, **kwargs)
-        LifecycleNodeMixin.__init__(self, callback_group=MutuallyExclusiveCallbackGroup())
+        lifecycle = MutuallyExclusiveCallbackGroup()   # configure can wait for the gateway: blocking
+        LifecycleNodeMixin.__init__(self, callback_group=lifecycle)
+        self.blocking_callback_groups = [lifecycle]    # run on threads of their own by _spin.NodeExecutor
         self._params = _params.declare(self)       # ParameterRefused (a ValueError) names the problem
         self.policy = None
         self.assembler: Optional[ObservationAssembler] = None
@@ -122,11 +129,12 @@ class PolicyDriver(GoalExecution, LifecycleNodeMixin, Node):
         self._diagnostics_pub = self.create_publisher(DiagnosticArray, "/diagnostics", 10)
         self._episode_pub = self.create_publisher(String, "~/episode", 10)   # markers for recorder_node
         self.create_subscription(String, "~/instruction", self._on_instruction, 10, callback_group=periodic)
-        self.create_service(Trigger, "~/wait_until_ready", self._on_wait_until_ready,
-                            callback_group=MutuallyExclusiveCallbackGroup())
+        ready, act = MutuallyExclusiveCallbackGroup(), ReentrantCallbackGroup()
+        self.create_service(Trigger, "~/wait_until_ready", self._on_wait_until_ready, callback_group=ready)
         self._action_server = ActionServer(
             self, Act, "~/act", execute_callback=self._execute, goal_callback=self._on_goal,
-            cancel_callback=self._on_cancel, callback_group=ReentrantCallbackGroup())
+            cancel_callback=self._on_cancel, callback_group=act)
+        self.blocking_callback_groups += [ready, act]   # a cold start's wait; the goal's run
 
     def _autostart(self) -> None:
         """configure + activate now (``autostart``); a refusal raises, a gateway timeout logs."""
