@@ -7,6 +7,7 @@ its header stamps (``"stamp"``). The echo policy declares 15 Hz joint_absolute c
 """
 from __future__ import annotations
 
+import json
 import os
 import re
 import statistics
@@ -292,6 +293,30 @@ def test_stalled_camera_ends_the_goal_as_stale_camera_naming_it_with_a_hold(ros,
     assert robot.commands[-1][1] == pytest.approx(robot.commands[-2][1])
     assert len(robot.commands) == res.actions + 1
     assert outcome_message(res).reason == "stale_camera"
+
+
+def test_a_dead_camera_is_caught_at_the_control_rate_while_the_loop_waits_for_slow_chunks(ros, echo_server):
+    """Freshness is checked at the control rate, not once per chunk: 2-row chunks (0.13 s) from a
+    policy that takes 0.4 s for each keep the loop waiting for the next chunk most of the time,
+    when no action is validated; a camera that dies then is still caught within its
+    ``camera_max_frame_age_s`` plus one control period of its last fresh frame (the driver's own
+    receive time, so the test process's load on the fake camera's delivery does not count)."""
+    limit = 0.2
+    robot, driver, client, _ = setup_driver(ros, echo_server, camera_max_frame_age_s=[limit])
+    goal = Goal(client, max_seconds=20.0, params_json=json.dumps({"chunk_len": 2, "latency_ms": 400}))
+    wait(lambda: len(driver.trace.seams) >= 3, 15.0, "three chunks")
+    robot.cameras_on = False
+    wrapped = goal.wait_result(timeout=10.0)
+    res = wrapped.result
+    assert wrapped.status == GoalStatus.STATUS_ABORTED and res.reason == "stale_camera", res
+    assert "'exterior_1' stalled" in res.message and "max_frame_age_s=0.2" in res.message, res.message
+    last_fresh = driver.assembler._fresh["exterior_1"].fresh_mono_s
+    caught = driver.trace.hold_time - last_fresh
+    print(f"dead camera caught {caught * 1000:.0f} ms after its last fresh frame "
+          f"(limit {limit * 1000:.0f} ms + one period {PERIOD_S * 1000:.0f} ms)")
+    assert limit <= caught < limit + PERIOD_S + 0.1, caught    # 0.1 s: scheduling under load
+    assert robot.commands[-1][1] == pytest.approx(robot.commands[-2][1])   # the hold
+    assert len(robot.commands) == res.actions + 1
 
 
 @pytest.mark.parametrize("freeze, words", [("pixels", "identical frame"), ("stamp", "header stamp stuck")])

@@ -6,9 +6,9 @@ and a terminal status, whatever ends it:
 
 * the run's own end (``completed`` / ``until`` / ``timeout``: succeeded; ``validate`` / ``error``:
   aborted, ``message`` naming the stream, bound or error);
-* a frozen or stalled camera (no fresh frame within its ``camera_max_frame_age_s``): no new
-  request goes out, the arm holds, and the goal aborts with reason ``stale_camera``, ``message``
-  naming the view;
+* a frozen or stalled camera (no fresh frame within its ``camera_max_frame_age_s``, checked at
+  the control rate for the whole run, chunk waits included): no new request goes out, the arm
+  holds, and the goal aborts with reason ``stale_camera``, ``message`` naming the view;
 * the client's cancel (``interrupted``, canceled) -- before the run started too;
 * a newer goal (``goal_policy: preempt``: ``interrupted``, aborted, "preempted by a new goal");
 * the driver ending it: deactivate, shutdown, SIGINT/SIGTERM (``interrupted``, aborted, the
@@ -182,6 +182,7 @@ class GoalExecution:
         until = (lambda: run.task_done) if self._success_client is not None else None
         self._episode_pub.publish(String(data=_capture.start_event(self, goal)))
         run.episode_started = True
+        self._arm_freshness(True)
         try:
             outcome = self.policy.act(
                 goal.instruction, observe=lambda: self._observe(run), act=self._send, max_seconds=run.max_seconds,
@@ -197,6 +198,7 @@ class GoalExecution:
             self.get_logger().error(f"Act goal failed: {type(exc).__name__}: {exc}")
             return run.early("error", f"{type(exc).__name__}: {exc}")
         finally:
+            self._arm_freshness(False)
             # a normal ending lets its last queued row go out (an early one has latched already)
             self._gate.drain(timeout_s=self._gate.delay_s + (1.0 / (self.control_rate_hz or 15.0)) + 0.5)
         self._last_outcome = outcome
@@ -284,6 +286,32 @@ class GoalExecution:
             run.stop_reason = text
         self.get_logger().error(f"stopping the run (stale_camera): {text}")
         return StaleCameraError(view, text)
+
+    def _arm_freshness(self, on: bool) -> None:
+        """Start (a run began) or stop the control-rate camera check (:meth:`_watch_cameras`)."""
+        timer = self._freshness_timer
+        if timer is None:
+            return
+        try:
+            if on:
+                timer.reset()
+                executor = self.executor
+                if executor is not None:
+                    executor.wake()   # a wait already under way does not know the timer is due again
+            else:
+                timer.cancel()
+        except Exception:  # noqa: BLE001 - released meanwhile (cleanup / shutdown)
+            pass
+
+    def _watch_cameras(self) -> None:
+        """Timer at the control rate while a run is on: a frozen or stalled camera ends it within its
+        ``camera_max_frame_age_s`` plus one control period, whatever the loop is doing (``validate``
+        sees it only at an action's deadline, not while the loop waits for a chunk)."""
+        run = self._run
+        if run is None or not run.episode_started or run.ending or self.assembler is None:
+            return
+        if self._stale_camera(run) is not None:
+            self._interrupt()   # the core unwinds through the hold; the result says stale_camera
 
     def _validate(self, action) -> bool:
         """Cameras fresh; sensors fresh and well-formed; action finite and inside the configured bounds."""

@@ -114,6 +114,7 @@ class PolicyDriver(GoalExecution, LifecycleNodeMixin, Node):
         self._observed_at: Optional[float] = None
         self._obs_to_chunk_s: Optional[float] = None
         self._success_client = self._success_call = None
+        self._freshness_timer = None
         self._make_interfaces()
         self.add_on_set_parameters_callback(self._on_set_parameters)
         if self._params.autostart:
@@ -233,6 +234,11 @@ class PolicyDriver(GoalExecution, LifecycleNodeMixin, Node):
                                        lambda: self.get_clock().now().to_msg())
         self._gate = CommandGate(self._publish, p.publish_delay_ms / 1000.0, self._published, p.realtime_priority,
                                  lambda why: self.get_logger().warning(f"publisher thread not real-time: {why}"))
+        # camera freshness at the control rate, also while the loop waits for a chunk (armed per run)
+        self._freshness_timer = self.create_timer(1.0 / (self.control_rate_hz or 15.0), self._watch_cameras,
+                                                  callback_group=MutuallyExclusiveCallbackGroup())
+        self._freshness_timer.cancel()
+        self._config_entities.append(self._freshness_timer)
         if p.success_service:
             group = MutuallyExclusiveCallbackGroup()
             self._success_client = self.create_client(CheckSuccess, p.success_service, callback_group=group)
@@ -335,6 +341,7 @@ class PolicyDriver(GoalExecution, LifecycleNodeMixin, Node):
             except Exception:  # noqa: BLE001 - already gone
                 pass
         self._config_entities = []
+        self._freshness_timer = None
         self._success_client = None
         if self._gate is not None:
             self._gate.stop()
