@@ -516,9 +516,7 @@ class Wire(LeaseRenewal):
             await channel.aclose()
 
     async def close_session(self) -> None:
-        """Best effort ``DELETE /v1/sessions/{id}``: frees the session's slot at once. Sent even
-        when the pooled connections are closed (``aclose_http``; the sync client's blocking path
-        then sends its /act without them): the session outlives them."""
+        """Best effort ``DELETE /v1/sessions/{id}``: frees the session's slot at once (after ``aclose_http`` too)."""
         session = self.session
         if session is None or not session.session_id:
             return
