@@ -7,7 +7,8 @@
   description, and every description names a variable the source still has.
 * ``mkdocs build --strict`` (plain mkdocs, its built-in theme: nothing is fetched) succeeds into a
   temporary folder, and every internal link of the built site and of README.md reaches a page
-  that exists and, with a ``#fragment``, an element with that id.
+  that exists and, with a ``#fragment``, an element with that id -- and that fragment is also
+  GitHub's anchor for the heading, so the link works on GitHub too.
 """
 from __future__ import annotations
 
@@ -148,6 +149,38 @@ def test_every_link_of_the_readme_reaches_a_page_and_anchor_of_the_site(site):
                 broken.append(f"{href} (no heading with that id)")
     assert seen >= 5, "README.md should link into docs/"
     assert not broken, "broken links in README.md:\n" + "\n".join(broken)
+
+
+def _github_slug(heading: str) -> str:
+    """The anchor GitHub gives a Markdown heading: lower case, punctuation but ``-`` and ``_``
+    dropped, each space a ``-`` (so ``Wire: client -> worker`` is ``wire-client---worker``)."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def test_every_fragment_link_in_the_markdown_also_resolves_on_github():
+    # the site's anchors are mkdocs' (checked above); the same .md files are read on GitHub, whose
+    # anchors differ for headings with punctuation: a fragment must be the same in both
+    headings: dict = {}
+    for md in (ROOT / "docs").rglob("*.md"):
+        headings[md.resolve()] = {_github_slug(m) for m in re.findall(r"^#+ (.+)$", md.read_text(encoding="utf-8"), re.M)}
+    broken = []
+    for md in [ROOT / "README.md", *(ROOT / "docs").rglob("*.md")]:
+        for href in _MD_LINK.findall(md.read_text(encoding="utf-8")):
+            parts = urlsplit(href)
+            if not _internal(href) or not parts.fragment:
+                continue
+            target = (md.parent / unquote(parts.path)).resolve() if parts.path else md.resolve()
+            if target in headings and parts.fragment not in headings[target]:
+                broken.append(f"{md.relative_to(ROOT)}: {href}")
+    assert not broken, "fragments that are no GitHub heading anchor:\n" + "\n".join(broken)
+
+
+def test_the_quickstarts_up_to_date_lines_are_what_bootstrap_prints():
+    said = re.search(r'echo "(bootstrap: up to date [^"]*)"', (ROOT / "scripts" / "bootstrap.sh").read_text()).group(1)
+    shape = re.escape(said).replace(re.escape("$PROFILE"), "(demo|test)").replace(re.escape("${secs}"), r"\d+\.\d")
+    head = shape.split(r"\)", 1)[0] + r"\)"                          # the part up to the seconds
+    shown = re.findall(r"bootstrap: up to date[^`\n]*", (ROOT / "docs" / "quickstart.md").read_text(encoding="utf-8"))
+    assert shown and all(re.match(head, line) for line in shown), (said, shown)
 
 
 def test_the_readme_is_short_and_opens_with_the_two_commands_for_a_fresh_machine():
