@@ -16,7 +16,8 @@ from __future__ import annotations
 import sys
 from typing import Callable, Optional, Sequence
 
-__all__ = ["EXTRA_OF", "ROS_MODULES", "OWN_MODULES", "missing_line", "command_name", "guarded", "seq_main"]
+__all__ = ["EXTRA_OF", "ROS_MODULES", "OWN_MODULES", "missing_line", "unavailable", "command_name", "guarded",
+           "seq_main"]
 
 #: top-level module -> the extra that installs it, for modules only one extra brings. A module
 #: several extras bring (numpy, PIL, simplejpeg, websockets) is named by the command's own extra.
@@ -68,6 +69,21 @@ def missing_line(exc: ImportError, command: str, extra: str) -> Optional[str]:
                 f"install/setup.bash")
     extra = EXTRA_OF.get(top, extra)
     return f"{command}: needs the {extra} extra ({top} is not installed): pip install 'sequence-ai[{extra}]'"
+
+
+def unavailable(module: str, command: str, extra: str) -> Optional[str]:
+    """:func:`missing_line` for ``module`` when it cannot be imported here, else None; found
+    without importing it (``importlib.util.find_spec``), so a check before a long step (the demo,
+    before it deploys the learned policy: torch) costs nothing when the module is there."""
+    import importlib.util
+
+    try:
+        found = importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):   # a parent package missing, or a module without a spec
+        found = False
+    if found:
+        return None
+    return missing_line(ModuleNotFoundError(f"No module named {module!r}", name=module), command, extra)
 
 
 def command_name(prog: str, argv: Sequence[str]) -> str:

@@ -407,6 +407,11 @@ def main(argv=None) -> int:
         parser.error(f"--light-jitter takes a number in [0, 1], got {args.light_jitter}")
     if args.seed < 0:
         parser.error(f"--seed takes a non-negative integer, got {args.seed}")
+    from sequence_ai.extras import unavailable
+    missing = args.policy == "learned" and unavailable("torch", "sequence-ai-demo --policy learned", "train")
+    if missing:     # the learned policy's worker imports torch (the train extra): say so before deploying it
+        print(missing, file=sys.stderr)
+        return 1
     run_dir = args.out / time.strftime("%Y%m%d-%H%M%S")
     t0 = time.monotonic()
     try:

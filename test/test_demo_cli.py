@@ -124,6 +124,20 @@ def test_a_negative_seed_is_refused_before_anything_starts(run_demo):
     assert "--seed takes a non-negative integer, got -1" in out and "deployed" not in out, out
 
 
+def test_policy_learned_without_torch_names_the_extra_before_deploying(tmp_path):
+    """The demo profile installs no torch, which the learned policy's worker imports: the demo
+    says so in one line and exits 1 before it starts a gateway or deploys (it was the worker's
+    ModuleNotFoundError with "fix the policy and deploy again")."""
+    code = ("import sys; sys.modules['torch'] = None; from sequence_ai_ros.demo import main; "
+            f"sys.exit(main(['--out', {str(tmp_path)!r}, '--policy', 'learned']))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env=_env({}), cwd=str(ROOT))
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert out.stderr.splitlines() == ["sequence-ai-demo --policy learned: needs the train extra (torch is not "
+                                       "installed): pip install 'sequence-ai[train]'"], out.stderr
+    assert out.stdout == "" and not any(tmp_path.iterdir()), out.stdout     # no gateway, no run folder
+
+
 def test_a_sim_that_dies_starting_fails_the_run_at_once_naming_its_log(tmp_path, monkeypatch):
     from sequence_ai_ros import demo
 

@@ -246,6 +246,63 @@ def test_cli_deploy_of_a_broken_policy_exits_non_zero_with_its_error(gateway):
     assert gateway.status("broken-load-policy")["status"] == "failed"
 
 
+_NEEDS_MODULE = """import sys
+
+import seq
+
+sys.modules[{module!r}] = None      # absent in the worker's Python, whatever this venv holds
+
+
+@seq.policy(action=seq.ActionContract(robot="panda", action_space="joint_absolute", action_dim=8,
+                                      control_frequency_hz=15.0){image})
+class NeedsModule(seq.Policy):
+    @seq.load
+    def load(self, weights_dir):
+        import {module}  # noqa: F401
+
+    @seq.infer
+    def infer(self, obs: seq.Observation) -> seq.ActionChunk:
+        return seq.ActionChunk([[0.0] * 8])
+"""
+
+
+def test_cli_deploy_of_a_policy_missing_a_module_says_what_to_install_where(gateway, tmp_path):
+    """A load that raised ModuleNotFoundError: the hint names the module and installs it into the
+    Python the worker runs in (the gateway's here: its interpreter, our extra for torch, the module
+    itself otherwise), not "fix the policy"."""
+    def deploy(module: str, name: str) -> str:
+        file = tmp_path / f"{name}.py"
+        file.write_text(_NEEDS_MODULE.format(module=module, image=""))
+        r = _seq(gateway, "deploy", str(file), "--name", name)
+        assert r.returncode == 6, r.stdout + r.stderr
+        assert "error[worker_failed]: worker failed while loading: ModuleNotFoundError" in r.stderr, r.stderr
+        assert "fix the policy" not in r.stderr, r.stderr
+        return " ".join(r.stderr.split())    # rich wraps the hint
+    text = deploy("torch", "needs-torch")
+    hint = text[text.index("hint:"):]
+    assert "which has no torch" in hint and "-m pip install 'sequence-ai[train]'" in hint, text
+    python = gateway.status("needs-torch")["details"]["python"]
+    assert Path(python).name.startswith("python"), python         # the worker's interpreter
+    squeezed = hint.replace(" ", "")
+    assert f"({python})" in squeezed and f"`{python}-mpipinstall'sequence-ai[train]'`" in squeezed, text
+    text = deploy("no_such_module_here.sub", "needs-other")
+    hint = text[text.index("hint:"):]
+    assert "which has no no_such_module_here" in hint and "-m pip install no_such_module_here`" in hint, text
+    assert gateway.status("needs-other")["details"]["missing_module"] == "no_such_module_here.sub"
+
+
+def test_missing_module_hint_for_an_image_environment_and_an_older_gateway():
+    from seq.cli.deploy import missing_module_hint
+
+    hint = missing_module_hint({"missing_module": "cv2", "python": "/env/bin/python", "image": True})
+    assert "image environment has no cv2" in hint and 'pip_install("cv2")' in hint
+    old = missing_module_hint({}, "worker failed while loading: ModuleNotFoundError: No module named 'torch'")
+    assert "`python -m pip install 'sequence-ai[train]'`" in old
+    assert missing_module_hint({"missing_module": "rclpy"}) is None          # ROS 2, not pip
+    assert missing_module_hint({"missing_module": "sequence_ai_server.x"}) is None   # a broken install
+    assert missing_module_hint({}, "worker failed while loading: FileNotFoundError: x") is None
+
+
 def test_cli_errors_print_code_and_hint(gateway):
     r = _seq(gateway, "policy", "status", "nope")
     assert r.returncode == 4 and "error[not_found]: no deployment named 'nope'" in r.stderr and "hint:" in r.stderr

@@ -22,7 +22,7 @@ from seq._adapter import file_declares_adapter
 
 from ._client import ApiKeyOpt, CliError, DataDirOpt, GatewayClient, GatewayOpt, fail, out
 
-__all__ = ["app", "show_failure", "wait_build", "BuildOutput"]
+__all__ = ["app", "show_failure", "missing_module_hint", "wait_build", "BuildOutput"]
 
 app = typer.Typer()
 
@@ -52,8 +52,42 @@ def show_failure(d: dict) -> CliError:
         hint = (f"upload the weights first: `seq volume put {missing.group(1)} DIR`, then deploy again "
                 f"(`seq volume ls` lists what this gateway has)")
     else:
-        hint = f"fix the policy and deploy again; `seq policy status {d['name']}` shows the error"
+        hint = (missing_module_hint(details, error)
+                or f"fix the policy and deploy again; `seq policy status {d['name']}` shows the error")
     return CliError("worker_failed", error, extra=extra, hint=hint)
+
+
+def missing_module_hint(details: dict, error: str = "") -> Optional[str]:
+    """What to install, and where, for a worker whose load raised ModuleNotFoundError; None for
+    any other failure (or a module of this distribution or of ROS 2 missing: no pip line fixes it).
+
+    ``details`` is the failure's (``missing_module``, ``python``: the worker's interpreter,
+    ``image``: whether the policy declares ``image=``); a gateway that reports none of it is read
+    from ``error`` (``No module named 'x'``). A policy with ``image=`` runs in its built
+    environment: the package goes into ``image=``. Otherwise the worker runs in the gateway's
+    Python: the extra that brings the module (``sequence_ai.extras.EXTRA_OF``: torch ->
+    ``sequence-ai[train]``), else the module itself, installed there.
+    """
+    from sequence_ai.extras import EXTRA_OF, OWN_MODULES, ROS_MODULES
+
+    module = details.get("missing_module")
+    if not module:
+        found = re.search(r"ModuleNotFoundError: No module named '([^']+)'", error)
+        module = found.group(1) if found else None
+    if not module:
+        return None
+    top = module.split(".")[0]
+    if top in OWN_MODULES or top in ROS_MODULES:
+        return None
+    if details.get("image"):
+        return (f"the worker's image environment has no {top}: add its package to the policy's image= "
+                f"(e.g. image=seq.Image.debian_slim().pip_install(\"{top}\")), then deploy again")
+    python = details.get("python") or "python"
+    extra = EXTRA_OF.get(top)
+    package = f"'sequence-ai[{extra}]'" if extra else top
+    return (f"the worker runs in the gateway's Python environment ({python}), which has no {top}: install it "
+            f"there with `{python} -m pip install {package}` (or give the policy an image= that installs it), "
+            f"then deploy again")
 
 
 class BuildOutput:

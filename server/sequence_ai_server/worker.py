@@ -257,8 +257,11 @@ class _Launch:
             self.finished.set()
         detail = f"{type(exc).__name__}: {exc}"
         log.error("failed while %s: %s\n%s", stage, detail, tb)
-        _write_json_atomic(self.error_file, {"phase": stage, "exception_type": type(exc).__name__, "detail": detail,
-                                             "traceback": tb, "job_id": self.state.job_id})
+        report = {"phase": stage, "exception_type": type(exc).__name__, "detail": detail,
+                  "traceback": tb, "job_id": self.state.job_id}
+        if isinstance(exc, ModuleNotFoundError) and exc.name:   # what to install, and into which Python
+            report.update(missing_module=exc.name, python=sys.executable)
+        _write_json_atomic(self.error_file, report)
         self.phase("failed")
         sys.stdout.flush()
         os._exit(3)

@@ -139,13 +139,28 @@ class WorkerProc:
     def load_failure(self, code: int, phase: Optional[str]) -> tuple[str, dict]:
         """``(message, details)`` for a worker that exited with ``code`` while loading (last
         seen in ``phase``): the policy's own error when it wrote one, else how it ended; details
-        ``{"phase", "exception_type", "remote_traceback", "log_tail", "exit_code"}``."""
+        ``{"phase", "exception_type", "remote_traceback", "log_tail", "exit_code"}``; a load that
+        raised ModuleNotFoundError adds ``missing_module``, ``python`` (the worker's interpreter)
+        and ``image`` (whether the policy declares ``image=``), from which ``seq deploy`` words
+        what to install where."""
         err = self.error_report()
         msg = (f"worker failed while {err.get('phase')}: {err.get('detail')}" if err
                else f"worker {_exit_reason(code)} while {phase or 'starting'}")
-        return msg, {"phase": err.get("phase") or phase, "exception_type": err.get("exception_type"),
-                     "remote_traceback": err.get("traceback"), "log_tail": _log_tail(self.log_path),
-                     "exit_code": code}
+        details = {"phase": err.get("phase") or phase, "exception_type": err.get("exception_type"),
+                   "remote_traceback": err.get("traceback"), "log_tail": _log_tail(self.log_path),
+                   "exit_code": code}
+        if err.get("missing_module"):
+            details.update(missing_module=err["missing_module"], python=err.get("python"),
+                           image=self._declares_image())
+        return msg, details
+
+    def _declares_image(self) -> bool:
+        """Whether the policy file declares ``image=`` (its worker runs in a built environment)."""
+        from .envs import image_from_source
+        try:
+            return image_from_source(self.file) is not None
+        except Exception:  # noqa: BLE001 - an unreadable image= was refused at deploy
+            return False
 
     def startup_expired(self, now: float) -> bool:
         """Whether the worker has loaded longer than its startup timeout (``now``: unix s)."""
