@@ -70,6 +70,36 @@ def test_second_gateway_on_one_data_dir_refuses_and_a_sigkilled_holder_frees_it(
             first.close()
 
 
+def test_seq_serve_says_which_is_busy_and_a_busy_port_creates_no_key(tmp_path):
+    (tmp_path / "a").mkdir()
+    first = GatewayProcess.start(tmp_path / "a")
+
+    def serve(*args):
+        return subprocess.run([sys.executable, "-c", "from seq.cli import main; main()", "serve", "--host",
+                               "127.0.0.1", *args], capture_output=True, text=True, env=_env(), timeout=60,
+                              cwd=str(tmp_path))
+    try:
+        # the data dir is held: the hint is about the data dir, not the port
+        r = serve("--port", "0", "--data-dir", str(first.data_dir))
+        assert r.returncode != 0 and "DataDirInUse" in r.stderr and f"pid {first.proc.pid}" in r.stderr, r.stderr
+        hint = r.stderr.split("hint: ", 1)[1]
+        assert "another --data-dir" in hint and "--port" not in hint, r.stderr
+        # the port is held: the hint is about the port, and neither a new nor an empty data dir
+        # gets a key, a store or a log (the new one is not left behind at all)
+        new, empty = tmp_path / "new", tmp_path / "empty"
+        empty.mkdir()
+        for data_dir in (new, empty):
+            r = serve("--port", str(first.info["port"]), "--data-dir", str(data_dir))
+            assert r.returncode != 0 and f"cannot serve on 127.0.0.1:{first.info['port']}" in r.stderr, r.stderr
+            hint = r.stderr.split("hint: ", 1)[1]
+            assert "pick another --port" in hint and "--data-dir" not in hint, r.stderr
+        assert not new.exists()
+        assert sorted(p.name for p in empty.iterdir()) == ["gateway.lock"]      # the lock it took, nothing else
+        assert first.client.get("/healthz").status_code == 200                # the holder is untouched
+    finally:
+        first.close()
+
+
 def test_workers_started_by_a_gateway_do_not_hold_its_lock(tmp_path):
     gw = GatewayProcess.start(tmp_path)
     try:

@@ -42,9 +42,16 @@ def serve(host: str = typer.Option("127.0.0.1", help="address to bind"),
         out.print(f"  data dir  {info['data_dir']}")
         out.print(f"  API key   {info['api_key_file']}  (export SEQUENCES_API_KEY=$(cat {info['api_key_file']}))")
         out.print("  Ctrl-C stops the gateway and its workers")
+    from sequence_ai_server.supervisor import DataDirInUse
+
     try:
         run_gateway(host, port, directory, on_ready=ready)
+    except DataDirInUse as exc:     # the data dir is the cause, not the port
+        fail(CliError("unavailable", f"cannot serve from {directory}: {exc}",
+                      hint="stop the gateway holding it (Ctrl-C where it runs, or kill the pid above), "
+                           "or pass another --data-dir"))
     except OSError as exc:
         fail(CliError("unavailable", f"cannot serve on {host}:{port}: {exc}",
-                      hint="is another gateway running? pick another --port"))
+                      hint=f"is another gateway or program on port {port}? pick another --port "
+                           "(0: any free port)"))
     out.print("gateway stopped")

@@ -270,19 +270,33 @@ def serve(host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, data_dir: Optional
     """Run the gateway in the foreground until SIGINT/SIGTERM; stops every worker on the way out.
     Port 0 binds an ephemeral port; ``ready_file`` then receives ``{"url", "port", "pid"}``.
     Every setting is read once, here (``ServerConfig.from_env(data_dir)``); ``data_dir``
-    overrides ``$SEQUENCES_HOME``. Raises DataDirInUse when another gateway holds the data dir."""
+    overrides ``$SEQUENCES_HOME``. Raises DataDirInUse when another gateway holds the data dir,
+    and OSError when the address cannot be bound: both before the data dir gets a key, a store or
+    a log (a data dir this call created is removed again when the bind fails)."""
     import uvicorn
 
     config = ServerConfig.from_env(data_dir)
     from .datadir_lock import hold_data_dir   # one gateway per data dir: the lock is held until exit
+    created = not config.data_dir.expanduser().exists()
     dir_lock = hold_data_dir(config.data_dir)  # raises DataDirInUse naming the holder
-    app = create_app(config=config)
     # IPPROTO_TCP, not 0: asyncio sets TCP_NODELAY only on accepted sockets whose protocol is
     # IPPROTO_TCP; with 0 every response waits ~40 ms for the client's delayed ACK (Nagle).
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
+    try:
+        sock.bind((host, port))                # before create_app: a busy port creates no API key
+    except OSError:
+        sock.close()
+        dir_lock.release()
+        if created:                            # leave no half-made data dir behind
+            dir_lock.path.unlink(missing_ok=True)
+            try:
+                config.data_dir.expanduser().rmdir()
+            except OSError:
+                pass
+        raise
     bound = sock.getsockname()[1]
+    app = create_app(config=config)
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, timeout_graceful_shutdown=5))
 
     async def run() -> None:
