@@ -285,14 +285,19 @@ class Driver:
 
     def check(self, r: httpx.Response) -> httpx.Response:
         stream = r.extensions["network_stream"]
-        port = stream.get_extra_info("client_addr")[1]
-        self.ports.add(port)
-        if self.last is not None and port != self.last[0] and not self.last[1] \
+        close = r.headers.get("connection", "").lower() == "close"
+        try:
+            port = stream.get_extra_info("client_addr")[1]
+        except OSError:       # httpx closed it already, as the answer said (a refusal before the body)
+            assert close, r.headers
+            port = None
+        if port is not None:
+            self.ports.add(port)
+        if self.last is not None and port is not None and port != self.last[0] and not self.last[1] \
                 and time.monotonic() - self.answered < KEEP_ALIVE_S:
             # a new connection although the last answer did not say Connection: close: the server
             # dropped the connection after that answer (named here: this one is not the cause)
             self.drops.append(f"after the previous request ({self.previous!r}, {time.monotonic() - self.answered:.2f} s ago)")
-        close = r.headers.get("connection", "").lower() == "close"
         if not close and stream.get_extra_info("is_readable"):
             # an idle kept-alive connection with something to read right after the answer: EOF (or junk)
             self.drops.append(f"right after this request ({r.request.content[:300]!r})")

@@ -14,6 +14,7 @@ import httpx
 from fastapi import FastAPI
 from fastapi.responses import Response as RawResponse
 
+from .body_limit import CloseUnread
 from .config import ServerConfig
 from .errors import install_error_handlers
 from .health import health_loop
@@ -89,6 +90,9 @@ def create_app(data_dir: Optional[Path] = None, config: Optional[ServerConfig] =
     auth = auth_for(gw)
     # outermost: credentials before any body is read (scopes read off each route's dependencies)
     app.add_middleware(CredentialsFirst, gateway=gw, fastapi_app=app, markers=auth.markers())
+    # outside it: an answer sent before the body was read (its 401, a 413, a 404) closes the
+    # connection, so a refused body is never read to keep the connection alive
+    app.add_middleware(CloseUnread)
     for r in (models.router(gw, auth), deployments.router(gw, auth), *sessions.router(gw, auth),
               keys.router(gw, auth), account.router(gw, auth), volumes.router(gw, auth), *operations.router(gw, auth),
               *secrets.router(gw, auth), act_proxy.router(gw, auth, proxy),

@@ -25,7 +25,9 @@ pydantic validation errors, Starlette HTTP errors and unexpected exceptions -- c
 this shape, with ``request_id`` echoed in the ``X-Request-ID`` header. An unexpected exception
 is answered by ``CatchAll`` as a complete 500 ``internal`` response and goes no further: the
 keep-alive connection stays usable (Starlette's own last-resort handler re-raises after its
-answer, and uvicorn then drops the connection without ``Connection: close``).
+answer, and uvicorn then drops the connection without ``Connection: close``). A client that
+goes away before its body arrived (Starlette's ``ClientDisconnect`` from reading it) is no
+error: one INFO line, nothing sent (nobody is there to read it), no 5xx in the metrics.
 """
 from __future__ import annotations
 
@@ -39,6 +41,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from sequence_ai_core.protocol import ERROR_CODES
 
@@ -138,7 +141,9 @@ class CatchAll:
     """Pure ASGI middleware: an exception that escapes the app before the response started is
     answered 500 ``internal`` (the common shape, logged with its traceback) and not re-raised, so
     the server keeps the keep-alive connection. After the response started nothing can be sent
-    cleanly: it is re-raised and the server closes the connection (the client sees a short body)."""
+    cleanly: it is re-raised and the server closes the connection (the client sees a short body).
+    ``ClientDisconnect`` (the client left while its body was being read) is logged at INFO in
+    one line and nothing is answered."""
 
     def __init__(self, app: Any) -> None:
         self.app = app
@@ -150,6 +155,10 @@ class CatchAll:
         watch = ResponseStatus(send)
         try:
             await self.app(scope, receive, watch)
+        except ClientDisconnect:
+            declared = dict(scope.get("headers") or []).get(b"content-length", b"").strip().decode("latin-1")
+            log.info("%s %s: the client left before its body arrived%s; nothing answered",
+                     scope.get("method"), scope.get("path"), f" ({declared} bytes declared)" if declared else "")
         except Exception as exc:
             if watch.status:   # the response started: nothing can be sent cleanly now
                 raise

@@ -1,6 +1,7 @@
 """The gateway's ASGI middleware and the request log: ``CredentialsFirst`` checks a route's
 credentials from the headers before any body is read (each route's scope read off its key
-dependency, :func:`route_scopes`), ``BodyLimit`` refuses a body over the limit with 413, and
+dependency, :func:`route_scopes`), ``BodyLimit`` refuses a body over the limit with 413
+(``details.limit_bytes``, as the worker's), and
 :func:`install_request_log` gives every request an id, a log line and a metrics sample."""
 from __future__ import annotations
 
@@ -34,7 +35,7 @@ class BodyLimit(_BodyLimit):
     $SEQ_GATEWAY_MAX_BODY_BYTES (config.ServerConfig)."""
 
     def error(self, limit: int, size: Optional[int]) -> ApiError:
-        return too_large(limit, size, what="the body", server="gateway", details_key="max_bytes",
+        return too_large(limit, size, what="the body", server="gateway",
                          hint="send camera frames as JPEG (see docs) or fewer/smaller views")
 
 
@@ -80,7 +81,9 @@ class CredentialsFirst:
     reads its body. Each route's scope comes from its own dependencies (:func:`route_scopes`):
     ``account`` (an account key; a robot key is 401 ``key_bound``), ``key`` (any live key; the
     route narrows a robot key to its deployment itself), ``worker`` (a worker's direct secret),
-    ``none``. A missing, unknown or revoked key is 401 here; the route's dependency checks again."""
+    ``none``. A missing, unknown or revoked key is 401 here; the route's dependency checks again.
+    The refusal goes out before the body is read: ``body_limit.CloseUnread`` (outside this) adds
+    ``Connection: close`` to it, so the server never reads the rest of the refused body."""
 
     def __init__(self, app: Any, gateway: Any, fastapi_app: Any, markers: dict):
         self.app, self.gw, self._fastapi, self._markers = app, gateway, fastapi_app, markers

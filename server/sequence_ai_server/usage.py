@@ -7,7 +7,8 @@ Two halves:
   :meth:`ActMeter.count`, which the /act channel ``/act/ws`` and the openpi endpoint ``/`` call
   for each request they answer, so every /act is counted alike), the ones
   answered with an error (any status >= 400 except 401, which is a routine reconnect after a
-  secret rotation), request and response body bytes, and the handler time of each (ms). The
+  secret rotation), request and response body bytes, and the handler time of each (ms); a
+  request whose client left before its body arrived never ran and is not counted. The
   worker's ``/ping?usage_since=N`` returns the counters and the samples after sequence number N.
 - :class:`UsageStore`, in the gateway: the ``usage`` table of state.db, one row per
   (deployment, hour, card type) with worker-seconds (every running worker: serving, building,
@@ -27,6 +28,8 @@ import threading
 import time
 from pathlib import Path
 from typing import Any, Optional
+
+from starlette.requests import ClientDisconnect
 
 __all__ = ["ActMeter", "MeterLayer", "UsageStore", "Recent", "card_of", "dir_bytes", "HOUR_S"]
 
@@ -90,14 +93,19 @@ class ActMeter:
                 size_out += len(message.get("body", b""))
             await send(message)
 
+        ran = True
         try:
             await app(scope, counted_receive, counted_send)
+        except ClientDisconnect:
+            ran = watch is not None or bool(status)    # False: the client left before its body arrived
+            raise
         finally:
             if watch is not None:
                 if watch.done() and not watch.cancelled() and watch.exception() is None and watch.result():
                     status, size_out = 0, 0          # nothing was delivered
                 watch.cancel()
-            self.count((time.perf_counter() - t0) * 1000.0, status, size_in, size_out)
+            if ran:                                  # one whose body never came never ran: not counted
+                self.count((time.perf_counter() - t0) * 1000.0, status, size_in, size_out)
 
     def count(self, ms: float, status: int, size_in: int, size_out: int) -> None:
         """Count one answered /act: its handler time ``ms`` (ms), HTTP ``status`` (0: no answer

@@ -28,7 +28,7 @@ from pydantic import BaseModel
 from sequence_ai_core.protocol import BINARY_CONTENT_TYPE, JSON_CONTENT_TYPE, MAX_BODY_BYTES
 
 from ._hosting import PolicyError, PolicyHost
-from .body_limit import BodyLimit
+from .body_limit import BodyLimit, CloseUnread
 from .chunk import finish_chunk
 from .errors import ApiError, ErrorBody, ResponseStatus, install_error_handlers, new_request_id
 from .logs import REQUEST_ID
@@ -175,6 +175,9 @@ def create_app(state: WorkerState, secret: str, *, max_body_bytes: int = MAX_BOD
     app.add_middleware(_RequestIdMiddleware)
     app.add_middleware(MeterLayer, meter=app.state.act_meter)   # outermost: every /act answer is counted
     install_error_handlers(app)
+    # outermost: an answer sent before the body was read (a 401, a 413, a 404) closes the
+    # connection, so the worker never reads the rest of a body it refused to keep it alive
+    app.add_middleware(CloseUnread)
     return app
 
 
@@ -337,8 +340,8 @@ def _install_openapi(app: FastAPI) -> None:
 class _AuthFirst:
     """Pure ASGI middleware: the credentials of ``/act``, ``/episode/end`` (the direct secret:
     a lease token or the worker secret) and ``/control/*`` (the worker secret only) are checked
-    from the request headers; a refused request is answered 401 without reading its body (the
-    server discards whatever of it still arrives, so the connection stays usable)."""
+    from the request headers; a refused request is answered 401 without reading its body, and
+    the connection is closed after it (``body_limit.CloseUnread``: the rest is never read)."""
 
     def __init__(self, app: Any, auth: Any) -> None:
         self.app = app
