@@ -15,6 +15,12 @@ Messages (all big-endian; docs/design.md "The /act channel"):
 * cancel, text: ``{"cancel": seq}`` -- a request still waiting in the replica's queue is dropped
   (no answer follows); one already running finishes and its answer is sent (the client drops it).
   A cancel for a seq not in flight (answered already, or never sent) is ignored.
+* a message of neither shape is answered 400 ``invalid_request`` (the channel stays open): a
+  binary message shorter than the 5-byte head with the binary answer when it holds a ``seq``
+  (``details.reason`` ``short_request``), else -- fewer than 4 bytes, or a text message that is
+  not ``{"cancel": seq}`` (not JSON, nested past the parser's depth, over ``MAX_CONTROL_CHARS``,
+  no integer ``cancel``; ``details.reason`` ``bad_control``) -- with a text message holding the
+  common error body, since there is no ``seq`` to answer to.
 
 At most ``MAX_IN_FLIGHT`` requests of one channel are in flight at once; one more is answered 503
 ``unavailable`` at once (the robot's client sends one at a time).
@@ -71,6 +77,7 @@ MAX_IN_FLIGHT = 32
 # once: a worker serves a few robots, each with one; the rest of the budget is for reconnects
 # overlapping a not-yet-noticed drop. Each costs a file descriptor, a task and its buffers.
 MAX_CONNECTIONS = 64
+MAX_CONTROL_CHARS = 4096    # a text (control) message: {"cancel": seq} is ~20 characters
 _REFUSAL_LOG_S = 10.0       # at most one warning per this many seconds about refused connections
 _CONTENT_TYPES = {CHANNEL_FORMAT_JSON: JSON_CONTENT_TYPE, CHANNEL_FORMAT_BINARY: BINARY_CONTENT_TYPE}
 
@@ -161,16 +168,17 @@ class _Channel:
                 if message["type"] == "websocket.disconnect":
                     break
                 data = message.get("bytes")
-                if data is not None and len(self.tasks) >= MAX_IN_FLIGHT:
+                if data is not None and len(data) < _REQUEST_HEAD.size:
+                    await self.refuse_short(data)
+                elif data is not None and len(self.tasks) >= MAX_IN_FLIGHT:
                     await self.refuse_busy(data)
                 elif data is not None:
-                    if len(data) >= _REQUEST_HEAD.size:
-                        self.pending.add(_REQUEST_HEAD.unpack_from(data)[0])
+                    self.pending.add(_REQUEST_HEAD.unpack_from(data)[0])
                     task = asyncio.ensure_future(self.answer(data))
                     self.tasks.add(task)
                     task.add_done_callback(self.tasks.discard)
                 elif message.get("text") is not None:
-                    self.control(message["text"])
+                    await self.control(message["text"])
         except WebSocketDisconnect:
             pass
         finally:
@@ -180,10 +188,17 @@ class _Channel:
             for task in list(self.tasks):
                 task.cancel()            # one still running is counted undelivered (answer())
 
+    async def refuse_short(self, data: bytes) -> None:
+        """Answer a binary message shorter than the request head with 400 ``invalid_request``:
+        tagged with its ``seq`` when it holds one (4 bytes), else as a text message."""
+        seq = struct.unpack_from(">I", data)[0] if len(data) >= 4 else None
+        await self.send_error(ApiError(
+            "invalid_request", f"a channel request is seq (u32) and format (u8), then the /act body; "
+            f"this binary message has {len(data)} bytes", details={"reason": "short_request"},
+            hint="see docs/design.md: The /act channel"), seq)
+
     async def refuse_busy(self, data: bytes) -> None:
         """Answer a request over ``MAX_IN_FLIGHT`` at once with 503 ``unavailable`` (not queued)."""
-        if len(data) < _REQUEST_HEAD.size:
-            return
         seq, _ = _REQUEST_HEAD.unpack_from(data)
         exc = ApiError("unavailable", f"this channel already has {MAX_IN_FLIGHT} requests in flight",
                        details={"max_in_flight": MAX_IN_FLIGHT}, request_id=new_request_id(),
@@ -193,12 +208,31 @@ class _Channel:
         except (WebSocketDisconnect, RuntimeError, OSError):
             pass
 
-    def control(self, text: str) -> None:
+    async def send_error(self, exc: ApiError, seq: Any = None) -> None:
+        """Answer a message that is no request or cancel with ``exc`` (module docstring): the
+        binary answer for ``seq``, or a text message holding the error body when there is none."""
+        exc.request_id = exc.request_id or new_request_id()
         try:
-            seq = json.loads(text).get("cancel")
-        except (ValueError, AttributeError):
-            return
-        if not isinstance(seq, int):
+            if seq is None:
+                await self.ws.send_text(_error_bytes(exc).decode())
+            else:
+                await self.ws.send_bytes(_ANSWER_HEAD.pack(seq, exc.status) + _error_bytes(exc))
+        except (WebSocketDisconnect, RuntimeError, OSError):
+            pass
+
+    async def control(self, text: str) -> None:
+        seq = None
+        if len(text) <= MAX_CONTROL_CHARS:
+            try:
+                seq = json.loads(text).get("cancel")
+            except (ValueError, AttributeError, RecursionError):   # RecursionError: absurdly nested JSON
+                pass
+        if not isinstance(seq, int) or isinstance(seq, bool):
+            log.info("/act channel: a text message that is not a cancel (%d characters); answered 400", len(text))
+            await self.send_error(ApiError(
+                "invalid_request", 'a text message on the /act channel is only {"cancel": seq} '
+                f"(at most {MAX_CONTROL_CHARS} characters); requests are binary messages",
+                details={"reason": "bad_control"}, hint="see docs/design.md: The /act channel"))
             return
         future = self.queued.get(seq)
         if future is None:
@@ -209,8 +243,6 @@ class _Channel:
             self.queued.pop(seq, None)
 
     async def answer(self, data: bytes) -> None:
-        if len(data) < _REQUEST_HEAD.size:
-            return                      # nothing to answer to: not a request
         t0 = time.perf_counter()
         seq, fmt = _REQUEST_HEAD.unpack_from(data)
         if seq in self.cancelled:
