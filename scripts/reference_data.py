@@ -153,6 +153,9 @@ ENV_VARS = {
                            "Side venv of `scripts/lerobot_conformance.sh` (lerobot reads our exports there)."),
     "SEQAI_PY312": ("scripts", "~/.pyenv/versions/3.12*/bin/python3.12, else python3.12",
                     "The Python 3.12 interpreter `scripts/lerobot_conformance.sh` builds that venv with."),
+    "SEQ_BENCH_ROS_KEY": ("scripts", "set by the bench",
+                          "The API key `bench/bench_ros_nodes.py` hands the driver processes it starts "
+                          "(it serves its own gateway and sets this itself)."),
     "SEQ_TEST_WORKERS": ("scripts", "2",
                          "pytest-xdist workers of `scripts/test.sh`; `0` runs the suite serially."),
 }
