@@ -3,9 +3,11 @@
 # Sets up everything that runs ROS code here (after scripts/bootstrap.sh):
 #   .venv activated; the built sequence_ai_msgs (install/) on PYTHONPATH / LD_LIBRARY_PATH /
 #   AMENT_PREFIX_PATH; the ROS wheels' libraries on LD_LIBRARY_PATH; Fast DDS kept on this
-#   host (ROS_AUTOMATIC_DISCOVERY_RANGE=LOCALHOST) with a per-shell ROS_DOMAIN_ID (1..100)
-#   unless one is set; MUJOCO_GL=egl for offscreen rendering.
-# Exports SEQAI_ROOT (the repository root).
+#   host (ROS_AUTOMATIC_DISCOVERY_RANGE=LOCALHOST) with a ROS_DOMAIN_ID of this checkout (1..100,
+#   from its path: every shell that sources this file sees the same nodes) unless one is set;
+#   MUJOCO_GL=egl for offscreen rendering.
+# Exports SEQAI_ROOT (the repository root) and SEQAI_ROS_DOMAIN_DEFAULT (the checkout's domain, so
+# the demo and the tests can tell it from one chosen by hand and take one of their own).
 
 if [ -n "${BASH_SOURCE:-}" ]; then
   _seqai_here=${BASH_SOURCE[0]}
@@ -66,12 +68,15 @@ else
 fi
 unset _seqai_d _seqai_site _seqai_pyver
 
-# --- ROS 2: Fast DDS, discovery on this host only, a domain of our own
+# --- ROS 2: Fast DDS, discovery on this host only, the checkout's own domain: CRC of its path
+# mod 100, + 1 (stable, so a second terminal sees the first one's nodes; another checkout most
+# likely gets another). An exported ROS_DOMAIN_ID wins.
 export RMW_IMPLEMENTATION=rmw_fastrtps_cpp
 export ROS_AUTOMATIC_DISCOVERY_RANGE=LOCALHOST
+SEQAI_ROS_DOMAIN_DEFAULT=$(( $(printf '%s' "$SEQAI_ROOT" | cksum | cut -d ' ' -f 1) % 100 + 1 ))
+export SEQAI_ROS_DOMAIN_DEFAULT
 if [ -z "${ROS_DOMAIN_ID:-}" ]; then
-  ROS_DOMAIN_ID=$(( $(od -An -N2 -tu2 /dev/urandom | tr -d ' ') % 100 + 1 ))
-  export ROS_DOMAIN_ID
+  export ROS_DOMAIN_ID="$SEQAI_ROS_DOMAIN_DEFAULT"
 fi
 
 # --- MuJoCo offscreen rendering: EGL (Mesa llvmpipe without a GPU, the GPU's EGL with one)

@@ -137,6 +137,11 @@ ENV_VARS = {
     # ---- scripts and tests
     "SEQAI_ROOT": ("scripts", "set by scripts/env.sh",
                    "The repository root, exported by `. scripts/env.sh`."),
+    "SEQAI_ROS_DOMAIN_DEFAULT": ("scripts", "set by scripts/env.sh",
+                                 "The checkout's own `ROS_DOMAIN_ID` (1..100, from its path), which "
+                                 "`. scripts/env.sh` exports as `ROS_DOMAIN_ID` unless one is set, so every "
+                                 "shell of the checkout shares a domain; `scripts/demo.sh` and the tests "
+                                 "(`test/conftest.py`) move off it to a domain of their own."),
     "SEQAI_ROS_EXTRAS": ("scripts", "../shared/ros-jazzy-extras",
                          "Folder of the ROS 2 wheels PyPI lacks (launch, launch_ros, the `ros2` CLI, "
                          "composition_interfaces) that `scripts/bootstrap.sh` installs without a ROS install. "

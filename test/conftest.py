@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import sys
+import uuid
 from pathlib import Path
 
 import pytest
@@ -15,10 +16,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 # Under pytest-xdist (scripts/test.sh runs two workers) each worker gets its own DDS domain, so two
 # test files that both start a sim robot and a driver never hear each other's topics. The base is
-# the per-shell ROS_DOMAIN_ID scripts/env.sh picked (1..100); domains stay within 0..101.
+# ROS_DOMAIN_ID, except that scripts/env.sh's default (the checkout's domain, the same in every
+# shell: what `ros2 launch` in another terminal uses) is swapped for one drawn per run (xdist's run
+# id, shared by its workers), offset so that no worker of up to 2 lands on it; domains stay 1..101.
+_base = int(os.environ.get("ROS_DOMAIN_ID", "1"))
+if os.environ.get("SEQAI_ROS_DOMAIN_DEFAULT") == str(_base):
+    _draw = int(os.environ.get("PYTEST_XDIST_TESTRUNUID") or uuid.uuid4().hex, 16) % 49 + 1   # 1..49
+    _base = (_base - 1 + _draw) % 101 + 1
+    os.environ["ROS_DOMAIN_ID"] = str(_base)
 _worker = os.environ.get("PYTEST_XDIST_WORKER", "")
 if _worker.startswith("gw") and _worker[2:].isdigit():
-    _base = int(os.environ.get("ROS_DOMAIN_ID", "1"))
     os.environ["ROS_DOMAIN_ID"] = str((_base + 50 * int(_worker[2:]) - 1) % 101 + 1)
 
 from _servers import ECHO_POLICY, GatewayProcess, WorkerProcess  # noqa: E402
