@@ -126,8 +126,9 @@ setup(
         # test/test_chat_decide.py: llama.cpp's OpenAI-compatible server (an sdist: built once with
         # cmake + g++, then pip's wheel cache; scripts/bootstrap.sh sets CMAKE_ARGS to keep the build
         # small) and gguf, which writes the test's tiny model
-        # build: test/test_wheel_install.py builds the sdist and the wheel (python -m build --no-isolation)
-        "test": ["pytest==8.3.5", "build>=1.0", "colcon-common-extensions>=0.3", "pytest-timeout>=2.3", "pytest-xdist>=3.5",
+        # build + setuptools: test/test_wheel_install.py builds the sdist and the wheel (python -m build
+        # --no-isolation: pyproject.toml's setuptools>=70.1, newer than Python 3.11's venv's 65.5)
+        "test": ["pytest==8.3.5", "build>=1.0", "setuptools>=70.1", "colcon-common-extensions>=0.3", "pytest-timeout>=2.3", "pytest-xdist>=3.5",
                  "hypothesis>=6.90,<6.156", "simplejpeg>=1.7", "psutil>=5.9", "schemathesis>=4.0",
                  "llama-cpp-python[server]==0.3.36", "gguf>=0.17"],
         # workers placed by Ray (`seq serve --backend ray`); ray 2.60.0 checked here

