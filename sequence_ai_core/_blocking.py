@@ -88,15 +88,18 @@ class BlockingChannel:
         url = _channel.channel_url(self.worker_url)
         deadline = time.monotonic() + min(_channel.OPEN_TIMEOUT_S, self.timeout_s)
         try:
-            sock = self._dial(url, deadline)
+            self._dial(url, deadline)
         except OSError as exc:
+            self.abort()
             raise _channel.ChannelDropped(f"could not open the /act channel to {self.worker_url}: {exc!r}") from exc
-        proto = _ClientProtocol(_parse_uri(url), max_size=MAX_BODY_BYTES + 1024)
-        request = proto.connect()
-        request.headers["Authorization"] = f"Bearer {self.token}"
-        proto.send_request(request)
-        self._sock, self._proto = sock, proto
+        except BaseException:          # Ctrl-C mid-dial: the socket is closed now, not when the traceback goes
+            self.abort()
+            raise
         try:
+            self._proto = proto = _ClientProtocol(_parse_uri(url), max_size=MAX_BODY_BYTES + 1024)
+            request = proto.connect()
+            request.headers["Authorization"] = f"Bearer {self.token}"
+            proto.send_request(request)
             self._flush(deadline)
             response = None
             while response is None:
@@ -117,16 +120,30 @@ class BlockingChannel:
         raise _channel.ChannelUnsupported(f"{self.worker_url} answered the channel upgrade with "
                                           f"{response.status_code}")
 
-    @staticmethod
-    def _dial(url: str, deadline: float) -> socket.socket:
+    def _dial(self, url: str, deadline: float) -> None:
+        """Connect (TCP, then TLS for wss) and hold the socket in ``_sock`` from its creation on,
+        so an interrupt anywhere in the dial leaves it to ``abort`` (``socket.create_connection``
+        closes its socket on OSError only: on Ctrl-C the traceback kept it open)."""
         parts = urlsplit(url)
         secure = parts.scheme == "wss"
         port = parts.port or (443 if secure else 80)
-        sock = socket.create_connection((parts.hostname, port), timeout=max(0.001, deadline - time.monotonic()))
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        if secure:
-            sock = ssl.create_default_context().wrap_socket(sock, server_hostname=parts.hostname)
-        return sock
+        error: Optional[OSError] = None
+        for family, kind, number, _, address in socket.getaddrinfo(parts.hostname, port, type=socket.SOCK_STREAM):
+            self._sock = sock = socket.socket(family, kind, number)
+            try:
+                sock.settimeout(max(0.001, deadline - time.monotonic()))
+                sock.connect(address)
+            except OSError as exc:
+                self.abort()
+                error = exc
+                continue
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if secure:
+                self._sock = ssl.create_default_context().wrap_socket(
+                    sock, server_hostname=parts.hostname, do_handshake_on_connect=False)
+                self._sock.do_handshake()
+            return
+        raise error if error is not None else OSError(f"no address for {parts.hostname}")
 
     def request(self, content: bytes, binary: bool) -> httpx.Response:
         """Send one /act body (``binary``: the binary framing, else JSON) and wait for its answer.

@@ -140,29 +140,91 @@ def test_a_body_far_over_the_limit_is_payload_too_large_on_the_blocking_path(sma
         fast.close()
 
 
-def test_ctrl_c_while_the_channel_opens_closes_its_socket_at_once():
-    """A worker that accepted the TCP connection but does not answer the upgrade; Ctrl-C: the
-    socket is closed when KeyboardInterrupt leaves, not when its traceback is collected (a REPL
-    keeps the last one)."""
-    server = socket.create_server(("127.0.0.1", 0))
-    port = server.getsockname()[1]
+def _interrupt_main(when, got: dict) -> threading.Thread:
+    """A thread that waits for ``when()`` (-> True once the main thread is where it should be
+    interrupted; it may store what it saw in ``got``), then sends the main thread SIGINT and
+    notes the time; any failure of its own is stored as ``got["error"]``."""
     main = threading.get_ident()
-    timer = threading.Timer(0.3, lambda: signal.pthread_kill(main, signal.SIGINT))
-    try:
-        timer.start()
-        with pytest.raises(KeyboardInterrupt) as stopped:
-            BlockingChannel(f"http://127.0.0.1:{port}", "token", 10.0).connect()
+
+    def run():
+        try:
+            deadline = time.monotonic() + 60
+            while not when():
+                assert time.monotonic() < deadline, "the main thread never got there"
+                time.sleep(0.001)
+            got["interrupted_at"] = time.monotonic()
+            signal.pthread_kill(main, signal.SIGINT)
+        except BaseException as exc:        # noqa: BLE001 - reported by the test
+            got["error"] = exc
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_ctrl_c_while_the_channel_opens_closes_its_socket_at_once():
+    """A worker that accepted the TCP connection and read the whole upgrade request, but holds
+    its 101 back; Ctrl-C then, so it lands mid-upgrade however slow the machine: the socket is
+    closed when KeyboardInterrupt leaves, not when its traceback is collected (a REPL keeps the
+    last one). The signal is sent once the request is in, not after a fixed time."""
+    server = socket.create_server(("127.0.0.1", 0))
+    port, got = server.getsockname()[1], {}
+
+    def upgrade_read() -> bool:
         peer, _ = server.accept()
-        with peer:
-            peer.settimeout(5.0)
-            upgrade = peer.recv(65536)
-            while b"\r\n\r\n" not in upgrade:
-                upgrade += peer.recv(65536)
-            assert upgrade.startswith(b"GET /act/ws HTTP/1.1")
-            assert peer.recv(65536) == b""          # closed, with the traceback still alive
+        peer.settimeout(60.0)
+        got["peer"], upgrade = peer, b""
+        while b"\r\n\r\n" not in upgrade:
+            chunk = peer.recv(65536)
+            assert chunk, upgrade
+            upgrade += chunk
+        got["upgrade"] = upgrade
+        return True
+    try:
+        thread = _interrupt_main(upgrade_read, got)
+        with pytest.raises(KeyboardInterrupt) as stopped:
+            BlockingChannel(f"http://127.0.0.1:{port}", "token", 60.0).connect()
+        thread.join(60)
+        assert "error" not in got, got.get("error")
+        assert got["upgrade"].startswith(b"GET /act/ws HTTP/1.1")
+        with got["peer"] as peer:
+            peer.settimeout(30.0)                 # generous: 'at once' is the bound below
+            assert peer.recv(65536) == b""        # closed, with the traceback still alive
+            closed_after = time.monotonic() - got["interrupted_at"]
+        assert stopped.value is not None and closed_after < 5.0, closed_after
+    finally:
+        server.close()
+
+
+def _syn_sent_to(port: int) -> int:
+    """This machine's TCP sockets in SYN-SENT to 127.0.0.1:``port`` (/proc/net/tcp: no subprocess)."""
+    want = f"0100007F:{port:04X}"
+    with open("/proc/net/tcp") as table:
+        return sum(1 for line in table.readlines()[1:] if line.split()[2] == want and line.split()[3] == "02")
+
+
+def test_ctrl_c_while_the_channel_dials_closes_its_socket_at_once():
+    """A worker whose accept queue is full drops the SYN, so the TCP connect waits; Ctrl-C then
+    (once the socket is seen in SYN-SENT): the socket is closed when KeyboardInterrupt leaves,
+    not kept by the traceback (socket.create_connection closes it only on OSError)."""
+    server = socket.create_server(("127.0.0.1", 0), backlog=0)
+    port, got, queued = server.getsockname()[1], {}, []
+    try:
+        for _ in range(4):                        # fill the accept queue (never accepted)
+            try:
+                queued.append(socket.create_connection(("127.0.0.1", port), timeout=0.5))
+            except OSError:
+                break
+        before = _syn_sent_to(port)
+        thread = _interrupt_main(lambda: _syn_sent_to(port) > before, got)
+        with pytest.raises(KeyboardInterrupt) as stopped:
+            BlockingChannel(f"http://127.0.0.1:{port}", "token", 60.0).connect()
+        thread.join(60)
+        assert "error" not in got, got.get("error")
+        assert _syn_sent_to(port) == before       # closed, with the traceback still alive
         assert stopped.value is not None
     finally:
-        timer.cancel()
+        for sock in queued:
+            sock.close()
         server.close()
 
 
