@@ -27,6 +27,16 @@ episode does, so only those received at or after the start marker's ``t_ns`` (wh
 built it) are written from the short backlog kept for this: a command the driver published
 before the recorder got round to its start marker is kept, one from before the episode is not.
 
+Post-roll: the recorder's executor lags under load (a camera frame taken before the episode's last
+command can reach it 100-250 ms later, after the driver's end marker), and the export gives each
+step the samples stamped at or before it. So an ``Act`` end marker does not close the bag at
+once: sensor streams keep being written until each has delivered a sample whose sensor time (its
+``header.stamp``; its receipt time when unstamped or on another clock) is at or after the receipt
+of the episode's last command (the end marker's ``actions``-th; it too may still be on its way),
+at most ``post_roll_s`` after the end marker (then a WARN names the streams that fell short).
+Commands go on being written up to ``actions`` + 1 (the last action and the hold after it); a
+stream delivers in publish order, so every sample in force at the last step is then in the bag.
+
 Labels: ``~/label_episode`` (``sequence_ai_msgs/srv/LabelEpisode``) gives an episode its success
 label (the dataset's ``next.success``): the episode being recorded (a label marker is written at
 once and the end marker carries the label), or a closed bag, which is rewritten with a label
@@ -72,7 +82,9 @@ from ._params import declare_parameters
 from ._spin import spin_node
 from .bag import COMPRESSED_SUFFIX, EPISODE_TOPIC, INSTRUCTION_TOPIC
 from .bag.events import assembly_settings
+from .bag.frames import MAX_CLOCK_OFFSET_S
 from .bag.reader import BagReadError, label_bag, label_event, read_episode
+from .bag.stamps import has_header, header_stamp_ns
 from .bag.writer import BagWriter, bag_size, own_bags, prune_bags
 
 _PARAMS = {
@@ -104,6 +116,9 @@ _PARAMS = {
     "queue_size": (256, "Writer queue length (messages); when full, messages are dropped and counted."),
     "chunk_kib": (256, "MCAP chunk size bound (KiB): a SIGKILL loses at most the chunk being filled."),
     "chunk_s": (1.0, "MCAP chunk age bound (s)."),
+    "post_roll_s": (1.0, "After an Act end marker, the bag stays open (at most this long, s) until every sensor "
+                         "stream has delivered a sample taken at or after the episode's last command (the "
+                         "samples in force at the last step; see Post-roll in the module docstring); 0 = close at once."),
 }
 
 _COMMAND_TYPES = {"float64_multi_array": "std_msgs/msg/Float64MultiArray",
@@ -150,6 +165,8 @@ class EpisodeRecorder(Node):
         # _stream_lock together with the recording switch, so each message is written once
         self.preroll: dict = {}
         self._recent_commands: deque = deque(maxlen=64)   # (receipt t_ns, raw CDR), for the start race
+        self._command_times: list = []            # receipt t_ns of the commands written to the open bag
+        self._command_cap: Optional[int] = None   # during the post-roll: at most this many commands
         self._stream_lock = threading.Lock()
         self._label: Optional[dict] = None        # label given while the open episode records
         self._quality = int(p["jpeg_quality"])
@@ -243,10 +260,11 @@ class EpisodeRecorder(Node):
                 for topic, msgtype, t_ns, raw, transform in self.preroll.values():
                     self.writer.put(topic, msgtype, t_ns, raw, transform)
                 since = start.get("t_ns")
+                self._command_times, self._command_cap = [], None
                 if isinstance(since, int):   # commands of this episode that beat its start marker here
                     for t_ns, raw in self._recent_commands:
                         if t_ns >= since:
-                            self.writer.put(self._command_topic, self._command_msgtype, t_ns, raw)
+                            self._put_command(t_ns, raw)
                 self._episode = start
             self.writer.flush()
             return path
@@ -299,7 +317,37 @@ class EpisodeRecorder(Node):
                 self.stop_episode({"outcome": None, "note": "a new Act goal started before this one's end marker"})
             self.start_episode(event)
         elif event.get("event") == "end" and self.recording and self._episode.get("source") == "act":
+            self._post_roll(event)
             self.stop_episode(event)
+
+    def _post_roll(self, end: dict) -> None:
+        """Keep the open bag recording after an Act end marker until every sensor stream has a
+        sample at or after the last command's receipt, at most ``post_roll_s`` (module docstring)."""
+        limit = float(self._p["post_roll_s"])
+        actions = (end.get("outcome") or {}).get("actions")
+        actions = actions if isinstance(actions, int) and actions > 0 else None
+        if limit <= 0:
+            return
+        with self._stream_lock:
+            self._command_cap = None if actions is None else actions + 1   # the last action and the hold
+        topics = [*self._image_topics.values(), self._joint_topic]
+        deadline = time.monotonic() + limit
+        while True:
+            with self._stream_lock:
+                times = self._command_times
+                missing = 0 if actions is None else max(0, actions - len(times))
+                last = times[min(len(times), actions or len(times)) - 1] if times else None
+                behind = [t for t in topics if last is not None and _sensor_time(self.preroll.get(t)) < last]
+            if not missing and not behind:
+                return
+            if time.monotonic() >= deadline:
+                break
+            time.sleep(0.005)
+        self.get_logger().warning(
+            f"post-roll: {limit:g} s after the end marker, "
+            + (f"{missing} of the episode's {actions} commands had not arrived" if missing else
+               f"{', '.join(behind)} had no sample taken at or after the last command")
+            + ": the bag's last steps may lack their samples (post_roll_s)")
 
     def _on_instruction(self, msg: String) -> None:
         if self.recording and msg.data.strip():
@@ -340,10 +388,15 @@ class EpisodeRecorder(Node):
         t = time.time_ns()
         with self._stream_lock:
             self._recent_commands.append((t, raw))
-            if self._episode is not None:
-                self.writer.put(self._command_topic, self._command_msgtype, t, raw)
+            if self._episode is not None and (self._command_cap is None or len(self._command_times) < self._command_cap):
+                self._put_command(t, raw)
         for tap in self.taps:
             tap("command", None, raw, t)
+
+    def _put_command(self, t_ns: int, raw: bytes) -> None:
+        """Queue a command of the open bag and note its receipt time. Caller holds _stream_lock."""
+        self.writer.put(self._command_topic, self._command_msgtype, t_ns, raw)
+        self._command_times.append(t_ns)
 
     def _compress(self, raw: bytes):
         """Writer thread: ``sensor_msgs/Image`` CDR -> ``sensor_msgs/CompressedImage`` (JPEG) CDR."""
@@ -466,6 +519,19 @@ class EpisodeRecorder(Node):
         finally:
             self._action_server.destroy()
             super().destroy_node()
+
+
+def _sensor_time(entry) -> int:
+    """Sensor time (ns) of a pre-roll entry ``(topic, msgtype, receipt t_ns, raw, transform)``: its
+    header stamp when it has one on the receipts' clock (as the export places it), else its
+    receipt time; -1 for no entry."""
+    if entry is None:
+        return -1
+    _, msgtype, t_ns, raw, _ = entry
+    stamp = header_stamp_ns(raw) if has_header(msgtype) else None
+    if stamp is None or abs(t_ns - stamp) > MAX_CLOCK_OFFSET_S * 1e9:
+        return t_ns
+    return stamp
 
 
 def _recorder_id(output_dir: Path) -> str:
