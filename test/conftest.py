@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import uuid
 from pathlib import Path
@@ -13,6 +14,15 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+# Ctrl-C is a behaviour under test (the blocking channel's interrupt, SIGINT to ros2 launch and to
+# each node). A shell without job control starts a background command with SIGINT ignored, Python
+# then keeps it ignored instead of raising KeyboardInterrupt, and every process the tests start
+# inherits that: a signal test would then wait out its deadline. Each test process (the xdist
+# controller and its workers import this file) puts Python's own handler back, so SIGINT reaches
+# the tests and, reset to its default by exec, every process they start, however the suite was run.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 # Under pytest-xdist (scripts/test.sh runs two workers) each worker gets its own DDS domain, so two
 # test files that both start a sim robot and a driver never hear each other's topics. The base is

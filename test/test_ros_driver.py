@@ -258,7 +258,9 @@ def test_cancel_publishes_the_hold_within_one_control_period_then_silence(ros, e
     assert hold == pytest.approx(robot.commands[-2][1])        # the last command, repeated
     assert driver.trace.hold_time is not None
     assert driver.trace.hold_time - t_cancel <= PERIOD_S, driver.trace.hold_time - t_cancel
-    assert hold_t - t_cancel <= PERIOD_S + 0.05                 # delivery to the robot included
+    # the bound above is the driver's promise; this adds DDS delivery to the test's own (loaded) process,
+    # which once took 54 ms in a loaded CI run
+    assert hold_t - t_cancel <= PERIOD_S + 0.15                 # delivery to the robot included
     assert len(robot.commands) == wrapped.result.actions + 1
 
 
@@ -338,7 +340,9 @@ def test_a_frozen_camera_still_publishing_ends_the_goal_as_stale_camera_within_i
     assert "camera 'exterior_1' frozen" in res.message and words in res.message, res.message
     assert "max_frame_age_s=0.4" in res.message
     hold_after = driver.trace.hold_time - t_freeze
-    assert 0.4 - 0.05 <= hold_after < 0.4 + 0.3, hold_after      # within the declared age (+ a tick)
+    # the age runs from the last fresh frame the driver received, which came before t_freeze by a
+    # camera period (30 Hz) plus its delivery under load: 67 ms once in a loaded CI run, so allow 0.1 s
+    assert 0.4 - 0.1 <= hold_after < 0.4 + 0.3, hold_after      # within the declared age (+ a tick)
     assert robot.commands[-1][1] == pytest.approx(robot.commands[-2][1])
     assert len(robot.commands) == res.actions + 1
     # a chunk for the frozen picture never played: at most the one already in flight landed
