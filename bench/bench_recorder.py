@@ -13,7 +13,7 @@ p99 |period - 1/rate|, ms) in each phase (recording must not disturb the loop th
 and the pre-roll the bag starts with (the latest sample of each sensor stream from before the
 episode started, and how old it was then, ms).
 
-``--timing`` (issue 30): real times in bags and datasets. For observations at 15 and 30 Hz, with
+``--timing``: real times in bags and datasets. For observations at 15 and 30 Hz, with
 commands at the observation rate and at twice it (lerobot PR #4423's case), one episode of
 ``--seconds`` each, recorded around driver-style markers (auto_record) that declare the command
 rate: the recorder's stamp error (receipt minus header stamp, ms, p50/p99/max, from the bag's
@@ -269,7 +269,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seconds", type=float, default=None, help="length of each phase (s; default 20, --timing 3)")
     ap.add_argument("--rate", type=float, default=15.0, help="camera/joint/command rate (Hz)")
-    ap.add_argument("--timing", action="store_true", help="stamp error and exported vs recorded duration (issue 30)")
+    ap.add_argument("--timing", action="store_true", help="stamp error and exported vs recorded duration")
     args = ap.parse_args()
     if args.timing:
         return timing_main(args.seconds or 3.0)

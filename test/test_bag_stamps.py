@@ -1,4 +1,4 @@
-"""Real times in bags and datasets (issue 30, item 2): a real ``episode_recorder`` process records
+"""Real times in bags and datasets: a real ``episode_recorder`` process records
 streams published here with known header stamps -- on time, or by a loaded publisher that wakes
 every 0.3 s and sends its backlog at once -- and ``sequence-ai bag export`` turns the bags into
 LeRobot datasets whose fps is the declared control rate and whose duration is the recording's.
@@ -241,7 +241,7 @@ def _check_alignment(bag: Path, steps) -> set:
 @pytest.mark.parametrize("hz", [30, 15])
 def test_a_bursty_stream_exports_with_its_declared_fps_and_its_real_duration(rig, tmp_path, hz):
     """The publisher wakes every 0.3 s and sends its backlog: the recorder receives bunches (the
-    receipt times of issue 30), yet the dataset is at the declared rate and lasts what was recorded."""
+    receipt times a loaded recorder gets), yet the dataset is at the declared rate and lasts what was recorded."""
     n = 3 * hz
     bag, due, _ = rig.record(control_hz=float(hz), obs_hz=float(hz), n=n, burst_s=0.3)
     rec = read_episode(bag)

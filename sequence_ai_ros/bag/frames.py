@@ -11,7 +11,7 @@ driven by the bag's *sensor* clock (:func:`episode_timing`): each sensor message
 observation is built at its step's time. So a frame holds the samples taken at or before its
 instant, however late or bunched the recorder received them.
 
-Rate and time (issue 30: a recorder that fell behind received a 30 Hz command stream 3-6 ms
+Rate and time (measured: a recorder that fell behind received a 30 Hz command stream 3-6 ms
 apart, and an fps measured from those receipts made a 3.4 s episode 0.32 s of dataset time):
 
 * fps is the declared control rate -- the start marker's ``control_frequency_hz``, the policy

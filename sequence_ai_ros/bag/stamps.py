@@ -2,7 +2,7 @@
 
 A bag's log times are the recorder's receipt times (ns), as ``ros2 bag record`` writes them. They
 are not the times the data was taken: a recorder whose executor falls behind receives a 33 ms
-stream in bunches (3-6 ms apart, with 320-750 ms gaps, measured in issue 30). So every message
+stream in bunches (3-6 ms apart, with 320-750 ms gaps, measured on a loaded 2-core machine). So every message
 that carries a ``std_msgs/Header`` first keeps its sensor time in the bag -- the ``header.stamp``
 inside its CDR bytes, which the recorder stores unchanged (JPEG compression copies the header) --
 and the export times frames from it. A message type without a header (``std_msgs/Float64MultiArray``
