@@ -72,7 +72,7 @@ setup(
     # parts need 3.10+ (their extras and bootstrap.sh pick that interpreter).
     python_requires=">=3.9",
     # Every package under the import names this distribution owns (sequence_ai.recipes and
-    # sequence_ai_server.routes were once missed by a hand-written list: the wheel could not import).
+    # sequence_ai_server.gateway.routes were once missed by a hand-written list: the wheel could not import).
     packages=PACKAGES,
     # Files read at run time, beside the code: the ``seq init`` templates (the file types
     # seq._cli_author.init_template copies). pick-place is examples/pick_place, copied in by build_py.

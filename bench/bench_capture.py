@@ -31,7 +31,7 @@ def _pct(xs, q):
 def main(n: int = 400) -> None:
     import json
 
-    from sequence_ai_server.capture import CaptureWriter
+    from sequence_ai_server.worker.capture import CaptureWriter
     with tempfile.TemporaryDirectory() as tmp:
         gw = GatewayProcess.start(Path(tmp), env={"SEQ_CAPTURE_POLL_S": "0.2"})
         try:

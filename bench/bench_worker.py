@@ -34,8 +34,8 @@ import httpx  # noqa: E402
 from PIL import Image  # noqa: E402
 
 from sequence_ai_core.protocol import BINARY_CONTENT_TYPE, encode_act_body  # noqa: E402
-from sequence_ai_server._hosting import PolicyHost, load_policy_class  # noqa: E402
-from sequence_ai_server.chunk import finish_chunk  # noqa: E402
+from sequence_ai_server.worker.host import PolicyHost, load_policy_class  # noqa: E402
+from sequence_ai_server.worker.action_check import finish_chunk  # noqa: E402
 
 POLICY = '''
 import numpy as np

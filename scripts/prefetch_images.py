@@ -34,7 +34,7 @@ SOURCES = [ROOT / "test" / "test_platform_images.py"]   # test files whose POLIC
 
 def _images(tmp: Path) -> list[dict]:
     """The ``image=`` of every policy the image tests deploy, read as the gateway reads it."""
-    from sequence_ai_server.envs import image_from_source
+    from sequence_ai_server.launchers.envs import image_from_source
     images = []
     for src in SOURCES:
         consts = {}
@@ -63,7 +63,7 @@ def _uv_cache_dir(uv: list) -> str:
 def _key(images: list[dict], uv: list) -> str:
     from importlib import metadata
 
-    from sequence_ai_server.envs import _packages, worker_requirements
+    from sequence_ai_server.launchers.envs import _packages, worker_requirements
     what = {"installs": [[*_packages(i), *worker_requirements(_packages(i))] for i in images],
             "python": sys.version, "uv": metadata.version("uv"), "cache": _uv_cache_dir(uv),
             "pip_env": {k: v for k, v in os.environ.items() if k in ("PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL",
@@ -72,7 +72,7 @@ def _key(images: list[dict], uv: list) -> str:
 
 
 def main() -> int:
-    from sequence_ai_server.envs import EnvBuilder, ImageBuildError, _packages, _uv, pip_indexes, worker_requirements
+    from sequence_ai_server.launchers.envs import EnvBuilder, ImageBuildError, _packages, _uv, pip_indexes, worker_requirements
     mode = sys.argv[1] if len(sys.argv) > 1 else "fetch"
     uv = _uv()
     with tempfile.TemporaryDirectory(prefix="seqai-prefetch-") as tmp:

@@ -16,7 +16,7 @@ ENV_GROUPS = (
      "the ROS 2 nodes and the MCP server. An argument given in code or on the command line wins over "
      "the variable."),
     ("server", "Gateway (`seq serve`)",
-     "Read once when the gateway starts (`sequence_ai_server.config.ServerConfig`, unless noted); the "
+     "Read once when the gateway starts (`sequence_ai_server.common.config.ServerConfig`, unless noted); the "
      "gateway hands its environment on to the workers it starts, so a worker setting set here "
      "reaches every worker."),
     ("worker", "Worker",

@@ -2,7 +2,7 @@
 ``FILE[:CLASS]`` to a registered version, fetch a version's text.
 
 Used by ``seq deploy adapter.py``, ``seq adapter ...``, ``seq eval run --adapter`` and
-``seq.adapter_source()``. The gateway side is ``sequence_ai_server/adapters.py``.
+``seq.adapter_source()``. The gateway side is ``sequence_ai_server/gateway/adapters.py``.
 """
 from __future__ import annotations
 

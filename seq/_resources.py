@@ -3,7 +3,7 @@
 All of them are pure data. Self-hosted, the region is recorded on the policy's spec (shown by
 ``seq policy status``) but changes nothing; a GPU type is checked against this machine's cards
 when the version loads; an image's ``pip_install`` / ``uv_pip_install`` / ``env`` steps are built
-into a Python environment of its own (``sequence_ai_server/envs.py``), and ``apt_install``,
+into a Python environment of its own (``sequence_ai_server/launchers/envs.py``), and ``apt_install``,
 ``run_commands`` and a registry base image are refused at deploy; weights that name a local
 directory are handed to ``load`` as they are, and a secret is read from the environment variable
 of the same name in upper case.

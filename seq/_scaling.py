@@ -2,7 +2,7 @@
 ``@seq.concurrent`` (how many model copies a worker holds, and how many robots it takes).
 
 Both are pure declarations, validated when the module is imported; the worker
-(``sequence_ai_server._hosting``) reads them from the policy's spec.
+(``sequence_ai_server.worker.host``) reads them from the policy's spec.
 
     @seq.policy(...)
     @seq.concurrent(replicas_per_gpu=2)

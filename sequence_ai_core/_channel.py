@@ -1,6 +1,6 @@
 """The client end of the persistent /act channel: one websocket to the worker's ``/act/ws``.
 
-The worker side and the message layout are in ``server/sequence_ai_server/act_channel.py`` and
+The worker side and the message layout are in ``server/sequence_ai_server/worker/channel.py`` and
 docs/design.md ("The /act channel"): a request is ``seq`` (u32) ``format`` (u8) + the /act body
 exactly as HTTP /act takes it (``protocol.encode_act_body``); an answer is ``seq`` (u32)
 ``status`` (u16) + the JSON body HTTP /act would answer. ``ActChannel.request`` hands that back as

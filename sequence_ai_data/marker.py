@@ -8,7 +8,7 @@ for exactly that path with that key (:func:`is_marked`): a marker copied elsewhe
 with another key, or a symlinked marker does not count -- so a tool never deletes a folder it did
 not create.
 
-Stdlib only, so both the gateway's capture export (``sequence_ai_server.capture``) and
+Stdlib only, so both the gateway's capture export (``sequence_ai_server.worker.capture``) and
 ``sequence-ai bag export`` (:mod:`sequence_ai_data.lerobot`) use it.
 """
 from __future__ import annotations

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 import httpx
-from sequence_ai_server._proc import stop_process
+from sequence_ai_server.common.processes import stop_process
 
 ROOT = Path(__file__).resolve().parent.parent
 POLICIES = Path(__file__).resolve().parent / "policies"

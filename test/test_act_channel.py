@@ -22,7 +22,7 @@ from _core_support import ECHO, connect, observation, unique
 from _servers import ROOT, _env, echo_observation
 from sequence_ai_core._wire import Session, Wire
 from sequence_ai_core.protocol import encode_act_body
-from sequence_ai_server.leases import sign_lease
+from sequence_ai_server.common.leases import sign_lease
 
 pytestmark = pytest.mark.filterwarnings("ignore:run\\(\\)/act\\(\\) called with validate=None")
 

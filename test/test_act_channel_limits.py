@@ -25,7 +25,7 @@ from websockets.sync.client import connect as ws_connect
 from _core_support import ECHO
 from _servers import WorkerProcess, _env, echo_observation
 from sequence_ai_core.protocol import ERROR_CODES, encode_act_body
-from sequence_ai_server.openpi_compat import packb, unpackb
+from sequence_ai_server.worker.openpi import packb, unpackb
 
 LIMIT = 3
 SLOW_MS = 1000.0
@@ -235,8 +235,8 @@ def test_a_channel_request_running_when_the_client_goes_is_metered_undelivered(w
 
 
 def test_the_limit_defaults_to_64_and_a_bad_setting_stops_the_worker_naming_it(tmp_path, monkeypatch):
-    from sequence_ai_server.act_channel import MAX_CONNECTIONS
-    from sequence_ai_server.worker_app import WorkerState, create_app
+    from sequence_ai_server.worker.channel import MAX_CONNECTIONS
+    from sequence_ai_server.worker.app import WorkerState, create_app
     for name in ("SEQ_CAPTURE_DIR", "SEQ_WORKER_SECRET_FILE", "SEQ_WORKER_ACTIVITY_FILE"):
         monkeypatch.delenv(name, raising=False)
     assert MAX_CONNECTIONS == 64

@@ -20,7 +20,7 @@ import sequence_ai
 from _core_support import observation
 from _servers import ECHO_POLICY, ROOT, GatewayProcess, _env, echo_observation, png_b64
 from sequence_ai_core.protocol import encode_act_body
-from sequence_ai_server.capture import keeps
+from sequence_ai_server.worker.capture import keeps
 
 SEQ_MAIN = "from seq.cli import main; main()"
 

@@ -20,7 +20,7 @@ from _core_support import ECHO
 from _servers import WorkerProcess, echo_observation
 from sequence_ai_core._channel import ActChannel, ChannelDropped
 from sequence_ai_core.protocol import encode_act_body
-from sequence_ai_server.act_channel import MAX_CONTROL_CHARS, MAX_IN_FLIGHT
+from sequence_ai_server.worker.channel import MAX_CONTROL_CHARS, MAX_IN_FLIGHT
 
 BOUND_S = 5.0          # an answer the worker sends at once (room for a loaded 2-core machine)
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from sequence_ai_server.capture import CaptureError
-from sequence_ai_server.capture_export import check_export_target
+from sequence_ai_server.worker.capture import CaptureError
+from sequence_ai_server.gateway.capture_export import check_export_target
 
 
 @pytest.mark.parametrize("out", ["/tmp/seq-export\x00x", "/tmp/seq-export-\ud800"])

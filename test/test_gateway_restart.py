@@ -243,9 +243,9 @@ def test_a_lease_of_a_few_seconds_is_renewed_before_it_lapses_and_the_robot_keep
 def test_a_recorded_pid_that_is_now_another_program_is_neither_adopted_nor_signalled(tmp_path):
     """pid reuse: the record names a live process that is not the worker (not a worker command
     line, or another start time). The gateway leaves it alone and the deployment reads stopped."""
-    from sequence_ai_server._proc import AdoptedProcess, EXIT_UNKNOWN, process_start
-    from sequence_ai_server.gateway import Gateway
-    from sequence_ai_server.store import DeploymentRow, Store
+    from sequence_ai_server.common.processes import AdoptedProcess, EXIT_UNKNOWN, process_start
+    from sequence_ai_server.gateway.controller import Gateway
+    from sequence_ai_server.gateway.store import DeploymentRow, Store
 
     data_dir = tmp_path / "seq-home"
     gw = Gateway(data_dir)

@@ -307,7 +307,7 @@ def test_worker_act_refuses_lone_surrogate_and_its_errors_render(tmp_path):
 
 
 def test_an_error_message_echoing_a_lone_surrogate_renders():
-    from sequence_ai_server.errors import ApiError
+    from sequence_ai_server.common.errors import ApiError
     resp = ApiError("invalid_request", "unknown value '\ud800'", details={"v": "\udfff"}).response()
     body = json.loads(resp.body)
     assert resp.status_code == 400 and body["detail"] == "unknown value '\\ud800'" and body["details"] == {"v": "\\udfff"}

@@ -1,4 +1,4 @@
-"""The launcher interface (server/sequence_ai_server/launch.py, launch_local.py): a real worker
+"""The launcher interface (server/sequence_ai_server/launchers/base.py, launch_local.py): a real worker
 started from a WorkerLaunchSpec reports through typed events -- Placed, Started, Phase, Ready,
 Exited -- its secret rotates through the handle, and an image that fails to build reads as
 Failed then Exited, with the failing step's output in the build log."""
@@ -11,9 +11,9 @@ from pathlib import Path
 import httpx
 
 from _servers import ECHO_POLICY, echo_observation
-from sequence_ai_server.envs import EnvBuilder
-from sequence_ai_server.launch import Exited, Failed, Phase, Placed, Ready, Started, WorkerLaunchSpec
-from sequence_ai_server.launch_local import LocalLauncher
+from sequence_ai_server.launchers.envs import EnvBuilder
+from sequence_ai_server.launchers.base import Exited, Failed, Phase, Placed, Ready, Started, WorkerLaunchSpec
+from sequence_ai_server.launchers.local import LocalLauncher
 
 
 def _spec(tmp: Path, name: str, file: str, image=None) -> WorkerLaunchSpec:
@@ -93,7 +93,7 @@ def test_a_half_built_environment_of_a_dead_builder_is_removed_and_a_live_ones_k
     # the next build removes it once that process is gone, and never shares it
     import subprocess
     import sys
-    from sequence_ai_server.envs import remove_orphan_builds
+    from sequence_ai_server.launchers.envs import remove_orphan_builds
     live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
         dead = subprocess.Popen([sys.executable, "-c", "pass"])

@@ -206,7 +206,7 @@ def test_every_package_is_scanned():
     assert set(RULES) == set(PACKAGES) | {"seq.cli"}
     files = {f for f, *_ in _all_imports()}
     assert "sequence_ai_ros/driver/node.py" in files   # imports sequence_ai lazily or not: it is seen
-    assert "server/sequence_ai_server/capture_export.py" in files   # imports sequence_ai_data
+    assert "server/sequence_ai_server/gateway/capture_export.py" in files   # imports sequence_ai_data
 
 
 def test_imports_follow_the_rules():
@@ -364,3 +364,133 @@ def test_size_checker_counts_nested_functions_and_decorators(tmp_path):
     src = "class A:\n    @staticmethod\n    def f():\n        def g():\n            return 1\n        return g\n"
     got = list(_functions(ast.parse(src)))
     assert got == [("A.f", 2, 6), ("A.f.g", 4, 5)]
+
+
+# --- the server's planes -------------------------------------------------------------------------
+
+SERVER = PACKAGES["sequence_ai_server"]
+
+#: The server's planes, lowest first: a module may import the server's modules of its own plane
+#: and of the planes before it, never one after it (the worker never imports the launchers, ops
+#: or the gateway; the launchers never import ops or the gateway; ops never imports the gateway).
+#: ``sequence_ai_server/__init__.py`` belongs to no plane and imports none.
+PLANES = ("common", "worker", "launchers", "ops", "gateway")
+
+#: (importing file, imported module) pairs that cross a plane upward today, in files being
+#: reworked in parallel; it only shrinks, as ALLOWED does.
+PLANE_ALLOWED: set = {
+    ("server/sequence_ai_server/ops/service.py", "sequence_ai_server.gateway.keys"),
+    ("server/sequence_ai_server/ops/service.py", "sequence_ai_server.gateway.store"),
+    ("server/sequence_ai_server/ops/service.py", "sequence_ai_server.gateway.worker_record"),
+    ("server/sequence_ai_server/ops/service.py", "sequence_ai_server.gateway.worker_record._terminate"),
+}
+
+
+def _plane(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 and parts[0] == "sequence_ai_server" else ""
+
+
+def plane_violations() -> dict:
+    """``{(file, target): [lines]}`` of every server import that reaches a later plane."""
+    out: dict = {}
+    for path in sorted(SERVER.rglob("*.py")):
+        module = _module_name("sequence_ai_server", SERVER, path)
+        plane = _plane(module)
+        for lineno, target in imports_of(path, module, path.name == "__init__.py"):
+            if not target.startswith("sequence_ai_server"):
+                continue
+            tplane = _plane(target)
+            if tplane not in PLANES:
+                continue
+            if plane not in PLANES or PLANES.index(tplane) > PLANES.index(plane):
+                out.setdefault((path.relative_to(REPO).as_posix(), target), []).append(lineno)
+    return out
+
+
+def test_every_server_module_is_in_a_plane():
+    loose = [p.relative_to(SERVER).as_posix() for p in SERVER.rglob("*.py")
+             if _plane(_module_name("sequence_ai_server", SERVER, p)) not in PLANES and p.name != "__init__.py"]
+    assert not loose, f"server modules outside the planes {PLANES}: {loose}"
+    assert sorted(p.name for p in SERVER.iterdir() if p.is_dir() and (p / "__init__.py").is_file()) \
+        == sorted(PLANES)
+
+
+def test_no_server_import_reaches_a_later_plane():
+    new = {k: v for k, v in plane_violations().items() if k not in PLANE_ALLOWED}
+    assert not new, f"imports against the planes {' < '.join(PLANES)} (file, module): lines\n" + "\n".join(
+        f"  {f} -> {t}: lines {lines}" for (f, t), lines in sorted(new.items()))
+
+
+def test_plane_allowed_list_only_shrinks():
+    stale = sorted(k for k in PLANE_ALLOWED if k not in plane_violations())
+    assert not stale, f"PLANE_ALLOWED entries that no longer occur (remove them): {stale}"
+
+
+# --- class size ----------------------------------------------------------------------------------
+
+#: The most methods a class of ours may have, counting those it inherits from our own classes
+#: (so that splitting a class into mixins in several files cannot stand in for splitting it).
+MAX_CLASS_METHODS = 30
+
+#: ``file::Class`` over MAX_CLASS_METHODS today, being split in parallel; it only shrinks.
+OVERSIZE_CLASSES: set = {
+    "server/sequence_ai_server/gateway/controller.py::Gateway",
+    "sequence_ai_core/_wire.py::Wire",
+    "sequence_ai_core/_policy.py::AsyncPolicy",
+    "sequence_ai_ros/driver/node.py::PolicyDriver",
+}
+
+
+def _classes():
+    """``{name: [(file, ClassDef)]}`` of every class in every package."""
+    found: dict = {}
+    for root in PACKAGES.values():
+        for path in sorted(root.rglob("*.py")):
+            if "templates" in path.relative_to(root).parts:
+                continue
+            tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+            for node in ast.walk(tree):
+                if isinstance(node, ast.ClassDef):
+                    found.setdefault(node.name, []).append((path.relative_to(REPO).as_posix(), node))
+    return found
+
+
+def _base_name(expr: ast.expr) -> str:
+    return expr.attr if isinstance(expr, ast.Attribute) else getattr(expr, "id", "")
+
+
+def class_methods() -> dict:
+    """``{file::Class: number of methods}``: its own and those of every base class of ours, by name
+    (an ambiguous base name counts the largest class of that name)."""
+    classes = _classes()
+
+    def methods(node: ast.ClassDef, seen: frozenset) -> set:
+        own = {n.name for n in node.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+        for base in node.bases:
+            name = _base_name(base)
+            if name in classes and name not in seen:
+                own |= max((methods(b, seen | {name}) for _, b in classes[name]), key=len)
+        return own
+
+    return {f"{file}::{node.name}": len(methods(node, frozenset({node.name})))
+            for name, defs in classes.items() for file, node in defs}
+
+
+def test_no_class_over_its_method_limit():
+    over = {k: v for k, v in class_methods().items() if v > MAX_CLASS_METHODS and k not in OVERSIZE_CLASSES}
+    assert not over, (f"classes over {MAX_CLASS_METHODS} methods (inherited ones of ours included); "
+                      "split the object, not the file:\n" + "\n".join(f"  {k}: {v}" for k, v in sorted(over.items())))
+
+
+def test_oversize_classes_list_only_shrinks():
+    counts = class_methods()
+    stale = sorted(k for k in OVERSIZE_CLASSES if counts.get(k, 0) <= MAX_CLASS_METHODS)
+    assert not stale, f"OVERSIZE_CLASSES entries that fit now (remove them): {stale}"
+
+
+def test_class_counter_counts_inherited_methods(monkeypatch):
+    tree = ast.parse("class A:\n    def a(self): ...\n    def b(self): ...\nclass B(A):\n    def c(self): ...\n")
+    a, b = [n for n in tree.body]
+    monkeypatch.setitem(globals(), "_classes", lambda: {"A": [("m.py", a)], "B": [("m.py", b)]})
+    assert class_methods() == {"m.py::A": 2, "m.py::B": 3}

@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 from _servers import ROOT
-from sequence_ai_server.leases import sign_lease
-from sequence_ai_server.openpi_compat import observation_from_openpi, packb, unpackb
+from sequence_ai_server.common.leases import sign_lease
+from sequence_ai_server.worker.openpi import observation_from_openpi, packb, unpackb
 
 SIDE = ROOT / ".venv" / "sides" / "openpi-client"
 SIDE_PY = SIDE / "bin" / "python"
@@ -109,7 +109,7 @@ def test_the_codec_refuses_object_arrays_and_short_data():
 
 def test_the_state_vector_must_fit_the_declared_proprioception():
     from seq import Camera, ObservationContract
-    from sequence_ai_server.errors import ApiError
+    from sequence_ai_server.common.errors import ApiError
     contract = ObservationContract(cameras={"image": Camera(8, 8)}, proprio={"eef": 6, "gripper": 2})
     obs = observation_from_openpi({"observation/image": np.zeros((8, 8, 3), np.uint8),
                                    "observation/state": np.arange(8.0), "prompt": "go"}, contract)

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 from websockets.sync.client import connect as ws_connect
 
-from sequence_ai_server.errors import ApiError
-from sequence_ai_server.openpi_compat import MAX_DEPTH, observation_from_openpi, packb, unpackb
+from sequence_ai_server.common.errors import ApiError
+from sequence_ai_server.worker.openpi import MAX_DEPTH, observation_from_openpi, packb, unpackb
 
 
 def _nd(**fields):

@@ -11,10 +11,10 @@ import time
 import pytest
 
 from _servers import POLICIES
-from sequence_ai_server.envs import EnvBuilder, ImageStepRefused, image_from_source
-from sequence_ai_server.errors import ApiError
-from sequence_ai_server.observation import _prefix
-from sequence_ai_server.schedule import MAX_WINDOW_CHARS, parse_window
+from sequence_ai_server.launchers.envs import EnvBuilder, ImageStepRefused, image_from_source
+from sequence_ai_server.common.errors import ApiError
+from sequence_ai_server.worker.act_body import _prefix
+from sequence_ai_server.ops.schedule import MAX_WINDOW_CHARS, parse_window
 
 OPS = str(POLICIES / "ops_policy.py")
 

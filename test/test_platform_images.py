@@ -1,4 +1,4 @@
-"""Per-deployment Python environments from ``image=`` (server/sequence_ai_server/envs.py): two
+"""Per-deployment Python environments from ``image=`` (server/sequence_ai_server/launchers/envs.py): two
 policies pinning conflicting versions of one library serve side by side, each in its own
 environment built with uv from this machine's package indexes; the build output streams to
 `seq deploy` and stays in `seq policy logs NAME --build`; an identical spec reuses the built
@@ -129,7 +129,7 @@ def test_a_step_that_needs_a_container_is_refused_at_deploy_naming_the_step(modu
 
 
 def test_the_image_is_read_from_the_file_without_importing_it(tmp_path):
-    from sequence_ai_server.envs import EnvBuilder, image_from_source
+    from sequence_ai_server.launchers.envs import EnvBuilder, image_from_source
     f = tmp_path / "p.py"
     f.write_text("import seq\nraise SystemExit('never imported')\n"
                  "BASE = seq.Image.debian_slim('3.11')\n"
@@ -150,13 +150,13 @@ def test_the_image_is_read_from_the_file_without_importing_it(tmp_path):
     # the image's pin of a package the worker also needs wins; the rest are the gateway's versions
     from importlib import metadata
 
-    from sequence_ai_server.envs import worker_requirements
+    from sequence_ai_server.launchers.envs import worker_requirements
     reqs = worker_requirements(["NumPy==1.26.4", "tomli"])
     assert not any(r.startswith("numpy") for r in reqs), reqs
     assert f"fastapi=={metadata.version('fastapi')}" in reqs and f"httpx=={metadata.version('httpx')}" in reqs, reqs
     bad = tmp_path / "s.py"
     bad.write_text("import seq\nimport os\n@seq.policy(image=seq.Image.debian_slim().pip_install(os.environ['X']))\n"
                    "class S(seq.Policy):\n    pass\n")
-    from sequence_ai_server.errors import ApiError
+    from sequence_ai_server.common.errors import ApiError
     with pytest.raises(ApiError, match="image= cannot be read"):
         image_from_source(str(bad))

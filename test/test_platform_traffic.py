@@ -188,7 +188,7 @@ def test_a_chunked_body_over_the_gateway_limit_is_refused_with_413_not_a_parse_e
 
 def test_shares_whose_sum_overflows_a_float_are_refused_naming_the_fix():
     """Each 1e308 is finite but two add up to inf, which would show every version as 0 %."""
-    from sequence_ai_server.traffic import TrafficError, parse_split
+    from sequence_ai_server.gateway.traffic import TrafficError, parse_split
 
     with pytest.raises(TrafficError, match="more than a float holds; give percentages"):
         parse_split({"v1": 1e308, "v2": 1e308})

@@ -144,7 +144,7 @@ def _codes_raised_by_the_server() -> set[str]:
 
 
 def test_every_code_the_server_raises_is_in_the_table_and_answered_with_its_status():
-    from sequence_ai_server.errors import CODES, ApiError
+    from sequence_ai_server.common.errors import CODES, ApiError
     raised = _codes_raised_by_the_server()
     assert {"invalid_request", "unauthorized", "warming", "queued", "policy_error"} <= raised
     assert raised <= set(ERROR_CODES), raised - set(ERROR_CODES)

@@ -1,4 +1,4 @@
-"""Workers placed by Ray (server/sequence_ai_server/ray_backend.py) behind the real gateway.
+"""Workers placed by Ray (server/sequence_ai_server/launchers/ray.py) behind the real gateway.
 
 A Ray head plus one more node, both on 127.0.0.1 (small memory settings, no dashboard, one
 logical GPU each), are started once for the module and stopped by PID at the end; the gateway
@@ -26,7 +26,7 @@ import pytest
 
 from _core_support import ECHO, Recorder, connect, observation, unique
 from _servers import GatewayProcess, ROOT, echo_observation
-from sequence_ai_server.ray_backend import actor_options, declared_resources, group_layout, max_workers
+from sequence_ai_server.launchers.ray import actor_options, declared_resources, group_layout, max_workers
 
 pytestmark = pytest.mark.filterwarnings("ignore:run\\(\\)/act\\(\\) called with validate=None")
 

@@ -146,7 +146,7 @@ def test_the_workspace_install_serves_a_policy_and_the_driver_configures_against
         out = _sh("colcon build", ws, env)
         assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:]
     out = _sh(". install/setup.bash\n"
-              "python -c 'import seq.cli, sequence_ai_server.gateway as g, sequence_ai_server.routes as r; "
+              "python -c 'import seq.cli, sequence_ai_server.gateway as g, sequence_ai_server.gateway.routes as r; "
               "print(\"from\", seq.cli.__file__, g.__file__, r.__file__)'\n"
               "ros2 run sequence_ai seq init toy-policy toy-policy\n", ws, env, timeout=120)
     assert out.returncode == 0, out.stdout + out.stderr

@@ -68,7 +68,7 @@ def _walk(routes, prefix: str = ""):
 
 
 def test_every_gateway_route_is_in_the_docs_table_with_a_scope(tmp_path):
-    from sequence_ai_server.gateway import create_app
+    from sequence_ai_server.gateway.controller import create_app
 
     app = create_app(tmp_path / "home")
     try:
@@ -137,8 +137,8 @@ def test_credentials_are_checked_before_the_body_is_read(gw, method, path):
 
 def test_the_scopes_the_code_enforces_are_the_documented_ones(tmp_path):
     """Scopes read off each route's own dependencies (what CredentialsFirst enforces) = the table."""
-    from sequence_ai_server.gateway import create_app
-    from sequence_ai_server.middleware import route_scopes
+    from sequence_ai_server.gateway.controller import create_app
+    from sequence_ai_server.gateway.middleware import route_scopes
 
     app = create_app(tmp_path / "home")
     try:
@@ -230,7 +230,7 @@ def test_every_worker_route_is_in_the_worker_table_with_a_scope(tmp_path, monkey
     """HTTP and websocket routes of the worker app = the "Worker routes" rows of docs/design.md."""
     from starlette.routing import WebSocketRoute
 
-    from sequence_ai_server.worker_app import WorkerState, create_app
+    from sequence_ai_server.worker.app import WorkerState, create_app
 
     for name in ("SEQ_CAPTURE_DIR", "SEQ_WORKER_SECRET_FILE", "SEQ_WORKER_ACTIVITY_FILE"):
         monkeypatch.delenv(name, raising=False)

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from sequence_ai_server.config import ServerConfig
+from sequence_ai_server.common.config import ServerConfig
 
 
 def test_defaults_when_nothing_is_set(tmp_path):

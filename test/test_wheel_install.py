@@ -147,7 +147,7 @@ def test_the_sdist_and_the_wheel_carry_every_module_the_templates_and_the_ros_fi
         for path in (src / folder).rglob("*.py"):
             rel = path.relative_to(src / folder).as_posix()
             assert f"{top}/{rel}" in names, f"{top}/{rel} is missing from the wheel"
-    assert "sequence_ai/recipes/__init__.py" in names and "sequence_ai_server/routes/__init__.py" in names
+    assert "sequence_ai/recipes/__init__.py" in names and "sequence_ai_server/gateway/routes/__init__.py" in names
     # the seq init templates (package data), pick-place copied in from examples/pick_place
     for rel in ("toy-policy/policy.py", "toy-policy/client.py", "pi05-droid/README.md", "toy-adapter/adapter.py",
                 "pick-place/policy.py", "pick-place/kinematics.py"):
@@ -170,7 +170,7 @@ def test_the_sdist_and_the_wheel_carry_every_module_the_templates_and_the_ros_fi
         members = {m.name.split("/", 1)[1] for m in tar.getmembers() if "/" in m.name}
     for rel in ("pyproject.toml", "setup.py", "setup.cfg", "MANIFEST.in", "package.xml", "LICENSE", "README.md",
                 "resource/sequence_ai", "launch/demo.launch.py", "config/panda_sim.yaml",
-                "examples/pick_place/policy.py", "server/sequence_ai_server/routes/__init__.py"):
+                "examples/pick_place/policy.py", "server/sequence_ai_server/gateway/routes/__init__.py"):
         assert rel in members, f"{rel} is missing from the sdist"
 
 

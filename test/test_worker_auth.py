@@ -21,7 +21,7 @@ import pytest
 
 from _servers import ECHO_POLICY, GatewayProcess, WorkerProcess, echo_observation
 
-from sequence_ai_server.leases import sign_lease
+from sequence_ai_server.common.leases import sign_lease
 
 BODY = {"observation": echo_observation()}
 UPLOAD = 30 * 1024 * 1024          # bytes each unauthenticated upload declares and sends

@@ -26,9 +26,9 @@ import pytest
 
 from _servers import echo_observation
 from sequence_ai_core.protocol import ACT_CHANNEL_PATH, BINARY_CONTENT_TYPE, JSON_CONTENT_TYPE, MAX_BODY_BYTES
-from sequence_ai_server.act_channel import channel_max_size
-from sequence_ai_server.leases import sign_lease
-from sequence_ai_server.worker_app import CONTROL_MAX_BODY_BYTES
+from sequence_ai_server.worker.channel import channel_max_size
+from sequence_ai_server.common.leases import sign_lease
+from sequence_ai_server.worker.app import CONTROL_MAX_BODY_BYTES
 
 CLAIM = 1_000_000_000          # the declared size: 1 GB, never sent
 BOUND_S = 2.0

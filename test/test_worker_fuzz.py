@@ -384,7 +384,7 @@ def test_an_unexpected_error_is_a_complete_500_and_the_keep_alive_connection_sta
     import uvicorn
     from fastapi import FastAPI
 
-    from sequence_ai_server.errors import install_error_handlers
+    from sequence_ai_server.common.errors import install_error_handlers
 
     app = FastAPI()
 

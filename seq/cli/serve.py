@@ -32,7 +32,7 @@ def serve(host: str = typer.Option("127.0.0.1", help="address to bind"),
         fail(CliError("invalid_request", f"unknown --backend {backend!r}", hint="use --backend local or --backend ray"))
     os.environ["SEQ_BACKEND"], os.environ["SEQ_RAY_ADDRESS"] = backend, ray_address   # read by the gateway
 
-    from sequence_ai_server.gateway import serve as run_gateway
+    from sequence_ai_server.gateway.controller import serve as run_gateway
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     directory = data_dir_of(data_dir)
@@ -42,7 +42,7 @@ def serve(host: str = typer.Option("127.0.0.1", help="address to bind"),
         out.print(f"  data dir  {info['data_dir']}")
         out.print(f"  API key   {info['api_key_file']}  (export SEQUENCES_API_KEY=$(cat {info['api_key_file']}))")
         out.print("  Ctrl-C stops the gateway and its workers")
-    from sequence_ai_server.supervisor import DataDirInUse
+    from sequence_ai_server.gateway.supervisor import DataDirInUse
 
     try:
         run_gateway(host, port, directory, on_ready=ready)

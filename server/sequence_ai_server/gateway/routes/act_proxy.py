@@ -1,0 +1,49 @@
+"""``POST /v1/act``: the worker's ``/act`` through the gateway, for curl and scripts (robots
+talk to their worker directly after connect). Any live key; a robot key only its deployment.
+The body is the worker's body plus ``"model"``; the worker's answer comes back as it is."""
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import httpx
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import Response as RawResponse
+
+from sequence_ai_server.common.errors import ApiError
+from sequence_ai_server.gateway.keys import KeyRecord
+from sequence_ai_server.gateway.routes import Auth
+
+_HINT = 'send {"model": NAME, "observation": {...}, "params": {}}'
+
+
+def router(gw: Any, auth: Auth, proxy: httpx.AsyncClient) -> APIRouter:
+    """The proxy route over gateway ``gw``; ``proxy`` is the client that forwards to the worker
+    (the app closes it when it stops)."""
+    act = APIRouter(prefix="/v1/act", tags=["act"])
+
+    @act.post("")
+    async def act_via_gateway(request: Request, key: KeyRecord = Depends(auth.require_key)) -> Any:
+        """The worker's /act through the gateway (for curl): body = the worker body plus "model"."""
+        try:
+            body = json.loads(await request.body())
+        except (ValueError, RecursionError):  # RecursionError: absurdly nested JSON
+            raise ApiError("invalid_request", "the body is not JSON", hint=_HINT) from None
+        model = body.pop("model", None) if isinstance(body, dict) else None
+        if not isinstance(model, str):
+            raise ApiError("invalid_request", 'the body needs "model": the deployment name', hint=_HINT)
+        gw.require_scope(key, model)
+        request.state.deployment = model
+        row = await asyncio.to_thread(gw.ensure_ready, model)
+        rid = request.state.request_id
+        try:
+            resp = await proxy.post(f"{gw.worker_url(row)}/act", json=body,
+                                    headers={"Authorization": f"Bearer {row.secret}", "X-Request-ID": rid})
+        except httpx.HTTPError as exc:
+            raise ApiError("worker_failed", f"the worker of {model!r} did not answer: {type(exc).__name__}",
+                           hint="retry; `seq policy status NAME` shows the worker") from None
+        return RawResponse(resp.content, status_code=resp.status_code, media_type="application/json",
+                           headers={"X-Request-ID": resp.headers.get("x-request-id", rid)})
+
+    return act

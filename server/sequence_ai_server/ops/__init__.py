@@ -1,0 +1,1 @@
+"""Platform operations beside serving: scheduled warm floors, quotas, alerts and the card inventory."""
