@@ -26,7 +26,7 @@ from _servers import ECHO_POLICY, POLICIES, ROOT, GatewayProcess, _env
 from sequence_ai_server.ops.alerts import sign, verify_signature
 from sequence_ai_server.ops.gpus import gpu_refusal, parse_nvidia_smi_csv
 from sequence_ai_server.ops.schedule import parse_window
-from sequence_ai_server.worker.meter import dir_bytes
+from sequence_ai_server.ops.usage import dir_bytes
 
 SEQ_MAIN = "from seq.cli import main; main()"
 OPS = str(POLICIES / "ops_policy.py")
@@ -397,7 +397,7 @@ def test_a_limit_refusal_names_the_limit_its_scope_and_what_is_used():
 
 
 def test_the_last_hours_p95_is_the_nearest_rank_and_old_samples_leave_the_window():
-    from sequence_ai_server.worker.meter import Recent
+    from sequence_ai_server.ops.usage import Recent
     rec = Recent(window_s=3600.0)
     rec.add("p", [[i, float(i), int(i > 18)] for i in range(1, 21)], now=1000.0)   # 1..20 ms, two errors
     s = rec.stats("p", now=1000.0)

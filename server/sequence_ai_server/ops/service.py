@@ -21,7 +21,7 @@ from sequence_ai_server.gateway.keys import KeyRecord
 from sequence_ai_server.ops.quotas import LimitStore, refusal
 from sequence_ai_server.ops.schedule import ScaleStore
 from sequence_ai_server.gateway.store import DeploymentRow
-from sequence_ai_server.worker.meter import Recent, UsageStore, card_of, dir_bytes
+from sequence_ai_server.ops.usage import Recent, UsageStore, card_of, dir_bytes
 from sequence_ai_server.gateway.worker_record import Role, _terminate
 
 __all__ = ["Operations"]
