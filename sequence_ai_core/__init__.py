@@ -8,7 +8,7 @@ Wire client, chunk buffer, prefetch, seam, pacing, interrupt and typed errors, o
     _prefetch.py   when to start the next request (refill latency vs buffer time left)
     _seam.py       seam measurement (max_seam_jump) and opt-in smoothing
     _pacing.py     the drift-free monotonic action schedule
-    _interrupt.py  the thread-safe stop flag and the loop's single wait point
+    _interrupt.py  StopToken (one run's stop request) and the loop's single wait point
     _loop.py       run()/act(): the control loop and its endings
     _policy.py     AsyncPolicy, the handle that ties them together
     _options.py    ConnectOptions: connect()/aconnect() keywords, checked and documented once
@@ -37,6 +37,7 @@ from ._errors import (
 )
 from ._options import DEFAULT_BODY_FORMAT, DEFAULT_TIMEOUT_S, ConnectOptions, options_signature
 from ._policy import AsyncPolicy, warn_if_no_validate
+from ._interrupt import StopToken
 from ._types import (
     ActionChunk,
     ImageFrame,
@@ -54,6 +55,7 @@ from .protocol import BINARY_CONTENT_TYPE, encode_act_body
 
 __all__ = [
     "AsyncPolicy",
+    "StopToken",
     "ConnectOptions",
     "Limits",
     "ActionChunk",

@@ -1,10 +1,16 @@
-"""Interrupt: a thread-safe stop flag, and the one place the control loop sleeps.
+"""StopToken: one run's stop request; Interrupt: the one place the control loop sleeps.
+
+A ``StopToken`` belongs to one run. It is made before the run starts (by the caller, who hands
+it to ``run(stop=...)`` / ``act(stop=...)``, or by ``run()`` itself on entry), can be stopped
+from any thread at any time, and is never cleared: a stop that arrives before the run's first
+chunk stops that run before any action, and a stop meant for one run cannot reach the next,
+which has a token of its own.
 
 The loop never calls ``asyncio.sleep`` directly. It waits in ``Interrupt.sleep_until()``, which
-returns at the deadline *or* as soon as something pokes it: ``set()`` from any thread (the
-interrupt itself) or ``poke()`` from inside the loop (a fetch finished). That single wait point
-is why an interrupt stops the loop within one control period whether it is waiting for the next
-tick, blocked on a stalled fetch, or waiting out a warming worker.
+returns at the deadline *or* as soon as something pokes it: the bound run's token stopped from
+any thread, or ``poke()`` from inside the loop (a fetch finished). That single wait point is why
+a stop ends the loop within one control period whether it is waiting for the next tick, blocked
+on a stalled fetch, or waiting out a warming worker.
 
 How a timed wait wakes on time without blocking the event loop:
 
@@ -34,7 +40,7 @@ import time
 import weakref
 from typing import Callable, Dict, Optional
 
-__all__ = ["Interrupt", "FINE_WAIT_S", "precise_timer_available"]
+__all__ = ["Interrupt", "StopToken", "FINE_WAIT_S", "precise_timer_available"]
 
 FINE_WAIT_S = 0.0015
 """Fallback only (no timerfd): the last stretch of a timed wait is a blocking ``time.sleep`` (s),
@@ -169,33 +175,117 @@ class _DeadlineTimer:
         self._finalizer()
 
 
-class Interrupt:
-    """Stop flag shared between the driving loop and any other thread."""
+class StopToken:
+    """One run's stop request: made before the run starts, stopped from any thread, never cleared.
+
+    Hand it to ``run(stop=token)`` / ``act(stop=token)``; ``token.stop()`` then ends that run
+    (``reason="interrupted"``, after ``hold()``) within one control period, or, when it came
+    before the run's first chunk, before any action. A stopped token stays stopped: a run given
+    one returns ``interrupted`` without observing or acting. Thread-safe throughout.
+    """
 
     def __init__(self) -> None:
         self._flag = threading.Event()
+        self._lock = threading.Lock()
+        self._watchers: "list[Callable[[], None]]" = []
+
+    @property
+    def stopped(self) -> bool:
+        """True once ``stop()`` was called."""
+        return self._flag.is_set()
+
+    def stop(self) -> None:
+        """Ask the run to stop; returns at once. Idempotent."""
+        with self._lock:
+            if self._flag.is_set():
+                return
+            self._flag.set()
+            watchers = list(self._watchers)
+        for wake in watchers:
+            wake()
+
+    def wait(self, timeout_s: Optional[float] = None) -> bool:
+        """Block this thread until stopped or ``timeout_s`` (s) passed; returns ``stopped``."""
+        return self._flag.wait(timeout_s)
+
+    def watch(self, wake: Callable[[], None]) -> Callable[[], None]:
+        """Call ``wake()`` (from the stopping thread) when stopped; at once when already stopped.
+        Returns the callable that stops watching."""
+        with self._lock:
+            already = self._flag.is_set()
+            if not already:
+                self._watchers.append(wake)
+        if already:
+            wake()
+
+        def unwatch() -> None:
+            with self._lock:
+                if wake in self._watchers:
+                    self._watchers.remove(wake)
+
+        return unwatch
+
+    def __repr__(self) -> str:
+        return f"StopToken(stopped={self.stopped})"
+
+
+class Interrupt:
+    """The loop's wait point, watching one run's ``StopToken`` at a time.
+
+    ``bind(token)`` at the start of a run (inside its event loop) watches that token and never
+    clears it: a token stopped before the run began is seen at the first check. ``unbind()`` at
+    the run's end lets it go, so nothing set afterwards reaches the next run.
+    """
+
+    def __init__(self) -> None:
+        self._token: Optional[StopToken] = None
+        self._unwatch: Optional[Callable[[], None]] = None
         self._loop: Optional[asyncio.AbstractEventLoop] = None
         self._waiter: Optional[asyncio.Future] = None
         self._poked = False
         self._timer: Optional[_DeadlineTimer] = None
         self._timer_failed = _TIMERFD is None
 
-    def bind(self) -> None:
-        """Called by the loop at the start of a run, inside its event loop: clears the flag."""
-        self._loop = asyncio.get_running_loop()
-        self._flag.clear()
+    def bind(self, token: Optional[StopToken] = None) -> StopToken:
+        """Watch ``token`` (a fresh one when None) for one run; call inside the run's event loop.
+
+        Returns the token watched. A token already stopped stays stopped: the run sees it at its
+        first check. Raises RuntimeError when no event loop is running."""
+        loop = asyncio.get_running_loop()
+        self.unbind()
+        token = token if token is not None else StopToken()
+        self._loop = loop
         self._poked = False
+        self._token = token
+        self._unwatch = token.watch(self._wake_from_any_thread)
+        return token
 
     def unbind(self) -> None:
+        """Stop watching the run's token (the run ended)."""
+        unwatch, self._unwatch = self._unwatch, None
+        if unwatch is not None:
+            unwatch()
         self._loop = None
 
     @property
+    def token(self) -> Optional[StopToken]:
+        """The token of the bound run, else the last bound one (None before any)."""
+        return self._token
+
+    @property
     def is_set(self) -> bool:
-        return self._flag.is_set()
+        """True when the bound run's token is stopped."""
+        token = self._token
+        return token is not None and token.stopped
 
     def set(self) -> None:
-        """Raise the flag and wake the loop. Safe from any thread, and from inside the loop."""
-        self._flag.set()
+        """Stop the bound run's token and wake the loop. Safe from any thread, and from inside
+        the loop. With no run bound there is nothing to stop: a no-op."""
+        token = self._token if self._loop is not None else None
+        if token is not None:
+            token.stop()
+
+    def _wake_from_any_thread(self) -> None:
         loop = self._loop
         if loop is not None:
             try:
@@ -216,7 +306,7 @@ class Interrupt:
         On Linux a timerfd wakes it at the deadline while the event loop serves other tasks; the
         fallback is described in the module docstring.
         """
-        if self._poked or self._flag.is_set():
+        if self._poked or self.is_set:
             self._poked = False
             return
         delay = deadline - time.monotonic()
@@ -235,7 +325,7 @@ class Interrupt:
             await fut
         finally:
             self._waiter = None
-            woken = self._poked or self._flag.is_set()
+            woken = self._poked or self.is_set
             self._poked = False
             if stop is not None:
                 stop()

@@ -51,8 +51,11 @@ Decisions, in one place:
 - Progress: "starting …", "running …", "done: RunOutcome(...)" go to ``on_status`` and, with
   ``progress="auto"``, to stderr only when it is a terminal, as one line rewritten in place
   (``_progress.py``).
-- Interrupt: the flag is checked at every wake and immediately before every ``act``; in-flight
-  requests are cancelled and buffered rows dropped.
+- Interrupt: each run watches a ``StopToken`` of its own (``_interrupt.py``), made before the
+  run starts (``run(stop=...)``, else on entry to ``run()``) and never cleared: one stopped
+  before the first chunk ends the run before anything is observed or acted, and one stopped
+  for an earlier run cannot reach this one. It is checked at every wake and immediately before
+  every ``act``; in-flight requests are cancelled and buffered rows dropped.
 - Episode: every request of one run carries the run's ``episode_id``; when the run ends, however
   it ends (exception included), after ``hold()``, the worker is told the episode is over
   (``POST /episode/end``) so the policy's ``@seq.on_episode`` frees its state at once. The
@@ -89,6 +92,7 @@ from ._buffer import ChunkBuffer, Entry
 from ._delay import committed_prefix, steps_for
 from ._errors import DelayUnsupported, SequencesError, StaleCamera, Unavailable
 from ._freshness import CameraWatch
+from ._interrupt import StopToken
 from ._seam import SeamSummary
 from ._limits import Limits, LimitWarning
 from ._pacing import Pacer
@@ -185,13 +189,15 @@ class ControlLoop:
     Args:
         policy: the AsyncPolicy (its wire, interrupt, latency estimate and instruction state).
         config: what the caller asked for.
+        stop: this run's StopToken (made before the run; a fresh one when None).
     """
 
-    def __init__(self, policy: Any, config: LoopConfig) -> None:
+    def __init__(self, policy: Any, config: LoopConfig, stop: Optional[StopToken] = None) -> None:
         self.p = policy
         self.cfg = config
         self.buffer: ChunkBuffer = policy._buffer
         self.interrupt = policy._interrupt
+        self.stop = stop if stop is not None else StopToken()
         self.latency = policy._latency
         self.episode_id = f"ep_{uuid.uuid4().hex[:12]}"
         self.fetch: Optional[asyncio.Task] = None
@@ -222,7 +228,7 @@ class ControlLoop:
     async def run(self) -> RunOutcome:
         """Drive until an ending; hold on early endings and exceptions; return the outcome."""
         t_start = time.monotonic()
-        self.interrupt.bind()
+        self.interrupt.bind(self.stop)   # never clears it: a stop that came first is seen below
         self.buffer.reset()
         self.buffer.smooth_seam = max(0, int(self.cfg.smooth_seam))
         reason: Optional[str] = None

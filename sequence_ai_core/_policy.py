@@ -22,7 +22,7 @@ from ._delay import DelayEstimate
 from ._contract import check_expect, check_observation, drop_undeclared_views
 from .protocol import Contract
 from ._errors import ChunkExhausted, ContractMismatch, SequencesError, Unavailable
-from ._interrupt import Interrupt
+from ._interrupt import Interrupt, StopToken
 from ._limits import Limits, LimitWarning
 from ._loop import ControlLoop, LoopConfig
 from ._options import DEFAULT_BODY_FORMAT, DEFAULT_TIMEOUT_S, ConnectOptions, print_queue_position
@@ -45,6 +45,19 @@ def warn_if_no_validate(validate: Any, stacklevel: int = 3) -> None:
             "simulation and bench work; pass validate= (your bounds check) on hardware.",
             UserWarning, stacklevel=stacklevel,
         )
+
+
+def _run_token(max_actions: Optional[int], max_seconds: Optional[float], stop: Any) -> StopToken:
+    """Check run()'s bounds (ValueError) and ``stop`` (TypeError); the run's StopToken."""
+    if max_actions is None and max_seconds is None:
+        raise ValueError("max_actions is required (there is no run_forever())")
+    if max_actions is not None and max_actions < 0:
+        raise ValueError("max_actions must be >= 0")
+    if max_seconds is not None and (not math.isfinite(max_seconds) or max_seconds <= 0):
+        raise ValueError(f"max_seconds must be a finite number > 0 (got {max_seconds!r})")
+    if stop is not None and not isinstance(stop, StopToken):
+        raise TypeError(f"stop must be a StopToken, not {type(stop).__name__}")
+    return stop if stop is not None else StopToken()
 
 
 class AsyncPolicy:
@@ -78,6 +91,7 @@ class AsyncPolicy:
         self._on_warming = options.on_warming
         self._buffer = ChunkBuffer()
         self._interrupt = Interrupt()
+        self._stops: set = set()        # the StopTokens of the run / wait in line under way
         self._latency = LatencyEstimate()
         self._delay = DelayEstimate()
         self._generation = 0            # one per run: a late answer of an older one is dropped
@@ -120,21 +134,25 @@ class AsyncPolicy:
     async def _interruptible(self, coro: Any, doing: str) -> Any:
         """Await ``coro`` as a task that ``interrupt()`` cancels (within one control period).
 
-        Clears the interrupt flag first, like the start of a run. Raises SequencesError (code
+        The wait has a StopToken of its own (an interrupt() before it began stops nothing) and a
+        wait point of its own (a run's is left alone). Raises SequencesError (code
         ``interrupted``) when interrupted; a cancellation from outside cancels the task too.
         """
-        self._interrupt.bind()
+        waiting = Interrupt()
+        token = waiting.bind()
+        self._stops.add(token)
         task = asyncio.ensure_future(coro)
-        task.add_done_callback(lambda _t: self._interrupt.poke())
+        task.add_done_callback(lambda _t: waiting.poke())
         try:
             while not task.done():
-                if self._interrupt.is_set:
+                if waiting.is_set:
                     raise SequencesError(f"interrupted while {doing}", code="interrupted", retryable=True,
                                          hint="connect again (or run()) when you want the robot to go on")
-                await self._interrupt.sleep_until(math.inf)
+                await waiting.sleep_until(math.inf)
             return task.result()
         finally:
-            self._interrupt.unbind()
+            self._stops.discard(token)
+            waiting.unbind()
             if not task.done():
                 task.cancel()
                 try:
@@ -145,7 +163,7 @@ class AsyncPolicy:
     async def aclose(self) -> None:
         """Stop any run (interrupt), close the session (its slot frees at once) or give up a
         place in line, and close the connections."""
-        self._interrupt.set()
+        self.interrupt()
         self._blocking.close()
         await self._wire.aclose()
 
@@ -275,9 +293,16 @@ class AsyncPolicy:
         Wakes the loop whether it is sleeping to the next tick, blocked on a stalled fetch or
         waiting out warming; the in-flight request is cancelled, buffered rows are dropped,
         ``hold()`` runs, and the run returns ``reason="interrupted"`` (not raised). Once the loop
-        has seen the interrupt it calls ``act`` no more. The flag clears when the next run starts.
+        has seen the interrupt it calls ``act`` no more.
+
+        It stops the run under way (from the moment run()/act() is entered), or the wait in line
+        of connect(); with neither, it stops nothing: each run has a ``StopToken`` of its own, so
+        an interrupt meant for one run never reaches the next. To stop a run that may not have
+        started yet (a cancel racing the start), make the token first and pass it: ``token =
+        StopToken(); run(..., stop=token)``, then ``token.stop()`` from anywhere.
         """
-        self._interrupt.set()
+        for token in list(self._stops):
+            token.stop()
 
     async def predict(self, observation: Any, *, params: Optional[Dict[str, Any]] = None) -> Any:
         """One request: the whole chunk for ``observation``; you do everything else.
@@ -439,6 +464,7 @@ class AsyncPolicy:
         delay_mode: Optional[str] = None,
         blend_dims: Optional[List[int]] = None,
         max_frame_age_s: Any = None,
+        stop: Optional[StopToken] = None,
     ) -> RunOutcome:
         """Own the loop: observe, fetch, pace and act until an ending; return a RunOutcome.
 
@@ -469,19 +495,17 @@ class AsyncPolicy:
                 chunk at the control cursor, the delay mode negotiated, the dimensions
                 ``aligned_blend`` may blend, and each camera's maximum frame age (s); see
                 ``LoopConfig``.
+            stop: this run's ``StopToken``, made before the call: ``stop.stop()`` (any thread,
+                any time, also before the run starts) ends it like ``interrupt()``, before any
+                action when none was sent yet. None: a fresh one, which ``interrupt()`` stops.
 
         Raises:
             SequencesError: already driving (``busy``), and any error of the requests
             (PolicyError, Unavailable mid-run, ...) after hold() has run. DelayUnsupported:
             the delay mode or the start-up delay is outside the contract (before any action).
-            ValueError: a bad argument. Exceptions from your callables propagate after hold().
+            ValueError / TypeError: a bad argument. Exceptions from your callables propagate after hold().
         """
-        if max_actions is None and max_seconds is None:
-            raise ValueError("max_actions is required (there is no run_forever())")
-        if max_actions is not None and max_actions < 0:
-            raise ValueError("max_actions must be >= 0")
-        if max_seconds is not None and (not math.isfinite(max_seconds) or max_seconds <= 0):
-            raise ValueError(f"max_seconds must be a finite number > 0 (got {max_seconds!r})")
+        token = _run_token(max_actions, max_seconds, stop)
         warn_if_no_validate(validate)
         options = dict(locals())
         config = LoopConfig(**{k: options[k] for k in LoopConfig.__dataclass_fields__ if k in options})
@@ -489,11 +513,13 @@ class AsyncPolicy:
         if not self._driving.acquire(blocking=False):
             raise SequencesError("this Policy is already driving a control loop", code="busy",
                                  hint="one Policy per control loop: connect() once per robot")
+        self._stops.add(token)
         try:
-            loop = ControlLoop(self, config)
+            loop = ControlLoop(self, config, token)
             self.last_episode_id = loop.episode_id
             return await loop.run()
         finally:
+            self._stops.discard(token)
             self._driving.release()
 
     async def act(
