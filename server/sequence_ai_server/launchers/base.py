@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Protocol, Union
 
-__all__ = ["WorkerLaunchSpec", "Placed", "Started", "Phase", "Ready", "Log", "Exited", "Failed",
+__all__ = ["WorkerLaunchSpec", "Placed", "Started", "Phase", "Ready", "Log", "Exited", "Failed", "launcher_for",
            "LaunchEvent", "EventQueue", "WorkerHandle", "Launcher", "declared_resources", "platform_paths"]
 
 
@@ -275,3 +275,18 @@ def declared_resources(policy_file: str) -> dict:
                 out["concurrent"] = found["concurrent"]
             return out
     return {}
+
+
+def launcher_for(config: Any, data_dir: Optional[Path] = None) -> Launcher:
+    """The launcher ``config`` (a common.config.ServerConfig) asks for, by ``config.backend``:
+    ``local``: a local.LocalLauncher (workers are subprocesses of the gateway; image environments
+    under ``data_dir``/envs, see envs.py); ``ray``: a ray.RayLauncher on ``config.ray_address``
+    (Ray is imported only then). Raises ValueError for any other backend name."""
+    if config.backend == "local":
+        from sequence_ai_server.launchers.envs import EnvBuilder
+        from sequence_ai_server.launchers.local import LocalLauncher
+        return LocalLauncher(EnvBuilder(Path(data_dir or config.data_dir)))
+    if config.backend == "ray":
+        from sequence_ai_server.launchers.ray import RayLauncher
+        return RayLauncher(config.ray_address, config.ray_gpus_per_node)
+    raise ValueError(f"unknown worker backend {config.backend!r}: SEQ_BACKEND is local or ray")

@@ -45,12 +45,11 @@ from pathlib import Path
 from typing import Any, Optional
 
 from sequence_ai_server.launchers.base import WorkerLaunchSpec, declared_resources, platform_paths
-from sequence_ai_server.launchers.local import LocalLauncher
 from sequence_ai_server.launchers.ray_node import GROUP_ENV
 from sequence_ai_server.launchers.ray_handle import RayActorWorker, RayGroupWorker
 
 __all__ = ["RayLauncher", "declared_resources", "actor_options", "max_workers", "group_layout",
-           "gpus_per_node", "launcher_for", "launcher_from_env", "RAY_NAMESPACE", "GROUP_ENV"]
+           "gpus_per_node", "launcher_from_env", "RAY_NAMESPACE", "GROUP_ENV"]
 
 log = logging.getLogger("sequence_ai_server.launchers.ray")
 
@@ -247,18 +246,9 @@ class RayLauncher:
             ray.shutdown()
 
 
-def launcher_for(config: Any, data_dir: Optional[Path] = None) -> Any:
-    """The launcher ``config`` (a config.ServerConfig) asks for: a launch_local.LocalLauncher
-    for backend ``local`` (image environments under ``data_dir``/envs, see envs.py), else a
-    RayLauncher on ``config.ray_address``."""
-    if config.backend == "local":
-        from sequence_ai_server.launchers.envs import EnvBuilder
-        return LocalLauncher(EnvBuilder(Path(data_dir or config.data_dir)))
-    return RayLauncher(config.ray_address, config.ray_gpus_per_node)
-
-
 def launcher_from_env() -> Any:
     """``$SEQ_BACKEND``: ``local`` (default: a LocalLauncher) or ``ray`` (a RayLauncher on
     ``$SEQ_RAY_ADDRESS``, default ``local``). Raises ValueError for any other backend name."""
     from sequence_ai_server.common.config import ServerConfig
+    from sequence_ai_server.launchers.base import launcher_for
     return launcher_for(ServerConfig.from_env())
