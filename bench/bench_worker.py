@@ -35,7 +35,7 @@ from PIL import Image  # noqa: E402
 
 from sequence_ai_core.protocol import BINARY_CONTENT_TYPE, encode_act_body  # noqa: E402
 from sequence_ai_server.worker.host import PolicyHost, load_policy_class  # noqa: E402
-from sequence_ai_server.worker.action_check import finish_chunk  # noqa: E402
+from sequence_ai_server.worker.action_check import check_chunk  # noqa: E402
 
 POLICY = '''
 import numpy as np
@@ -106,7 +106,7 @@ def overhead(host: PolicyHost, raw: bytes, ctype: str, n: int) -> dict:
     for _ in range(n):
         w0, c0 = time.perf_counter(), time.thread_time()
         prepared = host.prepare(raw, ctype)
-        finish_chunk(result(prepared.observation, **prepared.params), host.spec)
+        check_chunk(result(prepared.observation, **prepared.params), host.spec)
         cpu.append((time.thread_time() - c0) * 1000)
         wall.append((time.perf_counter() - w0) * 1000)
     return {"wall_p50": pct(wall, 50), "wall_p99": pct(wall, 99), "cpu_p50": pct(cpu, 50), "cpu_p99": pct(cpu, 99)}

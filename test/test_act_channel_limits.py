@@ -236,7 +236,7 @@ def test_a_channel_request_running_when_the_client_goes_is_metered_undelivered(w
 
 def test_the_limit_defaults_to_64_and_a_bad_setting_stops_the_worker_naming_it(tmp_path, monkeypatch):
     from sequence_ai_server.worker.channel import MAX_CONNECTIONS
-    from sequence_ai_server.worker.app import WorkerState, create_app
+    from sequence_ai_server.worker.asgi import WorkerState, create_app
     for name in ("SEQ_CAPTURE_DIR", "SEQ_WORKER_SECRET_FILE", "SEQ_WORKER_ACTIVITY_FILE"):
         monkeypatch.delenv(name, raising=False)
     assert MAX_CONNECTIONS == 64

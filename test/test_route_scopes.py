@@ -230,7 +230,7 @@ def test_every_worker_route_is_in_the_worker_table_with_a_scope(tmp_path, monkey
     """HTTP and websocket routes of the worker app = the "Worker routes" rows of docs/design.md."""
     from starlette.routing import WebSocketRoute
 
-    from sequence_ai_server.worker.app import WorkerState, create_app
+    from sequence_ai_server.worker.asgi import WorkerState, create_app
 
     for name in ("SEQ_CAPTURE_DIR", "SEQ_WORKER_SECRET_FILE", "SEQ_WORKER_ACTIVITY_FILE"):
         monkeypatch.delenv(name, raising=False)

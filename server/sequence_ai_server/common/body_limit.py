@@ -6,7 +6,7 @@
   rest never read (the answer carries ``Connection: close``). Install it inside the credentials
   check (credentials -> declared size -> body) and outside anything that reads the body
   (``json_guard.JsonStringGuard``, the routes). The gateway uses it (``middleware.BodyLimit``,
-  its own wording) and the worker (``worker_app``, a tighter limit for ``/control/*``). The
+  its own wording) and the worker (``worker/app.py``, a tighter limit for ``/control/*``). The
   declared length is read as RFC 9110 says: optional whitespace (space, tab) around the digits
   is no part of it (``Content-Length: 999999999 `` is 413 too); a value that is not digits is
   left to the HTTP parser.

@@ -31,6 +31,7 @@ error: one INFO line, nothing sent (nobody is there to read it), no 5xx in the m
 """
 from __future__ import annotations
 
+import json
 import logging
 import math
 import secrets
@@ -45,7 +46,8 @@ from starlette.requests import ClientDisconnect
 
 from sequence_ai_core.protocol import ERROR_CODES
 
-__all__ = ["ErrorBody", "ApiError", "CODES", "CatchAll", "ResponseStatus", "install_error_handlers", "new_request_id"]
+__all__ = ["ErrorBody", "ApiError", "CODES", "CatchAll", "ResponseStatus", "install_error_handlers", "internal_error",
+           "new_request_id", "scrub"]
 
 log = logging.getLogger("sequence_ai_server")
 
@@ -65,6 +67,23 @@ class ErrorBody(BaseModel):
 
 def new_request_id() -> str:
     return "req_" + secrets.token_hex(8)
+
+
+def scrub(value: Any) -> Any:
+    """``value`` (nested dicts/lists/strings) with every unpaired surrogate written as a
+    ``\\udXXX`` escape, so it encodes as UTF-8; other values are returned as they are. An error
+    message that echoes such a string from a request must still render, not fail with a 500."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+            return value
+        except UnicodeEncodeError:
+            return value.encode("utf-8", "backslashreplace").decode("utf-8")
+    if isinstance(value, dict):
+        return {scrub(k): scrub(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [scrub(v) for v in value]
+    return value
 
 
 class ApiError(Exception):
@@ -89,13 +108,18 @@ class ApiError(Exception):
                          hint=self.hint, details=self.details)
 
     def response(self) -> JSONResponse:
+        """The HTTP answer: the error body, ``X-Request-ID`` and ``Retry-After`` headers."""
         headers = {}
         if self.request_id:
             headers["X-Request-ID"] = self.request_id
         if self.retry_after_s is not None:
             headers["Retry-After"] = str(max(1, math.ceil(self.retry_after_s)))
-        from sequence_ai_server.common.json_guard import scrub   # a message echoing a lone surrogate still renders (escaped)
         return JSONResponse(scrub(self.body().model_dump()), status_code=self.status, headers=headers)
+
+    def json_bytes(self) -> bytes:
+        """The error body as compact JSON bytes, for a transport that is no HTTP answer (a
+        websocket message)."""
+        return json.dumps(scrub(self.body().model_dump()), separators=(",", ":")).encode()
 
 
 def _request_id(request: Request) -> str:
@@ -117,7 +141,8 @@ def _field_path(loc: tuple) -> str:
     return ".".join(parts) or "body"
 
 
-def _internal(exc: BaseException, request_id: Optional[str]) -> ApiError:
+def internal_error(exc: BaseException, request_id: Optional[str]) -> ApiError:
+    """The 500 ``internal`` error for a bug in the server (``exc`` escaped a handler)."""
     return ApiError("internal", f"internal server error: {type(exc).__name__}: {str(exc)[:500]}",
                     hint="this is a bug in sequence-ai; the server log has the traceback",
                     request_id=request_id or new_request_id())
@@ -163,7 +188,7 @@ class CatchAll:
             if watch.status:   # the response started: nothing can be sent cleanly now
                 raise
             log.exception("unhandled error")
-            await _internal(exc, (scope.get("state") or {}).get("request_id")).response()(scope, receive, send)
+            await internal_error(exc, (scope.get("state") or {}).get("request_id")).response()(scope, receive, send)
 
 
 def install_error_handlers(app: FastAPI) -> None:
@@ -207,4 +232,4 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
         # Reached only by an exception raised outside CatchAll (a middleware added later).
         log.exception("unhandled error")
-        return _internal(exc, _request_id(request)).response()
+        return internal_error(exc, _request_id(request)).response()

@@ -1,12 +1,14 @@
 """Strings a server cannot store or echo: a JSON body whose strings hold a NUL or an unpaired
 surrogate (``"\\u0000"``, ``"\\ud800"``) is refused 400 ``invalid_request`` before any route sees
-it, naming the JSON path of the first offender; and :func:`scrub` makes any value safe to render
-(an error message that echoes such a string must not itself fail with a 500).
+it, naming the JSON path of the first offender (``details={"reason": "bad_string", "path": ...}``).
 
-``JsonStringGuard`` is a pure ASGI middleware for the gateway and the worker. It checks
-``application/json`` bodies and the JSON part of the binary ``/act`` framing (``>I`` length, the
-JSON, the blobs). Install it inside the credentials check and the body-size cap: it buffers the
-body (at most ``max_bytes``; a longer one is passed on unchecked for the size cap to refuse).
+:func:`check_strings` is that check, written once: ``JsonStringGuard`` (pure ASGI middleware for
+the gateway's and the worker's HTTP routes) and the worker's websocket act channel both call it.
+It checks ``application/json`` bodies and the JSON part of the binary ``/act`` framing (``>I``
+length, the JSON, the blobs). Install the middleware inside the credentials check and the
+body-size cap: it buffers the body (at most ``max_bytes``; a longer one is passed on unchecked
+for the size cap to refuse). Rendering such a string safely in an error message is
+``errors.scrub``.
 """
 from __future__ import annotations
 
@@ -17,7 +19,9 @@ from typing import Any, Optional
 
 from sequence_ai_core.protocol import BINARY_CONTENT_TYPE, JSON_CONTENT_TYPE, MAX_BODY_BYTES
 
-__all__ = ["JsonStringGuard", "first_bad_string", "check_json", "scrub"]
+from sequence_ai_server.common.errors import ApiError, new_request_id, scrub
+
+__all__ = ["JsonStringGuard", "first_bad_string", "check_json", "check_strings", "json_part"]
 
 # cheap prefilter on the raw bytes: a \u escape of NUL or of a surrogate (raw surrogate bytes fail a strict decode)
 _SUSPECT = re.compile(rb"\\u(?:0000|[dD][89a-fA-F][0-9a-fA-F]{2})")
@@ -36,22 +40,6 @@ def _bad(s: str) -> Optional[str]:
 def _show(key: str) -> str:
     """``key`` printable in a JSON path: a NUL as ``\\x00``, a lone surrogate as ``\\udXXX``."""
     return scrub(key).replace("\x00", "\\x00")
-
-
-def scrub(value: Any) -> Any:
-    """``value`` (nested dicts/lists/strings) with every unpaired surrogate written as a
-    ``\\udXXX`` escape, so it encodes as UTF-8; other values are returned as they are."""
-    if isinstance(value, str):
-        try:
-            value.encode("utf-8")
-            return value
-        except UnicodeEncodeError:
-            return value.encode("utf-8", "backslashreplace").decode("utf-8")
-    if isinstance(value, dict):
-        return {scrub(k): scrub(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [scrub(v) for v in value]
-    return value
 
 
 def first_bad_string(obj: Any, path: str = "$") -> Optional[tuple[str, str]]:
@@ -93,13 +81,28 @@ def check_json(text: bytes) -> Optional[tuple[str, str]]:
         return None
 
 
-def _json_part(body: bytes, content_type: str) -> Optional[bytes]:
+def json_part(body: bytes, content_type: str) -> Optional[bytes]:
+    """The JSON an /act-style body holds: all of a JSON body, the JSON part of the binary
+    framing; None for another content type (or a binary body too short for its length)."""
     if content_type.startswith(JSON_CONTENT_TYPE):
         return body
     if content_type.startswith(BINARY_CONTENT_TYPE) and len(body) >= 4:
         (n,) = struct.unpack_from(">I", body, 0)
         return body[4:4 + n]
     return None
+
+
+def check_strings(body: bytes, content_type: str) -> None:
+    """Raise 400 ``invalid_request`` (``details.reason`` ``bad_string``, ``details.path`` the
+    JSON path) when the JSON in ``body`` (:func:`json_part`) holds a NUL or an unpaired surrogate
+    in a string or key; a body that is not JSON, or holds none, passes."""
+    part = json_part(body, content_type)
+    bad = check_json(part) if part is not None else None
+    if bad is not None:
+        path, what = bad
+        raise ApiError("invalid_request", f"the request body's string at {path} holds {what}; strings must be "
+                       "valid Unicode without NUL", details={"reason": "bad_string", "path": path},
+                       hint="send text as UTF-8 without NUL bytes or lone surrogates")
 
 
 class JsonStringGuard:
@@ -132,15 +135,10 @@ class JsonStringGuard:
                 break
         if not more and size <= self.max_bytes:
             body = b"".join(m.get("body", b"") for m in chunks if m["type"] == "http.request")
-            part = _json_part(body, ctype)
-            bad = check_json(part) if part is not None else None
-            if bad is not None:
-                from sequence_ai_server.common.errors import ApiError, new_request_id
-                path, what = bad
-                rid = (scope.get("state") or {}).get("request_id") or new_request_id()
-                err = ApiError("invalid_request", f"the request body's string at {path} holds {what}; strings must be "
-                               "valid Unicode without NUL", details={"reason": "bad_string", "path": path},
-                               hint="send text as UTF-8 without NUL bytes or lone surrogates", request_id=rid)
+            try:
+                check_strings(body, ctype)
+            except ApiError as err:
+                err.request_id = (scope.get("state") or {}).get("request_id") or new_request_id()
                 await err.response()(scope, receive, send)
                 return
         pending = list(chunks)

@@ -1,6 +1,6 @@
 """Checking the action chunk a policy's ``infer()`` returned against its ActionContract.
 
-``finish_chunk(result, spec)``: shape, action_dim, action_space, finite values,
+``check_chunk(result, spec)``: shape, action_dim, action_space, finite values,
 open_loop_horizon, then bounds / max_delta clipped with a warning per step and dimension or
 refused (``details.reason = "bounds"``). max_delta bounds the change between consecutive rows
 for absolute and velocity spaces, each value's magnitude for delta spaces.
@@ -16,7 +16,7 @@ from seq.spec import PolicySpec
 
 from sequence_ai_server.common.errors import ApiError
 
-__all__ = ["finish_chunk", "policy_error", "spec_bounds", "MAX_WARNINGS"]
+__all__ = ["check_chunk", "policy_error", "spec_bounds", "MAX_WARNINGS"]
 
 MAX_WARNINGS = 32
 
@@ -26,7 +26,7 @@ def policy_error(detail: str, reason: str, **details: Any) -> ApiError:
                     hint="the chunk infer() returned does not fit the declared ActionContract")
 
 
-def finish_chunk(result: Any, spec: PolicySpec) -> tuple[Optional[dict], list[str], Any]:
+def check_chunk(result: Any, spec: PolicySpec) -> tuple[Optional[dict], list[str], Any]:
     """Check infer's result against the ActionContract; clip or refuse.
 
     -> (chunk dict for the wire or None, warnings, outputs). A policy with no contract whose

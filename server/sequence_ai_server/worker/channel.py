@@ -2,7 +2,7 @@
 
 One robot keeps one websocket open to its worker; every /act request is one binary message and
 every answer one binary message, so a request costs no HTTP parsing, routing or connection
-set-up. The semantics are HTTP ``/act``'s (``worker_app.run_act``): the same body (JSON or the
+set-up. The semantics are HTTP ``/act``'s (``act.py``, the one act pipeline): the same body (JSON or the
 binary framing of ``sequence_ai_core.protocol``, carried unchanged, so any field of the JSON part
 rides along), the same answer body, the same error shape, codes and statuses, the same limits.
 
@@ -15,7 +15,9 @@ Messages (all big-endian; docs/design.md "The /act channel"):
 * cancel, text: ``{"cancel": seq}`` -- a request still waiting in the replica's queue is dropped
   (no answer follows); one already running finishes and its answer is sent (the client drops it).
   A cancel for a seq not in flight (answered already, or never sent) is ignored.
-* a message of neither shape is answered 400 ``invalid_request`` (the channel stays open): a
+* token, text: ``{"token": t}`` -- the channel's credentials from the next request on (a renewed
+  lease: a renewal keeps the socket); checked by each request, as the first token is.
+* a message of none of these shapes is answered 400 ``invalid_request`` (the channel stays open): a
   binary message shorter than the 5-byte head with the binary answer when it holds a ``seq``
   (``details.reason`` ``short_request``), else -- fewer than 4 bytes, or a text message that is
   not ``{"cancel": seq}`` (not JSON, nested past the parser's depth, over ``MAX_CONTROL_CHARS``,
@@ -30,17 +32,14 @@ checked before the websocket is accepted (a refusal is the HTTP 401 error body, 
 again for every request (a lease that expires or a session the gateway ends is refused 401 from
 its next request on; the client then reconnects through the gateway). A message over the body
 limit is answered 413 ``payload_too_large``; one over twice the limit closes the channel with
-1009 (``channel_max_size``), which the client reports as ``payload_too_large`` as well.
+1009 (``channel_max_size``), which the client reports as ``payload_too_large`` as well. These
+checks and the string check are the act pipeline's (``act.ActPipeline``), the same as HTTP's.
 
-Open connections: the /act channels and the openpi endpoint (``openpi_compat.py``) share one
-budget per worker, :class:`ConnectionBudget` (``--max-connections`` /
-``$SEQ_WORKER_MAX_CONNECTIONS``, default ``MAX_CONNECTIONS`` = 64). Past it a new upgrade is
-refused before it is accepted, with HTTP 503 ``too_many_connections`` (retryable, Retry-After)
-in the common error body, after its credentials were checked; the open connections are never
-dropped. A connection frees its place when its handler ends: a close, or the TCP connection
-going away without a closing handshake (a killed client).
+Open connections: the /act channels and the openpi endpoint (``openpi.py``) share one budget
+per worker (``connections.ConnectionBudget``, ``--max-connections``, default 64); past it an
+upgrade is refused 503 ``too_many_connections`` before it is accepted.
 
-Metering: every answered request is counted in the worker's ``usage.ActMeter`` like an HTTP /act
+Metering: every answered request is counted in the worker's ``meter.ActMeter`` like an HTTP /act
 (status, the body bytes after the request and answer heads, the time to answer). A request that
 ran, or was running, when the client went away is counted with status 0 (an error: nothing was
 delivered) and no bytes out; a request cancelled before it ran, which gets no answer, is not
@@ -60,11 +59,12 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 from sequence_ai_core.protocol import (ACT_CHANNEL_PATH, BINARY_CONTENT_TYPE, CHANNEL_FORMAT_BINARY,
                                        CHANNEL_FORMAT_JSON, JSON_CONTENT_TYPE)
 
-from sequence_ai_server.common.body_limit import check_size
 from sequence_ai_server.common.errors import ApiError, new_request_id
-from sequence_ai_server.common.json_guard import _json_part, check_json, scrub
+from sequence_ai_server.worker.act import ActPipeline
+from sequence_ai_server.worker.connections import MAX_CONNECTIONS
 
-__all__ = ["add_act_channel", "ACT_CHANNEL_PATH", "ConnectionBudget", "connection_budget", "MAX_CONNECTIONS"]
+__all__ = ["add_act_channel", "ACT_CHANNEL_PATH", "MAX_CONNECTIONS", "MAX_CONTROL_CHARS", "MAX_IN_FLIGHT",
+           "channel_max_size"]
 
 log = logging.getLogger("sequence_ai_server.worker")
 
@@ -73,89 +73,16 @@ _ANSWER_HEAD = struct.Struct(">IH")
 # Requests one channel may have in flight (read, queued or running) at once: the robot's client
 # sends one at a time, so this only bounds what a misbehaving peer can make the worker hold.
 MAX_IN_FLIGHT = 32
-# Persistent connections (/act channels and openpi websockets together) one worker holds open at
-# once: a worker serves a few robots, each with one; the rest of the budget is for reconnects
-# overlapping a not-yet-noticed drop. Each costs a file descriptor, a task and its buffers.
-MAX_CONNECTIONS = 64
 MAX_CONTROL_CHARS = 4096    # a text (control) message: {"cancel": seq} is ~20 characters
-_REFUSAL_LOG_S = 10.0       # at most one warning per this many seconds about refused connections
 _CONTENT_TYPES = {CHANNEL_FORMAT_JSON: JSON_CONTENT_TYPE, CHANNEL_FORMAT_BINARY: BINARY_CONTENT_TYPE}
-
-
-def _bearer(websocket: WebSocket) -> str:
-    scheme, _, token = websocket.headers.get("authorization", "").partition(" ")
-    return token.strip() if scheme.lower() == "bearer" else ""
-
-
-def _error_bytes(exc: ApiError) -> bytes:
-    return json.dumps(scrub(exc.body().model_dump()), separators=(",", ":")).encode()
-
-
-async def _refuse(websocket: WebSocket, exc: ApiError) -> None:
-    """Refuse the upgrade with ``exc`` as an HTTP answer (the ASGI denial-response extension:
-    the common error body, ``X-Request-ID`` and ``Retry-After`` headers), else close before
-    accepting (the server then answers 403)."""
-    if "websocket.http.response" in (websocket.scope.get("extensions") or {}):
-        await websocket.send_denial_response(exc.response())
-    else:
-        await websocket.close(code=4000 + exc.status, reason=exc.detail[:120])
-
-
-class ConnectionBudget:
-    """The places for persistent websocket connections of one worker, shared by the /act
-    channel and the openpi endpoint. ``limit``: the most open at once (>= 1; from
-    ``--max-connections`` / ``$SEQ_WORKER_MAX_CONNECTIONS``, default ``MAX_CONNECTIONS``).
-    Used from the event loop only: :meth:`take` and :meth:`release` never await, so a check and
-    its reservation cannot interleave with another upgrade."""
-
-    def __init__(self, limit: int = MAX_CONNECTIONS) -> None:
-        if int(limit) < 1:
-            raise ValueError(f"the connection limit is {limit}; give a whole number >= 1 (default {MAX_CONNECTIONS})")
-        self.limit = int(limit)
-        self.open = 0
-        self.refused = 0
-        self._logged_at = -_REFUSAL_LOG_S
-
-    def take(self, path: str) -> None:
-        """Reserve a place for a connection to ``path`` (for the message). Raises ApiError
-        ``too_many_connections`` (503, retryable, ``retry_after_s`` 1) when all are taken."""
-        if self.open < self.limit:
-            self.open += 1
-            return
-        self.refused += 1
-        now = time.monotonic()
-        if now - self._logged_at >= _REFUSAL_LOG_S:
-            self._logged_at = now
-            log.warning("refused a websocket to %s: %d of %d connections open (%d refused so far); "
-                        "raise --max-connections / $SEQ_WORKER_MAX_CONNECTIONS if these are real robots",
-                        path, self.open, self.limit, self.refused)
-        raise ApiError("too_many_connections", f"this worker already holds {self.open} open websocket connections, "
-                       f"its limit ({self.limit}, the /act channel and the openpi endpoint together)",
-                       retry_after_s=1.0, details={"open": self.open, "limit": self.limit},
-                       hint="close connections you no longer use (one per robot); POST /act still answers, or "
-                            "the operator raises the worker's --max-connections / $SEQ_WORKER_MAX_CONNECTIONS")
-
-    def release(self) -> None:
-        """Free the place of a connection that ended (or was never accepted)."""
-        self.open = max(0, self.open - 1)
-
-
-def connection_budget(app: Any) -> ConnectionBudget:
-    """The worker ``app``'s shared :class:`ConnectionBudget` (``app.state.connections``; made
-    with ``MAX_CONNECTIONS`` places when the app has none yet)."""
-    budget = getattr(app.state, "connections", None)
-    if budget is None:
-        budget = app.state.connections = ConnectionBudget()
-    return budget
+_WHERE = "the /act channel"
 
 
 class _Channel:
     """One accepted websocket: reads requests, runs each as its own task, answers in any order."""
 
-    def __init__(self, websocket: WebSocket, token: str, state: Any, auth: Any, capture: Any,
-                 max_body_bytes: int, meter: Any = None) -> None:
-        self.ws, self.token, self.state, self.auth = websocket, token, state, auth
-        self.capture, self.max_body_bytes, self.meter = capture, max_body_bytes, meter
+    def __init__(self, websocket: WebSocket, token: str, act: ActPipeline) -> None:
+        self.ws, self.token, self.act = websocket, token, act
         self.queued: dict[int, Any] = {}     # seq -> the concurrent future of a request not yet answered
         self.tasks: set[asyncio.Task] = set()
         self.pending: set[int] = set()       # seq of every request read and not yet answered
@@ -204,7 +131,7 @@ class _Channel:
                        details={"max_in_flight": MAX_IN_FLIGHT}, request_id=new_request_id(),
                        hint="wait for an answer before sending the next request")
         try:
-            await self.ws.send_bytes(_ANSWER_HEAD.pack(seq, exc.status) + _error_bytes(exc))
+            await self.ws.send_bytes(_ANSWER_HEAD.pack(seq, exc.status) + exc.json_bytes())
         except (WebSocketDisconnect, RuntimeError, OSError):
             pass
 
@@ -214,9 +141,9 @@ class _Channel:
         exc.request_id = exc.request_id or new_request_id()
         try:
             if seq is None:
-                await self.ws.send_text(_error_bytes(exc).decode())
+                await self.ws.send_text(exc.json_bytes().decode())
             else:
-                await self.ws.send_bytes(_ANSWER_HEAD.pack(seq, exc.status) + _error_bytes(exc))
+                await self.ws.send_bytes(_ANSWER_HEAD.pack(seq, exc.status) + exc.json_bytes())
         except (WebSocketDisconnect, RuntimeError, OSError):
             pass
 
@@ -224,9 +151,15 @@ class _Channel:
         seq = None
         if len(text) <= MAX_CONTROL_CHARS:
             try:
-                seq = json.loads(text).get("cancel")
+                message = json.loads(text)
+                seq = message.get("cancel")
             except (ValueError, AttributeError, RecursionError):   # RecursionError: absurdly nested JSON
-                pass
+                message = None
+            if isinstance(message, dict) and set(message) == {"token"} and isinstance(message["token"], str):
+                # {"token": t}: the client's renewed lease, so a renewal keeps the socket. Not checked
+                # here: every request checks the channel's token (401 when it is not good).
+                self.token = message["token"]
+                return
         if not isinstance(seq, int) or isinstance(seq, bool):
             log.info("/act channel: a text message that is not a cancel (%d characters); answered 400", len(text))
             await self.send_error(ApiError(
@@ -251,19 +184,12 @@ class _Channel:
             return
         rid = new_request_id()
         try:
-            status, content = 200, await self.run(seq, fmt, memoryview(data)[_REQUEST_HEAD.size:], rid)
-        except ApiError as exc:
-            exc.request_id = exc.request_id or rid
-            status, content = exc.status, _error_bytes(exc)
+            status, content = await self.act.settle(rid, self.run(seq, fmt, memoryview(data)[_REQUEST_HEAD.size:], rid),
+                                                    _WHERE)
         except asyncio.CancelledError:
             if seq in self.queued:      # it ran (or runs on) for a client now gone: undelivered
-                self.count(t0, 0, data, b"")
+                self.act.count(t0, 0, len(data) - _REQUEST_HEAD.size, 0)
             raise
-        except Exception as exc:  # noqa: BLE001 - a bug in the server: 500 internal, the channel stays
-            from sequence_ai_server.common.errors import _internal
-            log.exception("unhandled error on the /act channel")
-            err = _internal(exc, rid)
-            status, content = err.status, _error_bytes(err)
         finally:
             self.queued.pop(seq, None)
             self.pending.discard(seq)
@@ -272,67 +198,41 @@ class _Channel:
             await self.ws.send_bytes(_ANSWER_HEAD.pack(seq, status) + content)
         except (WebSocketDisconnect, RuntimeError, OSError):
             status = 0                  # the client went away; its requests are cancelled
-        self.count(t0, status, data, content)
-
-    def count(self, t0: float, status: int, data: bytes, content: bytes) -> None:
-        """Meter one request like an HTTP /act (usage.py): ``status`` 0 is an answer that never
-        reached the client (counted as an error, with no bytes out)."""
-        if self.meter is not None:
-            self.meter.count((time.perf_counter() - t0) * 1000.0, status,
-                             len(data) - _REQUEST_HEAD.size, len(content) if status else 0)
+        self.act.count(t0, status, len(data) - _REQUEST_HEAD.size, len(content))
 
     async def run(self, seq: int, fmt: int, body: memoryview, rid: str) -> bytes:
-        from sequence_ai_server.worker.app import run_act
-        self.auth.check(self.token)               # expiry and revocation, per request
+        """One request through the act pipeline: credentials (expiry and revocation, per
+        request), the format byte, size and strings, then the pipeline's run."""
+        self.act.check_token(self.token)
         content_type = _CONTENT_TYPES.get(fmt)
         if content_type is None:
             raise ApiError("invalid_request", f"channel request format {fmt} is not 0 (JSON) or 1 (binary)",
                            hint="see docs/design.md: The /act channel")
-        check_size(len(body), self.max_body_bytes)    # 413 as HTTP /act words it (body_limit.py)
-        raw = bytes(body)
-        part = _json_part(raw, content_type)
-        bad = check_json(part) if part is not None else None
-        if bad is not None:
-            path, what = bad
-            raise ApiError("invalid_request", f"the request body's string at {path} holds {what}; strings must be "
-                           "valid Unicode without NUL", details={"reason": "bad_string", "path": path},
-                           hint="send text as UTF-8 without NUL bytes or lone surrogates")
-        host = self.state.ready_host()
+        raw = self.act.check_body(body, content_type)    # 413 and bad_string as HTTP /act words them
+
         def on_queued(future: Any) -> None:
             if seq in self.cancelled:       # cancelled while it was being decoded: never runs
                 future.cancel()
             else:
                 self.queued[seq] = future
-        return await run_act(host, raw, content_type, rid, self.capture, on_queued=on_queued)
+        return await self.act.run(raw, content_type, rid, on_queued=on_queued)
 
 
-def add_act_channel(app: Any, state: Any, auth: Any, max_body_bytes: int) -> None:
-    """Add the ``/act/ws`` websocket route to the worker ``app`` (``state``: the WorkerState,
-    ``auth``: the app's ``leases.DirectAuth``; ``max_body_bytes``: the /act body limit). Its
-    connections count against ``connection_budget(app)``."""
-    capture = app.state.capture
-    budget = connection_budget(app)
+def add_act_channel(app: Any, act: ActPipeline) -> None:
+    """Add the ``/act/ws`` websocket route to the worker ``app``; ``act``: the worker's
+    ``ActPipeline`` (its credentials, limits, capture, meter and connection budget)."""
 
     @app.websocket(ACT_CHANNEL_PATH)
     async def act_channel(websocket: WebSocket) -> None:
         """The persistent /act channel (module docstring). Bearer: the direct secret."""
-        token = _bearer(websocket)
-        try:
-            if not token:
-                raise ApiError("unauthorized", "missing or wrong direct secret",
-                               hint="send `Authorization: Bearer <direct_secret>` from POST /v1/connect")
-            auth.check(token)
-            budget.take(ACT_CHANNEL_PATH)
-        except ApiError as exc:
-            exc.request_id = new_request_id()
-            await _refuse(websocket, exc)
+        token = await act.admit(websocket, ACT_CHANNEL_PATH)
+        if token is None:
             return
         try:
             await websocket.accept()
-            await _Channel(websocket, token, state, auth, capture, max_body_bytes,
-                           getattr(app.state, "act_meter", None)).serve()
+            await _Channel(websocket, token, act).serve()
         finally:
-            budget.release()
+            act.budget.release()
 
 
 def channel_max_size(max_body_bytes: int) -> int:

@@ -1,6 +1,6 @@
 """Hosting one ``@seq.policy`` class: load, warm up, check, infer, batch, route episodes.
 
-Everything here is independent of the process launcher: the HTTP worker (``worker.py``) drives
+Everything here is independent of the process launcher: the HTTP worker (``main.py``) drives
 it today, and another launcher (a Ray actor, say) can drive the same object. The pieces:
 
   * ``load_policy_class(file, class_name)`` -- import a policy file, find its class.
@@ -8,8 +8,8 @@ it today, and another launcher (a Ray actor, say) can drive the same object. The
     batcher (``@seq.batched``), sticky episodes (``episode_id`` -> replica; ``@seq.on_episode``
     at episode end, explicit or after ``episode_idle_s`` of quiet).
 
-Reading a request (body, contract check, frame decoding) is ``observation.py``; checking the
-returned chunk against the ActionContract is ``chunk.py``. Every call into policy code runs on
+Reading a request (body, contract check, frame decoding) is ``act_body.py``; checking the
+returned chunk against the ActionContract is ``action_check.py``. Every call into policy code runs on
 that replica's own thread, never on the caller's event loop.
 """
 from __future__ import annotations
@@ -29,7 +29,7 @@ from typing import Any, Callable, Optional
 import seq
 from seq.spec import EVAL_BATCH_DEADLINE_MS, ParamError, PolicySpec, cast_params, get_spec, load_policy_class
 
-from sequence_ai_server.worker.action_check import finish_chunk, policy_error
+from sequence_ai_server.worker.action_check import check_chunk, policy_error
 from sequence_ai_server.common.errors import ApiError
 from sequence_ai_server.worker.act_body import fits_float, parse_act_body, parse_delay, parse_observation, synthetic_observation
 
@@ -195,7 +195,7 @@ class _Replica:
                 items = self._gather(first)
                 live = [i for i in items if i.future.set_running_or_notify_cancel()]
                 if live:
-                    self._infer(live)
+                    self.run_batch(live)
             finally:
                 self.busy = False
 
@@ -212,7 +212,7 @@ class _Replica:
                 item.future.set_exception(exc)
             return False
         if prepared.episode_id is not None:
-            self.host._route(prepared.episode_id)       # episode bookkeeping (one replica: this one)
+            self.host.replica_for(prepared.episode_id)       # episode bookkeeping (one replica: this one)
             if prepared.end_episode:
                 self.host.end_episode(prepared.episode_id)
         return True
@@ -226,7 +226,9 @@ class _Replica:
             log.warning("on_episode(%s) raised %s", item.episode_end, exc)
             item.future.set_exception(exc)
 
-    def _infer(self, items: list[_Item]) -> None:
+    def run_batch(self, items: list[_Item]) -> None:
+        """Run the user's ``infer`` on ``items`` (one, or a batch under ``@seq.batched``), on this
+        replica's thread; each item's future gets ``(result, seconds, batch size)`` or the error."""
         fn = self.method("infer")
         t0 = time.perf_counter()
         try:
@@ -268,7 +270,7 @@ class PolicyHost:
 
     Lifecycle: ``start(weights_dir)`` constructs, loads, warms up and runs the synthetic check;
     ``prepare`` (any thread) checks/decodes a request; ``submit`` queues it and returns a Future of
-    ``(result, inference seconds, batch size)``; ``finish_chunk`` checks the result; ``stop`` runs
+    ``(result, inference seconds, batch size)``; ``check_chunk`` checks the result; ``stop`` runs
     ``@seq.shutdown``.
     """
 
@@ -319,7 +321,7 @@ class PolicyHost:
                 try:
                     prepared = self.prepare(body)
                     result, _, _ = self.submit(prepared, replica=r.index).result()
-                    finish_chunk(result, self.spec)
+                    check_chunk(result, self.spec)
                 except PolicyError as exc:
                     if not isinstance(exc.exc, seq.PolicyInputError):
                         raise
@@ -381,7 +383,10 @@ class PolicyHost:
         obs, warnings = parse_observation(body["observation"], self.spec, episode_id, blobs)
         return Prepared(obs, params, warnings, episode_id, end, delay, echo)
 
-    def _route(self, episode_id: Optional[str]) -> _Replica:
+    def replica_for(self, episode_id: Optional[str]) -> _Replica:
+        """The replica an episode's requests go to: the one it started on (sticky; a new episode
+        takes the replica holding the fewest, then the shortest queue), or for a request with no
+        episode the least busy one. Notes the episode as seen now."""
         if len(self.replicas) == 1 and episode_id is None:
             return self.replicas[0]
         now = time.monotonic()
@@ -408,7 +413,7 @@ class PolicyHost:
     def submit(self, prepared: Prepared, replica: Optional[int] = None) -> concurrent.futures.Future:
         """Queue a prepared request on its replica. -> Future of (result, seconds, batch size);
         the future raises PolicyError or ApiError(policy_error)."""
-        target = self.replicas[replica] if replica is not None else self._route(prepared.episode_id)
+        target = self.replicas[replica] if replica is not None else self.replica_for(prepared.episode_id)
         fut: concurrent.futures.Future = concurrent.futures.Future()
         target.queue.put(_Item(prepared, fut))
         if prepared.end_episode and prepared.episode_id is not None:

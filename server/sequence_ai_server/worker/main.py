@@ -2,11 +2,12 @@
 
 Where it sits: the robot client calls ``/act`` here directly (the gateway only hands out this
 worker's URL and direct secret). The hosting itself -- contracts, decoding, params, replicas,
-batching, episodes -- lives in ``_hosting.PolicyHost``, the HTTP face in ``worker_app.py``;
-this module is the process around them. Per request the worker
+batching, episodes -- lives in ``host.PolicyHost``, the act pipeline every transport runs in
+``act.py``, the app with its transports (HTTP ``app.py``, the /act channel, openpi) in
+``asgi.py``; this module is the process around them. Per request the worker
 
   1. refuses a wrong bearer secret (401, constant-time) from the headers alone, before a byte of
-     the body is read (``_AuthFirst``), then a body over the size limit (413),
+     the body is read (``app.py``'s credentials check), then a body over the size limit (413),
   2. parses the body (JSON, or the binary framing with raw JPEG/PNG blobs) and checks it against
      the ObservationContract and the declared params, decoding each frame once -- on a thread,
      never on the event loop,
@@ -39,7 +40,7 @@ adopts it, and without one it stops after the policy's ``idle_timeout`` with no 
 ``$SEQ_EPISODE_IDLE_S`` overrides the 300 s after which an idle episode is ended.
 ``--max-connections`` (``$SEQ_WORKER_MAX_CONNECTIONS``, default 64): the open websockets -- /act
 channels and openpi connections together -- the worker holds at once; one more upgrade is refused
-503 ``too_many_connections`` (``act_channel.ConnectionBudget``).
+503 ``too_many_connections`` (``connections.ConnectionBudget``).
 A worker started by a gateway (``$SEQ_GATEWAY_URL``) polls it for ended sessions every
 ``$SEQ_REVOCATION_POLL_S`` (1 s; ``leases.RevocationPoller``); a gateway that does not answer
 changes nothing on /act.
@@ -66,7 +67,7 @@ from sequence_ai_core.protocol import MAX_BODY_BYTES
 from sequence_ai_server.worker.host import EPISODE_IDLE_S, PolicyError, PolicyHost, export_compile_caches, load_policy_class
 from sequence_ai_server.common.config import ServerConfig
 from sequence_ai_server.common.logs import install_json_log
-from sequence_ai_server.worker.app import WorkerState, create_app
+from sequence_ai_server.worker.asgi import WorkerState, create_app
 
 __all__ = ["main"]
 
@@ -307,7 +308,7 @@ class _Launch:
 def _protocols(max_body_bytes: int) -> dict[str, Any]:
     """uvicorn's protocol choices: httptools (C parser; ~0.3 ms less CPU per /act than the
     pure-Python h11) when installed, the ``websockets`` implementation for the /act channel with
-    its message limit from the body limit (``act_channel.channel_max_size``), no compression
+    its message limit from the body limit (``channel.channel_max_size``), no compression
     (JPEG does not compress) and no server pings (the client pings; an idle robot costs nothing)."""
     from sequence_ai_server.worker.channel import channel_max_size
     chosen: dict[str, Any] = {"ws_max_size": channel_max_size(max_body_bytes), "ws_per_message_deflate": False,

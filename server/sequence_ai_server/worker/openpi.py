@@ -18,11 +18,11 @@ msgpack-numpy convention and is answered with one action dict (``{"actions": flo
   match their shape and dicts nested over ``MAX_DEPTH`` are refused;
 * one connection is one episode (``@seq.on_episode`` runs when it closes);
 * open connections: they share the worker's budget with the /act channel
-  (``act_channel.ConnectionBudget``, ``--max-connections`` / ``$SEQ_WORKER_MAX_CONNECTIONS``,
-  default 64); past it the upgrade is refused with HTTP 503 ``too_many_connections`` before it is
-  accepted (openpi's client raises ``InvalidStatus``), and a closed connection frees its place;
+  (``connections.ConnectionBudget``, ``--max-connections``, default 64); past it the upgrade is
+  refused with HTTP 503 ``too_many_connections`` before it is accepted (openpi's client raises
+  ``InvalidStatus``), and a closed connection frees its place;
 * metering: each observation answered (actions or an error) is counted in the worker's
-  ``usage.ActMeter`` like an HTTP /act (status, message bytes in and out, time to answer); an
+  ``meter.ActMeter`` like an HTTP /act (status, message bytes in and out, time to answer); an
   answer that could not be sent because the client went away is counted with status 0 (an
   error: nothing delivered) and no bytes out, as on the /act channel.
 
@@ -33,10 +33,12 @@ images in [0, 1] are scaled); a declared proprioception field ``f`` takes the ke
 ``/f``, else one ``state`` vector is split over the declared fields in their declared order;
 ``prompt`` is the instruction. Without a declared contract every 3-D array is a view and every
 1-D one a proprioception field, named by the key's last part.
+
+The credentials, the size limit, the metering and the rest of the request after decoding are the
+act pipeline's (``act.py``), as on HTTP /act and the /act channel.
 """
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from typing import Any, Optional
@@ -48,17 +50,18 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 import seq
 from seq.spec import cast_params
 
-from sequence_ai_server.worker.host import Prepared
-from sequence_ai_server.worker.channel import _error_bytes, _refuse, connection_budget
-from sequence_ai_server.common.body_limit import check_size
-from sequence_ai_server.worker.action_check import finish_chunk
 from sequence_ai_server.common.errors import ApiError, new_request_id
+from sequence_ai_server.worker.act import ActPipeline, run_prepared
+from sequence_ai_server.worker.host import Prepared
 
 __all__ = ["add_openpi_endpoint", "OPENPI_PATH", "packb", "unpackb", "observation_from_openpi"]
 
 log = logging.getLogger("sequence_ai_server.worker")
 
 OPENPI_PATH = "/"
+_CONTENT_TYPE = "application/msgpack"     # what a message is, for the pipeline's checks (no JSON in it)
+_SCHEMES = ("bearer", "api-key")          # openpi's client sends `Authorization: Api-Key <key>`
+_WHERE = "the openpi endpoint"
 _HINT = "see docs/openpi.md for how openpi observation keys map onto the policy's contract"
 
 
@@ -234,11 +237,6 @@ def observation_from_openpi(obs: Any, contract: Any, episode_id: Optional[str] =
 
 # ---------------------------------------------------------------- the endpoint
 
-def _token(websocket: WebSocket) -> str:
-    scheme, _, token = websocket.headers.get("authorization", "").partition(" ")
-    return token.strip() if scheme.lower() in ("bearer", "api-key") else ""
-
-
 def metadata(state: Any) -> dict:
     """The first message: the policy's name, contract and action layout (openpi's clients read
     it with ``get_server_metadata()``)."""
@@ -250,93 +248,61 @@ def metadata(state: Any) -> dict:
             "action_dim": action.get("action_dim"), "control_frequency_hz": action.get("control_frequency_hz")}
 
 
-async def _one(host: Any, episode_id: str, data: bytes, max_body_bytes: int) -> bytes:
-    from sequence_ai_server.worker.app import _infer
-    check_size(len(data), max_body_bytes, what="message", hint="send frames at the declared camera size")
+async def _one(act: ActPipeline, host: Any, token: str, episode_id: str, data: bytes, rid: str) -> bytes:
+    """One observation message through the act pipeline -> the packed action dict."""
+    act.check_token(token)
+    act.check_body(data, _CONTENT_TYPE, what="message", hint="send frames at the declared camera size")
     try:
         obs = unpackb(data)
     except (ValueError, TypeError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError) as exc:
         raise ApiError("invalid_request", f"the message is not an openpi msgpack observation ({exc})",
                        hint=_HINT) from None
     observation = observation_from_openpi(obs, host.spec.observation, episode_id)
-    rid = new_request_id()
     t0 = time.monotonic()
     prepared = Prepared(observation, cast_params(host.spec.params, {}), [], episode_id)
-    result, seconds, _ = await _infer(host, host.submit(prepared), rid)
-    chunk, _, _ = finish_chunk(result, host.spec)
-    if chunk is None:
-        raise ApiError("policy_error", "infer() returned no action chunk", hint="return a chunk from @seq.infer")
+    chunk, seconds = await run_prepared(host, prepared, rid)
     actions = np.asarray(chunk["actions"], dtype=np.float32)
     return packb({"actions": actions, "server_timing": {"infer_ms": seconds * 1000.0,
                                                         "total_ms": (time.monotonic() - t0) * 1000.0}})
 
 
-async def _answer(host: Any, auth: Any, token: str, episode_id: str, data: bytes,
-                  max_body_bytes: int) -> tuple[int, bytes]:
-    """One observation message -> ``(status, message)``: 200 and the packed action dict, or the
-    error's HTTP status and its common error body (JSON bytes). Sends nothing."""
-    try:
-        auth.check(token)
-        return 200, await _one(host, episode_id, data, max_body_bytes)
-    except ApiError as exc:
-        exc.request_id = exc.request_id or new_request_id()
-        return exc.status, _error_bytes(exc)
-    except asyncio.CancelledError:
-        raise
-    except Exception as exc:  # noqa: BLE001 - a bug here: a typed 500 answer, the connection stays
-        from sequence_ai_server.common.errors import _internal
-        log.exception("unhandled error on the openpi endpoint")
-        err = _internal(exc, new_request_id())
-        return err.status, _error_bytes(err)
-
-
-async def _serve(websocket: WebSocket, host: Any, auth: Any, token: str, episode_id: str,
-                 max_body_bytes: int, meter: Any) -> None:
+async def _serve(websocket: WebSocket, act: ActPipeline, host: Any, token: str, episode_id: str) -> None:
     """Answer observations until the client goes; each is metered with the status that reached
     the client (0 when the answer could not be sent, with no bytes out)."""
     while True:
         data = await websocket.receive_bytes()
         t0, status, out, delivered = time.perf_counter(), 0, b"", False
+        rid = new_request_id()
         try:
-            status, out = await _answer(host, auth, token, episode_id, data, max_body_bytes)
+            status, out = await act.settle(rid, _one(act, host, token, episode_id, data, rid), _WHERE)
             if status == 200:
                 await websocket.send_bytes(out)
             else:
                 await websocket.send_text(out.decode())
             delivered = True
         finally:
-            if meter is not None:       # counted like HTTP /act (usage.py); 0: not delivered
-                meter.count((time.perf_counter() - t0) * 1000.0, status if delivered else 0, len(data),
-                            len(out) if delivered else 0)
+            act.count(t0, status if delivered else 0, len(data), len(out))
 
 
-def add_openpi_endpoint(app: Any, state: Any, auth: Any, max_body_bytes: int) -> None:
-    """Add the openpi-compatible websocket at ``/`` to the worker ``app`` (``state``: the
-    WorkerState; ``auth``: its ``leases.DirectAuth``; ``max_body_bytes``: the message limit).
-    Its connections count against ``act_channel.connection_budget(app)``."""
-    budget = connection_budget(app)
+def add_openpi_endpoint(app: Any, act: ActPipeline) -> None:
+    """Add the openpi-compatible websocket at ``/`` to the worker ``app``; ``act``: the worker's
+    ``ActPipeline`` (its connections count against the same budget as the /act channel's)."""
 
     @app.websocket(OPENPI_PATH)
     async def openpi_endpoint(websocket: WebSocket) -> None:
         """openpi's websocket protocol (module docstring). Api-Key / Bearer: the direct secret."""
-        token = _token(websocket)
-        try:
-            auth.check(token)
-            host = state.ready_host()
-            budget.take(OPENPI_PATH)
-        except ApiError as exc:
-            exc.request_id = new_request_id()
-            await _refuse(websocket, exc)
+        token = await act.admit(websocket, OPENPI_PATH, _SCHEMES, ready=True)
+        if token is None:
             return
+        host = act.state.host
         episode_id = "openpi_" + new_request_id()[4:]
         try:
             await websocket.accept()
-            await websocket.send_bytes(packb(metadata(state)))
-            await _serve(websocket, host, auth, token, episode_id, max_body_bytes,
-                         getattr(app.state, "act_meter", None))
+            await websocket.send_bytes(packb(metadata(act.state)))
+            await _serve(websocket, act, host, token, episode_id)
         except (WebSocketDisconnect, RuntimeError, KeyError, OSError):
             pass        # the client went (receive_bytes raises KeyError on a text frame: treat as gone)
         finally:
-            budget.release()
+            act.budget.release()
             if episode_id in host.episodes:
                 host.end_episode(episode_id)

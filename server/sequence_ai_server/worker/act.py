@@ -1,0 +1,284 @@
+"""The act pipeline, whatever carried the request: HTTP ``POST /act`` (``app.py``), the websocket
+channel ``/act/ws`` (``channel.py``) and openpi's websocket at ``/`` (``openpi.py``) all run it.
+
+One request, in this order on every transport:
+
+1. credentials -- the direct secret (a lease token signed by the gateway, or the worker secret;
+   ``leases.DirectAuth``): none is 401 ``unauthorized`` (:func:`check_token`), an expired lease
+   401 ``lease_expired``, an ended session 401;
+2. size -- over the worker's body limit is 413 ``payload_too_large`` (``body_limit.too_large``);
+3. strings -- a NUL or an unpaired surrogate in a string of the JSON is 400 ``invalid_request``
+   ``bad_string`` (``json_guard.check_strings``; a body with no JSON, openpi's msgpack, passes);
+4. the host ready (503 ``warming`` before), the body queued on a replica (:func:`queue_act`:
+   decoded on the replica's own thread, one thread hop), the result awaited up to
+   ``timeouts.request`` (:func:`await_result`, 504 past it), the chunk checked against the
+   ActionContract (``action_check.check_chunk``), the answer's JSON (:class:`ActResponse`);
+5. metering -- every answered request counted in the worker's ``meter.ActMeter``.
+
+Each check is written once, here or in ``common/``. HTTP runs 1-3 as ASGI middleware (app.py)
+since it refuses from the headers, before a byte of the body is read, and 5 as ``MeterLayer``;
+the websockets call :class:`ActPipeline` per message. An error is an ``ApiError`` everywhere;
+a websocket sends its body (:meth:`ActPipeline.settle`), HTTP answers it with the same body.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import secrets
+import time
+from typing import Any, Awaitable, Optional
+
+import anyio
+from pydantic import BaseModel
+
+from sequence_ai_core.protocol import MAX_BODY_BYTES
+
+from sequence_ai_server.common.body_limit import check_size
+from sequence_ai_server.common.credentials import bearer_token
+from sequence_ai_server.common.errors import ApiError, internal_error, new_request_id
+from sequence_ai_server.common.json_guard import check_strings
+from sequence_ai_server.worker.action_check import check_chunk
+from sequence_ai_server.worker.connections import ConnectionBudget, refuse_upgrade
+from sequence_ai_server.worker.host import PolicyError, PolicyHost, Prepared
+
+__all__ = ["ActPipeline", "ActRequest", "ActResponse", "ActionChunkOut", "WorkerState", "await_result",
+           "check_control_token", "check_token", "missing_credentials", "queue_act", "run_act", "run_prepared"]
+
+log = logging.getLogger("sequence_ai_server.worker")
+
+
+# ---------------------------------------------------------------- wire models (the OpenAPI document)
+
+class ActRequest(BaseModel):
+    """The JSON /act body (the binary body carries the same JSON after a length prefix)."""
+    observation: dict[str, Any]
+    params: dict[str, Any] = {}
+    episode_id: Optional[str] = None
+    end_episode: bool = False
+    prefix: Optional[list[list[float]]] = None      # the committed rows (absolute, the chunk's action space)
+    delay_steps: Optional[int] = None               # estimated inference delay, control steps
+    obs_time: Optional[float] = None                # the observation's capture time (unix s)
+    request_id: Optional[str] = None                # echoed in the answer
+    generation: Optional[int] = None                # the run's generation, echoed in the answer
+
+
+class ActionChunkOut(BaseModel):
+    actions: list[list[float]]
+    action_space: Optional[str]
+    robot: Optional[str]
+    control_frequency_hz: Optional[float]
+    open_loop_horizon: Optional[int] = None
+
+
+class ActResponse(BaseModel):
+    action_chunk: Optional[ActionChunkOut]
+    warnings: list[str] = []
+    inference_ms: float
+    batch_size: int = 1
+    request_id: str
+    generation: Optional[int] = None
+    outputs: Any = None
+
+
+# ---------------------------------------------------------------- the worker's state
+
+class WorkerState:
+    """What every transport knows of the worker: the host once imported, the phase, the load's job id."""
+
+    def __init__(self, name: Optional[str], load_estimate_s: float = 10.0):
+        self.name = name
+        self.host: Optional[PolicyHost] = None
+        self.phase = "importing"
+        self.job_id = "load_" + secrets.token_hex(6)
+        self.t0 = time.monotonic()
+        self.load_estimate_s = load_estimate_s
+
+    def ready_host(self) -> PolicyHost:
+        """The host, once it loaded and passed its check; before, 503 ``warming`` (Retry-After:
+        what is left of the load estimate)."""
+        host = self.host
+        if host is None or not host.ready:
+            left = max(1.0, self.load_estimate_s - (time.monotonic() - self.t0))
+            raise ApiError("warming", f"the policy is still starting ({self.phase})", retry_after_s=left,
+                           details={"phase": self.phase, "job_id": self.job_id},
+                           hint="retry after Retry-After seconds; the worker answers as soon as load() returns")
+        return host
+
+
+
+# ---------------------------------------------------------------- credentials
+
+def missing_credentials() -> ApiError:
+    """401 ``unauthorized`` for a request that carries no direct secret at all."""
+    return ApiError("unauthorized", "missing or wrong direct secret",
+                    hint="send `Authorization: Bearer <direct_secret>` from POST /v1/connect")
+
+
+def check_token(auth: Any, token: str) -> None:
+    """The direct secret ``token`` (``""``: none was sent) against ``auth`` (``DirectAuth``):
+    raises 401 (:func:`missing_credentials`, or ``auth.check``'s: expiry, revocation)."""
+    if not token:
+        raise missing_credentials()
+    auth.check(token)
+
+
+def check_control_token(auth: Any, token: str) -> None:
+    """A ``/control/*`` caller's ``token``: only the raw worker secret passes (raises 401)."""
+    if not token:
+        raise missing_credentials()
+    auth.check_control(token)
+
+
+# ---------------------------------------------------------------- queue, await, check, answer
+
+async def await_result(host: PolicyHost, future: Any, rid: str) -> tuple[Any, float, int]:
+    """Wait for a queued request's future up to ``timeouts.request`` -> (result, seconds, batch
+    size); 504 request_timeout past it (the inference still finishes), the policy's error as its
+    ApiError, a refused body's ApiError as it is."""
+    timeout = host.spec.timeouts.request
+    try:
+        return await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(future)), timeout)
+    except asyncio.TimeoutError:
+        log.warning("%s ran past the request timeout (%g s); the worker finishes it", rid, timeout)
+        raise ApiError("request_timeout", f"inference ran past the request timeout of {timeout:g} s; "
+                       "the worker finishes it before serving again", retry_after_s=1.0,
+                       details={"timeout_s": timeout},
+                       hint="raise timeouts=seq.Timeouts(request=...) or make infer faster") from None
+    except PolicyError as exc:
+        log.warning("%s %s", rid, exc)
+        raise exc.to_api_error() from None
+
+
+async def queue_act(host: PolicyHost, raw: bytes, content_type: str) -> tuple[Any, Any]:
+    """Queue one /act body -> (concurrent Future of (result, seconds, batch), holder whose
+    ``.prepared`` is the decoded request once it ran). One replica: the body is parsed and
+    decoded on the replica's own thread (one thread hop); several: decoded on a worker thread
+    first, since routing by episode needs it. Raises ApiError for a refused body (several)."""
+    if host.decodes_on_replica:
+        return host.submit_raw(raw, content_type)
+    prepared = await anyio.to_thread.run_sync(host.prepare, raw, content_type)
+    return host.submit(prepared), _Decoded(prepared)
+
+
+class _Decoded:
+    """The holder ``queue_act`` returns when the body was decoded before queueing."""
+    __slots__ = ("prepared",)
+
+    def __init__(self, prepared: Any) -> None:
+        self.prepared = prepared
+
+
+async def run_act(host: PolicyHost, raw: bytes, content_type: str, rid: str, capture: Any = None,
+                  on_queued: Any = None) -> bytes:
+    """One /act body (checked: steps 1-3 of the module docstring) end to end -> the JSON
+    answer's bytes (``ActResponse``). ``on_queued(future)`` sees the queued request's future
+    (the channel cancels it on the client's word); ``capture``: the ``CaptureWriter`` kept
+    episodes are handed to (or None). Raises ApiError."""
+    future, holder = await queue_act(host, raw, content_type)
+    if on_queued is not None:
+        on_queued(future)
+    result, seconds, batch = await await_result(host, future, rid)
+    prepared = holder.prepared
+    chunk, more, outputs = check_chunk(result, host.spec)
+    if more:
+        log.info("%s clipped: %s", rid, more[0])
+    payload = {"action_chunk": chunk, "warnings": prepared.warnings + more,
+               "inference_ms": round(seconds * 1000.0, 3), "batch_size": batch, "request_id": rid,
+               "outputs": outputs, **prepared.echo}   # the client's request_id / generation, when it sent them
+    try:
+        content = json.dumps(payload, separators=(",", ":"), allow_nan=False).encode()
+    except (TypeError, ValueError) as exc:
+        raise ApiError("policy_error", f"infer() returned outputs that are not JSON ({exc})",
+                       details={"reason": "outputs"}, hint="return dicts/lists of numbers and strings") from None
+    if capture is not None:   # a non-blocking hand-off to the capture writer's thread
+        capture.offer(raw, content_type, prepared.episode_id, prepared.params, chunk, rid, payload["inference_ms"])
+    return content
+
+
+async def run_prepared(host: PolicyHost, prepared: Prepared, rid: str) -> tuple[dict, float]:
+    """An observation a transport decoded itself (openpi's msgpack) through the rest of the
+    pipeline -> (the checked chunk dict, inference seconds). Raises ApiError (policy_error when
+    ``infer()`` returned no chunk)."""
+    result, seconds, _ = await await_result(host, host.submit(prepared), rid)
+    chunk, _, _ = check_chunk(result, host.spec)
+    if chunk is None:
+        raise ApiError("policy_error", "infer() returned no action chunk", hint="return a chunk from @seq.infer")
+    return chunk, seconds
+
+
+# ---------------------------------------------------------------- one worker's pipeline
+
+class ActPipeline:
+    """One worker's act pipeline, for the transports that read whole messages (the websockets;
+    HTTP runs the same checks as middleware, module docstring). ``state``: the ``WorkerState``
+    (``ready_host()``); ``auth``: its ``DirectAuth``; ``max_body_bytes``: the body limit;
+    ``capture``: the ``CaptureWriter`` or None; ``meter``: the ``ActMeter`` or None;
+    ``budget``: the open websockets' ``ConnectionBudget``."""
+
+    def __init__(self, state: Any, auth: Any, *, max_body_bytes: int = MAX_BODY_BYTES, capture: Any = None,
+                 meter: Any = None, budget: Optional[ConnectionBudget] = None) -> None:
+        self.state, self.auth, self.max_body_bytes = state, auth, int(max_body_bytes)
+        self.capture, self.meter = capture, meter
+        self.budget = budget if budget is not None else ConnectionBudget()
+
+    # -- the checks (module docstring, steps 1-3)
+    def check_token(self, token: str) -> None:
+        """Step 1: 401 unless ``token`` is a valid direct secret now (expiry, revocation)."""
+        check_token(self.auth, token)
+
+    def check_body(self, body: Any, content_type: str, **wording: Any) -> bytes:
+        """Steps 2 and 3 on one message's ``body`` (bytes or a memoryview) -> it as bytes.
+        ``wording``: ``body_limit.too_large``'s keywords (``what``, ``hint``) for the 413."""
+        check_size(len(body), self.max_body_bytes, **wording)
+        raw = bytes(body)
+        check_strings(raw, content_type)
+        return raw
+
+    async def admit(self, websocket: Any, path: str, schemes: tuple[str, ...] = ("bearer",),
+                    ready: bool = False) -> Optional[str]:
+        """A websocket upgrade to ``path``: its credentials (``Authorization`` in one of
+        ``schemes``), the host ready when ``ready``, then a place in the connection budget ->
+        the token, to be checked again per message; None when it was refused (answered with
+        the error as HTTP, ``connections.refuse_upgrade``). The caller accepts the websocket
+        and calls ``budget.release()`` when it ends."""
+        token = bearer_token(websocket.headers.get("authorization", ""), schemes)
+        try:
+            self.check_token(token)
+            if ready:
+                self.state.ready_host()
+            self.budget.take(path)
+        except ApiError as exc:
+            exc.request_id = new_request_id()
+            await refuse_upgrade(websocket, exc)
+            return None
+        return token
+
+    # -- the rest of it
+    async def run(self, raw: bytes, content_type: str, rid: str, on_queued: Any = None) -> bytes:
+        """Step 4 on a checked /act body -> the JSON answer's bytes (:func:`run_act`)."""
+        return await run_act(self.state.ready_host(), raw, content_type, rid, self.capture, on_queued=on_queued)
+
+    async def settle(self, rid: str, work: Awaitable[bytes], where: str) -> tuple[int, bytes]:
+        """Await ``work`` (one request's answer) -> ``(200, its bytes)``, or an ApiError's
+        ``(status, error body JSON)`` with ``rid`` as its request id; a bug (any other
+        exception) is 500 ``internal``, logged with ``where`` (the transport), so the connection
+        stays usable. Cancellation goes on."""
+        try:
+            return 200, await work
+        except ApiError as exc:
+            exc.request_id = exc.request_id or rid
+            return exc.status, exc.json_bytes()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a bug in the server: a typed 500 answer
+            log.exception("unhandled error on %s", where)
+            err = internal_error(exc, rid)
+            return err.status, err.json_bytes()
+
+    def count(self, started: float, status: int, size_in: int, size_out: int) -> None:
+        """Step 5: meter one request answered on a websocket like an HTTP /act (``started``:
+        ``time.perf_counter()`` when it arrived; ``status`` 0: the answer never reached the
+        client, counted as an error with no bytes out)."""
+        if self.meter is not None:
+            self.meter.count((time.perf_counter() - started) * 1000.0, status, size_in, size_out if status else 0)
