@@ -21,7 +21,7 @@ from ._contracts import ActionContract, ObservationContract
 from ._errors import DeclarationError
 from ._params import InferParam, delay_inputs, discover_params
 from ._resources import Image, Secret, Timeouts, Volume, Weights, check_weight_uri
-from ._scaling import Batching, Concurrency, batching_of, concurrency_of
+from ._scaling import Batching, Concurrency, batching_of, check_scaling, concurrency_of, gpu_count
 from ._types import ActionChunk, Observation
 
 __all__ = ["policy", "Policy", "PolicySpec", "load", "warmup", "infer", "on_episode", "shutdown",
@@ -100,7 +100,7 @@ class PolicySpec:
 
     def slots(self) -> int:
         """Model copies one worker holds (self-hosted: one card)."""
-        return self.concurrency.slots(_gpu_count(self.resources.get("gpu"))) if self.concurrency else 1
+        return self.concurrency.slots(gpu_count(self.resources.get("gpu"))) if self.concurrency else 1
 
     def to_dict(self) -> dict:
         return {
@@ -395,32 +395,9 @@ def _decorate(cls: Any, args: dict[str, Any]) -> type:
         concurrency=concurrency_of(cls),
         delay_inputs=takes,
     )
-    check_scaling(cls.__name__, spec, spec.concurrency, batching)
+    check_scaling(spec.resources.get("gpu"), spec.concurrency, batching)
     cls.__seq_spec__ = spec
     return cls
-
-
-def _gpu_count(gpu: Any) -> int:
-    first = gpu[0] if isinstance(gpu, list) and gpu else gpu
-    if isinstance(first, str) and ":" in first:
-        return int(first.split(":")[1])
-    return 1
-
-
-def check_scaling(where: str, spec: PolicySpec, concurrency: Optional[Concurrency], batching: Optional[Batching]) -> None:
-    """Refuse combinations of @seq.concurrent / @seq.batched that cannot be served."""
-    if concurrency is not None and concurrency.gpus_per_replica:
-        cards = _gpu_count(spec.resources.get("gpu"))
-        if cards % concurrency.gpus_per_replica:
-            raise DeclarationError("@seq.concurrent(gpus_per_replica=)",
-                                   f"{concurrency.gpus_per_replica} does not divide the {cards} card(s) gpu= asks for",
-                                   'ask for a multiple, e.g. gpu="H100:4" with gpus_per_replica=2')
-    if batching is not None and batching.serve_wait_ms > 0:
-        slots = concurrency.slots(_gpu_count(spec.resources.get("gpu"))) if concurrency else 1
-        if concurrency is None or not concurrency.max_inputs or concurrency.max_inputs <= slots:
-            raise DeclarationError("@seq.batched(serve_wait_ms=)",
-                                   "only a deployment that crowds robots onto its copies may wait for more requests",
-                                   f"add @seq.concurrent(max_inputs=N) with N above its {slots} slot(s), or drop serve_wait_ms")
 
 
 def is_policy(obj: Any) -> bool:

@@ -121,8 +121,7 @@ def concurrent(replicas_per_gpu: int = 1, gpus_per_replica: Optional[int] = None
     def mark(cls: Any) -> Any:
         spec = getattr(cls, "__dict__", {}).get("__seq_spec__")
         if spec is not None:     # written above @seq.policy: update the spec it made
-            from ._policy import check_scaling
-            check_scaling(cls.__name__, spec, config, spec.batching)
+            check_scaling(spec.resources.get("gpu"), config, spec.batching)
             spec.concurrency = config
         setattr(cls, _CONCURRENT, config)
         return cls
@@ -135,3 +134,31 @@ def batching_of(fn: Callable) -> Optional[Batching]:
 
 def concurrency_of(cls: type) -> Optional[Concurrency]:
     return cls.__dict__.get(_CONCURRENT)
+
+
+def gpu_count(gpu: Any) -> int:
+    """The number of cards a ``gpu=`` value asks for: ``"H100:4"`` -> 4, ``["L4:2", "A10G:2"]`` ->
+    2 (the first choice's count), a bare type or ``None`` -> 1."""
+    first = gpu[0] if isinstance(gpu, list) and gpu else gpu
+    if isinstance(first, str) and ":" in first:
+        return int(first.split(":")[1])
+    return 1
+
+
+def check_scaling(gpu: Any, concurrency: Optional[Concurrency], batching: Optional[Batching]) -> None:
+    """Refuse the combinations of ``@seq.concurrent`` and ``@seq.batched`` that cannot be served
+    on the cards ``gpu`` (the policy's ``gpu=``) asks for. Raises DeclarationError:
+    ``gpus_per_replica`` that does not divide the cards, or ``serve_wait_ms`` without ``max_inputs``
+    above the slot count (nothing else could fill a batch)."""
+    if concurrency is not None and concurrency.gpus_per_replica:
+        cards = gpu_count(gpu)
+        if cards % concurrency.gpus_per_replica:
+            raise DeclarationError("@seq.concurrent(gpus_per_replica=)",
+                                   f"{concurrency.gpus_per_replica} does not divide the {cards} card(s) gpu= asks for",
+                                   'ask for a multiple, e.g. gpu="H100:4" with gpus_per_replica=2')
+    if batching is not None and batching.serve_wait_ms > 0:
+        slots = concurrency.slots(gpu_count(gpu)) if concurrency else 1
+        if concurrency is None or not concurrency.max_inputs or concurrency.max_inputs <= slots:
+            raise DeclarationError("@seq.batched(serve_wait_ms=)",
+                                   "only a deployment that crowds robots onto its copies may wait for more requests",
+                                   f"add @seq.concurrent(max_inputs=N) with N above its {slots} slot(s), or drop serve_wait_ms")
