@@ -6,7 +6,7 @@ an instruction:
 
 * ours, sync    -- ``sequence_ai.observation()`` (JPEG q95 encode, timed) + /act over the channel
   (``WS /act/ws``) to a real worker process the way the sync ``Policy.predict`` sends it in a
-  session's steady state: a blocking websocket on the calling thread (``_blocking.BlockingAct``);
+  session's steady state: a blocking websocket on the calling thread (``WorkerLink.act_blocking``);
 * ours, channel -- the same through the asyncio wire (``AsyncPolicy.predict``, and ``run()``);
 * ours, http    -- the same over ``POST /act`` (binary body; httptools + uvloop on the worker);
 * openpi        -- openpi's own ``WebsocketPolicyServer`` (``../shared/peers/openpi/``) and the real
@@ -101,20 +101,17 @@ def frames(kind):
 STATE = [0.1 * i for i in range(7)]
 if kind_of.startswith("ours"):
     import asyncio, sequence_ai
-    from sequence_ai_core._wire import Session, Wire
-    wire = Wire("http://127.0.0.1:9", "unused", "bench", body_format="binary",
+    from sequence_ai_core._wire import Session, WorkerLink
+    wire = WorkerLink("http://127.0.0.1:9", "unused", "bench", body_format="binary",
                 transport="http" if kind_of == "ours-http" else "channel")
     wire.session = Session(session_id=None, worker_url=target, direct_secret=extra[0])
     contract = json.loads(extra[1])
     loop = asyncio.new_event_loop()
-    if kind_of == "ours-sync":
-        from sequence_ai_core._blocking import BlockingAct
-        fast = BlockingAct(wire)
     def one(imgs):
         obs = sequence_ai.observation(images={"exterior": imgs[0], "wrist": imgs[1]}, joints=STATE, gripper=[0.5],
                                       instruction="put the red cube on the green pad", contract=contract)
         if kind_of == "ours-sync":
-            pred = fast.act(obs.to_wire(raw=True))
+            pred = wire.act_blocking(obs.to_wire(raw=True), loop.run_until_complete)
         else:
             pred = loop.run_until_complete(wire.act(obs.to_wire(raw=True)))
         assert len(pred.action_chunk) == 16

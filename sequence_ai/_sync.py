@@ -4,9 +4,9 @@ A Policy owns a private asyncio event loop and drives ``sequence_ai_core.AsyncPo
 ``loop.run_until_complete`` on the *calling* thread. So observe, act, validate, until and hold
 run on the thread that called ``run()``; the HTTP call is a task on that same loop and makes
 progress while the loop sleeps between actions. ``predict()`` -- one request, nothing to overlap --
-first tries the engine's blocking path (``AsyncPolicy.predict_now``: a websocket driven on this
-thread, no event loop) and enters the loop only when the session needs it (joining, a lease to
-renew, a reconnect).
+is one engine call (``AsyncPolicy.predict_blocking``): a session's steady state goes out over a
+websocket driven on this thread, with no event loop, and the loop is entered only for what needs
+it (joining, a lease renewal, a reconnect, HTTP /act).
 
 Every sync call also works from inside a callback of another ``run()`` (or any code already
 running an event loop on this thread): that loop is blocked while the callback runs, so this
@@ -107,23 +107,27 @@ class Policy:
     def _call(self, coro: Awaitable[Any]) -> Any:
         try:
             with self._driving():
-                task = self._loop.create_task(coro)  # type: ignore[arg-type]
-                try:
-                    with _outer_loop_set_aside():   # called from another Policy's callback
-                        return self._loop.run_until_complete(task)
-                except KeyboardInterrupt:
-                    # Ctrl-C landed in the event loop itself: unwind the run through its finally
-                    # (hold) before letting the KeyboardInterrupt through.
-                    if not task.done():
-                        task.cancel()
-                        try:
-                            with _outer_loop_set_aside():
-                                self._loop.run_until_complete(task)
-                        except BaseException:  # noqa: BLE001
-                            pass
-                    raise
+                return self._run(coro)
         finally:
             coro.close()  # type: ignore[union-attr]   # a no-op once run; a refused call never starts it
+
+    def _run(self, coro: Awaitable[Any]) -> Any:
+        """Run ``coro`` to completion on the private loop (the caller drives the Policy)."""
+        task = self._loop.create_task(coro)  # type: ignore[arg-type]
+        try:
+            with _outer_loop_set_aside():   # called from another Policy's callback
+                return self._loop.run_until_complete(task)
+        except KeyboardInterrupt:
+            # Ctrl-C landed in the event loop itself: unwind the run through its finally
+            # (hold) before letting the KeyboardInterrupt through.
+            if not task.done():
+                task.cancel()
+                try:
+                    with _outer_loop_set_aside():
+                        self._loop.run_until_complete(task)
+                except BaseException:  # noqa: BLE001
+                    pass
+            raise
 
     def _call_now(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """Call a blocking engine method (no event loop) under the same one-driver rule as ``_call``."""
@@ -242,13 +246,8 @@ class Policy:
 
     def predict(self, observation: Any, *, params: Optional[Dict[str, Any]] = None) -> Any:
         """One request: the whole action chunk for ``observation`` (a ``Prediction``); for a policy
-        with no contract, exactly what its infer() returned. See AsyncPolicy.predict."""
-        if self._engine.loop_channel_in_the_way():       # one websocket per session on the worker
-            self._call(self._engine.release_loop_channel())
-        done, result = self._call_now(self._engine.predict_now, observation, params=params)
-        if done:
-            return result
-        return self._call(self._engine.predict(observation, params=params))
+        with no contract, exactly what its infer() returned. See AsyncPolicy.predict (the same errors)."""
+        return self._call_now(self._engine.predict_blocking, observation, self._run, params=params)
 
     def next_action(self, observation: Any = None) -> List[float]:
         """The next buffered action, refilled from ``observation`` when empty. See AsyncPolicy.next_action.

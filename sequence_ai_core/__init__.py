@@ -2,7 +2,10 @@
 
 Wire client, chunk buffer, prefetch, seam, pacing, interrupt and typed errors, one module each:
 
-    _wire.py       gateway handshake, direct /act (JSON or binary body), reconnect, lease renewal
+    _wire.py       WorkerLink, the session client: gateway handshake, direct /act (JSON or binary
+                   body), reconnect and replay, lease renewal (with _lease.py)
+    _transport.py  ActTransport: how /act travels (HTTP, _channel.py's asyncio websocket,
+                   _blocking.py's websocket on the calling thread), one open at a time
     _limits.py     declared bounds / max_delta applied across chunk boundaries
     _buffer.py     chunks queued and played, open_loop_horizon rows each
     _prefetch.py   when to start the next request (refill latency vs buffer time left)

@@ -1,24 +1,16 @@
-"""The sync client's hot path: /act over the channel on the calling thread, no event loop.
+"""The blocking /act channel: one websocket to the worker's ``/act/ws``, driven on the calling thread.
 
 ``sequence_ai.Policy`` (the sync face) drives the asyncio engine by entering a private event loop
 per call. For ``predict()`` -- one request, nothing to overlap -- that entry (a task, the loop's
 selector turn, the wake-up of the waiting task) is a large share of a ~1.5 ms round trip on
-loopback. ``BlockingAct`` is the steady-state alternative: it sends the same /act body over its
-own websocket to the worker's ``/act/ws`` with a plain blocking socket, driven by the sans-I/O
-protocol of the ``websockets`` package (``websockets.client.ClientProtocol``), so a request is a
-``sendall`` and a ``recv`` on the caller's thread: no event loop, no task, no helper thread.
+loopback. ``BlockingChannel`` is the transport (``_transport.ActTransport``) of that steady state:
+it sends the same /act body over a plain blocking socket, driven by the sans-I/O protocol of the
+``websockets`` package (``websockets.client.ClientProtocol``), so a request is a ``sendall`` and a
+``recv`` on the caller's thread: no event loop, no task, no helper thread.
 
-It takes only the common case. Everything with state to manage stays in the asyncio wire
-(``_wire.Wire``), which the sync face then runs as before: no session yet (the handshake, waiting
-in line), a lease due for renewal, a refused renewal, ``transport="http"``, a worker without a
-channel, an answer 401 (a rotated secret: reconnect through the gateway) or 415, and a channel
-that dropped before its answer (the wire reconnects and replays, once, as for HTTP: a request
-the blocking path already sent, or whose channel it could not open, counts as the wire's first
-attempt, ``Wire.first_attempt_spent``). ``act`` returns None for those; the caller runs the
-engine's ``predict`` and nothing is lost.
-
-Errors it raises itself are the wire's: the mapped error of an error answer (``from_response``),
-TransportError when the answer does not come within ``timeout_s``.
+It only carries requests: which transport a request takes, joining, renewals, reconnects and
+replays are the session client's (``_wire.WorkerLink.act_blocking``), which uses the event loop
+for those alone.
 """
 from __future__ import annotations
 
@@ -27,17 +19,15 @@ import select
 import socket
 import ssl
 import time
-from typing import Any, Dict, List, Optional
+from typing import Any, List, Optional
 from urllib.parse import urlsplit
 
 import httpx
 
 from . import _channel
-from ._errors import TransportError, from_response
-from ._types import Prediction
 from .protocol import CHANNEL_FORMAT_BINARY, CHANNEL_FORMAT_JSON, MAX_BODY_BYTES
 
-__all__ = ["BlockingAct", "BlockingChannel"]
+__all__ = ["BlockingChannel", "available"]
 
 try:  # optional, as for the asyncio channel
     from websockets.client import ClientProtocol as _ClientProtocol
@@ -48,6 +38,11 @@ except ImportError:  # pragma: no cover - exercised by the fallback test with a 
     _ClientProtocol = None
 
 _RECV_BYTES = 1 << 16
+
+
+def available() -> bool:
+    """True when the ``websockets`` package (its sans-I/O protocol) can be imported."""
+    return _ClientProtocol is not None
 
 
 class BlockingChannel:
@@ -195,6 +190,19 @@ class BlockingChannel:
             self.abort()
             raise
 
+    def refresh(self, token: str) -> None:
+        """Hand the worker ``token`` (a renewed lease of this session) for the requests that follow
+        (a ``{"token": ...}`` text message; not waited for: the worker reads it before the next
+        request). Raises ChannelDropped when the websocket is closed or fails."""
+        try:
+            self._take_pending()
+            self._proto.send_text(json.dumps({"token": token}).encode())
+            self._flush(time.monotonic() + min(_channel.OPEN_TIMEOUT_S, self.timeout_s))
+        except (OSError, _channel.ChannelDropped) as exc:
+            self.abort()
+            raise _channel.ChannelDropped(f"the /act channel to {self.worker_url} failed: {exc!r}") from exc
+        self.token = token
+
     def _drain(self) -> None:
         """Feed the protocol what the socket still holds without waiting (after a send failed:
         the worker's close frame may be queued ahead of its reset)."""
@@ -289,91 +297,3 @@ class BlockingChannel:
             except OSError:
                 pass
         self.abort()
-
-
-class BlockingAct:
-    """``Wire.act`` on the calling thread, for the steady state of a sync ``predict()``.
-
-    Owns one ``BlockingChannel``, reopened when the session's worker or token changes; the wire's
-    own channel is closed while this one serves (``AsyncPolicy``), so a session holds one
-    websocket on its worker. ``act`` returns None whenever the asyncio wire must take the call (see
-    the module docstring); it never replays a request itself. When the call failed here on a gone
-    connection (the channel could not be opened, or it dropped after the request went out) it
-    sets ``wire.first_attempt_spent``: the wire then reconnects first and replays once, so a
-    request is played at most twice, as over the asyncio wire alone.
-    """
-
-    def __init__(self, wire: Any) -> None:
-        self._wire = wire
-        self._channel: Optional[BlockingChannel] = None
-        self._unsupported: Optional[str] = None    # a worker URL that has no channel
-        self.requests = 0
-
-    def usable(self) -> bool:
-        """True when a request can take this path now (a session, its lease not due, a channel)."""
-        wire = self._wire
-        session = wire.session
-        return (_ClientProtocol is not None and session is not None and wire.transport != "http"
-                and not session.renew_refused and not wire.lease_due(session)
-                and time.monotonic() >= wire.channel_paused_until
-                and self._unsupported != session.worker_url)
-
-    def act(self, observation: Dict[str, Any], *, params: Optional[Dict[str, Any]] = None,
-            episode_id: Optional[str] = None, delay: Optional[Dict[str, Any]] = None) -> Optional[Prediction]:
-        """One observation (wire dict) -> the Prediction, or None: run ``Wire.act`` instead.
-
-        Raises: the mapped error of an error answer (InvalidRequest, PolicyError, Unavailable, ...),
-        TransportError when no answer comes within the wire's ``timeout_s``.
-        """
-        if not self.usable():
-            return None
-        wire = self._wire
-        session = wire.session
-        content, binary = wire.encode_body(observation, params, episode_id, delay)
-        channel = self._open(session)
-        if channel is None:
-            return None
-        started = time.monotonic()
-        wire.note_request()
-        try:
-            response = channel.request(content, binary)
-        except TimeoutError as exc:
-            raise TransportError(f"/act over the channel to {session.worker_url} timed out after "
-                                 f"{wire.timeout_s:g}s", hint="raise timeout_s= on connect() for slow policies") from exc
-        except _channel.ChannelDropped as exc:
-            self._channel = None
-            wire.first_attempt_spent = exc.sent     # it may have run: the wire replays once, no more
-            return None
-        if response.status_code in (401, 415):
-            return None                  # a new token through the gateway / the JSON body: the wire's job
-        if response.is_error:
-            raise from_response(response)
-        self.requests += 1
-        return wire.prediction(response, started)
-
-    def _open(self, session: Any) -> Optional[BlockingChannel]:
-        channel = self._channel
-        if channel is not None and channel.open and channel.worker_url == session.worker_url \
-                and channel.token == session.direct_secret:
-            return channel
-        self.close()
-        channel = BlockingChannel(session.worker_url, session.direct_secret, self._wire.timeout_s)
-        try:
-            refusal = channel.connect()
-        except _channel.ChannelUnsupported:
-            self._unsupported = session.worker_url
-            return None
-        except _channel.ChannelDropped:
-            self._wire.first_attempt_spent = True   # as the wire's own failed open: reconnect, then once more
-            return None
-        if refusal is not None:          # the wire meets the same refusal and handles it, unless it is
-            self._wire.pause_channel_for(refusal)   # for want of places: then HTTP, without asking again
-            return None
-        self._channel = channel
-        return channel
-
-    def close(self) -> None:
-        """Close the channel (best effort). Idempotent; the next ``act`` opens a new one."""
-        channel, self._channel = self._channel, None
-        if channel is not None:
-            channel.close()

@@ -4,8 +4,9 @@ The worker side and the message layout are in ``server/sequence_ai_server/worker
 docs/design.md ("The /act channel"): a request is ``seq`` (u32) ``format`` (u8) + the /act body
 exactly as HTTP /act takes it (``protocol.encode_act_body``); an answer is ``seq`` (u32)
 ``status`` (u16) + the JSON body HTTP /act would answer. ``ActChannel.request`` hands that back as
-an ``httpx.Response`` so the wire's HTTP handling (401 -> reconnect, 415, the error table) applies
-unchanged.
+an ``httpx.Response`` (an ``_transport.AsyncActTransport``) so the session client's HTTP handling
+(401 -> reconnect, 415, the error table) applies unchanged. A text message ``{"token": ...}``
+hands the worker a renewed lease, so a renewal keeps the socket.
 
 The websocket client is the ``websockets`` package (asyncio API). It is optional: when it is not
 installed (``available()`` is False) the wire uses HTTP /act, and so it does when a worker has no
@@ -52,7 +53,7 @@ def available() -> bool:
 class ChannelDropped(ConnectionError):
     """The channel closed or failed under a request: the wire reconnects and replays, as for a
     dropped HTTP connection. ``sent``: the request had started to go out (the worker may have
-    run it); set by the sync client's blocking channel (``_blocking.py``)."""
+    run it)."""
 
     sent = False
 
@@ -185,10 +186,27 @@ class ActChannel:
             self._ws = None
             if isinstance(exc, _Closed) and exc.rcvd is not None and exc.rcvd.code == 1009:
                 return _too_large(len(content))      # the worker would not read it: as HTTP's 413
-            raise ChannelDropped(f"the /act channel to {self.worker_url} closed: {exc!r}") from exc
+            dropped = ChannelDropped(f"the /act channel to {self.worker_url} closed: {exc!r}")
+            dropped.sent = sent
+            raise dropped from exc
         self.requests += 1
         return httpx.Response(status, content=answer[_ANSWER_HEAD.size:],
                               headers={"content-type": "application/json"})
+
+    async def refresh(self, token: str) -> None:
+        """Hand the worker ``token`` (a renewed lease of this session) for the requests that follow
+        (a ``{"token": ...}`` text message; the worker reads it before the next request). Raises
+        ChannelDropped when the websocket is closed or fails."""
+        ws = self._ws
+        try:
+            if ws is None:
+                raise OSError("the channel is closed")
+            await asyncio.wait_for(ws.send(json.dumps({"token": token})), min(OPEN_TIMEOUT_S, self.timeout_s))
+        except (_Closed, OSError, asyncio.TimeoutError) as exc:
+            if ws is not None:
+                self._drop(ws)
+            raise ChannelDropped(f"the /act channel to {self.worker_url} closed: {exc!r}") from exc
+        self.token = token
 
     def _drop(self, ws: Any) -> None:
         """Forget ``ws`` and abort its connection at once (no closing handshake: it is stuck)."""

@@ -3,7 +3,7 @@
 ``Session`` holds the coordinates of one gateway handshake (worker URL, direct secret, lease).
 ``lease_margin`` / ``_renew_at`` say when a lease is renewed: before it lapses, early enough for
 a gateway round trip and the robot's own request interval. ``LeaseRenewal`` is the part of
-``_wire.Wire`` that renews (``POST /v1/sessions/{id}/renew``), beside requests while there is
+``_wire.WorkerLink`` that renews (``POST /v1/sessions/{id}/renew``), beside requests while there is
 time, with backoff while the gateway cannot be reached (the worker honours the lease until it
 lapses). The rest of the wire is in ``_wire.py``.
 """
@@ -104,7 +104,7 @@ def _renew_at(lease: Dict[str, Any], received: float, interval_s: Optional[float
 
 
 class LeaseRenewal:
-    """Lease renewal for ``_wire.Wire`` (a mixin: it uses the wire's ``session``, ``_send``,
+    """Lease renewal for ``_wire.WorkerLink`` (a mixin: it uses the link's ``session``, ``_send``,
     ``_adopt``, ``_replace``, ``join``, ``gateway_url``, ``_api_key`` and ``timeout_s``)."""
 
     session: Optional[Session]

@@ -15,7 +15,6 @@ import time
 import warnings
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from ._blocking import BlockingAct
 from ._buffer import ChunkBuffer
 from ._config import resolve_api_key, resolve_gateway_url
 from ._delay import DelayEstimate
@@ -28,7 +27,7 @@ from ._loop import ControlLoop, LoopConfig
 from ._options import DEFAULT_BODY_FORMAT, DEFAULT_TIMEOUT_S, ConnectOptions, print_queue_position
 from ._prefetch import LatencyEstimate
 from ._types import ModelInfo, Prediction, RunOutcome, observation_to_wire
-from ._wire import Wire, fetch_models
+from ._wire import WorkerLink, fetch_models
 
 __all__ = ["AsyncPolicy", "DEFAULT_TIMEOUT_S", "DEFAULT_BODY_FORMAT", "warn_if_no_validate"]
 
@@ -81,10 +80,9 @@ class AsyncPolicy:
         self.options = options
         self.gateway_url = resolve_gateway_url(options.gateway_url)
         self._on_queue = options.on_queue if options.on_queue is not None else print_queue_position()
-        self._wire = Wire(self.gateway_url, resolve_api_key(options.api_key), model, options.params,
-                          options.timeout_s, body_format=options.body_format, on_queue=self._on_queue,
-                          transport=options.transport)
-        self._blocking = BlockingAct(self._wire)
+        self._wire = WorkerLink(self.gateway_url, resolve_api_key(options.api_key), model, options.params,
+                                options.timeout_s, body_format=options.body_format, on_queue=self._on_queue,
+                                transport=options.transport)
         self.last_episode_id: Optional[str] = None
         self._expect = dict(options.expect) if options.expect else None
         self._validate_mode = options.validate
@@ -164,7 +162,6 @@ class AsyncPolicy:
         """Stop any run (interrupt), close the session (its slot frees at once) or give up a
         place in line, and close the connections."""
         self.interrupt()
-        self._blocking.close()
         await self._wire.aclose()
 
     async def __aenter__(self) -> "AsyncPolicy":
@@ -325,35 +322,18 @@ class AsyncPolicy:
         prediction = await self._request(wire, params)
         return prediction.outputs if prediction.own_io else prediction
 
-    def predict_now(self, observation: Any, *, params: Optional[Dict[str, Any]] = None) -> Tuple[bool, Any]:
-        """``predict()`` on this thread without an event loop, for the sync face's hot path.
-
-        The steady state of a session (joined, lease not due, the worker has a channel) goes out
-        over a blocking websocket (``_blocking.BlockingAct``). -> ``(True, what predict() returns)``,
-        or ``(False, None)`` when this call needs the event loop (no session yet, a lease to renew,
-        ``transport="http"``, a 401 or a dropped channel for the wire to reconnect and replay):
-        run ``predict()`` then. Raises what ``predict()`` raises.
-        """
-        self._wire.first_attempt_spent = False
-        if not self._blocking.usable():
-            return False, None
+    def predict_blocking(self, observation: Any, run: Callable[[Any], Any], *,
+                         params: Optional[Dict[str, Any]] = None) -> Any:
+        """``predict()`` on this thread, for the sync face: the steady state of a session goes out
+        over a blocking websocket without an event loop; joining, a lease renewal, a reconnect
+        or HTTP /act go through ``run`` (``coroutine -> its result`` on the event loop this
+        policy lives on; ``WorkerLink.act_blocking``). Returns and raises what ``predict()`` does."""
         instruction, _ = self._instruction_now()
         wire = self._check(observation_to_wire(observation, instruction))
-        prediction = self._blocking.act(wire, params=self._params_for(params, None))
-        if prediction is None:
-            return False, None
-        return True, (prediction.outputs if prediction.own_io else prediction)
-
-    def loop_channel_in_the_way(self) -> bool:
-        """True when the wire's (asyncio) /act channel is open -- left by a call the event loop
-        took: a lease renewal, a reconnect, ``run()`` -- while ``predict_now`` could serve the next
-        request: the sync face closes it first (``release_loop_channel``), so a session holds one
-        websocket on its worker (whose places are counted: ``--max-connections``)."""
-        return self._wire.channel_open and self._blocking.usable()
-
-    async def release_loop_channel(self) -> None:
-        """Close the wire's /act channel (the blocking path opens its own)."""
-        await self._wire.close_channel()
+        if self._wire.session is None:
+            run(self._wire.join())
+        prediction = self._wire.act_blocking(wire, run, params=self._params_for(params, None))
+        return prediction.outputs if prediction.own_io else prediction
 
     def _params_for(self, params: Optional[Dict[str, Any]], episode_id: Optional[str]) -> Dict[str, Any]:
         """The inference parameters of one request: the session's (the deployment's defaults under
@@ -378,7 +358,6 @@ class AsyncPolicy:
 
         Raises what the wire raises, and SequencesError (code ``no_action_chunk``) when
         ``need_chunk`` and the policy answered with its own outputs instead of a chunk."""
-        self._blocking.close()          # the wire's channel carries this one: one websocket per session
         if self._wire.session is None:
             await self._wire.join()
         prediction = await self._wire.act(wire, params=self._params_for(params, episode_id),

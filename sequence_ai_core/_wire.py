@@ -1,4 +1,4 @@
-"""The wire: one httpx.AsyncClient, the gateway handshake, and /act straight to the worker.
+"""The session client (``WorkerLink``): one httpx.AsyncClient, the gateway handshake, /act straight to the worker.
 
 A call is two phases and the gateway is in only the first::
 
@@ -6,9 +6,12 @@ A call is two phases and the gateway is in only the first::
     WS   {worker_url}/act/ws    (direct secret)  -> action_chunk        (repeated, one open websocket)
       or POST {worker_url}/act                                          (one kept-alive connection)
 
-The persistent channel (``_channel.py``) is used when the ``websockets`` package is installed and
-the worker has one (``transport="auto"``); it carries the same /act body and answers with the
-same body and status, so everything below holds for both. Lease renewal is in ``_lease.py``.
+How /act travels is the link's own business (``_transport.py``): HTTP, the persistent channel
+(``_channel.py``, asyncio) or the same channel on the calling thread (``_blocking.py``, the sync
+face's steady state), one open at a time, each carrying the same /act body and answering with the
+same body and status, so everything below holds for all three. Callers (``AsyncPolicy``, the
+control loop, the sync ``Policy``) call ``act`` or ``act_blocking`` and never see a channel. Lease
+renewal is in ``_lease.py``; a renewal hands the open channel the new token and keeps the socket.
 
 Transparent fallback: a 401 from the worker (rotated secret, expired lease) or a dropped
 connection sends the wire back through the gateway for fresh coordinates, once, and the call
@@ -56,33 +59,25 @@ from ._lease import (_DROPPED, INTERVAL_WINDOW, LEASE_MARGIN_FLOOR_S, LEASE_MARG
                      RENEW_RETRY_MAX_S, RENEW_TIMEOUT_S, LeaseRenewal, Session, _lease_ttl, _renew_at,
                      lease_margin)
 from ._types import ModelInfo, Prediction
+from ._transport import CHANNEL_PAUSE_S, TRANSPORTS, Transports  # noqa: F401
 from .protocol import JSON_CONTENT_TYPE, encode_act_body
 
-__all__ = ["Session", "Wire", "fetch_models", "BODY_FORMATS", "TRANSPORTS"]
+__all__ = ["Session", "WorkerLink", "fetch_models", "BODY_FORMATS", "TRANSPORTS"]
 
 BODY_FORMATS = ("json", "binary", "auto")
-# How /act travels: "auto" the persistent channel (a websocket, ``_channel.py``) when the
-# ``websockets`` package is installed and the worker has one, else HTTP; "http" always HTTP;
-# "channel" the channel only (an error when it cannot be used).
-TRANSPORTS = ("auto", "http", "channel")
 # Errors after which a connection (HTTP or the channel) is gone but a fresh one may work.
 _GONE = (*_DROPPED, _channel.ChannelDropped)
+# No answer within timeout_s (asyncio's is TimeoutError itself from Python 3.11 on).
+_TIMEOUTS = (TimeoutError, asyncio.TimeoutError)
+# What one /act attempt's answer means (``_step``): the answer (returned), the same request again
+# as JSON (the worker refused the binary body), or a reconnect through the gateway and one replay.
+_ANSWER, _AS_JSON, _RECONNECT = "answer", "json", "reconnect"
 # Asking again while queued: the gateway's Retry-After, clamped to this range (s). The gateway
 # drops a robot that has not asked for 15 s (slots.ABANDON_S).
 QUEUE_POLL_MIN_S = 0.25
 QUEUE_POLL_MAX_S = 5.0
-# After a worker refused the channel for want of websocket places (``too_many_connections``),
-# "auto" sends /act over HTTP for this long (s) before it tries the channel again.
-CHANNEL_PAUSE_S = 30.0
 # Bound on the best-effort calls made while unwinding (episode end, leaving the line, closing).
 COURTESY_TIMEOUT_S = 2.0
-
-
-def _error_code(response: httpx.Response) -> Optional[str]:
-    try:
-        return (response.json() or {}).get("code")
-    except ValueError:
-        return None
 
 
 def _seconds(value: Any) -> Optional[float]:
@@ -110,8 +105,46 @@ def _refuses_binary(response: httpx.Response) -> bool:
     return False
 
 
-class Wire(LeaseRenewal):
-    """HTTP to the gateway, HTTP or the /act channel to the worker, for one model. Not thread-safe: one event loop uses it.
+def _act_body(params: Dict[str, Any], observation: Dict[str, Any], extra: Optional[Dict[str, Any]],
+              episode_id: Optional[str], delay: Optional[Dict[str, Any]]) -> Dict[str, Any]:
+    body: Dict[str, Any] = {"observation": observation, "params": {**params, **(extra or {})}}
+    if episode_id is not None:
+        body["episode_id"] = episode_id
+    if delay:
+        body.update(delay)
+    return body
+
+
+def prediction(response: httpx.Response, started: float) -> Prediction:
+    """A 2xx /act answer -> the Prediction (``latency_s`` counted from ``started``, monotonic s)."""
+    return Prediction.from_wire(response.json(), request_id=response.headers.get("x-request-id"),
+                                latency_s=time.monotonic() - started)
+
+
+def _step(response: Optional[httpx.Response], binary: bool, attempt: int, body_format: str) -> str:
+    """What one attempt's answer means: ``_ANSWER`` (a 2xx), ``_AS_JSON`` (an "auto" body refused
+    as binary), ``_RECONNECT`` (None: a dropped connection; or a 401 on the first attempt).
+    Raises the mapped error (``from_response``) of any other error answer."""
+    if response is None:
+        return _RECONNECT
+    if binary and body_format == "auto" and _refuses_binary(response):
+        return _AS_JSON
+    if response.status_code == 401 and attempt == 0:
+        return _RECONNECT
+    if response.is_error:
+        raise from_response(response)
+    return _ANSWER
+
+
+def _timed_out(session: Session, timeout_s: float) -> TransportError:
+    return TransportError(f"/act to {session.worker_url} timed out after {timeout_s:g}s",
+                          hint="raise timeout_s= on connect() for slow policies")
+
+
+class WorkerLink(LeaseRenewal):
+    """The session client of one model: HTTP to the gateway, /act to the worker over the
+    transport it picks (``transports``, a ``_transport.Transports``). Not thread-safe: one event
+    loop uses it (and, for ``act_blocking``, the thread that runs that loop).
 
     Args:
         gateway_url: base URL of the gateway, no trailing slash.
@@ -126,6 +159,8 @@ class Wire(LeaseRenewal):
         transport: how /act travels (``TRANSPORTS``): "auto" (the persistent channel when the
             ``websockets`` package is installed and the worker has one, else HTTP), "http" or
             "channel". None: ``$SEQUENCE_AI_TRANSPORT``, else "auto".
+
+    Raises ValueError for an unknown body_format or transport.
     """
 
     def __init__(self, gateway_url: str, api_key: str, model: str,
@@ -158,17 +193,7 @@ class Wire(LeaseRenewal):
         self._background: List["asyncio.Future[Any]"] = []   # courtesy calls still finishing
         if transport is None:
             transport = os.environ.get("SEQUENCE_AI_TRANSPORT") or "auto"
-        if transport not in TRANSPORTS:
-            raise ValueError(f"transport must be one of {TRANSPORTS}, not {transport!r}")
-        self.transport = transport
-        self.channel_opens = 0                  # times the /act channel was opened
-        self._channel: Optional[_channel.ActChannel] = None
-        self._no_channel: Optional[str] = None  # a worker URL that has no channel (HTTP /act there)
-        self._refusal: Optional[httpx.Response] = None   # the worker's answer to a refused channel open
-        self.channel_paused_until = 0.0         # monotonic s: the worker's websocket places were all taken
-        # Set by the sync client's blocking path (``_blocking.BlockingAct``) when it spent the next
-        # request's first attempt on a gone connection: ``act`` reconnects first and replays once.
-        self.first_attempt_spent = False
+        self.transports = Transports(transport, timeout_s, lambda: self.http)
 
     @property
     def http(self) -> httpx.AsyncClient:
@@ -187,16 +212,14 @@ class Wire(LeaseRenewal):
             except BaseException:  # noqa: BLE001 - a courtesy call
                 pass
         self._background.clear()
-        await self._drop_channel()
-        if self._http is not None:
-            await self._http.aclose()
-            self._http = None
+        await self.aclose_http()
         self.session = None
 
     async def aclose_http(self) -> None:
-        """Close the pooled connections but keep the session: the next call opens a new one."""
+        """Close the /act transport and the pooled connections but keep the session: the next
+        call opens new ones."""
         await self._cancel_renewal()
-        await self._drop_channel()
+        await self.transports.aclose()
         if self._http is not None:
             await self._http.aclose()
             self._http = None
@@ -268,15 +291,12 @@ class Wire(LeaseRenewal):
                     pause = exc.retry_after_s if exc.retry_after_s is not None else 1.0
                     await asyncio.sleep(min(max(pause, QUEUE_POLL_MIN_S), QUEUE_POLL_MAX_S))
         except asyncio.CancelledError:
-            self._leave_in_background()
+            # give the place in line up without holding up the cancellation (interrupt-to-hold)
+            ticket, self.ticket = self.ticket, None
+            if ticket:
+                self._background = [t for t in self._background if not t.done()]
+                self._background.append(asyncio.ensure_future(self._delete(ticket)))
             raise
-
-    def _leave_in_background(self) -> None:
-        """Give the place in line up without holding up a cancellation (interrupt-to-hold)."""
-        ticket, self.ticket = self.ticket, None
-        if ticket:
-            self._background = [t for t in self._background if not t.done()]
-            self._background.append(asyncio.ensure_future(self._delete(ticket)))
 
     async def leave_line(self) -> None:
         """Give up our place in line now (best effort): ``DELETE /v1/sessions/{ticket}``."""
@@ -303,7 +323,20 @@ class Wire(LeaseRenewal):
         confirmed, False when it could not be sent (no session, worker gone); it never raises,
         and the worker also ends an episode left idle for 5 minutes.
         """
-        task = asyncio.ensure_future(self._end_episode(episode_id))
+        session = self.session
+
+        async def end() -> bool:
+            if session is None:
+                return False
+            try:
+                response = await self.http.post(
+                    f"{session.worker_url}/episode/end", json={"episode_id": episode_id},
+                    headers={"Authorization": f"Bearer {session.direct_secret}"},
+                    timeout=COURTESY_TIMEOUT_S)
+            except Exception:  # noqa: BLE001
+                return False
+            return response.status_code == 200
+        task = asyncio.ensure_future(end())
         self._background = [t for t in self._background if not t.done()] + [task]
         return task
 
@@ -313,19 +346,6 @@ class Wire(LeaseRenewal):
         pending = [t for t in self._background if not t.done()]
         if pending and wait_s > 0:
             await asyncio.wait(pending, timeout=wait_s)
-
-    async def _end_episode(self, episode_id: str) -> bool:
-        session = self.session
-        if session is None:
-            return False
-        try:
-            response = await self.http.post(
-                f"{session.worker_url}/episode/end", json={"episode_id": episode_id},
-                headers={"Authorization": f"Bearer {session.direct_secret}"},
-                timeout=COURTESY_TIMEOUT_S)
-        except Exception:  # noqa: BLE001
-            return False
-        return response.status_code == 200
 
     def _adopt(self, body: Dict[str, Any], received: float) -> Session:
         """Take the coordinates of a connect (or renew) answer as the current session."""
@@ -347,82 +367,99 @@ class Wire(LeaseRenewal):
 
     async def act(self, observation: Dict[str, Any], *, params: Optional[Dict[str, Any]] = None,
                   episode_id: Optional[str] = None, delay: Optional[Dict[str, Any]] = None) -> Prediction:
-        """One observation (wire dict) to the worker's /act -> the Prediction. Over the
-        persistent channel (``transport``), else ``POST {worker}/act``.
+        """One observation (wire dict) to the worker's /act -> the Prediction, over the transport
+        ``transports`` picks (the asyncio channel, else ``POST {worker}/act``).
 
         ``delay``: the delay fields sent beside the observation (``prefix``, ``delay_steps``,
         ``obs_time``, ``request_id``, ``generation``; ``_delay.DelayTracker.fields``); the
         answer's echo lands in ``Prediction.request_id`` / ``Prediction.extra["generation"]``.
 
         Reconnects through the gateway once on 401 or a dropped connection (HTTP or channel)
-        and replays; with ``first_attempt_spent`` set (the sync client's blocking path already
-        tried, on a connection that failed) it reconnects first and that replay is the only one.
+        and replays.
 
         Raises:
             Unavailable: 503 (``.warming`` while the worker loads).
             PolicyError: the policy raised (500).
             InvalidRequest: the worker refused the observation or params (400).
             AuthError: the API key itself was refused at the gateway.
-            TransportError / ConnectionLost: the network failed twice.
+            TransportError: no answer within ``timeout_s``. ConnectionLost: the network failed twice.
         """
-        body = self._body(observation, params, episode_id, delay)
+        body = _act_body(self.params, observation, params, episode_id, delay)
         started = time.monotonic()
         self.note_request()
         encoded: Dict[bool, Tuple[bytes, str]] = {}
         attempt = 0
-        if self.first_attempt_spent:     # the blocking path sent it, or could not open: this is the replay
-            self.first_attempt_spent = False
-            attempt = 1
-            await self._reconnect()
         while True:
             session = await self._current_session()
             binary = self.body_format != "json"
-            if binary not in encoded:
-                encoded[binary] = encode_act_body(body, binary)
-            content, content_type = encoded[binary]
+            content, content_type = encoded.get(binary) or encoded.setdefault(binary, encode_act_body(body, binary))
+            binary = content_type != JSON_CONTENT_TYPE
             self.last_request_bytes = len(content)
+            response: Optional[httpx.Response] = None
             try:
-                response = await self._post_act(session, content, content_type)
+                response = await self.transports.arequest(session, content, binary)
+            except _TIMEOUTS as exc:
+                raise _timed_out(session, self.timeout_s) from exc
             except _GONE as exc:
-                if attempt == 0:
-                    attempt += 1
-                    await self._reconnect()
-                    continue
-                raise ConnectionLost(f"connection to the worker dropped twice: {exc!r}") from exc
-            if binary and self.body_format == "auto" and _refuses_binary(response):
+                if attempt:
+                    raise ConnectionLost(f"connection to the worker dropped twice: {exc!r}") from exc
+            step = _step(response, binary, attempt, self.body_format)
+            if step == _ANSWER:
+                return prediction(response, started)
+            if step == _AS_JSON:
                 self.body_format = "json"  # this worker predates the binary body
                 continue
-            if response.status_code == 401 and attempt == 0:
-                attempt += 1
-                await self._reconnect()
+            attempt += 1
+            await self._reconnect()
+
+    def act_blocking(self, observation: Dict[str, Any], run: Callable[[Any], Any], *,
+                     params: Optional[Dict[str, Any]] = None, episode_id: Optional[str] = None,
+                     delay: Optional[Dict[str, Any]] = None) -> Prediction:
+        """``act`` on the calling thread: the sync face's ``predict``. A session's steady state
+        goes out over the blocking channel (``_blocking.BlockingChannel``) without an event loop;
+        what needs one (joining, a lease renewal, a reconnect, HTTP /act, closing an asyncio
+        channel) goes through ``run`` (``coroutine -> its result``, on the event loop this link
+        lives on). The same answers, replays and errors as ``act``."""
+        body = _act_body(self.params, observation, params, episode_id, delay)
+        started = time.monotonic()
+        self.note_request()
+        attempt = 0
+        while True:
+            session = self.session
+            if session is None or session.renew_refused or self.lease_due(session):
+                session = run(self._current_session())
+            content, content_type = encode_act_body(body, self.body_format != "json")
+            binary = content_type != JSON_CONTENT_TYPE
+            self.last_request_bytes = len(content)
+            response: Optional[httpx.Response] = None
+            try:
+                transport = self._blocking_transport(session, run)
+                if transport is None:         # no blocking channel now: the event loop's transport
+                    response = run(self.transports.arequest(session, content, binary))
+                else:
+                    response = transport if isinstance(transport, httpx.Response) else \
+                        transport.request(content, binary)
+            except _TIMEOUTS as exc:
+                raise _timed_out(session, self.timeout_s) from exc
+            except _GONE as exc:
+                if attempt:
+                    raise ConnectionLost(f"connection to the worker dropped twice: {exc!r}") from exc
+            step = _step(response, binary, attempt, self.body_format)
+            if step == _ANSWER:
+                return prediction(response, started)
+            if step == _AS_JSON:
+                self.body_format = "json"
                 continue
-            if response.is_error:
-                raise from_response(response)
-            return self.prediction(response, started)
+            attempt += 1
+            run(self._reconnect())
 
-    def _body(self, observation: Dict[str, Any], params: Optional[Dict[str, Any]],
-              episode_id: Optional[str], delay: Optional[Dict[str, Any]]) -> Dict[str, Any]:
-        body: Dict[str, Any] = {"observation": observation, "params": {**self.params, **(params or {})}}
-        if episode_id is not None:
-            body["episode_id"] = episode_id
-        if delay:
-            body.update(delay)
-        return body
-
-    def encode_body(self, observation: Dict[str, Any], params: Optional[Dict[str, Any]] = None,
-                    episode_id: Optional[str] = None, delay: Optional[Dict[str, Any]] = None) -> Tuple[bytes, bool]:
-        """The /act body of one request as ``act`` would send it now -> ``(bytes, binary)``
-        (``binary``: the binary framing; a body without frames is JSON either way)."""
-        content, content_type = encode_act_body(self._body(observation, params, episode_id, delay),
-                                                self.body_format != "json")
-        self.last_request_bytes = len(content)
-        return content, content_type != JSON_CONTENT_TYPE
-
-    @staticmethod
-    def prediction(response: httpx.Response, started: float) -> Prediction:
-        """A 2xx /act answer -> the Prediction (``latency_s`` counted from ``started``, monotonic s)."""
-        return Prediction.from_wire(response.json(), request_id=response.headers.get("x-request-id"),
-                                    latency_s=time.monotonic() - started)
+    def _blocking_transport(self, session: Session, run: Callable[[Any], Any]) -> Any:
+        """``transports.get_blocking`` after closing an open transport that does not fit (an
+        asyncio channel: on the event loop, through ``run``)."""
+        transports = self.transports
+        if transports.current is not None and not transports.fits(session, blocking=True):
+            run(transports.aclose())
+        return transports.get_blocking(session)
 
     async def _current_session(self) -> Session:
         """The session to send with: joined, replaced after a refused renewal, or renewed first
@@ -439,82 +476,6 @@ class Wire(LeaseRenewal):
                 return await self.renew()
         return session
 
-    async def _post_act(self, session: Session, content: bytes, content_type: str) -> httpx.Response:
-        """Send one encoded /act body: over the channel when ``transport`` allows and the worker
-        has one, else HTTP. Raises what ``_send`` raises, ChannelDropped, TransportError (the
-        channel timed out)."""
-        if self.transport != "http":
-            channel = await self._open_channel(session)
-            if channel is not None:
-                try:
-                    return await channel.request(content, content_type != JSON_CONTENT_TYPE)
-                except asyncio.TimeoutError as exc:
-                    raise TransportError(f"/act over the channel to {session.worker_url} timed out after "
-                                         f"{self.timeout_s:g}s",
-                                         hint="raise timeout_s= on connect() for slow policies") from exc
-                except _channel.ChannelDropped:
-                    await self._drop_channel()
-                    raise
-            if self._refusal is not None:
-                refusal, self._refusal = self._refusal, None
-                return refusal
-        return await self._send("POST", f"{session.worker_url}/act", content=content,
-                                headers={"Authorization": f"Bearer {session.direct_secret}",
-                                         "Content-Type": content_type})
-
-    async def _open_channel(self, session: Session) -> Optional["_channel.ActChannel"]:
-        """The open channel for ``session``'s worker and token (reopened when either changed),
-        or None: HTTP for this request (no ``websockets``, a worker without a channel, or a
-        refused open, kept in ``_refusal`` for the caller). Raises ChannelDropped."""
-        channel = self._channel
-        if channel is not None and channel.open and channel.worker_url == session.worker_url \
-                and channel.token == session.direct_secret:
-            return channel
-        await self._drop_channel()
-        if self.transport == "auto" and time.monotonic() < self.channel_paused_until:
-            return None
-        if not _channel.available() or self._no_channel == session.worker_url:
-            if self.transport == "channel":
-                raise TransportError("the /act channel cannot be used: " + (
-                    "the websockets package is not installed" if not _channel.available()
-                    else f"the worker at {session.worker_url} has none"),
-                    hint="pip install websockets, or transport='auto' to fall back to HTTP")
-            return None
-        channel = _channel.ActChannel(session.worker_url, session.direct_secret, self.timeout_s)
-        try:
-            self._refusal = await channel.connect()
-        except _channel.ChannelUnsupported:
-            self._no_channel = session.worker_url    # an older worker: HTTP /act from now on
-            return await self._open_channel(session)
-        if self._refusal is not None:
-            if self.pause_channel_for(self._refusal):
-                self._refusal = None          # HTTP /act is not limited that way: use it for a while
-            return None
-        self._channel = channel
-        self.channel_opens += 1
-        return channel
-
-    def pause_channel_for(self, refusal: httpx.Response) -> bool:
-        """Pause the channel (CHANNEL_PAUSE_S; HTTP /act meanwhile) after an "auto" open refused for want of places."""
-        if self.transport != "auto" or _error_code(refusal) != "too_many_connections":
-            return False
-        self.channel_paused_until = time.monotonic() + CHANNEL_PAUSE_S
-        return True
-
-    @property
-    def channel_open(self) -> bool:
-        """True while this wire's /act channel is open."""
-        return self._channel is not None and self._channel.open
-
-    async def close_channel(self) -> None:
-        """Close this wire's /act channel (best effort); the next request over it opens a new one."""
-        await self._drop_channel()
-
-    async def _drop_channel(self) -> None:
-        channel, self._channel = self._channel, None
-        if channel is not None:
-            await channel.aclose()
-
     async def close_session(self) -> None:
         """Best effort ``DELETE /v1/sessions/{id}``: frees the session's slot at once (after ``aclose_http`` too)."""
         session = self.session
@@ -524,8 +485,10 @@ class Wire(LeaseRenewal):
 
     async def _reconnect(self) -> None:
         """Fresh coordinates after a 401 or a dropped connection: resume the session when the
-        gateway still holds it, else close it and open a new one (waiting in line if need be)."""
+        gateway still holds it, else close it and open a new one (waiting in line if need be).
+        The /act transport is closed first: the replay opens a fresh one with the new token."""
         self.reconnects += 1
+        await self.transports.aclose()
         old = self.session
         if old is not None and old.session_id:
             try:

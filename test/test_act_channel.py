@@ -20,7 +20,9 @@ from websockets.sync.client import connect as ws_connect
 
 from _core_support import ECHO, connect, observation, unique
 from _servers import ROOT, _env, echo_observation
-from sequence_ai_core._wire import Session, Wire
+from sequence_ai_core._blocking import BlockingChannel
+from sequence_ai_core._transport import HttpTransport
+from sequence_ai_core._wire import Session, WorkerLink
 from sequence_ai_core.protocol import encode_act_body
 from sequence_ai_server.common.leases import sign_lease
 
@@ -144,8 +146,8 @@ def test_a_cancelled_queued_request_never_runs(worker):
     assert third["action_chunk"]["actions"][0][0] == first["action_chunk"]["actions"][0][0] + 1
 
 
-def _wire(worker, **kw) -> Wire:
-    wire = Wire("http://127.0.0.1:9", "unused", "chan", timeout_s=30.0, body_format="binary", **kw)
+def _wire(worker, **kw) -> WorkerLink:
+    wire = WorkerLink("http://127.0.0.1:9", "unused", "chan", timeout_s=30.0, body_format="binary", **kw)
     wire.session = Session(session_id=None, worker_url=worker.url, direct_secret=worker.secret)
     return wire
 
@@ -161,7 +163,7 @@ def test_the_wire_uses_the_channel_and_skips_an_interrupted_answer(worker):
             with pytest.raises(asyncio.CancelledError):
                 await slow
             after = await wire.act(observation().to_wire())     # its late answer is skipped
-            return wire.channel_opens, wire._channel.requests, first, after
+            return wire.transports.opens, wire.transports.current.requests, first, after
         finally:
             await wire.aclose()
     opens, requests, first, after = asyncio.run(go())
@@ -183,10 +185,10 @@ def test_a_dropped_channel_is_reopened_and_the_request_replayed(module_gateway):
         async with _aconnect(module_gateway, name) as policy:
             first = await policy.predict(observation())
             wire = policy._wire
-            wire._channel._ws.transport.abort()          # the TCP connection goes away under the wire
+            wire.transports.current._ws.transport.abort()   # the TCP connection goes away under the link
             pred = await policy.predict(observation())
             assert pred.action_chunk.actions[0][0] == first.action_chunk.actions[0][0] + 1
-            assert (policy.reconnects, wire.resumed, wire.channel_opens) == (1, 1, 2)
+            assert (policy.reconnects, wire.resumed, wire.transports.opens) == (1, 1, 2)
     asyncio.run(go())
 
 
@@ -196,10 +198,11 @@ def test_sync_predict_rides_a_blocking_channel_once_the_session_is_up(module_gat
     name = unique("echo-fast")
     module_gateway.deploy(ECHO, name, wait=True)
     with connect(module_gateway, name) as policy:
-        fast, wire = policy._engine._blocking, policy._engine._wire
+        link = policy._engine._wire
         firsts = [policy.predict(observation()).action_chunk.actions[0][0] for _ in range(5)]
         assert firsts == [firsts[0] + i for i in range(5)]        # one worker counter, no replays
-        assert (fast.requests, wire._channel, wire.channel_opens) == (5, None, 0)
+        channel = link.transports.current
+        assert isinstance(channel, BlockingChannel) and (channel.requests, link.transports.opens) == (5, 1)
         entered = []
         real = policy._loop.run_until_complete
         policy._loop.run_until_complete = lambda *a: entered.append(a) or real(*a)
@@ -207,26 +210,28 @@ def test_sync_predict_rides_a_blocking_channel_once_the_session_is_up(module_gat
             policy.predict(observation())
         finally:
             policy._loop.run_until_complete = real
-        assert entered == [] and fast.requests == 6
+        assert entered == [] and channel.requests == 6
 
 
-def test_sync_predict_after_a_dropped_or_refused_blocking_channel_goes_through_the_wire(module_gateway):
-    """The blocking channel never replays: a drop under it, or a refused token, hands the call to
-    the asyncio wire, which reconnects (401) once and answers; nothing is played twice."""
+def test_sync_predict_after_a_dropped_or_refused_blocking_channel_reconnects_once(module_gateway):
+    """A drop under the blocking channel, or a refused token, is the link's first attempt: it
+    reconnects through the gateway once and replays on a new blocking channel; nothing is played
+    twice and no asyncio channel is opened."""
     name = unique("echo-fast-drop")
     module_gateway.deploy(ECHO, name, wait=True)
     with connect(module_gateway, name) as policy:
-        fast = policy._engine._blocking
+        link = policy._engine._wire
         a = policy.predict(observation()).action_chunk.actions[0][0]
         b = policy.predict(observation()).action_chunk.actions[0][0]
-        fast._channel._sock.shutdown(socket.SHUT_RDWR)               # the connection goes away
+        link.transports.current._sock.shutdown(socket.SHUT_RDWR)     # the connection goes away
         c = policy.predict(observation()).action_chunk.actions[0][0]
-        assert (b, c) == (a + 1, a + 2) and fast.requests == 2 and policy.reconnects == 0
-        assert policy._engine._wire._channel.requests == 1             # c: the asyncio wire's channel
-        policy._engine._wire.session.direct_secret = "rotated-away"   # both channels refused 401
+        assert (b, c) == (a + 1, a + 2) and policy.reconnects == 1 and link.transports.opens == 2
+        link.session.direct_secret = "rotated-away"     # handed to the channel; its next request is 401
         d = policy.predict(observation())
-        assert d.action_chunk.actions[0][0] == a + 3 and policy.reconnects == 1
-        assert policy.predict(observation()).action_chunk.actions[0][0] == a + 4 and fast.requests == 3
+        assert d.action_chunk.actions[0][0] == a + 3 and policy.reconnects == 2
+        assert policy.predict(observation()).action_chunk.actions[0][0] == a + 4
+        channel = link.transports.current
+        assert isinstance(channel, BlockingChannel) and channel.requests == 2 and link.transports.opens == 3
 
 
 def test_connect_chooses_the_transport_and_refuses_an_unknown_one(module_gateway):
@@ -234,8 +239,9 @@ def test_connect_chooses_the_transport_and_refuses_an_unknown_one(module_gateway
     module_gateway.deploy(ECHO, name, wait=True)
     with connect(module_gateway, name, transport="http") as policy:
         pred = policy.predict(observation())
-        wire = policy._engine._wire
-        assert len(pred.action_chunk) == 10 and wire.transport == "http" and wire.channel_opens == 0
+        transports = policy._engine._wire.transports
+        assert len(pred.action_chunk) == 10 and transports.mode == "http" and transports.opens == 0
+        assert isinstance(transports.current, HttpTransport)
     with pytest.raises(ValueError, match="transport must be one of"):
         connect(module_gateway, name, transport="pigeon")
 
@@ -245,13 +251,13 @@ def test_through_the_gateway_the_channel_is_the_default(module_gateway):
     module_gateway.deploy(ECHO, name, wait=True)
     with connect(module_gateway, name) as policy:
         policy.predict(observation())
-        policy._engine._wire.session.direct_secret = "rotated-away"   # the channel open is refused 401
+        policy._engine._wire.session.direct_secret = "rotated-away"   # the channel's next request: 401
         pred = policy.predict(observation())
-        wire = policy._engine._wire
+        transports = policy._engine._wire.transports
         assert len(pred.action_chunk) == 10 and policy.reconnects == 1
-        assert wire.transport == "auto" and wire.channel_opens == 1 and wire._channel.requests == 1
-        policy.predict(observation())                 # the new token's blocking channel takes it
-        assert wire._channel is None and policy._engine._blocking.requests == 2   # one websocket at a time
+        assert transports.mode == "auto" and transports.opens == 2 and transports.current.requests == 1
+        policy.predict(observation())                 # the new token's channel takes it
+        assert transports.opens == 2 and transports.current.requests == 2   # one websocket at a time
 
 
 _NO_WEBSOCKETS = """
@@ -263,15 +269,15 @@ class Block(importlib.abc.MetaPathFinder):
 sys.meta_path.insert(0, Block())
 import asyncio
 from sequence_ai_core import _channel
-from sequence_ai_core._wire import Session, Wire
+from sequence_ai_core._wire import Session, WorkerLink
 from _core_support import observation
 assert not _channel.available()
 async def go():
-    wire = Wire("http://127.0.0.1:9", "unused", "w", body_format="binary")
+    wire = WorkerLink("http://127.0.0.1:9", "unused", "w", body_format="binary")
     wire.session = Session(session_id=None, worker_url=sys.argv[1], direct_secret=sys.argv[2])
     pred = await wire.act(observation().to_wire())
     await wire.aclose()
-    print("OK", wire.channel_opens, len(pred.action_chunk))
+    print("OK", wire.transports.opens, len(pred.action_chunk))
 asyncio.run(go())
 """
 
@@ -288,12 +294,12 @@ def test_a_worker_without_the_channel_is_reached_over_http(worker):
         wire = _wire(worker)
         wire.session.worker_url = worker.url + "/nochannel"      # /nochannel/act/ws: no such route
         try:
-            opened = await wire._open_channel(wire.session)
-            return opened, wire._no_channel
+            opened = await wire.transports.aget(wire.session)
+            return opened, wire.transports.no_channel
         finally:
             await wire.aclose()
     opened, no_channel = asyncio.run(go())
-    assert opened is None and no_channel == worker.url + "/nochannel"
+    assert isinstance(opened, HttpTransport) and no_channel == worker.url + "/nochannel"
     assert httpx.get(worker.url + "/ping", timeout=10).json()["status"] == "ready"
 
 

@@ -252,15 +252,15 @@ def test_the_limit_defaults_to_64_and_a_bad_setting_stops_the_worker_naming_it(t
 
 _FULL_WORKER_CLIENT = """
 import asyncio, sys, time
-from sequence_ai_core._wire import Session, Wire
+from sequence_ai_core._wire import Session, WorkerLink
 from _core_support import observation
 async def go():
-    wire = Wire("http://127.0.0.1:9", "unused", "w", body_format="binary")
+    wire = WorkerLink("http://127.0.0.1:9", "unused", "w", body_format="binary")
     wire.session = Session(session_id=None, worker_url=sys.argv[1], direct_secret=sys.argv[2])
     pred = await wire.act(observation().to_wire(), params={"latency_ms": 0.0})
-    paused = wire.channel_paused_until - time.monotonic()
+    paused = wire.transports.paused_until - time.monotonic()
     await wire.aclose()
-    print("OK", wire.channel_opens, len(pred.action_chunk), round(paused))
+    print("OK", wire.transports.opens, len(pred.action_chunk), round(paused))
 asyncio.run(go())
 """
 
@@ -313,8 +313,8 @@ def test_an_http_act_whose_client_left_before_the_answer_is_metered_undelivered(
 
 
 def test_a_sync_predict_refused_for_want_of_places_asks_the_worker_once_per_pause(worker, monkeypatch):
-    """The sync client's blocking path meets the full worker first: it pauses the channel itself,
-    so the asyncio wire goes straight to HTTP /act instead of asking for a place a second time."""
+    """The sync client's blocking channel meets the full worker first: the link pauses the channel,
+    so the request goes straight to HTTP /act instead of asking for a place a second time."""
     import sequence_ai
     from sequence_ai_core import _channel as channel_module
     from sequence_ai_core._wire import Session
@@ -333,7 +333,7 @@ def test_a_sync_predict_refused_for_want_of_places_asks_the_worker_once_per_paus
         before = time.monotonic()
         pred = policy.predict(echo_observation(), params={"latency_ms": 0.0})
         assert len(pred.action_chunk) == 10
-        assert wire.channel_paused_until > before + 29 and wire.channel_opens == 0 and wire._refusal is None
+        assert wire.transports.paused_until > before + 29 and wire.transports.opens == 0
         assert asked == []                # the asyncio wire never asked for a place
         policy.close()
     finally:

@@ -1,12 +1,13 @@
-"""The sync client's blocking /act path (``sequence_ai_core/_blocking.py``) under faults, against real
+"""The sync client's blocking /act transport (``sequence_ai_core/_blocking.py``) under faults, against real
 gateway and worker processes on loopback: a connection cut after the request went out (the
 request is played at most twice, as over the asyncio wire), a worker that stops answering (a
 typed error within the wire's own time), a body far over the worker's limit (413 without a second
 upload), Ctrl-C while the channel opens (its socket closes at once), the worker's websocket
-places (one per session, so a second robot is not pushed onto HTTP; the wire's channel closed
-for it closes its socket even when the worker hangs), and a body without frames (JSON)."""
+places (one per session, kept across lease renewals, so a second robot is not pushed onto HTTP;
+an asyncio channel closed to a hung worker closes its socket), and a body without frames (JSON)."""
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import socket
@@ -19,8 +20,8 @@ import pytest
 from _core_support import ECHO, connect, observation, unique
 from _servers import GatewayProcess, WorkerProcess
 from sequence_ai_core import ConnectionLost, InvalidRequest, TransportError
-from sequence_ai_core._blocking import BlockingAct, BlockingChannel
-from sequence_ai_core._wire import Session, Wire
+from sequence_ai_core._blocking import BlockingChannel
+from sequence_ai_core._wire import Session, WorkerLink
 
 pytestmark = pytest.mark.filterwarnings("ignore:run\\(\\)/act\\(\\) called with validate=None")
 
@@ -49,35 +50,36 @@ def _worker_pid(policy) -> int:
 
 def test_a_request_cut_after_it_went_out_is_played_at_most_twice(module_gateway):
     """The blocking channel drops while the worker runs the request (it ran: the worker's counter
-    moved); the asyncio wire replays it once, and when that replay's connection is cut too the
-    call raises ConnectionLost -- the request ran twice, never three times."""
+    moved); the link reconnects and replays it once on a new blocking channel, and when that
+    replay's connection is cut too the call raises ConnectionLost -- the request ran twice, never
+    three times."""
     name = unique("echo-cut")
     module_gateway.deploy(ECHO, name, wait=True)
     with connect(module_gateway, name) as policy:
-        fast, wire = policy._engine._blocking, policy._engine._wire
+        transports = policy._engine._wire.transports
         a = _first(policy.predict(observation()))
-        cut = []
+        first, cut = transports.current, []
 
         def cutter():
             t0 = time.monotonic()
             time.sleep(0.3)                               # the first run (1 s) is under way
-            _cut(fast._channel._sock)
+            _cut(first._sock)
             cut.append("blocking")
             deadline = time.monotonic() + 10
-            while not wire.channel_open and time.monotonic() < deadline:
+            while transports.current in (None, first) and time.monotonic() < deadline:
                 time.sleep(0.005)
             # the replay waits in the worker's queue behind the first run, then runs 1 s
             time.sleep(max(0.0, t0 + 1.5 - time.monotonic()))
-            _cut(wire._channel._ws.transport.get_extra_info("socket"))
-            cut.append("wire")
+            _cut(transports.current._sock)
+            cut.append("replay")
         thread = threading.Thread(target=cutter, daemon=True)
         thread.start()
         with pytest.raises(ConnectionLost, match="dropped twice"):
             policy.predict(observation(), params={"latency_ms": 1000})
         thread.join(10)
-        assert cut == ["blocking", "wire"]
+        assert cut == ["blocking", "replay"]
         assert _first(policy.predict(observation())) == a + 3     # ran twice, then this one
-        assert policy.reconnects == 1 and fast.requests == 2
+        assert policy.reconnects == 1 and transports.opens == 3
 
 
 def test_a_worker_that_stops_answering_costs_what_it_costs_the_asyncio_wire(module_gateway):
@@ -115,29 +117,31 @@ def test_a_worker_that_stops_answering_costs_what_it_costs_the_asyncio_wire(modu
 
 
 
-def _blocking(worker):
-    wire = Wire("http://127.0.0.1:9", "unused", "blk", timeout_s=10.0, body_format="binary")
-    wire.session = Session(session_id=None, worker_url=worker.url, direct_secret=worker.secret)
-    return wire, BlockingAct(wire)
+def _link(worker):
+    link = WorkerLink("http://127.0.0.1:9", "unused", "blk", timeout_s=10.0, body_format="binary")
+    link.session = Session(session_id=None, worker_url=worker.url, direct_secret=worker.secret)
+    return link
 
 
 @pytest.mark.parametrize("size", [5_000_000, 40_000_000])
 def test_a_body_far_over_the_limit_is_payload_too_large_on_the_blocking_path(small_body_worker, size):
     """Far over the limit the worker closes with 1009 while the body is still going out, and the
-    connection resets under the send: the blocking path reads the 1009 close and raises the same
-    413 as HTTP, rather than handing the body to the asyncio wire to upload again."""
-    wire, fast = _blocking(small_body_worker)
+    connection resets under the send: the blocking channel reads the 1009 close and answers the
+    same 413 as HTTP, which the link raises rather than uploading the body again."""
+    link, loop = _link(small_body_worker), asyncio.new_event_loop()
     try:
         obs = observation().to_wire()
         obs["images"][0]["data"] = b"\xff\xd8" + b"\0" * size
         with pytest.raises(InvalidRequest) as refused:
-            fast.act(obs)
+            link.act_blocking(obs, loop.run_until_complete)
         assert (refused.value.code, refused.value.status_code) == ("payload_too_large", 413)
-        assert "1009" in str(refused.value) and not wire.first_attempt_spent
-        before = _first(fast.act(observation().to_wire()))          # a new channel serves on
-        assert _first(fast.act(observation().to_wire())) == before + 1 and fast.requests == 2
+        assert "1009" in str(refused.value) and link.reconnects == 0
+        before = _first(link.act_blocking(observation().to_wire(), loop.run_until_complete))  # a new channel
+        assert _first(link.act_blocking(observation().to_wire(), loop.run_until_complete)) == before + 1
+        assert link.transports.current.requests == 2 and link.transports.opens == 2
     finally:
-        fast.close()
+        loop.run_until_complete(link.aclose_http())
+        loop.close()
 
 
 def _interrupt_main(when, got: dict) -> threading.Thread:
@@ -228,33 +232,34 @@ def test_ctrl_c_while_the_channel_dials_closes_its_socket_at_once():
         server.close()
 
 
-def test_a_session_holds_one_websocket_so_a_second_robot_keeps_its_channel(tmp_path):
-    """A worker with two websocket places and two robots. Robot A's lease renewal goes through
-    the event loop (the wire's channel) and A's next predict rides its blocking channel again:
-    A holds one place, not two, so robot B's channel opens instead of being refused
+def test_a_session_holds_one_websocket_across_renewals_so_a_second_robot_keeps_its_channel(tmp_path):
+    """A worker with two websocket places and two robots. Robot A's lease renewals hand the new
+    token to A's open channel (no second socket, no reopen: the worker counts one channel open
+    for A however many renewals), so robot B's channel opens instead of being refused
     (too_many_connections, which would send B to HTTP for 30 s)."""
     gw = GatewayProcess.start(tmp_path, env={"SEQ_WORKER_MAX_CONNECTIONS": "2"})
     try:
         name = "echo-places"
         gw.deploy(ECHO, name, wait=True)
         with connect(gw, name) as a, connect(gw, name) as b:
-            fast_a, wire_a = a._engine._blocking, a._engine._wire
+            link_a = a._engine._wire
             a.predict(observation())
-            wire_a.session.renew_at = 0.0                 # the lease is due: the event loop takes it
-            a.predict(observation())
-            deadline = time.monotonic() + 30
-            while not (wire_a.renewals == 1 and fast_a.usable()):   # until the renewal beside it landed
-                assert time.monotonic() < deadline, (wire_a.renewals, wire_a.renew_failures)
-                a.predict(observation())
-                time.sleep(0.05)
-            assert wire_a.channel_opens >= 1             # the event loop took calls over the wire's channel
-            before = fast_a.requests
-            a.predict(observation())
-            assert fast_a.requests == before + 1
+            channel, token = link_a.transports.current, link_a.session.direct_secret
+            for renewal in (1, 2):
+                link_a.session.renew_at = 0.0             # the lease is due: renewed beside the requests
+                deadline = time.monotonic() + 30
+                while link_a.renewals < renewal:          # until the renewal beside them landed
+                    assert time.monotonic() < deadline, (link_a.renewals, link_a.renew_failures)
+                    a.predict(observation())
+                    time.sleep(0.02)
+                a.predict(observation())                  # goes out with the renewed token
+            assert link_a.session.direct_secret != token and channel.token == link_a.session.direct_secret
+            assert link_a.transports.current is channel and channel.open
+            assert (link_a.transports.opens, link_a.transports.refreshes, a.reconnects) == (1, 2, 0)
             b.predict(observation())
-            fast_b, wire_b = b._engine._blocking, b._engine._wire
-            assert fast_b.requests == 1 and wire_b.channel_paused_until == 0.0
-            assert (wire_a._channel, wire_b._channel) == (None, None)     # the wires' own: closed
+            transports_b = b._engine._wire.transports
+            assert isinstance(transports_b.current, BlockingChannel) and transports_b.current.requests == 1
+            assert transports_b.paused_until == 0.0 and transports_b.opens == 1
     finally:
         gw.close()
 
@@ -271,7 +276,9 @@ def test_a_request_without_frames_goes_out_as_json_on_the_blocking_path(module_g
         first = policy.predict({"op": "echo", "x": 1})
         second = policy.predict({"op": "echo", "x": 2})
         assert first["echo"] == {"op": "echo", "x": 1} and second["calls"] == first["calls"] + 1
-        assert policy._engine._blocking.requests == 2 and policy._engine._wire.channel_opens == 0
+        transports = policy._engine._wire.transports
+        assert isinstance(transports.current, BlockingChannel) and transports.current.requests == 2
+        assert transports.opens == 1
 
 
 def _connections_to(port: int) -> int:
@@ -281,16 +288,14 @@ def _connections_to(port: int) -> int:
     return len(out.strip().splitlines())
 
 
-def test_closing_the_wires_channel_to_a_hung_worker_closes_its_socket(tmp_path):
-    """The sync face closes the wire's channel before its blocking one opens. To a worker that
-    stopped answering, the closing handshake gives up after 2 s and the connection is closed
-    then, not left open until garbage collection."""
-    import asyncio
-
+def test_closing_the_asyncio_channel_to_a_hung_worker_closes_its_socket(tmp_path):
+    """The link closes an asyncio channel before a blocking one opens (one websocket at a time).
+    To a worker that stopped answering, the closing handshake gives up after 2 s and the
+    connection is closed then, not left open until garbage collection."""
     worker = WorkerProcess.start(ECHO, tmp_path, name="hung")
     try:
         async def go():
-            wire = Wire("http://127.0.0.1:9", "unused", "hung", timeout_s=5.0, body_format="binary")
+            wire = WorkerLink("http://127.0.0.1:9", "unused", "hung", timeout_s=5.0, body_format="binary")
             wire.session = Session(session_id=None, worker_url=worker.url, direct_secret=worker.secret)
             try:
                 await wire.act(observation().to_wire())
@@ -298,10 +303,10 @@ def test_closing_the_wires_channel_to_a_hung_worker_closes_its_socket(tmp_path):
                 os.kill(worker.proc.pid, signal.SIGSTOP)
                 try:
                     t0 = time.monotonic()
-                    await wire.close_channel()
+                    await wire.transports.aclose()
                     took = time.monotonic() - t0
                     await asyncio.sleep(0.05)          # the loop completes the close
-                    return opened, took, _connections_to(worker.port), wire.channel_open
+                    return opened, took, _connections_to(worker.port), wire.transports.channel_open
                 finally:
                     os.kill(worker.proc.pid, signal.SIGCONT)
             finally:
