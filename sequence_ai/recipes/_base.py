@@ -12,7 +12,7 @@ def find_entry(model: Any, template: str, gateway_url: Optional[str] = None) -> 
     ``sequence_ai.models()`` by its name (so ``check`` compares against the catalogue as it is
     now, not a stale copy); a name is looked up; None means the template's own name. Raises
     LookupError when the catalogue has no such entry, TransportError when it cannot be read."""
-    from .. import models
+    from .._connect import models
 
     if model is None:
         name = template
@@ -60,7 +60,7 @@ def chunk_loop(policy: Any, model: Any, *, observe: Callable[[], Any], step: Cal
     ``observe()`` returns an Observation (``sequence_ai.observation(model, ...)``); ``step(row)``
     commands one row and waits one control period. Returns the rows stepped. Raises what
     ``policy.predict`` and ``prepare`` raise."""
-    from .. import prepare
+    from .._prepare import prepare
 
     policy.set_instruction(instruction)
     n = 0
