@@ -75,7 +75,7 @@ setup(
     # sequence_ai_server.gateway.routes were once missed by a hand-written list: the wheel could not import).
     packages=PACKAGES,
     # Files read at run time, beside the code: the ``seq init`` templates (the file types
-    # seq._cli_author.init_template copies). pick-place is examples/pick_place, copied in by build_py.
+    # seq.cli._scaffold.init_template copies). pick-place is examples/pick_place, copied in by build_py.
     package_data={"seq": [f"templates/*/*.{ext}" for ext in TEMPLATE_FILES]},
     include_package_data=False,
     package_dir={"sequence_ai_server": "server/sequence_ai_server"},

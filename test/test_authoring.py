@@ -403,7 +403,7 @@ def test_action_chunk_carries_an_optional_action_space():
 
 from pathlib import Path  # noqa: E402
 
-from seq._cli_author import TEMPLATES  # noqa: E402
+from seq.cli._scaffold import TEMPLATES  # noqa: E402
 
 _ROOT = Path(__file__).resolve().parent.parent
 

@@ -16,7 +16,7 @@ from typing import Optional
 
 import typer
 
-from seq._cli_author import TEMPLATES, _Usage, err, init_template, out, render_dockerfile, validate_target
+from seq.cli._scaffold import TEMPLATES, _Usage, err, init_template, out, render_dockerfile, validate_target
 
 __all__ = ["app", "image_app"]
 

@@ -232,7 +232,7 @@ def deploy(file: Path = typer.Argument(..., help="the policy file"),
             deploy_adapter(path, class_name, gateway, api_key, data_dir)
             return
         if dry_run:
-            from seq._cli_author import validate_target
+            from seq.cli._scaffold import validate_target
             validate_target(f"{path}:{class_name}" if class_name else str(path), name or default_name(path))
             out.print("dry run: nothing was sent to the gateway")
             return
