@@ -265,7 +265,7 @@ def test_a_recorded_pid_that_is_now_another_program_is_neither_adopted_nor_signa
         store.close()
         again = Gateway(data_dir)
         try:
-            assert "echo" not in again.workers
+            assert "echo" not in again.supervisor.workers
             row = again.store.get("echo")
             assert row.status == "stopped" and row.worker_pid is None
             assert again.store.worker_records() == []

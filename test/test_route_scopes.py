@@ -68,7 +68,7 @@ def _walk(routes, prefix: str = ""):
 
 
 def test_every_gateway_route_is_in_the_docs_table_with_a_scope(tmp_path):
-    from sequence_ai_server.gateway.controller import create_app
+    from sequence_ai_server.gateway.app import create_app
 
     app = create_app(tmp_path / "home")
     try:
@@ -137,7 +137,7 @@ def test_credentials_are_checked_before_the_body_is_read(gw, method, path):
 
 def test_the_scopes_the_code_enforces_are_the_documented_ones(tmp_path):
     """Scopes read off each route's own dependencies (what CredentialsFirst enforces) = the table."""
-    from sequence_ai_server.gateway.controller import create_app
+    from sequence_ai_server.gateway.app import create_app
     from sequence_ai_server.gateway.middleware import route_scopes
 
     app = create_app(tmp_path / "home")

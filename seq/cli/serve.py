@@ -32,7 +32,7 @@ def serve(host: str = typer.Option("127.0.0.1", help="address to bind"),
         fail(CliError("invalid_request", f"unknown --backend {backend!r}", hint="use --backend local or --backend ray"))
     os.environ["SEQ_BACKEND"], os.environ["SEQ_RAY_ADDRESS"] = backend, ray_address   # read by the gateway
 
-    from sequence_ai_server.gateway.controller import serve as run_gateway
+    from sequence_ai_server.gateway.main import serve as run_gateway
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     directory = data_dir_of(data_dir)

@@ -1,12 +1,13 @@
 """The gateway's FastAPI app: a :class:`~sequence_ai_server.gateway.controller.Gateway`, its middleware
-(credentials first, body limit, request log; middleware.py), one router per resource
-(routes/), and the background loops (supervision every 100 ms, health; health.py, operations
-each second: usage, alerts; operations.py)."""
+(credentials first, body limit, request log; middleware.py), one router per resource (routes/,
+each given the services it calls), and one background loop that runs the gateway's control tick
+every 100 ms (``Gateway.tick``: supervision, lease expiry, health rounds, ops each second)."""
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
+import time
 from pathlib import Path
 from typing import Any, Optional
 
@@ -17,7 +18,6 @@ from fastapi.responses import Response as RawResponse
 from sequence_ai_server.common.body_limit import CloseUnread
 from sequence_ai_server.common.config import ServerConfig
 from sequence_ai_server.common.errors import install_error_handlers
-from sequence_ai_server.gateway.health import health_loop
 from sequence_ai_server.gateway.metrics import CONTENT_TYPE_LATEST, GatewayMetrics
 from sequence_ai_server.gateway.middleware import BodyLimit, CredentialsFirst, install_request_log
 from sequence_ai_server.gateway.routes import (account, act_proxy, adapters, auth_for, capture, deployments, keys, models, operations,
@@ -28,31 +28,24 @@ __all__ = ["create_app"]
 log = logging.getLogger("sequence_ai_server.gateway")
 
 
-async def _supervise(gw: Any) -> None:
-    """``gw.poll()`` every 100 ms, forever (cancel to stop); a failed poll is logged, not fatal."""
-    while True:
-        try:
-            await asyncio.to_thread(gw.poll)
-        except Exception:
-            log.exception("supervisor poll failed")
-        await asyncio.sleep(0.1)
+TICK_S = 0.1     # the control tick's period (s)
 
 
-async def _operations(gw: Any) -> None:
-    """``gw.ops_tick()`` every second (usage, alerts; operations.py), forever; failures are logged."""
+async def _control_loop(gw: Any) -> None:
+    """``gw.tick(now)`` every TICK_S, forever (cancel to stop), on a worker thread; a failed tick
+    is logged, not fatal."""
     while True:
         try:
-            await asyncio.to_thread(gw.ops_tick)
+            await asyncio.to_thread(gw.tick, time.time())
         except Exception:
-            log.exception("operations tick failed")
-        await asyncio.sleep(1.0)
+            log.exception("control tick failed")
+        await asyncio.sleep(TICK_S)
 
 
 def _lifespan(gw: Any, proxy: httpx.AsyncClient) -> Any:
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
-        tasks = [asyncio.create_task(_supervise(gw)), asyncio.create_task(health_loop(gw)),
-                 asyncio.create_task(_operations(gw))]
+        tasks = [asyncio.create_task(_control_loop(gw))]
         try:
             yield
         finally:
@@ -72,10 +65,11 @@ def create_app(data_dir: Optional[Path] = None, config: Optional[ServerConfig] =
     ``data_dir`` overrides its data dir). Raises DataDirInUse as Gateway does."""
     from sequence_ai_server.gateway.controller import MAX_BODY_BYTES, Gateway
     gw = Gateway(data_dir, config)
+    dep, ses = gw.deployments, gw.sessions
     proxy = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=5.0))
     app = FastAPI(title="sequence-ai gateway", lifespan=_lifespan(gw, proxy))
     app.state.gateway = gw
-    metrics = GatewayMetrics(gw)   # Prometheus /metrics (metrics.py)
+    metrics = GatewayMetrics(gw.store, ses, gw.supervisor)   # Prometheus /metrics (metrics.py)
     install_request_log(app, metrics)
 
     @app.get("/metrics", include_in_schema=False)
@@ -93,11 +87,11 @@ def create_app(data_dir: Optional[Path] = None, config: Optional[ServerConfig] =
     # outside it: an answer sent before the body was read (its 401, a 413, a 404) closes the
     # connection, so a refused body is never read to keep the connection alive
     app.add_middleware(CloseUnread)
-    for r in (models.router(gw, auth), deployments.router(gw, auth), *sessions.router(gw, auth),
-              keys.router(gw, auth), account.router(gw, auth), volumes.router(gw, auth), *operations.router(gw, auth),
-              *secrets.router(gw, auth), act_proxy.router(gw, auth, proxy),
-              capture.router(gw, auth),
-              adapters.router(gw, auth)):
+    for r in (models.router(dep, auth), deployments.router(dep, gw.traffic, ses, auth), *sessions.router(ses, auth),
+              keys.router(gw.keys, dep, ses, auth), account.router(gw.account, auth), volumes.router(gw.volumes, auth),
+              *operations.router(gw.ops, dep, gw.keys, gw.supervisor, auth),
+              *secrets.router(gw.secrets, ses.revoked, auth), act_proxy.router(ses, auth, proxy),
+              capture.router(dep, auth), adapters.router(gw.data_dir, auth)):
         app.include_router(r)
 
     @app.get("/healthz", include_in_schema=False)

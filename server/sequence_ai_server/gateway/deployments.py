@@ -1,16 +1,21 @@
-"""Deployments and their versions, mixed into the Gateway: deploy (a new version builds beside
-the serving one), the kept versions and rollback, start, emergency stop, remove, status, default
-params, doctor, logs and the volumes a deployment uses."""
+"""Deployments and their versions, :class:`DeploymentService`: deploy (a new version builds beside
+the serving one), the kept versions and rollback, start (``start_unless_stopped``: a stopped
+deployment, ``seq policy stop``, runs no worker until ``seq policy start``), emergency stop,
+remove, status, default params, secret rotation, doctor, logs and the volumes a deployment uses.
+It calls the supervisor, the sessions, traffic, health and ops it is given; none of them calls it."""
 from __future__ import annotations
 
 import contextlib
 import hashlib
 import logging
+import os
 import re
+import secrets
 import shutil
+import threading
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import httpx
 
@@ -18,9 +23,15 @@ from seq.spec import InferParam, ParamError, cast_params
 
 from sequence_ai_server.common.errors import ApiError
 from sequence_ai_server.common.logs import read_logs
+from sequence_ai_server.gateway.health import HealthCheck
+from sequence_ai_server.gateway.keys import KeyRecord
 from sequence_ai_server.gateway.schemas import Deployment, DeployRequest, ParamsUpdate
-from sequence_ai_server.gateway.store import DeploymentRow, VersionRow
-from sequence_ai_server.gateway.worker_record import KEEP_VERSIONS, Role, _worker_url, worker_key
+from sequence_ai_server.gateway.sessions import SessionService
+from sequence_ai_server.gateway.store import DeploymentRow, Store, VersionRow
+from sequence_ai_server.gateway.supervisor import Supervisor
+from sequence_ai_server.gateway.traffic import TrafficService
+from sequence_ai_server.gateway.worker_record import KEEP_VERSIONS, Role, _worker_url, _write_secret, worker_key
+from sequence_ai_server.ops.service import OpsService
 
 log = logging.getLogger("sequence_ai_server.gateway")
 
@@ -28,8 +39,14 @@ _NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
 
 
 class DeploymentService:
-    """Deploy, versions, rollback, start/stop/remove, status, params, doctor, logs. Gateway state
-    it uses: ``store``, ``workers``, ``sessions``, ``_lock`` and the others set in ``Gateway.__init__``."""
+    """Deploy, versions, rollback, start/stop/remove, status, params, doctor, logs. Its lock
+    orders the changes to one deployment's versions; no worker starts while it is held."""
+
+    def __init__(self, store: Store, supervisor: Supervisor, sessions: SessionService, traffic: TrafficService,
+                 health: HealthCheck, ops: OpsService, data_dir: Path, clock: Callable[[], float] = time.time) -> None:
+        self.store, self.supervisor, self.sessions, self.traffic = store, supervisor, sessions, traffic
+        self.health, self.ops, self.data_dir, self.clock = health, ops, data_dir, clock
+        self._lock = threading.RLock()
 
     # -- views
     def describe(self, row: DeploymentRow) -> Deployment:
@@ -43,16 +60,16 @@ class DeploymentService:
             contract=spec["contract"] if spec else None, params=spec["params"] if spec else [],
             spec=spec, details=details, stopped_at=row.halted_at,
             build=row.build if row.build is not None else None,
-            health=self._health.get(row.name),
+            health=self.health.get(row.name),
         )
 
     def require(self, name: str) -> DeploymentRow:
-        row = self.store.get(name)
-        if row is None:
-            known = [r.name for r in self.store.all()]
-            raise ApiError("not_found", f"no deployment named {name!r}",
-                           hint=f"deployed: {', '.join(known) or 'none'}; deploy one with `seq deploy FILE --name {name}`")
-        return row
+        """The row of ``name``; raises ApiError not_found when there is none."""
+        return self.store.require(name)
+
+    def check_build_quota(self, key: KeyRecord, name: str) -> None:
+        """Raise ApiError quota_exceeded when deploying ``name`` with ``key`` would pass a limit (ops)."""
+        self.ops.check_quota(key.id, name, "build", self.supervisor.running(), starts_worker=True)
 
     # -- lifecycle
     def deploy(self, req: DeployRequest) -> Deployment:
@@ -74,8 +91,10 @@ class DeploymentService:
         """Start ``path`` as ``name``. While a version serves, the new one builds beside it and
         takes over only once ready (a failed build changes nothing); otherwise it starts in place.
         ``version`` forces the number (rollback); else the same file keeps it, a changed one bumps it."""
-        self._check_image(str(path))       # an image= that cannot be built here is refused now
-        now = time.time()
+        image = self.supervisor.image_of(str(path))   # an image= that cannot be built here is refused now
+        if image:
+            self.supervisor.launcher.check_image(image)
+        now = self.clock()
         with self._lock:
             old = self.store.get(name)
             known = [v.version for v in self.store.versions(name)]
@@ -86,33 +105,40 @@ class DeploymentService:
                     same = old.file_sha == sha and old.class_name == class_name
                     version = old.version if same else max([old.version, *known]) + 1
             self._record_version(name, version, path, source or path, class_name, sha)
-            if old is not None and old.status == "ready" and name in self.workers:
-                bk = worker_key(Role.BUILD, name)
-                prev = self.workers.get(bk)
-                if prev is not None and prev.version != version:
-                    self.store.update_version(name, prev.version, status="superseded")
-                self._stop_process(bk)
-                w = self._launch(name, Role.BUILD, str(path), class_name, version, source or path)
-                w.file_sha = sha
-                self.store.update(name, build=({"version": version, "status": "building",
-                                                               "phase": "spawning", "started_at": now}))
-                if version == old.version:
-                    log.info("%s: the same file again (v%d, no new version): a fresh worker of it starts "
-                             "beside the serving one", name, version)
-                else:
-                    log.info("building %s v%d beside the serving v%d", name, version, old.version)
-                return self.describe(self.require(name))
-            self._stop_process(name)
-            epoch, load_s, created = (0, None, now) if old is None else (old.epoch, old.load_s, old.created_at)
-            self.store.insert(DeploymentRow(
-                name=name, version=version, file=str(path), class_name=class_name, file_sha=sha,
-                status="starting", phase="spawning", epoch=epoch, load_s=load_s, created_at=created, updated_at=now,
-                defaults=dict(old.defaults) if old else {},
-                halted_at=old.halted_at if old else None,   # a redeploy does not lift a stop
-            ))
-            from sequence_ai_server.gateway.halted import spawn_unless_halted   # no worker while stopped (seq policy stop)
-            spawn_unless_halted(self, name)
+            beside = old is not None and old.status == "ready" and self.supervisor.get(name) is not None
+            if not beside:
+                self.supervisor.stop(name)
+                epoch, load_s, created = (0, None, now) if old is None else (old.epoch, old.load_s, old.created_at)
+                self.store.insert(DeploymentRow(
+                    name=name, version=version, file=str(path), class_name=class_name, file_sha=sha,
+                    status="starting", phase="spawning", epoch=epoch, load_s=load_s, created_at=created, updated_at=now,
+                    defaults=dict(old.defaults) if old else {},
+                    halted_at=old.halted_at if old else None,   # a redeploy does not lift a stop
+                ))
+        if beside:      # the build's process starts with no lock held
+            self.supervisor.start_build(name, str(path), class_name, version, source or path, sha,
+                                        {"version": version, "status": "building", "phase": "spawning", "started_at": now})
+            if version == old.version:
+                log.info("%s: the same file again (v%d, no new version): a fresh worker of it starts "
+                         "beside the serving one", name, version)
+            else:
+                log.info("building %s v%d beside the serving v%d", name, version, old.version)
+        else:
+            self.start_unless_stopped(name)     # no worker while stopped (seq policy stop)
         return self.describe(self.require(name))
+
+    def start_unless_stopped(self, name: str) -> bool:
+        """Start ``name``'s serving worker unless the deployment is stopped (``seq policy stop``);
+        a stopped one keeps status/phase ``stopped`` (its new version serves at ``start``).
+        Returns True when a worker was started. Raises ApiError as ``Supervisor.start_serving``."""
+        row = self.store.get(name)
+        if row is not None and row.halted_at:
+            self.store.update(name, status="stopped", phase="stopped", worker_port=None, worker_pid=None)
+            log.info("%s: v%s recorded; it is stopped, so no worker starts until `seq policy start %s`",
+                     name, row.version, name)
+            return False
+        return self.supervisor.start_serving(name)
+
 
     def _record_version(self, name: str, version: int, path: Path, source: Path, class_name: Optional[str],
                         sha: Optional[str]) -> None:
@@ -124,7 +150,7 @@ class DeploymentService:
             snap_dir.mkdir(parents=True, exist_ok=True)
             shutil.copy2(path, snap)
         self.store.put_version(VersionRow(name=name, version=version, file=str(snap), source_file=str(source),
-                                class_name=class_name, file_sha=sha, status="building", created_at=time.time()))
+                                class_name=class_name, file_sha=sha, status="building", created_at=self.clock()))
         serving = getattr(self.store.get(name), "version", None)
         for v in self.store.versions(name)[KEEP_VERSIONS:]:
             if v.version != serving:
@@ -165,26 +191,28 @@ class DeploymentService:
             if self.require(name).halted_at:
                 self.store.update(name, halted_at=None)
                 log.info("%s: stop lifted; robots may connect again", name)
-            if not (name in self.workers and self.workers[name].proc.poll() is None):
-                self._spawn(name)
-            return self.describe(self.require(name))
+        w = self.supervisor.get(name)
+        if not (w is not None and w.proc.poll() is None):
+            self.supervisor.start_serving(name)
+        return self.describe(self.require(name))
 
     def remove(self, name: str, force: bool = False) -> dict:
         """Delete a deployment, its versions and snapshots. Refused (invalid_request) while its
         worker runs or robots hold sessions, unless ``force`` (which stops it first)."""
         with self._lock:
             row = self.require(name)
-            held = sum(1 for x in self.sessions.values() if x.model == name)
-            running = name in self.workers or worker_key(Role.BUILD, name) in self.workers or bool(self._sides(name))
+            held = len(self.sessions.of(name))
+            running = (self.supervisor.busy(name) or self.supervisor.busy(worker_key(Role.BUILD, name))
+                       or bool(self.supervisor.of(Role.SIDE, name)))
             if (held or running) and not force:
                 raise ApiError("invalid_request",
                                f"{name} is {'serving ' + str(held) + ' session(s)' if held else row.status}; not removed",
                                hint=f"stop it first (`seq policy stop {name}`) or pass --force")
-            self._stop_process(worker_key(Role.BUILD, name))
-            self._stop_process(name)
-            self._stop_sides(name)
+            self.supervisor.stop(worker_key(Role.BUILD, name))
+            self.supervisor.stop(name)
+            self.supervisor.stop_sides(name)
             self.traffic.forget(name)
-            self._drop_sessions(name)
+            self.sessions.drop_for(name)
             self.store.delete(name)
             shutil.rmtree(self.data_dir / "versions" / name, ignore_errors=True)
             shutil.rmtree(self.data_dir / "capture" / name, ignore_errors=True)   # kept episodes go too
@@ -195,17 +223,13 @@ class DeploymentService:
         """The deployment, with ``sessions``: each connected robot's session, its version and the
         params it runs with (its own over the deployment defaults, as of its last lease renewal:
         the client switches to new ones at its next episode)."""
-        with self._lock:
-            w = self.workers.get(name)
-            if w is not None:
-                self._poll_one(name, w)
-            d = self.describe(self.require(name))
-            self._expire_sessions()
-            d.sessions = [{"session_id": x.id, "key_id": x.key_id, "version": x.version, "params": dict(x.params),
-                           "own_params": dict(x.requested), "connected_at": x.created_at,
-                           "lease_expires_at": x.expires_at}
-                          for x in sorted(self.sessions.values(), key=lambda x: x.created_at) if x.model == name]
-            return d
+        self.supervisor.poll(name)
+        d = self.describe(self.require(name))
+        self.sessions.expire(self.clock())
+        d.sessions = [{"session_id": x.id, "key_id": x.key_id, "version": x.version, "params": dict(x.params),
+                       "own_params": dict(x.requested), "connected_at": x.created_at,
+                       "lease_expires_at": x.expires_at} for x in self.sessions.of(name)]
+        return d
 
     def stop(self, name: str) -> Deployment:
         """Emergency stop: every serving worker of ``name`` (side versions too) ends now, its
@@ -213,23 +237,13 @@ class DeploymentService:
         and every connect is refused with ``deployment_stopped`` until ``start``."""
         with self._lock:
             self.require(name)
-            self._stop_process(name)
-            self._stop_sides(name)
-            self._drop_sessions(name)
-            self.store.update(name, status="stopped", phase="stopped", worker_port=None, worker_pid=None,
-                              halted_at=time.time())
+            self.store.update(name, halted_at=self.clock())     # first: a worker starting now is not kept
+            self.supervisor.stop(name)
+            self.supervisor.stop_sides(name)
+            self.sessions.drop_for(name)
+            self.store.update(name, status="stopped", phase="stopped", worker_port=None, worker_pid=None)
         log.warning("%s: emergency stop; connects are refused until `seq policy start %s`", name, name)
         return self.describe(self.require(name))
-
-    def _refuse_if_halted(self, row: DeploymentRow) -> None:
-        """deployment_stopped (503, not retryable) while ``seq policy stop`` holds ``row``."""
-        if row.halted_at:
-            name = row.name
-            when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(row.halted_at))
-            raise ApiError("deployment_stopped", f"deployment {name!r} was stopped (`seq policy stop`, {when}); "
-                           "it refuses every connect until it is started again",
-                           details={"reason": "stopped", "stopped_at": row.halted_at},
-                           hint=f"`seq policy start {name}` lets robots connect again")
 
     def params(self, name: str) -> dict:
         """``{"name", "defaults": {k: v}, "declared": [param dicts]}``."""
@@ -277,7 +291,7 @@ class DeploymentService:
         from sequence_ai_server.worker.host import synthetic_observation
         row = self.require(name)
         out: dict[str, Any] = {"name": name, "status": row.status, "phase": row.phase, "version": row.version,
-                               "error": row.error, "sessions": sum(1 for x in self.sessions.values() if x.model == name),
+                               "error": row.error, "sessions": len(self.sessions.of(name)),
                                "worker": None}
         if row.status != "ready" or not row.worker_port:
             return out
@@ -293,7 +307,7 @@ class DeploymentService:
                     worker["ping"].update(state=body.get("status"), oldest_request_s=body.get("oldest_request_s"))
             except httpx.HTTPError as exc:
                 worker["ping"] = {"status": None, "error": type(exc).__name__}
-            out["health"] = self._health.get(name)
+            out["health"] = self.health.get(name)
             if worker["ping"].get("state") == "degraded":   # a jammed worker: a synthetic /act would only queue
                 out["worker"] = worker
                 return out
@@ -347,3 +361,36 @@ class DeploymentService:
             if any(isinstance(r, str) and re.match(rf"^vol://{re.escape(volume)}(@v\d+)?/?$", r) for r in refs):
                 users.append(row.name)
         return users
+
+    def build_log(self, name: str, offset: int = 0) -> dict:
+        """``{"name", "text", "offset", "size"}``: ``name``'s image build output (envs.py) from
+        byte ``offset`` (at most 1 MiB; ``offset`` is where to ask next; ``size`` the whole
+        log's). not_found when neither the deployment nor a build log exists; invalid_request
+        for a negative offset."""
+        path = self.data_dir / "logs" / f"{name}.build.log"
+        if not path.exists():
+            self.require(name)
+        if offset < 0:
+            raise ApiError("invalid_request", f"offset must be >= 0, got {offset}", hint="start at 0")
+        try:
+            with open(path, "rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                f.seek(min(offset, size))
+                chunk = f.read(1 << 20)
+        except FileNotFoundError:
+            size, chunk = 0, b""
+        return {"name": name, "text": chunk.decode(errors="replace"), "offset": min(offset, size) + len(chunk),
+                "size": size}
+
+    def rotate_secret(self, name: str) -> dict:
+        """Give the running worker a new secret: every lease token signed with the old one answers
+        401 at the worker and its client reconnects. Sessions stay open. ``{"name", "rotated_at"}``
+        (unix s); raises ApiError not_found."""
+        with self._lock:
+            self.require(name)
+            secret = secrets.token_urlsafe(32)
+            self.store.update(name, secret=secret)
+            if not self.supervisor.set_secret(name, secret):
+                _write_secret(self.data_dir / "run" / f"{name}.secret", secret)
+        log.info("rotated the direct secret of %s", name)
+        return {"name": name, "rotated_at": self.clock()}

@@ -22,7 +22,7 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Optional
 
-__all__ = ["KeyRecord", "KeyStore", "hash_key", "KEY_PREFIX"]
+__all__ = ["KeyRecord", "KeyStore", "hash_key", "require_scope", "KEY_PREFIX"]
 
 KEY_PREFIX = "seq_local_"
 _KEY_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
@@ -45,6 +45,18 @@ class KeyRecord:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+def require_scope(key: KeyRecord, deployment: Optional[str] = None) -> None:
+    """Robot keys reach only their own deployment; account-wide actions (``deployment`` None) need
+    an unbound key. Raises ApiError unauthorized (401, reason ``key_bound``) otherwise."""
+    if key.deployment is None or (deployment is not None and deployment == key.deployment):
+        return
+    from sequence_ai_server.common.errors import ApiError
+    what = f"deployment {deployment!r}" if deployment else "this endpoint"
+    raise ApiError("unauthorized", f"this key is bound to deployment {key.deployment!r} and may not use {what}",
+                   hint="use an account key (one made by `seq keys create` without --deployment)",
+                   details={"reason": "key_bound", "deployment": key.deployment})
 
 
 class KeyStore:

@@ -26,26 +26,22 @@ _BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5
 
 
 class _StateCollector:
-    """Reads sessions, slots, the queue and workers from the Gateway at scrape time."""
+    """Reads sessions, slots, the queue and workers from the services at scrape time."""
 
-    def __init__(self, gw: Any):
-        self.gw = gw
+    def __init__(self, store: Any, sessions: Any, supervisor: Any):
+        self.store, self.sessions, self.supervisor = store, sessions, supervisor
 
     def collect(self):
-        gw = self.gw
         sessions = GaugeMetricFamily("seq_gateway_sessions", "robot sessions open (slots held)", labels=["deployment"])
         slots = GaugeMetricFamily("seq_gateway_slots", "slots of the deployment's worker", labels=["deployment"])
         queue = GaugeMetricFamily("seq_gateway_queue_depth", "robots waiting for a slot", labels=["deployment"])
-        with gw._lock:
-            rows = gw.store.all()
-            held: dict[str, int] = {}
-            for s in gw.sessions.values():
-                held[s.model] = held.get(s.model, 0) + 1
-            running = sum(1 for r in rows if r.status in ("starting", "ready"))
-            for r in rows:
-                sessions.add_metric([r.name], held.get(r.name, 0))
-                slots.add_metric([r.name], slots_of(r.spec) if r.status == "ready" else 0)
-                queue.add_metric([r.name], gw.queue.depth(r.name))
+        rows = self.store.all()
+        held = {r.name: len(self.sessions.of(r.name)) for r in rows}
+        running = sum(1 for r in rows if r.status in ("starting", "ready"))
+        for r in rows:
+            sessions.add_metric([r.name], held.get(r.name, 0))
+            slots.add_metric([r.name], slots_of(r.spec) if r.status == "ready" else 0)
+            queue.add_metric([r.name], self.sessions.queue.depth(r.name))
         yield sessions
         yield slots
         yield queue
@@ -53,19 +49,20 @@ class _StateCollector:
         workers.add_metric([], running)
         yield workers
         cold = CounterMetricFamily("seq_gateway_cold_starts", "worker processes started")
-        cold.add_metric([], gw.cold_starts)
+        cold.add_metric([], self.supervisor.cold_starts)
         yield cold
 
 
 class GatewayMetrics:
     """Request counters/latency plus the gateway's state; ``observe()`` from a middleware."""
 
-    def __init__(self, gw: Any):
+    def __init__(self, store: Any, sessions: Any, supervisor: Any):
+        """Over the deployment ``store``, the ``sessions`` service and the worker ``supervisor``."""
         self.registry = CollectorRegistry()
         self.requests = Counter("seq_gateway_requests", "requests answered", ["route", "status"], registry=self.registry)
         self.latency = Histogram("seq_gateway_request_seconds", "gateway handler time (s)", ["route"],
                                  buckets=_BUCKETS, registry=self.registry)
-        self.registry.register(_StateCollector(gw))
+        self.registry.register(_StateCollector(store, sessions, supervisor))
 
     def observe(self, route: str, status: int, started: float) -> None:
         """Count one answered request; ``started`` is its time.perf_counter() at arrival."""

@@ -1,30 +1,37 @@
 """The gateway's robot sessions: :class:`SessionRec` (one admitted session: its version, lease
 expiry, params), :class:`SessionTable` (``session_id -> SessionRec``, written through to state.db
-so a restarted gateway keeps the sessions whose leases robots hold), and :class:`SessionService`,
-mixed into the Gateway: connect (slot admission, the waiting line, GPU cap, lease signing),
-renew, close, and revocation pushed to the workers when a session ends early."""
+so a restarted gateway keeps the sessions whose leases robots hold), and :class:`SessionService`:
+connect (version pick, slot admission, the waiting line, GPU cap, lease signing), renew, close,
+expiry on the control tick, and revocation pushed to the workers when a session ends early. It
+owns the session table, the waiting line and its lock; it calls the supervisor, traffic, health
+and ops services it is given, never the other way round (a stopped or crashed worker reaches it
+as a supervisor event, ``drop_for``)."""
 from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass, field
 import logging
 import secrets
+import threading
 import time
-from typing import Any, Optional
+from typing import Any, Callable, Optional, Union
 
 from seq.spec import InferParam, ParamError, cast_params
 
 from sequence_ai_server.common.errors import ApiError
-from sequence_ai_server.gateway.keys import KeyRecord
-from sequence_ai_server.common.leases import push_revocations, sign_lease
+from sequence_ai_server.common.leases import RevocationList, push_revocations, sign_lease
+from sequence_ai_server.gateway.events import WorkerCrashed, WorkerStopped
+from sequence_ai_server.gateway.health import HealthCheck
+from sequence_ai_server.gateway.keys import KeyRecord, require_scope
 from sequence_ai_server.gateway.schemas import ConnectRequest, ConnectResponse, Lease
-from sequence_ai_server.gateway.slots import slots_of
-from sequence_ai_server.gateway.store import DeploymentRow
-from sequence_ai_server.gateway.worker_record import DEFAULT_LOAD_ESTIMATE_S, Role, _worker_url
+from sequence_ai_server.gateway.slots import SlotQueue, slots_of
+from sequence_ai_server.gateway.store import DeploymentRow, Store
+from sequence_ai_server.gateway.supervisor import Supervisor
+from sequence_ai_server.gateway.traffic import TrafficService
+from sequence_ai_server.gateway.worker_record import DEFAULT_LOAD_ESTIMATE_S, Role, WorkerRecord, _worker_url, worker_key
+from sequence_ai_server.ops.service import OpsService
 
 log = logging.getLogger("sequence_ai_server.gateway")
-
-from sequence_ai_server.gateway.store import Store
 
 __all__ = ["SessionRec", "SessionTable", "SessionService"]
 
@@ -85,46 +92,81 @@ class SessionTable(dict):
 
 
 class SessionService:
-    """Connect, renew and close sessions; revocation. Gateway state it uses: ``store``,
-    ``workers``, ``sessions``, ``queue``, ``_lock`` and the others set in ``Gateway.__init__``."""
+    """Connect, renew, close and expire sessions; revocation.
 
-    # -- connect, sessions and leases
-    def ensure_ready(self, model: str) -> DeploymentRow:
-        """The deployment row once its worker serves; starts a stopped one. Raises ApiError
-        not_found, worker_failed (last start failed), or warming (503 + Retry-After estimated from
-        the last measured load, else 30 s)."""
+    ``lease_ttl_s``: how long a lease lasts (s); ``max_gpus``: the most workers that may run at once
+    (None: no cap); ``clock``: unix s."""
+
+    def __init__(self, store: Store, supervisor: Supervisor, traffic: TrafficService, health: HealthCheck,
+                 ops: OpsService, *, data_dir: Any, lease_ttl_s: float, max_gpus: Optional[int] = None,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.store, self.supervisor, self.traffic, self.health, self.ops = store, supervisor, traffic, health, ops
+        self.data_dir, self.lease_ttl_s, self.max_gpus, self.clock = data_dir, lease_ttl_s, max_gpus, clock
+        self.table: dict[str, SessionRec] = SessionTable(store)   # persisted: survives a restart
+        self.revoked = RevocationList()              # sessions ended early; workers refuse their tokens (leases.py)
+        self.queue = SlotQueue()                     # robots waiting for a slot (slots.py)
+        self._closed_s: list[float] = []             # lengths of recent closed sessions (queue estimate)
+        self._lock = threading.RLock()
+
+    def load(self) -> None:
+        """At start, after the supervisor adopted its workers: keep the stored sessions whose
+        lease still runs on a worker that is still there (same epoch), drop the rest."""
+        now = self.clock()
         with self._lock:
-            row = self.store.get(model)
-            if row is None:
-                self.require(model)
-            self._refuse_if_halted(row)
-            w = self.workers.get(model)
-            if w is not None:
-                self._poll_one(model, w)
-            row = self.store.get(model)
-            status = row.status
-            if status == "failed" and not row.served:
-                details = row.details
-                raise ApiError("worker_failed", f"deployment {model!r} failed to start: {row.error}",
-                               details=details, hint=f"fix the policy, then `seq deploy {row.file} --name {model}`; "
+            for sess in self.table.load():
+                row = self.store.get(sess.model)
+                if sess.side:
+                    alive = self.supervisor.get(sess.side) is not None
+                else:
+                    alive = (row is not None and row.status == "ready" and row.epoch == sess.epoch
+                             and self.supervisor.get(sess.model) is not None)
+                if sess.expires_at < now or not alive:
+                    self.table.pop(sess.id, None)
+
+    # -- views
+    def of(self, name: str) -> list[SessionRec]:
+        """The open sessions of deployment ``name``, oldest first."""
+        with self._lock:
+            return sorted((s for s in self.table.values() if s.model == name), key=lambda s: s.created_at)
+
+    def held(self) -> dict[str, int]:
+        """Open sessions per worker key (``name`` for the serving worker, ``name@vN`` for a side one)."""
+        out: dict[str, int] = {}
+        with self._lock:
+            for s in self.table.values():
+                k = s.side or s.model
+                out[k] = out.get(k, 0) + 1
+        return out
+
+    # -- connect
+    def ready_or_warming(self, model: str) -> DeploymentRow:
+        """The deployment row once its worker serves; starts a stopped one. Raises ApiError
+        not_found, deployment_stopped, worker_failed (last start failed), gpu_limit_reached (a
+        start would pass $SEQ_MAX_GPUS), or warming (503 + Retry-After in s, estimated from the
+        last measured load, else 30 s)."""
+        row = self.store.require(model)
+        row.refuse_if_stopped()
+        self.supervisor.poll(model)
+        row = self.store.require(model)
+        if row.status == "failed" and not row.served:
+            raise ApiError("worker_failed", f"deployment {model!r} failed to start: {row.error}",
+                           details=row.details, hint=f"fix the policy, then `seq deploy {row.file} --name {model}`; "
                                                      f"the log is {self.data_dir / 'logs' / (model + '.log')}")
-            if status in ("stopped", "failed"):
-                self._spawn(model)
-                row = self.store.get(model)
-                status = row.status
-            self._activity[model] = time.time()
-            jam = self._health.get(model)
-            if status == "ready" and jam and jam.get("state") == "jammed":
-                self._refuse_jammed(model, row, jam)
-            if status == "starting":
-                estimate = row.load_s or DEFAULT_LOAD_ESTIMATE_S
-                elapsed = time.time() - (row.started_at or time.time())
-                remaining = max(1.0, estimate - elapsed)
-                raise ApiError("warming", f"deployment {model!r} is starting ({row.phase}); about {remaining:.0f} s left",
-                               retry_after_s=round(remaining, 1),
-                               details={"phase": row.phase, "elapsed_s": round(elapsed, 1), "estimate_s": estimate},
-                               hint="retry after Retry-After seconds (run()/act() wait this out before their first action; predict() does not)")
-            return row
+        if row.status in ("stopped", "failed"):
+            self.supervisor.start_serving(model, max_workers=self.max_gpus)
+            row = self.store.require(model)
+        now = self.clock()
+        self.supervisor.touch(model, now)
+        self.health.refuse_if_jammed(model, row)
+        if row.status == "starting":
+            estimate = row.load_s or DEFAULT_LOAD_ESTIMATE_S
+            elapsed = now - (row.started_at or now)
+            remaining = max(1.0, estimate - elapsed)
+            raise ApiError("warming", f"deployment {model!r} is starting ({row.phase}); about {remaining:.0f} s left",
+                           retry_after_s=round(remaining, 1),
+                           details={"phase": row.phase, "elapsed_s": round(elapsed, 1), "estimate_s": estimate},
+                           hint="retry after Retry-After seconds (run()/act() wait this out before their first action; predict() does not)")
+        return row
 
     def _lease(self, row: DeploymentRow, sess: SessionRec) -> ConnectResponse:
         spec = row.spec if row.spec is not None else {"contract": {"action": None, "observation": None}}
@@ -135,32 +177,35 @@ class SessionService:
             contract=spec["contract"], params=sess.params, version=sess.version,
         )
 
+    def _new(self, req: ConnectRequest, key: Optional[KeyRecord], row: DeploymentRow, side: str = "") -> SessionRec:
+        now = self.clock()
+        return SessionRec(id="sess_" + secrets.token_hex(8), model=req.model, key_id=key.id if key else "",
+                          epoch=row.epoch, version=row.version, params=self._session_params(row, req.params),
+                          created_at=now, expires_at=now + self.lease_ttl_s, requested=dict(req.params or {}), side=side)
+
     def connect(self, req: ConnectRequest, key: Optional[KeyRecord] = None) -> ConnectResponse:
-        """Admit a session: pick its version (a pin, the traffic split, else the serving one), ensure
-        that version's worker, cast params, sign a lease token (the direct secret)."""
+        """Admit a session: pick its version (a pin, the traffic split, else the serving one), make
+        sure that version's worker serves, cast params, sign a lease token (the direct secret).
+        Raises ApiError as ``ready_or_warming`` does, plus unauthorized (a key bound elsewhere),
+        quota_exceeded, invalid_request (params), queued / deployment_full / queue_timeout (slots)."""
         if key is not None:
-            self.require_scope(key, req.model)
-        current = self.require(req.model)
-        self._refuse_if_halted(current)
-        version, split = self._route(current, key)      # a traffic split or a pin may pick another version
+            require_scope(key, req.model)
+        current = self.store.require(req.model)
+        current.refuse_if_stopped()
+        version, split = self.traffic.pick_version(current, key)   # a traffic split or a pin may pick another version
         if version != current.version:
             side = self._connect_on_version(req, key, version, split)
             if side is not None:
                 return side
-        with self._lock:        # check and start as one step: two connects at a limit start one worker
-            self._check_gpu_limit(req.model)
-            self.check_quota(key, req.model, "connect")     # limits per account / key (quotas.py)
-            row = self.ensure_ready(req.model)
+        self.ops.check_quota(key.id if key else None, req.model, "connect", self.supervisor.running(),
+                             starts_worker=not self.supervisor.busy(req.model))   # limits per account / key (quotas.py)
+        row = self.ready_or_warming(req.model)
         spec = row.spec if row.spec is not None else {"contract": {"action": None, "observation": None}, "params": []}
-        params = self._session_params(row, req.params)
-        now = time.time()
-        sess = SessionRec(id="sess_" + secrets.token_hex(8), model=req.model, key_id=key.id if key else "",
-                          epoch=row.epoch, version=row.version, params=params,
-                          created_at=now, expires_at=now + self.lease_ttl_s, requested=dict(req.params or {}))
+        sess = self._new(req, key, row)
         with self._lock:
-            self._expire_sessions()
-            held = sum(1 for x in self.sessions.values() if x.model == req.model and not x.side)
-            mean_s = sum(self._session_s) / len(self._session_s) if self._session_s else self.lease_ttl_s
+            self.expire(self.clock())
+            held = sum(1 for x in self.table.values() if x.model == req.model and not x.side)
+            mean_s = sum(self._closed_s) / len(self._closed_s) if self._closed_s else self.lease_ttl_s
             # Slots are counted only for a policy that declares @seq.concurrent: the client opens a
             # new session on every reconnect (rotation, lease expiry) without naming its old one,
             # which would otherwise queue a lone robot behind its own stale session.
@@ -168,25 +213,58 @@ class SessionService:
                 self.queue.admit(req.model, key.id if key else "", req.ticket, capacity=slots_of(spec), held=held,
                                  on_full=spec.get("on_full") or "queue",
                                  queue_timeout_s=float(spec.get("queue_timeout_s") or 120.0), mean_session_s=mean_s)
-            self.sessions[sess.id] = sess
+            self.table[sess.id] = sess
             if split is not None:
                 self.traffic.admitted(req.model, split, sess.version)
         log.info("admitted %s on v%d", sess.id, sess.version, extra={"deployment": req.model, "version": sess.version})
         return self._lease(row, sess)
 
-    def _check_gpu_limit(self, model: str, worker_key: Optional[str] = None) -> None:
-        """gpu_limit_reached when ``model`` (or its side worker ``worker_key``) has no worker and
-        $SEQ_MAX_GPUS workers already run (each local worker counts as one card)."""
-        if self.max_gpus is None:
-            return
+    @staticmethod
+    def _side_row(row: DeploymentRow, w: WorkerRecord) -> DeploymentRow:
+        """``row`` as seen by a session on side worker ``w`` (its port, secret, epoch and spec)."""
+        return row.replace(status="ready", worker_port=w.port, worker_host=w.host, secret=w.secret, epoch=w.epoch,
+                           version=w.version, spec=w.spec or row.spec)
+
+    def _connect_on_version(self, req: ConnectRequest, key: Optional[KeyRecord], version: int,
+                            split: Optional[dict[int, float]]) -> Optional[ConnectResponse]:
+        """Admit a session on a version other than the serving one (its side worker); None when
+        ``version`` turned out to be the serving one. Raises ApiError warming while that version's
+        worker loads (it is started here if needed) and worker_failed once when it failed to load."""
+        name = req.model
+        sk = worker_key(Role.SIDE, name, version)
+        row = self.store.require(name)
+        if version == row.version:
+            return None
+        w = self.supervisor.poll(sk)
+        if w is None and not self.supervisor.busy(sk):
+            failed = self.supervisor.side_failed.pop(sk, None)
+            if failed is not None:
+                raise ApiError("worker_failed", f"v{version} of {name!r} failed to start: {failed['error']}",
+                               details=failed.get("details"),
+                               hint=f"`seq policy traffic {name} --clear` sends new sessions to the serving version; "
+                                    f"the log is {self.data_dir / 'logs' / (name + '.log')}")
+            w = self.supervisor.start_side(name, version, max_workers=self.max_gpus)
+        now = self.clock()
+        self.supervisor.touch(sk, now)
+        if w is None or not w.port:
+            kept = self.store.kept(name).get(version)
+            estimate = (kept.load_s if kept else None) or row.load_s or DEFAULT_LOAD_ESTIMATE_S
+            elapsed = now - (w.started_at if w is not None else now)
+            remaining = max(1.0, estimate - elapsed)
+            raise ApiError("warming", f"v{version} of {name!r} is starting for its traffic share; about {remaining:.0f} s left",
+                           retry_after_s=round(remaining, 1),
+                           details={"phase": "loading", "version": version, "elapsed_s": round(elapsed, 1),
+                                    "estimate_s": estimate},
+                           hint="retry after Retry-After seconds (run()/act() wait this out before their first action; predict() does not)")
+        srow = self._side_row(row, w)
+        sess = self._new(req, key, srow, side=sk)
         with self._lock:
-            if (worker_key or model) in self.workers:
-                return
-            running = sum(1 for w in self.workers.values() if w.role is not Role.BUILD)
-            if running >= self.max_gpus:
-                raise ApiError("gpu_limit_reached", f"{running} workers run and this machine allows {self.max_gpus} "
-                               f"(SEQ_MAX_GPUS); {model!r} cannot start", details={"max_gpus": self.max_gpus},
-                               hint="stop a deployment (`seq policy stop NAME`) or raise SEQ_MAX_GPUS")
+            self.expire(now)
+            self.table[sess.id] = sess
+            if split is not None:
+                self.traffic.admitted(name, split, version)
+        log.info("admitted %s on v%d (side worker)", sess.id, version, extra={"deployment": name, "version": version})
+        return self._lease(srow, sess)
 
     def _session_params(self, row: DeploymentRow, requested: Optional[dict]) -> dict:
         """A session's params: the robot's own over the deployment defaults (those the serving
@@ -205,7 +283,7 @@ class SessionService:
     def _session(self, session_id: str, key: Optional[KeyRecord]) -> SessionRec:
         """The open session ``session_id`` as ``key`` may see it: an account key any session, a
         robot key only the sessions it opened itself (another robot's is not_found, as unknown)."""
-        sess = self.sessions.get(session_id)
+        sess = self.table.get(session_id)
         if sess is None or (key is not None and key.deployment is not None and key.id != sess.key_id):
             raise ApiError("not_found", f"no open session {session_id!r}",
                            hint="it was closed or its lease ran out; connect again (POST /v1/connect)")
@@ -215,54 +293,55 @@ class SessionService:
         """Extend a live lease by ttl_s (same session, same version). A lease that ran out, or one
         from a worker that has since restarted, is 401 lease_expired: the client connects again."""
         with self._lock:
-            sess = self.sessions.get(session_id)
+            sess = self.table.get(session_id)
             if sess is not None:
                 self._session(session_id, key)
-            now = time.time()
+            now = self.clock()
             row = self.store.get(sess.model) if sess else None
             if row is not None and sess is not None and sess.side:    # a split/pinned version: its own worker
-                w = self.workers.get(sess.side)
+                w = self.supervisor.get(sess.side)
                 row = self._side_row(row, w) if w is not None and w.port and w.proc.poll() is None else None
             if sess is None or now > sess.expires_at or row is None or row.status != "ready" or row.epoch != sess.epoch:
                 if sess is not None:
-                    self.sessions.pop(session_id, None)
+                    self.table.pop(session_id, None)
                 raise ApiError("lease_expired", f"the lease of session {session_id!r} is no longer valid",
                                hint="connect again (POST /v1/connect) for a new session and lease")
             sess.expires_at = now + self.lease_ttl_s
-            self._activity[sess.model] = now
+            self.supervisor.touch(sess.model, now)
             if sess.side:
-                self._activity[sess.side] = now
+                self.supervisor.touch(sess.side, now)
             with contextlib.suppress(ApiError):   # defaults changed since: the robot gets them now
                 sess.params = self._session_params(row, sess.requested)
-            self.sessions[session_id] = sess      # stores the new expiry (SessionTable)
+            self.table[session_id] = sess         # stores the new expiry (SessionTable)
             return self._lease(row, sess)
 
     def close_session(self, session_id: str, key: Optional[KeyRecord] = None) -> dict:
         """End a session at once (frees its slot). Closing an unknown or already-closed one is a no-op.
         A queued robot's ticket (``q_…``) closes its place in line the same way."""
         with self._lock:
-            sess = self.sessions.get(session_id)
+            sess = self.table.get(session_id)
             if sess is None:
                 left = self.queue.leave(session_id, key.id if key else "")
                 return {"session_id": session_id, "closed": left}
             self._session(session_id, key)
-            self.sessions.pop(session_id, None)
-            self._activity[sess.model] = time.time()
-            self._session_s = (self._session_s + [time.time() - sess.created_at])[-50:]
-        self._revoke_sessions([sess])
+            self.table.pop(session_id, None)
+            now = self.clock()
+            self.supervisor.touch(sess.model, now)
+            self._closed_s = (self._closed_s + [now - sess.created_at])[-50:]
+        self._revoke([sess])
         return {"session_id": session_id, "closed": True}
 
     # -- revocation: an ended session's lease tokens stop working at its worker at once (leases.py)
     def end_key_sessions(self, key_id: str) -> int:
         """End every session admitted with key ``key_id`` (the key was revoked); -> how many."""
         with self._lock:
-            ended = [s for s in self.sessions.values() if s.key_id == key_id]
+            ended = [s for s in self.table.values() if s.key_id == key_id]
             for s in ended:
-                self.sessions.pop(s.id, None)
-        self._revoke_sessions(ended)
+                self.table.pop(s.id, None)
+        self._revoke(ended)
         return len(ended)
 
-    def _revoke_sessions(self, ended: list) -> None:
+    def _revoke(self, ended: list) -> None:
         """Record ``ended`` sessions as revoked and push that to the workers holding them before
         returning (at most ~1 s); a worker the push misses learns it from its 1 s poll."""
         if not ended:
@@ -270,21 +349,24 @@ class SessionService:
         entries = {s.id: s.expires_at for s in ended}
         self.revoked.add(entries)
         targets = []
-        with self._lock:
-            for s in ended:
-                row = self.store.get(s.model)
-                w = self.workers.get(s.side) if s.side else None
-                if w is not None and w.port:
-                    targets.append((f"http://{w.host or '127.0.0.1'}:{w.port}", w.secret))
-                elif not s.side and row is not None and row.worker_port:
-                    targets.append((_worker_url(row), row.secret))
+        for s in ended:
+            row = self.store.get(s.model)
+            w = self.supervisor.get(s.side) if s.side else None
+            if w is not None and w.port:
+                targets.append((f"http://{w.host or '127.0.0.1'}:{w.port}", w.secret))
+            elif not s.side and row is not None and row.worker_port:
+                targets.append((_worker_url(row), row.secret))
         push_revocations(targets, entries)
 
-    def _drop_sessions(self, name: str) -> None:
-        for sid in [s.id for s in self.sessions.values() if s.model == name]:
-            self.sessions.pop(sid, None)
+    def drop_for(self, what: Union[str, WorkerStopped, WorkerCrashed]) -> None:
+        """Drop every session of a deployment (its name, or the supervisor event that stopped its worker)."""
+        name = what if isinstance(what, str) else what.name
+        with self._lock:
+            for sid in [s.id for s in self.table.values() if s.model == name]:
+                self.table.pop(sid, None)
 
-    def _expire_sessions(self) -> None:
-        now = time.time()
-        for sid in [s.id for s in self.sessions.values() if s.expires_at < now]:
-            self.sessions.pop(sid, None)
+    def expire(self, now: float) -> None:
+        """Drop the sessions whose lease ran out before ``now`` (unix s)."""
+        with self._lock:
+            for sid in [s.id for s in self.table.values() if s.expires_at < now]:
+                self.table.pop(sid, None)

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
+from sequence_ai_server.common.errors import ApiError
 from sequence_ai_server.gateway.traffic import dump_policy, load_policy
 
 __all__ = ["Store", "DeploymentRow", "VersionRow"]
@@ -147,6 +148,22 @@ class DeploymentRow:
         """A copy with ``changes`` (field names)."""
         return dataclasses.replace(self, **changes)
 
+    def refuse_if_stopped(self) -> None:
+        """Raise ApiError deployment_stopped (503, not retryable) while ``seq policy stop`` holds this
+        deployment (``halted_at`` set)."""
+        if self.halted_at:
+            when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(self.halted_at))
+            raise ApiError("deployment_stopped", f"deployment {self.name!r} was stopped (`seq policy stop`, {when}); "
+                           "it refuses every connect until it is started again",
+                           details={"reason": "stopped", "stopped_at": self.halted_at},
+                           hint=f"`seq policy start {self.name}` lets robots connect again")
+
+    def spec_value(self, key: str, default: Any) -> Any:
+        """The loaded spec's ``key`` (``idle_timeout``, ``min_workers``, ...), ``default`` when the
+        spec is not loaded yet or the value is None."""
+        value = (self.spec or {}).get(key)
+        return default if value is None else value
+
 
 def _columns(fields: dict) -> dict:
     out = {}
@@ -203,6 +220,15 @@ class Store:
         with self._lock:
             row = self._db.execute("SELECT * FROM deployments WHERE name = ?", (name,)).fetchone()
         return DeploymentRow.from_columns(dict(row)) if row else None
+
+    def require(self, name: str) -> DeploymentRow:
+        """The row of ``name``; raises ApiError not_found (naming the deployed ones) when there is none."""
+        row = self.get(name)
+        if row is None:
+            known = [r.name for r in self.all()]
+            raise ApiError("not_found", f"no deployment named {name!r}",
+                           hint=f"deployed: {', '.join(known) or 'none'}; deploy one with `seq deploy FILE --name {name}`")
+        return row
 
     def all(self) -> list[DeploymentRow]:
         """Every deployment, by name."""

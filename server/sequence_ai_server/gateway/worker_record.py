@@ -1,6 +1,6 @@
-"""A worker process as the gateway sees it: :class:`WorkerProc` (its launcher handle, role,
+"""A worker process as the gateway sees it: :class:`WorkerRecord` (its launcher handle, role,
 version, run files, secret and the reports its launch events brought), :class:`Role`,
-:func:`worker_key` (the one place a ``Gateway.workers`` key is spelled), the supervision
+:func:`worker_key` (the one place a ``Supervisor.workers`` key is spelled), the supervision
 constants, and the small helpers that read a worker's log and describe how it ended."""
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from sequence_ai_server.common.processes import EXIT_UNKNOWN, process_start, sto
 from sequence_ai_server.launchers.base import Exited, Failed, Log, Phase, Ready, Started
 from sequence_ai_server.gateway.store import DeploymentRow
 
-__all__ = ["Role", "WorkerProc", "worker_key", "STOP_GRACE_S", "JAMMED_GRACE_S", "KEEP_VERSIONS",
+__all__ = ["Role", "WorkerRecord", "worker_key", "STOP_GRACE_S", "JAMMED_GRACE_S", "KEEP_VERSIONS",
            "DEFAULT_LOAD_ESTIMATE_S", "DEFAULT_IDLE_TIMEOUT_S"]
 
 DEFAULT_LOAD_ESTIMATE_S = 30.0   # warming estimate before a load was measured (s)
@@ -32,7 +32,7 @@ SIDE_MARK = "@v"            # worker_key(SIDE, name, N): a kept version serving 
 
 
 class Role(str, enum.Enum):
-    """What a worker process is for (``WorkerProc.role``; stored as its value in state.db)."""
+    """What a worker process is for (``WorkerRecord.role``; stored as its value in state.db)."""
     SERVING = "serving"     # the deployment's serving version
     BUILD = "build"         # a version (or a jammed worker's replacement) loading beside the serving one
     SIDE = "side"           # a kept version serving a traffic split or a pin
@@ -40,7 +40,7 @@ class Role(str, enum.Enum):
 
 
 def worker_key(role: Role, name: str, version: int = 0) -> str:
-    """The ``Gateway.workers`` key of ``name``'s worker in ``role``: ``name`` (serving),
+    """The ``Supervisor.workers`` key of ``name``'s worker in ``role``: ``name`` (serving),
     ``name.build``, ``name@vN`` (side, version N); the one place the key is spelled."""
     if role is Role.BUILD:
         return name + BUILD_SUFFIX
@@ -50,7 +50,7 @@ def worker_key(role: Role, name: str, version: int = 0) -> str:
 
 
 @dataclass
-class WorkerProc:
+class WorkerRecord:
     """One worker process the gateway supervises (its role, version, files and secret).
     Times are unix seconds."""
     name: str
@@ -80,6 +80,7 @@ class WorkerProc:
     role: Role = Role.SERVING
     retired_at: float = 0.0             # RETIRING: when it was told to stop (unix s)
     grace_s: float = STOP_GRACE_S       # RETIRING: how long it may drain before it is killed
+    replacing_jammed: bool = False      # BUILD: started to replace a jammed serving worker (health.py)
 
     # -- what the worker reports: its launcher's typed events (launch.py), consumed here so every
     # poller reads the same state

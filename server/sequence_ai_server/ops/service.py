@@ -1,79 +1,109 @@
-"""Platform operations, mixed into the Gateway: scheduled warm floors (schedule.py), usage
-metering (usage.py), limits (quotas.py), alerts (alerts.py) and the card inventory (gpus.py).
-This module wires those services to the gateway's state; each keeps its own job.
+"""Platform operations as one service, :class:`OpsService`: scheduled warm floors (schedule.py),
+usage metering (usage.py), limits (quotas.py), alerts (alerts.py) and the card inventory
+(gpus.py). It owns those stores and its own counters; what it reads of the gateway comes in
+through its constructor (the deployment rows, a ``require`` and a key lookup, all plain callables
+or the :class:`Rows` protocol) or as arguments (the running workers, :class:`Running`), so this
+package imports nothing of the gateway's.
 
-``ops_tick`` runs once a second (app.py's ops loop): it meters worker-seconds, notices failed
-builds and crashed workers, and judges each webhook's error-rate and p95 thresholds. The health
-loop hands each serving worker's ``/ping`` usage to ``take_worker_usage``. The supervisor asks
-``warm_floor`` how many workers to keep warm; connect and deploy ask ``check_quota``; a worker
-whose declared ``gpu=`` names a card this machine lacks is refused by ``refuse_missing_card``.
+``tick(now, running)`` runs once a second from the gateway's control tick: it meters
+worker-seconds, notices failed builds, and judges each webhook's error-rate and p95 thresholds.
+The health check hands each serving worker's ``/ping`` usage to ``take_worker_usage``. The
+supervisor asks ``warm_floor`` how many workers to keep warm and ``card_refusal`` whether a
+declared ``gpu=`` names a card this machine lacks; connect and deploy ask ``check_quota``; a
+crashed worker reaches ``alert_crash`` as a supervisor event.
 """
 from __future__ import annotations
 
 import logging
 import time
 from datetime import datetime, timezone
-from typing import Any, Optional
+from pathlib import Path
+from typing import Any, Callable, NamedTuple, Optional, Protocol, Sequence
 
 from sequence_ai_server.ops.alerts import Dispatcher, WebhookStore
 from sequence_ai_server.ops.gpus import declared_cards, gpu_refusal, holdings, inventory
-from sequence_ai_server.gateway.keys import KeyRecord
 from sequence_ai_server.ops.quotas import LimitStore, refusal
 from sequence_ai_server.ops.schedule import ScaleStore
-from sequence_ai_server.gateway.store import DeploymentRow
 from sequence_ai_server.ops.usage import Recent, UsageStore, card_of, dir_bytes
-from sequence_ai_server.gateway.worker_record import Role, _terminate
 
-__all__ = ["Operations"]
+__all__ = ["OpsService", "Running", "Rows"]
 
 log = logging.getLogger("sequence_ai_server.gateway")
 
 _FLUSH_S = 5.0           # worker-seconds are written to state.db this often
 
 
-class Operations:
-    """Gateway state it uses: ``store``, ``workers``, ``_retiring``, ``_activity``, ``_lock``,
-    ``config``, ``data_dir``, ``keys``."""
+class Running(NamedTuple):
+    """One running worker as ops counts it: its deployment, role (``serving``, ``build``, ``side``,
+    ``retiring``) and declared ``gpu=`` (None when it declares none)."""
+    name: str
+    role: str
+    gpu: Any
 
-    def _init_operations(self) -> None:
-        db, lock = self.store._db, self.store._lock
+
+class Rows(Protocol):
+    """The deployment rows ops reads (the gateway's store): each row has ``name``, ``version``,
+    ``status``, ``phase``, ``served``, ``error``, ``started_at``, ``build``, ``spec`` and
+    ``spec_value(key, default)``."""
+
+    def get(self, name: str) -> Any: ...
+    def all(self) -> list: ...
+
+
+class OpsService:
+    """Schedules, usage, limits, alerts and the card inventory over one state.db connection.
+
+    ``db``/``lock``: the sqlite connection and its lock (the stores share them). ``rows``: the
+    deployment rows. ``require(name)``: the row, or raises ApiError not_found. ``key_deployment(id)``:
+    the deployment a key id is bound to (None: unbound or unknown). ``places_cards``: whether
+    something else (a Ray cluster) places cards, so no ``gpu=`` is checked here.
+    ``alert_backoff_s``: waits (s) before each webhook retry. ``test_clock_file``: a file holding
+    unix s that scheduled scaling reads as the time. ``clock``: unix s (injectable)."""
+
+    def __init__(self, db: Any, lock: Any, rows: Rows, data_dir: Path, *, require: Callable[[str], Any],
+                 key_deployment: Callable[[str], Optional[str]], places_cards: bool = False,
+                 alert_backoff_s: Sequence[float] = (0.5, 1.0, 2.0, 4.0), test_clock_file: Optional[Path] = None,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.rows, self.data_dir, self.require = rows, data_dir, require
+        self._key_deployment, self.places_cards = key_deployment, places_cards
+        self._test_clock_file, self._now = test_clock_file, clock
         self.scales = ScaleStore(db, lock)
         self.usage = UsageStore(db, lock)
         self.limits = LimitStore(db, lock)
         self.webhooks = WebhookStore(db, lock)
-        self.alerts = Dispatcher(self.webhooks, backoff_s=self.config.alert_backoff_s)
+        self.alerts = Dispatcher(self.webhooks, backoff_s=tuple(alert_backoff_s))
         self.recent = Recent()
         self._inventory: Optional[dict] = None
         self._metered_at: Optional[float] = None
         self._pending: dict[tuple, float] = {}       # (deployment, card) -> worker-seconds not yet written
-        self._flushed_at = time.time()
+        self._flushed_at = clock()
         self._seen_seq: dict[tuple, int] = {}         # (deployment, worker pid) -> last usage sample collected
         self._seen_counts: dict[tuple, dict] = {}     # (deployment, worker pid) -> its counters last collected
         self._alerted: set = set()                    # events already sent (build/crash keys, rate crossings)
-        for row in self.store.all():                  # what failed before this gateway started is not news
+        for row in self.rows.all():                   # what failed before this gateway started is not news
             self._alerted.update(self._failure_keys(row))
 
     # -- the clock of schedules (a test may point $SEQ_TEST_CLOCK_FILE at a file holding unix s)
     def clock(self) -> float:
         """Unix s for scheduled scaling: the test clock file's number when configured and readable,
         else the real time."""
-        path = self.config.test_clock_file
+        path = self._test_clock_file
         if path is not None:
             try:
                 return float(path.read_text().strip())
             except (OSError, ValueError):
                 pass
-        return time.time()
+        return self._now()
 
     # -- scheduled scaling
-    def warm_floor(self, row: DeploymentRow) -> int:
-        """Workers to keep warm for ``row`` now: its ``min_workers`` or, while its scheduled window
-        is open, the scheduled ``--min`` (the larger). While the window is open the deployment counts
-        as active, so its worker idles out only ``idle_timeout`` after the window closes."""
-        spec_min = int(self._spec_value(row, "min_workers", 0) or 0)
+    def warm_floor(self, row: Any) -> int:
+        """Workers to keep warm for deployment ``row`` now: its ``min_workers`` or, while its
+        scheduled window is open, the scheduled ``--min`` (the larger). The supervisor counts a
+        deployment with a floor of 1 or more as active, so its worker idles out only
+        ``idle_timeout`` after the window closes."""
+        spec_min = int(row.spec_value("min_workers", 0) or 0)
         scale = self.scales.get(row.name)
         if scale is not None and scale.active(self.clock()):
-            self._activity[row.name] = time.time()
             return max(spec_min, scale.min)
         return spec_min
 
@@ -82,7 +112,7 @@ class Operations:
         row = self.require(name)
         scale = self.scales.get(name)
         return {"name": name, "scale": scale.view(self.clock()) if scale else None,
-                "min_workers": int(self._spec_value(row, "min_workers", 0) or 0)}
+                "min_workers": int(row.spec_value("min_workers", 0) or 0)}
 
     # -- the card inventory
     def card_inventory(self, refresh: bool = False) -> dict:
@@ -91,49 +121,23 @@ class Operations:
             self._inventory = inventory()
         return self._inventory
 
-    def _running(self) -> list[tuple[str, str, Any, Any]]:
-        """``(deployment, role, gpu=, WorkerProc)`` of every running worker."""
-        out = []
-        with self._lock:
-            for w in list(self.workers.values()) + list(self._retiring):
-                row = self.store.get(w.name)
-                spec = w.spec or (row.spec if row else None) or {}
-                out.append((w.name, w.role.value, (spec.get("resources") or {}).get("gpu"), w))
-        return out
-
-    def gpus_view(self) -> dict:
-        """``GET /v1/gpus``: the inventory, what each deployment holds and what is free."""
+    def gpus_view(self, running: list[Running]) -> dict:
+        """``GET /v1/gpus``: the inventory, what each deployment holds of it (``running``: the
+        running workers) and what is free."""
         inv = self.card_inventory()
-        return {**inv, **holdings([(n, r, g) for n, r, g, _ in self._running()], inv),
-                "check": "local" if not self.launcher.places_cards else "off (the Ray cluster places cards)"}
+        return {**inv, **holdings([tuple(r) for r in running], inv),
+                "check": "local" if not self.places_cards else "off (the Ray cluster places cards)"}
 
-    def refuse_missing_card(self, key: str, w: Any, spec: Optional[dict]) -> bool:
-        """Stop worker ``w`` (``workers[key]``) and record why when its ``spec`` declares a ``gpu=``
-        this machine lacks; returns whether it did. A serving worker's deployment is marked failed, a
-        build's version failed (the serving one stays). With the Ray backend the cluster decides."""
-        if self.launcher.places_cards or not spec:
-            return False
+    def card_refusal(self, spec: Optional[dict]) -> Optional[dict]:
+        """Why a worker whose loaded ``spec`` declares ``gpu=`` cannot run on this machine
+        (``{"detail", ..., "hint"}``), or None when it can (or the Ray cluster places cards)."""
+        if self.places_cards or not spec:
+            return None
         why = gpu_refusal((spec.get("resources") or {}).get("gpu"), self.card_inventory())
         if why is None:
-            return False
-        w.stopping = True
-        _terminate(w.proc)
-        self.workers.pop(key, None)
-        if w.log_handle:
-            w.log_handle.close()
-        msg = f"refused at deploy: {why['detail']}"
+            return None
         hint = "declare a card this machine has (`seq gpus` lists them) or gpu=\"cpu\", then deploy again"
-        details = {**why, "hint": hint}
-        if w.role is Role.BUILD:
-            row = self.store.get(w.name)
-            self.store.update(w.name, build={**((row.build if row else None) or {}), "status": "failed",
-                                             "phase": "failed", "error": msg, "details": details})
-        else:
-            self.store.update(w.name, status="failed", phase="failed", error=msg, details=details, served=0,
-                              worker_port=None, worker_pid=None)
-        self.store.update_version(w.name, w.version, status="failed", error=msg)
-        log.warning("%s v%d: %s", w.name, w.version, msg)
-        return True
+        return {**why, "hint": hint}
 
     # -- usage
     def take_worker_usage(self, name: str, pid: Optional[int], usage: Optional[dict]) -> int:
@@ -148,10 +152,10 @@ class Operations:
         delta = {c: usage.get(c, 0) - last.get(c, 0) for c in ("requests", "errors", "bytes_in", "bytes_out")}
         self._seen_counts[key] = {c: usage.get(c, 0) for c in delta}
         self._seen_seq[key] = int(usage.get("seq", -1))
-        now = time.time()
+        now = self._now()
         self.recent.add(name, usage.get("samples") or [], now)
         if any(delta.values()):
-            row = self.store.get(name)
+            row = self.rows.get(name)
             self.usage.add([(name, card_of(row.spec if row else None), now, delta)])
         return self._seen_seq[key]
 
@@ -159,11 +163,11 @@ class Operations:
         """The ``usage_since`` to ask worker ``pid`` of ``name`` for (-1: everything it kept)."""
         return self._seen_seq.get((name, pid), -1)
 
-    def _meter_workers(self, now: float) -> None:
+    def _meter_workers(self, now: float, running: list[Running]) -> None:
         """Add the seconds since the last tick to every running worker's (deployment, card)."""
         if self._metered_at is not None:
             dt = max(0.0, min(now - self._metered_at, 10.0))
-            for name, _role, gpu, _w in self._running():
+            for name, _role, gpu in running:
                 card = card_of({"resources": {"gpu": gpu}})
                 self._pending[(name, card)] = self._pending.get((name, card), 0.0) + dt
         self._metered_at = now
@@ -172,7 +176,7 @@ class Operations:
 
     def flush_usage(self, now: Optional[float] = None) -> None:
         """Write the pending worker-seconds to state.db."""
-        now = now or time.time()
+        now = now or self._now()
         pending, self._pending = self._pending, {}
         self._flushed_at = now
         self.usage.add([(n, c, now, {"worker_s": s}) for (n, c), s in pending.items() if s > 0])
@@ -186,7 +190,7 @@ class Operations:
                                                                   "bytes_in": 0, "bytes_out": 0}
         return {"name": name, "since": since, "totals": totals, "hours": self.usage.hours(name, since),
                 "captured_bytes": dir_bytes(self.data_dir / "capture" / name),
-                "last_hour": self.recent.stats(name, time.time())}
+                "last_hour": self.recent.stats(name, self._now())}
 
     def account_usage(self, names: set) -> dict:
         """Per deployment in ``names``: today's and all-time usage, and captured bytes."""
@@ -206,25 +210,27 @@ class Operations:
         """The deployments a limit scope covers (None: every one)."""
         if scope == "account":
             return None
-        rec = next((k for k in self.keys.list() if k.id == scope[4:]), None)
-        return {rec.deployment} if rec is not None and rec.deployment else None
+        bound = self._key_deployment(scope[4:])
+        return {bound} if bound else None
 
-    def check_quota(self, key: Optional[KeyRecord], model: str, action: str) -> None:
-        """Raise ``quota_exceeded`` (and alert ``quota_reached``) when ``action`` (``connect`` /
-        ``build``) of ``model`` would pass a limit of the account or of ``key``."""
-        scopes = ["account"] + ([f"key:{key.id}"] if key is not None else [])
-        row = self.store.get(model)
+    def check_quota(self, key_id: Optional[str], model: str, action: str, running: list[Running],
+                    starts_worker: bool) -> None:
+        """Raise ApiError ``quota_exceeded`` (and alert ``quota_reached``) when ``action``
+        (``connect`` / ``build``) of ``model`` would pass a limit of the account or of the key
+        ``key_id`` (None: no key). ``running``: the running workers; ``starts_worker``: whether
+        ``model`` has no serving worker yet (a connect would start one)."""
+        scopes = ["account"] + ([f"key:{key_id}"] if key_id is not None else [])
+        row = self.rows.get(model)
         new_cards = 0
         if row is not None and row.spec:
             new_cards = declared_cards((row.spec.get("resources") or {}).get("gpu"))[1]
-        running = self._running()
         for scope in scopes:
             lim = self.limits.get(scope)
             if lim is None:
                 continue
             names = self._scope_names(scope)
             mine = [r for r in running if names is None or r[0] in names]
-            starts = action == "build" or model not in self.workers
+            starts = action == "build" or starts_worker
             if self._pending:
                 self.flush_usage()
             used_h = self.usage.worker_s_since(names, self._day_start()) / 3600.0
@@ -237,9 +243,8 @@ class Operations:
                 log.warning("%s: %s", model, err.detail)
                 raise err
 
-    def limits_view(self) -> dict:
-        """Every scope's limits with what is used now in it."""
-        running = self._running()
+    def limits_view(self, running: list[Running]) -> dict:
+        """Every scope's limits with what is used now in it (``running``: the running workers)."""
         out = []
         for lim in self.limits.all():
             names = self._scope_names(lim.scope)
@@ -251,7 +256,7 @@ class Operations:
 
     # -- alerts
     @staticmethod
-    def _failure_keys(row: DeploymentRow) -> list[tuple]:
+    def _failure_keys(row: Any) -> list[tuple]:
         keys = []
         b = row.build or {}
         if b.get("status") == "failed":
@@ -263,7 +268,7 @@ class Operations:
     def _watch_failures(self) -> None:
         """Alert ``build_failed`` for each failed version not alerted yet (a failed first start,
         or a build beside the serving version)."""
-        for row in self.store.all():
+        for row in self.rows.all():
             for k in self._failure_keys(row):
                 if k in self._alerted:
                     continue
@@ -276,14 +281,15 @@ class Operations:
                 self.alerts.emit(k[0], row.name, details)
 
     def alert_crash(self, name: str, version: int, pid: int, code: Optional[int], error: str) -> None:
-        """The serving worker ``pid`` of ``name`` exited while serving: alert ``worker_crashed``."""
+        """The serving worker ``pid`` of ``name`` exited while serving (``code``: its exit status,
+        None when unknown): alert ``worker_crashed``."""
         self.alerts.emit("worker_crashed", name, {"version": version, "pid": pid, "exit_code": code, "error": error})
 
     def _watch_rates(self, now: float) -> None:
         hooks = [h for h in self.webhooks.all() if h.error_rate is not None or h.p95_ms is not None]
         if not hooks:
             return
-        for row in self.store.all():
+        for row in self.rows.all():
             stats = self.recent.stats(row.name, now)
             for h in hooks:
                 if stats["requests"] < h.min_requests:
@@ -299,9 +305,9 @@ class Operations:
                     elif value <= limit:
                         self._alerted.discard(k)           # back below: the next crossing alerts again
 
-    def ops_tick(self) -> None:
-        """Once a second: meter worker-seconds, alert on new failures and crossed thresholds."""
-        now = time.time()
-        self._meter_workers(now)
+    def tick(self, now: float, running: list[Running]) -> None:
+        """Once a second (``now``: unix s; ``running``: the running workers): meter worker-seconds,
+        alert on new failures and crossed thresholds."""
+        self._meter_workers(now, running)
         self._watch_failures()
         self._watch_rates(now)

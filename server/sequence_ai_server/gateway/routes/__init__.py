@@ -1,6 +1,7 @@
-"""The gateway's HTTP routes, one module per resource; each exposes ``router(gw, auth)`` ->
-``APIRouter`` over the :class:`~sequence_ai_server.gateway.controller.Gateway` ``gw``. ``app.py`` only
-mounts them.
+"""The gateway's HTTP routes, one module per resource; each exposes ``router(<the services it
+calls>, auth)`` -> ``APIRouter`` (a deployment service, the session service, a store...).
+``app.py`` builds them from the :class:`~sequence_ai_server.gateway.controller.Gateway`'s services
+and only mounts them.
 
 Who may call a route is stated by its key dependency, one of :class:`Auth`'s three:
 ``require_key`` (any live key; the route narrows a robot key to its deployment),
@@ -10,12 +11,15 @@ route and checks the headers before any body is read; docs/design.md's table lis
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
 from fastapi import Depends, Header, Request
 
 from sequence_ai_server.gateway.keys import KeyRecord
 from sequence_ai_server.gateway.middleware import bearer_or_api_key, check_worker_bearer
+
+if TYPE_CHECKING:
+    from sequence_ai_server.gateway.controller import Gateway
 
 __all__ = ["Auth", "auth_for"]
 
@@ -32,7 +36,7 @@ class Auth:
         return {self.account_key: "account", self.worker_secret: "worker", self.require_key: "key"}
 
 
-def auth_for(gw: Any) -> Auth:
+def auth_for(gw: "Gateway") -> Auth:
     """The key dependencies checking credentials against gateway ``gw`` (its key store and its
     workers' secrets). Each raises ApiError unauthorized (401)."""
 

@@ -2,7 +2,7 @@
 sees its own deployment only)."""
 from __future__ import annotations
 
-from typing import Any
+from typing import Callable
 
 from fastapi import APIRouter, Depends
 
@@ -10,12 +10,12 @@ from sequence_ai_server.gateway.keys import KeyRecord
 from sequence_ai_server.gateway.routes import Auth
 
 
-def router(gw: Any, auth: Auth) -> APIRouter:
-    """The account route over gateway ``gw``."""
+def router(account_of: Callable[[KeyRecord], dict], auth: Auth) -> APIRouter:
+    """The account route: ``account_of(key)`` is the answer (``Gateway.account``)."""
     account_router = APIRouter(prefix="/v1/account", tags=["account"])
 
     @account_router.get("")
     async def account(key: KeyRecord = Depends(auth.require_key)) -> dict:
-        return gw.account(key)
+        return account_of(key)
 
     return account_router

@@ -5,21 +5,25 @@ from __future__ import annotations
 
 import asyncio
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response as RawResponse
 
 from sequence_ai_server.common.errors import ApiError
-from sequence_ai_server.gateway.keys import KeyRecord
+from sequence_ai_server.gateway.keys import KeyRecord, require_scope
 from sequence_ai_server.gateway.routes import Auth
+from sequence_ai_server.gateway.worker_record import _worker_url
+
+if TYPE_CHECKING:
+    from sequence_ai_server.gateway.sessions import SessionService
 
 _HINT = 'send {"model": NAME, "observation": {...}, "params": {}}'
 
 
-def router(gw: Any, auth: Auth, proxy: httpx.AsyncClient) -> APIRouter:
-    """The proxy route over gateway ``gw``; ``proxy`` is the client that forwards to the worker
+def router(sessions: "SessionService", auth: Auth, proxy: httpx.AsyncClient) -> APIRouter:
+    """The proxy route (``sessions`` starts or waits for the worker); ``proxy`` is the client that forwards to the worker
     (the app closes it when it stops)."""
     act = APIRouter(prefix="/v1/act", tags=["act"])
 
@@ -33,12 +37,12 @@ def router(gw: Any, auth: Auth, proxy: httpx.AsyncClient) -> APIRouter:
         model = body.pop("model", None) if isinstance(body, dict) else None
         if not isinstance(model, str):
             raise ApiError("invalid_request", 'the body needs "model": the deployment name', hint=_HINT)
-        gw.require_scope(key, model)
+        require_scope(key, model)
         request.state.deployment = model
-        row = await asyncio.to_thread(gw.ensure_ready, model)
+        row = await asyncio.to_thread(sessions.ready_or_warming, model)
         rid = request.state.request_id
         try:
-            resp = await proxy.post(f"{gw.worker_url(row)}/act", json=body,
+            resp = await proxy.post(f"{_worker_url(row)}/act", json=body,
                                     headers={"Authorization": f"Bearer {row.secret}", "X-Request-ID": rid})
         except httpx.HTTPError as exc:
             raise ApiError("worker_failed", f"the worker of {model!r} did not answer: {type(exc).__name__}",

@@ -16,9 +16,9 @@ from sequence_ai_server.gateway.routes import Auth
 __all__ = ["router"]
 
 
-def router(gw: Any, auth: Auth) -> APIRouter:
-    """The ``/v1/adapters`` routes over ``<gw.data_dir>/adapters`` (all need an account key)."""
-    store = AdapterStore(Path(gw.data_dir) / "adapters")
+def router(data_dir: Path, auth: Auth) -> APIRouter:
+    """The ``/v1/adapters`` routes over ``<data_dir>/adapters`` (all need an account key)."""
+    store = AdapterStore(Path(data_dir) / "adapters")
     adapter_router = APIRouter(prefix="/v1/adapters", tags=["adapters"], dependencies=[Depends(auth.account_key)])
 
     @adapter_router.post("")

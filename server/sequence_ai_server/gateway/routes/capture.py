@@ -17,7 +17,7 @@ import asyncio
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from fastapi import APIRouter, Depends
 from pydantic import BaseModel
@@ -25,7 +25,11 @@ from pydantic import BaseModel
 from sequence_ai_server.worker.capture import DEFAULT_RETENTION_DAYS, CaptureConfig, CaptureError, capture_dir, prune, summary, write_label
 from sequence_ai_server.gateway.capture_export import DEFAULT_LEROBOT_VERSION, ExportRefused, export_jsonl, export_lerobot
 from sequence_ai_server.common.errors import ApiError
+from sequence_ai_server.gateway.keys import require_scope
 from sequence_ai_server.gateway.routes import Auth
+
+if TYPE_CHECKING:
+    from sequence_ai_server.gateway.deployments import DeploymentService
 
 __all__ = ["router", "CaptureSet", "ExportReq", "LabelReq"]
 
@@ -97,14 +101,14 @@ async def _export_answer(run: Callable[[], dict], out: str) -> dict:
                        details={"reason": "export_write", "out": out}) from None
 
 
-def router(gw: Any, auth: Auth) -> APIRouter:
-    """The capture routes over gateway ``gw`` (see the module docstring)."""
+def router(deployments: "DeploymentService", auth: Auth) -> APIRouter:
+    """The capture routes over ``deployments``' capture folders (see the module docstring)."""
     capture_router = APIRouter(tags=["capture"])
     export_lock = threading.Lock()   # one export at a time: two into one folder would race the swap
 
     def where(name: str) -> Path:
-        gw.require(name)
-        return capture_dir(gw.data_dir, name)
+        deployments.require(name)
+        return capture_dir(deployments.data_dir, name)
 
     def show(name: str) -> dict:
         d = where(name)
@@ -113,7 +117,7 @@ def router(gw: Any, auth: Auth) -> APIRouter:
 
     @capture_router.get("/v1/deployments/{name}/capture")
     async def get_capture(name: str, key: Any = Depends(auth.require_key)) -> dict:
-        gw.require_scope(key, name)
+        require_scope(key, name)
         return await asyncio.to_thread(show, name)
 
     @capture_router.put("/v1/deployments/{name}/capture")
@@ -128,12 +132,12 @@ def router(gw: Any, auth: Auth) -> APIRouter:
 
         def run() -> dict:
             with export_lock:
-                return _export(d, body, gw.data_dir)
+                return _export(d, body, deployments.data_dir)
         return {"name": name, **await _export_answer(run, body.out)}
 
     @capture_router.post("/v1/episodes/{episode_id}/label")
     async def label(episode_id: str, body: LabelReq, key: Any = Depends(auth.require_key)) -> dict:
-        gw.require_scope(key, body.model)
+        require_scope(key, body.model)
         if not 0 < len(episode_id) <= 128:
             raise ApiError("invalid_request", "episode_id must be 1 to 128 characters")
         d = where(body.model)

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Optional
 
 from fastapi import APIRouter
 
@@ -11,9 +11,12 @@ from sequence_ai_server.common.errors import ApiError
 from sequence_ai_server.gateway.schemas import ModelEntry, ModelList
 from sequence_ai_server.gateway.routes import Auth
 
+if TYPE_CHECKING:
+    from sequence_ai_server.gateway.deployments import DeploymentService
 
-def router(gw: Any, auth: Auth) -> APIRouter:
-    """The catalogue route over gateway ``gw`` (``auth`` unused: the catalogue needs no key)."""
+
+def router(deployments: "DeploymentService", auth: Auth) -> APIRouter:
+    """The catalogue route over ``deployments`` (``auth`` unused: the catalogue needs no key)."""
     models = APIRouter(prefix="/v1/models", tags=["models"])
 
     @models.get("", response_model=ModelList)
@@ -26,8 +29,8 @@ def router(gw: Any, auth: Auth) -> APIRouter:
             raise ApiError("invalid_request", f"no endpoint {endpoint!r} on a self-hosted gateway",
                            hint=f"endpoint is one of {', '.join(catalogue.ENDPOINTS)} (chat and decide are hosted-only)")
         rows = []
-        for row in gw.store.all():
-            d = gw.describe(row)
+        for row in deployments.store.all():
+            d = deployments.describe(row)
             rows.append(catalogue.model_row(d.name, d.version, d.status, d.contract, d.params))
         if kind != "model":
             rows += await asyncio.to_thread(catalogue.template_rows)

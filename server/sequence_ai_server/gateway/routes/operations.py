@@ -15,14 +15,19 @@ webhooks and the card inventory (operations.py wires the services behind them).
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Optional
 
 from fastapi import APIRouter, Depends
 from pydantic import BaseModel, ConfigDict, Field
 
 from sequence_ai_server.common.errors import ApiError
-from sequence_ai_server.gateway.keys import KeyRecord
+from sequence_ai_server.gateway.keys import KeyRecord, KeyStore, require_scope
 from sequence_ai_server.gateway.routes import Auth
+from sequence_ai_server.ops.service import OpsService
+
+if TYPE_CHECKING:
+    from sequence_ai_server.gateway.deployments import DeploymentService
+    from sequence_ai_server.gateway.supervisor import Supervisor
 
 
 # The largest count or number of hours a limit or floor takes: the state database stores 64-bit
@@ -65,58 +70,62 @@ def _invalid(exc: ValueError, hint: str) -> ApiError:
     return ApiError("invalid_request", str(exc), hint=hint)
 
 
-def router(gw: Any, auth: Auth) -> list[APIRouter]:
-    """The operations routes over gateway ``gw``."""
-    return [_deployment_routes(gw, auth), _account_routes(gw, auth)]
+def router(ops: OpsService, deployments: "DeploymentService", keys: KeyStore, supervisor: "Supervisor",
+           auth: Auth) -> list[APIRouter]:
+    """The operations routes over ``ops`` (``supervisor`` tells which workers run; ``keys`` names
+    the key a limit is for)."""
+    return [_deployment_routes(ops, deployments, supervisor, auth), _account_routes(ops, deployments, keys, supervisor, auth)]
 
 
-def _deployment_routes(gw: Any, auth: Auth) -> APIRouter:
+def _deployment_routes(ops: OpsService, deployments: "DeploymentService", supervisor: "Supervisor",
+                       auth: Auth) -> APIRouter:
     r = APIRouter(tags=["operations"])
 
     @r.get("/v1/deployments/{name}/scale")
     async def get_scale(name: str, key: KeyRecord = Depends(auth.require_key)) -> dict:
-        gw.require_scope(key, name)
-        return await asyncio.to_thread(gw.scale_view, name)
+        require_scope(key, name)
+        return await asyncio.to_thread(ops.scale_view, name)
 
     @r.post("/v1/deployments/{name}/scale")
     async def set_scale(name: str, body: ScaleUpdate, key: KeyRecord = Depends(auth.account_key)) -> dict:
-        gw.require(name)
+        deployments.require(name)
         if body.clear:
-            gw.scales.clear(name)
+            ops.scales.clear(name)
         elif body.min is None:
             raise ApiError("invalid_request", "give --min N (workers to keep warm) or --clear",
                            hint='e.g. `seq policy scale NAME --min 1 --during "Mon-Fri 08:00-18:00" --tz Europe/Berlin`')
         else:
             try:
-                gw.scales.set(name, body.min, body.during, body.tz)
+                ops.scales.set(name, body.min, body.during, body.tz)
             except ValueError as exc:
                 raise _invalid(exc, "see `seq policy scale --help` for the window form") from None
-        return await asyncio.to_thread(gw.scale_view, name)
+        return await asyncio.to_thread(ops.scale_view, name)
 
     @r.get("/v1/deployments/{name}/usage")
     async def get_usage(name: str, since: float = 0.0, key: KeyRecord = Depends(auth.require_key)) -> dict:
-        gw.require_scope(key, name)
-        return await asyncio.to_thread(gw.usage_view, name, since)
+        require_scope(key, name)
+        return await asyncio.to_thread(ops.usage_view, name, since)
 
     @r.get("/v1/gpus")
     async def gpus(key: KeyRecord = Depends(auth.require_key)) -> dict:
-        return await asyncio.to_thread(gw.gpus_view)
+        return await asyncio.to_thread(lambda: ops.gpus_view(supervisor.running()))
 
     return r
 
 
-def _account_routes(gw: Any, auth: Auth) -> APIRouter:
+def _account_routes(ops: OpsService, deployments: "DeploymentService", keys: KeyStore, supervisor: "Supervisor",
+                    auth: Auth) -> APIRouter:
     r = APIRouter(tags=["operations"], dependencies=[Depends(auth.account_key)])
 
     @r.get("/v1/account/limits")
     async def get_limits(key: KeyRecord = Depends(auth.account_key)) -> dict:
-        return await asyncio.to_thread(gw.limits_view)
+        return await asyncio.to_thread(lambda: ops.limits_view(supervisor.running()))
 
     @r.post("/v1/account/limits")
     async def set_limits(body: LimitsUpdate, key: KeyRecord = Depends(auth.account_key)) -> dict:
         scope = "account"
         if body.key:
-            rec = gw.keys.find(body.key)
+            rec = keys.find(body.key)
             if rec is None:
                 raise ApiError("not_found", f"no key {body.key!r}", hint="`seq keys ls` lists key ids")
             scope = f"key:{rec.id}"
@@ -127,22 +136,22 @@ def _account_routes(gw: Any, auth: Auth) -> APIRouter:
         values = {n: getattr(body, n) for n in names if getattr(body, n) is not None}
         values.update({n: None for n in names if "all" in body.clear or n in body.clear})
         try:
-            gw.limits.set(scope, **values)
+            ops.limits.set(scope, **values)
         except ValueError as exc:
             raise _invalid(exc, "limits are counts (workers, cards) or hours, 0 or more") from None
-        return await asyncio.to_thread(gw.limits_view)
+        return await asyncio.to_thread(lambda: ops.limits_view(supervisor.running()))
 
     @r.get("/v1/alerts")
     async def list_alerts(key: KeyRecord = Depends(auth.account_key)) -> dict:
-        hooks = gw.webhooks.all()
-        return {"webhooks": [{**h.public(), "deliveries": gw.webhooks.deliveries(h.id, 5)} for h in hooks]}
+        hooks = ops.webhooks.all()
+        return {"webhooks": [{**h.public(), "deliveries": ops.webhooks.deliveries(h.id, 5)} for h in hooks]}
 
     @r.post("/v1/alerts")
     async def add_alert(body: WebhookCreate, key: KeyRecord = Depends(auth.account_key)) -> dict:
         if body.deployment:
-            gw.require(body.deployment)
+            deployments.require(body.deployment)
         try:
-            hook = gw.webhooks.add(body.url, events=body.events, deployment=body.deployment,
+            hook = ops.webhooks.add(body.url, events=body.events, deployment=body.deployment,
                                    error_rate=body.error_rate, p95_ms=body.p95_ms, min_requests=body.min_requests)
         except ValueError as exc:
             raise _invalid(exc, "see `seq alerts add --help`") from None
@@ -150,15 +159,15 @@ def _account_routes(gw: Any, auth: Auth) -> APIRouter:
 
     @r.delete("/v1/alerts/{ref}")
     async def remove_alert(ref: str, key: KeyRecord = Depends(auth.account_key)) -> dict:
-        if not gw.webhooks.remove(ref):
+        if not ops.webhooks.remove(ref):
             raise ApiError("not_found", f"no webhook {ref!r}", hint="`seq alerts ls` lists them")
         return {"id": ref, "removed": True}
 
     @r.post("/v1/alerts/{ref}/test")
     async def test_alert(ref: str, key: KeyRecord = Depends(auth.account_key)) -> dict:
-        hook = gw.webhooks.get(ref)
+        hook = ops.webhooks.get(ref)
         if hook is None:
             raise ApiError("not_found", f"no webhook {ref!r}", hint="`seq alerts ls` lists them")
-        return await gw.alerts.test_async(hook)      # its own threads: a hanging receiver blocks nothing else
+        return await ops.alerts.test_async(hook)      # its own threads: a hanging receiver blocks nothing else
 
     return r

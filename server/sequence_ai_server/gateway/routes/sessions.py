@@ -4,7 +4,7 @@ only its own deployment and the sessions it opened."""
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import TYPE_CHECKING
 
 from fastapi import APIRouter, Depends, Request
 
@@ -12,25 +12,28 @@ from sequence_ai_server.gateway.keys import KeyRecord
 from sequence_ai_server.gateway.schemas import ConnectRequest, ConnectResponse
 from sequence_ai_server.gateway.routes import Auth
 
+if TYPE_CHECKING:
+    from sequence_ai_server.gateway.sessions import SessionService
 
-def router(gw: Any, auth: Auth) -> list[APIRouter]:
-    """``[connect, sessions]`` routers over gateway ``gw``."""
+
+def router(service: "SessionService", auth: Auth) -> list[APIRouter]:
+    """``[connect, sessions]`` routers over the session ``service``."""
     require_key = auth.require_key
     connect = APIRouter(prefix="/v1/connect", tags=["connect"], dependencies=[Depends(require_key)])
 
     @connect.post("", response_model=ConnectResponse)
     async def connect_(request: Request, body: ConnectRequest, key: KeyRecord = Depends(require_key)) -> ConnectResponse:
         request.state.deployment = body.model     # the request's log line names it (logs.py)
-        return await asyncio.to_thread(gw.connect, body, key)
+        return await asyncio.to_thread(service.connect, body, key)
 
     sessions = APIRouter(prefix="/v1/sessions", tags=["sessions"])
 
     @sessions.post("/{session_id}/renew", response_model=ConnectResponse)
     async def renew(session_id: str, key: KeyRecord = Depends(require_key)) -> ConnectResponse:
-        return await asyncio.to_thread(gw.renew, session_id, key)
+        return await asyncio.to_thread(service.renew, session_id, key)
 
     @sessions.delete("/{session_id}")
     async def close_session(session_id: str, key: KeyRecord = Depends(require_key)) -> dict:
-        return await asyncio.to_thread(gw.close_session, session_id, key)
+        return await asyncio.to_thread(service.close_session, session_id, key)
 
     return [connect, sessions]

@@ -1,0 +1,317 @@
+"""The gateway's composed services, in process: a Gateway over a FakeLauncher (workers that are
+objects emitting the typed launch events of launchers/base.py, no processes) and an injected
+clock, driven by ``Gateway.tick(now)`` with no sleeps. These prove the composition: the
+supervisor's events reach the sessions and ops, connect answers warming until a worker is ready,
+leases expire on the tick, idle stops and warm floors, builds take over, and no worker is
+started while a service holds its lock."""
+from __future__ import annotations
+
+import signal
+import textwrap
+from pathlib import Path
+from typing import Optional
+
+import pytest
+
+from sequence_ai_server.common.config import ServerConfig
+from sequence_ai_server.common.errors import ApiError
+from sequence_ai_server.gateway.controller import Gateway
+from sequence_ai_server.gateway.events import WorkerCrashed, WorkerStopped, WorkerTookOver
+from sequence_ai_server.gateway.schemas import ConnectRequest, DeployRequest, TrafficUpdate
+from sequence_ai_server.launchers.base import EventQueue, Exited, Phase, Ready, WorkerLaunchSpec
+
+T0 = 1_800_000_000.0
+LEASE_S = 30.0
+
+
+class Clock:
+    """Unix seconds the test moves by hand."""
+
+    def __init__(self, t: float = T0):
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+    def advance(self, s: float) -> float:
+        self.t += s
+        return self.t
+
+
+class FakeWorker:
+    """A WorkerHandle with no process: the test makes it report a phase, ready, or exit."""
+
+    def __init__(self, spec: WorkerLaunchSpec, pid: int):
+        self.spec, self.pid, self.returncode = spec, pid, None
+        self.secret, self.activity, self.signals = spec.secret, 0.0, []
+        self._events = EventQueue()
+
+    # the WorkerHandle interface
+    def events(self) -> list:
+        return self._events.drain()
+
+    def set_secret(self, secret: str) -> None:
+        self.secret = secret
+
+    def last_activity(self) -> float:
+        return self.activity
+
+    def poll(self) -> Optional[int]:
+        return self.returncode
+
+    def wait(self, timeout: Optional[float] = None) -> int:
+        if self.returncode is None:
+            self.returncode = -signal.SIGTERM
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        self.signals.append(sig)
+        if self.returncode is None:
+            self.returncode = -sig         # exits at once
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+    # what the test makes it do
+    def loading(self, spec: dict) -> None:
+        self._events.put(Phase({"phase": "loading", "spec": spec}))
+
+    def ready(self, spec: dict, port: int) -> None:
+        self._events.put(Ready(f"http://127.0.0.1:{port}", {"port": port, "host": "127.0.0.1", "spec": spec}))
+
+    def crash(self, code: int = 1) -> None:
+        self.returncode = code
+        self._events.put(Exited(code))
+
+
+class FakeLauncher:
+    """Starts FakeWorkers; records each and checks that no service lock is held while it starts."""
+
+    adopts = False
+    places_cards = True
+
+    def __init__(self) -> None:
+        self.started: list[FakeWorker] = []
+        self.locks: list = []          # the locks that must be free at every start
+
+    def start(self, spec: WorkerLaunchSpec, log_handle) -> FakeWorker:
+        held = [lock for lock in self.locks if lock._is_owned()]
+        assert not held, f"a worker started while a lock was held: {held}"
+        w = FakeWorker(spec, pid=10_000 + len(self.started))
+        self.started.append(w)
+        return w
+
+    def check_image(self, image: dict) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def _spec(**extra) -> dict:
+    return {"contract": {"action": None, "observation": None}, "params": [], **extra}
+
+
+@pytest.fixture
+def env(tmp_path):
+    policy = tmp_path / "policy.py"
+    policy.write_text(textwrap.dedent("""\
+        import seq
+        @seq.policy()
+        class P:
+            @seq.infer
+            def infer(self, inputs):
+                return {}
+        """))
+    clock, launcher = Clock(), FakeLauncher()
+    config = ServerConfig(data_dir=tmp_path / "home", lease_ttl_s=LEASE_S, health_interval_s=1e9)
+    gw = Gateway(config=config, launcher=launcher, clock=clock)
+    launcher.locks = [gw.supervisor._lock, gw.sessions._lock, gw.deployments._lock]
+    events: list = []
+    for kind in (WorkerStopped, WorkerCrashed, WorkerTookOver):
+        gw.supervisor.on(kind, events.append)
+    alerts: list = []
+    gw.ops.alerts.emit = lambda event, deployment, details, **kw: alerts.append((event, deployment, details))
+    yield gw, clock, launcher, policy, events, alerts
+    gw.close()
+
+
+def _deploy(gw: Gateway, policy: Path, name: str = "echo") -> None:
+    gw.deployments.deploy(DeployRequest(name=name, file=str(policy)))
+
+
+def _warming(gw: Gateway, name: str = "echo") -> ApiError:
+    with pytest.raises(ApiError) as exc:
+        gw.sessions.connect(ConnectRequest(model=name))
+    return exc.value
+
+
+def _serve(gw, clock, launcher, spec: dict, name: str = "echo", port: int = 9001) -> FakeWorker:
+    w = launcher.started[-1]
+    w.ready(spec, port)
+    gw.tick(clock.advance(0.1))
+    assert gw.store.get(name).status == "ready"
+    return w
+
+
+def test_connect_while_warming_is_503_with_retry_after_then_admitted_once_ready(env):
+    gw, clock, launcher, policy, _, _ = env
+    _deploy(gw, policy)
+    assert len(launcher.started) == 1 and gw.store.get("echo").status == "starting"
+    err = _warming(gw)
+    assert err.code == "warming" and err.status == 503 and err.retry_after_s == 30.0   # no load measured yet: 30 s
+    launcher.started[0].loading(_spec())
+    clock.advance(12.0)
+    gw.tick(clock())
+    assert gw.store.get("echo").phase == "loading"
+    err = _warming(gw)
+    assert err.details["phase"] == "loading" and err.retry_after_s == 18.0       # 30 s estimate, 12 s gone
+    _serve(gw, clock, launcher, _spec())
+    conn = gw.sessions.connect(ConnectRequest(model="echo"))
+    assert conn.worker_url == "http://127.0.0.1:9001" and conn.version == 1
+    assert conn.lease.expires_at == clock() + LEASE_S
+    assert [s.id for s in gw.sessions.of("echo")] == [conn.session_id]
+    assert len(launcher.started) == 1                   # the connects started no second worker
+
+
+def test_a_lease_expires_on_the_tick_and_its_renewal_is_refused(env):
+    gw, clock, launcher, policy, _, _ = env
+    _deploy(gw, policy)
+    _serve(gw, clock, launcher, _spec(idle_timeout=3600))
+    conn = gw.sessions.connect(ConnectRequest(model="echo"))
+    clock.advance(LEASE_S - 1)
+    renewed = gw.sessions.renew(conn.session_id)
+    assert renewed.lease.expires_at == clock() + LEASE_S
+    gw.tick(clock.advance(LEASE_S + 1))
+    assert gw.sessions.of("echo") == []
+    with pytest.raises(ApiError) as exc:
+        gw.sessions.renew(conn.session_id)
+    assert exc.value.code == "not_found" or exc.value.code == "lease_expired"
+
+
+def test_a_worker_crash_drops_its_sessions_and_raises_an_alert(env):
+    gw, clock, launcher, policy, events, alerts = env
+    _deploy(gw, policy)
+    w = _serve(gw, clock, launcher, _spec())
+    gw.sessions.connect(ConnectRequest(model="echo"))
+    gw.sessions.connect(ConnectRequest(model="echo"))
+    assert len(gw.sessions.of("echo")) == 2
+    w.crash(code=3)
+    gw.tick(clock.advance(0.1))
+    row = gw.store.get("echo")
+    assert row.status == "failed" and row.phase == "exited" and "exited with code 3" in row.error
+    assert events == [WorkerCrashed("echo", 1, w.pid, 3, row.error)]
+    assert gw.sessions.of("echo") == []
+    assert [(e, d, x["exit_code"]) for e, d, x in alerts] == [("worker_crashed", "echo", 3)]
+    # the next connect starts a fresh worker (a crash after serving is not a failed load)
+    assert _warming(gw).code == "warming" and len(launcher.started) == 2
+
+
+def test_an_idle_worker_is_stopped_and_its_sessions_dropped(env):
+    gw, clock, launcher, policy, events, _ = env
+    _deploy(gw, policy)
+    _serve(gw, clock, launcher, _spec(idle_timeout=60))
+    gw.sessions.connect(ConnectRequest(model="echo"))
+    gw.tick(clock.advance(59))
+    assert gw.store.get("echo").status == "ready"
+    gw.tick(clock.advance(2))
+    row = gw.store.get("echo")
+    assert (row.status, row.phase) == ("stopped", "idle")
+    assert events == [WorkerStopped("echo", "idle")]
+    assert gw.sessions.of("echo") == [] and gw.supervisor.get("echo") is None
+    assert launcher.started[0].signals == [signal.SIGTERM]
+    assert _warming(gw).code == "warming" and len(launcher.started) == 2    # a connect starts it again
+
+
+def test_min_workers_keeps_a_worker_running_through_idleness_and_a_crash(env):
+    gw, clock, launcher, policy, events, _ = env
+    _deploy(gw, policy)
+    w = _serve(gw, clock, launcher, _spec(idle_timeout=10, min_workers=1))
+    gw.tick(clock.advance(3600))
+    assert gw.store.get("echo").status == "ready" and events == []          # the floor holds it
+    w.crash()
+    gw.tick(clock.advance(0.1))       # the crash is noticed ...
+    gw.tick(clock.advance(0.1))       # ... and the floor starts a new worker
+    assert len(launcher.started) == 2 and gw.store.get("echo").status == "starting"
+    _serve(gw, clock, launcher, _spec(idle_timeout=10, min_workers=1), port=9002)
+    assert gw.store.get("echo").worker_port == 9002
+
+
+def test_a_stopped_deployment_refuses_connects_and_starts_nothing_until_started(env):
+    gw, clock, launcher, policy, _, _ = env
+    _deploy(gw, policy)
+    _serve(gw, clock, launcher, _spec(min_workers=1))
+    gw.sessions.connect(ConnectRequest(model="echo"))
+    gw.deployments.stop("echo")
+    assert gw.sessions.of("echo") == []
+    gw.tick(clock.advance(1))
+    err = _warming(gw)
+    assert err.code == "deployment_stopped" and len(launcher.started) == 1
+    _deploy(gw, policy)                                    # a redeploy while stopped records only
+    assert len(launcher.started) == 1 and gw.store.get("echo").status == "stopped"
+    gw.deployments.start("echo")
+    assert len(launcher.started) == 2 and gw.store.get("echo").status == "starting"
+
+
+def test_a_new_version_builds_beside_the_serving_one_and_takes_over_once_ready(env):
+    gw, clock, launcher, policy, events, _ = env
+    _deploy(gw, policy)
+    old = _serve(gw, clock, launcher, _spec())
+    before = gw.sessions.connect(ConnectRequest(model="echo"))
+    policy.write_text(policy.read_text() + "\n# v2\n")
+    _deploy(gw, policy)
+    assert len(launcher.started) == 2 and gw.store.get("echo").build["status"] == "building"
+    assert gw.sessions.connect(ConnectRequest(model="echo")).version == 1     # v1 serves meanwhile
+    build = launcher.started[1]
+    build.ready(_spec(), 9002)
+    gw.tick(clock.advance(0.1))
+    row = gw.store.get("echo")
+    assert (row.version, row.worker_port, row.status) == (2, 9002, "ready")
+    assert events == [WorkerTookOver("echo", 2, build.pid, old.pid)]
+    assert old.signals == [signal.SIGTERM] and old.secret != old.spec.secret    # retired: secret rotated
+    with pytest.raises(ApiError) as exc:                  # the old epoch's lease is over
+        gw.sessions.renew(before.session_id)
+    assert exc.value.code == "lease_expired"
+    assert gw.sessions.connect(ConnectRequest(model="echo")).version == 2
+
+
+def test_a_split_version_gets_a_side_worker_and_its_sessions(env):
+    gw, clock, launcher, policy, _, _ = env
+    _deploy(gw, policy)
+    _serve(gw, clock, launcher, _spec())
+    policy.write_text(policy.read_text() + "\n# v2\n")
+    _deploy(gw, policy)
+    launcher.started[1].ready(_spec(), 9002)
+    gw.tick(clock.advance(0.1))
+    gw.tick(clock.advance(0.1))
+    assert gw.store.get("echo").version == 2
+    view = gw.traffic.update("echo", TrafficUpdate(split={"v1": 100, "v2": 0}), gw.sessions.held())
+    assert [(s["version"], s["worker"]) for s in view["split"]] == [(2, "serving"), (1, "loading")]
+    side = launcher.started[2]
+    assert side.spec.role == "side" and side.spec.version == 1
+    assert _warming(gw).code == "warming"
+    side.ready(_spec(), 9003)
+    gw.tick(clock.advance(0.1))
+    conn = gw.sessions.connect(ConnectRequest(model="echo"))
+    assert conn.version == 1 and conn.worker_url == "http://127.0.0.1:9003"
+    assert gw.sessions.held() == {"echo@v1": 1}
+    gw.tick(clock.advance(0.1))
+    assert gw.supervisor.get("echo@v1") is not None            # a session holds it
+
+
+def test_the_gpu_cap_refuses_a_second_worker_before_it_starts(tmp_path, env):
+    gw, clock, launcher, policy, _, _ = env
+    gw.sessions.max_gpus = 1
+    _deploy(gw, policy, "one")
+    _deploy(gw, policy, "two")         # a deploy is not capped: both start
+    _serve(gw, clock, launcher, _spec(idle_timeout=5), name="two", port=9002)
+    launcher.started[0].ready(_spec(idle_timeout=5), 9001)
+    gw.tick(clock.advance(0.1))
+    gw.tick(clock.advance(10))         # both idle out
+    assert gw.store.get("one").status == gw.store.get("two").status == "stopped"
+    assert _warming(gw, "one").code == "warming"
+    err = _warming(gw, "two")
+    assert err.code == "gpu_limit_reached" and len(launcher.started) == 3
