@@ -7,39 +7,19 @@ Arguments: ``namespace``, ``model`` (empty = the config's), ``config`` (default
 ``record`` (``true`` also starts ``episode_recorder``: one bag per Act goal), ``record_dir``.
 Start ``seq serve`` and ``seq deploy`` first and export the API key.
 """
-import os
-
-from ament_index_python.packages import get_package_share_directory
 from launch import LaunchDescription
 from launch.actions import DeclareLaunchArgument, OpaqueFunction
-from launch.conditions import IfCondition
 from launch.substitutions import LaunchConfiguration
 from launch_ros.actions import Node
 
-from sequence_ai_ros.launch_support import stop_nodes_on_sigterm
+from sequence_ai_ros.launch_support import config_file, driver_and_recorder, stop_nodes_on_sigterm
 
 
 def _nodes(context):
-    config = LaunchConfiguration("config").perform(context)
-    if not os.path.isabs(config):
-        config = os.path.join(get_package_share_directory("sequence_ai"), "config", config)
-    if not os.path.isfile(config):
-        raise FileNotFoundError(f"config:={config} does not exist; give a file in the sequence_ai package's "
-                                f"config/ folder or an absolute path")
-    namespace = LaunchConfiguration("namespace")
-    driver_params = [config]
-    model = LaunchConfiguration("model").perform(context)
-    if model:
-        driver_params.append({"model": model})
-    return [
-        Node(package="sequence_ai", executable="sim_robot", name="sim_robot", namespace=namespace,
-             parameters=[config, {"seed": int(LaunchConfiguration("seed").perform(context))}], output="screen"),
-        Node(package="sequence_ai", executable="policy_driver", name="policy_driver", namespace=namespace,
-             parameters=driver_params, output="screen"),
-        Node(package="sequence_ai", executable="episode_recorder", name="episode_recorder", namespace=namespace,
-             parameters=[config, {"auto_record": True, "output_dir": LaunchConfiguration("record_dir")}],
-             output="screen", condition=IfCondition(LaunchConfiguration("record"))),
-    ]
+    config = config_file(context)
+    sim = Node(package="sequence_ai", executable="sim_robot", name="sim_robot", namespace=LaunchConfiguration("namespace"),
+               parameters=[config, {"seed": int(LaunchConfiguration("seed").perform(context))}], output="screen")
+    return [sim, *driver_and_recorder(context, config)]
 
 
 def generate_launch_description():

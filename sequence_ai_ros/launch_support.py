@@ -27,7 +27,7 @@ import threading
 
 from launch.actions import OpaqueFunction
 
-__all__ = ["stop_nodes_on_sigterm"]
+__all__ = ["stop_nodes_on_sigterm", "config_file", "driver_and_recorder"]
 
 
 def stop_nodes_on_sigterm() -> OpaqueFunction:
@@ -69,3 +69,43 @@ def _install(context):
 def _wake_launch(signum, frame) -> None:
     """The Python-level SIGTERM handler: Python writes the signal to the wake-up fd launch's
     signal manager reads (only for signals that have a Python handler); the work is done there."""
+
+
+def config_file(context) -> str:
+    """The ``config`` launch argument as a path: a bare name is a file in the ``sequence_ai``
+    package's ``config/`` folder, an absolute path is taken as is. Raises FileNotFoundError naming
+    the argument when the file does not exist."""
+    import os
+
+    from ament_index_python.packages import get_package_share_directory
+    from launch.substitutions import LaunchConfiguration
+
+    config = LaunchConfiguration("config").perform(context)
+    if not os.path.isabs(config):
+        config = os.path.join(get_package_share_directory("sequence_ai"), "config", config)
+    if not os.path.isfile(config):
+        raise FileNotFoundError(f"config:={config} does not exist; give a file in the sequence_ai package's "
+                                f"config/ folder or an absolute path")
+    return config
+
+
+def driver_and_recorder(context, config: str) -> list:
+    """The ``policy_driver`` node (parameters from ``config``, its ``model`` overridden by a non-empty
+    ``model`` argument) and the ``episode_recorder`` node (one bag per Act goal under
+    ``record_dir``, started when ``record`` is true), both in the ``namespace`` argument."""
+    from launch.conditions import IfCondition
+    from launch.substitutions import LaunchConfiguration
+    from launch_ros.actions import Node
+
+    namespace = LaunchConfiguration("namespace")
+    params: list = [config]
+    model = LaunchConfiguration("model").perform(context)
+    if model:
+        params.append({"model": model})
+    return [
+        Node(package="sequence_ai", executable="policy_driver", name="policy_driver",
+             namespace=namespace, parameters=params, output="screen"),
+        Node(package="sequence_ai", executable="episode_recorder", name="episode_recorder", namespace=namespace,
+             parameters=[config, {"auto_record": True, "output_dir": LaunchConfiguration("record_dir")}],
+             output="screen", condition=IfCondition(LaunchConfiguration("record"))),
+    ]
