@@ -206,6 +206,8 @@ class Transports:
         asyncio transport must be closed first (``aclose``). Raises ChannelDropped, TransportError."""
         current = self.current
         if self.fits(session, blocking=True):
+            if not isinstance(current, _blocking.BlockingChannel):
+                return None               # HTTP: an asyncio transport
             if current.token != session.direct_secret:
                 current.refresh(session.direct_secret)
                 self.refreshes += 1

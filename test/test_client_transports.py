@@ -165,3 +165,20 @@ def _renew_three_times(link, predict):
     transports = link.transports
     assert transports.current.token == link.session.direct_secret
     return ports, transports.opens, transports.refreshes, link.renewals, tokens
+
+
+@pytest.mark.parametrize("transport", ["http", "auto"])
+def test_sync_predict_goes_on_over_whichever_transport_the_link_picked(module_gateway, transport):
+    """transport="http" (or a channel that cannot be used): every sync predict after the first
+    still reaches the worker, over HTTP on the event loop; "auto": over the one blocking channel."""
+    name = unique(f"echo-sync-{transport}")
+    module_gateway.deploy(ECHO, name, wait=True)
+    with connect(module_gateway, name, transport=transport) as policy:
+        firsts = [policy.predict(observation()).action_chunk.actions[0][0] for _ in range(4)]
+        transports = policy._engine._wire.transports
+        assert firsts == [firsts[0] + i for i in range(4)]
+        if transport == "http":
+            assert isinstance(transports.current, HttpTransport) and transports.opens == 0
+        else:
+            assert isinstance(transports.current, BlockingChannel) and transports.opens == 1
+            assert transports.current.requests == 4
