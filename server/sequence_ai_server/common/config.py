@@ -58,7 +58,7 @@ class ServerConfig:
     serving workers are pinged. ``max_body_bytes``: the largest request body the gateway reads
     (None: the gateway's MAX_BODY_BYTES). ``backend``: ``local`` or ``ray``. ``ray_address``:
     the Ray cluster (``local`` starts a private head). ``ray_gpus_per_node``: cards in one
-    machine; a policy asking for more becomes a group of whole machines (ray_backend.py).
+    machine; a policy asking for more becomes a group of whole machines (launchers/ray.py).
     ``alert_backoff_s`` (s): the waits before each retry of a webhook delivery (alerts.py).
     ``test_clock_file``: a file holding unix seconds that scheduled scaling reads as the time
     (for tests that open and close a window; unset in production)."""

@@ -1,8 +1,7 @@
 """How the gateway asks for a worker, and what it hears back: the typed :class:`WorkerLaunchSpec`,
 the :class:`LaunchEvent` kinds, and the :class:`Launcher` / :class:`WorkerHandle` protocols.
 
-The launchers (``launch_local.LocalLauncher``: a subprocess on this machine; ``ray_backend.
-RayLauncher``: one Ray actor, or a Ray placement group of whole machines for a model past one
+The launchers (``local.LocalLauncher``: a subprocess on this machine; ``ray.RayLauncher``: one Ray actor, or a Ray placement group of whole machines for a model past one
 machine's cards) are the only places that know how a worker process is started and how it
 reports. The supervisor builds a spec, hands it to its launcher, and from then on reads the
 handle's events -- ``Placed``, ``Started``, ``Phase``, ``Ready``, ``Log``, ``Exited``,
@@ -231,7 +230,7 @@ class Launcher(Protocol):
     """Starts workers from specs. ``adopts``: whether its workers outlive the gateway (and a
     restarted gateway adopts them: the local launcher) or stop with it (Ray). ``places_cards``:
     whether something else (a Ray cluster) decides which cards a worker gets; when False the
-    gateway checks ``gpu=`` against this machine's cards (operations.py)."""
+    gateway checks ``gpu=`` against this machine's cards (ops/service.py)."""
 
     adopts: bool
     places_cards: bool

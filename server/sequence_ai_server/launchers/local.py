@@ -4,7 +4,7 @@ A local worker does not die with its gateway (it watches its supervisor file, wo
 ``--supervisor-file``), so a gateway restarted on the same data dir adopts it
 (:meth:`LocalLauncher.adopt`). The worker reports through its run files (``<key>.ready.json``
 and its ``.phase`` / ``.error`` siblings, written atomically by worker.py); this module alone
-reads them and turns them into typed events (launch.py).
+reads them and turns them into typed events (base.py).
 
 A deployment with an ``image=`` first gets its Python environment (envs.py: built once per
 image spec and shared); the build runs on a thread of the handle, its output goes to the

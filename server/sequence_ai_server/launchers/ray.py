@@ -25,8 +25,8 @@ else is rank 0's alone. When one member stops, the whole group stops (``group_me
 the log) and the next connect starts a new one.
 
 :class:`RayLauncher` implements launch.Launcher: ``start(spec, log_handle)`` places the
-actor(s) and returns a handle whose events (ray_worker.py) the supervisor reads; what runs on
-the node is ray_actor.py. A deployment whose ``image=`` has build steps is refused here (image
+actor(s) and returns a handle whose events (ray_handle.py) the supervisor reads; what runs on
+the node is ray_node.py. A deployment whose ``image=`` has build steps is refused here (image
 environments are built by the local launcher, envs.py).
 
 The worker binds its node's IP and its Ready event carries the full ``url`` (and, for a

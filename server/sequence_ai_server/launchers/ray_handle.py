@@ -1,6 +1,6 @@
 """The gateway's handle on a worker Ray runs: one actor (:class:`RayActorWorker`) or a group of
 them on whole machines (:class:`RayGroupWorker`, rank 0 first). A thread asks the actors for
-news every ``POLL_S`` s and turns it into launch events (launch.py): ``Placed`` once an actor
+news every ``POLL_S`` s and turns it into launch events (base.py): ``Placed`` once an actor
 answers, ``Started`` with the worker's pid, ``Phase`` and ``Ready`` from rank 0's reports (a
 group is ready once every member is and rank 0's fan-out front runs), ``Log`` with every
 member's output (lines of rank r > 0 prefixed ``[rank r]``), and ``Exited`` with the code (a

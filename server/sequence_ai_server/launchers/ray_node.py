@@ -3,8 +3,8 @@
 (:class:`GroupFront`), and a group member's entry point (``python -m
 sequence_ai_server.launchers.ray_node <worker args>``: join ``torch.distributed``, then run the worker).
 
-The gateway side of these (placement, the handle and its events) is ray_backend.py and
-ray_worker.py.
+The gateway side of these (placement, the handle and its events) is ray.py and
+ray_handle.py.
 """
 from __future__ import annotations
 
