@@ -1,8 +1,8 @@
 """How the gateway asks for a worker, and what it hears back: the typed :class:`WorkerLaunchSpec`,
 the :class:`LaunchEvent` kinds, and the :class:`Launcher` / :class:`WorkerHandle` protocols.
 
-The launchers (``local.LocalLauncher``: a subprocess on this machine; ``ray.RayLauncher``: one Ray actor, or a Ray placement group of whole machines for a model past one
-machine's cards) are the only places that know how a worker process is started and how it
+The launchers (``local.LocalLauncher``: a subprocess on this machine; ``ray.RayLauncher``: one
+Ray actor, or a Ray placement group of whole machines for a model past one machine's cards) are the only places that know how a worker process is started and how it
 reports. The supervisor builds a spec, hands it to its launcher, and from then on reads the
 handle's events -- ``Placed``, ``Started``, ``Phase``, ``Ready``, ``Log``, ``Exited``,
 ``Failed`` -- instead of any file a worker writes.
