@@ -92,7 +92,7 @@ class Cell:
     def wait_streams(self, timeout_s=30.0):
         """Until the recorder's callbacks have seen every camera view and the joint states (its
         subscriptions match late on a loaded machine; a command before then has no live observation)."""
-        want = set(self.driver._p["camera_views"]) | {"joints"}
+        want = set(self.driver._params["camera_views"]) | {"joints"}
         deadline = time.monotonic() + timeout_s
         while not want <= set(self.seen):
             assert time.monotonic() < deadline, f"the recorder saw only {sorted(self.seen)} of {sorted(want)}"
@@ -268,7 +268,7 @@ def test_exported_observations_hold_the_samples_in_force_by_sensor_time(recorded
     assert fps == FPS and len(steps) == result.actions    # every command, the first included
     assert rec.start["control_frequency_hz"] == FPS       # declared by the driver (the contract's rate)
     receipts = [t for t, _ in rec.commands]
-    names = cell.driver._p["joint_names"]
+    names = cell.driver._params["joint_names"]
     for k, (t_ns, exported, _) in enumerate(steps):
         assert t_ns <= receipts[k]                        # published before it was received
         assert exported.instruction == INSTRUCTION

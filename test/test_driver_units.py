@@ -1,14 +1,18 @@
-"""The policy driver's ROS-free parts: the parameter table's validators, the frozen Params, and
-how a GoalRun turns a RunOutcome into the Act result and terminal status."""
+"""The policy driver's parts that need no node: the parameter table's validators, the frozen
+Params, how a GoalRun turns a RunOutcome into the Act result and terminal status, and how goals'
+stop tokens and the run slot behave at acceptance, cancel, preemption and the driver's end."""
 from __future__ import annotations
 
 import dataclasses
+import threading
 
 import pytest
 
 from sequence_ai import RunOutcome
+from sequence_ai_msgs.action import Act
 from sequence_ai_ros.driver import params as P
-from sequence_ai_ros.driver.goal import ABORT, CANCELED, SUCCEED, GoalRun
+from sequence_ai_ros.driver.execution import GoalExecution
+from sequence_ai_ros.driver.goal import ABORT, CANCELED, SUCCEED, GoalRun, RunSlot
 
 
 def defaults(**changes) -> P.Params:
@@ -125,3 +129,92 @@ def test_an_early_ending_counts_what_was_published_and_the_first_end_request_win
     assert (result.reason, result.message, result.actions, status) == ("error", "TransportError: gone", 3, ABORT)
     fb = run.feedback("pick")
     assert fb.actions == 3 and 0.0 <= fb.progress <= 1.0 and fb.status == "starting"
+
+
+# ------------------------------------------------------------------ stop tokens and the run slot
+
+class _GoalHandle:
+    """The parts of rclpy's ServerGoalHandle the acceptance and cancel callbacks use."""
+
+    def __init__(self, instruction: str) -> None:
+        self.request = Act.Goal(instruction=instruction, max_seconds=2.0)
+        self.is_active = True
+        self.is_cancel_requested = False
+        self.executed = False
+
+    def execute(self) -> None:
+        self.executed = True
+
+
+class _Goals(GoalExecution):
+    """GoalExecution's acceptance / cancel / end bookkeeping, without a node."""
+
+    def __init__(self) -> None:
+        self._goals, self._goals_lock = {}, threading.Lock()
+        self._slot = RunSlot()
+        self._active, self._end_message = True, None
+        self._params = defaults()
+
+    def run_of(self, handle) -> GoalRun:
+        return self._goals[id(handle)]
+
+
+def test_each_goal_gets_its_own_stop_token_at_acceptance_and_the_newest_preempts_the_older():
+    goals = _Goals()
+    first, second = _GoalHandle("first"), _GoalHandle("second")
+    goals._on_accepted(first)
+    one = goals.run_of(first)
+    assert first.executed and not one.stop.stopped
+    goals._on_accepted(second)
+    two = goals.run_of(second)
+    assert one.stop.stopped and one.end_request == ("preempted", "preempted by a new goal")
+    assert second.executed and not two.stop.stopped and two.end_request is None
+
+
+def test_a_cancel_stops_only_its_own_goal_and_a_late_one_reaches_no_later_goal():
+    goals = _Goals()
+    first = _GoalHandle("first")
+    goals._on_cancel(first)                    # the cancel overtook the accepted callback
+    goals._on_accepted(first)
+    one = goals.run_of(first)
+    assert one.cancel_accepted and one.stop.stopped
+    first.is_active = False                    # it ended
+    goals._goals.pop(id(first))
+    goals._on_cancel(first)                    # a cancel that lands after the end: nothing to stop
+    assert id(first) not in goals._goals
+    second = _GoalHandle("second")
+    goals._on_accepted(second)
+    two = goals.run_of(second)
+    assert not two.stop.stopped and not two.ending
+
+
+def test_the_drivers_end_stops_every_accepted_goal_and_one_accepted_while_inactive_never_runs():
+    goals = _Goals()
+    handles = [_GoalHandle("a"), _GoalHandle("b")]
+    for h in handles:
+        goals._goals[id(h)] = GoalRun(h, h.request.instruction, 2.0)   # accepted, not started
+    assert goals._end_run("deactivated", "driver deactivated", timeout_s=1.0)
+    assert all(goals.run_of(h).end_request == ("deactivated", "driver deactivated") for h in handles)
+    goals._active = False
+    late = _GoalHandle("late")
+    goals._on_accepted(late)
+    assert goals.run_of(late).stop.stopped and goals.run_of(late).end_request[0] == "inactive"
+
+
+def test_the_run_slot_gives_up_at_once_for_a_goal_stopped_while_it_waits():
+    slot = RunSlot()
+    running, waiting = GoalRun(_Handle(), "running", 2.0), GoalRun(_Handle(), "waiting", 2.0)
+    assert slot.take(running, 1.0) and slot.busy
+    got = {}
+    waiter = threading.Thread(target=lambda: got.setdefault("took", slot.take(waiting, 30.0)))
+    waiter.start()
+    waiting.request_end("preempted", "preempted by a new goal")   # wakes the wait: no 30 s
+    waiter.join(10.0)
+    assert not waiter.is_alive() and got["took"] is False and slot.busy
+    slot.release(running)
+    assert not slot.busy and slot.wait_free(0.0)
+    nxt = GoalRun(_Handle(), "next", 2.0)
+    assert slot.take(nxt, 1.0)
+    assert not slot.try_take("ready") and not slot.take(GoalRun(_Handle(), "x", 2.0), 0.0)
+    slot.release("someone else")               # only the holder frees it
+    assert slot.busy

@@ -391,6 +391,56 @@ def test_a_new_goal_preempts_the_running_one(ros, echo_server):
     assert new.result.actions > 5
 
 
+def test_a_cancel_that_lands_as_the_run_starts_stops_it_before_any_action(ros, echo_server):
+    """The cancel reaches the driver after its last check and before the core's run begins (the
+    policy's act is wrapped to let it land there): the goal's own stop token, armed at
+    acceptance, is what the run watches, so the run ends before any action, with the hold."""
+    robot, driver, client, _ = setup_driver(ros, echo_server)
+    real_act, box, landed = driver.policy.act, {}, threading.Event()
+
+    def act_after_a_cancel(*args, **kwargs):
+        wait(lambda: "goal" in box, 20.0, "the goal handle")
+        box["goal"].handle.cancel_goal_async()
+        wait(lambda: driver._run.cancel_accepted, 10.0, "the cancel at the driver")
+        landed.set()
+        return real_act(*args, **kwargs)
+
+    driver.policy.act = act_after_a_cancel
+    box["goal"] = Goal(client, max_seconds=20.0)
+    wrapped = box["goal"].wait_result()
+    assert landed.is_set()
+    assert wrapped.status == GoalStatus.STATUS_CANCELED and wrapped.result.reason == "interrupted"
+    assert wrapped.result.actions == 0 and driver.trace.commands == []
+    assert driver.trace.hold_command is not None          # held where the arm is
+    wait(lambda: robot.commands, 5.0, "the hold at the robot")
+    assert [c for _, c in robot.commands] == [pytest.approx(driver.trace.hold_command)]
+
+
+def test_a_goal_preempted_before_its_run_started_ends_at_once_and_never_moves_the_arm(ros, echo_server):
+    """Preemption happens at acceptance (the handle-accepted callback): a newer goal stops the
+    older one even while that one is still starting (here: held in its sensor wait), and the
+    older one ends aborted without a command; the newer one runs."""
+    robot, driver, client, _ = setup_driver(ros, echo_server)
+    real_wait, starting = driver._wait_for_sensors, threading.Event()
+
+    def held_sensor_wait(run=None):
+        if run is not None and run.instruction == "the first":
+            starting.set()
+            assert run.stop.wait(20.0)                    # released by the preemption alone
+        return real_wait(run)
+
+    driver._wait_for_sensors = held_sensor_wait
+    first = Goal(client, instruction="the first", max_seconds=20.0)
+    assert starting.wait(20.0)
+    second = Goal(client, instruction="the second", max_seconds=1.0)
+    old = first.wait_result(timeout=10.0)
+    assert old.status == GoalStatus.STATUS_ABORTED
+    assert old.result.reason == "interrupted" and old.result.message == "preempted by a new goal"
+    assert old.result.actions == 0
+    new = second.wait_result()
+    assert new.status == GoalStatus.STATUS_SUCCEEDED and new.result.reason == "timeout" and new.result.actions > 0
+
+
 def test_reject_policy_refuses_a_second_goal(ros, echo_server):
     robot, driver, client, _ = setup_driver(ros, echo_server, goal_policy="reject")
     first = Goal(client, max_seconds=2.0)

@@ -95,19 +95,19 @@ def command_values(msg) -> list:
     return [float(x) for x in (first.positions if len(first.positions) else first.velocities)]
 
 
-def start_event(driver, goal) -> str:
-    """JSON start marker for an ``Act`` goal that is starting on ``driver`` (a PolicyDriver)."""
-    run = getattr(driver, "_run", None)
-    gid = getattr(getattr(run, "handle", None), "goal_id", None)
-    hz = getattr(driver, "control_rate_hz", None)
+def start_event(node, params, goal, goal_id=None, control_rate_hz: Optional[float] = None) -> str:
+    """JSON start marker for an ``Act`` goal starting on ``node`` (a PolicyDriver): the goal, its
+    ``goal_id`` (a ``unique_identifier_msgs/UUID`` or None), the control rate (Hz) and the
+    observation assembly of driver parameters ``params``."""
     event = {"event": "start", "source": "act", "task": goal.instruction,
-             "max_seconds": float(goal.max_seconds), "goal_id": bytes(gid.uuid).hex() if gid is not None else None,
-             "t_ns": time.time_ns(), "control_frequency_hz": float(hz) if hz else None,
-             **assembly_settings(driver, driver._p)}
+             "max_seconds": float(goal.max_seconds),
+             "goal_id": bytes(goal_id.uuid).hex() if goal_id is not None else None,
+             "t_ns": time.time_ns(), "control_frequency_hz": float(control_rate_hz) if control_rate_hz else None,
+             **assembly_settings(node, params)}
     return json.dumps(event)
 
 
-def end_event(driver, result, success: Optional[bool]) -> str:
+def end_event(result, success: Optional[bool]) -> str:
     """JSON end marker: the ``Act`` result (the RunOutcome) and the success label (or ``None``)."""
     outcome = {k: getattr(result, k) for k in _RESULT_FIELDS if hasattr(result, k)}
     return json.dumps({"event": "end", "source": "act", "t_ns": time.time_ns(), "outcome": outcome,

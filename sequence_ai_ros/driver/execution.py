@@ -16,13 +16,21 @@ and a terminal status, whatever ends it:
 
 Each early ending publishes the hold first (the core unwinds through ``hold``); the result's
 ``actions`` counts commands actually published.
+
+Stopping a goal is stopping its ``GoalRun.stop`` token, made when the goal is accepted and handed
+to the core's run: whenever the stop comes (before the run starts, while it waits for the goal
+before it to unwind, mid-run), that run sees it and no other. Preemption happens where
+ros2/examples' single-goal server does it, in the handle-accepted callback: the goal accepted
+last is the one that runs; every older one still waiting or running is stopped (it holds, then
+aborts), and the new one starts once the older run has unwound.
 """
 from __future__ import annotations
 
 import json
 import math
+import threading
 import time
-from typing import Optional
+from typing import Dict, Optional
 
 from rclpy.action import CancelResponse, GoalResponse
 from std_msgs.msg import String
@@ -34,7 +42,7 @@ from ..observation import SensorError, StaleCameraError
 from .goal import CANCELED, SUCCEED, GoalRun, RunTrace
 
 PREEMPT_WAIT_S = 10.0
-"""How long a new goal waits for the running one to unwind when preempting it (s)."""
+"""How long a new goal waits for the goal it preempted to unwind (s); then it aborts."""
 
 
 class GoalExecution:
@@ -42,6 +50,8 @@ class GoalExecution:
 
     _run: Optional[GoalRun]
     _last_run: Optional[GoalRun]
+    _goals: Dict[int, GoalRun]          # accepted and not yet concluded, by id(goal handle)
+    _goals_lock: threading.Lock
 
     # -- what tests and the demo read --------------------------------------------------------
     @property
@@ -61,7 +71,7 @@ class GoalExecution:
     def _goal_refusal(self, goal_request) -> Optional[str]:
         if not self._active:
             return f"the driver is not active (lifecycle state {self._lifecycle_label()})"
-        if self._busy.locked() and self._params.goal_policy == "reject":
+        if self._slot.busy and self._params.goal_policy == "reject":
             return "a run is already active (goal_policy=reject)"
         if not goal_request.instruction.strip():
             return "empty instruction"
@@ -75,81 +85,94 @@ class GoalExecution:
                 return f"params_json is not a JSON object ({exc})"
         return None
 
+    def _goal_run(self, goal_handle) -> GoalRun:
+        """The GoalRun of an accepted goal, made (with its stop token) the first time it is asked
+        for: at acceptance, or by a cancel that overtook the handle-accepted callback."""
+        with self._goals_lock:
+            run = self._goals.get(id(goal_handle))
+            if run is None:
+                goal = goal_handle.request
+                max_s = goal.max_seconds if goal.max_seconds > 0 else float(self._params.default_max_seconds)
+                run = self._goals[id(goal_handle)] = GoalRun(goal_handle, goal.instruction, max_s)
+            return run
+
+    def _on_accepted(self, goal_handle) -> None:
+        """Handle-accepted callback: preempt every older goal (it holds, then aborts), then execute."""
+        run = self._goal_run(goal_handle)
+        with self._goals_lock:
+            for key in [k for k, r in self._goals.items() if not r.handle.is_active]:
+                del self._goals[key]   # a cancel that came after its goal had ended left it here
+            older = [r for r in self._goals.values() if r is not run]
+            active = self._active
+        for other in older:
+            other.request_end("preempted", "preempted by a new goal")
+        if not active:   # a deactivate / shutdown came between the goal callback and now
+            run.request_end("inactive", self._end_message or "the driver is not active")
+        goal_handle.execute()
+
     def _on_cancel(self, goal_handle) -> CancelResponse:
-        # Remember the cancel before interrupting: the run can end (interrupted) before rclpy has
-        # moved the goal to CANCELING, which happens only after this callback returns.
-        self._cancelled_goals.add(id(goal_handle))
-        run = self._run
-        if run is not None and run.handle is goal_handle:
-            run.cancel_accepted = True
-            self._interrupt()
-        elif run is None:
-            self._interrupt()   # a run that is starting sees it at its first observe
+        # Noted on the run before rclpy moves the goal to CANCELING (after this returns): the run
+        # can end (interrupted) first, and its result must still say canceled.
+        if goal_handle.is_active:
+            self._goal_run(goal_handle).cancel()
         return CancelResponse.ACCEPT
 
-    def _cancel_confirmed(self, goal_handle, wait_s: float = 2.0) -> bool:
+    @staticmethod
+    def _cancel_confirmed(run: GoalRun, wait_s: float = 2.0) -> bool:
         """True when this goal's cancel was accepted; waits briefly for rclpy's CANCELING state."""
-        if id(goal_handle) not in self._cancelled_goals:
-            return goal_handle.is_cancel_requested
+        handle = run.handle
+        if not run.cancel_accepted:
+            return handle.is_cancel_requested
         deadline = time.monotonic() + wait_s
-        while not goal_handle.is_cancel_requested and time.monotonic() < deadline:
+        while not handle.is_cancel_requested and time.monotonic() < deadline:
             time.sleep(0.002)
-        self._cancelled_goals.discard(id(goal_handle))
-        return goal_handle.is_cancel_requested
-
-    def _interrupt(self) -> None:
-        if self.policy is not None:
-            self.policy.interrupt()   # thread-safe; the loop stops within one control period
+        return handle.is_cancel_requested
 
     # -- one goal ----------------------------------------------------------------------------
-    def _acquire(self, goal_handle) -> Optional[str]:
-        """Take the run slot, preempting the running goal first; None, or why not."""
-        if self._busy.acquire(blocking=False):
-            return None
-        deadline = time.monotonic() + PREEMPT_WAIT_S
-        while time.monotonic() < deadline:
-            if self._stopping.is_set() or not self._active:
-                return self._end_message or "the driver stopped before the goal could start"
-            run = self._run
-            if run is not None and run.handle is not goal_handle:
-                run.request_end("preempted", "preempted by a new goal")
-            self._interrupt()  # repeated: a run that had not bound its interrupt yet sees it next time
-            if self._busy.acquire(timeout=0.05):
-                return None
-        return f"could not preempt the running goal within {PREEMPT_WAIT_S:g} s"
-
     def _execute(self, goal_handle):
-        """The action's execute callback: run the goal, then give it its result and status."""
-        goal = goal_handle.request
-        max_s = goal.max_seconds if goal.max_seconds > 0 else float(self._params.default_max_seconds)
-        run = GoalRun(goal_handle, goal.instruction, max_s)
-        refused = self._acquire(goal_handle)
-        if refused is not None:
-            result, status = run.early("interrupted" if self._stopping.is_set() or not self._active else "error",
-                                       refused)
-            return self._conclude(run, result, status)
-        self._run = run
+        """The action's execute callback: run the goal, then give it its result and status.
+
+        The run slot is taken once the goal this one preempted has unwound (its token was
+        stopped at acceptance); a goal stopped meanwhile ends without running."""
+        run = self._goal_run(goal_handle)
         try:
+            if not self._slot.take(run, PREEMPT_WAIT_S):
+                result, status = self._before_start(run) or run.early(
+                    "error", f"could not preempt the running goal within {PREEMPT_WAIT_S:g} s")
+                return self._conclude(run, result, status)
+            self._run = run
             try:
-                if not self._active:   # accepted just before a deactivate / shutdown reached it
-                    result, status = run.early("interrupted", self._end_message or "the driver is not active")
-                else:
-                    result, status = self._drive(run, goal)
-            except Exception as exc:  # noqa: BLE001 - a goal always gets a result
-                self._hold()
-                self.get_logger().error(f"Act goal failed: {type(exc).__name__}: {exc}")
-                result, status = run.early("error", f"{type(exc).__name__}: {exc}")
-            return self._conclude(run, result, status)
+                try:
+                    result, status = self._before_start(run) or self._drive(run, goal_handle.request)
+                except Exception as exc:  # noqa: BLE001 - a goal always gets a result
+                    self._hold()
+                    self.get_logger().error(f"Act goal failed: {type(exc).__name__}: {exc}")
+                    result, status = run.early("error", f"{type(exc).__name__}: {exc}")
+                return self._conclude(run, result, status)
+            finally:
+                self._last_run, self._run = run, None
+                self._slot.release(run)
         finally:
-            self._last_run, self._run = run, None
-            self._busy.release()
+            with self._goals_lock:
+                self._goals.pop(id(goal_handle), None)
+
+    def _before_start(self, run: GoalRun):
+        """``(result, status)`` for a goal stopped before its run started (nothing was published,
+        nothing to hold), else None."""
+        if run.end_request is not None:
+            return run.early("interrupted", run.end_request[1])
+        if not self._active:   # accepted just before a deactivate / shutdown reached it
+            return run.early("interrupted", self._end_message or "the driver is not active")
+        if run.cancel_accepted and self._cancel_confirmed(run):
+            return run.early("interrupted", "cancelled before the run started", CANCELED)
+        return None
 
     def _conclude(self, run: GoalRun, result, status: str):
         """Episode end marker, the terminal status, the log line; returns the result."""
         if run.episode_started:  # capture: the end marker, with the result and the success label
             run.episode_started = False
             label = bool(run.task_done) if self._success_client is not None else None
-            self._episode_pub.publish(String(data=_capture.end_event(self, result, label)))
+            self._episode_pub.publish(String(data=_capture.end_event(result, label)))
         handle = run.handle
         if status == CANCELED and handle.is_cancel_requested:
             handle.canceled()
@@ -166,11 +189,9 @@ class GoalExecution:
         """Wait for sensors, run the policy, and turn the outcome into ``(result, status)``."""
         self.assembler.clear_faults()
         sensors_ok = self._wait_for_sensors(run)
-        if run.end_request is not None:
-            return run.early("interrupted", run.end_request[1])
-        if id(run.handle) in self._cancelled_goals and self._cancel_confirmed(run.handle):
-            # cancelled before the run started: nothing was published, nothing to hold
-            return run.early("interrupted", "cancelled before the run started", CANCELED)
+        early = self._before_start(run)
+        if early is not None:
+            return early
         if not sensors_ok:
             faults = self.assembler.faults
             if faults:
@@ -180,7 +201,8 @@ class GoalExecution:
         p = self._params
         self._gate.open(1.0 / self.control_rate_hz if self.control_rate_hz else None)
         until = (lambda: run.task_done) if self._success_client is not None else None
-        self._episode_pub.publish(String(data=_capture.start_event(self, goal)))
+        self._episode_pub.publish(String(data=_capture.start_event(
+            self, p, goal, getattr(run.handle, "goal_id", None), self.control_rate_hz)))
         run.episode_started = True
         self._arm_freshness(True)
         try:
@@ -189,7 +211,7 @@ class GoalExecution:
                 until=until, validate=self._validate, hold=self._hold, on_underrun=self._on_underrun,
                 prefetch=bool(p.prefetch), lookahead=int(p.lookahead), smooth_seam=int(p.smooth_seam),
                 on_chunk=self._on_chunk, params=json.loads(goal.params_json) if goal.params_json else None,
-                progress=False,
+                progress=False, stop=run.stop,
             )
         except Exception as exc:  # noqa: BLE001 - the core ran hold; the gateway may be gone
             self._hold()
@@ -202,34 +224,34 @@ class GoalExecution:
             # a normal ending lets its last queued row go out (an early one has latched already)
             self._gate.drain(timeout_s=self._gate.delay_s + (1.0 / (self.control_rate_hz or 15.0)) + 0.5)
         self._last_outcome = outcome
-        confirmed = outcome.reason == "interrupted" and run.end_request is None and \
-            self._cancel_confirmed(run.handle)
+        confirmed = outcome.reason == "interrupted" and run.end_request is None and self._cancel_confirmed(run)
         return run.finish(outcome, confirmed)
 
     def _wait_for_sensors(self, run: Optional[GoalRun] = None) -> bool:
         """Wait (up to ``sensor_wait_s``) for every stream; False on timeout, a fault, a cancel
-        or an end request (``run``'s)."""
+        or an end request (``run``'s: its stop ends the wait at once)."""
         deadline = time.monotonic() + float(self._params.sensor_wait_s)
         while not self.assembler.ready():
             if time.monotonic() > deadline or self.assembler.faults:
                 return False
-            if run is not None and (run.end_request is not None or id(run.handle) in self._cancelled_goals):
+            if run is None:
+                time.sleep(0.02)
+            elif run.stop.wait(0.02):
                 return False
-            time.sleep(0.02)
         return True
 
     def _end_run(self, why: str, message: str, timeout_s: float = 3.0) -> bool:
         """End the running goal (if any) for ``why``: it unwinds through the hold and gets its
-        result (aborted, ``message``). Returns True when no run is left after ``timeout_s`` (s)."""
+        result (aborted, ``message``); so does every goal accepted and not started yet. Returns
+        True when no run is left after ``timeout_s`` (s)."""
         self._end_message = message
-        run = self._run
-        if run is not None:
+        with self._goals_lock:
+            runs = list(self._goals.values())
+        for run in runs:
             run.request_end(why, message)
-        self._interrupt()
-        if not self._busy.acquire(timeout=timeout_s):
+        if not self._slot.wait_free(timeout_s):
             self.get_logger().error(f"the active run did not unwind within {timeout_s:g} s ({why})")
             return False
-        self._busy.release()
         return True
 
     # -- the callbacks handed to the core -------------------------------------------------
@@ -310,8 +332,7 @@ class GoalExecution:
         run = self._run
         if run is None or not run.episode_started or run.ending or self.assembler is None:
             return
-        if self._stale_camera(run) is not None:
-            self._interrupt()   # the core unwinds through the hold; the result says stale_camera
+        self._stale_camera(run)   # stops the run's token: the core holds; the result says stale_camera
 
     def _validate(self, action) -> bool:
         """Cameras fresh; sensors fresh and well-formed; action finite and inside the configured bounds."""
@@ -338,10 +359,6 @@ class GoalExecution:
 
     def _observe(self, run: GoalRun):
         """The observation for the next request; never raises for stale data (see the package docstring)."""
-        if run.ending or run.handle.is_cancel_requested:
-            # A cancel or an end request that arrived while the run was starting: the core clears
-            # its interrupt flag when a run starts, so deliver it again now, before any action.
-            self._interrupt()
         stale = self._stale_camera(run)
         if stale is not None:
             raise stale   # no request goes out on a frozen picture; the core holds

@@ -6,6 +6,10 @@ that goal alone, so the node holds no per-goal fields. The node's callbacks (the
 ``GoalRun``; when the run ends :meth:`GoalRun.finish` turns the core's ``RunOutcome`` into the
 ``Act`` result and the terminal status (succeed / abort / canceled).
 
+Each goal has its own ``sequence_ai.StopToken`` (``GoalRun.stop``), made when the goal is
+accepted, before its run starts, and handed to the core's ``act(stop=...)``: a cancel, a newer
+goal or the driver ending it stops that token, whenever it comes, and no other goal's.
+
 Endings that do not come from the core (a cancel before the run started, sensors never arrived,
 the driver deactivated or shutting down before the run started) use :meth:`GoalRun.early`.
 Every ending fills ``Act.Result`` -- the same fields as ``sequence_ai_msgs/msg/RunOutcome``.
@@ -17,9 +21,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Optional, Tuple
 
+from sequence_ai import StopToken
 from sequence_ai_msgs.action import Act
 
-__all__ = ["RunTrace", "GoalRun", "fill_result", "fill_seams", "SUCCEED", "ABORT", "CANCELED", "TYPED_ENDINGS"]
+__all__ = ["RunTrace", "GoalRun", "RunSlot", "fill_result", "fill_seams", "SUCCEED", "ABORT", "CANCELED",
+           "TYPED_ENDINGS"]
 
 SUCCEED, ABORT, CANCELED = "succeed", "abort", "canceled"
 #: Endings the driver itself decides and reports as the result's reason (aborted).
@@ -96,7 +102,9 @@ class GoalRun:
         status: ``starting`` (waiting for sensors / the first chunk) or ``running``.
         task_done: the success service said the task is done (``until``).
         end_request: ``(why, message)`` when something other than the client ended the run
-            (``preempted``, ``deactivated``, ``shutdown``); None otherwise.
+            (``preempted``, ``deactivated``, ``shutdown``, ``stale_camera``); None otherwise.
+        stop: this goal's ``StopToken``: stopped by :meth:`cancel` and :meth:`request_end`, never
+            cleared; the core's run of this goal watches it.
     """
 
     def __init__(self, handle, instruction: str, max_seconds: float) -> None:
@@ -113,18 +121,26 @@ class GoalRun:
         self.episode_started = False
         self.end_request: Optional[Tuple[str, str]] = None
         self.cancel_accepted = False     # this node's cancel callback accepted a cancel for it
+        self.stop = StopToken()
         self.ended = threading.Event()   # set once the result is final
 
     # -- asked to end ------------------------------------------------------------------------
     def request_end(self, why: str, message: str) -> None:
-        """Ask the run to end for ``why`` (kept: the first request wins) -- the caller interrupts."""
+        """End the run for ``why`` (the first request's reason and message are kept): stops its
+        token, so the run holds within one control period, or never starts."""
         if self.end_request is None:
             self.end_request = (why, message)
+        self.stop.stop()
+
+    def cancel(self) -> None:
+        """The client's cancel was accepted: stop the run (it holds; the result says canceled)."""
+        self.cancel_accepted = True
+        self.stop.stop()
 
     @property
     def ending(self) -> bool:
         """True once a cancel or an end request came in (a waiting run should give up)."""
-        return self.cancel_accepted or self.end_request is not None
+        return self.stop.stopped
 
     # -- feedback ----------------------------------------------------------------------------
     def feedback(self, instruction: str):
@@ -177,3 +193,60 @@ class GoalRun:
             result.message = str(getattr(outcome, "error", "") or self.stop_reason or "")
             return result, ABORT
         return result, SUCCEED
+
+
+class RunSlot:
+    """The driver's one run slot: one goal's run at a time (or the ready service's warm-up).
+
+    ``take(run, timeout_s)`` waits until the slot is free and holds it for ``run`` (True), or
+    gives up at once when ``run`` is stopped first, or after ``timeout_s`` (s) (False): a goal
+    preempted or cancelled while it waits for the one before never runs. Thread-safe; waits
+    are woken by ``release`` and by the waiting run's stop, never polled.
+    """
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._holder = None
+
+    @property
+    def busy(self) -> bool:
+        """True while something holds the slot."""
+        return self._holder is not None
+
+    def take(self, run: GoalRun, timeout_s: float) -> bool:
+        """Wait up to ``timeout_s`` (s) for the slot and hold it for ``run``: True; False when
+        ``run`` was stopped first (at once) or the time ran out."""
+        unwatch = run.stop.watch(self._wake)
+        try:
+            with self._cond:
+                self._cond.wait_for(lambda: run.ending or self._holder is None, timeout_s)
+                if self._holder is None and not run.ending:
+                    self._holder = run
+                    return True
+                return False
+        finally:
+            unwatch()
+
+    def try_take(self, owner) -> bool:
+        """Hold the slot for ``owner`` if it is free now; never waits."""
+        with self._cond:
+            if self._holder is not None:
+                return False
+            self._holder = owner
+            return True
+
+    def release(self, owner) -> None:
+        """Free the slot if ``owner`` holds it, and wake the waiters."""
+        with self._cond:
+            if self._holder is owner:
+                self._holder = None
+                self._cond.notify_all()
+
+    def wait_free(self, timeout_s: float) -> bool:
+        """Wait up to ``timeout_s`` (s) for the slot to be free; True when it is."""
+        with self._cond:
+            return self._cond.wait_for(lambda: self._holder is None, timeout_s)
+
+    def _wake(self) -> None:
+        with self._cond:
+            self._cond.notify_all()

@@ -55,6 +55,7 @@ from ..observation import JOINT_STREAM, ObservationAssembler, StreamRule
 from . import params as _params
 from .execution import GoalExecution
 from .gate import CommandGate
+from .goal import RunSlot
 from .outputs import CommandOutputs
 
 __all__ = ["PolicyDriver", "ConfigureError"]
@@ -107,8 +108,9 @@ class PolicyDriver(GoalExecution, LifecycleNodeMixin, Node):
         self._end_message: Optional[str] = None
         self._config_error: Optional[Exception] = None
         self._diag = (DiagnosticStatus.WARN, "unconfigured")
-        self._busy = threading.Lock()
-        self._cancelled_goals: set = set()
+        self._slot = RunSlot()                       # one run at a time (GoalExecution)
+        self._goals: dict = {}                       # accepted goals not concluded yet (GoalExecution)
+        self._goals_lock = threading.Lock()
         self._run = self._last_run = None
         self._last_outcome = None
         self._observed_at: Optional[float] = None
@@ -134,7 +136,7 @@ class PolicyDriver(GoalExecution, LifecycleNodeMixin, Node):
         self.create_service(Trigger, "~/wait_until_ready", self._on_wait_until_ready, callback_group=ready)
         self._action_server = ActionServer(
             self, Act, "~/act", execute_callback=self._execute, goal_callback=self._on_goal,
-            cancel_callback=self._on_cancel, callback_group=act)
+            handle_accepted_callback=self._on_accepted, cancel_callback=self._on_cancel, callback_group=act)
         self.blocking_callback_groups += [ready, act]   # a cold start's wait; the goal's run
 
     def _autostart(self) -> None:
@@ -146,11 +148,6 @@ class PolicyDriver(GoalExecution, LifecycleNodeMixin, Node):
                                     f"`ros2 lifecycle set {self.get_fully_qualified_name()} configure`")
             return
         self.trigger_activate()
-
-    @property
-    def _p(self) -> _params.Params:
-        """The current parameters (frozen; replaced as a whole when a change is applied)."""
-        return self._params
 
     def _lifecycle_label(self) -> str:
         return self._state_machine.current_state[1]
@@ -425,7 +422,7 @@ class PolicyDriver(GoalExecution, LifecycleNodeMixin, Node):
         if self.policy is None:
             response.success, response.message = False, f"not configured (lifecycle state {self._lifecycle_label()})"
             return response
-        if not self._busy.acquire(blocking=False):
+        if not self._slot.try_take(request):
             response.success, response.message = True, "a run is active: the policy is serving"
             return response
         try:
@@ -434,7 +431,7 @@ class PolicyDriver(GoalExecution, LifecycleNodeMixin, Node):
         except Exception as exc:  # noqa: BLE001 - reported to the caller, never raised into rclpy
             response.success, response.message = False, f"{type(exc).__name__}: {exc}"
         finally:
-            self._busy.release()
+            self._slot.release(request)
         return response
 
     # -- diagnostics --------------------------------------------------------------------------
