@@ -18,6 +18,7 @@ from fastapi.responses import Response as RawResponse
 from sequence_ai_server.common.body_limit import CloseUnread
 from sequence_ai_server.common.config import ServerConfig
 from sequence_ai_server.common.errors import install_error_handlers
+from sequence_ai_server.gateway.controller import MAX_BODY_BYTES, Gateway
 from sequence_ai_server.gateway.metrics import CONTENT_TYPE_LATEST, GatewayMetrics
 from sequence_ai_server.gateway.middleware import BodyLimit, CredentialsFirst, install_request_log
 from sequence_ai_server.gateway.routes import (account, act_proxy, adapters, auth_for, capture, deployments, keys, models, operations,
@@ -31,7 +32,7 @@ log = logging.getLogger("sequence_ai_server.gateway")
 TICK_S = 0.1     # the control tick's period (s)
 
 
-async def _control_loop(gw: Any) -> None:
+async def _control_loop(gw: Gateway) -> None:
     """``gw.tick(now)`` every TICK_S, forever (cancel to stop), on a worker thread; a failed tick
     is logged, not fatal."""
     while True:
@@ -42,7 +43,7 @@ async def _control_loop(gw: Any) -> None:
         await asyncio.sleep(TICK_S)
 
 
-def _lifespan(gw: Any, proxy: httpx.AsyncClient) -> Any:
+def _lifespan(gw: Gateway, proxy: httpx.AsyncClient) -> Any:
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
         tasks = [asyncio.create_task(_control_loop(gw))]
@@ -63,7 +64,6 @@ def _lifespan(gw: Any, proxy: httpx.AsyncClient) -> Any:
 def create_app(data_dir: Optional[Path] = None, config: Optional[ServerConfig] = None) -> FastAPI:
     """The gateway's app over a new Gateway (``config``: default ``ServerConfig.from_env(data_dir)``;
     ``data_dir`` overrides its data dir). Raises DataDirInUse as Gateway does."""
-    from sequence_ai_server.gateway.controller import MAX_BODY_BYTES, Gateway
     gw = Gateway(data_dir, config)
     dep, ses = gw.deployments, gw.sessions
     proxy = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=5.0))

@@ -139,11 +139,12 @@ class SessionService:
         return out
 
     # -- connect
-    def ready_or_warming(self, model: str) -> DeploymentRow:
-        """The deployment row once its worker serves; starts a stopped one. Raises ApiError
-        not_found, deployment_stopped, worker_failed (last start failed), gpu_limit_reached (a
-        start would pass $SEQ_MAX_GPUS), or warming (503 + Retry-After in s, estimated from the
-        last measured load, else 30 s)."""
+    def ready_or_warming(self, model: str, key: Optional[KeyRecord] = None, quota: bool = False) -> DeploymentRow:
+        """The deployment row once its worker serves; starts a stopped one (with ``quota``, checking
+        the limits of the account and of ``key`` with the start, as one step: two connects at a
+        limit start one worker). Raises ApiError not_found, deployment_stopped, worker_failed (last start
+        failed), gpu_limit_reached (a start would pass $SEQ_MAX_GPUS), quota_exceeded, or warming
+        (503 + Retry-After in s, estimated from the last measured load, else 30 s)."""
         row = self.store.require(model)
         row.refuse_if_stopped()
         self.supervisor.poll(model)
@@ -153,7 +154,10 @@ class SessionService:
                            details=row.details, hint=f"fix the policy, then `seq deploy {row.file} --name {model}`; "
                                                      f"the log is {self.data_dir / 'logs' / (model + '.log')}")
         if row.status in ("stopped", "failed"):
-            self.supervisor.start_serving(model, max_workers=self.max_gpus)
+            key_id = key.id if key else None
+            admit = (lambda running: self.ops.check_quota(key_id, model, "connect", running, starts_worker=True)) \
+                if quota else None
+            self.supervisor.start_serving(model, max_workers=self.max_gpus, admit=admit)
             row = self.store.require(model)
         now = self.clock()
         self.supervisor.touch(model, now)
@@ -199,7 +203,7 @@ class SessionService:
                 return side
         self.ops.check_quota(key.id if key else None, req.model, "connect", self.supervisor.running(),
                              starts_worker=not self.supervisor.busy(req.model))   # limits per account / key (quotas.py)
-        row = self.ready_or_warming(req.model)
+        row = self.ready_or_warming(req.model, key, quota=True)
         spec = row.spec if row.spec is not None else {"contract": {"action": None, "observation": None}, "params": []}
         sess = self._new(req, key, row)
         with self._lock:

@@ -8,6 +8,7 @@ floors), and tells the services above it what happened through events (events.py
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import secrets
@@ -53,7 +54,7 @@ class Supervisor:
         self.activity: dict[str, float] = {}         # worker key -> last connect / renew (unix s)
         self.cold_starts = 0
         self.gateway_url: Optional[str] = None       # workers fetch declared secrets from here
-        self._starting: dict[str, float] = {}        # keys reserved while their process starts
+        self._starting: dict[str, Running] = {}      # keys reserved while their process starts
         self._saved: Optional[str] = None
         self._lock = threading.RLock()
         self._depth = threading.local()
@@ -90,7 +91,6 @@ class Supervisor:
         """Record the running workers in the ``workers`` table when they changed (Ray workers are not recorded)."""
         if not self.launcher.adopts:
             return
-        import json
         with self._locked():
             records = [worker_record(k, w) for k, w in self.workers.items()]
             records += [worker_record(f"{w.name}.retiring.{w.proc.pid}", w) for w in self.retiring]
@@ -156,23 +156,26 @@ class Supervisor:
             env=env, resources=resources, image=self.image_of(file), adoptable=self.launcher.adopts)
 
     def image_of(self, file: str) -> Optional[dict]:
-        """The policy's ``image=`` spec dict (envs.py reads it without importing), or None; at
-        deploy, ``check=True`` refuses one the launcher cannot build. Raises ApiError for a
-        declaration the gateway cannot read or build."""
+        """The policy's ``image=`` spec dict (envs.py reads it without importing), or None. Raises
+        ApiError for a declaration the gateway cannot read."""
         from sequence_ai_server.launchers.envs import image_from_source
         return image_from_source(file)
 
     def _start(self, key: str, role: Role, name: str, file: str, class_name: Optional[str], version: int,
                source: Path, reserve: Callable[[WorkerLaunchSpec], Callable[[], None]],
-               max_workers: Optional[int] = None) -> Optional[WorkerRecord]:
+               max_workers: Optional[int] = None,
+               admit: Optional[Callable[[list[Running]], None]] = None) -> Optional[WorkerRecord]:
         """Start ``name``'s worker under ``key``. Under the lock: refuse past ``max_workers``
-        (gpu_limit_reached), reserve the key and call ``reserve(spec)`` (which records the start
-        and returns how to undo it); then the process starts with no lock held; then it is
+        (gpu_limit_reached), ask ``admit(running)`` (the running and starting workers; it raises
+        to refuse, e.g. a quota), reserve the key and call ``reserve(spec)`` (which records the
+        start and returns how to undo it); then the process starts with no lock held; then it is
         recorded. None when ``key`` already runs or starts. Raises ApiError when the launcher
         refuses the spec (the reservation is undone)."""
         with self._locked():
             if key in self.workers or key in self._starting:
                 return None
+            if admit is not None:
+                admit(self.running() + list(self._starting.values()))
             if max_workers is not None:
                 n = sum(1 for w in self.workers.values() if w.role is not Role.BUILD) + len(self._starting)
                 if n >= max_workers:
@@ -180,7 +183,7 @@ class Supervisor:
                                    f"(SEQ_MAX_GPUS); {name!r} cannot start", details={"max_gpus": max_workers},
                                    hint="stop a deployment (`seq policy stop NAME`) or raise SEQ_MAX_GPUS")
             spec = self.launch_spec(name, role, file, class_name, version, source)
-            self._starting[key] = self.clock()
+            self._starting[key] = Running(name, role.value, (spec.resources or {}).get("gpu"))
             undo = reserve(spec)
         try:
             if spec.adoptable:      # a local worker outlives a gateway crash; a restarted gateway adopts it
@@ -209,10 +212,12 @@ class Supervisor:
             self.save_workers()
         return w
 
-    def start_serving(self, name: str, max_workers: Optional[int] = None) -> bool:
+    def start_serving(self, name: str, max_workers: Optional[int] = None,
+                      admit: Optional[Callable[[list[Running]], None]] = None) -> bool:
         """Start the serving worker of ``name``'s serving version (its row: starting, a new epoch
         and secret). False when one runs or starts already. Raises ApiError gpu_limit_reached
-        past ``max_workers``, or the launcher's refusal."""
+        past ``max_workers``, what ``admit(running)`` raises (checked with the start, as one
+        step), or the launcher's refusal."""
         row = self.store.get(name)
         kept = {v.version: v for v in self.store.versions(name)}
         source = Path(kept[row.version].source_file) if row.version in kept else Path(row.file)
@@ -226,7 +231,7 @@ class Supervisor:
                                              worker_port=row.worker_port, secret=row.secret, epoch=row.epoch,
                                              error=row.error, details=row.details, started_at=row.started_at,
                                              ready_at=row.ready_at)
-        w = self._start(name, Role.SERVING, name, row.file, row.class_name, row.version, source, reserve, max_workers)
+        w = self._start(name, Role.SERVING, name, row.file, row.class_name, row.version, source, reserve, max_workers, admit)
         if w is None:
             return False
         with self._locked():

@@ -31,6 +31,8 @@ import re
 import threading
 from typing import TYPE_CHECKING, Any, Optional
 
+from sequence_ai_server.common.errors import ApiError
+
 if TYPE_CHECKING:
     from sequence_ai_server.gateway.keys import KeyRecord, KeyStore
     from sequence_ai_server.gateway.schemas import TrafficUpdate
@@ -223,7 +225,6 @@ class TrafficService:
 
     def _policy_after(self, name: str, row: "DeploymentRow", upd: "TrafficUpdate") -> dict:
         """``row``'s traffic policy with ``upd`` applied (nothing stored). Raises ApiError."""
-        from sequence_ai_server.common.errors import ApiError
         pol = row.traffic
         usable = self.usable_versions(name, row)
         hint_versions = f"`seq policy versions {name}` lists them; serving or kept: " + \
@@ -268,7 +269,6 @@ class TrafficService:
         bound to ``name``. Workers for the named versions start at once while the deployment runs.
         Raises ApiError invalid_request (bad split, several actions, unbound key), not_found
         (version, key) or gpu_limit_reached (those workers would pass $SEQ_MAX_GPUS; nothing is changed)."""
-        from sequence_ai_server.common.errors import ApiError
         from sequence_ai_server.gateway.worker_record import Role, worker_key
         chosen = [upd.split is not None, upd.pin is not None, upd.unpin is not None, upd.clear]
         if sum(chosen) != 1:
