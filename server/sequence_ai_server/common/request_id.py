@@ -53,10 +53,12 @@ class RequestIdLayer:
         REQUEST_ID.set(rid)
         if self.echo:
             send = _Echo(send, rid.encode("latin-1"))
+        if self.on_answer is None:
+            await self.app(scope, receive, send)
+            return
         watch = ResponseStatus(send)
         await self.app(scope, receive, watch)
-        if self.on_answer is not None:
-            self.on_answer(scope, watch.status, started)
+        self.on_answer(scope, watch.status, started)
 
 
 class _Echo:

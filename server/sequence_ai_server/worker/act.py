@@ -34,7 +34,7 @@ from pydantic import BaseModel
 
 from sequence_ai_core.protocol import MAX_BODY_BYTES
 
-from sequence_ai_server.common.body_limit import check_size
+from sequence_ai_server.common.body_limit import too_large
 from sequence_ai_server.common.credentials import bearer_token
 from sequence_ai_server.common.errors import ApiError, internal_error, new_request_id
 from sequence_ai_server.common.json_guard import check_strings
@@ -104,7 +104,6 @@ class WorkerState:
                            details={"phase": self.phase, "job_id": self.job_id},
                            hint="retry after Retry-After seconds; the worker answers as soon as load() returns")
         return host
-
 
 
 # ---------------------------------------------------------------- credentials
@@ -224,13 +223,17 @@ class ActPipeline:
 
     # -- the checks (module docstring, steps 1-3)
     def check_token(self, token: str) -> None:
-        """Step 1: 401 unless ``token`` is a valid direct secret now (expiry, revocation)."""
-        check_token(self.auth, token)
+        """Step 1: 401 unless ``token`` is a valid direct secret now (expiry, revocation); the
+        same check as :func:`check_token`, on every message of an open websocket."""
+        if not token:
+            raise missing_credentials()
+        self.auth.check(token)
 
     def check_body(self, body: Any, content_type: str, **wording: Any) -> bytes:
         """Steps 2 and 3 on one message's ``body`` (bytes or a memoryview) -> it as bytes.
         ``wording``: ``body_limit.too_large``'s keywords (``what``, ``hint``) for the 413."""
-        check_size(len(body), self.max_body_bytes, **wording)
+        if len(body) > self.max_body_bytes:
+            raise too_large(self.max_body_bytes, len(body), **wording)
         raw = bytes(body)
         check_strings(raw, content_type)
         return raw
