@@ -279,13 +279,19 @@ async def go():
     await wire.aclose()
     print("OK", wire.transports.opens, len(pred.action_chunk))
 asyncio.run(go())
+loop = asyncio.new_event_loop()       # the sync face's path: HTTP on its loop, request after request
+link = WorkerLink("http://127.0.0.1:9", "unused", "w", body_format="binary")
+link.session = Session(session_id=None, worker_url=sys.argv[1], direct_secret=sys.argv[2])
+a, b = (link.act_blocking(observation().to_wire(), loop.run_until_complete) for _ in range(2))
+loop.run_until_complete(link.aclose_http())
+print("SYNC", link.transports.opens, b.action_chunk.actions[0][0] - a.action_chunk.actions[0][0])
 """
 
 
 def test_without_websockets_the_wire_falls_back_to_http(worker):
     done = subprocess.run([sys.executable, "-c", _NO_WEBSOCKETS, worker.url, worker.secret], capture_output=True,
                           text=True, timeout=120, env=_env({"PYTHONPATH": f"{ROOT / 'test'}:{ROOT}"}), cwd=ROOT)
-    assert done.stdout.strip() == "OK 0 10", done.stderr[-2000:]
+    assert done.stdout.split("\n")[:2] == ["OK 0 10", "SYNC 0 1.0"], done.stdout + done.stderr[-2000:]
 
 
 def test_a_worker_without_the_channel_is_reached_over_http(worker):
