@@ -164,6 +164,7 @@ def throughput(w: Worker, robots: int, seconds: float) -> tuple[float, float]:
                 sizes.append(r.json()["batch_size"])
     threads = [threading.Thread(target=robot, args=(i,)) for i in range(robots)]
     [t.start() for t in threads]
+    stop[0] = time.monotonic() + 60.0          # set before the robots are let go (they read it at once)
     barrier.wait()
     t0 = time.monotonic()
     stop[0] = t0 + seconds
