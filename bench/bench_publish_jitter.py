@@ -131,7 +131,7 @@ def run_case(gw, hz: float, seconds: float, loaded: bool, warmup_s: float, extra
         res = Goal(client, max_seconds=seconds).wait_result(timeout=seconds + 30).result
         floor_err = floor_errors(floor, hz)
         t = np.array([c[0] for c in driver.trace.commands])
-        late = int(driver._last_outcome.late_ticks) if driver._last_outcome is not None else 0
+        late = int(driver.goals.last_outcome.late_ticks) if driver.goals.last_outcome is not None else 0
         regrids = int(driver._gate.regrids)
     finally:
         if busy is not None:

@@ -333,7 +333,7 @@ def _wait_ready(client_node, driver, sim_proc: subprocess.Popen, out_dir: Path):
                                f"see {out_dir / 'sim_robot.log'}")
         if time.monotonic() > deadline:
             raise RuntimeError(f"sim_robot did not come up within 120 s; see {out_dir / 'sim_robot.log'}")
-    if not driver._wait_for_sensors():
+    if not driver.goals.wait_for_sensors():
         raise RuntimeError(f"no camera/joint data from sim_robot; see {out_dir / 'sim_robot.log'}")
     return act_client, check
 

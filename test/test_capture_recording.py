@@ -76,7 +76,7 @@ class Cell:
         self.label = self.client.create_client(LabelEpisode, "episode_recorder/label_episode")
         assert self.act.wait_for_server(timeout_sec=30.0)
         assert self.check.wait_for_service(timeout_sec=120.0), "sim_robot did not come up"
-        assert self.driver._wait_for_sensors(), "no sensor data from sim_robot"
+        assert self.driver.goals.wait_for_sensors(), "no sensor data from sim_robot"
         # what the recorder's own callbacks received, by stream, with each message's header stamp:
         # the oracle of what the export must put in each frame (the sample in force by sensor time)
         self.received = {}    # view or "joints" -> [(header stamp ns, message)]

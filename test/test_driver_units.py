@@ -146,14 +146,17 @@ class _GoalHandle:
         self.executed = True
 
 
-class _Goals(GoalExecution):
-    """GoalExecution's acceptance / cancel / end bookkeeping, without a node."""
+class _Node:
+    """What GoalExecution's acceptance, cancel and end bookkeeping read of the node."""
 
     def __init__(self) -> None:
-        self._goals, self._goals_lock = {}, threading.Lock()
-        self._slot = RunSlot()
         self._active, self._end_message = True, None
         self._params = defaults()
+
+
+class _Goals(GoalExecution):
+    def __init__(self) -> None:
+        super().__init__(_Node())
 
     def run_of(self, handle) -> GoalRun:
         return self._goals[id(handle)]
@@ -162,10 +165,10 @@ class _Goals(GoalExecution):
 def test_each_goal_gets_its_own_stop_token_at_acceptance_and_the_newest_preempts_the_older():
     goals = _Goals()
     first, second = _GoalHandle("first"), _GoalHandle("second")
-    goals._on_accepted(first)
+    goals.on_accepted(first)
     one = goals.run_of(first)
     assert first.executed and not one.stop.stopped
-    goals._on_accepted(second)
+    goals.on_accepted(second)
     two = goals.run_of(second)
     assert one.stop.stopped and one.end_request == ("preempted", "preempted by a new goal")
     assert second.executed and not two.stop.stopped and two.end_request is None
@@ -174,16 +177,16 @@ def test_each_goal_gets_its_own_stop_token_at_acceptance_and_the_newest_preempts
 def test_a_cancel_stops_only_its_own_goal_and_a_late_one_reaches_no_later_goal():
     goals = _Goals()
     first = _GoalHandle("first")
-    goals._on_cancel(first)                    # the cancel overtook the accepted callback
-    goals._on_accepted(first)
+    goals.on_cancel(first)                    # the cancel overtook the accepted callback
+    goals.on_accepted(first)
     one = goals.run_of(first)
     assert one.cancel_accepted and one.stop.stopped
     first.is_active = False                    # it ended
     goals._goals.pop(id(first))
-    goals._on_cancel(first)                    # a cancel that lands after the end: nothing to stop
+    goals.on_cancel(first)                    # a cancel that lands after the end: nothing to stop
     assert id(first) not in goals._goals
     second = _GoalHandle("second")
-    goals._on_accepted(second)
+    goals.on_accepted(second)
     two = goals.run_of(second)
     assert not two.stop.stopped and not two.ending
 
@@ -193,11 +196,11 @@ def test_the_drivers_end_stops_every_accepted_goal_and_one_accepted_while_inacti
     handles = [_GoalHandle("a"), _GoalHandle("b")]
     for h in handles:
         goals._goals[id(h)] = GoalRun(h, h.request.instruction, 2.0)   # accepted, not started
-    assert goals._end_run("deactivated", "driver deactivated", timeout_s=1.0)
+    assert goals.end_run("deactivated", "driver deactivated", timeout_s=1.0)
     assert all(goals.run_of(h).end_request == ("deactivated", "driver deactivated") for h in handles)
-    goals._active = False
+    goals.node._active = False
     late = _GoalHandle("late")
-    goals._on_accepted(late)
+    goals.on_accepted(late)
     assert goals.run_of(late).stop.stopped and goals.run_of(late).end_request[0] == "inactive"
 
 

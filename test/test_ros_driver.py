@@ -401,7 +401,7 @@ def test_a_cancel_that_lands_as_the_run_starts_stops_it_before_any_action(ros, e
     def act_after_a_cancel(*args, **kwargs):
         wait(lambda: "goal" in box, 20.0, "the goal handle")
         box["goal"].handle.cancel_goal_async()
-        wait(lambda: driver._run.cancel_accepted, 10.0, "the cancel at the driver")
+        wait(lambda: driver.goals.run.cancel_accepted, 10.0, "the cancel at the driver")
         landed.set()
         return real_act(*args, **kwargs)
 
@@ -421,7 +421,7 @@ def test_a_goal_preempted_before_its_run_started_ends_at_once_and_never_moves_th
     older one even while that one is still starting (here: held in its sensor wait), and the
     older one ends aborted without a command; the newer one runs."""
     robot, driver, client, _ = setup_driver(ros, echo_server)
-    real_wait, starting = driver._wait_for_sensors, threading.Event()
+    real_wait, starting = driver.goals.wait_for_sensors, threading.Event()
 
     def held_sensor_wait(run=None):
         if run is not None and run.instruction == "the first":
@@ -429,7 +429,7 @@ def test_a_goal_preempted_before_its_run_started_ends_at_once_and_never_moves_th
             assert run.stop.wait(20.0)                    # released by the preemption alone
         return real_wait(run)
 
-    driver._wait_for_sensors = held_sensor_wait
+    driver.goals.wait_for_sensors = held_sensor_wait
     first = Goal(client, instruction="the first", max_seconds=20.0)
     assert starting.wait(20.0)
     second = Goal(client, instruction="the second", max_seconds=1.0)
@@ -630,13 +630,13 @@ def test_the_success_poll_waits_until_the_run_has_pinned_its_instruction(ros, ec
     node.create_service(CheckSuccess, "check_success", answer)
     wait(driver._success_client.service_is_ready, 20.0, "the success service")
     assert driver.policy.instruction is None
-    driver._run = GoalRun(None, "put the red cube on the green pad", 1.0)   # accepted, not yet running
+    driver.goals.run = GoalRun(None, "put the red cube on the green pad", 1.0)   # accepted, not yet running
     try:
-        driver._poll_success()
-        assert driver._success_call is None
+        driver.goals.poll_success()
+        assert driver.goals._success_call is None
         driver.policy.set_instruction("put the red cube on the green pad")
-        driver._poll_success()
+        driver.goals.poll_success()
         wait(lambda: asked, 20.0, "the success request")
     finally:
-        driver._run = None
+        driver.goals.run = None
     assert asked == ["put the red cube on the green pad"]

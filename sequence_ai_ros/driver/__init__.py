@@ -5,7 +5,8 @@
 * :mod:`.gate` -- ``CommandGate``: the one pacing path and the hold latch (no rclpy);
 * :mod:`.outputs` -- action rows -> command messages (``joint_commands``, ros2_control's
   forward_command_controller and joint_trajectory_controller, the gripper's own output);
-* :mod:`.goal` -- ``GoalRun``: one Act goal's trace, counters and result;
-* :mod:`.execution` -- the Act action (accept, run, cancel, preempt, every ending's result);
+* :mod:`.goal` -- ``GoalRun``: one Act goal's stop token, trace, counters and result; ``RunSlot``;
+* :mod:`.execution` -- ``GoalExecution``, held by the node: the Act action (accept, run, cancel,
+  preempt, every ending's result);
 * :mod:`.node` -- ``PolicyDriver``, the lifecycle node that wires them.
 """

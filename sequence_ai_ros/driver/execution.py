@@ -1,8 +1,8 @@
 """The ``Act`` action of the policy driver: accepting goals, running one, and its result.
 
-A mixin of :class:`~sequence_ai_ros.driver.node.PolicyDriver` (it uses the node's gate, outputs,
-assembler and policy, which exist while the node is configured). Every goal ends with a result
-and a terminal status, whatever ends it:
+:class:`GoalExecution` is held by :class:`~sequence_ai_ros.driver.node.PolicyDriver` (``goals``); it
+uses the node's gate, outputs, assembler and policy, which exist while the node is configured.
+Every goal ends with a result and a terminal status, whatever ends it:
 
 * the run's own end (``completed`` / ``until`` / ``timeout``: succeeded; ``validate`` / ``error``:
   aborted, ``message`` naming the stream, bound or error);
@@ -39,39 +39,59 @@ from sequence_ai_msgs.srv import CheckSuccess
 
 from ..bag import events as _capture
 from ..observation import SensorError, StaleCameraError
-from .goal import CANCELED, SUCCEED, GoalRun, RunTrace
+from .goal import CANCELED, SUCCEED, GoalRun, RunSlot, RunTrace
 
 PREEMPT_WAIT_S = 10.0
 """How long a new goal waits for the goal it preempted to unwind (s); then it aborts."""
 
 
 class GoalExecution:
-    """The Act action server's callbacks and the callbacks handed to the core, for one node."""
+    """The Act action server's callbacks and the callbacks handed to the core, for one node.
 
-    _run: Optional[GoalRun]
-    _last_run: Optional[GoalRun]
-    _goals: Dict[int, GoalRun]          # accepted and not yet concluded, by id(goal handle)
-    _goals_lock: threading.Lock
+    Held by the node (``PolicyDriver.goals``); it owns everything about goals (the accepted
+    ones, the run slot, the running and the last run, their timings) and reads the node's
+    configured parts (``policy``, ``assembler``, the gate, the outputs, the parameters, the
+    publishers) through ``node``, which owns their lifecycle.
 
-    # -- what tests and the demo read --------------------------------------------------------
+    Args:
+        node: the PolicyDriver.
+    Attributes:
+        run: the running goal's GoalRun, else None; ``last_run``: the last one to end.
+        last_outcome: the core's RunOutcome of the last run that reached the core, else None.
+        obs_to_chunk_s: seconds from the last observation to its chunk's arrival (s), else None.
+        slot: the RunSlot (one run at a time; the ready service holds it while it warms up).
+    """
+
+    def __init__(self, node) -> None:
+        self.node = node
+        self.slot = RunSlot()
+        self.run: Optional[GoalRun] = None
+        self.last_run: Optional[GoalRun] = None
+        self.last_outcome = None
+        self.obs_to_chunk_s: Optional[float] = None
+        self._goals: Dict[int, GoalRun] = {}        # accepted and not yet concluded, by id(goal handle)
+        self._goals_lock = threading.Lock()
+        self._observed_at: Optional[float] = None
+        self._success_call = None
+
     @property
     def trace(self) -> RunTrace:
         """The trace of the running goal, else of the last one (empty before any)."""
-        run = self._run or self._last_run
+        run = self.run or self.last_run
         return run.trace if run is not None else RunTrace()
 
     # -- goal / cancel callbacks -------------------------------------------------------------
-    def _on_goal(self, goal_request) -> GoalResponse:
+    def on_goal(self, goal_request) -> GoalResponse:
         why = self._goal_refusal(goal_request)
         if why is not None:
-            self.get_logger().warning(f"rejected Act goal: {why}")
+            self.node.get_logger().warning(f"rejected Act goal: {why}")
             return GoalResponse.REJECT
         return GoalResponse.ACCEPT
 
     def _goal_refusal(self, goal_request) -> Optional[str]:
-        if not self._active:
-            return f"the driver is not active (lifecycle state {self._lifecycle_label()})"
-        if self._slot.busy and self._params.goal_policy == "reject":
+        if not self.node._active:
+            return f"the driver is not active (lifecycle state {self.node._lifecycle_label()})"
+        if self.slot.busy and self.node._params.goal_policy == "reject":
             return "a run is already active (goal_policy=reject)"
         if not goal_request.instruction.strip():
             return "empty instruction"
@@ -92,25 +112,25 @@ class GoalExecution:
             run = self._goals.get(id(goal_handle))
             if run is None:
                 goal = goal_handle.request
-                max_s = goal.max_seconds if goal.max_seconds > 0 else float(self._params.default_max_seconds)
+                max_s = goal.max_seconds if goal.max_seconds > 0 else float(self.node._params.default_max_seconds)
                 run = self._goals[id(goal_handle)] = GoalRun(goal_handle, goal.instruction, max_s)
             return run
 
-    def _on_accepted(self, goal_handle) -> None:
+    def on_accepted(self, goal_handle) -> None:
         """Handle-accepted callback: preempt every older goal (it holds, then aborts), then execute."""
         run = self._goal_run(goal_handle)
         with self._goals_lock:
             for key in [k for k, r in self._goals.items() if not r.handle.is_active]:
                 del self._goals[key]   # a cancel that came after its goal had ended left it here
             older = [r for r in self._goals.values() if r is not run]
-            active = self._active
+            active = self.node._active
         for other in older:
             other.request_end("preempted", "preempted by a new goal")
         if not active:   # a deactivate / shutdown came between the goal callback and now
-            run.request_end("inactive", self._end_message or "the driver is not active")
+            run.request_end("inactive", self.node._end_message or "the driver is not active")
         goal_handle.execute()
 
-    def _on_cancel(self, goal_handle) -> CancelResponse:
+    def on_cancel(self, goal_handle) -> CancelResponse:
         # Noted on the run before rclpy moves the goal to CANCELING (after this returns): the run
         # can end (interrupted) first, and its result must still say canceled.
         if goal_handle.is_active:
@@ -129,29 +149,29 @@ class GoalExecution:
         return handle.is_cancel_requested
 
     # -- one goal ----------------------------------------------------------------------------
-    def _execute(self, goal_handle):
+    def execute(self, goal_handle):
         """The action's execute callback: run the goal, then give it its result and status.
 
         The run slot is taken once the goal this one preempted has unwound (its token was
         stopped at acceptance); a goal stopped meanwhile ends without running."""
         run = self._goal_run(goal_handle)
         try:
-            if not self._slot.take(run, PREEMPT_WAIT_S):
+            if not self.slot.take(run, PREEMPT_WAIT_S):
                 result, status = self._before_start(run) or run.early(
                     "error", f"could not preempt the running goal within {PREEMPT_WAIT_S:g} s")
                 return self._conclude(run, result, status)
-            self._run = run
+            self.run = run
             try:
                 try:
                     result, status = self._before_start(run) or self._drive(run, goal_handle.request)
                 except Exception as exc:  # noqa: BLE001 - a goal always gets a result
                     self._hold()
-                    self.get_logger().error(f"Act goal failed: {type(exc).__name__}: {exc}")
+                    self.node.get_logger().error(f"Act goal failed: {type(exc).__name__}: {exc}")
                     result, status = run.early("error", f"{type(exc).__name__}: {exc}")
                 return self._conclude(run, result, status)
             finally:
-                self._last_run, self._run = run, None
-                self._slot.release(run)
+                self.last_run, self.run = run, None
+                self.slot.release(run)
         finally:
             with self._goals_lock:
                 self._goals.pop(id(goal_handle), None)
@@ -161,8 +181,8 @@ class GoalExecution:
         nothing to hold), else None."""
         if run.end_request is not None:
             return run.early("interrupted", run.end_request[1])
-        if not self._active:   # accepted just before a deactivate / shutdown reached it
-            return run.early("interrupted", self._end_message or "the driver is not active")
+        if not self.node._active:   # accepted just before a deactivate / shutdown reached it
+            return run.early("interrupted", self.node._end_message or "the driver is not active")
         if run.cancel_accepted and self._cancel_confirmed(run):
             return run.early("interrupted", "cancelled before the run started", CANCELED)
         return None
@@ -171,8 +191,8 @@ class GoalExecution:
         """Episode end marker, the terminal status, the log line; returns the result."""
         if run.episode_started:  # capture: the end marker, with the result and the success label
             run.episode_started = False
-            label = bool(run.task_done) if self._success_client is not None else None
-            self._episode_pub.publish(String(data=_capture.end_event(result, label)))
+            label = bool(run.task_done) if self.node._success_client is not None else None
+            self.node._episode_pub.publish(String(data=_capture.end_event(result, label)))
         handle = run.handle
         if status == CANCELED and handle.is_cancel_requested:
             handle.canceled()
@@ -181,32 +201,32 @@ class GoalExecution:
         else:
             handle.abort()
         run.ended.set()
-        self.get_logger().info(f"Act '{run.instruction}': {result.reason}, {result.actions} actions, "
+        self.node.get_logger().info(f"Act '{run.instruction}': {result.reason}, {result.actions} actions, "
                                f"{result.seconds:.1f} s" + (f" ({result.message})" if result.message else ""))
         return result
 
     def _drive(self, run: GoalRun, goal):
         """Wait for sensors, run the policy, and turn the outcome into ``(result, status)``."""
-        self.assembler.clear_faults()
-        sensors_ok = self._wait_for_sensors(run)
+        self.node.assembler.clear_faults()
+        sensors_ok = self.wait_for_sensors(run)
         early = self._before_start(run)
         if early is not None:
             return early
         if not sensors_ok:
-            faults = self.assembler.faults
+            faults = self.node.assembler.faults
             if faults:
                 return run.early("validate", "; ".join(faults.values()))
-            return run.early("error", f"no camera/joint data within {self._params.sensor_wait_s:g} s: "
+            return run.early("error", f"no camera/joint data within {self.node._params.sensor_wait_s:g} s: "
                                       f"check the topic parameters")
-        p = self._params
-        self._gate.open(1.0 / self.control_rate_hz if self.control_rate_hz else None)
-        until = (lambda: run.task_done) if self._success_client is not None else None
-        self._episode_pub.publish(String(data=_capture.start_event(
-            self, p, goal, getattr(run.handle, "goal_id", None), self.control_rate_hz)))
+        p = self.node._params
+        self.node._gate.open(1.0 / self.node.control_rate_hz if self.node.control_rate_hz else None)
+        until = (lambda: run.task_done) if self.node._success_client is not None else None
+        self.node._episode_pub.publish(String(data=_capture.start_event(
+            self.node, p, goal, getattr(run.handle, "goal_id", None), self.node.control_rate_hz)))
         run.episode_started = True
         self._arm_freshness(True)
         try:
-            outcome = self.policy.act(
+            outcome = self.node.policy.act(
                 goal.instruction, observe=lambda: self._observe(run), act=self._send, max_seconds=run.max_seconds,
                 until=until, validate=self._validate, hold=self._hold, on_underrun=self._on_underrun,
                 prefetch=bool(p.prefetch), lookahead=int(p.lookahead), smooth_seam=int(p.smooth_seam),
@@ -217,22 +237,23 @@ class GoalExecution:
             self._hold()
             if isinstance(exc, StaleCameraError) and run.end_request is not None:
                 return run.early(*run.end_request)   # stale_camera: observe refused to send a request
-            self.get_logger().error(f"Act goal failed: {type(exc).__name__}: {exc}")
+            self.node.get_logger().error(f"Act goal failed: {type(exc).__name__}: {exc}")
             return run.early("error", f"{type(exc).__name__}: {exc}")
         finally:
             self._arm_freshness(False)
             # a normal ending lets its last queued row go out (an early one has latched already)
-            self._gate.drain(timeout_s=self._gate.delay_s + (1.0 / (self.control_rate_hz or 15.0)) + 0.5)
-        self._last_outcome = outcome
+            gate = self.node._gate
+            gate.drain(timeout_s=gate.delay_s + (1.0 / (self.node.control_rate_hz or 15.0)) + 0.5)
+        self.last_outcome = outcome
         confirmed = outcome.reason == "interrupted" and run.end_request is None and self._cancel_confirmed(run)
         return run.finish(outcome, confirmed)
 
-    def _wait_for_sensors(self, run: Optional[GoalRun] = None) -> bool:
+    def wait_for_sensors(self, run: Optional[GoalRun] = None) -> bool:
         """Wait (up to ``sensor_wait_s``) for every stream; False on timeout, a fault, a cancel
         or an end request (``run``'s: its stop ends the wait at once)."""
-        deadline = time.monotonic() + float(self._params.sensor_wait_s)
-        while not self.assembler.ready():
-            if time.monotonic() > deadline or self.assembler.faults:
+        deadline = time.monotonic() + float(self.node._params.sensor_wait_s)
+        while not self.node.assembler.ready():
+            if time.monotonic() > deadline or self.node.assembler.faults:
                 return False
             if run is None:
                 time.sleep(0.02)
@@ -240,27 +261,27 @@ class GoalExecution:
                 return False
         return True
 
-    def _end_run(self, why: str, message: str, timeout_s: float = 3.0) -> bool:
+    def end_run(self, why: str, message: str, timeout_s: float = 3.0) -> bool:
         """End the running goal (if any) for ``why``: it unwinds through the hold and gets its
         result (aborted, ``message``); so does every goal accepted and not started yet. Returns
         True when no run is left after ``timeout_s`` (s)."""
-        self._end_message = message
+        self.node._end_message = message
         with self._goals_lock:
             runs = list(self._goals.values())
         for run in runs:
             run.request_end(why, message)
-        if not self._slot.wait_free(timeout_s):
-            self.get_logger().error(f"the active run did not unwind within {timeout_s:g} s ({why})")
+        if not self.slot.wait_free(timeout_s):
+            self.node.get_logger().error(f"the active run did not unwind within {timeout_s:g} s ({why})")
             return False
         return True
 
     # -- the callbacks handed to the core -------------------------------------------------
-    def _publish(self, values: list) -> None:
-        self._outputs.publish(values)
+    def publish(self, values: list) -> None:
+        self.node._outputs.publish(values)
 
-    def _published(self, t: float, values: list, due: Optional[float]) -> None:
+    def published(self, t: float, values: list, due: Optional[float]) -> None:
         """The gate published ``values`` at monotonic ``t`` (s; ``due`` unused): record it."""
-        run = self._run
+        run = self.run
         if run is not None:
             run.trace.commands.append((t, values))
 
@@ -269,8 +290,8 @@ class GoalExecution:
 
         Dropped when a hold has latched the gate; see ``CommandGate`` for when it is published.
         """
-        if self._gate.submit([float(x) for x in action]):
-            run = self._run
+        if self.node._gate.submit([float(x) for x in action]):
+            run = self.run
             if run is not None:
                 run.status = "running"
 
@@ -278,46 +299,46 @@ class GoalExecution:
         """The hold command for ``hold_mode``, from the last published command (or the arm's state)."""
         target = last
         if target is None:  # stopped before the first command: hold where the arm is
-            q = self.assembler.latest_joint_positions()
-            g = self.assembler.latest_gripper()
+            q = self.node.assembler.latest_joint_positions()
+            g = self.node.assembler.latest_gripper()
             target = None if q is None else q + ([g] if g is not None else [])
-        n_arm = len(self._params.joint_names)
-        if target is not None and self._params.hold_mode == "zeros":
+        n_arm = len(self.node._params.joint_names)
+        if target is not None and self.node._params.hold_mode == "zeros":
             # velocity interface: stop the arm joints; the gripper keeps its last command
             target = [0.0] * min(n_arm, len(target)) + list(target[n_arm:])
         return target
 
     def _hold(self) -> None:
         """Publish one hold command, then latch: nothing is published after it (queued rows are dropped)."""
-        if self._gate is None:
+        if self.node._gate is None:
             return
-        target = self._gate.hold(self._hold_target)
-        run = self._run
+        target = self.node._gate.hold(self._hold_target)
+        run = self.run
         if target is not None and run is not None:
             run.trace.hold_time = time.monotonic()
             run.trace.hold_command = target or None
 
     def _stale_camera(self, run: GoalRun) -> Optional[StaleCameraError]:
         """A frozen or stalled camera ends the run (``stale_camera``, naming the view); else None."""
-        stale = self.assembler.stale_cameras()
+        stale = self.node.assembler.stale_cameras()
         if not stale:
             return None
         view, text = next(iter(stale.items()))
         if run is not None:
             run.request_end("stale_camera", text)
             run.stop_reason = text
-        self.get_logger().error(f"stopping the run (stale_camera): {text}")
+        self.node.get_logger().error(f"stopping the run (stale_camera): {text}")
         return StaleCameraError(view, text)
 
     def _arm_freshness(self, on: bool) -> None:
         """Start (a run began) or stop the control-rate camera check (:meth:`_watch_cameras`)."""
-        timer = self._freshness_timer
+        timer = self.node._freshness_timer
         if timer is None:
             return
         try:
             if on:
                 timer.reset()
-                executor = self.executor
+                executor = self.node.executor
                 if executor is not None:
                     executor.wake()   # a wait already under way does not know the timer is due again
             else:
@@ -325,29 +346,29 @@ class GoalExecution:
         except Exception:  # noqa: BLE001 - released meanwhile (cleanup / shutdown)
             pass
 
-    def _watch_cameras(self) -> None:
+    def watch_cameras(self) -> None:
         """Timer at the control rate while a run is on: a frozen or stalled camera ends it within its
         ``camera_max_frame_age_s`` plus one control period, whatever the loop is doing (``validate``
         sees it only at an action's deadline, not while the loop waits for a chunk)."""
-        run = self._run
-        if run is None or not run.episode_started or run.ending or self.assembler is None:
+        run = self.run
+        if run is None or not run.episode_started or run.ending or self.node.assembler is None:
             return
         self._stale_camera(run)   # stops the run's token: the core holds; the result says stale_camera
 
     def _validate(self, action) -> bool:
         """Cameras fresh; sensors fresh and well-formed; action finite and inside the configured bounds."""
-        run = self._run
+        run = self.run
         if self._stale_camera(run) is not None:
             return False
-        problems = self.assembler.problems()
+        problems = self.node.assembler.problems()
         if problems:
             run.stop_reason = "; ".join(problems)
-            self.get_logger().error(f"stopping the run (validate): {run.stop_reason}")
+            self.node.get_logger().error(f"stopping the run (validate): {run.stop_reason}")
             return False
         if not all(math.isfinite(float(x)) for x in action):
             run.stop_reason = f"non-finite action {list(action)}"
             return False
-        lower, upper = self._params.joint_lower, self._params.joint_upper
+        lower, upper = self.node._params.joint_lower, self.node._params.joint_upper
         for i, x in enumerate(action):
             if lower is not None and i < len(lower) and x < lower[i]:
                 run.stop_reason = f"action dim {i} = {x:.4f} below joint_lower {lower[i]}"
@@ -363,60 +384,62 @@ class GoalExecution:
         if stale is not None:
             raise stale   # no request goes out on a frozen picture; the core holds
         try:
-            obs = self.assembler.build(run.instruction)
+            obs = self.node.assembler.build(run.instruction)
             run.last_good = obs
         except SensorError as exc:
-            self.get_logger().warning(f"observation refused ({exc}); the next validate stops the run",
+            self.node.get_logger().warning(f"observation refused ({exc}); the next validate stops the run",
                                       throttle_duration_sec=2.0)
-            obs = run.last_good if run.last_good is not None else self.assembler.build(run.instruction, strict=False)
+            fallback = run.last_good
+            obs = fallback if fallback is not None else self.node.assembler.build(run.instruction, strict=False)
         self._observed_at = time.monotonic()
         return obs
 
     def _on_chunk(self, chunk, first_action_index) -> None:
         hz = chunk.control_frequency_hz
-        if hz and self.control_rate_hz and abs(hz - self.control_rate_hz) > 1e-6 * hz:
-            raise ValueError(f"chunk at {hz} Hz contradicts the control rate {self.control_rate_hz} Hz")
+        if hz and self.node.control_rate_hz and abs(hz - self.node.control_rate_hz) > 1e-6 * hz:
+            raise ValueError(f"chunk at {hz} Hz contradicts the control rate {self.node.control_rate_hz} Hz")
         if self._observed_at is not None:
-            self._obs_to_chunk_s = time.monotonic() - self._observed_at
+            self.obs_to_chunk_s = time.monotonic() - self._observed_at
         if hz:
-            self._gate.set_period(1.0 / float(hz))
-        run = self._run
+            self.node._gate.set_period(1.0 / float(hz))
+        run = self.run
         if run is not None:
-            run.trace.seams.append(self._gate.accepted)  # this chunk's first row is the next one accepted
+            run.trace.seams.append(self.node._gate.accepted)  # this chunk's first row is the next one accepted
 
     def _on_underrun(self) -> None:
-        run = self._run
+        run = self.run
         if run is not None:
             run.underruns += 1
 
     # -- success service ------------------------------------------------------------------
-    def _poll_success(self) -> None:
+    def poll_success(self) -> None:
         """Ask the success service (never blocks: the answer lands in a done-callback)."""
-        run = self._run
-        if run is None or run.task_done or self._success_call is not None or self.policy is None:
+        run = self.run
+        if run is None or run.task_done or self._success_call is not None or self.node.policy is None:
             return
-        if not self._success_client.service_is_ready():
+        if not self.node._success_client.service_is_ready():
             return
-        instruction = self.policy.instruction
+        instruction = self.node.policy.instruction
         if instruction is None:      # the goal's run has not pinned its instruction yet: next tick
             return
-        call = self._success_client.call_async(CheckSuccess.Request(instruction=instruction))
+        call = self.node._success_client.call_async(CheckSuccess.Request(instruction=instruction))
         self._success_call = call
 
         def done(fut, asked=instruction, for_run=run):
             self._success_call = None
             res = fut.result()
-            if res is not None and res.success and self.policy is not None and self.policy.instruction == asked:
+            policy = self.node.policy
+            if res is not None and res.success and policy is not None and policy.instruction == asked:
                 for_run.task_done = True
 
         call.add_done_callback(done)
 
-    def _publish_feedback(self) -> None:
-        run = self._run
-        if run is None or self.policy is None:
+    def publish_feedback(self) -> None:
+        run = self.run
+        if run is None or self.node.policy is None:
             return
         try:
-            run.handle.publish_feedback(run.feedback(self.policy.instruction or ""))
+            run.handle.publish_feedback(run.feedback(self.node.policy.instruction or ""))
         except Exception:  # noqa: BLE001 - the goal ended between the check and the publish
             pass
 

@@ -55,7 +55,6 @@ from ..observation import JOINT_STREAM, ObservationAssembler, StreamRule
 from . import params as _params
 from .execution import GoalExecution
 from .gate import CommandGate
-from .goal import RunSlot
 from .outputs import CommandOutputs
 
 __all__ = ["PolicyDriver", "ConfigureError"]
@@ -74,7 +73,7 @@ def _not_deployed(exc: Exception) -> bool:
     return isinstance(exc, sequence_ai.InvalidRequest) and getattr(exc, "code", None) == "not_found"
 
 
-class PolicyDriver(GoalExecution, LifecycleNodeMixin, Node):
+class PolicyDriver(LifecycleNodeMixin, Node):
     """Drives a robot from ``Act`` goals with a deployed policy (see the module docstring).
 
     Args:
@@ -86,6 +85,9 @@ class PolicyDriver(GoalExecution, LifecycleNodeMixin, Node):
             ``~/wait_until_ready``, the Act action and its goals' runs): a
             ``_spin.NodeExecutor`` runs them on threads of their own; everything else (sensors,
             timers, parameters, the success poll) runs on its spinning thread.
+        goals: the :class:`~.execution.GoalExecution` serving the Act action (its goals, the run
+            slot, the running and last run, the callbacks handed to the core); the node owns what
+            it drives with (policy, assembler, gate, outputs) and their lifecycle.
     Raises:
         ValueError: a parameter is malformed (names it); with ``autostart``, also a configure
             refusal (``ConfigureError``: wrong key, a contradicting control rate).
@@ -108,14 +110,8 @@ class PolicyDriver(GoalExecution, LifecycleNodeMixin, Node):
         self._end_message: Optional[str] = None
         self._config_error: Optional[Exception] = None
         self._diag = (DiagnosticStatus.WARN, "unconfigured")
-        self._slot = RunSlot()                       # one run at a time (GoalExecution)
-        self._goals: dict = {}                       # accepted goals not concluded yet (GoalExecution)
-        self._goals_lock = threading.Lock()
-        self._run = self._last_run = None
-        self._last_outcome = None
-        self._observed_at: Optional[float] = None
-        self._obs_to_chunk_s: Optional[float] = None
-        self._success_client = self._success_call = None
+        self._success_client = None
+        self.goals = GoalExecution(self)             # the Act action: goals, the run slot, the core's callbacks
         self._freshness_timer = None
         self._make_interfaces()
         self.add_on_set_parameters_callback(self._on_set_parameters)
@@ -126,7 +122,8 @@ class PolicyDriver(GoalExecution, LifecycleNodeMixin, Node):
         """What exists in every lifecycle state: diagnostics, feedback, instruction, services, action."""
         p = self._params
         periodic = MutuallyExclusiveCallbackGroup()
-        self._feedback_timer = self.create_timer(1.0 / p.feedback_hz, self._publish_feedback, callback_group=periodic)
+        self._feedback_timer = self.create_timer(1.0 / p.feedback_hz, self.goals.publish_feedback,
+                                                 callback_group=periodic)
         self._status_timer = self.create_timer(1.0 / p.status_hz, self._publish_status, callback_group=periodic)
         self._status_pub = self.create_publisher(DiagnosticArray, "~/status", 10)
         self._diagnostics_pub = self.create_publisher(DiagnosticArray, "/diagnostics", 10)
@@ -135,8 +132,8 @@ class PolicyDriver(GoalExecution, LifecycleNodeMixin, Node):
         ready, act = MutuallyExclusiveCallbackGroup(), ReentrantCallbackGroup()
         self.create_service(Trigger, "~/wait_until_ready", self._on_wait_until_ready, callback_group=ready)
         self._action_server = ActionServer(
-            self, Act, "~/act", execute_callback=self._execute, goal_callback=self._on_goal,
-            handle_accepted_callback=self._on_accepted, cancel_callback=self._on_cancel, callback_group=act)
+            self, Act, "~/act", execute_callback=self.goals.execute, goal_callback=self.goals.on_goal,
+            handle_accepted_callback=self.goals.on_accepted, cancel_callback=self.goals.on_cancel, callback_group=act)
         self.blocking_callback_groups += [ready, act]   # a cold start's wait; the goal's run
 
     def _autostart(self) -> None:
@@ -148,6 +145,11 @@ class PolicyDriver(GoalExecution, LifecycleNodeMixin, Node):
                                     f"`ros2 lifecycle set {self.get_fully_qualified_name()} configure`")
             return
         self.trigger_activate()
+
+    @property
+    def trace(self):
+        """The ``RunTrace`` of the running goal, else of the last one (empty before any)."""
+        return self.goals.trace
 
     def _lifecycle_label(self) -> str:
         return self._state_machine.current_state[1]
@@ -183,7 +185,7 @@ class PolicyDriver(GoalExecution, LifecycleNodeMixin, Node):
 
     def on_deactivate(self, state) -> TransitionCallbackReturn:
         self._active = False
-        self._end_run("deactivated", "driver deactivated: the run was stopped and the arm held")
+        self.goals.end_run("deactivated", "driver deactivated: the run was stopped and the arm held")
         self._set_diag(DiagnosticStatus.OK, "inactive")
         return SUCCESS
 
@@ -196,7 +198,7 @@ class PolicyDriver(GoalExecution, LifecycleNodeMixin, Node):
         self._stopping.set()
         if self._active:
             self._active = False
-            self._end_run("shutdown", "driver shutting down: the run was stopped and the arm held")
+            self.goals.end_run("shutdown", "driver shutting down: the run was stopped and the arm held")
         self._release()
         self._set_diag(DiagnosticStatus.WARN, "finalized")
         return SUCCESS
@@ -229,17 +231,18 @@ class PolicyDriver(GoalExecution, LifecycleNodeMixin, Node):
         self._make_subscriptions(views, list(p.camera_topics), transports)
         self._outputs = CommandOutputs(self, p, lambda: 1.0 / (self.control_rate_hz or 15.0),
                                        lambda: self.get_clock().now().to_msg())
-        self._gate = CommandGate(self._publish, p.publish_delay_ms / 1000.0, self._published, p.realtime_priority,
+        self._gate = CommandGate(self.goals.publish, p.publish_delay_ms / 1000.0, self.goals.published,
+                                 p.realtime_priority,
                                  lambda why: self.get_logger().warning(f"publisher thread not real-time: {why}"))
         # camera freshness at the control rate, also while the loop waits for a chunk (armed per run)
-        self._freshness_timer = self.create_timer(1.0 / (self.control_rate_hz or 15.0), self._watch_cameras,
+        self._freshness_timer = self.create_timer(1.0 / (self.control_rate_hz or 15.0), self.goals.watch_cameras,
                                                   callback_group=MutuallyExclusiveCallbackGroup())
         self._freshness_timer.cancel()
         self._config_entities.append(self._freshness_timer)
         if p.success_service:
             group = MutuallyExclusiveCallbackGroup()
             self._success_client = self.create_client(CheckSuccess, p.success_service, callback_group=group)
-            timer = self.create_timer(1.0 / p.success_poll_hz, self._poll_success, callback_group=group)
+            timer = self.create_timer(1.0 / p.success_poll_hz, self.goals.poll_success, callback_group=group)
             self._config_entities += [self._success_client, timer]
 
     def _connect(self):
@@ -422,7 +425,7 @@ class PolicyDriver(GoalExecution, LifecycleNodeMixin, Node):
         if self.policy is None:
             response.success, response.message = False, f"not configured (lifecycle state {self._lifecycle_label()})"
             return response
-        if not self._slot.try_take(request):
+        if not self.goals.slot.try_take(request):
             response.success, response.message = True, "a run is active: the policy is serving"
             return response
         try:
@@ -431,7 +434,7 @@ class PolicyDriver(GoalExecution, LifecycleNodeMixin, Node):
         except Exception as exc:  # noqa: BLE001 - reported to the caller, never raised into rclpy
             response.success, response.message = False, f"{type(exc).__name__}: {exc}"
         finally:
-            self._slot.release(request)
+            self.goals.slot.release(request)
         return response
 
     # -- diagnostics --------------------------------------------------------------------------
@@ -442,12 +445,13 @@ class PolicyDriver(GoalExecution, LifecycleNodeMixin, Node):
     def _publish_status(self) -> None:
         """One ``DiagnosticStatus`` on ``/diagnostics`` and ``~/status``: lifecycle, run and latency figures."""
         level, message = self._diag
-        run = self._run
-        last = self._last_outcome
+        goals = self.goals
+        run = goals.run
+        last = goals.last_outcome
         if run is None and level == DiagnosticStatus.OK and last is not None and last.reason not in ("completed", "until"):
             level = DiagnosticStatus.WARN
-        trace = self.trace
-        shown = run or self._last_run
+        trace = goals.trace
+        shown = run or goals.last_run
         values = {
             "lifecycle_state": self._lifecycle_label(),
             "state": run.status if run is not None else "idle",
@@ -457,10 +461,10 @@ class PolicyDriver(GoalExecution, LifecycleNodeMixin, Node):
             "actions": str(len(trace.commands)),
             "chunks": str(len(trace.seams)),
             "underruns": str(shown.underruns if shown is not None else 0),
-            "observation_to_chunk_s": "" if self._obs_to_chunk_s is None else f"{self._obs_to_chunk_s:.4f}",
+            "observation_to_chunk_s": "" if goals.obs_to_chunk_s is None else f"{goals.obs_to_chunk_s:.4f}",
             "instruction": (self.policy.instruction or "") if self.policy is not None else "",
             "last_reason": "" if last is None else str(last.reason),
-            "last_message": (self._last_run.stop_reason or "") if self._last_run is not None else "",
+            "last_message": (goals.last_run.stop_reason or "") if goals.last_run is not None else "",
         }
         status = DiagnosticStatus(level=level, name=f"{self.get_fully_qualified_name().lstrip('/')}: policy driver",
                                   hardware_id=str(self._params.model), message=message,
@@ -482,14 +486,14 @@ class PolicyDriver(GoalExecution, LifecycleNodeMixin, Node):
         after ``timeout_s`` (s)."""
         self._stopping.set()
         self._active = False
-        return self._end_run(why, message, timeout_s)
+        return self.goals.end_run(why, message, timeout_s)
 
     def destroy_node(self) -> None:
         try:
             self._stopping.set()
             self._active = False
-            if self._run is not None:
-                self._end_run("shutdown", "driver node destroyed: the run was stopped and the arm held")
+            if self.goals.run is not None:
+                self.goals.end_run("shutdown", "driver node destroyed: the run was stopped and the arm held")
             self._release()
         finally:
             self._action_server.destroy()
