@@ -28,6 +28,7 @@ from sensor_msgs.msg import CompressedImage, Image, JointState
 from std_msgs.msg import Float64MultiArray, String
 from trajectory_msgs.msg import JointTrajectory
 
+from _wait import eventually
 from sequence_ai.cli import main as sequence_ai_main
 from sequence_ai_data.episode import StreamRateError
 from sequence_ai_ros.bag.frames import episode_timing, frames_from_bag, observations_from_bag
@@ -173,14 +174,13 @@ class Rig:
         return [p for p in self.out.iterdir() if p.is_dir() and p not in before] if self.out.exists() else []
 
     def _wait(self, cond, timeout_s, what):
-        deadline = time.monotonic() + timeout_s
-        while True:
+        """``cond()`` once truthy, giving up at once if the recorder has exited."""
+        def met():
             got = cond()
-            if got:
-                return got
-            assert self.proc.poll() is None, f"recorder exited: {self.log.read_text(errors='replace')[-2000:]}"
-            assert time.monotonic() < deadline, f"no {what} within {timeout_s} s; log: {self.log.read_text()[-2000:]}"
-            time.sleep(0.02)
+            assert got or self.proc.poll() is None, f"recorder exited: {self.log.read_text(errors='replace')[-2000:]}"
+            return got
+
+        return eventually(met, timeout_s, what=what, detail=lambda: f"log: {self.log.read_text(errors='replace')[-2000:]}")
 
     def close(self):
         self.proc.terminate()

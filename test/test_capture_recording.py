@@ -27,6 +27,7 @@ from rclpy.parameter import Parameter
 from rclpy.serialization import deserialize_message
 from sensor_msgs.msg import Image, JointState
 
+from _wait import eventually
 from sequence_ai.cli import main as sequence_ai_main
 from sequence_ai_msgs.action import Act, RecordEpisode
 from sequence_ai_msgs.srv import CheckSuccess, LabelEpisode, ResetScene
@@ -47,10 +48,7 @@ def _stamp_ns(msg) -> int:
 
 
 def _wait(future, timeout_s, what="the call"):
-    deadline = time.monotonic() + timeout_s
-    while not future.done():
-        assert time.monotonic() < deadline, f"no answer to {what} within {timeout_s} s"
-        time.sleep(0.01)
+    eventually(future.done, timeout_s, 0.01, what=f"an answer to {what}")
     return future.result()
 
 

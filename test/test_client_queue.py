@@ -15,6 +15,7 @@ import pytest
 import sequence_ai
 from _core_support import Recorder, after, connect, observation, unique
 from _servers import GatewayProcess
+from _wait import eventually
 
 ONE_SLOT = str(Path(__file__).resolve().parent / "policies" / "one_slot_policy.py")
 QUEUE_TIMEOUT_S = 4.0     # one_slot_policy.QUEUE_TIMEOUT_S
@@ -52,16 +53,6 @@ def gauge(gw, metric: str, model: str) -> float:
     return float(m.group(1)) if m else 0.0
 
 
-def wait_for(predicate, timeout: float = 10.0, step: float = 0.02):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(step)
-    return predicate()
-
-
 class QueueLog:
     """on_queue target: (monotonic time, position, estimate_s) per queued answer."""
 
@@ -82,7 +73,7 @@ def holder(slot_gateway, one_slot):
         yield a
     finally:
         a.close()
-        wait_for(lambda: gauge(slot_gateway, "seq_gateway_sessions", one_slot) == 0, 5.0)
+        eventually(lambda: gauge(slot_gateway, "seq_gateway_sessions", one_slot) == 0, 5.0)
 
 
 # ------------------------------------------------------------------ waiting in line
@@ -158,7 +149,7 @@ def test_interrupt_stops_the_wait_in_line_within_one_period_and_leaves_no_ghost(
     assert "entered" not in marks and marks["code"] == "interrupted"
     assert marks["stopped"] - marks["interrupt"] <= PERIOD + SLACK
     # its place in line is given up at once, not left for the gateway's 15 s abandon timer
-    assert wait_for(lambda: gauge(slot_gateway, "seq_gateway_queue_depth", one_slot) == 0.0, 1.0)
+    eventually(lambda: gauge(slot_gateway, "seq_gateway_queue_depth", one_slot) == 0.0, 1.0)
 
 
 def test_interrupting_a_run_that_waits_in_line_holds_within_one_period(slot_gateway, one_slot, holder):
@@ -184,7 +175,7 @@ def test_interrupting_a_run_that_waits_in_line_holds_within_one_period(slot_gate
     assert marks["queued_answers"] >= 1, "the run never reached the line"
     assert out.reason == "interrupted" and out.actions == 0 and rec.rows == [] and rec.holds == 1
     assert rec.hold_times[0] - marks["interrupt"] <= PERIOD + SLACK
-    assert wait_for(lambda: gauge(slot_gateway, "seq_gateway_queue_depth", one_slot) == 0.0, 1.0)
+    eventually(lambda: gauge(slot_gateway, "seq_gateway_queue_depth", one_slot) == 0.0, 1.0)
 
 
 def test_closing_a_policy_while_queued_gives_its_place_to_the_next_robot(slot_gateway, one_slot, holder):
@@ -220,7 +211,7 @@ def test_a_rotated_secret_on_a_one_slot_deployment_never_queues_the_robot_behind
         assert policy.reconnects == 1 and wire.resumed == 1 and wire.session.session_id == session
         assert queue.calls == [] and wire.queued_answers == 0
         assert gauge(slot_gateway, "seq_gateway_sessions", one_slot) == 1.0
-    assert wait_for(lambda: gauge(slot_gateway, "seq_gateway_sessions", one_slot) == 0.0, 2.0)
+    eventually(lambda: gauge(slot_gateway, "seq_gateway_sessions", one_slot) == 0.0, 2.0)
 
 
 def test_a_dropped_connection_on_a_one_slot_deployment_resumes_its_session(slot_gateway, one_slot):
@@ -262,11 +253,11 @@ def test_run_ends_its_episode_at_the_worker_when_it_returns(slot_gateway, one_sl
         out = policy.run(observation, Recorder(), max_actions=10, progress=False)
         episode = policy.last_episode_id
         # on_episode ran for it (no 5-minute idle wait), with every act of the episode counted
-        assert wait_for(lambda: episode in ended_episodes(slot_gateway), 10.0)   # sent beside the next call; a loaded machine is slow to deliver it
+        eventually(lambda: episode in ended_episodes(slot_gateway), 10.0)   # sent beside the next call; a loaded machine is slow to deliver it
         assert ended_episodes(slot_gateway)[episode] == out.chunks == 3
         out2 = policy.run(observation, Recorder(), max_actions=4, progress=False)
         assert policy.last_episode_id != episode
-        assert wait_for(lambda: policy.last_episode_id in ended_episodes(slot_gateway), 10.0)
+        eventually(lambda: policy.last_episode_id in ended_episodes(slot_gateway), 10.0)
         assert ended_episodes(slot_gateway)[policy.last_episode_id] == out2.chunks == 1
 
 
@@ -282,7 +273,7 @@ def test_run_ends_its_episode_even_when_act_raises(slot_gateway, one_slot):
         with pytest.raises(RuntimeError, match="arm fault"):
             policy.run(observation, act, hold=rec.hold, max_actions=30, progress=False)
         assert rec.holds == 1
-        assert wait_for(lambda: policy.last_episode_id in ended_episodes(slot_gateway), 10.0)
+        eventually(lambda: policy.last_episode_id in ended_episodes(slot_gateway), 10.0)
         assert ended_episodes(slot_gateway)[policy.last_episode_id] >= 1
 
 
@@ -308,7 +299,7 @@ def test_close_from_another_thread_while_a_predict_is_in_flight_waits_for_it_and
     with pytest.raises(sequence_ai.SequencesError) as err:
         policy.predict(observation())
     assert err.value.code == "closed"
-    assert wait_for(lambda: gauge(slot_gateway, "seq_gateway_sessions", one_slot) == 0, 5.0)
+    eventually(lambda: gauge(slot_gateway, "seq_gateway_sessions", one_slot) == 0, 5.0)
     queue = QueueLog()
     with connect(slot_gateway, one_slot, on_queue=queue):
         assert queue.calls == []

@@ -5,12 +5,12 @@ Failed then Exited, with the failing step's output in the build log."""
 from __future__ import annotations
 
 import signal
-import time
 from pathlib import Path
 
 import httpx
 
 from _servers import ECHO_POLICY, echo_observation
+from _wait import eventually
 from sequence_ai_server.launchers.envs import EnvBuilder
 from sequence_ai_server.launchers.base import Exited, Failed, Phase, Placed, Ready, Started, WorkerLaunchSpec
 from sequence_ai_server.launchers.local import LocalLauncher
@@ -26,11 +26,14 @@ def _spec(tmp: Path, name: str, file: str, image=None) -> WorkerLaunchSpec:
 
 
 def _until(handle, kind, timeout=120.0) -> list:
-    seen, deadline = [], time.monotonic() + timeout
-    while not any(isinstance(e, kind) for e in seen):
-        assert time.monotonic() < deadline, seen
-        seen += handle.events()
-        time.sleep(0.05)
+    """The handle's events up to and including the first ``kind`` one (and any that came with it)."""
+    seen = []
+
+    def arrived():
+        seen.extend(handle.events())
+        return any(isinstance(e, kind) for e in seen)
+
+    eventually(arrived, timeout, 0.05, what=f"a {kind.__name__} event", detail=lambda: f"events so far: {seen}")
     return seen
 
 
@@ -56,11 +59,9 @@ def test_a_local_worker_reports_placed_started_phases_ready_and_exited(tmp_path)
             r = httpx.post(ready.url + "/act", json=body, headers={"Authorization": f"Bearer {spec.secret}"}, timeout=30)
             assert r.status_code == 200, r.text
             h.set_secret("rotated-secret")                 # through the handle: the old secret stops working
-            deadline = time.monotonic() + 10
-            while httpx.post(ready.url + "/act", json=body, timeout=30,
-                             headers={"Authorization": f"Bearer {spec.secret}"}).status_code != 401:
-                assert time.monotonic() < deadline, "the old secret still works after set_secret"
-                time.sleep(0.1)
+            eventually(lambda: httpx.post(ready.url + "/act", json=body, timeout=30,
+                                          headers={"Authorization": f"Bearer {spec.secret}"}).status_code == 401,
+                       10, 0.1, what="the old secret to stop working after set_secret")
             r = httpx.post(ready.url + "/act", json=body, headers={"Authorization": "Bearer rotated-secret"}, timeout=30)
             assert r.status_code == 200, r.text
             assert h.last_activity() > 0                   # the worker touched its activity file

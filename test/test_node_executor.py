@@ -21,14 +21,8 @@ from std_msgs.msg import String
 from std_srvs.srv import Trigger
 
 from sequence_ai_msgs.action import Act
+from _wait import eventually
 from sequence_ai_ros._spin import NodeExecutor, stop_executor
-
-
-def wait(pred, timeout, what):
-    deadline = time.monotonic() + timeout
-    while not pred():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.01)
 
 
 class Spinning:
@@ -82,14 +76,14 @@ def test_the_spinning_thread_sleeps_between_messages(ctx):
     pub = pub_node.create_publisher(String, "idle_topic", 10)
     spinning = Spinning(ctx, sub_node)
     try:
-        wait(lambda: pub.get_subscription_count() > 0, 20.0, "discovery")
+        eventually(lambda: pub.get_subscription_count() > 0, 20.0, what="discovery")
         t0 = time.monotonic()
         k = 0
         while time.monotonic() - t0 < 2.0:          # 30 Hz for 2 s, from this (the test's) thread
             pub.publish(String(data=str(k)))
             k += 1
             time.sleep(max(0.0, t0 + k / 30.0 - time.monotonic()))
-        wait(lambda: len(got) >= k - 2, 10.0, "the messages")
+        eventually(lambda: len(got) >= k - 2, 10.0, what="the messages")
     finally:
         spinning.halt()
         stop_executor(spinning.ex)
@@ -141,19 +135,19 @@ def test_a_blocking_goal_and_service_run_on_threads_while_everything_else_is_ser
         assert action.wait_for_server(timeout_sec=20.0)
         slow_answer = slow.call_async(Trigger.Request())
         goal = action.send_goal_async(Act.Goal(instruction="block", max_seconds=5.0))
-        wait(lambda: "service" in threads and "goal" in threads, 20.0, "both blocking callbacks running")
-        wait(lambda: goal.done(), 20.0, "the goal's acceptance while its run blocks")
+        eventually(lambda: "service" in threads and "goal" in threads, 20.0, what="both blocking callbacks running")
+        eventually(lambda: goal.done(), 20.0, what="the goal's acceptance while its run blocks")
         result = goal.result().get_result_async()
         # while both block: timers fire, messages arrive, another service answers
         n_ticks = len(ticks)
         for i in range(5):
             pub.publish(String(data=str(i)))
         answers = [quick.call_async(Trigger.Request()) for _ in range(3)]
-        wait(lambda: all(a.done() for a in answers), 20.0, "the quick service while the others block")
-        wait(lambda: len(messages) >= 5 and len(ticks) >= n_ticks + 5, 20.0, "timer ticks and messages")
+        eventually(lambda: all(a.done() for a in answers), 20.0, what="the quick service while the others block")
+        eventually(lambda: len(messages) >= 5 and len(ticks) >= n_ticks + 5, 20.0, what="timer ticks and messages")
         assert not slow_answer.done() and not result.done()
         release.set()
-        wait(lambda: slow_answer.done() and result.done(), 20.0, "the blocking callbacks' answers")
+        eventually(lambda: slow_answer.done() and result.done(), 20.0, what="the blocking callbacks' answers")
         assert slow_answer.result().message == "released"
         assert result.result().status == GoalStatus.STATUS_SUCCEEDED and result.result().result.actions == 3
         assert threads["service"] != spinning.thread.name and threads["goal"] != spinning.thread.name
@@ -185,7 +179,7 @@ def test_stopping_does_not_wait_on_a_blocking_callback_and_join_threads_bounds_i
     timer = node.create_timer(0.01, stuck, callback_group=group)
     spinning = Spinning(ctx, node)
     try:
-        wait(entered.is_set, 20.0, "the blocking callback")
+        eventually(entered.is_set, 20.0, what="the blocking callback")
         timer.cancel()
         took = spinning.halt()
         assert took < 2.0, took                              # the spinning thread left at once

@@ -15,6 +15,7 @@ import httpx
 import pytest
 
 from _servers import ECHO_POLICY, ROOT, _env, echo_observation
+from _wait import eventually
 
 SEQ_MAIN = "from seq.cli import main; main()"
 KEYS = {"time", "level", "request_id", "deployment", "version", "message"}
@@ -41,12 +42,11 @@ def _failing_act_via_gateway(gw) -> dict:
 
 def _wait_for(gw, rid: str, timeout: float = 10.0) -> list[dict]:
     """The JSON lines of request ``rid`` once the worker's have reached the file too."""
-    deadline = time.monotonic() + timeout
-    while True:
+    def from_both():
         lines = gw.client.get("/v1/deployments/logged/logs", params={"request_id": rid}).json()["lines"]
-        if {"gateway", "worker"} <= {x["component"] for x in lines} or time.monotonic() > deadline:
-            return lines
-        time.sleep(0.1)
+        return lines if {"gateway", "worker"} <= {x["component"] for x in lines} else None
+
+    return eventually(from_both, timeout, 0.1, what=f"log lines of {rid} from both the gateway and the worker")
 
 
 def test_every_log_line_is_one_json_object_with_the_common_fields(logged):

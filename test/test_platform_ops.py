@@ -22,6 +22,7 @@ import httpx
 import pytest
 
 from _servers import ECHO_POLICY, POLICIES, ROOT, GatewayProcess, _env
+from _wait import eventually
 
 from sequence_ai_server.ops.alerts import sign, verify_signature
 from sequence_ai_server.ops.gpus import gpu_refusal, parse_nvidia_smi_csv
@@ -44,16 +45,6 @@ def _act(conn: dict, observation: dict) -> httpx.Response:
     body = json.dumps({"observation": observation}).encode()
     return httpx.post(conn["worker_url"] + "/act", content=body, timeout=30,
                       headers={"Authorization": f"Bearer {conn['direct_secret']}", "Content-Type": "application/json"})
-
-
-def _until(what, fn, timeout=30.0, every=0.1):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = fn()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(every)
 
 
 @pytest.fixture
@@ -124,7 +115,7 @@ def test_a_scheduled_floor_keeps_the_worker_warm_in_its_window_and_lets_it_idle_
     gw = ops_gateway
     d = gw.deploy(OPS, "sched")
     assert d["status"] == "ready", d
-    _until("the idle worker to stop", lambda: gw.status("sched")["phase"] == "idle", timeout=30)
+    eventually(lambda: gw.status("sched")["phase"] == "idle", 30, 0.1, what="the idle worker to stop")
 
     r = _seq(gw, "policy", "scale", "sched", "--min", "1", "--during", "Mon-Fri 08:00-18:00", "--tz", "Europe/Berlin")
     assert r.returncode == 0, r.stderr
@@ -133,7 +124,7 @@ def test_a_scheduled_floor_keeps_the_worker_warm_in_its_window_and_lets_it_idle_
     assert gw.status("sched")["status"] == "stopped"
 
     gw.clock.write_text(str(datetime(2026, 11, 30, 8, 0, tzinfo=BERLIN).timestamp()))     # it opens
-    _until("the scheduled worker to start", lambda: gw.status("sched")["status"] == "ready", timeout=60)
+    eventually(lambda: gw.status("sched")["status"] == "ready", 60, 0.1, what="the scheduled worker to start")
     pid = gw.status("sched")["pid"]
     r = _seq(gw, "policy", "status", "sched")
     assert r.returncode == 0 and "open now: 1 kept warm, closes Mon 2026-11-30 17:00 UTC" in r.stdout, r.stdout
@@ -142,7 +133,7 @@ def test_a_scheduled_floor_keeps_the_worker_warm_in_its_window_and_lets_it_idle_
 
     gw.clock.write_text(str(datetime(2026, 11, 30, 18, 0, tzinfo=BERLIN).timestamp()))    # it closes
     closed = time.monotonic()
-    _until("the worker to idle out", lambda: gw.status("sched")["phase"] == "idle", timeout=30)
+    eventually(lambda: gw.status("sched")["phase"] == "idle", 30, 0.1, what="the worker to idle out")
     assert time.monotonic() - closed >= 1.5          # idle_timeout (2 s) counts from the close
     view = gw.client.get("/v1/deployments/sched/scale").json()
     assert view["scale"]["active"] is False and view["scale"]["warm_now"] == 0
@@ -179,9 +170,9 @@ def test_usage_counts_worker_seconds_requests_errors_and_bytes_per_deployment(op
     received += len(r.content)
     assert answers == [200] * 5 + [500, 401]
 
-    u = _until("the gateway to collect 7 requests",
-               lambda: (lambda v: v if v["totals"]["requests"] == 7 else None)(
-                   gw.client.get("/v1/deployments/meter/usage").json()), timeout=30)
+    u = eventually(lambda: (lambda v: v if v["totals"]["requests"] == 7 else None)(
+                       gw.client.get("/v1/deployments/meter/usage").json()), 30, 0.1,
+                   what="the gateway to collect 7 requests")
     t = u["totals"]
     assert t["errors"] == 1 and t["bytes_in"] == sent and t["bytes_out"] == received
     assert set(t["worker_s"]) == {"cpu"} and 0.0 < t["worker_s"]["cpu"] <= time.time() - t0 + 1.5
@@ -316,7 +307,7 @@ def test_alerts_are_signed_retried_and_verified_by_a_real_receiver(ops_gateway):
         assert not verify_signature(rx.secret, first["ts"], first["body"], first["sig"], now=int(first["ts"]) + 301)
 
         assert gw.deploy(BROKEN, "albad")["status"] == "failed"                     # build failed
-        ev = _until("build_failed", lambda: rx.events("build_failed"))[0]
+        ev = eventually(lambda: rx.events("build_failed"), 30, 0.1, what="a build_failed alert")[0]
         assert ev["deployment"] == "albad" and "checkpoint missing" in ev["details"]["error"]
 
         assert gw.deploy(OPS, "al")["status"] == "ready"
@@ -324,23 +315,23 @@ def test_alerts_are_signed_retried_and_verified_by_a_real_receiver(ops_gateway):
         conn = gw.connect_ready("al")
         codes = [_act(conn, {"op": op}).status_code for op in ("echo", "echo", "echo", "fail", "fail")]
         assert codes == [200, 200, 200, 500, 500]
-        rate = _until("error_rate", lambda: rx.events("error_rate"))[0]
+        rate = eventually(lambda: rx.events("error_rate"), 30, 0.1, what="a error_rate alert")[0]
         assert rate["deployment"] == "al" and rate["details"]["error_rate"] == 0.4 and rate["details"]["threshold"] == 0.3
         # p95 is over its threshold (0 ms) from the first request on: it waits for --min-requests 5
         # (the gateway's once-a-second check may fall between any two of the five requests)
-        p95 = _until("p95_latency", lambda: rx.events("p95_latency"))[0]
+        p95 = eventually(lambda: rx.events("p95_latency"), 30, 0.1, what="a p95_latency alert")[0]
         assert p95["details"]["p95_ms"] > 0 and p95["details"]["requests"] == 5
 
         pid = gw.status("al")["pid"]
         os.kill(pid, signal.SIGKILL)                                                # worker crashed
-        crash = _until("worker_crashed", lambda: rx.events("worker_crashed"))[0]
+        crash = eventually(lambda: rx.events("worker_crashed"), 30, 0.1, what="a worker_crashed alert")[0]
         assert crash["deployment"] == "al" and crash["details"]["exit_code"] == -9
 
         assert _seq(gw, "account", "limits", "--worker-hours", "0.00001").returncode == 0
         time.sleep(1.0)
         r = gw.connect("al")
         assert r.status_code == 402
-        quota = _until("quota_reached", lambda: rx.events("quota_reached"))[0]
+        quota = eventually(lambda: rx.events("quota_reached"), 30, 0.1, what="a quota_reached alert")[0]
         assert quota["deployment"] == "al" and quota["details"]["limit"] == "worker_hours_per_day"
 
         assert all(g["verified"] for g in rx.got if g["body"] is not None and g["ts"] != old)

@@ -27,6 +27,7 @@ from sensor_msgs.msg import Image, JointState
 from std_msgs.msg import Float64MultiArray, String
 
 from _servers import ECHO_POLICY
+from _wait import eventually
 from sequence_ai_msgs.action import Act
 from sequence_ai_ros._spin import spin
 from sequence_ai_ros.driver_node import PolicyDriver, _CommandGate, outcome_message, set_thread_realtime
@@ -138,10 +139,8 @@ def ros():
 
 
 def wait(pred, timeout, what):
-    deadline = time.monotonic() + timeout
-    while not pred():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.01)
+    """eventually() in the argument order of the driver tests (test_mcp_ros, test_ros_driver_* import it)."""
+    return eventually(pred, timeout, 0.01, what=what)
 
 
 class Goal:

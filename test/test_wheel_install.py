@@ -23,12 +23,12 @@ import signal
 import subprocess
 import sys
 import tarfile
-import time
 import zipfile
 from pathlib import Path
 
 import pytest
 
+from _wait import eventually
 from sequence_ai.extras import ROS_MODULES
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -218,17 +218,15 @@ def test_the_full_install_imports_every_module_of_the_wheel_from_its_own_site_pa
 
 
 def _wait_for(pattern: str, log: Path, proc: subprocess.Popen, timeout: float) -> re.Match:
-    deadline = time.monotonic() + timeout
-    while True:
-        text = log.read_text() if log.exists() else ""
-        m = re.search(pattern, text)
-        if m:
-            return m
-        if proc.poll() is not None:
-            raise AssertionError(f"exited with {proc.returncode} before {pattern!r}:\n{text[-3000:]}")
-        if time.monotonic() > deadline:
-            raise AssertionError(f"no {pattern!r} after {timeout} s:\n{text[-3000:]}")
-        time.sleep(0.05)
+    def text():
+        return log.read_text() if log.exists() else ""
+
+    def matched():
+        m = re.search(pattern, text())
+        assert m or proc.poll() is None, f"exited with {proc.returncode} before {pattern!r}:\n{text()[-3000:]}"
+        return m
+
+    return eventually(matched, timeout, 0.05, what=f"{pattern!r} in {log.name}", detail=lambda: text()[-3000:])
 
 
 def _alive(pid: int) -> bool:
@@ -301,10 +299,7 @@ def test_seq_serve_from_the_wheel_deploys_a_template_that_the_bare_client_drives
             raise
     text = log.read_text()
     assert rc == 0 and "gateway stopped" in text and "Traceback" not in text, text[-3000:]
-    deadline = time.monotonic() + 10
-    while _alive(worker["pid"]):
-        assert time.monotonic() < deadline, f"worker {worker['pid']} outlived its gateway"
-        time.sleep(0.05)
+    eventually(lambda: not _alive(worker["pid"]), 10, 0.05, what=f"worker {worker['pid']} to exit with its gateway")
 
 
 def test_the_client_alone_installs_only_httpx_and_answers_a_missing_extra_in_one_line(client_venv, tmp_path):
