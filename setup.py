@@ -107,6 +107,7 @@ setup(
             "rich>=13",
             "cryptography>=41",       # gateway: secrets encrypted at rest (Fernet)
             "prometheus-client>=0.19",  # gateway: /metrics
+            "nvidia-ml-py>=12",   # gateway: the card inventory from NVML (ops/gpus.py); nvidia-smi is the fallback
         ],
         # the simulated cell and its benchmarks (sequence_ai_sim; no rclpy)
         # the ROS 2 nodes' Python libraries that come from PyPI (rclpy and the message packages come

@@ -89,6 +89,10 @@ ENV_VARS = {
                             "Comma-separated waits (s) before each retry of a webhook delivery."),
     "SEQ_TEST_CLOCK_FILE": ("server", "unset (the real clock)",
                             "A file holding unix seconds that scheduled scaling reads as the time; for tests."),
+    "SEQ_FAKE_GPUS": ("server", "unset (the machine's cards: NVML, else nvidia-smi)",
+                      "Card names the gateway presents instead of the machine's, numbered from 0 "
+                      "(`L4,L4,H100`; `NAME=GiB` gives a card's memory); workers are pinned to them as "
+                      "to real cards. For tests and CPU machines."),
     "SEQ_MAX_UNKEPT_LABELS": ("server", "10000",
                               "Label files a deployment may hold for episodes that were not kept; one more "
                               "is 400 `invalid_request` (read when a label arrives)."),
@@ -202,12 +206,15 @@ ERROR_NOTES = {
     "warming": "The worker is loading; `Retry-After` (the last measured spawn-to-ready time, else 30 s) says "
                "when to ask again, `details.phase` how far it got.",
     "worker_failed": "The worker failed to load or died; `details` has the phase, exception and log tail.",
-    "unavailable": "Not retryable as is: e.g. a channel already has 32 requests in flight, or an upstream "
-                   "(chat endpoint, gateway) failed.",
+    "unavailable": "Not retryable as is: e.g. a channel already has 32 requests in flight, an upstream "
+                   "(chat endpoint, gateway) failed, or no card is free for a worker (`details.reason` "
+                   "`gpu_busy`: every card is held; `gpu_low_stock`: every card of the listed types is held "
+                   "while another type is free).",
     "queued": "Every slot of a `@seq.concurrent` policy is taken and it queues (`on_full=\"queue\"`): "
               "`details.position`, `estimate_s`, `ticket`; connect again with the ticket after Retry-After.",
     "queue_timeout": "Waited `queue_timeout_s` in line without a slot.",
-    "deployment_full": "Every slot is taken and the policy declares `on_full=\"reject\"`.",
+    "deployment_full": "Every slot is taken and the policy declares `on_full=\"reject\"`; or the deployment "
+                       "already holds its `max_gpus` cards (`details.reason` `deployment_full`).",
     "deployment_stopped": "The deployment is under an emergency stop (`seq policy stop`) until `seq policy start`.",
     "gpu_limit_reached": "Starting one more worker would exceed `$SEQ_MAX_GPUS`.",
     "too_many_connections": "The worker's websocket places (64 by default) are all taken; `Retry-After: 1`, "

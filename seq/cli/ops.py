@@ -189,15 +189,18 @@ def alerts_test(hook_id: str, gw: Optional[str] = GatewayOpt, api_key: Optional[
 
 @gpus_app.command("gpus")
 def gpus(gw: Optional[str] = GatewayOpt, api_key: Optional[str] = ApiKeyOpt, data_dir: Optional[Path] = DataDirOpt) -> None:
-    """The machine's cards (nvidia-smi, else CPU), what each deployment holds and what is free."""
+    """The machine's cards (NVML, else nvidia-smi, else CPU; SEQ_FAKE_GPUS on the gateway fakes
+    them), which worker holds each card, what each deployment holds and what is free."""
     g = call(gw, api_key, data_dir, "GET", "/v1/gpus")
     cpu = g["cpu"]
     _print(f"source      {g['source']}" + (f" ({g['error']})" if g.get("error") else ""))
     _print(f"cpu         {cpu['cores']} cores, {cpu['memory_gib']} GiB memory")
     if g["cards"]:
-        table = Table("index", "type", "name", "memory MiB")
+        table = Table("index", "type", "name", "memory MiB", "held by")
         for c in g["cards"]:
-            table.add_row(str(c["index"]), c["type"], c["name"], str(c["memory_mib"]))
+            held = ", ".join(f"{h['deployment']} ({h['role']} {h['worker']}" + (f", pid {h['pid']})" if h.get("pid") else ")")
+                             for h in c.get("held_by") or []) or ("free" if "held_by" in c else "-")
+            table.add_row(str(c["index"]), c["type"], c["name"], str(c["memory_mib"]), held)
         out.print(table)
         _print("free        " + ", ".join(f"{t} {n}/{g['types'][t]}" for t, n in sorted(g["free"].items())))
     else:

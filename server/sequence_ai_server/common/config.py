@@ -17,6 +17,7 @@ home on the server side: the gateway's ``serve`` and a worker started without ``
 | ``SEQ_RAY_GPUS_PER_NODE`` | ``ray_gpus_per_node`` | 8 (cards in one machine of a Ray group) |
 | ``SEQ_ALERT_BACKOFF_S`` | ``alert_backoff_s`` | ``0.5,1,2,4`` (waits before each webhook retry) |
 | ``SEQ_TEST_CLOCK_FILE`` | ``test_clock_file`` | None (scheduled scaling reads the real time) |
+| ``SEQ_FAKE_GPUS`` | ``fake_gpus`` | None (the real cards: NVML, else nvidia-smi); ``L4,L4,H100`` presents those cards |
 """
 from __future__ import annotations
 
@@ -61,7 +62,9 @@ class ServerConfig:
     machine; a policy asking for more becomes a group of whole machines (launchers/ray.py).
     ``alert_backoff_s`` (s): the waits before each retry of a webhook delivery (alerts.py).
     ``test_clock_file``: a file holding unix seconds that scheduled scaling reads as the time
-    (for tests that open and close a window; unset in production)."""
+    (for tests that open and close a window; unset in production). ``fake_gpus``: card names
+    (``NAME`` or ``NAME=GiB``) the gateway presents instead of the machine's cards, numbered from
+    0, for tests and CPU machines: workers are pinned to them as to real ones (ops/gpus.py)."""
 
     data_dir: Path = field(default_factory=_data_dir_setting)
     lease_ttl_s: float = LEASE_TTL_S
@@ -73,6 +76,7 @@ class ServerConfig:
     ray_gpus_per_node: int = 8
     alert_backoff_s: tuple = (0.5, 1.0, 2.0, 4.0)
     test_clock_file: Optional[Path] = None
+    fake_gpus: Optional[tuple] = None
 
     @classmethod
     def from_env(cls, data_dir: Optional[Path] = None, environ: Optional[Mapping[str, str]] = None) -> "ServerConfig":
@@ -95,7 +99,29 @@ class ServerConfig:
             ray_gpus_per_node=gpus_per_node_setting(env) if backend == "ray" else 8,
             alert_backoff_s=_backoff(env),
             test_clock_file=Path(env["SEQ_TEST_CLOCK_FILE"]) if env.get("SEQ_TEST_CLOCK_FILE") else None,
+            fake_gpus=fake_gpus_setting(env),
         )
+
+
+def fake_gpus_setting(env: Mapping[str, str]) -> Optional[tuple]:
+    """``$SEQ_FAKE_GPUS`` in ``env`` as a tuple of card entries (None when unset or blank). Raises
+    ValueError naming an empty entry or one whose ``=GiB`` is not a number above 0."""
+    raw = (env.get("SEQ_FAKE_GPUS") or "").strip()
+    if not raw:
+        return None
+    entries = tuple(e.strip() for e in raw.split(","))
+    for e in entries:
+        name, sep, mem = e.partition("=")
+        bad = not name.strip()
+        if sep and not bad:
+            try:
+                bad = not float(mem) > 0
+            except ValueError:
+                bad = True
+        if bad:
+            raise ValueError(f"SEQ_FAKE_GPUS={raw!r}: entry {e!r} is not a card name (or NAME=GiB); write e.g. "
+                             f"SEQ_FAKE_GPUS=L4,L4,H100 or L4=24,H100=80")
+    return entries
 
 
 def gpus_per_node_setting(env: Mapping[str, str]) -> int:

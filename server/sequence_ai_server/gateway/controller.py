@@ -127,9 +127,11 @@ class Gateway:
         self.launcher = launcher
         self.ops = OpsService(self.store._db, self.store._lock, self.store, self.data_dir, require=self.store.require,
                               key_deployment=self._key_deployment, places_cards=launcher.places_cards,
-                              alert_backoff_s=config.alert_backoff_s, test_clock_file=config.test_clock_file, clock=clock)
+                              alert_backoff_s=config.alert_backoff_s, test_clock_file=config.test_clock_file,
+                              fake_gpus=config.fake_gpus, clock=clock)
         self.supervisor = Supervisor(self.store, launcher, self.data_dir, warm_floor=self.ops.warm_floor,
-                                     card_refusal=self.ops.card_refusal, clock=clock)
+                                     card_refusal=self.ops.card_refusal,
+                                     cards=None if launcher.places_cards else self.ops.cards, clock=clock)
         self.traffic = TrafficService(self.store, self.supervisor, self.keys, config.max_gpus)
         self.health = HealthCheck(self.store, self.supervisor, self.data_dir, interval_s=config.health_interval_s,
                                   usage_since=self.ops.usage_since, take_usage=self.ops.take_worker_usage, clock=clock)

@@ -28,6 +28,7 @@ from sequence_ai_server.gateway.worker_record import (DEFAULT_IDLE_TIMEOUT_S, JA
                                                       WorkerRecord, _exit_reason, _log_tail, _ready_host, _terminate,
                                                       worker_key)
 from sequence_ai_server.launchers.base import Launcher, WorkerLaunchSpec, declared_resources
+from sequence_ai_server.ops.cards import CardRefused
 from sequence_ai_server.ops.service import Running
 
 __all__ = ["Supervisor", "DataDirInUse"]
@@ -40,14 +41,16 @@ class Supervisor:
 
     ``launcher``: how workers start (launchers/base.py). ``warm_floor(row)``: workers to keep warm
     for a deployment (ops). ``card_refusal(spec)``: why a loaded spec's ``gpu=`` cannot run here,
-    or None (ops). ``clock``: unix s. Subscribe to its events with :meth:`on`."""
+    or None (ops). ``cards``: pins each local worker to its cards (ops/cards.py ``CardPins``: ``pin``
+    before the start, then ``bind`` or ``release``); None pins nothing. ``clock``: unix s. Subscribe
+    to its events with :meth:`on`."""
 
     def __init__(self, store: Store, launcher: Launcher, data_dir: Path, *,
                  warm_floor: Callable[[DeploymentRow], int] = lambda row: 0,
                  card_refusal: Callable[[Optional[dict]], Optional[dict]] = lambda spec: None,
-                 clock: Callable[[], float] = time.time) -> None:
+                 cards: Any = None, clock: Callable[[], float] = time.time) -> None:
         self.store, self.launcher, self.data_dir = store, launcher, data_dir
-        self._warm_floor, self._card_refusal, self.clock = warm_floor, card_refusal, clock
+        self._warm_floor, self._card_refusal, self._cards, self.clock = warm_floor, card_refusal, cards, clock
         self.workers: dict[str, WorkerRecord] = {}
         self.retiring: list[WorkerRecord] = []       # replaced workers draining after a version switch
         self.side_failed: dict[str, dict] = {}       # side worker key -> why its last start failed
@@ -183,6 +186,8 @@ class Supervisor:
                                    f"(SEQ_MAX_GPUS); {name!r} cannot start", details={"max_gpus": max_workers},
                                    hint="stop a deployment (`seq policy stop NAME`) or raise SEQ_MAX_GPUS")
             spec = self.launch_spec(name, role, file, class_name, version, source)
+            if self._cards is not None:      # its cards, or CardRefused (gpu_busy, deployment_full, ...)
+                spec = self._cards.pin(spec, key)
             self._starting[key] = Running(name, role.value, (spec.resources or {}).get("gpu"))
             undo = reserve(spec)
         try:
@@ -199,6 +204,8 @@ class Supervisor:
             with self._locked():
                 self._starting.pop(key, None)
                 undo()
+                if self._cards is not None:
+                    self._cards.release(spec)
             raise
         w = WorkerRecord(name, proc, spec.ready_file, spec.log_path, self.clock(), log_handle=handle, secret=spec.secret,
                          secret_file=spec.secret_file, activity_file=spec.activity_file, version=version, file=file,
@@ -207,6 +214,8 @@ class Supervisor:
         with self._locked():
             self._starting.pop(key, None)
             self.workers[key] = w
+            if self._cards is not None:      # its cards are free again once this process has exited
+                self._cards.bind(spec, proc)
             self.cold_starts += 1
             log.info("started worker for %s v%d (pid %d)", name, version, proc.pid)
             self.save_workers()
@@ -217,7 +226,8 @@ class Supervisor:
         """Start the serving worker of ``name``'s serving version (its row: starting, a new epoch
         and secret). False when one runs or starts already. Raises ApiError gpu_limit_reached
         past ``max_workers``, what ``admit(running)`` raises (checked with the start, as one
-        step), or the launcher's refusal."""
+        step), the launcher's refusal, or CardRefused when no card is free (the row: stopped,
+        phase ``no_card``, the reason as its error)."""
         row = self.store.get(name)
         kept = {v.version: v for v in self.store.versions(name)}
         source = Path(kept[row.version].source_file) if row.version in kept else Path(row.file)
@@ -231,7 +241,13 @@ class Supervisor:
                                              worker_port=row.worker_port, secret=row.secret, epoch=row.epoch,
                                              error=row.error, details=row.details, started_at=row.started_at,
                                              ready_at=row.ready_at)
-        w = self._start(name, Role.SERVING, name, row.file, row.class_name, row.version, source, reserve, max_workers, admit)
+        try:
+            w = self._start(name, Role.SERVING, name, row.file, row.class_name, row.version, source, reserve,
+                            max_workers, admit)
+        except CardRefused as exc:      # no card now: stopped, and the next connect tries again
+            self.store.update(name, status="stopped", phase="no_card", error=exc.detail, details=exc.details,
+                              worker_pid=None, worker_port=None)
+            raise
         if w is None:
             return False
         with self._locked():

@@ -42,6 +42,9 @@ class WorkerLaunchSpec:
     ``image``: the image spec dict (``seq.Image.to_dict()``) or None. ``log_path``: the
     deployment's worker log. ``adoptable``: a local worker that outlives its gateway (it
     watches a supervisor file) rather than one that stops with its parent (``--parent-pid``).
+    ``cards``: the card indices the worker is pinned to (ops/cards.py; ``()``: none, a CPU
+    worker; None: not pinned, the environment's own ``CUDA_VISIBLE_DEVICES`` stays), see
+    :meth:`card_environment`.
     """
 
     name: str
@@ -62,6 +65,7 @@ class WorkerLaunchSpec:
     port: int = 0
     host: Optional[str] = None
     adoptable: bool = True
+    cards: Optional[tuple] = None
 
     # -- the run files of a local worker (the worker writes ready/phase/error; the launcher reads them)
     @property
@@ -123,6 +127,19 @@ class WorkerLaunchSpec:
         env["SEQ_WORKER_ACTIVITY_FILE"] = str(self.activity_file)  # idle tracking (leases.py)
         env["SEQ_DEPLOYMENT_VERSION"] = str(self.version)
         return env
+
+    def card_environment(self) -> dict:
+        """The variables that pin the worker to ``cards`` (empty when it is not pinned):
+        ``CUDA_VISIBLE_DEVICES`` (the indices, comma-separated), ``CUDA_DEVICE_ORDER=PCI_BUS_ID``
+        (so CUDA numbers the cards as NVML and nvidia-smi do, not fastest first) and
+        ``NVIDIA_VISIBLE_DEVICES`` (the same, for a worker in a container). A CPU worker
+        (``cards=()``) gets ``CUDA_VISIBLE_DEVICES=""``: CUDA then sees no card, so a CPU policy
+        that imports torch cannot put a context on a card another deployment holds; and
+        ``NVIDIA_VISIBLE_DEVICES=void`` (the container runtime adds nothing)."""
+        if self.cards is None:
+            return {}
+        ids = ",".join(str(int(i)) for i in self.cards)
+        return {"CUDA_VISIBLE_DEVICES": ids, "CUDA_DEVICE_ORDER": "PCI_BUS_ID", "NVIDIA_VISIBLE_DEVICES": ids or "void"}
 
 
 def platform_paths() -> list[str]:

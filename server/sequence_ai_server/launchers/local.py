@@ -144,6 +144,10 @@ class LocalWorker:
         spec = self.spec
         env = spec.environment(extra_paths=extra_paths)
         env.update(image_env or {})
+        pinned = spec.card_environment()         # its cards (ops/cards.py), applied last: nothing overrides them
+        env.update(pinned)
+        if pinned:
+            log_handle.write(f"cards: CUDA_VISIBLE_DEVICES={pinned['CUDA_VISIBLE_DEVICES']!r}\n".encode())
         proc = subprocess.Popen(spec.command(python), stdout=log_handle, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, env=env, cwd=spec.cwd, start_new_session=True)
         with self._lock:

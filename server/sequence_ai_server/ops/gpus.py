@@ -1,12 +1,15 @@
 """The machine's card inventory (``seq gpus``, ``GET /v1/gpus``) and the check of a policy's
 ``gpu=`` declaration against it.
 
-The inventory comes from ``nvidia-smi`` when it is on the PATH (one CSV query, parsed by
-:func:`parse_nvidia_smi_csv`), else the machine is a CPU box: no cards, its cores and memory.
+The inventory is read, in this order, from: a fake list (``SEQ_FAKE_GPUS``, for tests and CPU
+machines: :func:`fake_cards`), NVML through ``nvidia-ml-py`` (``import pynvml``: per card its
+index, name, memory, UUID and the processes on it), ``nvidia-smi`` when NVML cannot be read (one
+CSV query, parsed by :func:`parse_nvidia_smi_csv`), else the machine is a CPU box: no cards, its
+cores and memory. A card's *index* is NVML's (PCI bus order, as ``nvidia-smi`` numbers them).
 A card's *type* is its marketing name without the vendor words (``"NVIDIA H200"`` -> ``H200``,
 ``"NVIDIA A100-SXM4-80GB"`` -> ``A100``), which is what ``gpu="H200"`` / ``gpu="A100:2"`` name.
-``gpu="cpu"`` (or no ``gpu=``) needs no card. What each deployment holds is its running
-workers' declared cards; free is the machine's cards of each type less what is held.
+``gpu="cpu"`` (or no ``gpu=``) needs no card. Which worker holds which card is the card pool's
+(cards.py); :func:`holdings` is the count by declaration, for a launcher that places cards itself.
 """
 from __future__ import annotations
 
@@ -18,7 +21,7 @@ import subprocess
 from typing import Any, Optional
 
 __all__ = ["NVIDIA_SMI_QUERY", "parse_nvidia_smi_csv", "card_type", "inventory", "declared_cards",
-           "gpu_refusal", "holdings"]
+           "gpu_refusal", "holdings", "fake_cards", "nvml_cards", "FAKE_MEMORY_GIB"]
 
 NVIDIA_SMI_QUERY = ["--query-gpu=index,name,memory.total,uuid", "--format=csv,noheader,nounits"]
 """The arguments ``inventory`` runs nvidia-smi with (memory.total in MiB)."""
@@ -69,28 +72,122 @@ def _memory_gib() -> Optional[float]:
         return None
 
 
-def inventory(nvidia_smi: Optional[str] = None) -> dict:
-    """The machine's cards: ``{"source": "nvidia-smi" | "cpu", "cards": [card dicts],
-    "types": {type: count}, "cpu": {"cores": int, "memory_gib": float | None}, "error": str | None}``.
-    ``nvidia_smi``: the binary (default: ``nvidia-smi`` on the PATH). A binary that fails is
-    reported in ``error`` with no cards, never raised."""
-    binary = nvidia_smi or shutil.which("nvidia-smi")
+FAKE_MEMORY_GIB = {"T4": 16, "L4": 24, "A10G": 24, "A10": 24, "L40S": 48, "A100": 80, "H100": 80, "H200": 141,
+                   "B200": 180, "RTX4090": 24, "RTX-PRO-6000": 96}
+"""Memory a fake card of a known type reports (GiB) when its ``SEQ_FAKE_GPUS`` entry gives none."""
+
+
+def fake_cards(entries: Any) -> list[dict]:
+    """Cards for a fake inventory: one per entry of ``entries`` (``"L4,L4,H100"`` or a list),
+    numbered from 0 in order. An entry is a card name (``L4``, ``NVIDIA H100 80GB HBM3``) or
+    ``NAME=GIB`` to give its memory (else :data:`FAKE_MEMORY_GIB`'s, or unknown). Raises ValueError
+    naming an entry that is empty or whose memory is not a positive number."""
+    items = entries.split(",") if isinstance(entries, str) else list(entries)
+    cards = []
+    for i, raw in enumerate(items):
+        name, sep, mem = str(raw).partition("=")
+        name = name.strip()
+        if not name:
+            raise ValueError(f"SEQ_FAKE_GPUS entry {i + 1} ({raw!r}) names no card; write card names separated "
+                             f"by commas, e.g. SEQ_FAKE_GPUS=L4,L4,H100 (or L4=24 to give a card's memory in GiB)")
+        kind = card_type(name)
+        gib: Optional[float] = FAKE_MEMORY_GIB.get(kind.upper())
+        if sep:
+            try:
+                gib = float(mem)
+            except ValueError:
+                gib = -1.0
+            if not gib > 0:
+                raise ValueError(f"SEQ_FAKE_GPUS entry {raw.strip()!r}: the memory after '=' must be a number of "
+                                 f"GiB above 0 (e.g. {name}=24)")
+        cards.append({"index": i, "name": name, "type": kind, "memory_mib": None if gib is None else int(gib * 1024),
+                      "uuid": f"GPU-fake-{i:04d}-{kind.lower()}", "processes": []})
+    return cards
+
+
+def nvml_cards(nvml: Any = None) -> list[dict]:
+    """The machine's cards from NVML (``pynvml``, the ``nvidia-ml-py`` binding; ``nvml``: a module
+    that behaves like it, for a test): index, name, type, memory, UUID and the pids of the compute
+    processes on each card. Raises ImportError when the binding is not installed and
+    ``pynvml.NVMLError`` when NVML cannot be read (no driver, no library)."""
+    if nvml is None:
+        import pynvml as nvml
+    nvml.nvmlInit()
+    try:
+        cards = []
+        for i in range(nvml.nvmlDeviceGetCount()):
+            h = nvml.nvmlDeviceGetHandleByIndex(i)
+            name, uuid = nvml.nvmlDeviceGetName(h), nvml.nvmlDeviceGetUUID(h)
+            name = name.decode() if isinstance(name, bytes) else str(name)
+            uuid = uuid.decode() if isinstance(uuid, bytes) else str(uuid)
+            try:
+                memory: Optional[int] = int(nvml.nvmlDeviceGetMemoryInfo(h).total // 2**20)
+            except nvml.NVMLError:
+                memory = None
+            try:
+                procs = sorted({int(p.pid) for p in nvml.nvmlDeviceGetComputeRunningProcesses(h)})
+            except nvml.NVMLError:
+                procs = []
+            cards.append({"index": i, "name": name, "type": card_type(name), "memory_mib": memory, "uuid": uuid,
+                          "processes": procs})
+        return cards
+    finally:
+        nvml.nvmlShutdown()
+
+
+def _nvml_unread(exc: Exception) -> bool:
+    """Whether NVML failed only because this machine has no NVIDIA driver or library (a CPU box:
+    nothing to report) rather than a driver that answers wrong."""
+    name = type(exc).__name__
+    return isinstance(exc, ImportError) or name in ("NVMLError_LibraryNotFound", "NVMLError_DriverNotLoaded",
+                                                   "NVMLError_NotFound") or isinstance(exc, OSError)
+
+
+def _smi_cards(binary: str) -> tuple[list[dict], Optional[str]]:
+    try:
+        res = subprocess.run([binary, *NVIDIA_SMI_QUERY], capture_output=True, text=True, timeout=10)
+        if res.returncode != 0:
+            return [], f"nvidia-smi exited {res.returncode}: {(res.stderr or res.stdout).strip()[:200]}"
+        cards = parse_nvidia_smi_csv(res.stdout)
+        for c in cards:
+            c["processes"] = []
+        return cards, None
+    except (OSError, subprocess.TimeoutExpired, ValueError) as exc:
+        return [], f"nvidia-smi could not be read: {exc}"
+
+
+def inventory(nvidia_smi: Optional[str] = None, *, fake: Any = None, nvml: Any = None,
+              use_nvml: bool = True) -> dict:
+    """The machine's cards: ``{"source": "fake" | "nvml" | "nvidia-smi" | "cpu", "cards": [card
+    dicts], "types": {type: count}, "cpu": {"cores": int, "memory_gib": float | None}, "error":
+    str | None}``. ``fake``: ``SEQ_FAKE_GPUS``'s entries (:func:`fake_cards`; raises ValueError for
+    a bad one); ``nvml``: a stand-in for ``pynvml``; ``use_nvml=False`` skips NVML; ``nvidia_smi``:
+    the binary (default: ``nvidia-smi`` on the PATH). A source that fails is reported in ``error``
+    (with no cards), never raised; a machine with no NVIDIA driver at all is a CPU box, no error."""
     cards: list[dict] = []
-    error = None
-    if binary:
-        try:
-            res = subprocess.run([binary, *NVIDIA_SMI_QUERY], capture_output=True, text=True, timeout=10)
-            if res.returncode != 0:
-                error = f"nvidia-smi exited {res.returncode}: {(res.stderr or res.stdout).strip()[:200]}"
+    errors: list[str] = []
+    source = "cpu"
+    if fake:
+        cards, source = fake_cards(fake), "fake"
+    else:
+        if use_nvml:
+            try:
+                cards, source = nvml_cards(nvml), "nvml"
+            except Exception as exc:  # noqa: BLE001 - NVML raises its own error classes; any is "unread"
+                if not _nvml_unread(exc):
+                    errors.append(f"NVML could not be read: {type(exc).__name__}: {exc}")
+        binary = nvidia_smi or shutil.which("nvidia-smi")
+        if source == "cpu" and binary:
+            cards, err = _smi_cards(binary)
+            if err is None:
+                source, errors = "nvidia-smi", []
             else:
-                cards = parse_nvidia_smi_csv(res.stdout)
-        except (OSError, subprocess.TimeoutExpired, ValueError) as exc:
-            error = f"nvidia-smi could not be read: {exc}"
+                errors.append(err)
     types: dict[str, int] = {}
     for c in cards:
         types[c["type"]] = types.get(c["type"], 0) + 1
-    return {"source": "nvidia-smi" if binary and error is None else "cpu", "cards": cards, "types": types,
-            "cpu": {"cores": os.cpu_count() or 1, "memory_gib": _memory_gib()}, "error": error}
+    return {"source": source, "cards": cards, "types": types,
+            "cpu": {"cores": os.cpu_count() or 1, "memory_gib": _memory_gib()}, "error": "; ".join(errors) or None}
 
 
 def declared_cards(gpu: Any) -> tuple[list[str], int]:

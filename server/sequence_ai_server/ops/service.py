@@ -8,8 +8,9 @@ package imports nothing of the gateway's.
 ``tick(now, running)`` runs once a second from the gateway's control tick: it meters
 worker-seconds, notices failed builds, and judges each webhook's error-rate and p95 thresholds.
 The health check hands each serving worker's ``/ping`` usage to ``take_worker_usage``. The
-supervisor asks ``warm_floor`` how many workers to keep warm and ``card_refusal`` whether a
-declared ``gpu=`` names a card this machine lacks; connect and deploy ask ``check_quota``; a
+supervisor asks ``warm_floor`` how many workers to keep warm, ``card_refusal`` whether a
+declared ``gpu=`` names a card this machine lacks and ``cards`` (cards.py) which cards a worker is
+pinned to; connect and deploy ask ``check_quota``; a
 crashed worker reaches ``alert_crash`` as a supervisor event.
 """
 from __future__ import annotations
@@ -21,6 +22,7 @@ from pathlib import Path
 from typing import Any, Callable, NamedTuple, Optional, Protocol, Sequence
 
 from sequence_ai_server.ops.alerts import Dispatcher, WebhookStore
+from sequence_ai_server.ops.cards import CardPins, CardPool
 from sequence_ai_server.ops.gpus import declared_cards, gpu_refusal, holdings, inventory
 from sequence_ai_server.ops.quotas import LimitStore, refusal
 from sequence_ai_server.ops.schedule import ScaleStore
@@ -43,8 +45,8 @@ class Running(NamedTuple):
 
 class Rows(Protocol):
     """The deployment rows ops reads (the gateway's store): each row has ``name``, ``version``,
-    ``status``, ``phase``, ``served``, ``error``, ``started_at``, ``build``, ``spec`` and
-    ``spec_value(key, default)``."""
+    ``status``, ``phase``, ``served``, ``error``, ``started_at``, ``build``, ``spec``,
+    ``worker_pid`` (its serving worker's) and ``spec_value(key, default)``."""
 
     def get(self, name: str) -> Any: ...
     def all(self) -> list: ...
@@ -58,12 +60,13 @@ class OpsService:
     the deployment a key id is bound to (None: unbound or unknown). ``places_cards``: whether
     something else (a Ray cluster) places cards, so no ``gpu=`` is checked here.
     ``alert_backoff_s``: waits (s) before each webhook retry. ``test_clock_file``: a file holding
-    unix s that scheduled scaling reads as the time. ``clock``: unix s (injectable)."""
+    unix s that scheduled scaling reads as the time. ``fake_gpus``: ``SEQ_FAKE_GPUS``'s card names
+    (a fake inventory, gpus.fake_cards). ``clock``: unix s (injectable)."""
 
     def __init__(self, db: Any, lock: Any, rows: Rows, data_dir: Path, *, require: Callable[[str], Any],
                  key_deployment: Callable[[str], Optional[str]], places_cards: bool = False,
                  alert_backoff_s: Sequence[float] = (0.5, 1.0, 2.0, 4.0), test_clock_file: Optional[Path] = None,
-                 clock: Callable[[], float] = time.time) -> None:
+                 fake_gpus: Optional[Sequence[str]] = None, clock: Callable[[], float] = time.time) -> None:
         self.rows, self.data_dir, self.require = rows, data_dir, require
         self._key_deployment, self.places_cards = key_deployment, places_cards
         self._test_clock_file, self._now = test_clock_file, clock
@@ -74,6 +77,8 @@ class OpsService:
         self.alerts = Dispatcher(self.webhooks, backoff_s=tuple(alert_backoff_s))
         self.recent = Recent()
         self._inventory: Optional[dict] = None
+        self._fake_gpus = tuple(fake_gpus) if fake_gpus else None
+        self._pins: Optional[CardPins] = None
         self._metered_at: Optional[float] = None
         self._pending: dict[tuple, float] = {}       # (deployment, card) -> worker-seconds not yet written
         self._flushed_at = clock()
@@ -118,15 +123,39 @@ class OpsService:
     def card_inventory(self, refresh: bool = False) -> dict:
         """The machine's cards (gpus.inventory), read once and kept."""
         if self._inventory is None or refresh:
-            self._inventory = inventory()
+            self._inventory = inventory(fake=self._fake_gpus)
         return self._inventory
+
+    @property
+    def cards(self) -> CardPins:
+        """Which worker holds which card (cards.py), over this machine's inventory; claims are
+        kept in ``run/cards.json`` for a restarted gateway."""
+        if self._pins is None:
+            (self.data_dir / "run").mkdir(parents=True, exist_ok=True)
+            pool = CardPool(self.card_inventory()["cards"], self.data_dir / "run" / "cards.json")
+            self._pins = CardPins(pool, lambda gpu: gpu_refusal(gpu, self.card_inventory()),
+                                  lambda: {r.name: r.worker_pid for r in self.rows.all() if r.worker_pid})
+        return self._pins
 
     def gpus_view(self, running: list[Running]) -> dict:
         """``GET /v1/gpus``: the inventory, what each deployment holds of it (``running``: the
-        running workers) and what is free."""
+        running workers) and what is free. Locally each card names its holders (``held_by``:
+        deployment, worker key, role, pid) and a deployment's cards are the ones it holds."""
         inv = self.card_inventory()
-        return {**inv, **holdings([tuple(r) for r in running], inv),
-                "check": "local" if not self.places_cards else "off (the Ray cluster places cards)"}
+        out = {**inv, **holdings([tuple(r) for r in running], inv),
+               "check": "local" if not self.places_cards else "off (the Ray cluster places cards)"}
+        if self.places_cards:
+            return out
+        cards = self.cards.view()
+        for entry in out["held"].values():
+            entry["cards"] = {}
+        for c in cards:
+            for name in sorted({h["deployment"] for h in c["held_by"]}):
+                entry = out["held"].setdefault(name, {"workers": 0, "cards": {}})
+                entry["cards"][c["type"]] = entry["cards"].get(c["type"], 0) + 1
+        out["free"] = {t: sum(1 for c in cards if c["type"] == t and not c["held_by"]) for t in inv["types"]}
+        out["cards"] = cards
+        return out
 
     def card_refusal(self, spec: Optional[dict]) -> Optional[dict]:
         """Why a worker whose loaded ``spec`` declares ``gpu=`` cannot run on this machine
