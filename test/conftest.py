@@ -2,6 +2,9 @@
 
     gateway      a fresh gateway (temp data dir) for one test; .url, .api_key, .deploy(file, name, wait=True)
     echo_policy  path of test/policies/echo_policy.py
+
+and, from test/_schedule.py, the ros / e2e / slow markers on every collected test and the order the
+files run in (heaviest first). Waiting for something in a test: test/_wait.py's eventually().
 """
 from __future__ import annotations
 
@@ -38,7 +41,13 @@ _worker = os.environ.get("PYTEST_XDIST_WORKER", "")
 if _worker.startswith("gw") and _worker[2:].isdigit():
     os.environ["ROS_DOMAIN_ID"] = str((_base + 50 * int(_worker[2:]) - 1) % 101 + 1)
 
+import _schedule  # noqa: E402
 from _servers import ECHO_POLICY, GatewayProcess, WorkerProcess  # noqa: E402
+
+
+@pytest.hookimpl(tryfirst=True)          # before -m deselects by the markers added here
+def pytest_collection_modifyitems(config, items):
+    _schedule.apply(items)
 
 
 @pytest.fixture

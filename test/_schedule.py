@@ -1,0 +1,131 @@
+"""The order the suite's files run in and the markers their tests carry (test/conftest.py applies both).
+
+Order. scripts/test.sh runs two pytest-xdist workers with ``--dist loadfile``: a worker takes the
+next whole file from the queue when its current one is down to two tests. The queue is the
+collection order (given ``--no-loadscope-reorder``; by default xdist re-sorts it by number of
+tests, which put the 108 s ``test_ros_workspace.py`` with its 3 tests near the end). Files go
+heaviest first (longest processing time first), so the light ones fill in at the end instead of
+one heavy file keeping a worker busy while the other has nothing left. ``FILE_SECONDS`` holds
+what each file took; a file not in it counts ``DEFAULT_SECONDS``.
+
+Markers. ``ros``: the file imports ROS 2 (rclpy, launch, the interfaces, sequence_ai_ros, the
+driver tests' fixtures) or is a ``test_ros_*`` file (some start ROS nodes as processes). ``e2e``:
+the whole stack as a user runs it (``E2E``). ``slow``: the e2e files, ``SLOW`` and every file of
+``SLOW_S`` seconds or more. ``bash scripts/test.sh --fast`` runs ``-m "not ros and not slow"``.
+
+Refresh the table from a full run (scripts/test.sh writes build/test-results.xml):
+
+    python test/_schedule.py build/test-results.xml
+"""
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+# Seconds per file (setup + call + teardown of all its tests). The heavy tests are the 120 slowest
+# of a full two-worker run from a clean clone (859 s wall), plus 1 s for each other test of those
+# files; the files with no test among those 120 were timed in one serial run here at a load
+# average of about 8, scaled by 0.45 to the two-worker run's pace (the `gateway` fixture took 8-9 s
+# to start there against under 3.8 s in that run).
+FILE_SECONDS = {
+    "test_ros_workspace.py": 117, "test_worker_fuzz.py": 92, "test_gateway.py": 74,
+    "test_ray_backend.py": 64, "test_demo_cli.py": 61, "test_capture_recording.py": 56,
+    "test_platform_ops.py": 52, "test_eval_pick_place.py": 50, "test_worker.py": 50,
+    "test_gateway_restart.py": 48, "test_hardening.py": 46, "test_ros_launch.py": 46,
+    "test_core_loop.py": 40, "test_flywheel.py": 39, "test_demo_end_to_end.py": 38, "test_core_delay.py": 35,
+    "test_platform_access.py": 32, "test_platform_versions.py": 32, "test_ops_hardening.py": 30,
+    "test_bag_export_paths.py": 29, "test_client_promises.py": 29, "test_core_client.py": 29,
+    "test_platform_traffic.py": 29, "test_ros_driver.py": 29, "test_layering.py": 28,
+    "test_core_properties.py": 27, "test_mcp_server.py": 25, "test_delay_wire.py": 24,
+    "test_core_lookahead.py": 23, "test_eval_learned.py": 23, "test_recipes.py": 23,
+    "test_ros_driver_lifecycle.py": 23, "test_bag_stamps.py": 20, "test_blocking_channel_faults.py": 19,
+    "test_core_wire.py": 18, "test_platform_params_slots.py": 18, "test_wheel_install.py": 18,
+    "test_adapters.py": 17, "test_capture_server.py": 16, "test_route_scopes.py": 15,
+    "test_client_queue.py": 14, "test_platform_images.py": 14, "test_refused_bodies.py": 14,
+    "test_platform_volumes.py": 12, "test_platform_secrets.py": 11, "test_platform_health.py": 10,
+    "test_platform_logs.py": 10, "test_seq_cli_package.py": 10, "test_sim.py": 10,
+    "test_client_transports.py": 9, "test_launch.py": 8, "test_ros_node_signals.py": 8,
+    "test_act_channel_limits.py": 7, "test_limits_seams.py": 7, "test_worker_auth.py": 7,
+    "test_act_channel.py": 6, "test_ros_driver_controllers.py": 6, "test_authoring.py": 4,
+    "test_core_interrupt.py": 4, "test_mcp_ros.py": 4, "test_pick_place_closed_loop.py": 4,
+    "test_channel_hardening.py": 3, "test_export_paths.py": 3, "test_chat_decide.py": 2,
+    "test_act_transports.py": 1, "test_capture_units.py": 1, "test_core_refill.py": 1,
+    "test_core_stop.py": 1, "test_docs.py": 1, "test_gateway_services.py": 1, "test_node_executor.py": 1,
+    "test_openpi_compat.py": 1, "test_openpi_hardening.py": 1, "test_server_config.py": 1,
+    "test_volume_eval_paths.py": 1, "test_worker_body_limit.py": 1, "test_core_units.py": 1,
+    "test_driver_units.py": 1, "test_eval_benchmark.py": 1, "test_export_target_units.py": 1,
+    "test_interfaces.py": 1, "test_protocol.py": 1, "test_recorder_label_paths.py": 1,
+    "test_recorder_post_roll.py": 1, "test_recorder_prune_paths.py": 1, "test_ros_launch_config.py": 1,
+    "test_spin_destroy_race.py": 1, "test_wait.py": 1,
+}
+DEFAULT_SECONDS = 10          # a new file: mid-queue until it is measured
+
+E2E = {"test_demo_cli.py", "test_demo_end_to_end.py", "test_ros_workspace.py", "test_wheel_install.py",
+       "test_eval_pick_place.py", "test_eval_learned.py", "test_flywheel.py"}
+SLOW = {"test_ray_backend.py"}
+SLOW_S = 20
+
+_ROS_IMPORT = re.compile(r"^\s*(?:from|import)\s+(?:rclpy|launch|launch_ros|launch_pytest|sequence_ai_msgs|"
+                         r"sequence_ai_ros|test_ros_driver|std_msgs|std_srvs|sensor_msgs|action_msgs|"
+                         r"builtin_interfaces|trajectory_msgs)\b", re.M)
+
+
+def seconds(name: str) -> float:
+    return FILE_SECONDS.get(name, DEFAULT_SECONDS)
+
+
+def markers(path: Path) -> list[str]:
+    """The markers every test of the file at ``path`` gets."""
+    name = path.name
+    found = []
+    if name.startswith("test_ros_") or _ROS_IMPORT.search(path.read_text(errors="replace")):
+        found.append("ros")
+    if name in E2E:
+        found.append("e2e")
+    if name in E2E or name in SLOW or seconds(name) >= SLOW_S:
+        found.append("slow")
+    return found
+
+
+def apply(items: list) -> None:
+    """Mark ``items`` (pytest's collected list) by file and put the heaviest files first, in place;
+    a file's tests keep their order, files of equal weight their collection order."""
+    first: dict[Path, int] = {}
+    for i, item in enumerate(items):
+        first.setdefault(item.path, i)
+    marks = {path: markers(path) for path in first}
+    for item in items:
+        for m in marks[item.path]:
+            item.add_marker(m)
+    items.sort(key=lambda item: (-seconds(item.path.name), first[item.path]))
+
+
+def table_from_junit(xml_path: str) -> dict[str, int]:
+    """Seconds per test file from a pytest JUnit XML report (each case's time is setup + call + teardown)."""
+    import xml.etree.ElementTree as ET
+    totals: dict[str, float] = {}
+    for case in ET.parse(xml_path).iter("testcase"):
+        module = case.get("classname", "").split(".")
+        name = next((m for m in module if m.startswith("test_")), None)
+        if name:
+            totals[name + ".py"] = totals.get(name + ".py", 0.0) + float(case.get("time") or 0)
+    return {name: max(1, round(s)) for name, s in sorted(totals.items(), key=lambda kv: (-kv[1], kv[0]))}
+
+
+def _print_table(table: dict[str, int]) -> None:
+    line, out = "    ", []
+    for name, s in table.items():
+        entry = f'"{name}": {s}, '
+        if len(line) + len(entry) > 110:
+            out.append(line.rstrip())
+            line = "    "
+        line += entry
+    out.append(line.rstrip())
+    print("FILE_SECONDS = {\n" + "\n".join(out) + "\n}")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        sys.exit("usage: python test/_schedule.py REPORT.xml   (a pytest --junitxml report of a full run)")
+    _print_table(table_from_junit(sys.argv[1]))
