@@ -57,7 +57,7 @@ FILE_SECONDS = {
     "test_driver_units.py": 1, "test_eval_benchmark.py": 1, "test_export_target_units.py": 1,
     "test_interfaces.py": 1, "test_protocol.py": 1, "test_recorder_label_paths.py": 1,
     "test_recorder_post_roll.py": 1, "test_recorder_prune_paths.py": 1, "test_ros_launch_config.py": 1,
-    "test_spin_destroy_race.py": 1, "test_wait.py": 1,
+    "test_spin_destroy_race.py": 1, "test_wait.py": 1, "test_schedule.py": 1,
 }
 DEFAULT_SECONDS = 10          # a new file: mid-queue until it is measured
 
