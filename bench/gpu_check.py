@@ -155,6 +155,7 @@ def check_gateway(inv: dict, tmp: Path) -> list[str]:
     """Step 3; returns the failures."""
     from _servers import GatewayProcess
     fails: list[str] = []
+    (tmp / "gw").mkdir()
     gw = GatewayProcess.start(tmp / "gw", timeout=60)
     try:
         files = []

@@ -14,6 +14,7 @@ is free), a rolling deploy shares its own deployment's card, and a stopped worke
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 import time
@@ -22,7 +23,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from _servers import ROOT, GatewayProcess, _env
+from _servers import ROOT, GatewayProcess, _env, _wait_file
 from sequence_ai_server.common.config import ServerConfig
 from sequence_ai_server.launchers.base import WorkerLaunchSpec
 from sequence_ai_server.ops.cards import CardPins, CardPool, CardRefused, declared_memory_mib, requested_cards
@@ -314,3 +315,35 @@ def test_a_gateway_with_fake_cards_pins_each_worker_to_its_card_and_names_the_ho
         assert json.loads(c.with_suffix(".env.json").read_text())["CUDA_VISIBLE_DEVICES"] == "0"
     finally:
         gw.close()
+
+
+def _gateway_on(tmp: Path, n: int, env: dict) -> GatewayProcess:
+    """A gateway on the data dir ``tmp/seq-home`` with its own ready file and log (``n``)."""
+    ready, log_path = tmp / f"gateway-{n}.ready.json", tmp / f"gateway-{n}.log"
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "sequence_ai_server.gateway", "--port", "0", "--data-dir",
+                                 str(tmp / "seq-home"), "--ready-file", str(ready)],
+                                stdout=log, stderr=subprocess.STDOUT, env=_env(env), cwd=str(tmp))
+    return GatewayProcess(proc, tmp / "seq-home", _wait_file(ready, proc, 60.0, log_path), log_path)
+
+
+def test_a_restarted_gateway_knows_the_card_its_adopted_worker_holds(tmp_path):
+    env = {"SEQ_FAKE_GPUS": "L4,L4"}
+    first = _gateway_on(tmp_path, 0, env)
+    gws = [first]
+    try:
+        a, b = _policy(tmp_path, "a", "L4"), _policy(tmp_path, "b", "L4")
+        assert first.deploy(str(a), "a")["status"] == "ready"
+        pid = first.status("a")["pid"]
+        first.client.close()
+        first.proc.send_signal(signal.SIGKILL)      # the worker outlives its gateway and is adopted
+        first.proc.wait()
+        gws.append(_gateway_on(tmp_path, 1, env))
+        g = gws[-1].client.get("/v1/gpus").json()
+        assert [(h["deployment"], h["pid"]) for h in g["cards"][0]["held_by"]] == [("a", pid)], g["cards"]
+        assert gws[-1].deploy(str(b), "b")["status"] == "ready"
+        assert json.loads(b.with_suffix(".env.json").read_text())["CUDA_VISIBLE_DEVICES"] == "1"
+    finally:
+        for g in gws:
+            if g.proc.poll() is None:
+                g.close()
