@@ -262,9 +262,10 @@ class Policy:
 
         Same keywords as ``AsyncPolicy.run`` (validate, hold, on_underrun, until, prefetch,
         lookahead, smooth_seam, startup_timeout_s, on_status, on_chunk, progress, params,
-        max_seconds, merge, delay_mode, blend_dims, max_frame_age_s). Raises what it raises,
-        ``DelayUnsupported`` before motion included.
-        observe/act/validate/until/hold run on this thread.
+        max_seconds, merge, delay_mode, blend_dims, max_frame_age_s, stop: a StopToken made
+        before the call, whose ``stop()`` from any thread ends this run ``interrupted`` with one
+        hold and no action after it). Raises what it raises, ``DelayUnsupported`` before motion
+        included. observe/act/validate/until/hold run on this thread.
         """
         warn_if_no_validate(options.get("validate"))
         return self._call(self._engine.run(observe, act, max_actions=max_actions, **options))
@@ -274,7 +275,8 @@ class Policy:
             **options: Any) -> RunOutcome:
         """``run()`` with ``instruction`` pinned and a required time bound ``max_seconds`` (s).
 
-        Ends ``until`` / ``timeout`` / ``interrupted`` / ``validate``. See AsyncPolicy.act.
+        Ends ``until`` / ``timeout`` / ``interrupted`` / ``validate``. Takes ``run()``'s keywords,
+        ``stop=`` (a StopToken) included. See AsyncPolicy.act.
         """
         warn_if_no_validate(options.get("validate"))
         return self._call(self._engine.act(instruction, observe, act, max_seconds=max_seconds,
