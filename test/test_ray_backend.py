@@ -26,6 +26,7 @@ import pytest
 
 from _core_support import ECHO, Recorder, connect, observation, unique
 from _servers import GatewayProcess, ROOT, echo_observation
+from _wait import eventually
 from sequence_ai_server.launchers.ray import actor_options, declared_resources, group_layout, max_workers
 
 pytestmark = pytest.mark.filterwarnings("ignore:run\\(\\)/act\\(\\) called with validate=None")
@@ -53,11 +54,13 @@ def _ray_node(args: list, temp: str, log_name: str, env: dict) -> tuple[subproce
 
 def _wait_node(proc: subprocess.Popen, log_path: Path, timeout: float = 90.0) -> None:
     """Until the node's log says its runtime started (AssertionError if it exits or times out)."""
-    deadline = time.monotonic() + timeout
-    while "Ray runtime started" not in log_path.read_text():
-        assert proc.poll() is None, log_path.read_text()[-3000:]
-        assert time.monotonic() < deadline, log_path.read_text()[-3000:]
-        time.sleep(0.2)
+    def started():
+        up = "Ray runtime started" in log_path.read_text()
+        assert up or proc.poll() is None, log_path.read_text()[-3000:]
+        return up
+
+    eventually(started, timeout, 0.2, what=f"the Ray node's runtime ({log_path.name})",
+               detail=lambda: log_path.read_text()[-3000:])
 
 
 def _stop_tree(procs: list) -> None:
@@ -258,10 +261,7 @@ def test_worker_actor_killed_mid_run_fires_hold_and_the_next_connect_recovers(ra
 
     t = threading.Thread(target=drive)
     t.start()
-    deadline = time.monotonic() + 30
-    while len(rec.rows) < 10 and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert len(rec.rows) >= 10, "the run never started"
+    eventually(lambda: len(rec.rows) >= 10, 30, 0.05, what="the run to start (10 rows)")
     os.kill(actor, signal.SIGKILL)               # the actor dies; its worker follows it
     os.kill(worker, signal.SIGKILL)
     t.join(timeout=60)
@@ -314,10 +314,8 @@ def test_two_member_group_runs_every_request_on_both_machines_and_rank_0_answers
     log_file = ray_gateway.data_dir.parent / "group-episodes.log"
     r = _act(lease, {"observation": {"n": 9}, "episode_id": "ep-g", "end_episode": True})
     assert r.status_code == 200, r.text
-    deadline = time.monotonic() + 20
-    while len(log_file.read_text().splitlines() if log_file.exists() else []) < 2:
-        assert time.monotonic() < deadline, "on_episode did not run on both members"
-        time.sleep(0.1)
+    eventually(lambda: len(log_file.read_text().splitlines() if log_file.exists() else []) >= 2, 20, 0.1,
+               what="on_episode to run on both members")
     assert sorted(log_file.read_text().splitlines()) == ["ep-g 0 3", "ep-g 1 3"]
     assert "[rank 1] " in ray_gateway.log(name)      # the second member's log reached the gateway
 
@@ -327,10 +325,7 @@ def test_a_lost_group_member_stops_the_whole_group_and_the_next_connect_starts_a
     ray_gateway.connect_ready(name, timeout=120)
     members = _ready(ray_gateway, name)["group"]
     os.kill(members[1]["pid"], signal.SIGKILL)                     # one machine's process dies
-    deadline = time.monotonic() + 30
-    while _alive(members[0]["pid"]):
-        assert time.monotonic() < deadline, "rank 0 kept running after rank 1 was lost"
-        time.sleep(0.1)
+    eventually(lambda: not _alive(members[0]["pid"]), 30, 0.1, what="rank 0 to stop after rank 1 was lost")
     dep = ray_gateway.wait_until(name, ("failed",), timeout=30)     # the gateway saw the group end
     assert dep["phase"] == "exited", dep
     assert "group_member_lost" in ray_gateway.log(name)

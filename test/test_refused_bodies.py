@@ -24,6 +24,7 @@ import httpx
 import pytest
 
 from _servers import echo_observation
+from _wait import eventually
 from sequence_ai_core.protocol import JSON_CONTENT_TYPE, MAX_BODY_BYTES
 
 CLAIM = 1_000_000_000          # a declared 1 GB
@@ -169,14 +170,11 @@ def _leave_mid_body(port: int, method: str, path: str, token: str, sent: int) ->
 
 
 def _wait_log(read, needle: str, count: int, timeout: float = 15.0) -> str:
-    deadline = time.monotonic() + timeout
-    while True:
+    def logged():
         text = read()
-        if text.count(needle) >= count:
-            return text
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{count} x {needle!r} not logged within {timeout} s:\n{text[-3000:]}")
-        time.sleep(0.05)
+        return text if text.count(needle) >= count else None
+
+    return eventually(logged, timeout, 0.05, what=f"{count} x {needle!r} in the log", detail=lambda: read()[-3000:])
 
 
 LEFT = "the client left before its body arrived"
