@@ -191,9 +191,11 @@ def test_namespaced_drivers_side_by_side_each_apply_their_config():
     assert arm["joint_upper"][0] == 2.62 and arm["model"] == "pick-place"    # model:= overrides the file's
     assert sim["hold_mode"] == "hold_last" and sim["command_topic"] == "joint_commands"
     assert sim["joint_upper"][:2] == [2.8973, 1.7628] and sim["success_service"] == "sim_robot/check_success"
-    # and as a user reads it: the real ros2 CLI
-    out = subprocess.run(["ros2", "param", "get", "--no-daemon", "--spin-time", "5", "/arm/policy_driver", "hold_mode"],
-                         capture_output=True, text=True, timeout=120)
+    # and as a user reads it: the real ros2 CLI. Without a daemon each of its two nodes spins the
+    # whole --spin-time before it looks (5 s each made 10 s of fixed wait); --timeout is how long it
+    # waits for the driver to appear, and it asks as soon as it has (then up to 5 s for its services)
+    out = subprocess.run(["ros2", "param", "get", "--no-daemon", "--spin-time", "1", "--timeout", "60",
+                          "/arm/policy_driver", "hold_mode"], capture_output=True, text=True, timeout=120)
     assert out.stdout.strip() == "String value is: zeros", out.stdout + out.stderr
 
 
