@@ -1,9 +1,10 @@
 """The gateway's composed services, in process: a Gateway over a FakeLauncher (workers that are
 objects emitting the typed launch events of launchers/base.py, no processes) and an injected
 clock, driven by ``Gateway.tick(now)`` with no sleeps. These prove the composition: the
-supervisor's events reach the sessions and ops, connect answers warming until a worker is ready,
-leases expire on the tick, idle stops and warm floors, builds take over, and no worker is
-started while a service holds its lock."""
+supervisor's events reach the sessions, ops, traffic and health, connect answers warming until a
+worker is ready, leases expire on the tick, idle stops and warm floors, builds and a jammed
+worker's replacement take over, event handlers run with no supervisor lock held, and no worker
+is started while a service holds its lock."""
 from __future__ import annotations
 
 import signal
@@ -44,6 +45,7 @@ class FakeWorker:
     def __init__(self, spec: WorkerLaunchSpec, pid: int):
         self.spec, self.pid, self.returncode = spec, pid, None
         self.secret, self.activity, self.signals = spec.secret, 0.0, []
+        self.exits_on_term = True          # False: a stuck worker that only SIGKILL ends
         self._events = EventQueue()
 
     # the WorkerHandle interface
@@ -66,7 +68,7 @@ class FakeWorker:
 
     def send_signal(self, sig: int) -> None:
         self.signals.append(sig)
-        if self.returncode is None:
+        if self.returncode is None and (self.exits_on_term or sig == signal.SIGKILL):
             self.returncode = -sig         # exits at once
 
     def terminate(self) -> None:
@@ -189,7 +191,7 @@ def test_a_lease_expires_on_the_tick_and_its_renewal_is_refused(env):
     assert gw.sessions.of("echo") == []
     with pytest.raises(ApiError) as exc:
         gw.sessions.renew(conn.session_id)
-    assert exc.value.code == "not_found" or exc.value.code == "lease_expired"
+    assert exc.value.code == "lease_expired"
 
 
 def test_a_worker_crash_drops_its_sessions_and_raises_an_alert(env):
@@ -302,7 +304,7 @@ def test_a_split_version_gets_a_side_worker_and_its_sessions(env):
     assert gw.supervisor.get("echo@v1") is not None            # a session holds it
 
 
-def test_the_gpu_cap_refuses_a_second_worker_before_it_starts(tmp_path, env):
+def test_the_gpu_cap_refuses_a_second_worker_before_it_starts(env):
     gw, clock, launcher, policy, _, _ = env
     gw.sessions.max_gpus = 1
     _deploy(gw, policy, "one")
@@ -315,3 +317,38 @@ def test_the_gpu_cap_refuses_a_second_worker_before_it_starts(tmp_path, env):
     assert _warming(gw, "one").code == "warming"
     err = _warming(gw, "two")
     assert err.code == "gpu_limit_reached" and len(launcher.started) == 3
+
+
+def test_a_jammed_worker_is_replaced_and_connects_wait_until_its_replacement_takes_over(env):
+    gw, clock, launcher, policy, events, _ = env
+    _deploy(gw, policy)
+    jammed = _serve(gw, clock, launcher, _spec())
+    assert gw.health.replace_jammed("echo", {"status": "degraded", "oldest_request_s": 12.0}, port=9001)
+    assert not gw.health.replace_jammed("echo", {"status": "degraded"})      # one replacement at a time
+    assert len(launcher.started) == 2 and launcher.started[1].spec.role == "build"
+    err = _warming(gw)
+    assert err.code == "warming" and err.details["phase"] == "replacing"
+    fresh = launcher.started[1]
+    jammed.exits_on_term = False                        # its stuck replica thread ignores SIGTERM
+    fresh.ready(_spec(), 9002)
+    gw.tick(clock.advance(0.1))
+    assert events == [WorkerTookOver("echo", 1, fresh.pid, jammed.pid)]
+    assert gw.health.get("echo")["state"] == "replaced" and gw.health.get("echo")["new_pid"] == fresh.pid
+    [old] = gw.supervisor.retiring
+    assert old.proc is jammed and old.grace_s == 2.0    # a jammed worker is not waited on for long
+    gw.tick(clock.advance(1.0))
+    assert gw.supervisor.retiring == [old]
+    gw.tick(clock.advance(1.1))
+    assert gw.supervisor.retiring == [] and jammed.signals == [signal.SIGTERM, signal.SIGKILL]
+    assert gw.sessions.connect(ConnectRequest(model="echo")).worker_url == "http://127.0.0.1:9002"
+
+
+def test_event_handlers_run_with_no_supervisor_lock_held(env):
+    gw, clock, launcher, policy, _, _ = env
+    seen = []
+    gw.supervisor.on(WorkerCrashed, lambda ev: seen.append(gw.supervisor._lock._is_owned()))
+    _deploy(gw, policy)
+    w = _serve(gw, clock, launcher, _spec())
+    w.crash()
+    gw.tick(clock.advance(0.1))
+    assert seen == [False]
