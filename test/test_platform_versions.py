@@ -60,12 +60,19 @@ def test_a_new_version_builds_beside_the_old_one_while_a_robot_keeps_acting(modu
     during = gw.status("switch")
     assert during["version"] == 1 and during["status"] == "ready" and during["build"]["status"] == "building"
     n_before = len(done)
-    time.sleep(1.0)
-    assert len(done) > n_before + 5          # the robot kept acting on v1 during the build
+    deadline = time.monotonic() + 20
+    while len(done) <= n_before + 5 and t.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    # the robot kept acting on v1 during the build (v2 loads for 3 s, so it is still building)
+    assert len(done) > n_before + 5, errors
+    assert gw.status("switch")["build"]["status"] == "building"
     stdout, stderr = r.communicate(timeout=60)
     assert r.returncode == 0, stderr
     assert "beside the serving v1" in stdout and "ready: switch v2" in stdout
-    time.sleep(1.0)
+    n_ready = len(done)
+    deadline = time.monotonic() + 20        # and goes on acting, now on v2's worker
+    while (len(workers_seen) < 2 or len(done) <= n_ready + 5) and t.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.02)
     stop.set()
     t.join(30)
     assert errors == [], errors
