@@ -11,11 +11,17 @@
 * ``interrupt()``, ``set_instruction(text)``, ``status()``, ``snapshot(view)`` (image content),
   ``models()`` (the gateway's catalogue).
 
+Every tool carries MCP tool annotations and every argument a bound in its input schema (refused
+outside it, with a sentence naming the argument). A host with the MCP Tasks extension
+(``io.modelcontextprotocol/tasks``, 2026-07-28) gets ``act`` as a task: ``tasks/get`` polls it,
+``tasks/cancel`` stops it (hold within one control period), the result is the run's outcome.
+
 Two backends (``backend.py``): Python mode drives a ``sequence_ai.Policy`` against a robot object
 (the simulated cell of ``sim.py`` by default); ``--ros`` mode sends each ``act`` as an ``Act``
 goal to the policy driver's ROS 2 action server (``ros.py``, the only module that imports rclpy).
 
-Modules: ``server`` (the tools, the driving lock, the HTTP/stdio runners and the bearer check),
+Modules: ``server`` (the tools, the driving lock, the bounds, the HTTP/stdio runners and the
+bearer check), ``tasks`` (act as an MCP task),
 ``backend`` (Python mode), ``sim`` (the simulated cell as a robot), ``ros`` (``--ros`` mode),
 ``cli`` (``sequence-ai mcp``).
 

@@ -77,11 +77,18 @@ class Backend:
         """Camera views ``snapshot`` accepts."""
         return []
 
-    async def act(self, instruction: str, max_seconds: float) -> Dict[str, Any]:
+    async def act(self, instruction: str, max_seconds: float, stop: Any = None) -> Dict[str, Any]:
         """Run one instruction for at most ``max_seconds`` (s). Returns ``{"status", "outcome",
         "task_done", "message"}`` (see ``server.ActOutcome``). Cancellation interrupts the run and
-        returns only after the robot holds. Raises ``sequence_ai.SequencesError`` subclasses."""
+        returns only after the robot holds. ``stop``: the run's ``sequence_ai.StopToken`` (made by
+        the caller before the run, so a stop that races the start still stops it, before any
+        action); a stopped token ends the run like ``interrupt()``, status ``CANCELED``. Raises
+        ``sequence_ai.SequencesError`` subclasses."""
         raise NotImplementedError
+
+    def progress(self) -> Dict[str, Any]:
+        """How the active run is going, for a task's poll: e.g. ``{"actions": 42}``; {} when unknown."""
+        return {}
 
     def interrupt(self) -> bool:
         """Stop the active run within one control period; returns whether one was active."""
@@ -133,6 +140,9 @@ class PolicyBackend(Backend):
         self.period_s = 1.0 / float(hz) if hz else None
         self.description = f"policy {policy.model} (Python mode) on {type(robot).__name__}"
         self._cancelled = threading.Event()
+        self._stop: Optional[sequence_ai.StopToken] = None
+        self._actions = 0
+        self._phase = ""
         #: time.monotonic() (s) at which the last act call was cancelled (dropped session or a
         #: cancelled tool call) and the run interrupted; None before any
         self.cancelled_at: Optional[float] = None
@@ -145,19 +155,36 @@ class PolicyBackend(Backend):
         import math
         return all(math.isfinite(float(x)) for x in row)
 
-    async def act(self, instruction: str, max_seconds: float) -> Dict[str, Any]:
+    def progress(self) -> Dict[str, Any]:
+        return {"actions": self._actions, "phase": self._phase}
+
+    async def act(self, instruction: str, max_seconds: float, stop: Any = None) -> Dict[str, Any]:
         finished = threading.Event()
         box: Dict[str, Any] = {}
         self._cancelled.clear()
+        token = stop if stop is not None else sequence_ai.StopToken()
+        self._stop = token
+        self._actions, self._phase = 0, "starting"
         done = getattr(self.robot, "done", None)
         until = (lambda: done(self.policy.instruction or instruction)) if callable(done) else None
+        user_status = self.run_options.get("on_status")
+        options = {k: v for k, v in self.run_options.items() if k != "on_status"}
+
+        def apply(row: List[float]) -> None:
+            self.robot.apply(row)
+            self._actions += 1
+
+        def on_status(text: str) -> None:
+            self._phase = text.split(" ", 1)[0].rstrip(":")   # starting | running | done
+            if user_status is not None:
+                user_status(text)
 
         def run() -> None:
             try:
                 box["outcome"] = self.policy.act(
-                    instruction, observe=self.robot.observe, act=self.robot.apply, hold=self.robot.hold,
+                    instruction, observe=self.robot.observe, act=apply, hold=self.robot.hold,
                     validate=self._validate, max_seconds=float(max_seconds), until=until,
-                    progress=False, **self.run_options)
+                    progress=False, stop=token, on_status=on_status, **options)
                 if box["outcome"].reason in ("completed", "until"):
                     # the engine holds on early endings only; a tool call leaves the arm held on
                     # every ending, since the model's next call may be seconds away
@@ -190,12 +217,16 @@ class PolicyBackend(Backend):
         task_done = None
         if callable(done):
             task_done = bool(await anyio.to_thread.run_sync(done, instruction))
-        return {"status": outcome_status(outcome.reason, self._cancelled.is_set()),
+        # a stopped token is a caller's stop (interrupt(), a cancelled task) like the flag
+        return {"status": outcome_status(outcome.reason, self._cancelled.is_set() or token.stopped),
                 "outcome": {**dataclasses.asdict(outcome), "fault": str(outcome.fault) if outcome.fault else None},
                 "task_done": task_done, "message": ""}
 
     def interrupt(self) -> bool:
         self._cancelled.set()
+        token = self._stop
+        if token is not None:
+            token.stop()
         self.policy.interrupt()
         return True
 

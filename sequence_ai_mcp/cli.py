@@ -115,6 +115,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             raise
         print("sequence-ai mcp: the client closed stdio; stopped", file=sys.stderr)
     finally:
+        mcp.tasks.close()     # a task still driving is stopped, and its hold awaited, first
         backend.close()
     return 0
 

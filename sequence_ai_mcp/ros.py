@@ -70,6 +70,7 @@ class RosBackend(Backend):
         self.period_s = None
         self._handle = None
         self._cancel_requested = False
+        self._feedback: Any = None
         self._executor = MultiThreadedExecutor(num_threads=2)
         self._executor.add_node(self.node)
         self._spin = threading.Thread(target=self._executor.spin, name="sequence-ai-mcp-ros", daemon=True)
@@ -88,7 +89,14 @@ class RosBackend(Backend):
             raise TimeoutError("no answer from the action server")
         return future.result()
 
-    async def act(self, instruction: str, max_seconds: float) -> Dict[str, Any]:
+    def progress(self) -> Dict[str, Any]:
+        fb = self._feedback
+        if fb is None:
+            return {}
+        return {"actions": int(fb.actions), "chunks": int(fb.chunks), "phase": fb.status,
+                "driver_elapsed_s": float(fb.elapsed_s)}
+
+    async def act(self, instruction: str, max_seconds: float, stop: Any = None) -> Dict[str, Any]:
         import sequence_ai
 
         ok = await anyio.to_thread.run_sync(self.client.wait_for_server, self.server_timeout_s)
@@ -96,13 +104,21 @@ class RosBackend(Backend):
             raise sequence_ai.Unavailable(
                 f"no Act action server answered within {self.server_timeout_s:g} s",
                 hint="start the policy driver (ros2 run sequence_ai policy_driver) or check --action")
+        self._feedback = None
+        if stop is not None and stop.stopped:      # stopped before the goal went out: nothing moved
+            return {"status": "CANCELED", "outcome": {"reason": "interrupted", "actions": 0, "chunks": 0,
+                                                      "seconds": 0.0}, "task_done": None,
+                    "message": "stopped before the Act goal was sent"}
         goal = self._Act.Goal(instruction=instruction, max_seconds=float(max_seconds))
         self._cancel_requested = False
-        handle = await self._wait(self.client.send_goal_async(goal), 30.0)
+        handle = await self._wait(self.client.send_goal_async(
+            goal, feedback_callback=lambda msg: setattr(self, "_feedback", msg.feedback)), 30.0)
         if not handle.accepted:
             raise sequence_ai.InvalidRequest("the policy driver rejected the Act goal",
                                              hint="see the driver's log (a goal needs max_seconds > 0)")
         self._handle = handle
+        # a stop from now on (or one that came while the goal was on its way) cancels the goal
+        unwatch = stop.watch(self.interrupt) if stop is not None else (lambda: None)
         result_future = handle.get_result_async()
         try:
             wrapped = await self._wait(result_future)
@@ -113,6 +129,7 @@ class RosBackend(Backend):
                 await self._wait(result_future, 10.0)
             raise
         finally:
+            unwatch()
             self._handle = None
         r = wrapped.result
         outcome = {"reason": r.reason, "actions": r.actions, "chunks": r.chunks, "seconds": r.seconds,

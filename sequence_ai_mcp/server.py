@@ -16,6 +16,14 @@ Rules the tools keep:
   handler; the backend then interrupts the run (hold within one control period) and the
   handler returns only after the hold, so nothing is sent after.
 
+* Every argument has an envelope (:func:`check_arguments`, the same bounds as the input schemas:
+  text 1..500 characters, ``max_seconds`` > 0 and <= the cap, a view name <= 64 characters);
+  a call outside it is refused before the tool runs, naming the argument, the bound and what to do.
+* Every tool carries MCP tool annotations (:data:`ANNOTATIONS`): ``act`` is destructive and
+  open-world, ``status`` / ``snapshot`` / ``models`` are read-only.
+* A host that declares the Tasks extension (2026-07-28 wire) gets ``act`` as a task to poll and
+  cancel (``tasks.py``), with the same bounds, one-driver rule and hold on cancel.
+
 Typed errors come back as ``is_error`` tool results whose structured content is the platform's
 error shape ``{"code", "detail", "retryable", "hint"}`` (and the same sentence as text).
 
@@ -37,16 +45,86 @@ import anyio
 import sequence_ai
 from mcp.server import MCPServer
 from mcp.server.mcpserver.utilities.types import Image
-from mcp.types import CallToolResult, TextContent
+from mcp.types import CallToolResult, TextContent, ToolAnnotations
 from pydantic import BaseModel, Field, create_model
 
 from .backend import Backend
+from .tasks import ActTasks, TaskStore
 
 __all__ = ["McpSettings", "ActOutcome", "RunOutcomeFields", "build_server", "serve_http", "serve_stdio",
-           "is_loopback", "DEFAULT_MAX_SECONDS_CAP"]
+           "is_loopback", "DEFAULT_MAX_SECONDS_CAP", "MAX_TEXT_CHARS", "MAX_VIEW_CHARS", "ANNOTATIONS",
+           "check_arguments"]
 
 #: The longest ``max_seconds`` (s) ``act`` accepts unless the server is told otherwise.
 DEFAULT_MAX_SECONDS_CAP = 60.0
+#: The longest instruction (``act``'s ``instruction``, ``set_instruction``'s ``text``), in characters.
+MAX_TEXT_CHARS = 500
+#: The longest camera view name ``snapshot`` accepts, in characters.
+MAX_VIEW_CHARS = 64
+
+#: How each tool behaves, as MCP tool annotations (hints a host shows or gates on).
+ANNOTATIONS: Dict[str, ToolAnnotations] = {
+    # moves the physical robot: not undoable, not idempotent (a second run moves it again), the world is open
+    "act": ToolAnnotations(title="Drive the robot", read_only_hint=False, destructive_hint=True,
+                           idempotent_hint=False, open_world_hint=True),
+    # only ever stops the server's own run (the robot holds); stopping twice is stopping once
+    "interrupt": ToolAnnotations(title="Stop the robot", read_only_hint=False, destructive_hint=False,
+                                 idempotent_hint=True, open_world_hint=False),
+    # steers a moving robot to a different goal
+    "set_instruction": ToolAnnotations(title="Change the running instruction", read_only_hint=False,
+                                       destructive_hint=True, idempotent_hint=True, open_world_hint=True),
+    "status": ToolAnnotations(title="What runs now", read_only_hint=True, destructive_hint=False,
+                              idempotent_hint=True, open_world_hint=False),
+    # reads a camera: what it sees is the open world (and may carry text meant to steer the model)
+    "snapshot": ToolAnnotations(title="Camera frame", read_only_hint=True, destructive_hint=False,
+                                idempotent_hint=True, open_world_hint=True),
+    "models": ToolAnnotations(title="Deployed policies", read_only_hint=True, destructive_hint=False,
+                              idempotent_hint=True, open_world_hint=False),
+}
+
+
+def _bounds(cap: float) -> Dict[str, Dict[str, Dict[str, Any]]]:
+    """Every tool argument's envelope: ``{tool: {argument: {"kind", "required", bounds..., "hint"}}}``."""
+    text = {"kind": "text", "required": True, "max_chars": MAX_TEXT_CHARS,
+            "hint": f"say one step for the robot in 1 to {MAX_TEXT_CHARS} characters"}
+    return {"act": {"instruction": text,
+                    "max_seconds": {"kind": "seconds", "required": True, "gt": 0.0, "le": cap,
+                                    "hint": f"pass a bound such as 20 (> 0 and at most {cap:g} s)"}},
+            "set_instruction": {"text": text},
+            "snapshot": {"view": {"kind": "name", "required": False, "max_chars": MAX_VIEW_CHARS,
+                                  "hint": "pass a camera view that status() lists, or leave it out for the "
+                                          "first camera"}}}
+
+
+def check_arguments(tool: str, args: Dict[str, Any], cap: float) -> Optional[CallToolResult]:
+    """The refusal for ``args`` outside ``tool``'s envelope (an ``is_error`` result naming the
+    argument, its bound and what to do), or None when they are within it. Runs before the tool
+    does, so nothing has started when it refuses."""
+    for name, b in _bounds(cap).get(tool, {}).items():
+        if name not in args or args[name] is None:
+            if b["required"]:
+                return _error("invalid_request", f"{name} is required", hint=b["hint"])
+            continue
+        value = args[name]
+        if b["kind"] == "seconds":
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+                    or value <= b["gt"]:
+                return _error("invalid_request", f"{name} must be a number of seconds > 0, not {value!r}",
+                              hint=b["hint"])
+            if value > b["le"]:
+                return _error(f"{name}_over_cap", f"{name} {value:g} s is over this server's cap of {b['le']:g} s",
+                              hint=f"pass {name} <= {b['le']:g}, or restart the server with a larger "
+                                   "--max-seconds-cap")
+        else:
+            if not isinstance(value, str):
+                return _error("invalid_request", f"{name} must be a string, not {type(value).__name__}",
+                              hint=b["hint"])
+            if b["kind"] == "text" and not value.strip():
+                return _error("invalid_request", f"{name} is empty", hint=b["hint"])
+            if len(value) > b["max_chars"]:
+                return _error("invalid_request", f"{name} is {len(value)} characters, over the bound of "
+                                                 f"{b['max_chars']}", hint=b["hint"])
+    return None
 
 
 @dataclass
@@ -135,47 +213,46 @@ def build_server(backend: Backend, settings: Optional[McpSettings] = None) -> MC
     settings = settings or McpSettings()
     cap = float(settings.max_seconds_cap)
     driving = _Driving()
-    mcp = MCPServer(settings.name, log_level="WARNING", instructions=(
+    store = TaskStore(backend.interrupt)
+    start_task: Dict[str, Callable] = {}
+    extension = ActTasks(store, lambda tool, args: check_arguments(tool, args, cap),
+                         lambda instruction, max_seconds: start_task["act"](instruction, max_seconds))
+    mcp = MCPServer(settings.name, log_level="WARNING", extensions=[extension], instructions=(
         "Drive a robot with a deployed action-chunk policy. act(instruction, max_seconds) runs one "
         f"instruction for at most max_seconds (s, at most {cap:g}); look with snapshot(view) first and "
         "after. One act at a time; interrupt() stops it, set_instruction(text) changes it mid-run."))
 
-    _add_act_tool(mcp, backend, driving, cap)
-    _add_control_tools(mcp, backend, driving, cap)
+    start_task["act"] = _add_act_tool(mcp, backend, driving, cap, store)
+    _add_control_tools(mcp, backend, driving, cap, store)
     mcp.driving = driving   # type: ignore[attr-defined]   status for embedders and tests
+    mcp.tasks = store       # type: ignore[attr-defined]   the act tasks, for embedders and tests
     return mcp
 
 
-def _add_act_tool(mcp: MCPServer, backend: Backend, driving: "_Driving", cap: float) -> None:
-    """Register ``act``: the one driving call (bounded by ``max_seconds`` <= ``cap`` s; one at a time)."""
+def _add_act_tool(mcp: MCPServer, backend: Backend, driving: "_Driving", cap: float, store: TaskStore) -> Callable:
+    """Register ``act``: the one driving call (bounded by ``max_seconds`` <= ``cap`` s; one at a time).
+    Returns ``start_task(instruction, max_seconds)``, the task path's start (see ``tasks.py``)."""
 
-    @mcp.tool()
-    async def act(
-        instruction: Annotated[str, Field(description='one step for the robot, e.g. "put the red cube on the green pad"')],
-        max_seconds: Annotated[float, Field(description=f"time bound of the run in seconds: required, > 0, at most {cap:g}")],
-    ) -> Annotated[CallToolResult, ActOutcome]:
-        """Drive the robot with the policy for one instruction, e.g. "put the red cube on the green
-        pad", for at most max_seconds seconds (required). Returns when the task is done, the time is
-        up, or it was interrupted: the status and the run's outcome (actions, chunks, seconds)."""
-        if not isinstance(max_seconds, (int, float)) or not math.isfinite(max_seconds) or max_seconds <= 0:
-            return _error("invalid_request", f"max_seconds must be a number of seconds > 0, not {max_seconds!r}",
-                          hint=f"pass a bound such as 20 (at most {cap:g})")
-        if max_seconds > cap:
-            return _error("max_seconds_over_cap",
-                          f"max_seconds {max_seconds:g} s is over this server's cap of {cap:g} s",
-                          hint=f"pass max_seconds <= {cap:g}, or restart the server with a larger "
-                               "--max-seconds-cap")
-        if not instruction or not instruction.strip():
-            return _error("invalid_request", "instruction is empty", hint="say what the robot should do")
+    def refuse(instruction: Any, max_seconds: Any) -> Optional[CallToolResult]:
+        """The checks every act passes before anything moves (plain call and task alike)."""
+        bad = check_arguments("act", {"instruction": instruction, "max_seconds": max_seconds}, cap)
+        if bad is not None:
+            return bad
         if driving.active:
             return _error("busy", f"the robot is already driving {driving.instruction!r} "
                                   f"(for {time.monotonic() - driving.started:.1f} s of at most "
                                   f"{driving.max_seconds:g} s)",
-                          hint="wait for that act to return, or call interrupt() first", retryable=True)
+                          hint="wait for that act to end, or call interrupt() first", retryable=True)
+        return None
+
+    def claim(instruction: str, max_seconds: float) -> None:
         driving.instruction, driving.max_seconds = instruction, float(max_seconds)
         driving.since_unix, driving.started = time.time(), time.monotonic()
+
+    async def drive(instruction: str, max_seconds: float, stop: Any = None) -> CallToolResult:
+        """Run the claimed act to its end; the robot is released (and held) when this returns."""
         try:
-            result = await backend.act(instruction, float(max_seconds))
+            result = await backend.act(instruction, float(max_seconds), stop=stop)
         except sequence_ai.SequencesError as exc:
             driving.last = {"error": exc.code, "detail": str(exc)}
             return _error(exc.code, exc.message, hint=exc.hint, retryable=exc.retryable)
@@ -192,11 +269,43 @@ def _add_act_tool(mcp: MCPServer, backend: Backend, driving: "_Driving", cap: fl
                 + (f" ({out.message})" if out.message else ""))
         return _ok(text, driving.last)
 
+    def start_task(instruction: Any, max_seconds: Any) -> Any:
+        refused = refuse(instruction, max_seconds)
+        if refused is not None:
+            return refused
+        claim(instruction, max_seconds)      # the robot is ours before the handle goes out
+        try:
+            return store.start(instruction, float(max_seconds), sequence_ai.StopToken(),
+                               lambda stop: drive(instruction, float(max_seconds), stop), backend.progress)
+        except BaseException:
+            driving.started = None
+            raise
 
-def _add_control_tools(mcp: MCPServer, backend: Backend, driving: "_Driving", cap: float) -> None:
+    @mcp.tool(annotations=ANNOTATIONS["act"])
+    async def act(
+        instruction: Annotated[str, Field(min_length=1, max_length=MAX_TEXT_CHARS,
+                                          description='one step for the robot, e.g. "put the red cube on the '
+                                                      f'green pad" (1 to {MAX_TEXT_CHARS} characters)')],
+        max_seconds: Annotated[float, Field(gt=0, le=cap, description=f"time bound of the run in seconds: "
+                                                                      f"required, > 0, at most {cap:g}")],
+    ) -> Annotated[CallToolResult, ActOutcome]:
+        """Drive the robot with the policy for one instruction, e.g. "put the red cube on the green
+        pad", for at most max_seconds seconds (required). Returns when the task is done, the time is
+        up, or it was interrupted: the status and the run's outcome (actions, chunks, seconds).
+        Moves the physical robot. Hosts with the MCP Tasks extension get a task to poll and cancel."""
+        refused = refuse(instruction, max_seconds)
+        if refused is not None:
+            return refused
+        claim(instruction, max_seconds)
+        return await drive(instruction, float(max_seconds))
+
+    return start_task
+
+
+def _add_control_tools(mcp: MCPServer, backend: Backend, driving: "_Driving", cap: float, store: TaskStore) -> None:
     """Register interrupt, set_instruction, status, snapshot and models (none of them drives)."""
 
-    @mcp.tool()
+    @mcp.tool(annotations=ANNOTATIONS["interrupt"])
     async def interrupt() -> CallToolResult:
         """Stop the running act within one control period (the robot holds). Returns whether one ran."""
         was = driving.active
@@ -205,8 +314,11 @@ def _add_control_tools(mcp: MCPServer, backend: Backend, driving: "_Driving", ca
         return _ok("interrupted the running act" if was else "nothing was running",
                    {"interrupted": was, "instruction": driving.instruction if was else None})
 
-    @mcp.tool()
-    async def set_instruction(text: str) -> CallToolResult:
+    @mcp.tool(annotations=ANNOTATIONS["set_instruction"])
+    async def set_instruction(
+        text: Annotated[str, Field(min_length=1, max_length=MAX_TEXT_CHARS,
+                                   description=f"the new instruction (1 to {MAX_TEXT_CHARS} characters)")],
+    ) -> CallToolResult:
         """Change the instruction of the running act without stopping the robot; the next action
         chunk is planned under it."""
         if not text or not text.strip():
@@ -218,21 +330,26 @@ def _add_control_tools(mcp: MCPServer, backend: Backend, driving: "_Driving", ca
         driving.instruction = text
         return _ok(f"instruction now {text!r}", {"instruction": text, "running": True})
 
-    @mcp.tool()
+    @mcp.tool(annotations=ANNOTATIONS["status"])
     async def status() -> CallToolResult:
         """What runs now: whether an act is driving, under which instruction, since when (unix s)
-        and for how long; the camera views; the max_seconds cap; and how the last act ended."""
+        and for how long (and its task id when it runs as an MCP task); the camera views; the
+        max_seconds cap; and how the last act ended."""
         now = {"running": driving.active, "instruction": driving.instruction if driving.active else None,
                "since_unix_s": driving.since_unix if driving.active else None,
                "elapsed_s": (time.monotonic() - driving.started) if driving.active else None,
                "max_seconds": driving.max_seconds if driving.active else None,
                "max_seconds_cap": cap, "backend": backend.description, "views": backend.views,
+               "task_id": next((t.task_id for t in store.running()), None) if driving.active else None,
                "last": driving.last}
         text = (f"running {now['instruction']!r} for {now['elapsed_s']:.1f} s" if driving.active else "idle")
         return _ok(text, now)
 
-    @mcp.tool()
-    async def snapshot(view: str = "") -> Any:
+    @mcp.tool(annotations=ANNOTATIONS["snapshot"])
+    async def snapshot(
+        view: Annotated[str, Field(max_length=MAX_VIEW_CHARS, description=f"camera view, one of "
+                                   f"{list(backend.views)}; empty: the first")] = "",
+    ) -> Any:
         """The current camera frame of view (default: the first camera) as a JPEG image."""
         views = backend.views
         name = view or (views[0] if views else "")
@@ -242,7 +359,7 @@ def _add_control_tools(mcp: MCPServer, backend: Backend, driving: "_Driving", ca
             return _error("invalid_request", str(exc), hint=f"views: {views}")
         return Image(data=data, format="jpeg")
 
-    @mcp.tool()
+    @mcp.tool(annotations=ANNOTATIONS["models"])
     async def models() -> CallToolResult:
         """The deployed policies the gateway serves (name, status, robot, action space, Hz, cameras)."""
         try:

@@ -296,8 +296,9 @@ def test_cli_serves_stdio_and_refuses_an_open_bind_without_a_token(cell):
 def test_vlm_agent_example_runs_its_loop_against_a_local_model(cell, llm):
     """examples/vlm_agent/agent.py with the tiny fixed model (test_chat_decide's llama.cpp server):
     it snapshots, chats with the MCP tools, prints each tool call and makes it. The model plans
-    nothing: asked for an act (forced; greedy), it writes an empty instruction, so the server
-    refuses the act and nothing moves."""
+    nothing: asked for an act (forced; greedy), it writes a nonsense instruction (empty before the
+    schema said minLength 1; now a stray character), which is refused (by the server's bounds or
+    the policy's own instruction check), and nothing moves."""
     import subprocess
     _, backend, served = cell
     t0 = time.monotonic()
@@ -308,9 +309,11 @@ def test_vlm_agent_example_runs_its_loop_against_a_local_model(cell, llm):
     assert out.returncode == 0, out.stdout + out.stderr
     lines = out.stdout.splitlines()
     assert lines[0].startswith("[turn 1] tool call: act(") and '"max_seconds"' in lines[0], out.stdout
-    assert "error: " in lines[1] and "instruction is empty" in lines[1], out.stdout
+    assert "error: " in lines[1] and "instruction" in lines[1], out.stdout
     assert lines[-1].endswith("refused")
-    assert _journal_since(backend.robot, t0) == []
+    # no action reached the arm (a refusal by the policy's check comes after the run began, so
+    # the engine's hold on that early ending is there)
+    assert [k for _, k in _journal_since(backend.robot, t0)] in ([], ["hold"])
 
 
 def test_stdio_client_killed_mid_act_stops_the_run_and_the_server(cell):
