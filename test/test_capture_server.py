@@ -290,7 +290,7 @@ def test_images_are_kept_with_images_and_rm_deletes_the_capture(capt, tmp_path):
 def test_a_full_capture_queue_drops_steps_instead_of_blocking_act(tmp_path, monkeypatch):
     import threading
 
-    from sequence_ai_server import capture as cap
+    from sequence_ai_server.worker import capture as cap
     gate = threading.Event()
     monkeypatch.setattr(cap.CaptureWriter, "_write", lambda self, *a: gate.wait(30))
     (tmp_path / "config.json").write_text(json.dumps({"enabled": True, "rate": 1.0}))
@@ -308,7 +308,7 @@ def test_a_full_capture_queue_drops_steps_instead_of_blocking_act(tmp_path, monk
 
 
 def test_the_worker_writer_enforces_retention_on_its_own(tmp_path):
-    from sequence_ai_server import capture as cap
+    from sequence_ai_server.worker import capture as cap
     (tmp_path / "episodes").mkdir()
     (tmp_path / "config.json").write_text(json.dumps({"enabled": True, "rate": 1.0, "retention_days": 2}))
     for ep, age_days in (("old", 3), ("young", 1)):
