@@ -16,6 +16,7 @@ crashed worker reaches ``alert_crash`` as a supervisor event.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -81,6 +82,7 @@ class OpsService:
         self._pins: Optional[CardPins] = None
         self._metered_at: Optional[float] = None
         self._pending: dict[tuple, float] = {}       # (deployment, card) -> worker-seconds not yet written
+        self._pending_lock = threading.Lock()        # the tick adds to it while request threads flush it
         self._flushed_at = clock()
         self._seen_seq: dict[tuple, int] = {}         # (deployment, worker pid) -> last usage sample collected
         self._seen_counts: dict[tuple, dict] = {}     # (deployment, worker pid) -> its counters last collected
@@ -196,9 +198,10 @@ class OpsService:
         """Add the seconds since the last tick to every running worker's (deployment, card)."""
         if self._metered_at is not None:
             dt = max(0.0, min(now - self._metered_at, 10.0))
-            for name, _role, gpu in running:
-                card = card_of({"resources": {"gpu": gpu}})
-                self._pending[(name, card)] = self._pending.get((name, card), 0.0) + dt
+            with self._pending_lock:
+                for name, _role, gpu in running:
+                    card = card_of({"resources": {"gpu": gpu}})
+                    self._pending[(name, card)] = self._pending.get((name, card), 0.0) + dt
         self._metered_at = now
         if now - self._flushed_at >= _FLUSH_S:
             self.flush_usage(now)
@@ -206,8 +209,9 @@ class OpsService:
     def flush_usage(self, now: Optional[float] = None) -> None:
         """Write the pending worker-seconds to state.db."""
         now = now or self._now()
-        pending, self._pending = self._pending, {}
-        self._flushed_at = now
+        with self._pending_lock:
+            pending, self._pending = self._pending, {}
+            self._flushed_at = now
         self.usage.add([(n, c, now, {"worker_s": s}) for (n, c), s in pending.items() if s > 0])
 
     def usage_view(self, name: str, since: float = 0.0) -> dict:
