@@ -12,6 +12,8 @@ Rules the tools keep:
 * One driving call at a time per robot: a second ``act`` while one runs gets the typed error
   ``busy`` (retryable) naming what runs; ``interrupt`` and ``set_instruction`` are the way to
   change a running act.
+* A plain ``act`` call that asked for progress (a ``progressToken``) gets ``notifications/progress``
+  every :data:`PROGRESS_PERIOD_S` (elapsed s of ``max_seconds``, the actions so far).
 * A cancelled ``act`` call (``notifications/cancelled``) or a dropped session cancels the
   handler; the backend then interrupts the run (hold within one control period) and the
   handler returns only after the hold, so nothing is sent after.
@@ -44,6 +46,7 @@ from typing import Annotated, Any, Callable, Dict, Optional
 import anyio
 import sequence_ai
 from mcp.server import MCPServer
+from mcp.server.mcpserver import Context
 from mcp.server.mcpserver.utilities.types import Image
 from mcp.types import CallToolResult, TextContent, ToolAnnotations
 from pydantic import BaseModel, Field, create_model
@@ -54,6 +57,11 @@ from .tasks import ActTasks, TaskStore
 __all__ = ["McpSettings", "ActOutcome", "RunOutcomeFields", "build_server", "serve_http", "serve_stdio",
            "is_loopback", "DEFAULT_MAX_SECONDS_CAP", "MAX_TEXT_CHARS", "MAX_VIEW_CHARS", "ANNOTATIONS",
            "check_arguments"]
+
+try:
+    _ExceptionGroup = BaseExceptionGroup
+except NameError:   # Python 3.10: anyio's backport
+    from exceptiongroup import BaseExceptionGroup as _ExceptionGroup
 
 #: The longest ``max_seconds`` (s) ``act`` accepts unless the server is told otherwise.
 DEFAULT_MAX_SECONDS_CAP = 60.0
@@ -288,6 +296,7 @@ def _add_act_tool(mcp: MCPServer, backend: Backend, driving: "_Driving", cap: fl
                                                       f'green pad" (1 to {MAX_TEXT_CHARS} characters)')],
         max_seconds: Annotated[float, Field(gt=0, le=cap, description=f"time bound of the run in seconds: "
                                                                       f"required, > 0, at most {cap:g}")],
+        ctx: Context = None,  # type: ignore[assignment]   the SDK's request context (not an argument)
     ) -> Annotated[CallToolResult, ActOutcome]:
         """Drive the robot with the policy for one instruction, e.g. "put the red cube on the green
         pad", for at most max_seconds seconds (required). Returns when the task is done, the time is
@@ -297,9 +306,54 @@ def _add_act_tool(mcp: MCPServer, backend: Backend, driving: "_Driving", cap: fl
         if refused is not None:
             return refused
         claim(instruction, max_seconds)
-        return await drive(instruction, float(max_seconds))
+        if ctx is None:
+            return await drive(instruction, float(max_seconds))
+        return await _with_progress(ctx, backend, driving, float(max_seconds),
+                                    lambda: drive(instruction, float(max_seconds)))
 
     return start_task
+
+
+async def _with_progress(ctx: Any, backend: Backend, driving: "_Driving", max_seconds: float,
+                         run: Callable[[], Any]) -> CallToolResult:
+    """``await run()`` with :func:`_report_progress` beside it; the run's own exception (or
+    cancellation) comes out as itself."""
+    box: Dict[str, CallToolResult] = {}
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(_report_progress, ctx, backend, driving, max_seconds)
+            try:
+                box["result"] = await run()
+            finally:
+                tg.cancel_scope.cancel()
+    except _ExceptionGroup as group:   # the reporter never raises: this is the run's own error
+        raise group.exceptions[0] from None
+    return box["result"]
+
+
+#: How often a plain act call hears of its progress (s; sent only when the call asked for it, with
+#: a progressToken).
+PROGRESS_PERIOD_S = 0.5
+
+
+async def _report_progress(ctx: Any, backend: Backend, driving: "_Driving", max_seconds: float) -> None:
+    """``notifications/progress`` for a plain act every :data:`PROGRESS_PERIOD_S`: progress is the
+    elapsed time out of ``max_seconds`` (s), the message the actions so far. Never raises (a
+    failed notification must not end the run)."""
+    while True:
+        await anyio.sleep(PROGRESS_PERIOD_S)
+        started = driving.started
+        if started is None:
+            return
+        elapsed = time.monotonic() - started
+        try:
+            actions = backend.progress().get("actions")
+            await ctx.report_progress(min(elapsed, max_seconds), max_seconds,
+                                      f"driving {driving.instruction!r}: "
+                                      + (f"{actions} actions, " if actions is not None else "")
+                                      + f"{elapsed:.1f} s of at most {max_seconds:g} s")
+        except Exception:  # noqa: BLE001
+            return
 
 
 def _add_control_tools(mcp: MCPServer, backend: Backend, driving: "_Driving", cap: float, store: TaskStore) -> None:

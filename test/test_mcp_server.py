@@ -123,11 +123,20 @@ def test_act_on_the_sim_succeeds_with_a_run_outcome(cell):
     robot.reset(0)
     t0 = time.monotonic()
 
+    progress = []
+
+    async def heard(value, total, message):
+        progress.append((value, total, message))
+
     async def go():
         async with Client(served.url) as client:
-            return await client.call_tool("act", {"instruction": TASK, "max_seconds": 30.0})
+            return await client.call_tool("act", {"instruction": TASK, "max_seconds": 30.0},
+                                          progress_callback=heard)
     res = _run(go())
     assert not res.is_error, res.content
+    # progress notifications while it ran: elapsed s out of max_seconds, and the actions so far
+    assert len(progress) >= 3 and all(total == 30.0 for _, total, _ in progress), progress
+    assert [v for v, _, _ in progress] == sorted(v for v, _, _ in progress) and "actions" in progress[-1][2]
     out = res.structured_content
     assert out["status"] == "SUCCEEDED", out
     assert out["outcome"]["reason"] == "until", out       # the sim's own check ended it, not the clock
