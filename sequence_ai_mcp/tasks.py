@@ -189,7 +189,8 @@ class TaskStore:
                 task.status = "failed" if not isinstance(exc, asyncio.CancelledError) else "cancelled"
                 task.message = f"the run failed: {type(exc).__name__}: {exc}" if task.status == "failed" \
                     else "cancelled: the robot holds"
-                task.error = {"code": -32603, "message": task.message}
+                if task.status == "failed":
+                    task.error = {"code": -32603, "message": task.message}
                 if not isinstance(exc, Exception):
                     raise
             finally:
