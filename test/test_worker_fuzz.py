@@ -54,6 +54,8 @@ WORKER_SCHEMA_CASES = 20           # per (operation, positive|negative) of the w
 GATEWAY_SCHEMA_CASES = 3           # per (operation, positive|negative) of the gateway's OpenAPI
 RSS_GROWTH_LIMIT = 24 * 1024 * 1024   # measured: ~2 MiB over all ~5,000 cases
 KEEP_ALIVE_S = 4.0                    # uvicorn closes a connection idle for 5 s (timeout_keep_alive): not a drop
+# sent in every credential header an operation declares (the negative cases above hold those valid)
+BAD_CREDENTIALS = ("Bearer wrong", "", "Basic abc", "Bearer lease.a.1.2.x", "Bearer caf\xe9 " + "x" * 300)
 FUZZ_SETTINGS = dict(deadline=None, derandomize=True, database=None, print_blob=True,
                      suppress_health_check=list(HealthCheck))
 
@@ -547,22 +549,27 @@ def binary_mutants(raw: bytes, seed: int, count: int) -> list[bytes]:
 # ---------------------------------------------------------------- schemathesis: the served OpenAPI
 
 def _schemathesis_run(base_url: str, doc: dict, auth: str, examples: int, pid: Optional[int] = None,
-                      skip: tuple = ()) -> tuple[int, dict, dict]:
+                      skip: tuple = (), hold: bool = False) -> tuple[int, dict, dict]:
     """Positive and negative schemathesis cases for every operation of ``doc`` through one
     keep-alive requests.Session; -> (cases sent, {status: count}, {operation: negative cases sent}).
     Asserts no 5xx.
 
-    Positive cases draw every parameter, headers and path included. A negative case takes the
+    Positive cases draw every parameter, headers and path included. With ``hold`` (the gateway,
+    whose routes declare authorization / x-api-key header parameters) a negative case takes the
     operation's path parameters and credential headers as fixed valid values and negates its body
-    or query: no string is an invalid path segment or header value (schemathesis falls back to
-    positive for those), and drawing them alongside made nearly every negative draw a reject: 24
-    negative cases for the gateway's 21 operations after 73 s of drawing, 13 of its 14 operations
-    with a path parameter none at all (with only the path fixed, 3,876 draws for 63 cases)."""
+    or query, and each credential header is sent once with each of ``BAD_CREDENTIALS`` instead. No
+    string is an invalid path segment or header value (schemathesis falls back to positive for
+    those), and drawing them alongside made nearly every negative draw a reject: 24 negative cases
+    for the gateway's 21 operations after 73 s of drawing, 13 of its 14 operations with a path
+    parameter none at all (with only the path fixed, 3,876 draws for 63 cases). The worker
+    declares its bearer schemes as security schemes, which schemathesis negates cheaply: its
+    negative cases keep drawing them."""
     schema = schemathesis.openapi.from_dict(doc)
     operations = [r.ok() for r in schema.get_all_operations()]
     operations = [op for op in operations if op.label not in skip]
     session = requests.Session()
     session.headers["Authorization"] = auth
+    bare = requests.Session()          # the wrong credentials go without it (the session's would win)
     key = auth.removeprefix("Bearer ")
     sent, statuses, negatives = 0, {}, {}
     for op in operations:
@@ -574,6 +581,7 @@ def _schemathesis_run(base_url: str, doc: dict, auth: str, examples: int, pid: O
             fixed = {}
             if mode is GenerationMode.NEGATIVE:
                 negatives[op.label] = 0
+            if mode is GenerationMode.NEGATIVE and hold:
                 headers = {p.name.lower() for p in op.headers}
                 fixed = dict(path_parameters={p.name: "fuzz" for p in op.path_parameters} or None,
                              headers={h: auth if h == "authorization" else key for h in headers} or None)
@@ -593,6 +601,19 @@ def _schemathesis_run(base_url: str, doc: dict, auth: str, examples: int, pid: O
                 one()
             except Unsatisfiable:      # no case of this mode exists (e.g. nothing negative to send)
                 continue
+        # and each declared credential header with a wrong value, once per operation and value
+        headers = {p.name.lower() for p in op.headers} & {"authorization", "x-api-key"}
+        for bad in BAD_CREDENTIALS if headers and hold else ():
+            @settings(max_examples=1, **FUZZ_SETTINGS)
+            @given(case=op.as_strategy(GenerationMode.POSITIVE, headers={h: bad for h in headers}))
+            def refused(case: Any) -> None:
+                nonlocal sent
+                r = case.call(base_url=base_url, session=bare)
+                sent += 1
+                statuses[r.status_code] = statuses.get(r.status_code, 0) + 1
+                assert r.status_code < 500, f"{case.as_curl_command(base_url=base_url)}\n-> {r.status_code} {r.text[:2000]}"
+
+            refused()
     return sent, statuses, negatives
 
 
@@ -605,7 +626,7 @@ def test_schemathesis_worker_openapi_never_5xx(driver, fuzz_worker):
           f"negative {negatives}; total so far {sum(COUNTS.values())}")
     assert sent >= 6 * WORKER_SCHEMA_CASES
     assert negatives and all(negatives.values()), negatives
-    assert statuses.get(200, 0) > 0
+    assert statuses.get(200, 0) > 0 and statuses.get(401, 0) > 0, statuses   # negated bearer credentials
 
 
 def test_schemathesis_gateway_openapi_never_5xx(tmp_path):
@@ -614,7 +635,7 @@ def test_schemathesis_gateway_openapi_never_5xx(tmp_path):
     try:
         doc = gw.client.get("/openapi.json").json()
         sent, statuses, negatives = _schemathesis_run(gw.url, doc, f"Bearer {gw.api_key}", GATEWAY_SCHEMA_CASES,
-                                                      skip=("DELETE /v1/keys/{ref}",))
+                                                      skip=("DELETE /v1/keys/{ref}",), hold=True)
     finally:
         gw.close()
     COUNTS["schemathesis gateway"] = sent
@@ -624,3 +645,4 @@ def test_schemathesis_gateway_openapi_never_5xx(tmp_path):
     # every operation with a body or a query got negative cases (13 of the 14 with a path
     # parameter got none before the path and credential headers were fixed for those cases)
     assert len(negatives) >= 15 and all(negatives.values()), negatives
+    assert statuses.get(401, 0) >= 20 * len(BAD_CREDENTIALS), statuses      # the wrong credentials, refused
