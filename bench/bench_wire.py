@@ -9,9 +9,11 @@ an instruction:
   session's steady state: a blocking websocket on the calling thread (``WorkerLink.act_blocking``);
 * ours, channel -- the same through the asyncio wire (``AsyncPolicy.predict``, and ``run()``);
 * ours, http    -- the same over ``POST /act`` (binary body; httptools + uvloop on the worker);
-* openpi        -- openpi's own ``WebsocketPolicyServer`` (``../shared/peers/openpi/``) and the real
-  ``openpi_client.WebsocketClientPolicy`` (raw frames, msgpack-numpy), in the openpi-client
-  side venv (``.venv/sides/openpi-client``, made by scripts/bootstrap.sh);
+* openpi-ours   -- the real ``openpi_client.WebsocketClientPolicy`` (raw frames, msgpack-numpy;
+  ``api_key=`` the worker secret) against our worker's openpi-compatible endpoint (``/``);
+* openpi        -- the same client against openpi's own ``WebsocketPolicyServer``
+  (``../shared/peers/openpi/``); both openpi clients run in the openpi-client side venv
+  (``.venv/sides/openpi-client``, made by scripts/bootstrap.sh);
 * naive         -- FastAPI + uvicorn defaults, base64 JPEG in JSON, httpx client.
 
 Printed per frame kind (smooth: a gradient scene; noisy: uniform noise): p50 / p99 latency per
@@ -23,6 +25,10 @@ kernel has no netem); it needs root (``ip netns``).
 
     python bench/bench_wire.py                   # loopback, 8 rounds x 40 requests per client
     python bench/bench_wire.py --link            # loopback, then the 100 Mbit/s + 2 ms link
+    python bench/bench_wire.py --clients openpi-ours --kinds smooth   # some rows (openpi always runs)
+
+The machine's load average is printed before and after each table: on a shared machine compare
+the ratios of one run (the rounds interleave every client), not figures from different runs.
 """
 from __future__ import annotations
 
@@ -42,7 +48,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 SIDE_PY = ROOT / ".venv" / "sides" / "openpi-client" / "bin" / "python"
 OPENPI_DIR = ROOT.parent / "shared" / "peers" / "openpi"
-CLIENTS = ("ours-sync", "ours-channel", "ours-http", "openpi", "naive")
+CLIENTS = ("ours-sync", "ours-channel", "ours-http", "openpi-ours", "openpi", "naive")
 
 POLICY = '''
 import numpy as np
@@ -116,10 +122,10 @@ if kind_of.startswith("ours"):
             pred = loop.run_until_complete(wire.act(obs.to_wire(raw=True)))
         assert len(pred.action_chunk) == 16
         return wire.last_request_bytes
-elif kind_of == "openpi":
+elif kind_of.startswith("openpi"):
     from openpi_client import msgpack_numpy, websocket_client_policy
     host, port = target.split(":")
-    policy = websocket_client_policy.WebsocketClientPolicy(host, int(port))
+    policy = websocket_client_policy.WebsocketClientPolicy(host, int(port), api_key=extra[0] if extra else None)
     def one(imgs):
         obs = {"observation/exterior": imgs[0], "observation/wrist": imgs[1], "observation/state": np.array(STATE + [0.5]),
                "prompt": "put the red cube on the green pad"}
@@ -238,7 +244,8 @@ class Bench:
                 raise RuntimeError("worker did not start: " + (self.tmp / "worker.log").read_text()[-2000:])
             time.sleep(0.1)
         info = json.loads(ready.read_text())
-        self.server_pid["ours-sync"] = self.server_pid["ours-channel"] = self.server_pid["ours-http"] = worker.pid if not self.ns_srv else info["pid"]
+        for name in ("ours-sync", "ours-channel", "ours-http", "openpi-ours"):
+            self.server_pid[name] = worker.pid if not self.ns_srv else info["pid"]
         op_port, nv_port = free_port(), free_port()
         openpi = self.spawn([str(SIDE_PY), "-c", OPENPI_SERVER, str(OPENPI_DIR), "127.0.0.1", str(op_port)], self.ns_srv,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -251,13 +258,16 @@ class Bench:
         return (worker_url, secret, f"{self.host}:{self.expose(op_port)}", f"http://{self.host}:{self.expose(nv_port)}",
                 info["spec"]["contract"])
 
-    def start_agents(self) -> None:
+    def start_agents(self, clients: tuple[str, ...] = CLIENTS) -> None:
         worker_url, secret, openpi, naive, contract = self.start_servers()
         plans = {"ours-sync": ([sys.executable], [worker_url, secret, json.dumps(contract)]),
                  "ours-channel": ([sys.executable], [worker_url, secret, json.dumps(contract)]),
                  "ours-http": ([sys.executable], [worker_url, secret, json.dumps(contract)]),
+                 "openpi-ours": ([str(SIDE_PY)], [worker_url.split("//", 1)[1], secret]),
                  "openpi": ([str(SIDE_PY)], [openpi]), "naive": ([sys.executable], [naive])}
         for name, (py, args) in plans.items():
+            if name not in clients:
+                continue
             agent = self.spawn([*py, "-c", AGENT, name, *args], self.ns_cli, stdin=subprocess.PIPE,
                                stdout=subprocess.PIPE, text=True, cwd=ROOT,
                                env={**os.environ, "PYTHONPATH": str(ROOT)})
@@ -291,11 +301,12 @@ def _inner_pid(proc: subprocess.Popen, ns: list[str]) -> int:
     return proc.pid
 
 
-def measure(bench: Bench, rounds: int, per_round: int, kinds: tuple[str, ...]) -> dict:
+def measure(bench: Bench, rounds: int, per_round: int, kinds: tuple[str, ...],
+            clients: tuple[str, ...] = CLIENTS) -> dict:
     """Interleaved: each round runs one block per (kind, client), in a rotating order."""
-    results = {(k, c): {"lat": [], "cpu": 0.0, "server_cpu": 0.0, "bytes": 0.0, "n": 0} for k in kinds for c in CLIENTS}
+    results = {(k, c): {"lat": [], "cpu": 0.0, "server_cpu": 0.0, "bytes": 0.0, "n": 0} for k in kinds for c in clients}
     for r in range(rounds):
-        order = CLIENTS[r % len(CLIENTS):] + CLIENTS[:r % len(CLIENTS)]
+        order = clients[r % len(clients):] + clients[:r % len(clients)]
         for kind in kinds:
             for name in order:
                 out = bench.block(name, per_round, kind)
@@ -308,14 +319,14 @@ def measure(bench: Bench, rounds: int, per_round: int, kinds: tuple[str, ...]) -
     return results
 
 
-def report(title: str, results: dict, kinds: tuple[str, ...]) -> None:
+def report(title: str, results: dict, kinds: tuple[str, ...], clients: tuple[str, ...] = CLIENTS) -> None:
     print(f"\n{title}")
     print(f"{'frames':7} {'client':13} {'p50 ms':>7} {'p99 ms':>7} {'bytes up':>9} {'cli CPU ms':>10} "
           f"{'srv CPU ms':>10} {'p50/openpi':>10} {'bytes/openpi':>12}")
     for kind in kinds:
         ref = results[(kind, "openpi")]
         ref_p50 = statistics.median(ref["lat"])
-        for name in CLIENTS:
+        for name in clients:
             acc = results[(kind, name)]
             lat = sorted(acc["lat"])
             p50, p99 = statistics.median(lat), lat[min(len(lat) - 1, int(0.99 * len(lat)))]
@@ -346,19 +357,23 @@ def drop_link() -> None:
         subprocess.run(["ip", "netns", "del", ns], capture_output=True)
 
 
-def run(rounds: int, per_round: int, kinds: tuple[str, ...], link: bool) -> None:
+def run(rounds: int, per_round: int, kinds: tuple[str, ...], link: bool, clients: tuple[str, ...] = CLIENTS) -> None:
     tmp = Path(tempfile.mkdtemp(prefix="bench_wire_"))
     ns_srv = ["ip", "netns", "exec", NS_SRV] if link else []
     ns_cli = ["ip", "netns", "exec", NS_CLI] if link else []
     bench = Bench(tmp, ns_srv, ns_cli, "10.77.0.1" if link else "127.0.0.1")
     try:
-        bench.start_agents()
-        results = measure(bench, rounds, per_round, kinds)
+        bench.start_agents(clients)
+        load0 = os.getloadavg()[0]
+        results = measure(bench, rounds, per_round, kinds, clients)
+        load1 = os.getloadavg()[0]
     finally:
         bench.close()
         shutil.rmtree(tmp, ignore_errors=True)
     title = ("100 Mbit/s (tbf) + 2 ms each way (proxy), namespaces + veth" if link else "loopback")
-    report(f"{title}: {rounds} interleaved rounds x {per_round} requests per client and frame kind", results, kinds)
+    title += f" (load {load0:.1f} -> {load1:.1f})"
+    report(f"{title}: {rounds} interleaved rounds x {per_round} requests per client and frame kind", results, kinds,
+           clients)
 
 
 def main() -> None:
@@ -367,12 +382,18 @@ def main() -> None:
     parser.add_argument("--per-round", type=int, default=40)
     parser.add_argument("--kinds", default="smooth,noisy")
     parser.add_argument("--link", action="store_true", help="also over the 100 Mbit/s + 2 ms link (root)")
+    parser.add_argument("--clients", default=",".join(CLIENTS),
+                        help=f"the rows to run (comma-separated, openpi always runs: the ratios' reference); {', '.join(CLIENTS)}")
     args = parser.parse_args()
+    wanted = set(args.clients.split(",")) | {"openpi"}
+    if wanted - set(CLIENTS):
+        parser.error(f"unknown clients {sorted(wanted - set(CLIENTS))}")
+    clients = tuple(c for c in CLIENTS if c in wanted)
     if not SIDE_PY.exists():
         sys.exit(f"{SIDE_PY} is missing: run scripts/bootstrap.sh (it makes the openpi-client side venv)")
     kinds = tuple(args.kinds.split(","))
     print(f"bench_wire: python {sys.version.split()[0]}, {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}")
-    run(args.rounds, args.per_round, kinds, link=False)
+    run(args.rounds, args.per_round, kinds, link=False, clients=clients)
     if args.link:
         drop_link()
         try:
@@ -380,7 +401,7 @@ def main() -> None:
         except (subprocess.CalledProcessError, FileNotFoundError) as exc:
             sys.exit(f"the link needs root and `ip netns` / `tc`: {exc}")
         try:
-            run(max(2, args.rounds // 2), max(10, args.per_round // 2), kinds, link=True)
+            run(max(2, args.rounds // 2), max(10, args.per_round // 2), kinds, link=True, clients=clients)
         finally:
             drop_link()
 

@@ -134,19 +134,44 @@ def check_control_token(auth: Any, token: str) -> None:
 async def await_result(host: PolicyHost, future: Any, rid: str) -> tuple[Any, float, int]:
     """Wait for a queued request's future up to ``timeouts.request`` -> (result, seconds, batch
     size); 504 request_timeout past it (the inference still finishes), the policy's error as its
-    ApiError, a refused body's ApiError as it is."""
+    ApiError, a refused body's ApiError as it is; a future cancelled before it ran raises
+    ``asyncio.CancelledError``. Cancelling the awaiting task leaves the future alone.
+
+    One wake-up of the loop when the replica is done (its done-callback schedules the waiter's
+    result with ``call_soon_threadsafe``), and the timeout is a timer on the loop: no wrapping,
+    shielding or ``wait_for`` task per request."""
     timeout = host.spec.timeouts.request
+    loop = asyncio.get_running_loop()
+    waiter = loop.create_future()
+
+    def done(_: Any) -> None:         # on the replica's thread (or here, when already done)
+        if not loop.is_closed():
+            loop.call_soon_threadsafe(_release, waiter)
+
+    future.add_done_callback(done)
+    timer = loop.call_later(timeout, _release, waiter, True)
     try:
-        return await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(future)), timeout)
-    except asyncio.TimeoutError:
+        timed_out = await waiter
+    finally:
+        timer.cancel()
+    if timed_out:
         log.warning("%s ran past the request timeout (%g s); the worker finishes it", rid, timeout)
         raise ApiError("request_timeout", f"inference ran past the request timeout of {timeout:g} s; "
                        "the worker finishes it before serving again", retry_after_s=1.0,
                        details={"timeout_s": timeout},
-                       hint="raise timeouts=seq.Timeouts(request=...) or make infer faster") from None
+                       hint="raise timeouts=seq.Timeouts(request=...) or make infer faster")
+    if future.cancelled():
+        raise asyncio.CancelledError()
+    try:
+        return future.result()
     except PolicyError as exc:
         log.warning("%s %s", rid, exc)
         raise exc.to_api_error() from None
+
+
+def _release(waiter: asyncio.Future, timed_out: bool = False) -> None:
+    if not waiter.done():
+        waiter.set_result(timed_out)
 
 
 async def queue_act(host: PolicyHost, raw: bytes, content_type: str) -> tuple[Any, Any]:

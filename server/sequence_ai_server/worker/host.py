@@ -120,7 +120,7 @@ class _Replica:
         self.host = host
         self.index = index
         self.instance: Any = None
-        self.queue: "queue.Queue[_Item]" = queue.Queue()
+        self.queue: "queue.SimpleQueue[Optional[_Item]]" = queue.SimpleQueue()   # C: one lock, no Condition
         self.busy = False
         self.busy_since = 0.0      # time.monotonic() when the current item started (valid while busy)
         self.thread: Optional[threading.Thread] = None

@@ -40,6 +40,8 @@ act pipeline's (``act.py``), as on HTTP /act and the /act channel.
 from __future__ import annotations
 
 import logging
+import math
+import random
 import time
 from typing import Any, Optional
 
@@ -84,24 +86,34 @@ _ARRAY_KINDS = "biufUS"
 MAX_DEPTH = 16
 
 
+# dtype text -> the accepted np.dtype: a message's three or four arrays look theirs up, not parse them
+_DTYPES: dict[str, np.dtype] = {}
+
+
+def _dtype(text: Any, what: str) -> np.dtype:
+    dtype = _DTYPES.get(text) if isinstance(text, str) else None
+    if dtype is None:
+        dtype = np.dtype(text)
+        if dtype.kind not in _ARRAY_KINDS:
+            raise ValueError(f"{what} dtype {dtype} is not accepted (numbers only)")
+        if isinstance(text, str) and len(_DTYPES) < 64:
+            _DTYPES[text] = dtype
+    return dtype
+
+
 def _unpack_array(obj: dict) -> Any:
     try:
         if b"__ndarray__" in obj:
-            dtype = np.dtype(obj[b"dtype"])
-            if dtype.kind not in _ARRAY_KINDS:
-                raise ValueError(f"array dtype {dtype} is not accepted (numbers only)")
-            shape = tuple(int(n) for n in obj[b"shape"])
+            dtype = _dtype(obj[b"dtype"], "array")
+            shape = tuple(map(int, obj[b"shape"]))
             data = obj[b"data"]
-            if not isinstance(data, bytes) or any(n < 0 for n in shape) \
-                    or int(np.prod(shape, dtype=object)) * dtype.itemsize != len(data):
+            if type(data) is not bytes or any(n < 0 for n in shape) \
+                    or math.prod(shape) * dtype.itemsize != len(data):
                 raise ValueError(f"array of shape {shape} and dtype {dtype} does not match its "
                                  f"{len(data) if isinstance(data, bytes) else type(data).__name__} data bytes")
             return np.frombuffer(data, dtype=dtype).reshape(shape)
         if b"__npgeneric__" in obj:
-            dtype = np.dtype(obj[b"dtype"])
-            if dtype.kind not in _ARRAY_KINDS:
-                raise ValueError(f"scalar dtype {dtype} is not accepted (numbers only)")
-            return dtype.type(obj[b"data"])
+            return _dtype(obj[b"dtype"], "scalar").type(obj[b"data"])
     except KeyError as exc:
         raise ValueError(f"an encoded numpy value lacks its {exc.args[0]!r} field") from None
     except (TypeError, OverflowError) as exc:
@@ -151,7 +163,7 @@ def _image(value: Any, key: str, size: Optional[tuple[int, int]]) -> np.ndarray:
         raise ApiError("contract_mismatch", f"{key!r}: an image must be HxWx3 or 3xHxW, got shape {list(arr.shape)}",
                        hint=_HINT)
     if arr.dtype.kind == "f":
-        if not np.all(np.isfinite(arr)):
+        if not np.isfinite(arr).all():
             raise ApiError("invalid_request", f"{key!r}: a float image holds NaN or inf", hint="send values in [0, 1]")
         arr = (np.clip(arr, 0.0, 1.0) * 255.0 + 0.5).astype(np.uint8)
     elif arr.dtype != np.uint8:
@@ -168,29 +180,50 @@ def _image(value: Any, key: str, size: Optional[tuple[int, int]]) -> np.ndarray:
 
 def _vector(value: Any, key: str) -> np.ndarray:
     arr = np.asarray(value)
-    if arr.dtype.kind not in "biuf":
+    kind = arr.dtype.kind
+    if kind not in "biuf":
         raise ApiError("contract_mismatch", f"{key!r}: a proprioception vector must hold numbers, got dtype {arr.dtype}",
                        hint=_HINT)
-    arr = arr.astype(np.float64).reshape(-1)
-    if not np.all(np.isfinite(arr)):
+    if kind == "f" and not np.isfinite(arr).all():     # integers and booleans are always finite
         raise ApiError("invalid_request", f"{key!r} holds NaN or inf", hint="send finite values")
-    return arr.astype(np.float32)
+    return arr.astype(np.float32).reshape(-1)
 
 
-def _proprio(flat: dict[str, Any], widths: dict[str, int]) -> dict[str, np.ndarray]:
+def _layout(flat: dict[str, Any], contract: Any) -> tuple:
+    """Where this key set's declared views and proprioception come from -> (views: [(view, key,
+    (width, height) or None)], widths: {field: width}, fields: ((field, key), ...) or None,
+    state_key: the key of the one ``state`` vector split over the fields, or None). It depends on
+    the keys alone, so a connection works it out once per key set. Raises
+    ApiError(contract_mismatch) for a view or field no key provides."""
+    views = []
+    for view, cam in contract.cameras.items():
+        key = _find(flat, view)
+        if key is None:
+            raise ApiError("contract_mismatch", f"no openpi key for camera view {view!r}", hint=_HINT,
+                           details={"view": view, "keys": sorted(flat)})
+        views.append((view, key, (cam.width, cam.height) if cam.width else None))
+    widths = dict(contract.proprio)
     found = {f: _find(flat, f) for f in widths}
     if all(found.values()):
-        out = {f: _vector(flat[k], k) for f, k in found.items()}
+        return views, widths, tuple(found.items()), None
+    state_key = _find(flat, "state")
+    if state_key is None:
+        missing = [f for f, k in found.items() if k is None]
+        raise ApiError("contract_mismatch", f"no openpi key for proprioception {missing} and no 'state' vector",
+                       hint=_HINT, details={"missing": missing, "keys": sorted(flat)})
+    return views, widths, None, state_key
+
+
+def _proprio(flat: dict[str, Any], widths: dict[str, int], fields: Optional[tuple],
+             state_key: Optional[str]) -> dict[str, np.ndarray]:
+    if fields is not None:
+        out = {f: _vector(flat[k], k) for f, k in fields}
     else:
-        state_key = _find(flat, "state")
-        if state_key is None:
-            missing = [f for f, k in found.items() if k is None]
-            raise ApiError("contract_mismatch", f"no openpi key for proprioception {missing} and no 'state' vector",
-                           hint=_HINT, details={"missing": missing, "keys": sorted(flat)})
         state = _vector(flat[state_key], state_key)
-        if len(state) != sum(widths.values()):
+        total = sum(widths.values())
+        if len(state) != total:
             raise ApiError("contract_mismatch", f"{state_key!r} has {len(state)} values; the policy's proprioception "
-                           f"{dict(widths)} has {sum(widths.values())} in all", hint=_HINT)
+                           f"{widths} has {total} in all", hint=_HINT)
         out, at = {}, 0
         for f, w in widths.items():
             out[f], at = state[at:at + w], at + w
@@ -201,10 +234,16 @@ def _proprio(flat: dict[str, Any], widths: dict[str, int]) -> dict[str, np.ndarr
     return out
 
 
-def observation_from_openpi(obs: Any, contract: Any, episode_id: Optional[str] = None) -> seq.Observation:
+_LAYOUTS_KEPT = 8        # key sets a connection remembers the layout of (a client sends one)
+
+
+def observation_from_openpi(obs: Any, contract: Any, episode_id: Optional[str] = None,
+                            layouts: Optional[dict] = None) -> seq.Observation:
     """An openpi observation dict -> ``seq.Observation`` through ``contract`` (the policy's
     ``ObservationContract`` or None; the rules are in the module docstring). Raises
-    ApiError(contract_mismatch / invalid_request) naming the key and what to send."""
+    ApiError(contract_mismatch / invalid_request) naming the key and what to send.
+    ``layouts``: a dict the caller keeps per connection, where the key-to-contract mapping of
+    each key set seen is remembered (every value is still checked on every message)."""
     if not isinstance(obs, dict):
         raise ApiError("invalid_request", "an openpi observation is a dict", hint=_HINT)
     flat = _flatten(obs)
@@ -225,13 +264,16 @@ def observation_from_openpi(obs: Any, contract: Any, episode_id: Optional[str] =
         proprio = {k.rsplit("/", 1)[-1]: _vector(v, k) for k, v in flat.items()
                    if isinstance(v, np.ndarray) and v.ndim == 1}
         return seq.Observation(images=images, proprio=proprio, instruction=instruction, episode_id=episode_id)
-    for view, cam in contract.cameras.items():
-        key = _find(flat, view)
-        if key is None:
-            raise ApiError("contract_mismatch", f"no openpi key for camera view {view!r}", hint=_HINT,
-                           details={"view": view, "keys": sorted(flat)})
-        images[view] = _image(flat[key], key, (cam.width, cam.height) if cam.width else None)
-    proprio = _proprio(flat, dict(contract.proprio))
+    keys = tuple(flat)
+    layout = layouts.get(keys) if layouts is not None else None
+    if layout is None:
+        layout = _layout(flat, contract)
+        if layouts is not None and len(layouts) < _LAYOUTS_KEPT:
+            layouts[keys] = layout
+    views, widths, fields, state_key = layout
+    for view, key, size in views:
+        images[view] = _image(flat[key], key, size)
+    proprio = _proprio(flat, widths, fields, state_key)
     return seq.Observation(images=images, proprio=proprio, instruction=instruction, episode_id=episode_id)
 
 
@@ -248,7 +290,17 @@ def metadata(state: Any) -> dict:
             "action_dim": action.get("action_dim"), "control_frequency_hz": action.get("control_frequency_hz")}
 
 
-async def _one(act: ActPipeline, host: Any, token: str, episode_id: str, data: bytes, rid: str) -> bytes:
+# request ids for the answers of this endpoint: the common form (``req_`` + 16 hex digits) from a
+# generator seeded once from the OS, not a system call per observation (an id is no secret)
+_IDS = random.Random()
+
+
+def _request_id() -> str:
+    return f"req_{_IDS.getrandbits(64):016x}"
+
+
+async def _one(act: ActPipeline, host: Any, token: str, episode_id: str, params: dict, layouts: dict, data: bytes,
+               rid: str) -> bytes:
     """One observation message through the act pipeline -> the packed action dict."""
     act.check_token(token)
     act.check_body(data, _CONTENT_TYPE, what="message", hint="send frames at the declared camera size")
@@ -257,10 +309,9 @@ async def _one(act: ActPipeline, host: Any, token: str, episode_id: str, data: b
     except (ValueError, TypeError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError) as exc:
         raise ApiError("invalid_request", f"the message is not an openpi msgpack observation ({exc})",
                        hint=_HINT) from None
-    observation = observation_from_openpi(obs, host.spec.observation, episode_id)
+    observation = observation_from_openpi(obs, host.spec.observation, episode_id, layouts)
     t0 = time.monotonic()
-    prepared = Prepared(observation, cast_params(host.spec.params, {}), [], episode_id)
-    chunk, seconds = await run_prepared(host, prepared, rid)
+    chunk, seconds = await run_prepared(host, Prepared(observation, params, [], episode_id), rid)
     actions = np.asarray(chunk["actions"], dtype=np.float32)
     return packb({"actions": actions, "server_timing": {"infer_ms": seconds * 1000.0,
                                                         "total_ms": (time.monotonic() - t0) * 1000.0}})
@@ -269,12 +320,14 @@ async def _one(act: ActPipeline, host: Any, token: str, episode_id: str, data: b
 async def _serve(websocket: WebSocket, act: ActPipeline, host: Any, token: str, episode_id: str) -> None:
     """Answer observations until the client goes; each is metered with the status that reached
     the client (0 when the answer could not be sent, with no bytes out)."""
+    params = cast_params(host.spec.params, {})     # openpi sends no params: the declared defaults, cast once
+    layouts: dict = {}                             # key set -> where the contract's views and fields are
     while True:
         data = await websocket.receive_bytes()
         t0, status, out, delivered = time.perf_counter(), 0, b"", False
-        rid = new_request_id()
+        rid = _request_id()
         try:
-            status, out = await act.settle(rid, _one(act, host, token, episode_id, data, rid), _WHERE)
+            status, out = await act.settle(rid, _one(act, host, token, episode_id, params, layouts, data, rid), _WHERE)
             if status == 200:
                 await websocket.send_bytes(out)
             else:
