@@ -71,6 +71,9 @@ ENV_VARS = {
     "SEQ_MAX_GPUS": ("server", "no cap",
                      "Most workers that may run at once, each local worker counting as one card; a connect "
                      "that would start one more is refused `gpu_limit_reached`."),
+    "SEQ_CPU_WORKERS": ("server", "the machine's core count",
+                        "Most workers one CPU policy (`gpu=\"cpu\"` or none) may run at once; its `max_gpus` "
+                        "counts its workers (undeclared: 1), up to this."),
     "SEQ_HEALTH_INTERVAL_S": ("server", "2",
                               "How often the gateway pings serving workers for a jammed inference (s)."),
     "SEQ_GATEWAY_MAX_BODY_BYTES": ("server", "33554432 (32 MiB)",
@@ -87,8 +90,6 @@ ENV_VARS = {
                               "placement group of whole machines. A whole number >= 1."),
     "SEQ_ALERT_BACKOFF_S": ("server", "0.5,1,2,4",
                             "Comma-separated waits (s) before each retry of a webhook delivery."),
-    "SEQ_TEST_CLOCK_FILE": ("server", "unset (the real clock)",
-                            "A file holding unix seconds that scheduled scaling reads as the time; for tests."),
     "SEQ_FAKE_GPUS": ("server", "unset (the machine's cards: NVML, else nvidia-smi)",
                       "Card names the gateway presents instead of the machine's, numbered from 0 "
                       "(`L4,L4,H100`; `NAME=GiB` gives a card's memory); workers are pinned to them as "

@@ -129,7 +129,7 @@ def env(tmp_path):
                 return {}
         """))
     clock, launcher = Clock(), FakeLauncher()
-    config = ServerConfig(data_dir=tmp_path / "home", lease_ttl_s=LEASE_S, health_interval_s=1e9)
+    config = ServerConfig(data_dir=tmp_path / "home", lease_ttl_s=LEASE_S, health_interval_s=1e9, cpu_workers=8)
     gw = Gateway(config=config, launcher=launcher, clock=clock)
     launcher.locks = [gw.supervisor._lock, gw.sessions._lock, gw.deployments._lock]
     events: list = []
@@ -352,3 +352,160 @@ def test_event_handlers_run_with_no_supervisor_lock_held(env):
     w.crash()
     gw.tick(clock.advance(0.1))
     assert seen == [False]
+
+
+# -- several workers per deployment: another worker of the serving version starts when every slot
+# of the running ones is taken, up to max_gpus (a CPU policy: max_gpus counts workers, capped by
+# cpu_workers); each session sticks to its worker; idle ones stop one at a time to the floor
+
+def _fleet_spec(**extra) -> dict:
+    """One slot per worker, a CPU policy that may run ``max_gpus`` workers (default 2)."""
+    extra.setdefault("resources", {"gpu": "cpu", "max_gpus": extra.pop("max_gpus", 2)})
+    return _spec(concurrency={"replicas_per_gpu": 1}, **extra)
+
+
+def _grow(gw, clock, launcher, spec: dict, port: int) -> FakeWorker:
+    """A connect finds every slot taken: another worker starts (warming); it becomes ready."""
+    n = len(launcher.started)
+    err = _warming(gw)
+    assert err.code == "warming" and "another worker is starting" in err.detail
+    assert len(launcher.started) == n + 1 and launcher.started[-1].spec.role == "extra"
+    w = launcher.started[-1]
+    w.ready(spec, port)
+    gw.tick(clock.advance(0.1))
+    return w
+
+
+def _workers(gw, name: str = "echo") -> list[tuple]:
+    return [(w["worker"], w["slots"]["used"], w["slots"]["total"], len(w["robots"]))
+            for w in gw.deployments.status(name).workers]
+
+
+@pytest.mark.parametrize("on_full", ["reject", "queue"])
+def test_every_slot_taken_starts_another_worker_up_to_max_gpus_then_on_full(env, on_full):
+    gw, clock, launcher, policy, _, _ = env
+    spec = _fleet_spec(on_full=on_full, idle_timeout=3600)
+    _deploy(gw, policy)
+    _serve(gw, clock, launcher, spec)
+    a = gw.sessions.connect(ConnectRequest(model="echo"))
+    assert a.worker_url == "http://127.0.0.1:9001" and len(launcher.started) == 1
+    second = _grow(gw, clock, launcher, spec, 9002)
+    b = gw.sessions.connect(ConnectRequest(model="echo"))
+    assert b.worker_url == "http://127.0.0.1:9002"          # the robot lands on the worker with room
+    assert _workers(gw) == [("echo", 1, 1, 1), ("echo#2", 1, 1, 1)]
+    assert gw.deployments.status("echo").workers[1]["pid"] == second.pid
+    err = _warming(gw)                                     # max_gpus=2 reached: no third worker
+    assert len(launcher.started) == 2
+    if on_full == "reject":
+        assert err.code == "deployment_full" and err.details == {"slots": 2, "held": 2}
+    else:
+        assert err.code == "queued" and err.details["position"] == 1
+        gw.sessions.close_session(b.session_id)           # its slot goes to the robot in line
+        c = gw.sessions.connect(ConnectRequest(model="echo", ticket=err.details["ticket"]))
+        assert c.worker_url == "http://127.0.0.1:9002"
+    renewed = gw.sessions.renew(a.session_id)               # a renewal keeps the session on its worker
+    assert renewed.worker_url == "http://127.0.0.1:9001"
+
+
+def test_min_workers_two_keeps_two_warm(env):
+    gw, clock, launcher, policy, events, _ = env
+    spec = _fleet_spec(min_workers=2, idle_timeout=10)
+    _deploy(gw, policy)
+    _serve(gw, clock, launcher, spec)
+    gw.tick(clock.advance(0.1))                            # the floor starts the second one
+    assert [w.spec.role for w in launcher.started] == ["serving", "extra"]
+    launcher.started[1].ready(spec, 9002)
+    gw.tick(clock.advance(3600))
+    assert [k for k, *_ in _workers(gw)] == ["echo", "echo#2"] and events == []
+    assert len(launcher.started) == 2
+    launcher.started[1].crash()                            # a crash of one is made good by the floor
+    gw.tick(clock.advance(0.1))
+    gw.tick(clock.advance(0.1))
+    assert len(launcher.started) == 3 and launcher.started[2].spec.role == "extra"
+
+
+def test_a_crash_of_one_worker_drops_only_its_own_sessions(env):
+    gw, clock, launcher, policy, events, _ = env
+    spec = _fleet_spec(idle_timeout=3600)
+    _deploy(gw, policy)
+    first = _serve(gw, clock, launcher, spec)
+    a = gw.sessions.connect(ConnectRequest(model="echo"))
+    second = _grow(gw, clock, launcher, spec, 9002)
+    b = gw.sessions.connect(ConnectRequest(model="echo"))
+    second.crash()
+    gw.tick(clock.advance(0.1))
+    assert [s.id for s in gw.sessions.of("echo")] == [a.session_id]
+    with pytest.raises(ApiError) as exc:
+        gw.sessions.renew(b.session_id)
+    assert exc.value.code == "lease_expired"               # its robot connects again ...
+    assert gw.sessions.renew(a.session_id).worker_url == "http://127.0.0.1:9001"
+    third = _grow(gw, clock, launcher, spec, 9003)         # ... and its slot comes back on a new worker
+    b2 = gw.sessions.connect(ConnectRequest(model="echo"))
+    assert b2.worker_url == "http://127.0.0.1:9003"
+    first.crash()                                          # the first one's crash spares the others' robots
+    gw.tick(clock.advance(0.1))
+    assert [s.id for s in gw.sessions.of("echo")] == [b2.session_id]
+    assert [type(e) for e in events] == [WorkerCrashed]
+    assert _warming(gw).code == "warming"                  # no free slot, nor a first worker: it restarts
+    assert launcher.started[-1].spec.role == "serving" and len(launcher.started) == 4
+    assert third.returncode is None and gw.sessions.renew(b2.session_id).worker_url == "http://127.0.0.1:9003"
+
+
+def test_idle_workers_stop_one_at_a_time_down_to_the_floor(env):
+    gw, clock, launcher, policy, events, _ = env
+    spec = _fleet_spec(max_gpus=3, min_workers=1, idle_timeout=10)
+    _deploy(gw, policy)
+    _serve(gw, clock, launcher, spec)
+    conns = [gw.sessions.connect(ConnectRequest(model="echo"))]
+    for port in (9002, 9003):
+        _grow(gw, clock, launcher, spec, port)
+        conns.append(gw.sessions.connect(ConnectRequest(model="echo")))
+    assert [k for k, *_ in _workers(gw)] == ["echo", "echo#2", "echo#3"]
+    gw.tick(clock.advance(11))
+    assert len(_workers(gw)) == 3                          # each holds a robot: none is idle
+    for c in conns:
+        gw.sessions.close_session(c.session_id)
+    gw.tick(clock.advance(11))
+    assert [k for k, *_ in _workers(gw)] == ["echo", "echo#2"]      # the last started goes first
+    gw.tick(clock.advance(0.1))
+    assert [k for k, *_ in _workers(gw)] == ["echo"]
+    gw.tick(clock.advance(3600))
+    assert [k for k, *_ in _workers(gw)] == ["echo"] and events == []   # the floor keeps one
+    assert [w.signals for w in launcher.started] == [[], [signal.SIGTERM], [signal.SIGTERM]]
+
+
+def test_a_new_version_takes_over_from_every_serving_worker(env):
+    gw, clock, launcher, policy, events, _ = env
+    spec = _fleet_spec(idle_timeout=3600)
+    _deploy(gw, policy)
+    old = _serve(gw, clock, launcher, spec)
+    gw.sessions.connect(ConnectRequest(model="echo"))
+    second = _grow(gw, clock, launcher, spec, 9002)
+    b = gw.sessions.connect(ConnectRequest(model="echo"))
+    policy.write_text(policy.read_text() + "\n# v2\n")
+    _deploy(gw, policy)
+    build = launcher.started[-1]
+    assert build.spec.role == "build"
+    build.ready(spec, 9003)
+    gw.tick(clock.advance(0.1))
+    assert events == [WorkerTookOver("echo", 2, build.pid, old.pid)]
+    assert second.signals == [signal.SIGTERM] and second.secret != second.spec.secret   # retired with the first
+    with pytest.raises(ApiError) as exc:
+        gw.sessions.renew(b.session_id)
+    assert exc.value.code == "lease_expired"
+    conn = gw.sessions.connect(ConnectRequest(model="echo"))
+    assert (conn.version, conn.worker_url) == (2, "http://127.0.0.1:9003")
+    assert _workers(gw) == [("echo", 1, 1, 1)]
+    err = _warming(gw)                                     # the fleet grows back on the new version
+    assert err.code == "warming" and launcher.started[-1].spec.version == 2
+
+
+def test_a_cpu_policy_runs_at_most_cpu_workers(env):
+    gw, clock, launcher, policy, _, _ = env
+    gw.supervisor.cpu_workers = 1
+    spec = _fleet_spec(on_full="reject", max_gpus=4)
+    _deploy(gw, policy)
+    _serve(gw, clock, launcher, spec)
+    gw.sessions.connect(ConnectRequest(model="echo"))
+    assert _warming(gw).code == "deployment_full" and len(launcher.started) == 1
+    assert gw.deployments.status("echo").workers[0]["max_workers"] == 1

@@ -70,7 +70,20 @@ def policy_status(name: str, gateway: Optional[str] = GatewayOpt, api_key: Optio
     spec = d.get("spec") or {}
     recorded = {k: v for k, v in (spec.get("resources") or {}).items() if v is not None}
     if recorded:
-        out.print(f"  declared  {recorded} (recorded; not used self-hosted)")
+        out.print(f"  declared  {recorded}", markup=False, highlight=False)
+    workers = d.get("workers") or []
+    if workers:   # each worker serving this version: its cards, slots and robots
+        cap = workers[0].get("max_workers")
+        out.print(f"  workers   {len(workers)}" + (f" of at most {cap}" if cap else "")
+                  + " (another starts when every slot is taken; idle ones stop one at a time)",
+                  markup=False, highlight=False)
+        for w in workers:
+            cards = ",".join(map(str, w.get("cards") or [])) or "cpu"
+            slots = w.get("slots") or {}
+            state = "ready" if w.get("ready") else "loading"
+            out.print(f"    {w['worker']}  pid {w.get('pid')}  {state}  card {cards}  slots "
+                      f"{slots.get('used', 0)}/{slots.get('total', 1)}  robots {', '.join(w.get('robots') or []) or '-'}",
+                      markup=False, highlight=False)
     from .ops import scale_line
     line = scale_line(call(gateway, api_key, data_dir, "GET", f"/v1/deployments/{name}/scale"))
     if line:

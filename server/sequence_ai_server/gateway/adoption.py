@@ -105,7 +105,7 @@ class Adoption:
                 return None
             if row.status == "ready" and row.worker_port:
                 url = _worker_url(row)
-        elif rec["role"] == Role.SIDE.value and rec.get("port"):
+        elif rec["role"] in (Role.SIDE.value, Role.EXTRA.value) and rec.get("port"):
             url = f"http://{rec.get('host') or '127.0.0.1'}:{rec['port']}"
         if url is not None and not self._is_worker(url, rec["name"], pid):
             stop_in_background(proc, f"it does not answer as the worker of {rec['name']} at {url}")

@@ -52,6 +52,7 @@ is a service of its own):
     store.py        state.db: DeploymentRow / VersionRow (JSON columns parsed once), workers, sessions
     events.py       the supervisor's events: WorkerStopped, WorkerCrashed, WorkerTookOver
     supervisor.py   Supervisor: launching (no lock held), reconciling by Role, switch-over, idle stops, warm floors
+    fleet.py        Fleets: a deployment's several serving workers (name, name#2, ...): cap, warm target, grow, idle stop
     roles.py        the build, side and retiring passes of a reconcile
     adoption.py     adopting the workers a previous gateway left running
     sessions.py     SessionService: connect (version pick, slots, waiting line, GPU cap), leases, renew, close, revocation
@@ -118,20 +119,21 @@ class Gateway:
             (self.data_dir / sub).mkdir(exist_ok=True)
         self.store = Store(self.data_dir / "state.db")
         self._json_log = install_json_log(self.data_dir / "logs" / GATEWAY_LOG, "gateway")   # logs.py
-        self.keys = KeyStore(self.store._db, self.store._lock)
+        self.keys = KeyStore(self.store)
         self.api_key_file = self.data_dir / "api_key"
         self._ensure_key()
         if launcher is None:     # local subprocesses, or Ray actors with $SEQ_BACKEND=ray
             from sequence_ai_server.launchers.base import launcher_for
             launcher = launcher_for(config, self.data_dir)
         self.launcher = launcher
-        self.ops = OpsService(self.store._db, self.store._lock, self.store, self.data_dir, require=self.store.require,
+        self.ops = OpsService(self.store, self.store, self.data_dir, require=self.store.require,
                               key_deployment=self._key_deployment, places_cards=launcher.places_cards,
-                              alert_backoff_s=config.alert_backoff_s, test_clock_file=config.test_clock_file,
+                              alert_backoff_s=config.alert_backoff_s,
                               fake_gpus=config.fake_gpus, clock=clock)
         self.supervisor = Supervisor(self.store, launcher, self.data_dir, warm_floor=self.ops.warm_floor,
                                      card_refusal=self.ops.card_refusal,
-                                     cards=None if launcher.places_cards else self.ops.cards, clock=clock)
+                                     cards=None if launcher.places_cards else self.ops.cards,
+                                     cpu_workers=config.cpu_workers, clock=clock)
         self.traffic = TrafficService(self.store, self.supervisor, self.keys, config.max_gpus)
         self.health = HealthCheck(self.store, self.supervisor, self.data_dir, interval_s=config.health_interval_s,
                                   usage_since=self.ops.usage_since, take_usage=self.ops.take_worker_usage, clock=clock)
@@ -140,8 +142,8 @@ class Gateway:
                                        max_gpus=config.max_gpus, clock=clock)
         self.deployments = DeploymentService(self.store, self.supervisor, self.sessions, self.traffic, self.health,
                                              self.ops, self.data_dir, clock)
-        self.secrets = SecretStore(self.store._db, self.store._lock, self.data_dir / "secret.key")
-        self.volumes = VolumeStore(self.store._db, self.store._lock, self.data_dir / "volumes",
+        self.secrets = SecretStore(self.store, self.data_dir / "secret.key")
+        self.volumes = VolumeStore(self.store, self.data_dir / "volumes",
                                    self.deployments.volume_users)
         # the back-edges: what the supervisor noticed reaches the services above it as events
         self.supervisor.on(WorkerStopped, self.sessions.drop_for)

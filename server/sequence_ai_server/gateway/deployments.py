@@ -228,8 +228,37 @@ class DeploymentService:
         self.sessions.expire(self.clock())
         d.sessions = [{"session_id": x.id, "key_id": x.key_id, "version": x.version, "params": dict(x.params),
                        "own_params": dict(x.requested), "connected_at": x.created_at,
-                       "lease_expires_at": x.expires_at} for x in self.sessions.of(name)]
+                       "lease_expires_at": x.expires_at, "worker": x.side or name} for x in self.sessions.of(name)]
+        d.workers = self._workers_view(self.require(name), self.sessions.robots_by_worker(name))
         return d
+
+    def _workers_view(self, row: DeploymentRow, robots_on: dict[str, list[str]]) -> list[dict]:
+        """Each worker serving ``row``'s serving version: ``{"worker": key, "pid", "version",
+        "url", "ready", "cards": [index, ...] ([] for a CPU worker), "slots": {"used", "total"},
+        "robots": [session id, ...]}``, plus ``"max_workers"`` on the first (the fleet's cap; None:
+        no cap of its own)."""
+        from sequence_ai_server.gateway.fleet import NO_CAP
+        from sequence_ai_server.gateway.slots import slots_of
+        try:
+            claims = [] if self.supervisor.launcher.places_cards else self.ops.cards.pool.claims()
+        except Exception:  # noqa: BLE001 - no card inventory readable: the view shows none
+            claims = []
+        per = slots_of(row.spec)
+        out = []
+        for key, w in self.supervisor.fleets.of(row.name).items():
+            first = key == row.name
+            port = row.worker_port if first else w.port
+            host = row.worker_host if first else w.host
+            ready = (row.status == "ready") if first else bool(w.port)
+            robots = robots_on.get(key, [])
+            cards = sorted({i for c in claims if c.worker == key or (c.pid and c.pid == w.proc.pid) for i in c.cards})
+            out.append({"worker": key, "pid": w.proc.pid, "version": w.version, "ready": ready,
+                        "url": f"http://{host or '127.0.0.1'}:{port}" if ready and port else None,
+                        "cards": cards, "slots": {"used": len(robots), "total": per}, "robots": robots})
+        if out:
+            cap = self.supervisor.fleets.cap(row)
+            out[0]["max_workers"] = None if cap >= NO_CAP else cap
+        return out
 
     def stop(self, name: str) -> Deployment:
         """Emergency stop: every serving worker of ``name`` (side versions too) ends now, its

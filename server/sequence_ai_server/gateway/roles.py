@@ -13,7 +13,7 @@ from sequence_ai_server.gateway.worker_record import (DEFAULT_IDLE_TIMEOUT_S, Ro
 if TYPE_CHECKING:
     from sequence_ai_server.gateway.supervisor import Supervisor
 
-__all__ = ["poll_build", "poll_side", "reap_retiring", "reap_sides"]
+__all__ = ["poll_build", "poll_side", "poll_extra", "reap_retiring", "reap_sides"]
 
 log = logging.getLogger("sequence_ai_server.gateway")
 
@@ -75,6 +75,32 @@ def poll_side(sup: "Supervisor", key: str, w: WorkerRecord, now: float) -> None:
     sup.side_failed[key] = {"error": msg, "details": {"exit_code": code, "log_tail": _log_tail(w.log_path),
                                                       "remote_traceback": err.get("traceback")}}
     log.warning("%s v%d (side): %s", w.name, w.version, msg)
+
+
+def poll_extra(sup: "Supervisor", key: str, w: WorkerRecord, now: float) -> None:
+    """Another worker of the serving version (``name#N``): note its port once ready; one that
+    exits or loads past its startup timeout is forgotten (its own sessions go with it: their
+    renewals find no worker and the robots connect again, landing on a worker with room)."""
+    code = w.proc.poll()
+    if code is None:
+        ready = w.ready_report() if w.port is None else None
+        if ready:
+            w.port = int(ready["port"])
+            w.host = _ready_host(ready)
+            w.spec = ready.get("spec") or w.spec
+            log.info("%s: worker %s (pid %d) is ready on port %d after %.2fs", w.name, key, w.proc.pid, w.port,
+                     now - w.started_at)
+        elif w.port is None and w.startup_expired(now):
+            sup.workers.pop(key, None)
+            msg, _ = w.abandon()
+            log.warning("%s: worker %s: %s", w.name, key, msg)
+        return
+    sup.workers.pop(key, None)
+    if w.log_handle:
+        w.log_handle.close()
+    if not w.stopping:
+        log.warning("%s: worker %s (pid %d) %s %s", w.name, key, w.proc.pid, _exit_reason(code),
+                    "while serving" if w.port else "while loading")
 
 
 def reap_retiring(sup: "Supervisor", now: float) -> None:

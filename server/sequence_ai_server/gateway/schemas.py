@@ -38,6 +38,7 @@ class Deployment(BaseModel):
     health: Optional[dict[str, Any]] = None    # a jammed worker seen by the health check: state jammed | replaced
     stopped_at: Optional[float] = None          # `seq policy stop` (unix s): connects refused until `seq policy start`
     sessions: Optional[list[dict[str, Any]]] = None   # GET one deployment: each connected robot and what it runs with
+    workers: Optional[list[dict[str, Any]]] = None    # GET one deployment: each serving worker, its cards, slots and robots
 
 
 class DeploymentList(BaseModel):

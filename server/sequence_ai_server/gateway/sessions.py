@@ -28,7 +28,8 @@ from sequence_ai_server.gateway.slots import SlotQueue, slots_of
 from sequence_ai_server.gateway.store import DeploymentRow, Store
 from sequence_ai_server.gateway.supervisor import Supervisor
 from sequence_ai_server.gateway.traffic import TrafficService
-from sequence_ai_server.gateway.worker_record import DEFAULT_LOAD_ESTIMATE_S, Role, WorkerRecord, _worker_url, worker_key
+from sequence_ai_server.gateway.worker_record import (DEFAULT_LOAD_ESTIMATE_S, EXTRA_MARK, Role, WorkerRecord, _worker_url,
+                                                      worker_key)
 from sequence_ai_server.ops.service import OpsService
 
 log = logging.getLogger("sequence_ai_server.gateway")
@@ -203,25 +204,113 @@ class SessionService:
                 return side
         self.ops.check_quota(key.id if key else None, req.model, "connect", self.supervisor.running(),
                              starts_worker=not self.supervisor.busy(req.model))   # limits per account / key (quotas.py)
-        row = self.ready_or_warming(req.model, key, quota=True)
+        row = self._others_with_room(current) or self.ready_or_warming(req.model, key, quota=True)
         spec = row.spec if row.spec is not None else {"contract": {"action": None, "observation": None}, "params": []}
-        sess = self._new(req, key, row)
+        # Slots are counted only for a policy that declares @seq.concurrent: the client opens a
+        # new session on every reconnect (rotation, lease expiry) without naming its old one,
+        # which would otherwise queue a lone robot behind its own stale session.
+        if spec.get("concurrency") and self._grow_if_full(row, spec, key):
+            raise self._growing(row)
         with self._lock:
             self.expire(self.clock())
-            held = sum(1 for x in self.table.values() if x.model == req.model and not x.side)
+            fleet = self._fleet_rows(row)
+            per = slots_of(spec)
+            held = self._held_on(fleet)
             mean_s = sum(self._closed_s) / len(self._closed_s) if self._closed_s else self.lease_ttl_s
-            # Slots are counted only for a policy that declares @seq.concurrent: the client opens a
-            # new session on every reconnect (rotation, lease expiry) without naming its old one,
-            # which would otherwise queue a lone robot behind its own stale session.
+            wk, row = next(((k, r) for k, r in fleet if held.get(k, 0) < per), fleet[0])
             if spec.get("concurrency"):
-                self.queue.admit(req.model, key.id if key else "", req.ticket, capacity=slots_of(spec), held=held,
+                self.queue.admit(req.model, key.id if key else "", req.ticket, capacity=per * len(fleet),
+                                 held=sum(held.get(k, 0) for k, _ in fleet),
                                  on_full=spec.get("on_full") or "queue",
                                  queue_timeout_s=float(spec.get("queue_timeout_s") or 120.0), mean_session_s=mean_s)
+            sess = self._new(req, key, row, side="" if wk == req.model else wk)
             self.table[sess.id] = sess
             if split is not None:
                 self.traffic.admitted(req.model, split, sess.version)
-        log.info("admitted %s on v%d", sess.id, sess.version, extra={"deployment": req.model, "version": sess.version})
+        if sess.side:
+            self.supervisor.touch(sess.side, self.clock())
+        log.info("admitted %s on v%d (worker %s)", sess.id, sess.version, wk,
+                 extra={"deployment": req.model, "version": sess.version})
         return self._lease(row, sess)
+
+    # -- a deployment's several serving workers (its fleet: ``name``, then ``name#N``)
+    def _fleet_rows(self, row: DeploymentRow) -> list[tuple[str, DeploymentRow]]:
+        """``[(worker key, row as a session there sees it)]`` of the ready workers serving
+        ``row``'s serving version, its first worker first (when it serves)."""
+        out = []
+        for k, w in self.supervisor.fleets.of(row.name).items():
+            if k == row.name:
+                if row.status == "ready":
+                    out.append((k, row))
+            elif w.port and w.proc.poll() is None and w.version == row.version:
+                out.append((k, self._side_row(row, w)))
+        return out or [(row.name, row)]
+
+    def _held_on(self, fleet: list[tuple[str, DeploymentRow]]) -> dict[str, int]:
+        """Open sessions per worker of ``fleet`` (``_fleet_rows``), counting only those of the
+        worker's current epoch (a session of a replaced worker holds no slot on its successor)."""
+        return {k: len(v) for k, v in self._robots_on(fleet).items()}
+
+    def _robots_on(self, fleet: list[tuple[str, DeploymentRow]]) -> dict[str, list[str]]:
+        epochs = dict((k, r.epoch) for k, r in fleet)
+        out: dict[str, list[str]] = {}
+        with self._lock:
+            for s in sorted(self.table.values(), key=lambda s: s.created_at):
+                k = s.side or s.model
+                if epochs.get(k) == s.epoch:
+                    out.setdefault(k, []).append(s.id)
+        return out
+
+    def robots_by_worker(self, name: str) -> dict[str, list[str]]:
+        """``{worker key: [session id, ...]}``: the robots each worker serving ``name``'s serving
+        version holds now (its first worker ``name``, the others ``name#N``)."""
+        row = self.store.require(name)
+        return self._robots_on([(k, r) for k, r in self._fleet_rows(row)] +
+                               [(k, self._side_row(row, w)) for k, w in self.supervisor.fleets.of(name).items()
+                                if k != name and not w.port])
+
+    def _others_with_room(self, row: DeploymentRow) -> Optional[DeploymentRow]:
+        """``row`` when its first worker does not serve but another ready one has a free slot (a
+        crash of the first one): the robot lands there without waiting for a restart."""
+        if row.status == "ready" or not row.served or not (row.spec or {}).get("concurrency"):
+            return None
+        self.supervisor.poll(row.name)
+        others = [(k, r) for k, r in self._fleet_rows(row) if k != row.name]
+        held = self._held_on(others)
+        return row if any(held.get(k, 0) < slots_of(row.spec) for k, _ in others) else None
+
+    def _grow_if_full(self, row: DeploymentRow, spec: dict, key: Optional[KeyRecord]) -> bool:
+        """When every slot of ``row``'s ready workers is taken and nobody waits in line for a
+        free one, start another worker (up to ``fleet_cap``, the free cards and $SEQ_MAX_GPUS).
+        True when one is starting now, so the robot is told to retry (warming) rather than
+        queued; False when a slot is free or no other worker may start."""
+        with self._lock:
+            self.expire(self.clock())
+            fleet = self._fleet_rows(row)
+            held = self._held_on(fleet)
+            if any(held.get(k, 0) < slots_of(spec) for k, _ in fleet):
+                return False
+        if any(w.port is None for k, w in self.supervisor.fleets.of(row.name).items() if k != row.name):
+            return True          # one is loading already
+        key_id = key.id if key else None
+        try:
+            w = self.supervisor.fleets.start(
+                row.name, max_workers=self.max_gpus,
+                admit=lambda running: self.ops.check_quota(key_id, row.name, "connect", running, starts_worker=True))
+        except ApiError as exc:
+            if exc.code in ("gpu_limit_reached", "gpu_busy", "gpu_low_stock", "deployment_full", "quota_exceeded"):
+                log.info("%s: every slot is taken and no other worker may start: %s", row.name, exc.detail)
+                return False
+            raise
+        return w is not None
+
+    def _growing(self, row: DeploymentRow) -> ApiError:
+        """The retryable answer while another worker of ``row`` loads for a robot that found every slot taken."""
+        estimate = row.load_s or DEFAULT_LOAD_ESTIMATE_S
+        return ApiError("warming", f"every slot of {row.name!r} is taken; another worker is starting, about "
+                        f"{estimate:.0f} s", retry_after_s=round(max(1.0, min(estimate, 5.0)), 1),
+                        details={"phase": "loading", "estimate_s": estimate, "workers": self.supervisor.fleets.size(row.name)},
+                        hint="retry after Retry-After seconds (run()/act() wait this out before their first action)")
 
     @staticmethod
     def _side_row(row: DeploymentRow, w: WorkerRecord) -> DeploymentRow:
@@ -363,14 +452,19 @@ class SessionService:
         push_revocations(targets, entries)
 
     def drop_for(self, what: Union[str, WorkerStopped, WorkerCrashed]) -> None:
-        """Drop every session of a deployment (its name, or the supervisor event that stopped its worker)."""
+        """Drop every session of a deployment (its name), or those of the worker a supervisor
+        event says stopped or crashed (its first serving worker: the sessions on its other
+        workers, ``name#N``, stay)."""
         name = what if isinstance(what, str) else what.name
+        mine = (lambda s: True) if isinstance(what, str) else (lambda s: not s.side.startswith(name + EXTRA_MARK))
         with self._lock:
-            for sid in [s.id for s in self.table.values() if s.model == name]:
+            for sid in [s.id for s in self.table.values() if s.model == name and mine(s)]:
                 self.table.pop(sid, None)
 
     def expire(self, now: float) -> None:
-        """Drop the sessions whose lease ran out before ``now`` (unix s)."""
+        """Drop the sessions whose lease ran out before ``now`` (unix s), and those on another
+        worker of a fleet (``name#N``) that is gone: a worker that dies takes its own robots only."""
         with self._lock:
-            for sid in [s.id for s in self.table.values() if s.expires_at < now]:
+            for sid in [s.id for s in self.table.values() if s.expires_at < now
+                        or (EXTRA_MARK in s.side and self.supervisor.get(s.side) is None)]:
                 self.table.pop(sid, None)

@@ -23,6 +23,7 @@ from sequence_ai_server.common.errors import ApiError
 from sequence_ai_server.common.processes import process_start
 from sequence_ai_server.gateway.adoption import Adoption, DataDirInUse, stop_in_background, worker_record, write_supervisor
 from sequence_ai_server.gateway.events import EventBus, WorkerCrashed, WorkerStopped, WorkerTookOver
+from sequence_ai_server.gateway.fleet import Fleets
 from sequence_ai_server.gateway.store import DeploymentRow, Store
 from sequence_ai_server.gateway.worker_record import (DEFAULT_IDLE_TIMEOUT_S, JAMMED_GRACE_S, STOP_GRACE_S, Role,
                                                       WorkerRecord, _exit_reason, _log_tail, _ready_host, _terminate,
@@ -42,16 +43,19 @@ class Supervisor:
     ``launcher``: how workers start (launchers/base.py). ``warm_floor(row)``: workers to keep warm
     for a deployment (ops). ``card_refusal(spec)``: why a loaded spec's ``gpu=`` cannot run here,
     or None (ops). ``cards``: pins each local worker to its cards (ops/cards.py ``CardPins``: ``pin``
-    before the start, then ``bind`` or ``release``); None pins nothing. ``clock``: unix s. Subscribe
+    before the start, then ``bind`` or ``release``); None pins nothing. ``cpu_workers``: the most
+    workers one CPU policy may run (its ``max_gpus`` counts workers, up to this). ``clock``: unix s. Subscribe
     to its events with :meth:`on`."""
 
     def __init__(self, store: Store, launcher: Launcher, data_dir: Path, *,
                  warm_floor: Callable[[DeploymentRow], int] = lambda row: 0,
                  card_refusal: Callable[[Optional[dict]], Optional[dict]] = lambda spec: None,
-                 cards: Any = None, clock: Callable[[], float] = time.time) -> None:
+                 cards: Any = None, cpu_workers: int = 1, clock: Callable[[], float] = time.time) -> None:
         self.store, self.launcher, self.data_dir = store, launcher, data_dir
+        self.cpu_workers = cpu_workers
         self._warm_floor, self._card_refusal, self._cards, self.clock = warm_floor, card_refusal, cards, clock
         self.workers: dict[str, WorkerRecord] = {}
+        self.fleets = Fleets(self)                   # a deployment's several serving workers (fleet.py)
         self.retiring: list[WorkerRecord] = []       # replaced workers draining after a version switch
         self.side_failed: dict[str, dict] = {}       # side worker key -> why its last start failed
         self.activity: dict[str, float] = {}         # worker key -> last connect / renew (unix s)
@@ -301,8 +305,11 @@ class Supervisor:
 
     # -- stopping workers
     def stop(self, key: str) -> None:
-        """Stop the worker under ``key`` (SIGTERM, SIGKILL after the grace); no-op when none runs."""
+        """Stop the worker under ``key`` (SIGTERM, SIGKILL after the grace); no-op when none runs.
+        Stopping a deployment's first serving worker (``key`` = its name) stops its other ones too."""
         with self._locked():
+            if key in self.workers and self.workers[key].role is Role.SERVING:
+                self.fleets.stop_others(key)
             w = self.workers.pop(key, None)
             if w is None:
                 return
@@ -355,7 +362,7 @@ class Supervisor:
     def reconcile(self, now: float, held: set[str] = frozenset()) -> None:
         """One supervision pass at ``now`` (unix s): every worker by its role, the retiring ones,
         the side workers no session in ``held`` (worker keys) uses, idle stops and warm floors."""
-        from sequence_ai_server.gateway.roles import poll_build, poll_side, reap_retiring, reap_sides
+        from sequence_ai_server.gateway.roles import poll_build, poll_extra, poll_side, reap_retiring, reap_sides
         with self._locked():
             for w in [*self.workers.values(), *self.retiring]:
                 w.drain()               # log chunks, phase / ready / exit reports from the launcher
@@ -364,21 +371,25 @@ class Supervisor:
                     poll_build(self, key, w, now)
                 elif w.role is Role.SIDE:
                     poll_side(self, key, w, now)
+                elif w.role is Role.EXTRA:
+                    poll_extra(self, key, w, now)
                 else:
                     self._poll_serving(key, w, now)
             reap_retiring(self, now)
             reap_sides(self, held, now)
-        self._idle_and_floors(now)
+        self._idle_and_floors(now, held)
         self.save_workers()
 
     def poll(self, key: str) -> Optional[WorkerRecord]:
         """Reconcile the one worker under ``key`` now (a connect asks before it answers); returns
         it, or None when it is gone (or none ran)."""
-        from sequence_ai_server.gateway.roles import poll_side
+        from sequence_ai_server.gateway.roles import poll_extra, poll_side
         with self._locked():
             w = self.workers.get(key)
             if w is not None and w.role is Role.SIDE:
                 poll_side(self, key, w, self.clock())
+            elif w is not None and w.role is Role.EXTRA:
+                poll_extra(self, key, w, self.clock())
             elif w is not None and w.role is Role.SERVING:
                 self._poll_serving(key, w, self.clock())
             return self.workers.get(key)
@@ -464,6 +475,8 @@ class Supervisor:
         name = w.name
         self.workers.pop(key, None)
         old = self.workers.pop(name, None)
+        for ek in self.of(Role.EXTRA, name):   # the old version's other workers retire with its first
+            self._retire(self.workers.pop(ek), now, JAMMED_GRACE_S if w.replacing_jammed else STOP_GRACE_S)
         w.role = Role.SERVING
         self.workers[name] = w
         load_s = round(now - w.started_at, 3)
@@ -483,33 +496,45 @@ class Supervisor:
         self.store.update_version(name, w.version, status="ready", load_s=load_s, error=None)
         # the new worker serves from here on; the old one's tokens stop working at once
         # (its clients reconnect to the new version) and it drains and exits in the background
-        if old is not None:
-            old.stopping = True
-            old.proc.set_secret(secrets.token_urlsafe(32))
-            with contextlib.suppress(ProcessLookupError):
-                old.proc.send_signal(signal.SIGTERM)
-            old.role, old.retired_at = Role.RETIRING, now
-            if w.replacing_jammed:
-                old.grace_s = JAMMED_GRACE_S     # its replica thread is stuck: do not wait long
-            self.retiring.append(old)
+        if old is not None:      # a jammed worker's replica thread is stuck: do not wait long
+            self._retire(old, now, JAMMED_GRACE_S if w.replacing_jammed else STOP_GRACE_S)
         else:
             self.store.update(name, build=({**build, "status": "ready", "load_s": load_s}))
         log.info("%s v%d took over after %.2fs", name, w.version, load_s)
         self._events.emit(WorkerTookOver(name, w.version, w.proc.pid, old.proc.pid if old is not None else None))
 
-    def _idle_and_floors(self, now: float) -> None:
+    def _retire(self, old: WorkerRecord, now: float, grace_s: float) -> None:
+        """``old`` was replaced: its tokens stop working at once (a rotated secret), SIGTERM, and
+        it drains among the retiring workers for at most ``grace_s``."""
+        old.stopping = True
+        old.proc.set_secret(secrets.token_urlsafe(32))
+        with contextlib.suppress(ProcessLookupError):
+            old.proc.send_signal(signal.SIGTERM)
+        old.role, old.retired_at, old.grace_s = Role.RETIRING, now, grace_s
+        self.retiring.append(old)
+
+    def _idle_and_floors(self, now: float, held: set[str] = frozenset()) -> None:
         """Stop a ready worker after idle_timeout with no request (direct /act included, via its
         activity file, plus connect/renew here), emitting WorkerStopped; keep each deployment's
         warm floor (min_workers or a scheduled one) running: restart a stopped-idle or crashed one.
-        The restart starts its process with no lock held."""
+        A deployment's other workers (``name#N``) go first, one per pass, the last started first,
+        never one a session in ``held`` uses nor below its ``warm_target``; its first worker idles
+        out only once they are gone. Starts (restarts and the workers a floor asks for) run with
+        no lock held."""
         start: list[str] = []
+        grow: list[str] = []
         with self._locked():
             for row in self.store.all():
                 name = row.name
                 floor = self._warm_floor(row)
                 if floor >= 1:
                     self.activity[name] = now          # a floor in force counts as activity
-                if row.status == "ready" and name in self.workers and floor < 1:
+                fleet = self.fleets.of(name)
+                target = self.fleets.target(row, held)
+                if any(k != name for k in fleet):
+                    if len(fleet) > target:
+                        self.fleets.stop_one_idle(row, held, now)
+                elif row.status == "ready" and name in self.workers and floor < 1:
                     idle_timeout = float(row.spec_value("idle_timeout", DEFAULT_IDLE_TIMEOUT_S))
                     last = max(row.ready_at or 0.0, self.activity.get(name, 0.0), self.workers[name].last_activity())
                     if now - last > idle_timeout:
@@ -522,8 +547,16 @@ class Supervisor:
                         row.phase in ("idle", "exited") or (row.status == "stopped" and row.phase != "stopped")):
                     log.info("%s declares min_workers=%d: starting its worker", name, floor)
                     start.append(name)
+                if row.status == "ready" and name in self.workers and not row.halted_at \
+                        and self.fleets.size(name) < target:
+                    grow.append(name)
         for name in start:
             try:
                 self.start_serving(name)
             except ApiError as exc:
                 log.warning("%s: its warm floor could not start a worker: %s", name, exc.detail)
+        for name in grow:
+            try:
+                self.fleets.start(name)
+            except ApiError as exc:
+                log.warning("%s: its warm floor could not start another worker: %s", name, exc.detail)

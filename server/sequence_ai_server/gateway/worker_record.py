@@ -29,6 +29,7 @@ JAMMED_GRACE_S = 2.0        # a jammed worker (replace_jammed) is killed this lo
 KEEP_VERSIONS = 5
 BUILD_SUFFIX = ".build"     # worker_key(BUILD, name): the version building beside the serving one
 SIDE_MARK = "@v"            # worker_key(SIDE, name, N): a kept version serving a traffic split or a pin
+EXTRA_MARK = "#"            # worker_key(EXTRA, name, N): the serving version's N-th worker (N >= 2)
 
 
 class Role(str, enum.Enum):
@@ -37,11 +38,15 @@ class Role(str, enum.Enum):
     BUILD = "build"         # a version (or a jammed worker's replacement) loading beside the serving one
     SIDE = "side"           # a kept version serving a traffic split or a pin
     RETIRING = "retiring"   # replaced: draining its requests, then stopped
+    EXTRA = "extra"         # another worker of the serving version (a deployment's fleet past its first)
 
 
 def worker_key(role: Role, name: str, version: int = 0) -> str:
     """The ``Supervisor.workers`` key of ``name``'s worker in ``role``: ``name`` (serving),
-    ``name.build``, ``name@vN`` (side, version N); the one place the key is spelled."""
+    ``name.build``, ``name@vN`` (side, version N), ``name#N`` (the serving version's N-th worker,
+    N >= 2; ``version`` is N there); the one place the key is spelled."""
+    if role is Role.EXTRA:
+        return f"{name}{EXTRA_MARK}{version}"
     if role is Role.BUILD:
         return name + BUILD_SUFFIX
     if role is Role.SIDE:
@@ -71,9 +76,9 @@ class WorkerRecord:
     class_name: Optional[str] = None
     file_sha: Optional[str] = None
     spec: Optional[dict] = None
-    port: Optional[int] = None          # a side worker (SIDE_MARK) once ready; serving ones keep it in the row
-    host: Optional[str] = None          # with port: the side worker's host (from its ready file)
-    epoch: int = 0                      # a side worker's lease epoch
+    port: Optional[int] = None          # a side or extra worker once ready; the first serving one keeps it in the row
+    host: Optional[str] = None          # with port: that worker's host (from its ready file)
+    epoch: int = 0                      # a side or extra worker's lease epoch
     error: Optional[str] = None         # a side worker that failed to load: why
     proc_start: Optional[int] = None    # the process's start time (_proc.process_start): its identity with the pid
     supervisor_file: Optional[Path] = None   # {pid, start} of the gateway supervising it (worker --supervisor-file)
