@@ -26,12 +26,13 @@ import json
 import os
 import re
 import shutil
-import sqlite3
 import stat
 import threading
 import time
 from pathlib import Path, PurePosixPath
 from typing import Any, Callable, Optional
+
+from sequence_ai_server.common.state_db import StateDB
 
 __all__ = ["VolumeError", "VolumeStore", "resolve_volume", "parse_volume_uri"]
 
@@ -126,23 +127,21 @@ def _md5(path: Path) -> str:
 
 
 class VolumeStore:
-    """The volumes of one gateway: SQLite rows (shared connection and lock) plus files under
-    ``root``. ``in_use(name)`` is a callable answering which deployments use a volume (the
+    """The volumes of one gateway: rows of state.db's ``volumes`` table, through ``state`` (the
+    gateway's Store), plus files under ``root``. ``in_use(name)`` is a callable answering which deployments use a volume (the
     gateway's), so ``remove`` can refuse."""
 
-    def __init__(self, db: sqlite3.Connection, lock: threading.Lock, root: Path,
-                 in_use: Callable[[str], list[str]]):
-        self._db, self._lock, self.root = db, lock, Path(root)
+    def __init__(self, state: StateDB, root: Path, in_use: Callable[[str], list[str]]):
+        self._sql, self.root = state, Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
         self._in_use = in_use
         self._files_lock = threading.Lock()
-        with self._lock:
-            self._db.executescript(_SCHEMA)
+        self._sql.ensure_schema(_SCHEMA)
 
     # -- helpers
     def _rows(self, name: str) -> list[dict]:
-        with self._lock:
-            return [dict(r) for r in self._db.execute(
+        with self._sql.read() as db:
+            return [dict(r) for r in db.execute(
                 "SELECT * FROM volumes WHERE name = ? ORDER BY version DESC", (name,))]
 
     def _row(self, name: str, version: int) -> dict:
@@ -209,10 +208,10 @@ class VolumeStore:
         resume = next((r for r in rows if r["state"] == "uploading" and r["manifest_sha"] == sha), None)
         if resume is None:
             version = max([r["version"] for r in rows], default=0) + 1
-            with self._lock:
-                self._db.execute("INSERT INTO volumes (name, version, state, manifest_json, manifest_sha, size, "
-                                 "created_at) VALUES (?, ?, 'uploading', ?, ?, ?, ?)",
-                                 (name, version, json.dumps(manifest), sha, sum(x["size"] for x in manifest), time.time()))
+            with self._sql.transaction() as db:
+                db.execute("INSERT INTO volumes (name, version, state, manifest_json, manifest_sha, size, "
+                           "created_at) VALUES (?, ?, 'uploading', ?, ?, ?, ?)",
+                           (name, version, json.dumps(manifest), sha, sum(x["size"] for x in manifest), time.time()))
         else:
             version = resume["version"]
         staging = self._staging(name, version)
@@ -275,9 +274,9 @@ class VolumeStore:
         for dirpath, _, _ in os.walk(staging, topdown=False):
             os.chmod(dirpath, 0o555)
         os.replace(staging, final)
-        with self._lock:
-            self._db.execute("UPDATE volumes SET state = 'active', completed_at = ? WHERE name = ? AND version = ?",
-                             (time.time(), name, version))
+        with self._sql.transaction() as db:
+            db.execute("UPDATE volumes SET state = 'active', completed_at = ? WHERE name = ? AND version = ?",
+                       (time.time(), name, version))
         return self.describe(name, version)
 
     # -- views and removal
@@ -291,8 +290,8 @@ class VolumeStore:
     def list(self, limit: int = 50, cursor: Optional[str] = None) -> dict:
         """One row per volume (its newest version, active if any): ``{"volumes": [...], "next_cursor"}``;
         ``cursor`` is the last name of the previous page."""
-        with self._lock:
-            names = [r[0] for r in self._db.execute("SELECT DISTINCT name FROM volumes ORDER BY name")]
+        with self._sql.read() as db:
+            names = [r[0] for r in db.execute("SELECT DISTINCT name FROM volumes ORDER BY name")]
         if cursor:
             names = [n for n in names if n > cursor]
         out = []
@@ -322,6 +321,6 @@ class VolumeStore:
         for dirpath, _, _ in os.walk(root):
             os.chmod(dirpath, 0o755)
         shutil.rmtree(root, ignore_errors=True)
-        with self._lock:
-            self._db.execute("DELETE FROM volumes WHERE name = ?", (name,))
+        with self._sql.transaction() as db:
+            db.execute("DELETE FROM volumes WHERE name = ?", (name,))
         return {"name": name, "removed": True}

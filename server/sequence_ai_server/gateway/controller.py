@@ -119,14 +119,14 @@ class Gateway:
             (self.data_dir / sub).mkdir(exist_ok=True)
         self.store = Store(self.data_dir / "state.db")
         self._json_log = install_json_log(self.data_dir / "logs" / GATEWAY_LOG, "gateway")   # logs.py
-        self.keys = KeyStore(self.store._db, self.store._lock)
+        self.keys = KeyStore(self.store)
         self.api_key_file = self.data_dir / "api_key"
         self._ensure_key()
         if launcher is None:     # local subprocesses, or Ray actors with $SEQ_BACKEND=ray
             from sequence_ai_server.launchers.base import launcher_for
             launcher = launcher_for(config, self.data_dir)
         self.launcher = launcher
-        self.ops = OpsService(self.store._db, self.store._lock, self.store, self.data_dir, require=self.store.require,
+        self.ops = OpsService(self.store, self.store, self.data_dir, require=self.store.require,
                               key_deployment=self._key_deployment, places_cards=launcher.places_cards,
                               alert_backoff_s=config.alert_backoff_s, test_clock_file=config.test_clock_file,
                               fake_gpus=config.fake_gpus, clock=clock)
@@ -142,8 +142,8 @@ class Gateway:
                                        max_gpus=config.max_gpus, clock=clock)
         self.deployments = DeploymentService(self.store, self.supervisor, self.sessions, self.traffic, self.health,
                                              self.ops, self.data_dir, clock)
-        self.secrets = SecretStore(self.store._db, self.store._lock, self.data_dir / "secret.key")
-        self.volumes = VolumeStore(self.store._db, self.store._lock, self.data_dir / "volumes",
+        self.secrets = SecretStore(self.store, self.data_dir / "secret.key")
+        self.volumes = VolumeStore(self.store, self.data_dir / "volumes",
                                    self.deployments.volume_users)
         # the back-edges: what the supervisor noticed reaches the services above it as events
         self.supervisor.on(WorkerStopped, self.sessions.drop_for)

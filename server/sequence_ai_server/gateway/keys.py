@@ -5,7 +5,7 @@ an *account key* (no deployment: may deploy, manage keys, connect to anything) o
 bound to one deployment (may only connect to / act on / read that deployment). A revoked key is
 kept (for ``ls``) and refused: lookups fail closed.
 
-    ks = KeyStore(db, lock)
+    ks = KeyStore(store)                       # the gateway's Store (a common.state_db.StateDB)
     rec, plaintext = ks.create(name="arm-7", deployment="pick-place")
     ks.lookup(plaintext) -> KeyRecord | None     # revoked keys come back with revoked_at set
     ks.revoke("key_2") / ks.list()
@@ -17,10 +17,11 @@ import hmac
 import re
 import secrets
 import sqlite3
-import threading
 import time
 from dataclasses import asdict, dataclass
 from typing import Optional
+
+from sequence_ai_server.common.state_db import StateDB
 
 __all__ = ["KeyRecord", "KeyStore", "hash_key", "require_scope", "KEY_PREFIX"]
 
@@ -60,15 +61,15 @@ def require_scope(key: KeyRecord, deployment: Optional[str] = None) -> None:
 
 
 class KeyStore:
-    """Key rows on a shared SQLite connection (``db``) guarded by ``lock``."""
+    """Key rows of state.db's ``keys`` table, through ``state`` (the gateway's Store)."""
 
-    def __init__(self, db: sqlite3.Connection, lock: threading.Lock):
-        self._db, self._lock = db, lock
-        with self._lock:
-            cols = {r[1] for r in self._db.execute("PRAGMA table_info(keys)")}
+    def __init__(self, state: StateDB):
+        self._sql = state
+        with self._sql.transaction() as db:
+            cols = {r[1] for r in db.execute("PRAGMA table_info(keys)")}
             for col, decl in (("name", "TEXT"), ("deployment", "TEXT"), ("revoked_at", "REAL")):
                 if col not in cols:   # a state.db from before keys had names / bindings
-                    self._db.execute(f"ALTER TABLE keys ADD COLUMN {col} {decl}")
+                    db.execute(f"ALTER TABLE keys ADD COLUMN {col} {decl}")
         self._cache: Optional[list[tuple[str, KeyRecord]]] = None
 
     @staticmethod
@@ -78,8 +79,8 @@ class KeyStore:
 
     def _rows(self) -> list[tuple[str, KeyRecord]]:
         if self._cache is None:
-            with self._lock:
-                rows = self._db.execute("SELECT * FROM keys ORDER BY id").fetchall()
+            with self._sql.read() as db:
+                rows = db.execute("SELECT * FROM keys ORDER BY id").fetchall()
             self._cache = [(r["hash"], self._record(r)) for r in rows]
         return self._cache
 
@@ -93,11 +94,11 @@ class KeyStore:
         if name is not None and not _KEY_NAME.match(name):
             raise ValueError(f"key name {name!r} is not valid: use 1-63 letters, digits, '_', '.', '-'")
         plaintext = KEY_PREFIX + secrets.token_urlsafe(24)
-        with self._lock:
-            cur = self._db.execute(
+        with self._sql.transaction() as db:
+            cur = db.execute(
                 "INSERT INTO keys (hash, prefix, created_at, name, deployment) VALUES (?, ?, ?, ?, ?)",
                 (hash_key(plaintext), plaintext[:14], time.time(), name, deployment))
-            row = self._db.execute("SELECT * FROM keys WHERE id = ?", (cur.lastrowid,)).fetchone()
+            row = db.execute("SELECT * FROM keys WHERE id = ?", (cur.lastrowid,)).fetchone()
         self._cache = None
         return self._record(row), plaintext
 
@@ -114,8 +115,8 @@ class KeyStore:
     def revoke(self, key_id: str) -> KeyRecord:
         """Mark a key revoked (idempotent). Raises KeyError for an unknown id."""
         num = key_id.removeprefix("key_")
-        with self._lock:
-            n = self._db.execute("UPDATE keys SET revoked_at = COALESCE(revoked_at, ?) WHERE id = ?",
+        with self._sql.transaction() as db:
+            n = db.execute("UPDATE keys SET revoked_at = COALESCE(revoked_at, ?) WHERE id = ?",
                                  (time.time(), num)).rowcount
         self._cache = None
         if not n:

@@ -18,12 +18,12 @@ from __future__ import annotations
 import json
 import os
 import re
-import sqlite3
-import threading
 import time
 from pathlib import Path
 
 from cryptography.fernet import Fernet
+
+from sequence_ai_server.common.state_db import StateDB
 
 __all__ = ["SecretStore", "SECRET_NAME", "ENV_NAME"]
 
@@ -53,13 +53,12 @@ def _load_key(path: Path) -> bytes:
 
 
 class SecretStore:
-    """Encrypted secrets in the gateway's SQLite database (shares its connection and lock)."""
+    """Encrypted secrets in the gateway's state.db, through ``state`` (the gateway's Store)."""
 
-    def __init__(self, db: sqlite3.Connection, lock: threading.Lock, key_file: Path):
-        self._db, self._lock, self.key_file = db, lock, Path(key_file)
+    def __init__(self, state: StateDB, key_file: Path):
+        self._sql, self.key_file = state, Path(key_file)
         self._fernet = Fernet(_load_key(self.key_file))
-        with self._lock:
-            self._db.executescript(_SCHEMA)
+        self._sql.ensure_schema(_SCHEMA)
 
     def set(self, name: str, env: dict[str, str]) -> dict:
         """Create or replace secret ``name`` = ``{VAR: value}``. Raises ValueError on a bad name,
@@ -75,28 +74,28 @@ class SecretStore:
                 raise ValueError(f"the value of {var} must be text")
         token = self._fernet.encrypt(json.dumps(env).encode())
         now = time.time()
-        with self._lock:
-            self._db.execute("INSERT INTO secrets (name, env_names, token, created_at, updated_at) VALUES (?, ?, ?, ?, ?) "
-                             "ON CONFLICT(name) DO UPDATE SET env_names = excluded.env_names, token = excluded.token, "
-                             "updated_at = excluded.updated_at", (name, json.dumps(sorted(env)), token, now, now))
+        with self._sql.transaction() as db:
+            db.execute("INSERT INTO secrets (name, env_names, token, created_at, updated_at) VALUES (?, ?, ?, ?, ?) "
+                       "ON CONFLICT(name) DO UPDATE SET env_names = excluded.env_names, token = excluded.token, "
+                       "updated_at = excluded.updated_at", (name, json.dumps(sorted(env)), token, now, now))
         return {"name": name, "env": sorted(env), "updated_at": now}
 
     def list(self) -> list[dict]:
         """``[{"name", "env": [VAR names], "created_at", "updated_at"}]``; never values."""
-        with self._lock:
-            rows = self._db.execute("SELECT name, env_names, created_at, updated_at FROM secrets ORDER BY name").fetchall()
+        with self._sql.read() as db:
+            rows = db.execute("SELECT name, env_names, created_at, updated_at FROM secrets ORDER BY name").fetchall()
         return [{"name": r[0], "env": json.loads(r[1]), "created_at": r[2], "updated_at": r[3]} for r in rows]
 
     def remove(self, name: str) -> bool:
-        with self._lock:
-            return self._db.execute("DELETE FROM secrets WHERE name = ?", (name,)).rowcount > 0
+        with self._sql.transaction() as db:
+            return db.execute("DELETE FROM secrets WHERE name = ?", (name,)).rowcount > 0
 
     def environment(self, names: list[str]) -> dict[str, str]:
         """The decrypted variables of ``names`` merged in order. Raises KeyError(name) for a missing one."""
         out: dict[str, str] = {}
         for name in names:
-            with self._lock:
-                row = self._db.execute("SELECT token FROM secrets WHERE name = ?", (name,)).fetchone()
+            with self._sql.read() as db:
+                row = db.execute("SELECT token FROM secrets WHERE name = ?", (name,)).fetchone()
             if row is None:
                 raise KeyError(name)
             out.update(json.loads(self._fernet.decrypt(row[0])))

@@ -1,7 +1,8 @@
 """The gateway's SQLite state (``<data_dir>/state.db``): deployments, kept versions, the
 running workers a restarted gateway adopts, open sessions, and (through keys.py,
-secrets_store.py, volumes.py, which share the connection) keys, secrets and volumes. One
-connection guarded by a lock; every call is short. Columns added since the first release are
+secrets.py, common/volumes.py and the ops stores, which share the connection through
+``Store.transaction`` / ``Store.read``: common/state_db.py) keys, secrets, volumes, limits,
+schedules, webhooks and usage. One connection guarded by one lock; every call is short. Columns added since the first release are
 added to an older state.db when it is opened."""
 from __future__ import annotations
 
@@ -10,9 +11,10 @@ import json
 import sqlite3
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 from sequence_ai_server.common.errors import ApiError
 from sequence_ai_server.gateway.traffic import dump_policy, load_policy
@@ -194,31 +196,64 @@ class VersionRow:
 
 
 class Store:
-    """SQLite state, one connection guarded by a lock (every call is short)."""
+    """SQLite state, one connection guarded by one lock (every call is short). It is also the
+    :class:`~sequence_ai_server.common.state_db.StateDB` the other stores of state.db take
+    (``transaction``, ``read``, ``ensure_schema``): they share this connection and lock, and never
+    hold either."""
 
     def __init__(self, path: Path):
-        self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
-        self._db.row_factory = sqlite3.Row
-        self._lock = threading.Lock()
-        with self._lock:
-            self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.executescript(_SCHEMA)
-            cols = {r[1] for r in self._db.execute("PRAGMA table_info(deployments)")}
+        self._conn = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
+        self._conn.row_factory = sqlite3.Row
+        self._conn_lock = threading.Lock()
+        with self._conn_lock:           # autocommit: journal_mode cannot change inside a transaction
+            db = self._conn
+            db.execute("PRAGMA journal_mode=WAL")
+            db.executescript(_SCHEMA)
+            cols = {r[1] for r in db.execute("PRAGMA table_info(deployments)")}
             if "build_json" not in cols:   # a state.db from before versions were built beside
-                self._db.execute("ALTER TABLE deployments ADD COLUMN build_json TEXT")
+                db.execute("ALTER TABLE deployments ADD COLUMN build_json TEXT")
             if "defaults_json" not in cols:  # deployment default params (`seq policy params`)
-                self._db.execute("ALTER TABLE deployments ADD COLUMN defaults_json TEXT")
+                db.execute("ALTER TABLE deployments ADD COLUMN defaults_json TEXT")
             if "traffic_json" not in cols:   # canary split and pins (`seq policy traffic`, traffic.py)
-                self._db.execute("ALTER TABLE deployments ADD COLUMN traffic_json TEXT")
+                db.execute("ALTER TABLE deployments ADD COLUMN traffic_json TEXT")
             if "worker_host" not in cols:    # the host a worker listens on (Ray: its node's IP)
-                self._db.execute("ALTER TABLE deployments ADD COLUMN worker_host TEXT")
+                db.execute("ALTER TABLE deployments ADD COLUMN worker_host TEXT")
             if "halted_at" not in cols:      # `seq policy stop` (emergency stop) until `seq policy start`
-                self._db.execute("ALTER TABLE deployments ADD COLUMN halted_at REAL")
+                db.execute("ALTER TABLE deployments ADD COLUMN halted_at REAL")
 
+    # -- the StateDB of the other stores (common/state_db.py)
+    @contextmanager
+    def transaction(self) -> Iterator[sqlite3.Connection]:
+        """The connection inside ``BEGIN``, under the lock: committed when the block ends, rolled
+        back (and the exception re-raised) when it raises."""
+        with self._conn_lock:
+            self._conn.execute("BEGIN")
+            try:
+                yield self._conn
+                self._conn.execute("COMMIT")
+            except BaseException:
+                if self._conn.in_transaction:    # (an error SQLite already rolled back leaves none)
+                    self._conn.execute("ROLLBACK")
+                raise
+
+    @contextmanager
+    def read(self) -> Iterator[sqlite3.Connection]:
+        """The connection under the lock for reads, no transaction opened; fetch the rows inside
+        the block."""
+        with self._conn_lock:
+            yield self._conn
+
+    def ensure_schema(self, script: str) -> None:
+        """Run ``script`` (``CREATE TABLE IF NOT EXISTS ...``) under the lock (executescript
+        commits on its own, so this is no ``transaction``)."""
+        with self._conn_lock:
+            self._conn.executescript(script)
+
+    # -- deployments and versions
     def get(self, name: str) -> Optional[DeploymentRow]:
         """The deployment ``name``, or None."""
-        with self._lock:
-            row = self._db.execute("SELECT * FROM deployments WHERE name = ?", (name,)).fetchone()
+        with self.read() as db:
+            row = db.execute("SELECT * FROM deployments WHERE name = ?", (name,)).fetchone()
         return DeploymentRow.from_columns(dict(row)) if row else None
 
     def require(self, name: str) -> DeploymentRow:
@@ -232,21 +267,21 @@ class Store:
 
     def all(self) -> list[DeploymentRow]:
         """Every deployment, by name."""
-        with self._lock:
-            return [DeploymentRow.from_columns(dict(r)) for r in self._db.execute("SELECT * FROM deployments ORDER BY name")]
+        with self.read() as db:
+            return [DeploymentRow.from_columns(dict(r)) for r in db.execute("SELECT * FROM deployments ORDER BY name")]
 
     def _put(self, table: str, cols: dict) -> None:
         """``INSERT OR REPLACE`` one row of ``table`` from ``{column: value}``."""
-        with self._lock:
-            self._db.execute(f"INSERT OR REPLACE INTO {table} ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})",
-                             tuple(cols.values()))
+        with self.transaction() as db:
+            db.execute(f"INSERT OR REPLACE INTO {table} ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})",
+                       tuple(cols.values()))
 
     def _set(self, table: str, cols: dict, where: dict) -> None:
         """``UPDATE table SET cols WHERE where`` (both ``{column: value}``)."""
         sets = ", ".join(f"{k} = ?" for k in cols)
         cond = " AND ".join(f"{k} = ?" for k in where)
-        with self._lock:
-            self._db.execute(f"UPDATE {table} SET {sets} WHERE {cond}", (*cols.values(), *where.values()))
+        with self.transaction() as db:
+            db.execute(f"UPDATE {table} SET {sets} WHERE {cond}", (*cols.values(), *where.values()))
 
     def insert(self, row: DeploymentRow) -> None:
         """Store ``row`` (replacing a deployment of that name)."""
@@ -258,14 +293,14 @@ class Store:
 
     def delete(self, name: str) -> None:
         """Forget deployment ``name`` and its versions."""
-        with self._lock:
-            self._db.execute("DELETE FROM deployments WHERE name = ?", (name,))
-            self._db.execute("DELETE FROM versions WHERE name = ?", (name,))
+        with self.transaction() as db:
+            db.execute("DELETE FROM deployments WHERE name = ?", (name,))
+            db.execute("DELETE FROM versions WHERE name = ?", (name,))
 
     def versions(self, name: str) -> list[VersionRow]:
         """The kept versions of ``name``, newest first."""
-        with self._lock:
-            return [VersionRow(**dict(r)) for r in self._db.execute(
+        with self.read() as db:
+            return [VersionRow(**dict(r)) for r in db.execute(
                 "SELECT * FROM versions WHERE name = ? ORDER BY version DESC", (name,))]
 
     def kept(self, name: str) -> dict[int, VersionRow]:
@@ -281,39 +316,37 @@ class Store:
         self._set("versions", fields, {"name": name, "version": version})
 
     def delete_version(self, name: str, version: int) -> None:
-        with self._lock:
-            self._db.execute("DELETE FROM versions WHERE name = ? AND version = ?", (name, version))
+        with self.transaction() as db:
+            db.execute("DELETE FROM versions WHERE name = ? AND version = ?", (name, version))
 
     def _records(self, table: str) -> list[dict]:
         """The ``record_json`` column of every row of ``table``, parsed."""
-        with self._lock:
-            return [json.loads(r["record_json"]) for r in self._db.execute(f"SELECT record_json FROM {table}")]
+        with self.read() as db:
+            return [json.loads(r["record_json"]) for r in db.execute(f"SELECT record_json FROM {table}")]
 
     # worker processes (what a restarted gateway needs to adopt them; Gateway._save_workers)
     def worker_records(self) -> list[dict]:
         return self._records("workers")
 
     def put_worker_records(self, records: list[dict]) -> None:
-        with self._lock:
-            self._db.execute("BEGIN")
-            self._db.execute("DELETE FROM workers")
-            self._db.executemany("INSERT INTO workers (key, name, role, pid, record_json) VALUES (?, ?, ?, ?, ?)",
-                                 [(r["key"], r["name"], r["role"], r["pid"], json.dumps(r)) for r in records])
-            self._db.execute("COMMIT")
+        with self.transaction() as db:
+            db.execute("DELETE FROM workers")
+            db.executemany("INSERT INTO workers (key, name, role, pid, record_json) VALUES (?, ?, ?, ?, ?)",
+                           [(r["key"], r["name"], r["role"], r["pid"], json.dumps(r)) for r in records])
 
     # open sessions (SessionTable)
     def session_records(self) -> list[dict]:
         return self._records("sessions")
 
     def put_session(self, record: dict) -> None:
-        with self._lock:
-            self._db.execute("INSERT OR REPLACE INTO sessions (id, model, record_json) VALUES (?, ?, ?)",
-                             (record["id"], record["model"], json.dumps(record)))
+        with self.transaction() as db:
+            db.execute("INSERT OR REPLACE INTO sessions (id, model, record_json) VALUES (?, ?, ?)",
+                       (record["id"], record["model"], json.dumps(record)))
 
     def delete_sessions(self, ids: list[str]) -> None:
-        with self._lock:
-            self._db.executemany("DELETE FROM sessions WHERE id = ?", [(i,) for i in ids])
+        with self.transaction() as db:
+            db.executemany("DELETE FROM sessions WHERE id = ?", [(i,) for i in ids])
 
     def close(self) -> None:
-        with self._lock:
-            self._db.close()
+        with self._conn_lock:
+            self._conn.close()

@@ -30,6 +30,8 @@ from urllib.parse import urlparse
 
 import httpx
 
+from sequence_ai_server.common.state_db import StateDB
+
 __all__ = ["EVENTS", "Webhook", "WebhookStore", "sign", "verify_signature", "deliver", "Dispatcher",
            "TOLERANCE_S", "BACKOFF_S"]
 
@@ -111,14 +113,14 @@ def check_webhook(url: str, events: Optional[list], error_rate: Optional[float],
 
 
 class WebhookStore:
-    """The ``webhooks`` and ``deliveries`` tables of state.db (the Store's connection and lock)."""
+    """The ``webhooks`` and ``deliveries`` tables of state.db (through the gateway's Store, a StateDB)."""
 
-    def __init__(self, db, lock: threading.Lock):
-        self._db, self._lock = db, lock
-        with self._lock:
-            self._db.execute("CREATE TABLE IF NOT EXISTS webhooks (id TEXT PRIMARY KEY, record_json TEXT NOT NULL)")
-            self._db.execute("CREATE TABLE IF NOT EXISTS deliveries (n INTEGER PRIMARY KEY AUTOINCREMENT, "
-                             "webhook TEXT NOT NULL, record_json TEXT NOT NULL)")
+    def __init__(self, state: StateDB):
+        self._sql = state
+        with self._sql.transaction() as db:
+            db.execute("CREATE TABLE IF NOT EXISTS webhooks (id TEXT PRIMARY KEY, record_json TEXT NOT NULL)")
+            db.execute("CREATE TABLE IF NOT EXISTS deliveries (n INTEGER PRIMARY KEY AUTOINCREMENT, "
+                       "webhook TEXT NOT NULL, record_json TEXT NOT NULL)")
 
     def add(self, url: str, *, events: Optional[list] = None, deployment: Optional[str] = None,
             error_rate: Optional[float] = None, p95_ms: Optional[float] = None, min_requests: int = 20) -> Webhook:
@@ -127,37 +129,37 @@ class WebhookStore:
         hook = Webhook(id="wh_" + secrets.token_hex(4), url=url, secret="whsec_" + secrets.token_urlsafe(24),
                        events=list(events or EVENTS), deployment=deployment, error_rate=error_rate, p95_ms=p95_ms,
                        min_requests=int(min_requests), created_at=time.time())
-        with self._lock:
-            self._db.execute("INSERT INTO webhooks (id, record_json) VALUES (?, ?)", (hook.id, json.dumps(asdict(hook))))
+        with self._sql.transaction() as db:
+            db.execute("INSERT INTO webhooks (id, record_json) VALUES (?, ?)", (hook.id, json.dumps(asdict(hook))))
         return hook
 
     def all(self) -> list[Webhook]:
         """Every webhook, oldest first."""
-        with self._lock:
-            rows = self._db.execute("SELECT record_json FROM webhooks").fetchall()
+        with self._sql.read() as db:
+            rows = db.execute("SELECT record_json FROM webhooks").fetchall()
         return sorted((Webhook(**json.loads(r[0])) for r in rows), key=lambda h: h.created_at)
 
     def get(self, hook_id: str) -> Optional[Webhook]:
         return next((h for h in self.all() if h.id == hook_id), None)
 
     def remove(self, hook_id: str) -> bool:
-        with self._lock:
-            return self._db.execute("DELETE FROM webhooks WHERE id = ?", (hook_id,)).rowcount > 0
+        with self._sql.transaction() as db:
+            return db.execute("DELETE FROM webhooks WHERE id = ?", (hook_id,)).rowcount > 0
 
     def record(self, hook_id: str, outcome: dict) -> None:
         """Keep one delivery's outcome (the newest _KEEP_DELIVERIES overall)."""
-        with self._lock:
-            self._db.execute("INSERT INTO deliveries (webhook, record_json) VALUES (?, ?)", (hook_id, json.dumps(outcome)))
-            self._db.execute("DELETE FROM deliveries WHERE n <= (SELECT MAX(n) FROM deliveries) - ?", (_KEEP_DELIVERIES,))
+        with self._sql.transaction() as db:
+            db.execute("INSERT INTO deliveries (webhook, record_json) VALUES (?, ?)", (hook_id, json.dumps(outcome)))
+            db.execute("DELETE FROM deliveries WHERE n <= (SELECT MAX(n) FROM deliveries) - ?", (_KEEP_DELIVERIES,))
 
     def deliveries(self, hook_id: Optional[str] = None, limit: int = 20) -> list[dict]:
         """The newest outcomes first (of ``hook_id``, or of every webhook)."""
-        with self._lock:
+        with self._sql.read() as db:
             if hook_id:
-                rows = self._db.execute("SELECT record_json FROM deliveries WHERE webhook = ? ORDER BY n DESC LIMIT ?",
-                                        (hook_id, limit)).fetchall()
+                rows = db.execute("SELECT record_json FROM deliveries WHERE webhook = ? ORDER BY n DESC LIMIT ?",
+                                  (hook_id, limit)).fetchall()
             else:
-                rows = self._db.execute("SELECT record_json FROM deliveries ORDER BY n DESC LIMIT ?", (limit,)).fetchall()
+                rows = db.execute("SELECT record_json FROM deliveries ORDER BY n DESC LIMIT ?", (limit,)).fetchall()
         return [json.loads(r[0]) for r in rows]
 
 

@@ -15,12 +15,12 @@ key reaches, its own one for a key bound to a deployment). What counts:
 """
 from __future__ import annotations
 
-import threading
 import time
 from dataclasses import asdict, dataclass
 from typing import Optional
 
 from sequence_ai_server.common.errors import ApiError
+from sequence_ai_server.common.state_db import StateDB
 
 __all__ = ["Limits", "LimitStore", "LIMIT_NAMES", "refusal"]
 
@@ -43,13 +43,13 @@ class Limits:
 
 
 class LimitStore:
-    """The ``limits`` table of state.db (shares the Store's connection and lock)."""
+    """The ``limits`` table of state.db (through the gateway's Store, a StateDB)."""
 
-    def __init__(self, db, lock: threading.Lock):
-        self._db, self._lock = db, lock
-        with self._lock:
-            self._db.execute("CREATE TABLE IF NOT EXISTS limits (scope TEXT PRIMARY KEY, max_workers INTEGER, "
-                             "max_cards INTEGER, worker_hours_per_day REAL, updated_at REAL NOT NULL)")
+    def __init__(self, state: StateDB):
+        self._sql = state
+        with self._sql.transaction() as db:
+            db.execute("CREATE TABLE IF NOT EXISTS limits (scope TEXT PRIMARY KEY, max_workers INTEGER, "
+                       "max_cards INTEGER, worker_hours_per_day REAL, updated_at REAL NOT NULL)")
 
     def set(self, scope: str, **values: Optional[float]) -> Limits:
         """Set the given limits of ``scope`` (a None value removes that limit; the others stay).
@@ -60,30 +60,30 @@ class LimitStore:
         old = self.get(scope) or Limits(scope)
         fields = {k: (values[k] if k in values else getattr(old, k)) for k in LIMIT_NAMES}
         new = Limits(scope, **fields, updated_at=time.time())
-        with self._lock:
-            self._db.execute("INSERT OR REPLACE INTO limits (scope, max_workers, max_cards, worker_hours_per_day, "
-                             "updated_at) VALUES (?, ?, ?, ?, ?)",
-                             (scope, new.max_workers, new.max_cards, new.worker_hours_per_day, new.updated_at))
+        with self._sql.transaction() as db:
+            db.execute("INSERT OR REPLACE INTO limits (scope, max_workers, max_cards, worker_hours_per_day, "
+                       "updated_at) VALUES (?, ?, ?, ?, ?)",
+                       (scope, new.max_workers, new.max_cards, new.worker_hours_per_day, new.updated_at))
         return new
 
     def get(self, scope: str) -> Optional[Limits]:
         """The limits of ``scope``, or None."""
-        with self._lock:
-            r = self._db.execute("SELECT scope, max_workers, max_cards, worker_hours_per_day, updated_at FROM limits "
-                                 "WHERE scope = ?", (scope,)).fetchone()
+        with self._sql.read() as db:
+            r = db.execute("SELECT scope, max_workers, max_cards, worker_hours_per_day, updated_at FROM limits "
+                           "WHERE scope = ?", (scope,)).fetchone()
         return Limits(*tuple(r)) if r else None
 
     def all(self) -> list[Limits]:
         """Every scope's limits, account first."""
-        with self._lock:
-            rows = self._db.execute("SELECT scope, max_workers, max_cards, worker_hours_per_day, updated_at "
-                                    "FROM limits ORDER BY scope != 'account', scope").fetchall()
+        with self._sql.read() as db:
+            rows = db.execute("SELECT scope, max_workers, max_cards, worker_hours_per_day, updated_at "
+                              "FROM limits ORDER BY scope != 'account', scope").fetchall()
         return [Limits(*tuple(r)) for r in rows]
 
     def clear(self, scope: str) -> bool:
         """Remove every limit of ``scope``; whether it had any."""
-        with self._lock:
-            return self._db.execute("DELETE FROM limits WHERE scope = ?", (scope,)).rowcount > 0
+        with self._sql.transaction() as db:
+            return db.execute("DELETE FROM limits WHERE scope = ?", (scope,)).rowcount > 0
 
 
 def refusal(lim: Limits, *, action: str, model: str, starts_worker: bool, workers: int, cards: int,

@@ -14,12 +14,13 @@ Minute granularity. The clock is the gateway's (``Gateway.clock``), which a test
 from __future__ import annotations
 
 import re
-import threading
 import time
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Optional
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from sequence_ai_server.common.state_db import StateDB
 
 __all__ = ["Window", "parse_window", "zone", "Scale", "ScaleStore"]
 
@@ -137,13 +138,13 @@ class Scale:
 
 
 class ScaleStore:
-    """The ``scale`` table of state.db (shares the Store's connection and lock)."""
+    """The ``scale`` table of state.db (through the gateway's Store, a StateDB)."""
 
-    def __init__(self, db, lock: threading.Lock):
-        self._db, self._lock = db, lock
-        with self._lock:
-            self._db.execute("CREATE TABLE IF NOT EXISTS scale (name TEXT PRIMARY KEY, min INTEGER NOT NULL, "
-                             "during TEXT, tz TEXT NOT NULL, updated_at REAL NOT NULL)")
+    def __init__(self, state: StateDB):
+        self._sql = state
+        with self._sql.transaction() as db:
+            db.execute("CREATE TABLE IF NOT EXISTS scale (name TEXT PRIMARY KEY, min INTEGER NOT NULL, "
+                       "during TEXT, tz TEXT NOT NULL, updated_at REAL NOT NULL)")
 
     def set(self, name: str, minimum: int, during: Optional[str], tz: Optional[str]) -> Scale:
         """Store the floor of ``name``. Raises ValueError for a negative ``minimum``, a bad window
@@ -154,24 +155,24 @@ class ScaleStore:
             parse_window(during)
         zone(tz)
         s = Scale(name, int(minimum), during or None, tz or "UTC", time.time())
-        with self._lock:
-            self._db.execute("INSERT OR REPLACE INTO scale (name, min, during, tz, updated_at) VALUES (?, ?, ?, ?, ?)",
-                             (s.name, s.min, s.during, s.tz, s.updated_at))
+        with self._sql.transaction() as db:
+            db.execute("INSERT OR REPLACE INTO scale (name, min, during, tz, updated_at) VALUES (?, ?, ?, ?, ?)",
+                       (s.name, s.min, s.during, s.tz, s.updated_at))
         return s
 
     def get(self, name: str) -> Optional[Scale]:
         """The floor of ``name``, or None."""
-        with self._lock:
-            r = self._db.execute("SELECT name, min, during, tz, updated_at FROM scale WHERE name = ?", (name,)).fetchone()
+        with self._sql.read() as db:
+            r = db.execute("SELECT name, min, during, tz, updated_at FROM scale WHERE name = ?", (name,)).fetchone()
         return Scale(*tuple(r)) if r else None
 
     def all(self) -> dict[str, Scale]:
         """``{deployment: Scale}``."""
-        with self._lock:
-            rows = self._db.execute("SELECT name, min, during, tz, updated_at FROM scale").fetchall()
+        with self._sql.read() as db:
+            rows = db.execute("SELECT name, min, during, tz, updated_at FROM scale").fetchall()
         return {r[0]: Scale(*tuple(r)) for r in rows}
 
     def clear(self, name: str) -> bool:
         """Remove the floor of ``name``; whether there was one."""
-        with self._lock:
-            return self._db.execute("DELETE FROM scale WHERE name = ?", (name,)).rowcount > 0
+        with self._sql.transaction() as db:
+            return db.execute("DELETE FROM scale WHERE name = ?", (name,)).rowcount > 0

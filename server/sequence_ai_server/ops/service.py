@@ -22,6 +22,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, NamedTuple, Optional, Protocol, Sequence
 
+from sequence_ai_server.common.state_db import StateDB
 from sequence_ai_server.ops.alerts import Dispatcher, WebhookStore
 from sequence_ai_server.ops.cards import CardPins, CardPool
 from sequence_ai_server.ops.gpus import declared_cards, gpu_refusal, holdings, inventory
@@ -56,25 +57,26 @@ class Rows(Protocol):
 class OpsService:
     """Schedules, usage, limits, alerts and the card inventory over one state.db connection.
 
-    ``db``/``lock``: the sqlite connection and its lock (the stores share them). ``rows``: the
-    deployment rows. ``require(name)``: the row, or raises ApiError not_found. ``key_deployment(id)``:
-    the deployment a key id is bound to (None: unbound or unknown). ``places_cards``: whether
-    something else (a Ray cluster) places cards, so no ``gpu=`` is checked here.
+    ``state``: state.db as common/state_db.py's StateDB (the gateway's Store; the stores share its
+    connection and lock through it). ``rows``: the deployment rows. ``require(name)``: the row, or
+    raises ApiError not_found. ``key_deployment(id)``: the deployment a key id is bound to (None:
+    unbound or unknown). ``places_cards``: whether something else (a Ray cluster) places cards, so
+    no ``gpu=`` is checked here.
     ``alert_backoff_s``: waits (s) before each webhook retry. ``test_clock_file``: a file holding
     unix s that scheduled scaling reads as the time. ``fake_gpus``: ``SEQ_FAKE_GPUS``'s card names
     (a fake inventory, gpus.fake_cards). ``clock``: unix s (injectable)."""
 
-    def __init__(self, db: Any, lock: Any, rows: Rows, data_dir: Path, *, require: Callable[[str], Any],
+    def __init__(self, state: StateDB, rows: Rows, data_dir: Path, *, require: Callable[[str], Any],
                  key_deployment: Callable[[str], Optional[str]], places_cards: bool = False,
                  alert_backoff_s: Sequence[float] = (0.5, 1.0, 2.0, 4.0), test_clock_file: Optional[Path] = None,
                  fake_gpus: Optional[Sequence[str]] = None, clock: Callable[[], float] = time.time) -> None:
         self.rows, self.data_dir, self.require = rows, data_dir, require
         self._key_deployment, self.places_cards = key_deployment, places_cards
         self._test_clock_file, self._now = test_clock_file, clock
-        self.scales = ScaleStore(db, lock)
-        self.usage = UsageStore(db, lock)
-        self.limits = LimitStore(db, lock)
-        self.webhooks = WebhookStore(db, lock)
+        self.scales = ScaleStore(state)
+        self.usage = UsageStore(state)
+        self.limits = LimitStore(state)
+        self.webhooks = WebhookStore(state)
         self.alerts = Dispatcher(self.webhooks, backoff_s=tuple(alert_backoff_s))
         self.recent = Recent()
         self._inventory: Optional[dict] = None

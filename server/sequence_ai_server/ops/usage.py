@@ -21,6 +21,8 @@ import time
 from pathlib import Path
 from typing import Optional
 
+from sequence_ai_server.common.state_db import StateDB
+
 __all__ = ["UsageStore", "Recent", "card_of", "dir_bytes", "HOUR_S"]
 
 HOUR_S = 3600.0
@@ -82,44 +84,38 @@ _COUNTERS = ("worker_s", "requests", "errors", "bytes_in", "bytes_out")
 
 
 class UsageStore:
-    """The ``usage`` table of state.db (shares the Store's connection and lock): per deployment,
+    """The ``usage`` table of state.db (through the gateway's Store, a StateDB): per deployment,
     hour (unix s of its start, UTC) and card type, the counters in ``_COUNTERS``."""
 
-    def __init__(self, db, lock: threading.Lock):
-        self._db, self._lock = db, lock
-        with self._lock:
-            self._db.execute("CREATE TABLE IF NOT EXISTS usage (deployment TEXT NOT NULL, hour REAL NOT NULL, "
-                             "card TEXT NOT NULL, worker_s REAL NOT NULL DEFAULT 0, requests INTEGER NOT NULL DEFAULT 0, "
-                             "errors INTEGER NOT NULL DEFAULT 0, bytes_in INTEGER NOT NULL DEFAULT 0, "
-                             "bytes_out INTEGER NOT NULL DEFAULT 0, PRIMARY KEY (deployment, hour, card))")
+    def __init__(self, state: StateDB):
+        self._sql = state
+        with self._sql.transaction() as db:
+            db.execute("CREATE TABLE IF NOT EXISTS usage (deployment TEXT NOT NULL, hour REAL NOT NULL, "
+                       "card TEXT NOT NULL, worker_s REAL NOT NULL DEFAULT 0, requests INTEGER NOT NULL DEFAULT 0, "
+                       "errors INTEGER NOT NULL DEFAULT 0, bytes_in INTEGER NOT NULL DEFAULT 0, "
+                       "bytes_out INTEGER NOT NULL DEFAULT 0, PRIMARY KEY (deployment, hour, card))")
 
     def add(self, rows: list[tuple[str, str, float, dict]]) -> None:
         """Add ``(deployment, card, unix s, {counter: amount})`` rows, each to its hour, in one transaction."""
         if not rows:
             return
-        with self._lock:
-            self._db.execute("BEGIN")
-            try:
-                for name, card, at, amounts in rows:
-                    hour = float(int(at // HOUR_S) * HOUR_S)
-                    vals = [amounts.get(c, 0) for c in _COUNTERS]
-                    self._db.execute(
-                        f"INSERT INTO usage (deployment, hour, card, {', '.join(_COUNTERS)}) VALUES (?, ?, ?, ?, ?, ?, ?, ?) "
-                        f"ON CONFLICT(deployment, hour, card) DO UPDATE SET "
-                        + ", ".join(f"{c} = {c} + excluded.{c}" for c in _COUNTERS),
-                        (name, hour, card, *vals))
-                self._db.execute("COMMIT")
-            except Exception:
-                self._db.execute("ROLLBACK")
-                raise
+        with self._sql.transaction() as db:
+            for name, card, at, amounts in rows:
+                hour = float(int(at // HOUR_S) * HOUR_S)
+                vals = [amounts.get(c, 0) for c in _COUNTERS]
+                db.execute(
+                    f"INSERT INTO usage (deployment, hour, card, {', '.join(_COUNTERS)}) VALUES (?, ?, ?, ?, ?, ?, ?, ?) "
+                    f"ON CONFLICT(deployment, hour, card) DO UPDATE SET "
+                    + ", ".join(f"{c} = {c} + excluded.{c}" for c in _COUNTERS),
+                    (name, hour, card, *vals))
 
     def totals(self, names: Optional[set] = None, since: float = 0.0) -> dict[str, dict]:
         """``{deployment: {"worker_s": {card: s}, "requests", "errors", "bytes_in", "bytes_out"}}``
         over the hours that end after ``since`` (unix s; an hour is counted whole), for ``names``
         (None: every deployment)."""
-        with self._lock:
-            rows = self._db.execute(f"SELECT deployment, card, {', '.join(_COUNTERS)} FROM usage WHERE hour + ? > ?",
-                                    (HOUR_S, since)).fetchall()
+        with self._sql.read() as db:
+            rows = db.execute(f"SELECT deployment, card, {', '.join(_COUNTERS)} FROM usage WHERE hour + ? > ?",
+                              (HOUR_S, since)).fetchall()
         out: dict[str, dict] = {}
         for r in rows:
             name = r[0]
@@ -134,13 +130,13 @@ class UsageStore:
     def hours(self, name: str, since: float = 0.0) -> list[dict]:
         """The hourly rows of ``name`` from ``since`` on, oldest first:
         ``[{"hour", "card", "worker_s", "requests", "errors", "bytes_in", "bytes_out"}]``."""
-        with self._lock:
-            rows = self._db.execute(f"SELECT hour, card, {', '.join(_COUNTERS)} FROM usage WHERE deployment = ? "
-                                    "AND hour + ? > ? ORDER BY hour, card", (name, HOUR_S, since)).fetchall()
+        with self._sql.read() as db:
+            rows = db.execute(f"SELECT hour, card, {', '.join(_COUNTERS)} FROM usage WHERE deployment = ? "
+                              "AND hour + ? > ? ORDER BY hour, card", (name, HOUR_S, since)).fetchall()
         return [dict(zip(("hour", "card", *_COUNTERS), tuple(r))) for r in rows]
 
     def worker_s_since(self, names: Optional[set], since: float) -> float:
         """Worker-seconds of ``names`` (None: all) in the hours starting at or after ``since``."""
-        with self._lock:
-            rows = self._db.execute("SELECT deployment, worker_s FROM usage WHERE hour >= ?", (since,)).fetchall()
+        with self._sql.read() as db:
+            rows = db.execute("SELECT deployment, worker_s FROM usage WHERE hour >= ?", (since,)).fetchall()
         return sum(r[1] for r in rows if names is None or r[0] in names)
