@@ -16,6 +16,7 @@ from fastapi import FastAPI
 from fastapi.responses import Response as RawResponse
 
 from sequence_ai_server.common.body_limit import CloseUnread
+from sequence_ai_server.common.known_routes import KnownRoutesFirst
 from sequence_ai_server.common.config import ServerConfig
 from sequence_ai_server.common.errors import install_error_handlers
 from sequence_ai_server.gateway.controller import MAX_BODY_BYTES, Gateway
@@ -84,6 +85,8 @@ def create_app(data_dir: Optional[Path] = None, config: Optional[ServerConfig] =
     auth = auth_for(gw)
     # outermost: credentials before any body is read (scopes read off each route's dependencies)
     app.add_middleware(CredentialsFirst, gateway=gw, fastapi_app=app, markers=auth.markers())
+    # before that: a path no route serves is 404 (a method it does not take 405) from the request line
+    app.add_middleware(KnownRoutesFirst, router=app.router)
     # outside it: an answer sent before the body was read (its 401, a 413, a 404) closes the
     # connection, so a refused body is never read to keep the connection alive
     app.add_middleware(CloseUnread)

@@ -28,6 +28,7 @@ from sequence_ai_core.protocol import BINARY_CONTENT_TYPE, JSON_CONTENT_TYPE
 
 from sequence_ai_server.common.body_limit import BodyLimit, CloseUnread
 from sequence_ai_server.common.credentials import HeadersFirst, bearer_token, header
+from sequence_ai_server.common.known_routes import KnownRoutesFirst
 from sequence_ai_server.common.errors import ApiError, ErrorBody, install_error_handlers
 from sequence_ai_server.common.json_guard import JsonStringGuard
 from sequence_ai_server.common.request_id import RequestIdLayer
@@ -88,7 +89,8 @@ def add_http(app: FastAPI, act: ActPipeline) -> None:
     body, before JsonStringGuard or a route reads a byte of it; outside those the request id,
     the /act meter, the error shape, and outermost ``CloseUnread``: an answer sent before the
     body was read (a 401, a 413, a 404) closes the connection, so the worker never reads the
-    rest of a body it refused to keep it alive."""
+    rest of a body it refused to keep it alive. Outside all but that, ``KnownRoutesFirst``
+    answers a path no route serves 404 (405 for a method it does not take) before any of them."""
     from sequence_ai_server.worker.meter import MeterLayer
     _add_probe_routes(app, act.state, act.meter)
     _add_act_routes(app, act)
@@ -100,6 +102,7 @@ def add_http(app: FastAPI, act: ActPipeline) -> None:
     app.add_middleware(RequestIdLayer, on_answer=_log_refusal)
     app.add_middleware(MeterLayer, meter=act.meter)   # outside those: every /act answer is counted
     install_error_handlers(app)
+    app.add_middleware(KnownRoutesFirst, router=app.router)   # an unknown path: 404 from the request line
     app.add_middleware(CloseUnread)
 
 
