@@ -90,8 +90,6 @@ ENV_VARS = {
                               "placement group of whole machines. A whole number >= 1."),
     "SEQ_ALERT_BACKOFF_S": ("server", "0.5,1,2,4",
                             "Comma-separated waits (s) before each retry of a webhook delivery."),
-    "SEQ_TEST_CLOCK_FILE": ("server", "unset (the real clock)",
-                            "A file holding unix seconds that scheduled scaling reads as the time; for tests."),
     "SEQ_FAKE_GPUS": ("server", "unset (the machine's cards: NVML, else nvidia-smi)",
                       "Card names the gateway presents instead of the machine's, numbered from 0 "
                       "(`L4,L4,H100`; `NAME=GiB` gives a card's memory); workers are pinned to them as "

@@ -1,5 +1,6 @@
-"""Platform operations on a real gateway and workers over loopback: scheduled scaling (a window
-that opens and closes within the test, through the gateway's test clock file), usage metering,
+"""Platform operations on a real gateway and workers over loopback: scheduled scaling (a floor
+set with the CLI keeps a real worker warm until it is cleared; a weekly window opening and closing
+is proven in process, on a Gateway with an injected clock the test moves), usage metering,
 limits per account and per key, signed webhook alerts to a real HTTP receiver, and the card
 inventory with the ``gpu=`` check at deploy. Plus the pure parts (windows, nvidia-smi CSV,
 signatures) as unit tests."""
@@ -23,6 +24,13 @@ import pytest
 
 from _servers import ECHO_POLICY, POLICIES, ROOT, GatewayProcess, _env
 from _wait import eventually
+from _fake_workers import Clock, FakeLauncher
+
+from seq.cli.ops import scale_line
+from sequence_ai_server.common.config import ServerConfig
+from sequence_ai_server.gateway.controller import Gateway
+from sequence_ai_server.gateway.events import WorkerStopped
+from sequence_ai_server.gateway.schemas import DeployRequest
 
 from sequence_ai_server.ops.alerts import sign, verify_signature
 from sequence_ai_server.ops.gpus import gpu_refusal, parse_nvidia_smi_csv
@@ -49,13 +57,8 @@ def _act(conn: dict, observation: dict) -> httpx.Response:
 
 @pytest.fixture
 def ops_gateway(tmp_path):
-    """A gateway with a test clock (Monday 2026-11-30 07:59 in Berlin), fast health pings and
-    fast alert retries."""
-    clock = tmp_path / "clock"
-    clock.write_text(str(datetime(2026, 11, 30, 7, 59, tzinfo=BERLIN).timestamp()))
-    gw = GatewayProcess.start(tmp_path, env={"SEQ_TEST_CLOCK_FILE": str(clock), "SEQ_HEALTH_INTERVAL_S": "0.3",
-                                             "SEQ_ALERT_BACKOFF_S": "0.2,0.2,0.2,0.2"})
-    gw.clock = clock
+    """A gateway with fast health pings and fast alert retries."""
+    gw = GatewayProcess.start(tmp_path, env={"SEQ_HEALTH_INTERVAL_S": "0.3", "SEQ_ALERT_BACKOFF_S": "0.2,0.2,0.2,0.2"})
     try:
         yield gw
     finally:
@@ -111,39 +114,89 @@ def test_a_signature_covers_the_timestamp_and_the_body_and_an_old_one_is_refused
 
 # ------------------------------------------------------------------ scheduled scaling
 
-def test_a_scheduled_floor_keeps_the_worker_warm_in_its_window_and_lets_it_idle_out_after(ops_gateway):
+def test_a_scheduled_window_opens_and_closes_on_the_gateways_clock_and_the_worker_idles_out_after(tmp_path):
+    """In process (a Gateway over _fake_workers.FakeLauncher, ticked by hand): the window
+    is read on the clock the Gateway is given, so the test moves that clock across the window's
+    edges; the worker's own idle time runs on the same clock."""
+    clock = Clock(datetime(2026, 11, 30, 7, 59, tzinfo=BERLIN).timestamp())     # a Monday, 07:59 in Berlin
+    launcher = FakeLauncher()
+    gw = Gateway(config=ServerConfig(data_dir=tmp_path / "home", health_interval_s=1e9), launcher=launcher, clock=clock)
+    stopped: list = []
+    gw.supervisor.on(WorkerStopped, stopped.append)
+    spec = {"contract": {"action": None, "observation": None}, "params": [], "idle_timeout": 2.0}
+
+    def at(hour: int, minute: int, second: float = 0.0) -> None:
+        clock.t = datetime(2026, 11, 30, hour, minute, tzinfo=BERLIN).timestamp() + second
+        gw.tick(clock.t)
+
+    try:
+        gw.deployments.deploy(DeployRequest(name="sched", file=OPS))
+        launcher.started[0].ready(spec, 9001)
+        at(7, 59, 0.1)
+        assert gw.store.get("sched").status == "ready"
+        at(7, 59, 3.0)                                           # idle_timeout 2 s with no robot: stopped
+        assert (gw.store.get("sched").status, gw.store.get("sched").phase) == ("stopped", "idle")
+
+        gw.ops.scales.set("sched", 1, "Mon-Fri 08:00-18:00", "Europe/Berlin")
+        assert scale_line(gw.ops.scale_view("sched")) == ("  scale     min 1 during Mon-Fri 08:00-18:00 (Europe/Berlin); "
+                                                          "closed now: workers idle out, opens Mon 2026-11-30 07:00 UTC")
+        at(7, 59, 59.9)                                          # closed: nothing starts
+        assert len(launcher.started) == 1 and gw.store.get("sched").status == "stopped"
+
+        at(8, 0)                                                 # it opens: the floor starts a worker
+        assert len(launcher.started) == 2 and gw.store.get("sched").status == "starting"
+        worker = launcher.started[1]
+        worker.ready(spec, 9002)
+        at(8, 0, 0.1)
+        assert gw.store.get("sched").status == "ready"
+        assert scale_line(gw.ops.scale_view("sched")).endswith("open now: 1 kept warm, closes Mon 2026-11-30 17:00 UTC")
+        for hour in (8, 12, 17):                                 # hours with no robot: kept warm
+            at(hour, 30)
+        at(17, 59, 59.9)
+        assert gw.store.get("sched").status == "ready" and worker.signals == [] and len(launcher.started) == 2
+
+        at(18, 0)                                                # it closes; idle_timeout counts from here
+        at(18, 0, 1.5)
+        assert gw.store.get("sched").status == "ready" and worker.signals == []
+        at(18, 0, 2.1)
+        assert (gw.store.get("sched").status, gw.store.get("sched").phase) == ("stopped", "idle")
+        assert worker.signals == [signal.SIGTERM] and stopped[-1] == WorkerStopped("sched", "idle")
+        view = gw.ops.scale_view("sched")["scale"]
+        assert view["active"] is False and view["warm_now"] == 0
+        at(18, 30)
+        assert len(launcher.started) == 2                        # nothing starts again until it reopens
+    finally:
+        gw.close()
+
+
+def test_a_floor_set_with_the_cli_keeps_the_real_worker_warm_until_it_is_cleared(ops_gateway):
     gw = ops_gateway
     d = gw.deploy(OPS, "sched")
     assert d["status"] == "ready", d
     eventually(lambda: gw.status("sched")["phase"] == "idle", 30, 0.1, what="the idle worker to stop")
 
-    r = _seq(gw, "policy", "scale", "sched", "--min", "1", "--during", "Mon-Fri 08:00-18:00", "--tz", "Europe/Berlin")
+    r = _seq(gw, "policy", "scale", "sched", "--min", "1")
     assert r.returncode == 0, r.stderr
-    assert "min 1 during Mon-Fri 08:00-18:00 (Europe/Berlin); closed now" in r.stdout and "opens Mon 2026-11-30 07:00 UTC" in r.stdout
-    time.sleep(1.5)                                   # 07:59 Berlin: the window is closed, nothing starts
-    assert gw.status("sched")["status"] == "stopped"
-
-    gw.clock.write_text(str(datetime(2026, 11, 30, 8, 0, tzinfo=BERLIN).timestamp()))     # it opens
-    eventually(lambda: gw.status("sched")["status"] == "ready", 60, 0.1, what="the scheduled worker to start")
+    assert "min 1 always; open now: 1 kept warm" in r.stdout, r.stdout
+    eventually(lambda: gw.status("sched")["status"] == "ready", 60, 0.1, what="the floor's worker to start")
     pid = gw.status("sched")["pid"]
     r = _seq(gw, "policy", "status", "sched")
-    assert r.returncode == 0 and "open now: 1 kept warm, closes Mon 2026-11-30 17:00 UTC" in r.stdout, r.stdout
+    assert r.returncode == 0 and "open now: 1 kept warm" in r.stdout, r.stdout
     time.sleep(4.0)                                   # twice idle_timeout with no robot: kept warm
     assert gw.status("sched")["status"] == "ready" and gw.status("sched")["pid"] == pid
 
-    gw.clock.write_text(str(datetime(2026, 11, 30, 18, 0, tzinfo=BERLIN).timestamp()))    # it closes
-    closed = time.monotonic()
+    r = gw.client.post("/v1/deployments/sched/scale", json={"clear": True})   # (timed here, not after a CLI exits)
+    cleared = time.monotonic()
+    assert r.status_code == 200 and r.json()["scale"] is None, r.text
     eventually(lambda: gw.status("sched")["phase"] == "idle", 30, 0.1, what="the worker to idle out")
-    assert time.monotonic() - closed >= 1.5          # idle_timeout (2 s) counts from the close
-    view = gw.client.get("/v1/deployments/sched/scale").json()
-    assert view["scale"]["active"] is False and view["scale"]["warm_now"] == 0
+    assert time.monotonic() - cleared >= 1.5         # idle_timeout (2 s) counts from the clear
 
     r = _seq(gw, "policy", "scale", "sched", "--min", "1", "--during", "Mon-Fri 8am", "--tz", "Europe/Berlin")
     assert r.returncode == 5 and "is not a window" in r.stderr
     r = _seq(gw, "policy", "scale", "sched", "--min", "1", "--tz", "Mars/Olympus")
     assert r.returncode == 5 and "unknown time zone 'Mars/Olympus'" in r.stderr
+    assert gw.client.get("/v1/deployments/sched/scale").json()["scale"] is None      # nothing was stored
     assert _seq(gw, "policy", "scale", "sched", "--clear").returncode == 0
-    assert gw.client.get("/v1/deployments/sched/scale").json()["scale"] is None
 
 
 # ------------------------------------------------------------------ usage

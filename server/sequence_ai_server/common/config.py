@@ -16,7 +16,6 @@ home on the server side: the gateway's ``serve`` and a worker started without ``
 | ``SEQ_RAY_ADDRESS`` | ``ray_address`` | ``local`` (a private loopback head) |
 | ``SEQ_RAY_GPUS_PER_NODE`` | ``ray_gpus_per_node`` | 8 (cards in one machine of a Ray group) |
 | ``SEQ_ALERT_BACKOFF_S`` | ``alert_backoff_s`` | ``0.5,1,2,4`` (waits before each webhook retry) |
-| ``SEQ_TEST_CLOCK_FILE`` | ``test_clock_file`` | None (scheduled scaling reads the real time) |
 | ``SEQ_CPU_WORKERS`` | ``cpu_workers`` | the machine's core count (the most workers one CPU policy runs at once) |
 | ``SEQ_FAKE_GPUS`` | ``fake_gpus`` | None (the real cards: NVML, else nvidia-smi); ``L4,L4,H100`` presents those cards |
 """
@@ -62,10 +61,9 @@ class ServerConfig:
     the Ray cluster (``local`` starts a private head). ``ray_gpus_per_node``: cards in one
     machine; a policy asking for more becomes a group of whole machines (launchers/ray.py).
     ``alert_backoff_s`` (s): the waits before each retry of a webhook delivery (alerts.py).
-    ``test_clock_file``: a file holding unix seconds that scheduled scaling reads as the time
-    (for tests that open and close a window; unset in production). ``fake_gpus``: card names
-    (``NAME`` or ``NAME=GiB``) the gateway presents instead of the machine's cards, numbered from
-    0, for tests and CPU machines: workers are pinned to them as to real ones (ops/gpus.py).
+    ``fake_gpus``: card names (``NAME`` or ``NAME=GiB``) the gateway presents instead of the
+    machine's cards, numbered from 0, for tests and CPU machines: workers are pinned to them as to
+    real ones (ops/gpus.py).
     ``cpu_workers``: the most workers one CPU policy (``gpu="cpu"`` or none) may run at once; its
     ``max_gpus`` counts its workers, up to this (docs/guides/scaling.md)."""
 
@@ -78,7 +76,6 @@ class ServerConfig:
     ray_address: str = "local"
     ray_gpus_per_node: int = 8
     alert_backoff_s: tuple = (0.5, 1.0, 2.0, 4.0)
-    test_clock_file: Optional[Path] = None
     fake_gpus: Optional[tuple] = None
     cpu_workers: int = field(default_factory=lambda: os.cpu_count() or 1)
 
@@ -102,7 +99,6 @@ class ServerConfig:
             ray_address=(env.get("SEQ_RAY_ADDRESS") or "local").strip() or "local",
             ray_gpus_per_node=gpus_per_node_setting(env) if backend == "ray" else 8,
             alert_backoff_s=_backoff(env),
-            test_clock_file=Path(env["SEQ_TEST_CLOCK_FILE"]) if env.get("SEQ_TEST_CLOCK_FILE") else None,
             fake_gpus=fake_gpus_setting(env),
             cpu_workers=max(1, int(_number(env, "SEQ_CPU_WORKERS", int, None) or os.cpu_count() or 1)),
         )

@@ -128,7 +128,7 @@ class Gateway:
         self.launcher = launcher
         self.ops = OpsService(self.store, self.store, self.data_dir, require=self.store.require,
                               key_deployment=self._key_deployment, places_cards=launcher.places_cards,
-                              alert_backoff_s=config.alert_backoff_s, test_clock_file=config.test_clock_file,
+                              alert_backoff_s=config.alert_backoff_s,
                               fake_gpus=config.fake_gpus, clock=clock)
         self.supervisor = Supervisor(self.store, launcher, self.data_dir, warm_floor=self.ops.warm_floor,
                                      card_refusal=self.ops.card_refusal,
