@@ -83,7 +83,10 @@ class SlotQueue:
         now = time.time() if now is None else now
         with self._lock:
             line = [t for t in self._lines.get(model, []) if now - t.seen <= ABANDON_S]
-            mine = next((t for t in line if (ticket and t.id == ticket) or (not ticket and t.holder == holder)), None)
+            # a ticket is its holder's own: another robot's ticket number keeps no place in line (an
+            # unknown one counts as none: the holder's own place, else a new one)
+            mine = next((t for t in line if t.holder == holder and ticket and t.id == ticket), None) \
+                or next((t for t in line if t.holder == holder), None)
             free = capacity - held
             if mine is None and not line and free > 0:
                 self._lines[model] = line
