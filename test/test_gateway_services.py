@@ -509,3 +509,30 @@ def test_a_cpu_policy_runs_at_most_cpu_workers(env):
     gw.sessions.connect(ConnectRequest(model="echo"))
     assert _warming(gw).code == "deployment_full" and len(launcher.started) == 1
     assert gw.deployments.status("echo").workers[0]["max_workers"] == 1
+
+
+def test_scale_min_two_keeps_two_warm_and_buffer_workers_keeps_a_spare_while_robots_are_connected(env):
+    gw, clock, launcher, policy, _, _ = env
+    spec = _fleet_spec(max_gpus=3, idle_timeout=10, buffer_workers=1)
+    _deploy(gw, policy)
+    _serve(gw, clock, launcher, spec)
+    gw.tick(clock.advance(0.1))
+    assert len(launcher.started) == 1                      # no robot, no floor: no spare
+    gw.ops.scales.set("echo", 2, None, None)               # seq policy scale echo --min 2
+    gw.tick(clock.advance(0.1))
+    assert [w.spec.role for w in launcher.started] == ["serving", "extra"]
+    launcher.started[1].ready(spec, 9002)
+    gw.tick(clock.advance(60))
+    assert [k for k, *_ in _workers(gw)] == ["echo", "echo#2"]
+    gw.ops.scales.clear("echo")
+    gw.tick(clock.advance(0.1))
+    assert [k for k, *_ in _workers(gw)] == ["echo"]       # idle past idle_timeout once the floor is gone
+    a = gw.sessions.connect(ConnectRequest(model="echo"))
+    gw.tick(clock.advance(0.1))                            # one robot on one worker: buffer_workers=1 adds a spare
+    assert len(launcher.started) == 3 and launcher.started[2].spec.role == "extra"
+    launcher.started[2].ready(spec, 9003)
+    gw.tick(clock.advance(0.1))
+    assert gw.sessions.connect(ConnectRequest(model="echo")).worker_url == "http://127.0.0.1:9003"   # no wait
+    gw.tick(clock.advance(0.1))                            # two busy: the spare is a third (max_gpus=3)
+    assert len(launcher.started) == 4
+    gw.sessions.close_session(a.session_id)

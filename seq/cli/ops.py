@@ -67,7 +67,7 @@ def scale_line(view: dict) -> Optional[str]:
 
 @scale_app.command("scale")
 def policy_scale(name: str,
-                 minimum: Optional[int] = typer.Option(None, "--min", help="workers to keep warm (>= 1 keeps this gateway's one worker warm)"),
+                 minimum: Optional[int] = typer.Option(None, "--min", help="workers to keep warm, up to the deployment's max_gpus (see docs/guides/scaling.md)"),
                  during: Optional[str] = typer.Option(None, "--during", help='weekly window, e.g. "Mon-Fri 08:00-18:00" (default: always)'),
                  tz: Optional[str] = typer.Option(None, "--tz", help="IANA time zone of the window (default UTC)"),
                  clear: bool = typer.Option(False, "--clear", help="remove the scheduled floor"),

@@ -280,8 +280,8 @@ class SessionService:
         return row if any(held.get(k, 0) < slots_of(row.spec) for k, _ in others) else None
 
     def _grow_if_full(self, row: DeploymentRow, spec: dict, key: Optional[KeyRecord]) -> bool:
-        """When every slot of ``row``'s ready workers is taken and nobody waits in line for a
-        free one, start another worker (up to ``fleet_cap``, the free cards and $SEQ_MAX_GPUS).
+        """When every slot of ``row``'s ready workers is taken, start another worker (up to the
+        fleet's cap, the free cards and $SEQ_MAX_GPUS).
         True when one is starting now, so the robot is told to retry (warming) rather than
         queued; False when a slot is free or no other worker may start."""
         with self._lock:

@@ -39,7 +39,7 @@ MAX_HOURS = 1e9
 class ScaleUpdate(BaseModel):
     """``POST /v1/deployments/{name}/scale``."""
     model_config = ConfigDict(extra="forbid")
-    min: Optional[int] = Field(default=None, le=MAX_COUNT, description="workers kept warm (any >= 1 keeps this gateway's one worker warm)")
+    min: Optional[int] = Field(default=None, le=MAX_COUNT, description="workers kept warm, up to the deployment's max_gpus (for a CPU policy it counts workers)")
     during: Optional[str] = Field(default=None, description='weekly window, e.g. "Mon-Fri 08:00-18:00"; none: always')
     tz: Optional[str] = Field(default=None, description="IANA time zone of the window (default UTC)")
     clear: bool = False
