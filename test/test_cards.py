@@ -68,6 +68,25 @@ def test_fake_inventory_numbers_the_named_cards_and_refuses_a_bad_entry():
         ServerConfig.from_env(environ={"SEQ_FAKE_GPUS": "L4,"})
 
 
+@pytest.mark.parametrize("entry", ["L4=inf", "L4=1e400", "L4=nan", "cpu", "L4:2", "\u2603", "L4=5000"])
+def test_a_fake_card_that_is_no_card_or_has_no_finite_memory_is_refused_by_name(entry):
+    with pytest.raises(ValueError, match="SEQ_FAKE_GPUS entry") as err:
+        fake_cards(entry)
+    assert "e.g." in str(err.value)
+
+
+def test_a_gateway_given_a_bad_fake_card_exits_2_naming_it_and_makes_no_data_dir(tmp_path):
+    """The setting is read in full before the data dir gets a key or a store: one line on stderr,
+    no traceback, exit status 2."""
+    data = tmp_path / "data"
+    env = {**_env(), "SEQ_FAKE_GPUS": "L4=inf"}
+    done = subprocess.run([sys.executable, "-m", "sequence_ai_server.gateway", "--port", "0", "--data-dir", str(data)],
+                          env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, done.stderr
+    assert "SEQ_FAKE_GPUS entry 'L4=inf'" in done.stderr and "Traceback" not in done.stderr, done.stderr
+    assert not data.exists()
+
+
 def test_nvml_is_read_first_and_a_machine_without_a_driver_is_a_cpu_box(monkeypatch):
     class NVMLError(Exception):
         pass

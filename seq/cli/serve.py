@@ -42,10 +42,14 @@ def serve(host: str = typer.Option("127.0.0.1", help="address to bind"),
         out.print(f"  data dir  {info['data_dir']}")
         out.print(f"  API key   {info['api_key_file']}  (export SEQUENCES_API_KEY=$(cat {info['api_key_file']}))")
         out.print("  Ctrl-C stops the gateway and its workers")
+    from sequence_ai_server.gateway.main import BadSetting
     from sequence_ai_server.gateway.supervisor import DataDirInUse
 
     try:
         run_gateway(host, port, directory, on_ready=ready)
+    except BadSetting as exc:
+        fail(CliError("invalid_request", f"cannot start the gateway: {exc}",
+                      hint="fix or unset that variable, then run seq serve again"))
     except DataDirInUse as exc:     # the data dir is the cause, not the port
         fail(CliError("unavailable", f"cannot serve from {directory}: {exc}",
                       hint="stop the gateway holding it (Ctrl-C where it runs, or kill the pid above), "

@@ -10,6 +10,7 @@ import logging
 import os
 import signal
 import socket
+import sys
 from pathlib import Path
 from typing import Any, Optional
 
@@ -24,17 +25,28 @@ DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8470
 
 
+class BadSetting(ValueError):
+    """A ``SEQ_*`` setting the gateway cannot start with; the message names the variable, its
+    value and the form it takes."""
+
+
 def serve(host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, data_dir: Optional[Path] = None,
           ready_file: Optional[str] = None, on_ready: Any = None) -> None:
     """Run the gateway in the foreground until SIGINT/SIGTERM; stops every worker on the way out.
     Port 0 binds an ephemeral port; ``ready_file`` then receives ``{"url", "port", "pid"}``.
     Every setting is read once, here (``ServerConfig.from_env(data_dir)``); ``data_dir``
-    overrides ``$SEQUENCES_HOME``. Raises DataDirInUse when another gateway holds the data dir,
+    overrides ``$SEQUENCES_HOME``. Raises BadSetting for a setting that is not valid, DataDirInUse when another gateway holds the data dir,
     and OSError when the address cannot be bound: both before the data dir gets a key, a store or
     a log (a data dir this call created is removed again when the bind fails)."""
     import uvicorn
 
-    config = ServerConfig.from_env(data_dir)
+    try:
+        config = ServerConfig.from_env(data_dir)
+        if config.fake_gpus:            # the fake cards are read in full before anything is made
+            from sequence_ai_server.ops.gpus import fake_cards
+            fake_cards(config.fake_gpus)
+    except ValueError as exc:           # a SEQ_* variable that is not valid: named in the message
+        raise BadSetting(str(exc)) from None
     from sequence_ai_server.gateway.datadir_lock import hold_data_dir   # one gateway per data dir: the lock is held until exit
     created = not config.data_dir.expanduser().exists()
     dir_lock = hold_data_dir(config.data_dir)  # raises DataDirInUse naming the holder
@@ -91,6 +103,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--ready-file", default=None)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s gateway %(levelname)s %(message)s")
-    serve(args.host, args.port, Path(args.data_dir) if args.data_dir else None, args.ready_file,
-          on_ready=lambda info: log.info("serving on %s (API key in %s)", info["url"], info["api_key_file"]))
+    try:
+        serve(args.host, args.port, Path(args.data_dir) if args.data_dir else None, args.ready_file,
+              on_ready=lambda info: log.info("serving on %s (API key in %s)", info["url"], info["api_key_file"]))
+    except BadSetting as exc:
+        print(f"gateway: {exc}", file=sys.stderr)
+        return 2
     return 0

@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import csv
 import io
+import math
 import os
+import re
 import shutil
 import subprocess
 from typing import Any, Optional
@@ -77,11 +79,15 @@ FAKE_MEMORY_GIB = {"T4": 16, "L4": 24, "A10G": 24, "A10": 24, "L40S": 48, "A100"
 """Memory a fake card of a known type reports (GiB) when its ``SEQ_FAKE_GPUS`` entry gives none."""
 
 
+MAX_FAKE_GIB = 4096          # the most memory a fake card may declare (GiB)
+
+
 def fake_cards(entries: Any) -> list[dict]:
     """Cards for a fake inventory: one per entry of ``entries`` (``"L4,L4,H100"`` or a list),
     numbered from 0 in order. An entry is a card name (``L4``, ``NVIDIA H100 80GB HBM3``) or
     ``NAME=GIB`` to give its memory (else :data:`FAKE_MEMORY_GIB`'s, or unknown). Raises ValueError
-    naming an entry that is empty or whose memory is not a positive number."""
+    naming an entry that is empty, is no card name (``cpu``, a ``:`` count, other characters)
+    or whose memory is not a finite number of GiB in (0, MAX_FAKE_GIB]."""
     items = entries.split(",") if isinstance(entries, str) else list(entries)
     cards = []
     for i, raw in enumerate(items):
@@ -90,6 +96,9 @@ def fake_cards(entries: Any) -> list[dict]:
         if not name:
             raise ValueError(f"SEQ_FAKE_GPUS entry {i + 1} ({raw!r}) names no card; write card names separated "
                              f"by commas, e.g. SEQ_FAKE_GPUS=L4,L4,H100 (or L4=24 to give a card's memory in GiB)")
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9 ._-]{0,63}", name) or name.lower() == "cpu":
+            raise ValueError(f"SEQ_FAKE_GPUS entry {i + 1} ({raw!r}) is no card name: use letters, digits, spaces, "
+                             f"'.', '_' or '-' (up to 64, not 'cpu', no ':' count), e.g. SEQ_FAKE_GPUS=L4,L4,H100")
         kind = card_type(name)
         gib: Optional[float] = FAKE_MEMORY_GIB.get(kind.upper())
         if sep:
@@ -97,9 +106,9 @@ def fake_cards(entries: Any) -> list[dict]:
                 gib = float(mem)
             except ValueError:
                 gib = -1.0
-            if not gib > 0:
+            if not (math.isfinite(gib) and 0 < gib <= MAX_FAKE_GIB):
                 raise ValueError(f"SEQ_FAKE_GPUS entry {raw.strip()!r}: the memory after '=' must be a number of "
-                                 f"GiB above 0 (e.g. {name}=24)")
+                                 f"GiB above 0 and at most {MAX_FAKE_GIB} (e.g. {name}=24)")
         cards.append({"index": i, "name": name, "type": kind, "memory_mib": None if gib is None else int(gib * 1024),
                       "uuid": f"GPU-fake-{i:04d}-{kind.lower()}", "processes": []})
     return cards
