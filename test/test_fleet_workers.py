@@ -46,3 +46,38 @@ def test_two_robots_are_served_at_once_by_two_worker_processes(tmp_path):
                 assert "not used self-hosted" not in r.stdout
     finally:
         gw.close()
+
+
+def test_a_restarted_gateway_adopts_both_workers_and_their_sessions(tmp_path):
+    import httpx
+    import signal
+
+    from _servers import echo_observation
+    gws = [GatewayProcess.start(tmp_path, env={"SEQ_CPU_WORKERS": "2", "SEQ_LEASE_TTL_S": "30"})]
+    try:
+        gw = gws[0]
+        gw.deploy(_one_slot_two_workers(tmp_path), "fleet")
+        a = gw.connect_ready("fleet")
+        b = gw.connect_ready("fleet")                          # waits out the second worker's start
+        assert a["worker_url"] != b["worker_url"]
+        before = {w["worker"]: w["pid"] for w in gw.status("fleet")["workers"]}
+        assert len(set(before.values())) == 2
+        gw.client.close()
+        gw.proc.send_signal(signal.SIGKILL)
+        gw.proc.wait()
+        (tmp_path / "gateway.ready.json").unlink()            # the new gateway writes its own
+        gws.append(GatewayProcess.start(tmp_path, env={"SEQ_CPU_WORKERS": "2", "SEQ_LEASE_TTL_S": "30"}))
+        gw = gws[-1]
+        workers = gw.status("fleet")["workers"]
+        assert {w["worker"]: w["pid"] for w in workers} == before, workers
+        assert [len(w["robots"]) for w in workers] == [1, 1]
+        for conn in (a, b):                                   # each renews on its own worker and acts there
+            r = gw.client.post(f"/v1/sessions/{conn['session_id']}/renew")
+            assert r.status_code == 200 and r.json()["worker_url"] == conn["worker_url"], r.text
+            act = httpx.post(conn["worker_url"] + "/act", json={"observation": echo_observation()},
+                             headers={"Authorization": f"Bearer {r.json()['direct_secret']}"}, timeout=30)
+            assert act.status_code == 200, act.text
+    finally:
+        for g in gws:
+            if g.proc.poll() is None:
+                g.close()
