@@ -66,8 +66,10 @@ def test_a_cancel_for_a_request_not_in_flight_does_not_drop_a_later_one(worker):
 
 
 @pytest.mark.parametrize("text", ["[" * 150000 + "]" * 150000, '{"a":' * 100000 + "1" + "}" * 100000,
-                                  "[1]", '{"ping": 1}', '{"cancel": true}', " " * (MAX_CONTROL_CHARS + 1)],
-                         ids=["nested-150k", "nested-objects", "list", "no-cancel", "bool", "over-limit"])
+                                  "[1]", '{"ping": 1}', '{"cancel": true}', " " * (MAX_CONTROL_CHARS + 1),
+                                  '{"token": "t", "cancel": 1}', '{"token": 5}'],
+                         ids=["nested-150k", "nested-objects", "list", "no-cancel", "bool", "over-limit",
+                              "token-and-cancel", "token-not-a-string"])
 def test_a_text_message_that_is_no_cancel_is_answered_400_and_the_channel_stays(worker, text):
     """Deeply nested JSON (before: RecursionError, the connection dropped without a close frame)
     and any other text that is not {"cancel": seq} get the error body as a text answer, at once;
@@ -78,7 +80,7 @@ def test_a_text_message_that_is_no_cancel_is_answered_400_and_the_channel_stays(
         err = _text_error(ws)
         took = time.perf_counter() - t0
         assert err["code"] == "invalid_request" and err["details"] == {"reason": "bad_control"}, err
-        assert '{"cancel": seq}' in err["detail"] and err["request_id"], err
+        assert '{"cancel": seq}' in err["detail"] and '{"token": t}' in err["detail"] and err["request_id"], err
         assert took < BOUND_S, took
         _send(ws, 3)
         assert _answer(ws)[:2] == (3, 200)

@@ -152,8 +152,9 @@ class _Channel:
         if len(text) <= MAX_CONTROL_CHARS:
             try:
                 message = json.loads(text)
-                seq = message.get("cancel")
-            except (ValueError, AttributeError, RecursionError):   # RecursionError: absurdly nested JSON
+                if isinstance(message, dict) and set(message) == {"cancel"}:   # exactly one key: no mixtures
+                    seq = message["cancel"]
+            except (ValueError, RecursionError):   # RecursionError: absurdly nested JSON
                 message = None
             if isinstance(message, dict) and set(message) == {"token"} and isinstance(message["token"], str):
                 # {"token": t}: the client's renewed lease, so a renewal keeps the socket. Not checked
@@ -161,10 +162,11 @@ class _Channel:
                 self.token = message["token"]
                 return
         if not isinstance(seq, int) or isinstance(seq, bool):
-            log.info("/act channel: a text message that is not a cancel (%d characters); answered 400", len(text))
+            log.info("/act channel: a text message that is neither a cancel nor a token (%d characters); answered 400",
+                     len(text))
             await self.send_error(ApiError(
-                "invalid_request", 'a text message on the /act channel is only {"cancel": seq} '
-                f"(at most {MAX_CONTROL_CHARS} characters); requests are binary messages",
+                "invalid_request", 'a text message on the /act channel is only {"cancel": seq} or '
+                f'{{"token": t}} (at most {MAX_CONTROL_CHARS} characters); requests are binary messages',
                 details={"reason": "bad_control"}, hint="see docs/design.md: The /act channel"))
             return
         future = self.queued.get(seq)
