@@ -425,7 +425,7 @@ def test_min_workers_two_keeps_two_warm(env):
 
 
 def test_a_crash_of_one_worker_drops_only_its_own_sessions(env):
-    gw, clock, launcher, policy, events, _ = env
+    gw, clock, launcher, policy, events, alerts = env
     spec = _fleet_spec(idle_timeout=3600)
     _deploy(gw, policy)
     first = _serve(gw, clock, launcher, spec)
@@ -435,6 +435,8 @@ def test_a_crash_of_one_worker_drops_only_its_own_sessions(env):
     second.crash()
     gw.tick(clock.advance(0.1))
     assert [s.id for s in gw.sessions.of("echo")] == [a.session_id]
+    assert events == [WorkerCrashed("echo", 1, second.pid, 1, "worker echo#2 exited with code 1 while serving")]
+    assert [(e, d) for e, d, _ in alerts] == [("worker_crashed", "echo")]
     with pytest.raises(ApiError) as exc:
         gw.sessions.renew(b.session_id)
     assert exc.value.code == "lease_expired"               # its robot connects again ...
@@ -445,7 +447,7 @@ def test_a_crash_of_one_worker_drops_only_its_own_sessions(env):
     first.crash()                                          # the first one's crash spares the others' robots
     gw.tick(clock.advance(0.1))
     assert [s.id for s in gw.sessions.of("echo")] == [b2.session_id]
-    assert [type(e) for e in events] == [WorkerCrashed]
+    assert [(type(e), e.pid) for e in events[1:]] == [(WorkerCrashed, first.pid)]
     assert _warming(gw).code == "warming"                  # no free slot, nor a first worker: it restarts
     assert launcher.started[-1].spec.role == "serving" and len(launcher.started) == 4
     assert third.returncode is None and gw.sessions.renew(b2.session_id).worker_url == "http://127.0.0.1:9003"

@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
+from sequence_ai_server.gateway.events import WorkerCrashed
 from sequence_ai_server.gateway.worker_record import (DEFAULT_IDLE_TIMEOUT_S, Role, WorkerRecord, _exit_reason,
                                                       _log_tail, _ready_host)
 
@@ -80,7 +81,8 @@ def poll_side(sup: "Supervisor", key: str, w: WorkerRecord, now: float) -> None:
 def poll_extra(sup: "Supervisor", key: str, w: WorkerRecord, now: float) -> None:
     """Another worker of the serving version (``name#N``): note its port once ready; one that
     exits or loads past its startup timeout is forgotten (its own sessions go with it: their
-    renewals find no worker and the robots connect again, landing on a worker with room)."""
+    renewals find no worker and the robots connect again, landing on a worker with room); an
+    exit nobody asked for emits WorkerCrashed (the alert), which drops no other worker's sessions."""
     code = w.proc.poll()
     if code is None:
         ready = w.ready_report() if w.port is None else None
@@ -99,8 +101,9 @@ def poll_extra(sup: "Supervisor", key: str, w: WorkerRecord, now: float) -> None
     if w.log_handle:
         w.log_handle.close()
     if not w.stopping:
-        log.warning("%s: worker %s (pid %d) %s %s", w.name, key, w.proc.pid, _exit_reason(code),
-                    "while serving" if w.port else "while loading")
+        msg = f"worker {key} {_exit_reason(code)} {'while serving' if w.port else 'while loading'}"
+        log.warning("%s: %s", w.name, msg)
+        sup._events.emit(WorkerCrashed(w.name, w.version, w.proc.pid, code, msg))   # alerts; its sessions only
 
 
 def reap_retiring(sup: "Supervisor", now: float) -> None:

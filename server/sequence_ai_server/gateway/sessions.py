@@ -453,10 +453,14 @@ class SessionService:
 
     def drop_for(self, what: Union[str, WorkerStopped, WorkerCrashed]) -> None:
         """Drop every session of a deployment (its name), or those of the worker a supervisor
-        event says stopped or crashed (its first serving worker: the sessions on its other
-        workers, ``name#N``, stay)."""
+        event says stopped or crashed: its first serving worker's (the sessions on its other
+        workers, ``name#N``, stay), or, when the first one still runs, the crashed other one's."""
         name = what if isinstance(what, str) else what.name
         mine = (lambda s: True) if isinstance(what, str) else (lambda s: not s.side.startswith(name + EXTRA_MARK))
+        first = self.supervisor.get(name)
+        if not isinstance(what, str) and first is not None and first.proc.pid != what.pid:
+            self.expire(self.clock())     # another worker of the fleet ended: only its own sessions go
+            return
         with self._lock:
             for sid in [s.id for s in self.table.values() if s.model == name and mine(s)]:
                 self.table.pop(sid, None)
