@@ -136,6 +136,17 @@ def test_each_worker_gets_its_own_card_and_two_deployments_never_share_one():
     assert p.claim("cpu1", "e", "e", "serving", "cpu") == () and p.claim("cpu2", "e", "e", "serving", None) == ()
 
 
+def test_a_worker_needing_more_cards_than_are_free_is_told_how_many_are_free():
+    p = pool()
+    assert p.claim("a1", "a", "a", "serving", "L4") == (0,)
+    with pytest.raises(CardRefused) as e:
+        p.claim("b1", "b", "b", "serving", "L4:2")          # card 1 is free, but one is not two
+    err = e.value
+    assert err.reason == "gpu_busy" and "only 1 such card(s) free" in err.detail, err.detail
+    assert "every card of this machine is held" not in err.detail and err.details["free_cards"] == [1]
+    assert "card 0 by a (serving worker a); card 1 free" in err.detail, err.detail
+
+
 def test_a_fallback_list_takes_the_first_type_with_room_and_low_stock_names_the_free_type():
     p = pool()
     assert p.claim("a1", "a", "a", "serving", ["H100", "L4"]) == (2,)

@@ -247,8 +247,8 @@ class CardPool:
                 continue
             on = [c for c in self._claims.values() if card["index"] in c.cards]
             who = ", ".join(f"{c.deployment} ({c.role} worker {c.worker}" + (f", pid {c.pid})" if c.pid else ")")
-                            for c in on) or "nothing"
-            parts.append(f"card {card['index']} by {who}")
+                            for c in on)
+            parts.append(f"card {card['index']} by {who}" if who else f"card {card['index']} free")
         return "; ".join(parts)
 
     def _refusal(self, gpu: Any, types: list, count: int, deployment: str, tried: list,
@@ -277,6 +277,13 @@ class CardPool:
                                hint="raise max_gpus in @seq.policy, or stop one of its workers",
                                details={**details, "max_gpus": max_gpus})
         busy = {i for c in self._claims.values() for i in c.cards}
+        wanted = {t.upper() for t in types}
+        free_asked = [c for c in self.cards if c["index"] not in busy and c["type"].upper() in wanted]
+        if free_asked:           # some are free, but fewer than one worker needs
+            return CardRefused("gpu_busy", f"{asked} cannot be had now: only {len(free_asked)} such card(s) "
+                               f"free ({held_txt})",
+                               hint="stop a deployment (`seq policy stop NAME`) to free its cards, or ask for fewer",
+                               details={**details, "free_cards": [c["index"] for c in free_asked]})
         other_free = sorted({c["type"] for c in self.cards if c["index"] not in busy
                              and c["type"].upper() not in {t.upper() for t in types}})
         if other_free:
