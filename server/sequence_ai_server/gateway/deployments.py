@@ -36,6 +36,7 @@ from sequence_ai_server.ops.service import OpsService
 log = logging.getLogger("sequence_ai_server.gateway")
 
 _NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
+_DOCTOR_PING_S = 3.0        # doctor's /ping of the worker: past this it reports the worker not answering
 
 
 class DeploymentService:
@@ -313,7 +314,8 @@ class DeploymentService:
         """Diagnose ``name`` without starting anything: state, serving version, the running worker's
         /ping (status, ms) and one synthetic /act (declared-shape black frames and zero vectors) split
         into ``handler_ms`` (the worker's inference_ms) and ``network_ms`` (the rest of the round
-        trip: transport, decoding, queuing). ``worker`` is null when no worker runs."""
+        trip: transport, decoding, queuing). ``worker`` is null when no worker runs. A worker that
+        does not answer /ping within ``_DOCTOR_PING_S`` is reported ``not_answering`` (no /act sent)."""
         from types import SimpleNamespace
         from seq.spec import ObservationContract
         from sequence_ai_server.common.errors import new_request_id as _rid
@@ -326,18 +328,20 @@ class DeploymentService:
             return out
         url = _worker_url(row)
         worker: dict[str, Any] = {"url": url, "pid": row.worker_pid}
-        with httpx.Client(timeout=30.0) as http:
+        with httpx.Client(timeout=30.0, trust_env=False) as http:
             t0 = time.perf_counter()
-            try:
-                r = http.get(f"{url}/ping")
+            try:   # a healthy worker answers /ping in ms; a frozen one must not hold doctor up
+                r = http.get(f"{url}/ping", timeout=_DOCTOR_PING_S)
                 worker["ping"] = {"status": r.status_code, "ms": round((time.perf_counter() - t0) * 1000, 3)}
                 with contextlib.suppress(ValueError, AttributeError):
                     body = r.json()
                     worker["ping"].update(state=body.get("status"), oldest_request_s=body.get("oldest_request_s"))
             except httpx.HTTPError as exc:
-                worker["ping"] = {"status": None, "error": type(exc).__name__}
+                worker["ping"] = {"status": None, "state": "not_answering", "ms": round((time.perf_counter() - t0) * 1000, 3),
+                                  "error": f"not answering: no /ping answer within {_DOCTOR_PING_S:g} s "
+                                           f"({type(exc).__name__}; the process may be frozen)"}
             out["health"] = self.health.get(name)
-            if worker["ping"].get("state") == "degraded":   # a jammed worker: a synthetic /act would only queue
+            if worker["ping"].get("state") in ("degraded", "not_answering"):   # jammed or frozen: an /act would only queue
                 out["worker"] = worker
                 return out
             spec = row.spec if row.spec is not None else {}

@@ -29,6 +29,7 @@ from sequence_ai_server.ops.gpus import declared_cards, gpu_refusal, holdings, i
 from sequence_ai_server.ops.quotas import LimitStore, refusal
 from sequence_ai_server.ops.schedule import ScaleStore
 from sequence_ai_server.ops.usage import Recent, UsageStore, card_of, dir_bytes
+from sequence_ai_server.ops.usage_cursor import COUNTERS, UsageCursors
 
 __all__ = ["OpsService", "Running", "Rows"]
 
@@ -86,8 +87,9 @@ class OpsService:
         self._pending: dict[tuple, float] = {}       # (deployment, card) -> worker-seconds not yet written
         self._pending_lock = threading.Lock()        # the tick adds to it while request threads flush it
         self._flushed_at = clock()
-        self._seen_seq: dict[tuple, int] = {}         # (deployment, worker pid) -> last usage sample collected
-        self._seen_counts: dict[tuple, dict] = {}     # (deployment, worker pid) -> its counters last collected
+        # (deployment, worker pid) -> the last usage sample and counters collected, kept in run/ so a
+        # restarted gateway goes on from there with the workers it adopts (usage_cursor.py)
+        self._cursors = UsageCursors(data_dir / "run" / "usage_cursors.json")
         self._alerted: set = set()                    # events already sent (build/crash keys, rate crossings)
         for row in self.rows.all():                   # what failed before this gateway started is not news
             self._alerted.update(self._failure_keys(row))
@@ -167,26 +169,27 @@ class OpsService:
     # -- usage
     def take_worker_usage(self, name: str, pid: Optional[int], usage: Optional[dict]) -> int:
         """Fold one serving worker's ``/ping`` usage (usage.ActMeter.snapshot) into the meter;
-        returns the last sample number taken (the next ping's ``usage_since``)."""
+        returns the last sample number taken (the next ping's ``usage_since``). The cursor is
+        written before the delta is added: a gateway killed in between loses that one delta
+        rather than counting it twice."""
         if not usage:
             return -1
-        key = (name, pid)
-        last = self._seen_counts.get(key) or {}
+        last = self._cursors.counts(name, pid)
         if usage.get("requests", 0) < last.get("requests", 0):
             last = {}                                   # a new process under a reused pid
-        delta = {c: usage.get(c, 0) - last.get(c, 0) for c in ("requests", "errors", "bytes_in", "bytes_out")}
-        self._seen_counts[key] = {c: usage.get(c, 0) for c in delta}
-        self._seen_seq[key] = int(usage.get("seq", -1))
+        delta = {c: usage.get(c, 0) - last.get(c, 0) for c in COUNTERS}
+        seq = int(usage.get("seq", -1))
+        self._cursors.put(name, pid, seq, {c: usage.get(c, 0) for c in COUNTERS})
         now = self._now()
         self.recent.add(name, usage.get("samples") or [], now)
         if any(delta.values()):
             row = self.rows.get(name)
             self.usage.add([(name, card_of(row.spec if row else None), now, delta)])
-        return self._seen_seq[key]
+        return seq
 
     def usage_since(self, name: str, pid: Optional[int]) -> int:
         """The ``usage_since`` to ask worker ``pid`` of ``name`` for (-1: everything it kept)."""
-        return self._seen_seq.get((name, pid), -1)
+        return self._cursors.seq(name, pid)
 
     def _meter_workers(self, now: float, running: list[Running]) -> None:
         """Add the seconds since the last tick to every running worker's (deployment, card)."""
