@@ -23,41 +23,40 @@ import re
 import sys
 from pathlib import Path
 
-# Seconds per file (setup + call + teardown of all its tests). The heavy tests are the 120 slowest
-# of a full two-worker run from a clean clone (859 s wall), plus 1 s for each other test of those
-# files; the files with no test among those 120 were timed in one serial run here at a load
-# average of about 8, scaled by 0.45 to the two-worker run's pace (the `gateway` fixture took 8-9 s
-# to start there against under 3.8 s in that run).
+# Seconds per file (setup + call + teardown of all its tests), from the JUnit report of a full
+# two-worker run from a clean clone (1,108 tests in 1,108 s wall at a load average of 5-9: the
+# figures are high, what matters here is their order), printed by `python test/_schedule.py
+# build/test-results.xml`.
 FILE_SECONDS = {
-    "test_ros_workspace.py": 117, "test_worker_fuzz.py": 92, "test_gateway.py": 74,
-    "test_ray_backend.py": 64, "test_demo_cli.py": 61, "test_capture_recording.py": 56,
-    "test_platform_ops.py": 52, "test_eval_pick_place.py": 50, "test_worker.py": 50,
-    "test_gateway_restart.py": 48, "test_hardening.py": 46, "test_ros_launch.py": 46,
-    "test_core_loop.py": 40, "test_flywheel.py": 39, "test_demo_end_to_end.py": 38, "test_core_delay.py": 35,
-    "test_platform_access.py": 32, "test_platform_versions.py": 32, "test_ops_hardening.py": 30,
-    "test_bag_export_paths.py": 29, "test_client_promises.py": 29, "test_core_client.py": 29,
-    "test_platform_traffic.py": 29, "test_ros_driver.py": 29, "test_layering.py": 28,
-    "test_core_properties.py": 27, "test_mcp_server.py": 25, "test_delay_wire.py": 24,
-    "test_core_lookahead.py": 23, "test_eval_learned.py": 23, "test_recipes.py": 23,
-    "test_ros_driver_lifecycle.py": 23, "test_bag_stamps.py": 20, "test_blocking_channel_faults.py": 19,
-    "test_core_wire.py": 18, "test_platform_params_slots.py": 18, "test_wheel_install.py": 18,
-    "test_adapters.py": 17, "test_capture_server.py": 16, "test_route_scopes.py": 15,
-    "test_client_queue.py": 14, "test_platform_images.py": 14, "test_refused_bodies.py": 14,
-    "test_platform_volumes.py": 12, "test_platform_secrets.py": 11, "test_platform_health.py": 10,
-    "test_platform_logs.py": 10, "test_seq_cli_package.py": 10, "test_sim.py": 10,
-    "test_client_transports.py": 9, "test_launch.py": 8, "test_ros_node_signals.py": 8,
-    "test_act_channel_limits.py": 7, "test_limits_seams.py": 7, "test_worker_auth.py": 7,
-    "test_act_channel.py": 6, "test_ros_driver_controllers.py": 6, "test_authoring.py": 4,
-    "test_core_interrupt.py": 4, "test_mcp_ros.py": 4, "test_pick_place_closed_loop.py": 4,
-    "test_channel_hardening.py": 3, "test_export_paths.py": 3, "test_chat_decide.py": 2,
-    "test_act_transports.py": 1, "test_capture_units.py": 1, "test_core_refill.py": 1,
-    "test_core_stop.py": 1, "test_docs.py": 1, "test_gateway_services.py": 1, "test_node_executor.py": 1,
-    "test_openpi_compat.py": 1, "test_openpi_hardening.py": 1, "test_server_config.py": 1,
-    "test_volume_eval_paths.py": 1, "test_worker_body_limit.py": 1, "test_core_units.py": 1,
-    "test_driver_units.py": 1, "test_eval_benchmark.py": 1, "test_export_target_units.py": 1,
-    "test_interfaces.py": 1, "test_protocol.py": 1, "test_recorder_label_paths.py": 1,
-    "test_recorder_post_roll.py": 1, "test_recorder_prune_paths.py": 1, "test_ros_launch_config.py": 1,
-    "test_spin_destroy_race.py": 1, "test_wait.py": 1, "test_schedule.py": 1,
+    "test_gateway.py": 125, "test_ray_backend.py": 120, "test_ros_workspace.py": 111,
+    "test_worker_fuzz.py": 98, "test_wheel_install.py": 60, "test_flywheel.py": 55,
+    "test_demo_end_to_end.py": 55, "test_platform_params_slots.py": 53, "test_gateway_restart.py": 53,
+    "test_platform_ops.py": 52, "test_platform_traffic.py": 50, "test_demo_cli.py": 49,
+    "test_capture_recording.py": 48, "test_ros_driver_lifecycle.py": 47, "test_platform_access.py": 47,
+    "test_ros_driver.py": 45, "test_core_loop.py": 45, "test_ros_launch.py": 43, "test_mcp_server.py": 42,
+    "test_platform_versions.py": 42, "test_hardening.py": 41, "test_core_delay.py": 38,
+    "test_ros_node_signals.py": 38, "test_core_properties.py": 37, "test_client_promises.py": 37,
+    "test_blocking_channel_faults.py": 36, "test_capture_server.py": 30, "test_cards.py": 29,
+    "test_eval_learned.py": 28, "test_worker.py": 27, "test_ops_hardening.py": 27, "test_recipes.py": 26,
+    "test_core_wire.py": 26, "test_delay_wire.py": 26, "test_adapters.py": 25,
+    "test_platform_volumes.py": 24, "test_bag_stamps.py": 24, "test_mcp_tasks.py": 24,
+    "test_route_scopes.py": 24, "test_core_client.py": 23, "test_core_lookahead.py": 23,
+    "test_layering.py": 22, "test_client_queue.py": 21, "test_eval_pick_place.py": 20,
+    "test_worker_auth.py": 17, "test_act_channel.py": 17, "test_platform_logs.py": 17,
+    "test_ros_driver_controllers.py": 17, "test_platform_secrets.py": 16, "test_act_channel_limits.py": 16,
+    "test_platform_health.py": 16, "test_platform_images.py": 15, "test_bag_export_paths.py": 13,
+    "test_limits_seams.py": 13, "test_client_transports.py": 12, "test_launch.py": 11,
+    "test_pick_place_closed_loop.py": 10, "test_mcp_ros.py": 9, "test_core_interrupt.py": 8,
+    "test_channel_hardening.py": 7, "test_export_paths.py": 6, "test_chat_decide.py": 6,
+    "test_refused_bodies.py": 4, "test_act_transports.py": 3, "test_seq_cli_package.py": 3,
+    "test_capture_units.py": 3, "test_node_executor.py": 3, "test_sim.py": 2, "test_worker_body_limit.py": 2,
+    "test_docs.py": 2, "test_core_refill.py": 2, "test_volume_eval_paths.py": 2, "test_openpi_compat.py": 2,
+    "test_core_stop.py": 2, "test_authoring.py": 2, "test_server_config.py": 1, "test_eval_benchmark.py": 1,
+    "test_openpi_hardening.py": 1, "test_gateway_services.py": 1, "test_recorder_post_roll.py": 1,
+    "test_wait.py": 1, "test_recorder_label_paths.py": 1, "test_recorder_prune_paths.py": 1,
+    "test_spin_destroy_race.py": 1, "test_ros_launch_config.py": 1, "test_driver_units.py": 1,
+    "test_interfaces.py": 1, "test_protocol.py": 1, "test_core_units.py": 1, "test_schedule.py": 1,
+    "test_export_target_units.py": 1,
 }
 DEFAULT_SECONDS = 10          # a new file: mid-queue until it is measured
 
