@@ -4,6 +4,7 @@ so, and a :class:`Clock` the test moves by hand (a Gateway takes it as ``clock=`
 from __future__ import annotations
 
 import signal
+import threading
 from typing import Optional
 
 from sequence_ai_server.launchers.base import EventQueue, Exited, Phase, Ready, WorkerLaunchSpec
@@ -11,19 +12,20 @@ from sequence_ai_server.launchers.base import EventQueue, Exited, Phase, Ready, 
 __all__ = ["Clock", "FakeWorker", "FakeLauncher"]
 
 
-
 class Clock:
-    """Unix seconds the test moves by hand."""
+    """Unix seconds the test moves by hand (from threads too: ``advance`` takes a lock)."""
 
     def __init__(self, t: float = 1_800_000_000.0):
         self.t = t
+        self._lock = threading.Lock()
 
     def __call__(self) -> float:
         return self.t
 
     def advance(self, s: float) -> float:
-        self.t += s
-        return self.t
+        with self._lock:
+            self.t += s
+            return self.t
 
 
 class FakeWorker:

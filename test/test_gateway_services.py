@@ -10,7 +10,6 @@ from __future__ import annotations
 import signal
 import textwrap
 from pathlib import Path
-from typing import Optional
 
 import pytest
 
@@ -19,98 +18,10 @@ from sequence_ai_server.common.errors import ApiError
 from sequence_ai_server.gateway.controller import Gateway
 from sequence_ai_server.gateway.events import WorkerCrashed, WorkerStopped, WorkerTookOver
 from sequence_ai_server.gateway.schemas import ConnectRequest, DeployRequest, TrafficUpdate
-from sequence_ai_server.launchers.base import EventQueue, Exited, Phase, Ready, WorkerLaunchSpec
+from _fake_workers import Clock, FakeLauncher, FakeWorker
 
 T0 = 1_800_000_000.0
 LEASE_S = 30.0
-
-
-class Clock:
-    """Unix seconds the test moves by hand."""
-
-    def __init__(self, t: float = T0):
-        self.t = t
-
-    def __call__(self) -> float:
-        return self.t
-
-    def advance(self, s: float) -> float:
-        self.t += s
-        return self.t
-
-
-class FakeWorker:
-    """A WorkerHandle with no process: the test makes it report a phase, ready, or exit."""
-
-    def __init__(self, spec: WorkerLaunchSpec, pid: int):
-        self.spec, self.pid, self.returncode = spec, pid, None
-        self.secret, self.activity, self.signals = spec.secret, 0.0, []
-        self.exits_on_term = True          # False: a stuck worker that only SIGKILL ends
-        self._events = EventQueue()
-
-    # the WorkerHandle interface
-    def events(self) -> list:
-        return self._events.drain()
-
-    def set_secret(self, secret: str) -> None:
-        self.secret = secret
-
-    def last_activity(self) -> float:
-        return self.activity
-
-    def poll(self) -> Optional[int]:
-        return self.returncode
-
-    def wait(self, timeout: Optional[float] = None) -> int:
-        if self.returncode is None:
-            self.returncode = -signal.SIGTERM
-        return self.returncode
-
-    def send_signal(self, sig: int) -> None:
-        self.signals.append(sig)
-        if self.returncode is None and (self.exits_on_term or sig == signal.SIGKILL):
-            self.returncode = -sig         # exits at once
-
-    def terminate(self) -> None:
-        self.send_signal(signal.SIGTERM)
-
-    def kill(self) -> None:
-        self.send_signal(signal.SIGKILL)
-
-    # what the test makes it do
-    def loading(self, spec: dict) -> None:
-        self._events.put(Phase({"phase": "loading", "spec": spec}))
-
-    def ready(self, spec: dict, port: int) -> None:
-        self._events.put(Ready(f"http://127.0.0.1:{port}", {"port": port, "host": "127.0.0.1", "spec": spec}))
-
-    def crash(self, code: int = 1) -> None:
-        self.returncode = code
-        self._events.put(Exited(code))
-
-
-class FakeLauncher:
-    """Starts FakeWorkers; records each and checks that no service lock is held while it starts."""
-
-    adopts = False
-    places_cards = True
-
-    def __init__(self) -> None:
-        self.started: list[FakeWorker] = []
-        self.locks: list = []          # the locks that must be free at every start
-
-    def start(self, spec: WorkerLaunchSpec, log_handle) -> FakeWorker:
-        held = [lock for lock in self.locks if lock._is_owned()]
-        assert not held, f"a worker started while a lock was held: {held}"
-        w = FakeWorker(spec, pid=10_000 + len(self.started))
-        self.started.append(w)
-        return w
-
-    def check_image(self, image: dict) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
 
 
 def _spec(**extra) -> dict:

@@ -24,84 +24,10 @@ from sequence_ai_server.gateway.controller import Gateway
 from sequence_ai_server.gateway.events import WorkerTookOver
 from sequence_ai_server.gateway.health import UNANSWERED_JAM_S
 from sequence_ai_server.gateway.schemas import ConnectRequest, DeployRequest
-from sequence_ai_server.launchers.base import EventQueue, Ready, WorkerLaunchSpec
+from _fake_workers import Clock, FakeLauncher, FakeWorker
 from sequence_ai_server.ops.usage_cursor import UsageCursors
 
 T0 = 1_800_000_000.0
-
-
-class Clock:
-    def __init__(self, t: float = T0):
-        self.t = t
-        self._lock = threading.Lock()
-
-    def __call__(self) -> float:
-        return self.t
-
-    def advance(self, s: float) -> float:
-        with self._lock:
-            self.t += s
-            return self.t
-
-
-class FakeWorker:
-    """A WorkerHandle with no process; ``exits_on_term=False`` plays a stopped process that only SIGKILL ends."""
-
-    def __init__(self, spec: WorkerLaunchSpec, pid: int):
-        self.spec, self.pid, self.returncode = spec, pid, None
-        self.secret, self.signals = spec.secret, []
-        self.exits_on_term = True
-        self._events = EventQueue()
-
-    def events(self) -> list:
-        return self._events.drain()
-
-    def set_secret(self, secret: str) -> None:
-        self.secret = secret
-
-    def last_activity(self) -> float:
-        return 0.0
-
-    def poll(self) -> Optional[int]:
-        return self.returncode
-
-    def wait(self, timeout: Optional[float] = None) -> int:
-        if self.returncode is None:
-            self.returncode = -signal.SIGKILL
-        return self.returncode
-
-    def send_signal(self, sig: int) -> None:
-        self.signals.append(sig)
-        if self.returncode is None and (self.exits_on_term or sig == signal.SIGKILL):
-            self.returncode = -sig
-
-    def terminate(self) -> None:
-        self.send_signal(signal.SIGTERM)
-
-    def kill(self) -> None:
-        self.send_signal(signal.SIGKILL)
-
-    def ready(self, spec: dict, port: int) -> None:
-        self._events.put(Ready(f"http://127.0.0.1:{port}", {"port": port, "host": "127.0.0.1", "spec": spec}))
-
-
-class FakeLauncher:
-    adopts = False
-    places_cards = True
-
-    def __init__(self) -> None:
-        self.started: list[FakeWorker] = []
-
-    def start(self, spec: WorkerLaunchSpec, log_handle) -> FakeWorker:
-        w = FakeWorker(spec, pid=20_000 + len(self.started))
-        self.started.append(w)
-        return w
-
-    def check_image(self, image: dict) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
 
 
 def _spec(request_s: float = 300.0) -> dict:
