@@ -62,7 +62,7 @@ def test_every_log_line_is_one_json_object_with_the_common_fields(logged):
     worker = [json.loads(x) for x in (gw.data_dir / "logs" / "logged.jsonl").read_text().splitlines()]
     assert {(r["component"], r["deployment"], r["version"]) for r in worker} == {("worker", "logged", 1)}
     gateway = [json.loads(x) for x in (gw.data_dir / "logs" / "gateway.jsonl").read_text().splitlines()]
-    admitted = [r for r in gateway if r["message"] == f"admitted {conn['session_id']} on v1"]
+    admitted = [r for r in gateway if r["message"] == f"admitted {conn['session_id']} on v1 (worker logged)"]
     assert len(admitted) == 1 and admitted[0]["deployment"] == "logged" and admitted[0]["request_id"].startswith("req_")
 
 
