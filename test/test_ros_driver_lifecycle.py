@@ -24,6 +24,7 @@ from rcl_interfaces.srv import DescribeParameters, SetParameters
 from rclpy.action import ActionClient
 
 from _servers import ECHO_POLICY, ROOT
+from _wait import eventually
 from sequence_ai_msgs.action import Act
 from sequence_ai_ros.driver_node import PolicyDriver
 from test_ros_driver import KEY_ENV, FakeRobot, Goal, driver_params, echo_server, ros, wait, wait_goal_path  # noqa: F401
@@ -334,7 +335,10 @@ def _driver_process(gateway, tmp_path):
         [str(ROOT)] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else [])))
     args = ["--ros-args", "-p", "model:=echo-ros", "-p", f"gateway_url:={gateway.url}", "-p", f"api_key_env:={KEY_ENV}",
             "-p", "camera_views:=[exterior_1]", "-p", "camera_topics:=[camera/exterior_1/image_raw]",
-            "-p", "max_sensor_age_s:=0.3"]
+            # 2 s, not 0.3: the fake robot publishes from the loaded test process, and a camera gap
+            # of 0.4 s there ended the run stale_camera before any command in a full-suite run (as
+            # in the shutdown-transition test above); freshness is the stale-camera tests' subject
+            "-p", "max_sensor_age_s:=2.0"]
     proc = subprocess.Popen([sys.executable, "-m", "sequence_ai_ros.driver_node", *args],
                             stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     return proc, log
@@ -367,7 +371,8 @@ def test_a_signal_to_the_driver_process_mid_goal_gives_the_client_its_result_aft
         wait_goal_path(client)
         goal = Goal(client, max_seconds=30.0)
         assert goal.handle.accepted
-        wait(lambda: len(robot.commands) >= 10, 20.0, "commands")
+        eventually(lambda: len(robot.commands) >= 10, 20.0, what="commands",
+                   detail=lambda: (tmp_path / "driver.log").read_text()[-3000:])
         t_sig = time.monotonic()
         proc.send_signal(sig)
         wrapped = goal.wait_result(timeout=10.0)
