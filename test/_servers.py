@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import base64
 import io
+import itertools
 import json
 import os
 import secrets
@@ -219,3 +220,20 @@ class WorkerProcess:
     def stop(self) -> int:
         self.client.close()
         return _stop(self.proc)
+
+
+_restart_count = itertools.count()
+
+
+def gateway_on_data_dir(tmp: Path, port: int = 0, env: Optional[dict] = None) -> "GatewayProcess":
+    """A gateway process on ``port`` (0: any free one) with the data dir ``tmp/seq-home``, the same
+    on every call: what a test of a gateway restart (SIGKILL, then a new gateway on that data dir)
+    starts each time. Each call has its own ready file and log (``tmp/gateway-N.*``)."""
+    n = next(_restart_count)
+    ready, log_path = tmp / f"gateway-{n}.ready.json", tmp / f"gateway-{n}.log"
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "sequence_ai_server.gateway", "--port", str(port),
+                                 "--data-dir", str(tmp / "seq-home"), "--ready-file", str(ready)],
+                                stdout=log, stderr=subprocess.STDOUT, env=_env(env), cwd=str(tmp))
+    info = _wait_file(ready, proc, 60.0, log_path)
+    return GatewayProcess(proc, tmp / "seq-home", info, log_path)

@@ -23,7 +23,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from _servers import ROOT, GatewayProcess, _env, _wait_file
+from _servers import gateway_on_data_dir, ROOT, GatewayProcess, _env
 from sequence_ai_server.common.config import ServerConfig
 from sequence_ai_server.launchers.base import WorkerLaunchSpec
 from sequence_ai_server.ops.cards import CardPins, CardPool, CardRefused, declared_memory_mib, requested_cards
@@ -347,19 +347,9 @@ def test_a_gateway_with_fake_cards_pins_each_worker_to_its_card_and_names_the_ho
         gw.close()
 
 
-def _gateway_on(tmp: Path, n: int, env: dict) -> GatewayProcess:
-    """A gateway on the data dir ``tmp/seq-home`` with its own ready file and log (``n``)."""
-    ready, log_path = tmp / f"gateway-{n}.ready.json", tmp / f"gateway-{n}.log"
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "sequence_ai_server.gateway", "--port", "0", "--data-dir",
-                                 str(tmp / "seq-home"), "--ready-file", str(ready)],
-                                stdout=log, stderr=subprocess.STDOUT, env=_env(env), cwd=str(tmp))
-    return GatewayProcess(proc, tmp / "seq-home", _wait_file(ready, proc, 60.0, log_path), log_path)
-
-
 def test_a_restarted_gateway_knows_the_card_its_adopted_worker_holds(tmp_path):
     env = {"SEQ_FAKE_GPUS": "L4,L4"}
-    first = _gateway_on(tmp_path, 0, env)
+    first = gateway_on_data_dir(tmp_path, env=env)
     gws = [first]
     try:
         a, b = _policy(tmp_path, "a", "L4"), _policy(tmp_path, "b", "L4")
@@ -368,7 +358,7 @@ def test_a_restarted_gateway_knows_the_card_its_adopted_worker_holds(tmp_path):
         first.client.close()
         first.proc.send_signal(signal.SIGKILL)      # the worker outlives its gateway and is adopted
         first.proc.wait()
-        gws.append(_gateway_on(tmp_path, 1, env))
+        gws.append(gateway_on_data_dir(tmp_path, env=env))
         g = gws[-1].client.get("/v1/gpus").json()
         assert [(h["deployment"], h["pid"]) for h in g["cards"][0]["held_by"]] == [("a", pid)], g["cards"]
         assert gws[-1].deploy(str(b), "b")["status"] == "ready"

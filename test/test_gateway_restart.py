@@ -9,7 +9,6 @@ Real gateway and worker processes on loopback, the real client.
 """
 from __future__ import annotations
 
-import itertools
 import os
 import signal
 import subprocess
@@ -22,23 +21,10 @@ import httpx
 
 import sequence_ai
 from _core_support import Recorder, observation
-from _servers import ECHO_POLICY, POLICIES, ROOT, GatewayProcess, _env, _wait_file, echo_observation
+from _servers import gateway_on_data_dir, ECHO_POLICY, POLICIES, ROOT, GatewayProcess, _env, echo_observation
 
 ONE_SLOT = str(POLICIES / "one_slot_policy.py")
 INSTRUCTION = "put the red cube on the green pad"
-_count = itertools.count()
-
-
-def _gateway(tmp: Path, port: int = 0, env: dict | None = None) -> GatewayProcess:
-    """A gateway process on ``port`` with the data dir ``tmp/seq-home`` (the same one each call)."""
-    n = next(_count)
-    ready, log_path = tmp / f"gateway-{n}.ready.json", tmp / f"gateway-{n}.log"
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "sequence_ai_server.gateway", "--port", str(port),
-                                 "--data-dir", str(tmp / "seq-home"), "--ready-file", str(ready)],
-                                stdout=log, stderr=subprocess.STDOUT, env=_env(env), cwd=str(tmp))
-    info = _wait_file(ready, proc, 60.0, log_path)
-    return GatewayProcess(proc, tmp / "seq-home", info, log_path)
 
 
 def _sigkill(gw: GatewayProcess) -> None:
@@ -79,7 +65,7 @@ def _seq(gw: GatewayProcess, *args: str) -> subprocess.CompletedProcess:
 
 
 def test_a_robot_mid_run_rides_through_a_gateway_sigkill_and_restart_on_the_adopted_worker(tmp_path):
-    gws = [_gateway(tmp_path, env={"SEQ_LEASE_TTL_S": "10"})]
+    gws = [gateway_on_data_dir(tmp_path, env={"SEQ_LEASE_TTL_S": "10"})]
     try:
         d = gws[0].deploy(ONE_SLOT, "one-slot")
         assert d["status"] == "ready", d
@@ -105,7 +91,7 @@ def test_a_robot_mid_run_rides_through_a_gateway_sigkill_and_restart_on_the_adop
                         assert time.monotonic() < deadline, "no renewal was tried while the gateway was down"
                         time.sleep(0.02)
                     seen["rows_in_outage"] = len(rec.rows) - seen["killed_at"]
-                    gws.append(_gateway(tmp_path, port=port, env={"SEQ_LEASE_TTL_S": "10"}))
+                    gws.append(gateway_on_data_dir(tmp_path, port=port, env={"SEQ_LEASE_TTL_S": "10"}))
                     while wire.renewals < 1:                    # a retry reaches the restarted gateway
                         assert time.monotonic() < deadline, "the lease was never renewed after the restart"
                         time.sleep(0.02)
@@ -162,7 +148,7 @@ def test_a_worker_whose_gateway_never_comes_back_serves_its_leases_then_exits_af
     src = Path(ECHO_POLICY).read_text().replace("@seq.policy(\n", f"@seq.policy(\n    idle_timeout={idle_s},\n", 1)
     policy_file = tmp_path / "idle_echo.py"
     policy_file.write_text(src)
-    gw = _gateway(tmp_path)
+    gw = gateway_on_data_dir(tmp_path)
     try:
         d = gw.deploy(str(policy_file), "idle-echo")
         assert d["status"] == "ready", d
@@ -189,7 +175,7 @@ def test_a_worker_whose_gateway_never_comes_back_serves_its_leases_then_exits_af
 
 
 def test_a_restarted_gateway_does_not_adopt_a_dead_worker_and_starts_one_fresh_worker(tmp_path):
-    gw = _gateway(tmp_path)
+    gw = gateway_on_data_dir(tmp_path)
     gws = [gw]
     try:
         d = gw.deploy(ECHO_POLICY, "echo")
@@ -200,7 +186,7 @@ def test_a_restarted_gateway_does_not_adopt_a_dead_worker_and_starts_one_fresh_w
         deadline = time.monotonic() + 10
         while _pid_alive(d["pid"]) and time.monotonic() < deadline:
             time.sleep(0.05)
-        gws.append(_gateway(tmp_path, port=port))
+        gws.append(gateway_on_data_dir(tmp_path, port=port))
         s = gws[-1].status("echo")
         assert s["status"] == "stopped" and s["pid"] is None, s
         c = gws[-1].connect_ready("echo")
@@ -215,7 +201,7 @@ def test_a_restarted_gateway_does_not_adopt_a_dead_worker_and_starts_one_fresh_w
 
 def test_a_lease_of_a_few_seconds_is_renewed_before_it_lapses_and_the_robot_keeps_its_session(tmp_path):
     ttl = 3.0
-    gw = _gateway(tmp_path, env={"SEQ_LEASE_TTL_S": str(ttl)})
+    gw = gateway_on_data_dir(tmp_path, env={"SEQ_LEASE_TTL_S": str(ttl)})
     try:
         assert gw.deploy(ONE_SLOT, "one-slot")["status"] == "ready"
         with sequence_ai.connect("one-slot", api_key=gw.api_key, gateway_url=gw.url) as policy:
@@ -281,7 +267,7 @@ def test_a_recorded_pid_that_is_now_another_program_is_neither_adopted_nor_signa
 
 
 def test_a_restarted_gateway_adopts_a_canary_side_worker_and_its_session_renews_on_it(tmp_path):
-    gws = [_gateway(tmp_path, env={"SEQ_LEASE_TTL_S": "30"})]
+    gws = [gateway_on_data_dir(tmp_path, env={"SEQ_LEASE_TTL_S": "30"})]
     try:
         gw = gws[0]
         variant = tmp_path / "echo_side.py"
@@ -299,7 +285,7 @@ def test_a_restarted_gateway_adopts_a_canary_side_worker_and_its_session_renews_
         assert sorted(_worker_pids(gw.data_dir, "canary")) == sorted([serving["pid"], side["pid"]])
         port = gw.info["port"]
         _sigkill(gw)
-        gws.append(_gateway(tmp_path, port=port, env={"SEQ_LEASE_TTL_S": "30"}))
+        gws.append(gateway_on_data_dir(tmp_path, port=port, env={"SEQ_LEASE_TTL_S": "30"}))
         gw = gws[-1]
         view = gw.client.get("/v1/deployments/canary/traffic").json()
         assert [(s["version"], s["pid"], s["worker"], s["sessions"]) for s in view["side_workers"]] == \
@@ -318,12 +304,12 @@ def test_a_restarted_gateway_adopts_a_canary_side_worker_and_its_session_renews_
 
 
 def test_a_second_gateway_on_a_data_dir_whose_gateway_still_runs_refuses_to_start(tmp_path):
-    gw = _gateway(tmp_path)
+    gw = gateway_on_data_dir(tmp_path)
     try:
         d = gw.deploy(ECHO_POLICY, "echo")
         assert d["status"] == "ready", d
         try:
-            second = _gateway(tmp_path)
+            second = gateway_on_data_dir(tmp_path)
         except RuntimeError as exc:
             assert f"another gateway (pid {gw.proc.pid}) is running on" in str(exc), str(exc)
         else:

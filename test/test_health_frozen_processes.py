@@ -5,19 +5,15 @@ gateway SIGKILLed and restarted on its data dir goes on counting an adopted work
 it stopped instead of counting it again."""
 from __future__ import annotations
 
-import itertools
 import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import httpx
 
-from _servers import GatewayProcess, _env, _wait_file
+from _servers import gateway_on_data_dir, GatewayProcess
 
-_count = itertools.count()
 
 POLICY = '''
 import seq
@@ -39,18 +35,6 @@ def _policy(tmp: Path, name: str, gpu: str) -> str:
     f = tmp / f"{name}.py"
     f.write_text(POLICY.format(gpu=gpu))
     return str(f)
-
-
-def _gateway(tmp: Path, port: int = 0, env: dict | None = None) -> GatewayProcess:
-    """A gateway process on ``port`` with the data dir ``tmp/seq-home`` (the same one each call)."""
-    n = next(_count)
-    ready, log_path = tmp / f"gateway-{n}.ready.json", tmp / f"gateway-{n}.log"
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "sequence_ai_server.gateway", "--port", str(port),
-                                 "--data-dir", str(tmp / "seq-home"), "--ready-file", str(ready)],
-                                stdout=log, stderr=subprocess.STDOUT, env=_env(env), cwd=str(tmp))
-    info = _wait_file(ready, proc, 60.0, log_path)
-    return GatewayProcess(proc, tmp / "seq-home", info, log_path)
 
 
 def _alive(pid: int) -> bool:
@@ -126,7 +110,7 @@ def test_a_sigstopped_worker_is_replaced_by_a_fresh_one_and_killed(tmp_path):
 
 
 def test_usage_is_not_counted_again_after_a_gateway_restart(tmp_path):
-    gws = [_gateway(tmp_path)]
+    gws = [gateway_on_data_dir(tmp_path)]
     try:
         d = gws[0].deploy(_policy(tmp_path, "meter", "cpu"), "meter")
         assert d["status"] == "ready", d
@@ -150,7 +134,7 @@ def test_usage_is_not_counted_again_after_a_gateway_restart(tmp_path):
         gws[0].client.close()
         gws[0].proc.send_signal(signal.SIGKILL)
         gws[0].proc.wait()
-        gws.append(_gateway(tmp_path, port=port))
+        gws.append(gateway_on_data_dir(tmp_path, port=port))
         gw = gws[-1]
         assert gw.status("meter")["pid"] == d["pid"]     # adopted
         time.sleep(5.0)                                  # two health rounds and more
