@@ -121,13 +121,13 @@ setup(
         "data": ["rosbags>=0.10", "pyarrow>=14", "av>=12", "simplejpeg>=1.7", "numpy>=1.24", "pillow>=10"],
         # pytest pinned below 8.4: launch_pytest's fixtures break on >= 8.4 and launch_testing's plugin
         # on 9 (both load in every pytest run of the venv); colcon builds the scratch workspace of
-        # test/test_ros_workspace.py; schemathesis fuzzes the worker's and the gateway's OpenAPI (under
+        # test/e2e/test_ros_workspace.py; schemathesis fuzzes the worker's and the gateway's OpenAPI (under
         # pytest 8 pip picks a schemathesis that uses hypothesis-jsonschema 0.23, which needs a
         # hypothesis before 6.156)
-        # test/test_chat_decide.py: llama.cpp's OpenAI-compatible server (an sdist: built once with
+        # test/client/test_chat_decide.py: llama.cpp's OpenAI-compatible server (an sdist: built once with
         # cmake + g++, then pip's wheel cache; scripts/bootstrap.sh sets CMAKE_ARGS to keep the build
         # small) and gguf, which writes the test's tiny model
-        # build + setuptools: test/test_wheel_install.py builds the sdist and the wheel (python -m build
+        # build + setuptools: test/e2e/test_wheel_install.py builds the sdist and the wheel (python -m build
         # --no-isolation: pyproject.toml's setuptools>=70.1, newer than Python 3.11's venv's 65.5)
         "test": ["pytest==8.3.5", "build>=1.0", "setuptools>=70.1", "colcon-common-extensions>=0.3", "pytest-timeout>=2.3", "pytest-xdist>=3.5",
                  "hypothesis>=6.90,<6.156", "simplejpeg>=1.7", "psutil>=5.9", "schemathesis>=4.0",

@@ -102,7 +102,7 @@ def run_case(gw, hz: float, seconds: float, loaded: bool, warmup_s: float, extra
     import rclpy
     from rclpy.action import ActionClient
     from rclpy.executors import MultiThreadedExecutor
-    from test_ros_driver import FakeRobot, Goal, driver_params, wait  # the test's robot + goal helpers
+    from _ros_driver_support import FakeRobot, Goal, driver_params, wait  # the test's robot + goal helpers
 
     from sequence_ai_ros.driver_node import PolicyDriver
 
@@ -169,7 +169,7 @@ def main() -> int:
     ap.add_argument("--rates", type=float, nargs="+", default=[15.0, 100.0], help="control rates to test (Hz)")
     args = ap.parse_args()
     from _servers import GatewayProcess
-    from test_ros_driver import KEY_ENV
+    from _ros_driver_support import KEY_ENV
 
     from sequence_ai_ros import driver_node
 

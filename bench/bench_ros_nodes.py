@@ -321,7 +321,7 @@ def publish_cases(gw, key_env: str, seconds: float, warmup_s: float, runs: int, 
     import rclpy
     from rclpy.action import ActionClient
     from rclpy.executors import MultiThreadedExecutor
-    from test_ros_driver import KEY_ENV, Goal, driver_params, wait
+    from _ros_driver_support import KEY_ENV, Goal, driver_params, wait
 
     from sequence_ai_ros import driver_node
     from sequence_ai_ros._spin import NodeExecutor, spin_once, stop_executor

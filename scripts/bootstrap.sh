@@ -256,7 +256,7 @@ elif [ ! -f "$EXTRAS_DIR/SHA256SUMS" ]; then
   {
     echo "bootstrap: warning: $EXTRAS_DIR not found, so the ROS 2 tools PyPI lacks are not installed:"
     echo "  launch, launch_ros, launch_testing, launch_pytest, the ros2 CLI and composition_interfaces. The demo runs"
-    echo "  without them; \`ros2 launch|run|action|topic\` (the README's ROS 2 block) and test/test_ros_launch.py need them."
+    echo "  without them; \`ros2 launch|run|action|topic\` (the README's ROS 2 block) and test/ros/test_ros_launch.py need them."
     echo "  The folder is not in this repository: it sits beside the checkout in the project's shared workspace"
     echo "  (../shared/). Elsewhere make one -- wheels/ from \`pip wheel --no-deps\` of GitHub ros2/launch 3.4.3,"
     echo "  ros2/launch_ros 0.26.6, ros2/ros2cli 0.32.2 and ros2/rosidl_runtime_py 0.13.1, src/composition_interfaces/"
@@ -280,7 +280,7 @@ fi
 
 # ---------------------------------------------------------------------------------------------
 # 3c. A side venv with openpi's own client (openpi-client pins numpy<2, so it cannot share .venv):
-#     test/test_openpi_compat.py and bench/bench_wire.py drive a worker with it.
+#     test/server/test_openpi_compat.py and bench/bench_wire.py drive a worker with it.
 OPENPI_VENV=$VENV/sides/openpi-client
 OPENPI_SPEC="openpi-client==0.1.2 typing_extensions"   # its wheel imports typing_extensions but does not declare it
 if [ "$PROFILE" = test ] && [ "$(cat "$OPENPI_VENV/.stamp" 2>/dev/null)" != "$OPENPI_SPEC" ]; then
@@ -414,7 +414,7 @@ if [ "$PROFILE" = test ]; then
 fi
 
 # ---------------------------------------------------------------------------------------------
-# 5e. (test) build/wheelhouse/: what test/test_wheel_install.py's fresh venvs install from, offline
+# 5e. (test) build/wheelhouse/: what test/e2e/test_wheel_install.py's fresh venvs install from, offline
 #     (scripts/wheelhouse.sh keeps its own stamp: ~instant when up to date).
 if [ "$PROFILE" = test ]; then
   CUR="scripts/wheelhouse.sh"

@@ -13,7 +13,7 @@ Where each page comes from:
 * ``environment.md``: every ``SEQ_*`` / ``SEQUENCES_*`` / ``SEQAI_*`` / ``SEQUENCE_AI_*`` name
   found in the source (:func:`scan_env_vars`), described by ``scripts/reference_data.py``'s
   ``ENV_VARS``. A name found without a description, or described but no longer found, is an
-  error (``test/test_docs.py`` runs this), never a silent gap.
+  error (``test/unit/test_docs.py`` runs this), never a silent gap.
 * ``errors.md``: ``sequence_ai_core.protocol.ERROR_CODES`` (code, HTTP status, retryable, client
   class) with ``reference_data.ERROR_NOTES`` (both directions checked as for the variables) and
   the client's exception classes (``sequence_ai.__all__``, their docstrings).

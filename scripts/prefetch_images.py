@@ -1,6 +1,6 @@
 """Fill uv's cache with what the suite's image environments install, so they build offline.
 
-test/test_platform_images.py deploys policies whose ``image=`` pins tomli; the gateway builds each
+test/server/test_platform_images.py deploys policies whose ``image=`` pins tomli; the gateway builds each
 environment with ``uv pip install --offline`` first (uv's cache and the local file indexes), then
 over the network. The suite runs in a loopback-only namespace (scripts/test.sh), where the network
 attempt cannot reach an index, and a new machine's uv cache is empty: the build must find
@@ -29,7 +29,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "server")]
-SOURCES = [ROOT / "test" / "test_platform_images.py"]   # test files whose POLICY is deployed with each of PINS
+SOURCES = [ROOT / "test" / "server" / "test_platform_images.py"]   # test files whose POLICY is deployed with each of PINS
 
 
 def _images(tmp: Path) -> list[dict]:

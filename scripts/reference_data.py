@@ -5,7 +5,7 @@ environment variable and per error code, and the short introductions of the gene
 render when the two disagree: a variable found in the source with no entry in :data:`ENV_VARS`,
 an entry for a variable the source no longer mentions, or an error code of
 ``sequence_ai_core.protocol.ERROR_CODES`` without a note in :data:`ERROR_NOTES` (or a note for a
-code that is gone). ``test/test_docs.py`` runs it, so adding a variable or a code means adding
+code that is gone). ``test/unit/test_docs.py`` runs it, so adding a variable or a code means adding
 its line here.
 """
 
@@ -29,7 +29,7 @@ ENV_GROUPS = (
 )
 
 ENV_INTRO = ("Every environment variable the code reads, found by scanning the source for the "
-             "`SEQ_`, `SEQUENCES_`, `SEQUENCE_AI_` and `SEQAI_` prefixes; `test/test_docs.py` fails "
+             "`SEQ_`, `SEQUENCES_`, `SEQUENCE_AI_` and `SEQAI_` prefixes; `test/unit/test_docs.py` fails "
              "when a name is found that this table does not describe, or the table describes one the "
              "code no longer has. Durations are in seconds and sizes in bytes unless a row says "
              "otherwise. The last column names up to three files that mention the variable.")

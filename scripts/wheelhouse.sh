@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Fill build/wheelhouse/ with the wheels that test/test_wheel_install.py installs into its fresh
+# Fill build/wheelhouse/ with the wheels that test/e2e/test_wheel_install.py installs into its fresh
 # venvs: the dependencies of `sequence-ai[server]` and of the client alone (install_requires).
 # The test suite runs in a loopback-only network namespace (scripts/in_loopback_ns.sh) where no
 # index is reachable, so this runs before, online (scripts/bootstrap.sh's test profile calls it);

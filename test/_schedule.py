@@ -8,10 +8,12 @@ heaviest first (longest processing time first), so the light ones fill in at the
 one heavy file keeping a worker busy while the other has nothing left. ``FILE_SECONDS`` holds
 what each file took; a file not in it counts ``DEFAULT_SECONDS``.
 
-Markers. ``ros``: the file imports ROS 2 (rclpy, launch, the interfaces, sequence_ai_ros, the
-driver tests' fixtures) or is a ``test_ros_*`` file (some start ROS nodes as processes). ``e2e``:
-the whole stack as a user runs it (``E2E``). ``slow``: the e2e files, ``SLOW`` and every file of
-``SLOW_S`` seconds or more. ``bash scripts/test.sh --fast`` runs ``-m "not ros and not slow"``.
+Markers, from the file's folder (test/unit, server, client, ros, e2e) and what it imports. ``ros``:
+a file in ros/, or one that imports ROS 2 (rclpy, launch, the interfaces, sequence_ai_ros, the
+driver tests' helpers in _ros_driver_support.py) or is named ``test_ros_*`` (some start ROS nodes
+as processes). ``e2e``: a file in e2e/, the whole stack as a user runs it. ``slow``: the e2e
+files, ``SLOW`` and every file of ``SLOW_S`` seconds or more. ``bash scripts/test.sh --fast``
+runs ``-m "not ros and not slow"``.
 
 Refresh the table from a full run (scripts/test.sh writes build/test-results.xml):
 
@@ -60,13 +62,11 @@ FILE_SECONDS = {
 }
 DEFAULT_SECONDS = 10          # a new file: mid-queue until it is measured
 
-E2E = {"test_demo_cli.py", "test_demo_end_to_end.py", "test_ros_workspace.py", "test_wheel_install.py",
-       "test_eval_pick_place.py", "test_eval_learned.py", "test_flywheel.py"}
 SLOW = {"test_ray_backend.py"}
 SLOW_S = 20
 
 _ROS_IMPORT = re.compile(r"^\s*(?:from|import)\s+(?:rclpy|launch|launch_ros|launch_pytest|sequence_ai_msgs|"
-                         r"sequence_ai_ros|test_ros_driver|std_msgs|std_srvs|sensor_msgs|action_msgs|"
+                         r"sequence_ai_ros|_ros_driver_support|_bags|std_msgs|std_srvs|sensor_msgs|action_msgs|"
                          r"builtin_interfaces|trajectory_msgs)\b", re.M)
 
 
@@ -78,11 +78,12 @@ def markers(path: Path) -> list[str]:
     """The markers every test of the file at ``path`` gets."""
     name = path.name
     found = []
-    if name.startswith("test_ros_") or _ROS_IMPORT.search(path.read_text(errors="replace")):
+    folder = path.parent.name
+    if folder == "ros" or name.startswith("test_ros_") or _ROS_IMPORT.search(path.read_text(errors="replace")):
         found.append("ros")
-    if name in E2E:
+    if folder == "e2e":
         found.append("e2e")
-    if name in E2E or name in SLOW or seconds(name) >= SLOW_S:
+    if folder == "e2e" or name in SLOW or seconds(name) >= SLOW_S:
         found.append("slow")
     return found
 

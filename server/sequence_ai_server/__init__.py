@@ -1,5 +1,5 @@
 """sequence_ai_server: the self-hosted side of sequence-ai, in five planes (each imports only
-its own and earlier ones; test/test_layering.py checks it):
+its own and earlier ones; test/unit/test_layering.py checks it):
 
 - ``common``: the error shape (its code table is ``sequence_ai_core.protocol.ERROR_CODES``,
   shared with the client), the JSON and body-size guards, credentials, logs, settings, leases.

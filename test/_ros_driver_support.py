@@ -1,0 +1,193 @@
+"""The ROS driver tests' shared parts: a fake robot node, a per-test rclpy context (``ros``), the
+echo deployment (``echo_server``), an Act goal sender and the driver's parameters.
+
+Used by test/ros/test_ros_driver*.py, test_mcp_ros.py and bench/bench_ros_nodes.py /
+bench_publish_jitter.py. The robot node publishes a 64x64 rgb8 camera and Panda joint states at
+30 Hz and records every command it receives with its arrival time. Like a real sensor's noise,
+one pixel changes from frame to frame; ``freeze`` makes the camera repeat one picture
+(``"pixels"``) or stop advancing its header stamps (``"stamp"``). The echo policy declares 15 Hz
+joint_absolute chunks.
+"""
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+import numpy as np
+import pytest
+import rclpy
+from rclpy.action import ActionClient
+from rclpy.executors import MultiThreadedExecutor
+from rclpy.node import Node
+from rclpy.qos import qos_profile_sensor_data
+from sensor_msgs.msg import Image, JointState
+from std_msgs.msg import Float64MultiArray
+
+from _servers import ECHO_POLICY
+from _wait import eventually
+from sequence_ai_msgs.action import Act
+from sequence_ai_ros._spin import spin
+from sequence_ai_ros.driver_node import PolicyDriver
+
+PERIOD_S = 1.0 / 15.0
+JOINTS = [f"panda_joint{i}" for i in range(1, 8)]
+KEY_ENV = "SEQ_TEST_DRIVER_KEY"
+
+
+@pytest.fixture(scope="module")
+def echo_server(module_gateway):
+    dep = module_gateway.deploy(ECHO_POLICY, name="echo-ros")
+    assert dep["status"] == "ready", dep
+    os.environ[KEY_ENV] = module_gateway.api_key
+    yield module_gateway
+
+
+class FakeRobot(Node):
+    """Publishes camera + joint states at 30 Hz; records commands (monotonic arrival time, values)."""
+
+    def __init__(self, context, namespace=""):
+        super().__init__("fake_robot", namespace=namespace, context=context)
+        self.img_pub = self.create_publisher(Image, "camera/exterior_1/image_raw", qos_profile_sensor_data)
+        self.js_pub = self.create_publisher(JointState, "joint_states", 10)
+        self.create_subscription(Float64MultiArray, "joint_commands", self._on_cmd, 100)
+        self.commands = []
+        self.cameras_on = True
+        self.bad_image = None   # an Image to publish instead of the good one, once
+        self.freeze = None      # None | "pixels" (the same picture again) | "stamp" (the header stamp stops)
+        self.frames = 0
+        self._stuck_stamp = None
+        self.create_timer(1.0 / 30.0, self._tick)
+
+    def _on_cmd(self, msg):
+        self.commands.append((time.monotonic(), list(msg.data)))
+
+    def _tick(self):
+        stamp = self.get_clock().now().to_msg()
+        if self.bad_image is not None:
+            msg, self.bad_image = self.bad_image, None
+            msg.header.stamp = stamp
+            self.img_pub.publish(msg)
+        elif self.cameras_on:
+            pixels = np.full((64, 64, 3), 90, np.uint8)
+            if self.freeze != "pixels":
+                self.frames += 1
+            pixels[0, 0, 0] = self.frames % 256      # sensor noise: no two live frames are equal
+            msg = Image(height=64, width=64, encoding="rgb8", step=64 * 3, data=pixels.tobytes())
+            if self.freeze == "stamp":
+                self._stuck_stamp = self._stuck_stamp or stamp
+            msg.header.stamp = self._stuck_stamp if self.freeze == "stamp" else stamp
+            self.img_pub.publish(msg)
+        js = JointState(name=JOINTS + ["panda_gripper"], position=[0.1 * i for i in range(7)] + [0.5])
+        js.header.stamp = stamp
+        self.js_pub.publish(js)
+
+
+def driver_params(gateway, **extra):
+    # sensor age 1 s: the fake robot publishes from the test's own process, whose camera can be
+    # 0.4 s late under the suite's load, and a driver at 0.3 s then (rightly) ends the run with a
+    # stale camera; the freshness tests pass their own age
+    base = dict(model="echo-ros", gateway_url=gateway.url, api_key_env=KEY_ENV,
+                camera_views=["exterior_1"], camera_topics=["camera/exterior_1/image_raw"],
+                max_sensor_age_s=1.0)
+    base.update(extra)
+    return [rclpy.parameter.Parameter(k, value=v) for k, v in base.items()]
+
+
+class Harness:
+    """Own Context per test; the executor is shut down and its thread joined before rclpy.shutdown."""
+
+    def __init__(self):
+        self.ctx = rclpy.context.Context()
+        rclpy.init(context=self.ctx)
+        self.executor = MultiThreadedExecutor(num_threads=8, context=self.ctx)
+        self.nodes = []
+        self.thread = None
+
+    def add(self, node):
+        self.nodes.append(node)
+        self.executor.add_node(node)
+        return node
+
+    def start(self):
+        # spin() of _spin: the driver's cleanup / shutdown transitions destroy entities while this
+        # thread builds wait sets, which can end a bare executor.spin() (no reply is seen after it)
+        self.thread = threading.Thread(target=spin, args=(self.executor,), daemon=True)
+        self.thread.start()
+
+    def close(self):
+        for n in self.nodes:
+            if isinstance(n, PolicyDriver) and n.policy is not None:
+                n.policy.interrupt()
+        self.executor.shutdown(timeout_sec=10.0)
+        if self.thread is not None:
+            self.thread.join(timeout=10.0)
+        for n in self.nodes:
+            n.destroy_node()
+        rclpy.shutdown(context=self.ctx)
+
+
+@pytest.fixture
+def ros():
+    h = Harness()
+    try:
+        yield h
+    finally:
+        h.close()
+
+
+def wait(pred, timeout, what):
+    """eventually() in the argument order of the driver tests (test_mcp_ros, test_ros_driver_* import it)."""
+    return eventually(pred, timeout, 0.01, what=what)
+
+
+class Goal:
+    """Sends one Act goal; collects feedback, the accept answer and the result."""
+
+    def __init__(self, client, instruction="put the red cube on the green pad", max_seconds=3.0, params_json=""):
+        self.feedback = []
+        self.result = None
+        self.handle = None
+        self.sent_t = time.monotonic()
+        fut = client.send_goal_async(Act.Goal(instruction=instruction, max_seconds=max_seconds, params_json=params_json),
+                                     feedback_callback=lambda m: self.feedback.append((time.monotonic(), m.feedback)))
+        wait(fut.done, 20.0, "goal answer")
+        self.handle = fut.result()
+        if self.handle.accepted:
+            self._res = self.handle.get_result_async()
+
+    def wait_result(self, timeout=30.0):
+        wait(self._res.done, timeout, "goal result")
+        self.result = self._res.result()
+        return self.result
+
+
+def wait_goal_path(client, timeout=60.0):
+    """Sends refused goals (an empty instruction) until one is answered.
+
+    A driver in another process may drop the answer to a goal sent before its reply writer has
+    discovered this client (wait_for_server only sees the request side); a refusal is safe to repeat.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        fut = client.send_goal_async(Act.Goal(instruction=" ", max_seconds=1.0))
+        t_ask = time.monotonic()
+        while not fut.done() and time.monotonic() - t_ask < 2.0:
+            time.sleep(0.02)
+        if fut.done():
+            assert not fut.result().accepted
+            return
+        assert time.monotonic() < deadline, "no answer to a goal from the driver"
+
+
+def setup_driver(ros, gateway, namespace="", **params):
+    robot = ros.add(FakeRobot(ros.ctx, namespace))
+    driver = ros.add(PolicyDriver(namespace=namespace, context=ros.ctx, parameter_overrides=driver_params(gateway, **params)))
+    client_node = ros.add(rclpy.create_node("act_client", namespace=namespace, context=ros.ctx))
+    client = ActionClient(client_node, Act, "policy_driver/act")
+    ros.start()
+    assert client.wait_for_server(timeout_sec=20.0)
+    wait(driver.assembler.ready, 20.0, "sensor data at the driver")
+    return robot, driver, client, client_node
+
+
