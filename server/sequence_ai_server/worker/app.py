@@ -60,6 +60,7 @@ class PingResponse(BaseModel):
     oldest_request_s: float = 0.0                # age of the longest-running inference (0 when idle)
     request_timeout_s: Optional[float] = None    # the policy's timeouts.request
     usage: Optional[dict] = None                 # /act counters and recent samples (meter.ActMeter)
+    cost: Optional[dict] = None                  # {"batch_ms": {"<batch size>": median ms per call}, "calls": n}
 
 
 def _schema(model: type[BaseModel]) -> dict:
@@ -132,13 +133,15 @@ def _add_probe_routes(app: FastAPI, state: WorkerState, meter: Any) -> None:
         """ready once the policy has loaded and passed its synthetic check; 503 warming before.
         ``degraded`` (still 200) while an inference has run longer than ``timeouts.request``: the
         worker is jammed and the gateway replaces it (clients treat anything but ready as not ready).
-        ``usage``: this worker's /act counters and the samples after number ``usage_since`` (usage.py)."""
+        ``usage``: this worker's /act counters and the samples after number ``usage_since`` (usage.py).
+        ``cost``: the measured cost curve, ``{"batch_ms": {"1": 41.2, "2": 43.0}, "calls": n}``:
+        the median ms of the last calls of each batch size (schedule.CostCurve)."""
         host = state.ready_host()
         oldest = host.oldest_request_s()
         limit = host.spec.timeouts.request
         return PingResponse(status="degraded" if oldest > limit else "ready", name=state.name, pid=os.getpid(),
                             oldest_request_s=round(oldest, 3), request_timeout_s=limit,
-                            usage=meter.snapshot(usage_since))
+                            usage=meter.snapshot(usage_since), cost=host.cost.snapshot())
 
     @app.get("/info")
     async def info() -> dict:

@@ -32,6 +32,7 @@ from seq.spec import EVAL_BATCH_DEADLINE_MS, ParamError, PolicySpec, cast_params
 from sequence_ai_server.worker.action_check import check_chunk, policy_error
 from sequence_ai_server.common.errors import ApiError
 from sequence_ai_server.worker.act_body import fits_float, parse_act_body, parse_delay, parse_observation, synthetic_observation
+from sequence_ai_server.worker.schedule import CostCurve
 
 __all__ = [
     "EPISODE_IDLE_S", "PolicyError", "PolicyHost", "Prepared",
@@ -255,6 +256,7 @@ class _Replica:
             return
         seconds = time.perf_counter() - t0
         self.host.batch_sizes.append(len(items))
+        self.host.cost.add(len(items), seconds)
         for i, r in zip(items, results):
             i.future.set_result((r, seconds, len(items)))
 
@@ -288,6 +290,7 @@ class PolicyHost:
         self.lock = threading.Lock()
         self.timings: dict[str, float] = {}
         self.batch_sizes: list[int] = []
+        self.cost = CostCurve()                  # ms per infer call by batch size, measured (/ping "cost")
         self.ready = False
         self._stopped = False
 

@@ -1,0 +1,183 @@
+"""How a worker orders and times its inference calls: the cost curve and deadline order.
+
+* :class:`CostCurve` -- the worker's own measured time per ``infer`` call by batch size (the
+  median of the last calls of each size), and a prediction for a size it has not run yet.
+  ``/ping`` reports it as ``{"batch_ms": {"1": 41.2, "2": 43.0, ...}, "calls": n}``; the
+  gateway's admission reads it.
+* :class:`DeadlineQueue` -- a replica's waiting requests, earliest deadline first; a request
+  without a deadline is ordered by its arrival plus :data:`NO_DEADLINE_MS` (so a worker whose
+  clients send none serves them first-come first-served, as before deadlines existed).
+* :class:`DeadlineClamp` -- a session cannot buy priority by claiming short deadlines: each of
+  its requests' deadlines is no earlier than its previous one's plus ``CLAMP_SHARE`` of its
+  declared period (the rule is in the class docstring).
+
+All times are ``time.monotonic()`` seconds unless a name says ms.
+"""
+from __future__ import annotations
+
+import collections
+import heapq
+import itertools
+import math
+import threading
+import time
+from typing import Any, Optional
+
+__all__ = ["CLAMP_SHARE", "CostCurve", "DeadlineClamp", "DeadlineQueue", "LateCounter", "NO_DEADLINE_MS",
+           "MIN_PERIOD_MS"]
+
+NO_DEADLINE_MS = 1000.0      # a request without a deadline is ordered as if due this long after it arrived
+CLAMP_SHARE = 0.75           # a session's deadlines are at least this share of its period apart
+MIN_PERIOD_MS = 10.0         # the shortest period a session may declare (100 chunks/s)
+_SAMPLES_PER_SIZE = 32       # calls kept per batch size for the median
+
+
+class CostCurve:
+    """Milliseconds per ``infer`` call by batch size, from this worker's own measured calls
+    (the median of the last 32 of each size; thread-safe). ``predict_ms(n)`` for a size not
+    measured yet: interpolated between the measured sizes around it, extrapolated along the
+    least-squares line beyond them; None before any call."""
+
+    def __init__(self) -> None:
+        self._ms: dict[int, collections.deque] = {}
+        self._median: dict[int, float] = {}
+        self.calls = 0
+        self._lock = threading.Lock()
+
+    def add(self, batch_size: int, seconds: float) -> None:
+        """One measured call of ``batch_size`` items that took ``seconds``."""
+        if batch_size < 1 or not math.isfinite(seconds) or seconds < 0:
+            return
+        with self._lock:
+            window = self._ms.setdefault(batch_size, collections.deque(maxlen=_SAMPLES_PER_SIZE))
+            window.append(seconds * 1000.0)
+            ordered = sorted(window)
+            mid = len(ordered) // 2
+            self._median[batch_size] = ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+            self.calls += 1
+
+    def snapshot(self) -> dict[str, Any]:
+        """``{"batch_ms": {"<size>": median ms, ...}, "calls": calls measured}`` (sizes ascending)."""
+        with self._lock:
+            return {"batch_ms": {str(n): round(self._median[n], 3) for n in sorted(self._median)},
+                    "calls": self.calls}
+
+    def predict_ms(self, batch_size: int) -> Optional[float]:
+        """Predicted ms for a call of ``batch_size`` items; None before any call was measured."""
+        with self._lock:
+            points = sorted(self._median.items())
+        if not points:
+            return None
+        if batch_size in self._median:
+            return self._median[batch_size]
+        if len(points) == 1:
+            return points[0][1]
+        below = [p for p in points if p[0] < batch_size]
+        above = [p for p in points if p[0] > batch_size]
+        if below and above:
+            (n0, m0), (n1, m1) = below[-1], above[0]
+            return m0 + (m1 - m0) * (batch_size - n0) / (n1 - n0)
+        n = len(points)
+        mx = sum(p[0] for p in points) / n
+        my = sum(p[1] for p in points) / n
+        sxx = sum((p[0] - mx) ** 2 for p in points)
+        slope = max(0.0, sum((p[0] - mx) * (p[1] - my) for p in points) / sxx) if sxx else 0.0
+        return max(0.0, my + slope * (batch_size - mx))
+
+
+class DeadlineQueue:
+    """A replica's queue, earliest deadline first (the ``queue.SimpleQueue`` calls a replica
+    makes: ``put``, ``get(timeout=)``, ``get_nowait``, ``qsize``). ``put(item, due)``: ``due``
+    is the item's deadline (monotonic s) or None (arrival + :data:`NO_DEADLINE_MS`); ties and
+    equal deadlines go first-come first-served. ``put_last(item)`` orders an item after every
+    one waiting now (an episode end, the stop sentinel). ``peek_due()`` -> the earliest
+    deadline waiting, or None when empty. ``get`` raises ``queue.Empty`` as SimpleQueue does."""
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[float, int, Any]] = []
+        self._count = itertools.count()
+        self._cond = threading.Condition(threading.Lock())
+
+    def put(self, item: Any, due: Optional[float] = None) -> None:
+        key = due if due is not None else time.monotonic() + NO_DEADLINE_MS / 1000.0
+        with self._cond:
+            heapq.heappush(self._heap, (key, next(self._count), item))
+            self._cond.notify()
+
+    def put_last(self, item: Any) -> None:
+        with self._cond:
+            key = max((k for k, _, _ in self._heap), default=time.monotonic())
+            heapq.heappush(self._heap, (max(key, time.monotonic() + NO_DEADLINE_MS / 1000.0), next(self._count), item))
+            self._cond.notify()
+
+    def get(self, block: bool = True, timeout: Optional[float] = None) -> Any:
+        import queue
+        with self._cond:
+            if block:
+                end = None if timeout is None else time.monotonic() + timeout
+                while not self._heap:
+                    left = None if end is None else end - time.monotonic()
+                    if left is not None and left <= 0:
+                        raise queue.Empty
+                    self._cond.wait(left)
+            elif not self._heap:
+                raise queue.Empty
+            return heapq.heappop(self._heap)[2]
+
+    def get_nowait(self) -> Any:
+        return self.get(block=False)
+
+    def peek_due(self) -> Optional[float]:
+        with self._cond:
+            return self._heap[0][0] if self._heap else None
+
+    def qsize(self) -> int:
+        return len(self._heap)
+
+
+class DeadlineClamp:
+    """The rule that keeps a session from buying priority with short deadlines.
+
+    A session (the lease's session id; requests with the worker secret share one entry) declares
+    its period -- the time between its chunks, ``replan rows / control Hz`` -- with its first
+    request that carries ``period_ms`` (at least :data:`MIN_PERIOD_MS`; later values are ignored).
+    Each of its requests is ordered by ``max(its claimed deadline, the session's previous
+    ordering deadline + CLAMP_SHARE x period)``: a robot that asks once per period, as it
+    declared, is never moved; one that claims short deadlines or asks more often than it declared
+    gets later ordering deadlines, so it gets no more than its share of the front of the queue.
+    Its lateness is still measured against the deadline it claimed. Without a declared period
+    a session's claims stand (nothing to clamp against). Sessions unseen for a minute are forgotten."""
+
+    def __init__(self, forget_s: float = 60.0) -> None:
+        self._last: dict[str, tuple[float, float, float]] = {}     # session -> (period s, last due, seen)
+        self._forget_s = forget_s
+        self._lock = threading.Lock()
+
+    def order_due(self, session: str, due: float, period_ms: Optional[float], now: float) -> float:
+        """The deadline (monotonic s) a request claiming ``due`` is ordered by; remembers it."""
+        with self._lock:
+            period, last, _ = self._last.get(session, (0.0, -math.inf, now))
+            if not period and period_ms is not None:
+                period = max(MIN_PERIOD_MS, period_ms) / 1000.0
+            ordered = max(due, last + CLAMP_SHARE * period) if period else due
+            self._last[session] = (period, ordered, now)
+            if len(self._last) > 4096 or now - min(v[2] for v in self._last.values()) > 10 * self._forget_s:
+                self._last = {k: v for k, v in self._last.items() if now - v[2] <= self._forget_s}
+            return ordered
+
+
+class LateCounter:
+    """Requests that carried a deadline, and how many of those were answered after it."""
+
+    def __init__(self) -> None:
+        self.requests = self.late = 0
+        self._lock = threading.Lock()
+
+    def count(self, late: bool) -> None:
+        with self._lock:
+            self.requests += 1
+            self.late += int(late)
+
+    def snapshot(self) -> dict[str, int]:
+        with self._lock:
+            return {"requests": self.requests, "late": self.late}
