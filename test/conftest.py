@@ -1,6 +1,9 @@
 """Shared fixtures: real gateway / worker processes on loopback (see test/_servers.py).
 
-    gateway      a fresh gateway (temp data dir) for one test; .url, .api_key, .deploy(file, name, wait=True)
+    gateway         a fresh gateway (temp data dir) for one test; .url, .api_key, .deploy(file, name, wait=True)
+    shared_gateway  the session's one gateway (one per xdist worker), for a test that needs a real
+                    gateway but not a fresh one; what the test deployed is removed when it ends
+    module_gateway  one gateway for a whole test module
     echo_policy  path of test/policies/echo_policy.py
 
 and, from test/_schedule.py, the ros / e2e / slow markers on every collected test and the order the
@@ -57,6 +60,40 @@ def gateway(tmp_path):
         yield gw
     finally:
         gw.close()
+
+
+@pytest.fixture(scope="session")
+def _session_gateway(tmp_path_factory):
+    holder = {"gw": GatewayProcess.start(tmp_path_factory.mktemp("session-gateway"))}
+    try:
+        yield holder
+    finally:
+        holder["gw"].close()
+
+
+def _deployment_names(gw: GatewayProcess) -> set:
+    return {d["name"] for d in gw.client.get("/v1/deployments").raise_for_status().json()["deployments"]}
+
+
+@pytest.fixture
+def shared_gateway(_session_gateway, tmp_path_factory):
+    """The session's gateway process (one per xdist worker: a gateway start is ~1.5 s of CPU, and a
+    stop another 0.5 s). Each test gets it with no deployments (a test that deploys uses names of
+    its own); every deployment the test made is removed (``/remove?force=true``: its workers
+    stopped, its sessions dropped, its versions and captures deleted) when it ends, whatever the
+    outcome. Keys, secrets and volumes a test creates stay: a test that needs a pristine gateway
+    (its first start, a listing of keys) uses ``gateway``. Should a test leave the process dead,
+    the next one gets a new gateway."""
+    gw = _session_gateway["gw"]
+    if gw.proc.poll() is not None:
+        gw = _session_gateway["gw"] = GatewayProcess.start(tmp_path_factory.mktemp("session-gateway"))
+    before = _deployment_names(gw)
+    try:
+        yield gw
+    finally:
+        if gw.proc.poll() is None:
+            for name in sorted(_deployment_names(gw) - before):
+                gw.client.post(f"/v1/deployments/{name}/remove", params={"force": "true"}).raise_for_status()
 
 
 @pytest.fixture(scope="module")

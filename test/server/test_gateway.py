@@ -1,5 +1,8 @@
 """The gateway: keys, deployments, connect and worker supervision, plus the seq CLI against it.
-Real processes on loopback: a gateway subprocess that spawns real worker subprocesses."""
+Real processes on loopback: a gateway subprocess that spawns real worker subprocesses. ``gateway``
+here is the session's gateway (conftest.py's ``shared_gateway``: it removes what a test deployed
+when the test ends), so each test uses deployment names no other test of the file uses; the
+gateway's own start and shutdown are proved on a gateway of their own."""
 from __future__ import annotations
 
 import os
@@ -17,6 +20,11 @@ from _servers import ECHO_POLICY, POLICIES, ROOT, GatewayProcess, _env, echo_obs
 
 
 SEQ_MAIN = "from seq.cli import main; main()"   # what the `seq` console script runs
+
+
+@pytest.fixture
+def gateway(shared_gateway):
+    return shared_gateway
 
 
 def _pid_alive(pid: int) -> bool:
@@ -82,8 +90,8 @@ def test_connect_to_an_unknown_model_is_404(gateway):
 
 
 def test_connect_with_an_unknown_param_is_400_naming_the_declared_ones(gateway):
-    gateway.deploy(ECHO_POLICY, "echo")
-    r = gateway.connect("echo", params={"replan_steps": 3})
+    gateway.deploy(ECHO_POLICY, "echo-params")
+    r = gateway.connect("echo-params", params={"replan_steps": 3})
     assert r.status_code == 400 and r.json()["code"] == "invalid_request"
     assert "replan_steps" in r.json()["detail"] and "chunk_len" in r.json()["detail"]
 
@@ -151,26 +159,26 @@ def test_deploy_refuses_a_missing_file_and_a_bad_name(gateway):
 
 
 def test_a_killed_worker_is_reported_and_the_next_connect_restarts_it(gateway):
-    d = gateway.deploy(ECHO_POLICY, "echo")
+    d = gateway.deploy(ECHO_POLICY, "echo-killed")
     os.kill(d["pid"], signal.SIGKILL)
-    d2 = gateway.wait_until("echo", ("failed",), timeout=10)
+    d2 = gateway.wait_until("echo-killed", ("failed",), timeout=10)
     assert "killed by signal SIGKILL" in d2["error"] and d2["worker_url"] is None
-    r = gateway.connect("echo")
+    r = gateway.connect("echo-killed")
     assert r.status_code == 503 and r.json()["code"] == "warming"
-    c = gateway.connect_ready("echo")
+    c = gateway.connect_ready("echo-killed")
     assert c["lease"]["epoch"] == 2 and c["direct_secret"] != d.get("direct_secret")
-    assert gateway.status("echo")["status"] == "ready"
+    assert gateway.status("echo-killed")["status"] == "ready"
 
 
 def test_delete_stops_the_worker_and_connects_are_refused_until_start(gateway):
-    d = gateway.deploy(ECHO_POLICY, "echo")
-    s = gateway.stop("echo")
+    d = gateway.deploy(ECHO_POLICY, "echo-deleted")
+    s = gateway.stop("echo-deleted")
     assert s["status"] == "stopped" and not _pid_alive(d["pid"])
-    r = gateway.connect("echo")
+    r = gateway.connect("echo-deleted")
     assert r.status_code == 503 and r.json()["code"] == "deployment_stopped" and r.json()["retryable"] is False
-    assert gateway.status("echo")["pid"] is None                     # the refused connect started nothing
-    assert gateway.client.post("/v1/deployments/echo/start").status_code == 200
-    assert gateway.connect_ready("echo")["worker_url"]
+    assert gateway.status("echo-deleted")["pid"] is None                     # the refused connect started nothing
+    assert gateway.client.post("/v1/deployments/echo-deleted/start").status_code == 200
+    assert gateway.connect_ready("echo-deleted")["worker_url"]
 
 
 def test_redeploying_a_changed_file_bumps_the_version(gateway, tmp_path):
@@ -205,16 +213,16 @@ def _seq(gateway, *args, env=None, timeout=60):
 
 
 def test_cli_deploy_waits_and_prints_the_phase_and_load_time(gateway):
-    r = _seq(gateway, "deploy", ECHO_POLICY, "--name", "echo")
+    r = _seq(gateway, "deploy", ECHO_POLICY, "--name", "echo-cli")
     assert r.returncode == 0, r.stderr
-    assert "spawning" in r.stdout and "ready: echo v1 at http://127.0.0.1:" in r.stdout and "(load " in r.stdout
+    assert "spawning" in r.stdout and "ready: echo-cli v1 at http://127.0.0.1:" in r.stdout and "(load " in r.stdout
     r = _seq(gateway, "policy", "ls")
-    assert r.returncode == 0 and "echo" in r.stdout and "ready" in r.stdout
-    r = _seq(gateway, "policy", "status", "echo")
+    assert r.returncode == 0 and "echo-cli" in r.stdout and "ready" in r.stdout
+    r = _seq(gateway, "policy", "status", "echo-cli")
     assert r.returncode == 0 and "panda joint_absolute x8 @ 15 Hz" in r.stdout and "chunk_len: int = 10" in r.stdout
-    r = _seq(gateway, "policy", "stop", "echo")
-    assert r.returncode == 0 and "stopped echo" in r.stdout
-    assert gateway.status("echo")["status"] == "stopped"
+    r = _seq(gateway, "policy", "stop", "echo-cli")
+    assert r.returncode == 0 and "stopped echo-cli" in r.stdout
+    assert gateway.status("echo-cli")["status"] == "stopped"
 
 
 def test_seq_init_names_the_deployment_and_its_client_connects_to_what_the_next_line_deploys(gateway, tmp_path):
