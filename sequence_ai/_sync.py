@@ -28,6 +28,7 @@ from typing import Any, Awaitable, Callable, Dict, Iterator, List, Optional, Tup
 from sequence_ai_core import (
     AsyncPolicy,
     ModelInfo,
+    Operator,
     RunOutcome,
     SequencesError,
     warn_if_no_validate,
@@ -193,6 +194,12 @@ class Policy:
         return self._engine.contract
 
     @property
+    def operator(self) -> "Operator":
+        """The robot's ``Operator`` (``connect(operator=...)``, else this Policy's own): ``take()``
+        it from any thread and run()/act() are refused (``operator``), a run under way holds."""
+        return self._engine.operator
+
+    @property
     def buffered(self) -> int:
         """Actions left in the local buffer; 0 means the next call is a round trip."""
         return self._engine.buffered
@@ -264,8 +271,11 @@ class Policy:
         lookahead, smooth_seam, startup_timeout_s, on_status, on_chunk, progress, params,
         max_seconds, merge, delay_mode, blend_dims, max_frame_age_s, stop: a StopToken made
         before the call, whose ``stop()`` from any thread ends this run ``interrupted`` with one
-        hold and no action after it). Raises what it raises, ``DelayUnsupported`` before motion
-        included. observe/act/validate/until/hold run on this thread.
+        hold and no action after it; stop_when: ``(observation) -> bool`` checked every control
+        period, true ends it ``stop_when``). While ``operator`` is active it returns
+        ``operator`` without moving, and taking it mid-run holds and ends the run ``operator``.
+        Raises what it raises, ``DelayUnsupported`` before motion included.
+        observe/act/validate/until/stop_when/hold run on this thread.
         """
         warn_if_no_validate(options.get("validate"))
         return self._call(self._engine.run(observe, act, max_actions=max_actions, **options))
@@ -275,8 +285,9 @@ class Policy:
             **options: Any) -> RunOutcome:
         """``run()`` with ``instruction`` pinned and a required time bound ``max_seconds`` (s).
 
-        Ends ``until`` / ``timeout`` / ``interrupted`` / ``validate``. Takes ``run()``'s keywords,
-        ``stop=`` (a StopToken) included. See AsyncPolicy.act.
+        Ends ``until`` / ``stop_when`` / ``timeout`` / ``interrupted`` / ``operator`` / ``validate``
+        (``sequence_ai.END_REASONS``). Takes ``run()``'s keywords, ``stop=`` (a StopToken) and
+        ``stop_when=`` included. See AsyncPolicy.act.
         """
         warn_if_no_validate(options.get("validate"))
         return self._call(self._engine.act(instruction, observe, act, max_seconds=max_seconds,

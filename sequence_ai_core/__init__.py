@@ -40,8 +40,9 @@ from ._errors import (
 )
 from ._options import DEFAULT_BODY_FORMAT, DEFAULT_TIMEOUT_S, ConnectOptions, options_signature
 from ._policy import AsyncPolicy, warn_if_no_validate
-from ._interrupt import StopToken
+from ._interrupt import Operator, StopToken
 from ._types import (
+    END_REASONS,
     ActionChunk,
     ImageFrame,
     ModelInfo,
@@ -59,6 +60,8 @@ from .protocol import BINARY_CONTENT_TYPE, encode_act_body
 __all__ = [
     "AsyncPolicy",
     "StopToken",
+    "Operator",
+    "END_REASONS",
     "ConnectOptions",
     "Limits",
     "ActionChunk",

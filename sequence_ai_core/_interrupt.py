@@ -1,4 +1,5 @@
-"""StopToken: one run's stop request; Interrupt: the one place the control loop sleeps.
+"""StopToken: one run's stop request; Operator: the human who outranks it; Interrupt: the one
+place the control loop sleeps.
 
 A ``StopToken`` belongs to one run. It is made before the run starts (by the caller, who hands
 it to ``run(stop=...)`` / ``act(stop=...)``, or by ``run()`` itself on entry), can be stopped
@@ -40,7 +41,7 @@ import time
 import weakref
 from typing import Callable, Dict, Optional
 
-__all__ = ["Interrupt", "StopToken", "FINE_WAIT_S", "precise_timer_available"]
+__all__ = ["Interrupt", "StopToken", "Operator", "FINE_WAIT_S", "precise_timer_available"]
 
 FINE_WAIT_S = 0.0015
 """Fallback only (no timerfd): the last stretch of a timed wait is a blocking ``time.sleep`` (s),
@@ -227,6 +228,73 @@ class StopToken:
 
     def __repr__(self) -> str:
         return f"StopToken(stopped={self.stopped})"
+
+
+class Operator:
+    """A human operator who outranks the code driving the robot (an agent, a script, a ROS goal).
+
+    One per robot: hand it to ``connect(..., operator=op)`` (every run of that Policy obeys it;
+    without one, each Policy has its own, ``policy.operator``). While ``active``:
+
+    - ``run()`` / ``act()`` refuse to start: they return at once with ``reason="operator"``,
+      nothing observed, acted or held (the operator has the robot);
+    - a run under way holds within one control period (``hold()`` once, no action after it)
+      and returns ``reason="operator"``.
+
+    ``take()`` / ``release()`` (or ``set(bool)``) from any thread, any time; unlike a
+    ``StopToken`` it is cleared again by ``release()``, after which new runs may start (a run
+    that ended ``operator`` stays ended). Thread-safe throughout.
+    """
+
+    def __init__(self) -> None:
+        self._flag = threading.Event()
+        self._lock = threading.Lock()
+        self._watchers: "list[Callable[[], None]]" = []
+
+    @property
+    def active(self) -> bool:
+        """True while the operator holds the robot."""
+        return self._flag.is_set()
+
+    def take(self) -> None:
+        """The operator takes the robot: runs under way hold and end, new ones are refused."""
+        with self._lock:
+            if self._flag.is_set():
+                return
+            self._flag.set()
+            watchers = list(self._watchers)
+        for wake in watchers:
+            wake()
+
+    def release(self) -> None:
+        """The operator gives the robot back: new runs may start."""
+        self._flag.clear()
+
+    def set(self, active: bool) -> None:
+        """``take()`` when ``active`` is true, else ``release()`` (e.g. from a ROS Bool topic)."""
+        if active:
+            self.take()
+        else:
+            self.release()
+
+    def watch(self, wake: Callable[[], None]) -> Callable[[], None]:
+        """Call ``wake()`` (from the taking thread) each time the operator takes the robot; at once
+        when it holds it already. Returns the callable that stops watching."""
+        with self._lock:
+            self._watchers.append(wake)
+            already = self._flag.is_set()
+        if already:
+            wake()
+
+        def unwatch() -> None:
+            with self._lock:
+                if wake in self._watchers:
+                    self._watchers.remove(wake)
+
+        return unwatch
+
+    def __repr__(self) -> str:
+        return f"Operator(active={self.active})"
 
 
 class Interrupt:

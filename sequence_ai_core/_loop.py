@@ -38,10 +38,20 @@ Decisions, in one place:
   The first chunk of a run is startup, not an underrun.
 - Warming: before the first action a 503 warming is waited out (re-observing each attempt) for up
   to ``startup_timeout_s``; after the first action it is raised.
-- Endings: ``completed`` (max_actions executed) and ``until`` (the caller's predicate) are the
-  endings the caller asked for. ``interrupted``, ``validate``, ``timeout`` and any exception are
-  early endings: ``hold()`` is called exactly once for them, in a ``finally``, and an exception is
-  re-raised after it. A caller who also wants a hold after success calls it after run() returns.
+- Endings (``_types.END_REASONS``): ``completed`` (max_actions executed), ``until`` (the
+  caller's predicate, after an action) and ``stop_when`` (the caller's predicate on the
+  observation) are the endings the caller asked for. ``interrupted``, ``operator``,
+  ``validate``, ``timeout`` and any exception are early endings: ``hold()`` is called exactly
+  once for them, in a ``finally``, and an exception is re-raised after it (``operator`` before
+  any action holds nothing: the operator has the robot). A caller who also wants a hold after
+  success calls it after run() returns.
+- Control-period checks: with ``stop_when`` or ``max_frame_age_s`` the loop observes once every
+  control period, at each action's deadline before the action and, while it waits for a late
+  chunk, at each deadline it misses: a stale camera ends the run ``stale_camera`` within its
+  age plus one period, ``stop_when(observation)`` true ends it ``stop_when`` before that action.
+- Operator (``_interrupt.Operator``, the policy's): active when the run starts, it returns
+  ``operator`` at once; taken mid-run, it wakes the loop like an interrupt and the run holds and
+  ends ``operator``.
 - ``max_seconds`` (``act()``) bounds motion: its clock starts at the first action; the startup
   wait is bounded by ``startup_timeout_s`` instead.
 - Limits: each row is clipped into the declared bounds / max_delta (``_limits.py``) right
@@ -76,6 +86,7 @@ Decisions, in one place:
   the plan from the row due now (``ChunkBuffer.merge_aligned``).
 - Cameras (``_freshness.py``): with ``max_frame_age_s``, an observation whose stream has not
   advanced for longer than its age is not sent; the run holds and ends with ``stale_camera``.
+  The streams are checked every control period (above), not only when a request is built.
 """
 from __future__ import annotations
 
@@ -85,7 +96,6 @@ import math
 import time
 import uuid
 import warnings
-from dataclasses import dataclass
 from typing import Any, Callable, Dict, Optional
 
 from ._buffer import ChunkBuffer, Entry
@@ -96,14 +106,14 @@ from ._interrupt import StopToken
 from ._seam import SeamSummary
 from ._limits import Limits, LimitWarning
 from ._pacing import Pacer
+from ._run_options import MERGES, LoopConfig  # noqa: F401 - LoopConfig is part of this module's face
 from ._progress import progress_line
 from ._types import RunOutcome, observation_to_wire
 from .protocol import Contract
 
 __all__ = ["LoopConfig", "ControlLoop", "EARLY_ENDINGS"]
 
-EARLY_ENDINGS = frozenset({"interrupted", "validate", "timeout", "delay_exceeded", "stale_camera"})
-MERGES = ("replace", "aligned", "aligned_blend")
+EARLY_ENDINGS = frozenset({"interrupted", "operator", "validate", "timeout", "delay_exceeded", "stale_camera"})
 _DEFAULT_HZ = 15.0
 #: Rows an ``aligned_blend`` cross-fades when ``smooth_seam`` does not say.
 BLEND_STEPS = 4
@@ -115,66 +125,6 @@ async def _call(fn: Callable[..., Any], *args: Any) -> Any:
     if inspect.isawaitable(result):
         result = await result
     return result
-
-
-@dataclass
-class LoopConfig:
-    """Everything one run() / act() was asked to do (see AsyncPolicy.run for the meaning).
-
-    The delay-aware options, documented here for ``run()``:
-
-    - ``merge``: ``"replace"`` (queue each chunk behind the buffer), ``"aligned"`` (drop the
-      rows whose time passed while the request was in flight; the row due now plays next, in
-      place of the old plan) or ``"aligned_blend"`` (aligned, then cross-fade the first
-      ``smooth_seam`` rows, ``BLEND_STEPS`` when 0, from the old plan on ``blend_dims`` only;
-      never a delta space). None: ``aligned`` when the contract declares ``guided`` or
-      ``trained``, else ``replace``.
-    - ``delay_mode``: ``"chunk"``, ``"guided"`` or ``"trained"``; one the contract does not
-      declare raises ``DelayUnsupported`` before the first action. None: the most capable
-      declared (trained, guided, chunk).
-    - ``blend_dims``: the continuous action dimensions (indices) ``aligned_blend`` may blend;
-      required with it; leave a gripper out.
-    - ``max_frame_age_s``: the most a camera stream may go without a new frame (s), one number
-      or ``{view: s}``; a stale one ends the run with ``stale_camera``. None: not checked. A
-      view the contract does not declare is refused before motion (``InvalidRequest``,
-      code ``unknown_view``).
-    """
-
-    observe: Callable[[], Any]
-    act: Callable[[Any], Any]
-    max_actions: Optional[int] = None
-    max_seconds: Optional[float] = None
-    validate: Optional[Callable[[Any], Any]] = None
-    hold: Optional[Callable[[], Any]] = None
-    on_underrun: Optional[Callable[[], Any]] = None
-    until: Optional[Callable[[], Any]] = None
-    prefetch: bool = True
-    lookahead: int = 1
-    smooth_seam: int = 0
-    startup_timeout_s: float = 1800.0
-    on_status: Optional[Callable[[str], Any]] = None
-    on_chunk: Optional[Callable[[Any, int], Any]] = None
-    on_warming: Optional[Callable[[float, Optional[float]], Any]] = None
-    progress: Any = "auto"
-    params: Optional[Dict[str, Any]] = None
-    merge: Optional[str] = None
-    delay_mode: Optional[str] = None
-    blend_dims: Optional[Any] = None
-    max_frame_age_s: Any = None
-
-    def check(self) -> None:
-        """Raise ValueError for a merge / delay_mode / blend_dims that cannot work."""
-        if self.merge is not None and self.merge not in MERGES:
-            raise ValueError(f"merge must be one of {', '.join(MERGES)}, not {self.merge!r}")
-        if self.delay_mode is not None and self.delay_mode not in ("chunk", "guided", "trained"):
-            raise ValueError(f'delay_mode must be "chunk", "guided" or "trained", not {self.delay_mode!r}')
-        if self.merge == "aligned_blend" and not self.blend_dims:
-            raise ValueError('merge="aligned_blend" needs blend_dims=[...]: the continuous dimensions it may '
-                             "blend (leave the gripper out)")
-        if self.blend_dims is not None and not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0
-                                                   for i in self.blend_dims):
-            raise ValueError(f"blend_dims must be action dimension indices (ints >= 0), not {self.blend_dims!r}")
-        CameraWatch(self.max_frame_age_s)
 
 
 class _Stop(Exception):
@@ -211,6 +161,8 @@ class ControlLoop:
         policy._generation += 1
         self.generation = policy._generation
         self.watch = CameraWatch(config.max_frame_age_s)
+        self.operator = policy.operator
+        self._ticking = config.stop_when is not None or self.watch.enabled   # observe every period
         self.merge = config.merge or "replace"
         self.max_delay: Optional[int] = None
         self.startup_steps = 0
@@ -229,12 +181,15 @@ class ControlLoop:
         """Drive until an ending; hold on early endings and exceptions; return the outcome."""
         t_start = time.monotonic()
         self.interrupt.bind(self.stop)   # never clears it: a stop that came first is seen below
+        unwatch_operator = self.operator.watch(self.interrupt._wake_from_any_thread)
         self.buffer.reset()
         self.buffer.smooth_seam = max(0, int(self.cfg.smooth_seam))
         reason: Optional[str] = None
         self._status(f"starting {self.p.model}…")
         try:
             try:
+                if self.operator.active:
+                    raise _Stop("operator")
                 await self._startup()
                 self._status(f"running {self.p.model}")
                 await self._drive()
@@ -246,10 +201,12 @@ class ControlLoop:
             self.buffer.clear()
             if reason is None:          # an exception: end the progress line before it surfaces
                 self._print.end()
+            unwatch_operator()
             self.interrupt.unbind()
             self.out.seconds = time.monotonic() - t_start
+            held = reason is None or (reason in EARLY_ENDINGS and not (reason == "operator" and self.k == 0))
             try:
-                if self.cfg.hold is not None and (reason is None or reason in EARLY_ENDINGS):
+                if self.cfg.hold is not None and held:
                     await _call(self.cfg.hold)
             finally:
                 if self.requests:
@@ -381,7 +338,21 @@ class ControlLoop:
             if self.pacer.is_late(self.k, now):
                 self.out.late_ticks += 1
                 self.pacer.resync(self.k, now)
+            if self._ticking:
+                await self._tick()
             await self._step()
+
+    async def _tick(self) -> None:
+        """This control period's observation: camera freshness, then ``stop_when``."""
+        observation = await _call(self.cfg.observe)
+        if self.watch.enabled:
+            try:
+                self.watch.check(observation_to_wire(observation))
+            except StaleCamera as exc:
+                raise _Stop("stale_camera", exc) from None
+        if self.cfg.stop_when is not None and await _call(self.cfg.stop_when, observation):
+            raise _Stop("stop_when")
+        self._check_interrupt()
 
     async def _step(self) -> None:
         """Pop, validate and execute action k; then until()."""
@@ -413,13 +384,20 @@ class ControlLoop:
         self.out.underruns += 1
         if self.cfg.on_underrun is not None:
             await _call(self.cfg.on_underrun)
+        period = self.pacer.period_s
+        next_tick = deadline + period if self._ticking else math.inf
         while True:
             while not self.fetch.done():
                 self._check_interrupt()
-                if time.monotonic() >= self.motion_end:
-                    self.out.underrun_s += time.monotonic() - deadline
+                now = time.monotonic()
+                if now >= self.motion_end:
+                    self.out.underrun_s += now - deadline
                     raise _Stop("timeout")
-                await self.interrupt.sleep_until(self.motion_end)
+                if now >= next_tick:   # a missed deadline is still a control period: look again
+                    await self._tick()
+                    next_tick = max(next_tick + period, now)
+                    continue
+                await self.interrupt.sleep_until(min(self.motion_end, next_tick))
             self._check_interrupt()
             if self._harvest():
                 break
@@ -476,6 +454,9 @@ class ControlLoop:
         delay = {"prefix": committed_prefix(self.buffer.upcoming(), steps, space, self.buffer.last_action),
                  "delay_steps": steps, "obs_time": obs_time,
                  "request_id": f"{self.episode_id}-{self.requests}", "generation": self.generation}
+        if self.pacer is not None:   # playback left as it is sent: the wire turns it into the deadline_ms
+            delay["playback_left_s"] = (self.pacer.deadline(self.k) - time.monotonic()
+                                        + self.buffer.seconds_left(self.pacer.period_s))
         self.fetch_info = delay
         self.fetch = asyncio.ensure_future(
             self.p._request(wire, self.cfg.params, self.episode_id, need_chunk=True, delay=delay))
@@ -575,5 +556,7 @@ class ControlLoop:
         return 1.0 / (hz if hz and hz > 0 else _DEFAULT_HZ)
 
     def _check_interrupt(self) -> None:
+        if self.operator.active:
+            raise _Stop("operator")
         if self.interrupt.is_set:
             raise _Stop("interrupted")

@@ -15,6 +15,7 @@ import sys
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, Callable, Dict, Optional
 
+from ._interrupt import Operator
 from ._wire import TRANSPORTS
 
 __all__ = ["ConnectOptions", "DEFAULT_TIMEOUT_S", "DEFAULT_BODY_FORMAT", "VALIDATE_MODES",
@@ -76,6 +77,10 @@ class ConnectOptions:
             the ``websockets`` package is installed and the worker has one, else HTTP),
             ``"channel"`` (the channel only) or ``"http"`` (``POST /act`` per request). Default
             ``$SEQUENCE_AI_TRANSPORT``, then ``"auto"``.
+        operator: the robot's ``Operator`` (a human who outranks this code): while it is
+            active, run()/act() return ``reason="operator"`` without moving, and a run under way
+            holds within one control period and ends ``operator``. Default: a fresh one, inactive,
+            read back as ``policy.operator``.
 
     Raises ValueError (on construction) for an unknown ``validate``/``body_format``/``transport`` or a
     ``timeout_s`` that is not a finite number > 0, and TypeError for a callback that is not callable.
@@ -91,6 +96,7 @@ class ConnectOptions:
     timeout_s: float = DEFAULT_TIMEOUT_S
     body_format: str = DEFAULT_BODY_FORMAT
     transport: Optional[str] = None
+    operator: Optional[Operator] = None
 
     def __post_init__(self) -> None:
         if self.validate not in VALIDATE_MODES:
@@ -106,6 +112,8 @@ class ConnectOptions:
             fn = getattr(self, name)
             if fn is not None and not callable(fn):
                 raise TypeError(f"{name} must be a callable or None, not {type(fn).__name__}")
+        if self.operator is not None and not isinstance(self.operator, Operator):
+            raise TypeError(f"operator must be a sequence_ai.Operator, not {type(self.operator).__name__}")
         if self.params is not None and not isinstance(self.params, dict):
             raise TypeError(f"params must be a dict of inference parameters, not {type(self.params).__name__}")
 

@@ -21,7 +21,7 @@ from ._delay import DelayEstimate
 from ._contract import check_expect, check_observation, drop_undeclared_views
 from .protocol import Contract
 from ._errors import ChunkExhausted, ContractMismatch, SequencesError, Unavailable
-from ._interrupt import Interrupt, StopToken
+from ._interrupt import Interrupt, Operator, StopToken
 from ._limits import Limits, LimitWarning
 from ._loop import ControlLoop, LoopConfig
 from ._options import DEFAULT_BODY_FORMAT, DEFAULT_TIMEOUT_S, ConnectOptions, print_queue_position
@@ -64,7 +64,8 @@ class AsyncPolicy:
 
     Construct with ``sequence_ai.aconnect()`` (or ``AsyncPolicy(model, **options)``); the
     options are ``ConnectOptions``' fields, documented there. One AsyncPolicy holds one action
-    buffer: one control loop drives it at a time.
+    buffer: one control loop drives it at a time. Its ``operator`` (``Operator``) outranks every run:
+    while active, run()/act() return ``operator`` without moving, and a run under way holds.
 
     Raises TypeError for an unknown option, ValueError for a bad value (see ConnectOptions).
     """
@@ -89,6 +90,9 @@ class AsyncPolicy:
         self._on_warming = options.on_warming
         self._buffer = ChunkBuffer()
         self._interrupt = Interrupt()
+        #: the robot's Operator (``ConnectOptions.operator``, else a fresh inactive one): while it is
+        #: active run()/act() return ``operator`` without moving, and a run under way holds and ends
+        self.operator: Operator = options.operator if options.operator is not None else Operator()
         self._stops: set = set()        # the StopTokens of the run / wait in line under way
         self._latency = LatencyEstimate()
         self._delay = DelayEstimate()
@@ -444,6 +448,7 @@ class AsyncPolicy:
         blend_dims: Optional[List[int]] = None,
         max_frame_age_s: Any = None,
         stop: Optional[StopToken] = None,
+        stop_when: Optional[Callable[[Any], Any]] = None,
     ) -> RunOutcome:
         """Own the loop: observe, fetch, pace and act until an ending; return a RunOutcome.
 
@@ -454,8 +459,8 @@ class AsyncPolicy:
             max_actions: stop with ``completed`` after this many actions. Required.
             validate: ``(row) -> bool``; False stops the run (``validate``) before that row is
                 acted. None warns once per process.
-            hold: ``() -> None``; called exactly once on an early ending (interrupted, validate,
-                timeout, delay_exceeded, stale_camera) or an exception, in a finally.
+            hold: ``() -> None``; called exactly once on an early ending (interrupted, operator,
+                validate, timeout, delay_exceeded, stale_camera) or an exception, in a finally.
             on_underrun: ``() -> None``; once each time an action is due and the buffer is empty.
             until: ``() -> bool``; checked after each action, True stops with ``until``.
             prefetch: request the next chunk while one plays (default True); False: closed loop.
@@ -470,10 +475,10 @@ class AsyncPolicy:
                 to stderr when it is a terminal, True/False force.
             params: inference parameters for this run, over the session's (read at its start).
             max_seconds: also stop with ``timeout`` after this many seconds of motion (s).
-            merge, delay_mode, blend_dims, max_frame_age_s: the delay-aware merge of each
-                chunk at the control cursor, the delay mode negotiated, the dimensions
-                ``aligned_blend`` may blend, and each camera's maximum frame age (s); see
-                ``LoopConfig``.
+            merge, delay_mode, blend_dims, max_frame_age_s, stop_when: the delay-aware merge,
+                the delay mode, the dims ``aligned_blend`` may blend, each camera's maximum frame
+                age (s) and ``(observation) -> bool`` ending the run ``stop_when``, the last two
+                checked every control period; see ``LoopConfig``.
             stop: this run's ``StopToken``, made before the call: ``stop.stop()`` (any thread,
                 any time, also before the run starts) ends it like ``interrupt()``, before any
                 action when none was sent yet. None: a fresh one, which ``interrupt()`` stops.
@@ -486,8 +491,7 @@ class AsyncPolicy:
         """
         token = _run_token(max_actions, max_seconds, stop)
         warn_if_no_validate(validate)
-        options = dict(locals())
-        config = LoopConfig(**{k: options[k] for k in LoopConfig.__dataclass_fields__ if k in options})
+        config = LoopConfig(**{k: v for k, v in dict(locals()).items() if k in LoopConfig.__dataclass_fields__})
         config.check()
         if not self._driving.acquire(blocking=False):
             raise SequencesError("this Policy is already driving a control loop", code="busy",

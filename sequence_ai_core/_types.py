@@ -14,6 +14,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
 from ._seam import SeamSummary
 
 __all__ = [
+    "END_REASONS",
     "ImageFrame",
     "Proprioception",
     "Observation",
@@ -287,17 +288,38 @@ class Prediction:
         )
 
 
+#: Every word a run's ending can be reported with: ``RunOutcome.reason``, the ROS ``Act`` result's
+#: and ``RunOutcome.msg``'s ``reason``, the MCP ``act`` tool's ``outcome.reason``. The ones the
+#: caller asked for end without a hold (``completed``, ``until``, ``stop_when``); every other one
+#: holds the robot first (``operator`` only when something was commanded). ``error`` comes from
+#: the ROS driver and the MCP server only: in Python an error is raised, after the hold.
+END_REASONS = {
+    "completed": "max_actions were executed",
+    "until": "the until() callable said done (ROS: the driver's success_service said so)",
+    "stop_when": "the stop condition said done: stop_when(observation) in Python, checked every control "
+                 "period; a named condition (a CheckSuccess service) on the Act goal or the MCP act call",
+    "timeout": "max_seconds of motion elapsed",
+    "interrupted": "interrupt(), a StopToken, a cancelled goal or tool call, a preempting goal, the driver "
+                   "ending the run",
+    "operator": "a human operator holds the robot (Operator.take(), the driver's operator topic): refused "
+                "before it started, or held within one control period",
+    "validate": "validate() refused an action (it was not executed): a bound, a stale or malformed sensor",
+    "delay_exceeded": "the measured inference delay went beyond the policy's max_delay_steps",
+    "stale_camera": "a camera stream froze or stalled longer than its maximum frame age",
+    "error": "ROS / MCP only: the run failed (the message says why); Python raises instead",
+}
+
+
 @dataclass
 class RunOutcome:
     """How a ``run()`` / ``act()`` ended and what happened on the way.
 
     Attributes:
-        reason: ``completed`` (max_actions executed), ``until`` (your predicate said done),
-            ``timeout`` (max_seconds of motion elapsed), ``interrupted`` (``interrupt()``),
-            ``validate`` (your validate() refused an action, which was not executed),
-            ``delay_exceeded`` (the measured inference delay went beyond the policy's
-            ``max_delay_steps``) or ``stale_camera`` (a camera stream froze); the last two
-            hold and carry their typed error in ``fault``. ``end_reason`` is the same string.
+        reason: why it ended, one of :data:`END_REASONS` (the same words in the ROS ``Act``
+            result and the MCP ``act`` tool): ``completed``, ``until``, ``stop_when``,
+            ``timeout``, ``interrupted``, ``operator``, ``validate``, ``delay_exceeded`` or
+            ``stale_camera``; ``delay_exceeded`` and ``stale_camera`` hold and carry their typed
+            error in ``fault``. ``end_reason`` is the same string.
         actions: actions passed to ``act``.
         chunks: chunks that started playing.
         seconds: wall time of the whole call, startup included (s).
