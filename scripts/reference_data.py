@@ -76,6 +76,10 @@ ENV_VARS = {
                         "counts its workers (undeclared: 1), up to this."),
     "SEQ_HEALTH_INTERVAL_S": ("server", "2",
                               "How often the gateway pings serving workers for a jammed inference (s)."),
+    "SEQ_HEADER_TIMEOUT_S": ("server", "10",
+                             "How long a connection to the gateway or a worker may take to send a request's "
+                             "headers (s, in (0, 3600]); past it the answer is 408 and the connection is closed. "
+                             "Bounds slow-header (slowloris) connections; a websocket, once open, is not timed."),
     "SEQ_GATEWAY_MAX_BODY_BYTES": ("server", "33554432 (32 MiB)",
                                    "Largest request body the gateway reads; a larger one is 413 "
                                    "`payload_too_large` before it is read."),

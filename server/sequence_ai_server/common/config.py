@@ -18,6 +18,7 @@ home on the server side: the gateway's ``serve`` and a worker started without ``
 | ``SEQ_ALERT_BACKOFF_S`` | ``alert_backoff_s`` | ``0.5,1,2,4`` (waits before each webhook retry) |
 | ``SEQ_CPU_WORKERS`` | ``cpu_workers`` | the machine's core count (the most workers one CPU policy runs at once) |
 | ``SEQ_FAKE_GPUS`` | ``fake_gpus`` | None (the real cards: NVML, else nvidia-smi); ``L4,L4,H100`` presents those cards |
+| ``SEQ_HEADER_TIMEOUT_S`` | ``header_timeout_s`` | 10 s (a request's headers must arrive within it; the worker reads it too) |
 """
 from __future__ import annotations
 
@@ -25,6 +26,8 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping, Optional
+
+from sequence_ai_server.common.header_timeout import HEADER_TIMEOUT_S, header_timeout_setting
 
 __all__ = ["ServerConfig", "LEASE_TTL_S", "HEALTH_INTERVAL_S"]
 
@@ -65,7 +68,9 @@ class ServerConfig:
     machine's cards, numbered from 0, for tests and CPU machines: workers are pinned to them as to
     real ones (ops/gpus.py).
     ``cpu_workers``: the most workers one CPU policy (``gpu="cpu"`` or none) may run at once; its
-    ``max_gpus`` counts its workers, up to this (docs/guides/scaling.md)."""
+    ``max_gpus`` counts its workers, up to this (docs/guides/scaling.md).
+    ``header_timeout_s`` (s): how long a connection may take to send a request's headers before
+    it is answered 408 and closed (common/header_timeout.py)."""
 
     data_dir: Path = field(default_factory=_data_dir_setting)
     lease_ttl_s: float = LEASE_TTL_S
@@ -78,6 +83,7 @@ class ServerConfig:
     alert_backoff_s: tuple = (0.5, 1.0, 2.0, 4.0)
     fake_gpus: Optional[tuple] = None
     cpu_workers: int = field(default_factory=lambda: os.cpu_count() or 1)
+    header_timeout_s: float = HEADER_TIMEOUT_S
 
     @classmethod
     def from_env(cls, data_dir: Optional[Path] = None, environ: Optional[Mapping[str, str]] = None) -> "ServerConfig":
@@ -101,6 +107,7 @@ class ServerConfig:
             alert_backoff_s=_backoff(env),
             fake_gpus=fake_gpus_setting(env),
             cpu_workers=max(1, int(_number(env, "SEQ_CPU_WORKERS", int, None) or os.cpu_count() or 1)),
+            header_timeout_s=header_timeout_setting(env),
         )
 
 

@@ -68,7 +68,9 @@ def serve(host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, data_dir: Optional
         raise
     bound = sock.getsockname()[1]
     app = create_app(config=config)
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, timeout_graceful_shutdown=5))
+    from sequence_ai_server.common.header_timeout import timed_http_protocol   # slowloris: 408 past the deadline
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, timeout_graceful_shutdown=5,
+                                           http=timed_http_protocol(config.header_timeout_s)))
 
     async def run() -> None:
         task = asyncio.create_task(server.serve(sockets=[sock]))

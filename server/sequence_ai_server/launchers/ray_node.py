@@ -61,7 +61,9 @@ class GroupFront:
         self.url = f"http://{host}:{self.port}"
         app = Starlette(routes=[Route("/{path:path}", self._handle, methods=["GET", "POST", "PUT", "DELETE", "PATCH"])],
                         lifespan=self._lifespan)
-        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on"))
+        from sequence_ai_server.common.header_timeout import header_timeout_setting, timed_http_protocol
+        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on",
+                                                    http=timed_http_protocol(header_timeout_setting(os.environ))))
         self.error: Optional[BaseException] = None
         self.thread = threading.Thread(target=self._run, name="seq-group-front", daemon=True)
         self.thread.start()

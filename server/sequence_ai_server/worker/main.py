@@ -305,19 +305,22 @@ class _Launch:
                           TimeoutError(f"the policy did not load within the startup timeout ({limit:g} s)"), "")
 
 
-def _protocols(max_body_bytes: int) -> dict[str, Any]:
+def _protocols(max_body_bytes: int, header_timeout_s: float) -> dict[str, Any]:
     """uvicorn's protocol choices: httptools (C parser; ~0.3 ms less CPU per /act than the
-    pure-Python h11) when installed, the ``websockets`` implementation for the /act channel with
-    its message limit from the body limit (``channel.channel_max_size``), no compression
-    (JPEG does not compress) and no server pings (the client pings; an idle robot costs nothing)."""
+    pure-Python h11) when installed, with a deadline of ``header_timeout_s`` (s) on each
+    request's headers (common/header_timeout.py), the ``websockets`` implementation for the /act
+    channel with its message limit from the body limit (``channel.channel_max_size``), no
+    compression (JPEG does not compress) and no server pings (the client pings; an idle robot
+    costs nothing)."""
+    from sequence_ai_server.common.header_timeout import timed_http_protocol
     from sequence_ai_server.worker.channel import channel_max_size
     chosen: dict[str, Any] = {"ws_max_size": channel_max_size(max_body_bytes), "ws_per_message_deflate": False,
                               "ws_ping_interval": None}
     try:
         import httptools  # noqa: F401
-        chosen["http"] = "httptools"
+        chosen["http"] = timed_http_protocol(header_timeout_s, "httptools")
     except ImportError:
-        chosen["http"] = "h11"
+        chosen["http"] = timed_http_protocol(header_timeout_s, "h11")
     try:
         import websockets  # noqa: F401
     except ImportError:
@@ -391,6 +394,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     secret = args.secret or os.environ.get("SEQ_WORKER_SECRET")
     if not secret:
         parser.error("a direct secret is required: --secret or $SEQ_WORKER_SECRET")
+    from sequence_ai_server.common.header_timeout import header_timeout_setting
+    try:
+        header_timeout_s = header_timeout_setting(os.environ)
+    except ValueError as exc:
+        parser.error(str(exc))
     name = args.name or Path(args.file).stem
     ready_file = os.path.abspath(args.ready_file)
     for stale in (ready_file, ready_file + ".error"):
@@ -413,7 +421,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     from sequence_ai_server.common.leases import RevocationPoller   # sessions the gateway ended, when its push did not arrive
     RevocationPoller.from_env(worker_app.state.direct_auth)
     server = uvicorn.Server(uvicorn.Config(worker_app, log_level="warning", access_log=False, lifespan="off",
-                                           timeout_graceful_shutdown=5, **_protocols(args.max_body_bytes)))
+                                           timeout_graceful_shutdown=5, **_protocols(args.max_body_bytes, header_timeout_s)))
     # uvicorn re-raises the signal it caught once it has stopped: make that a no-op.
     signal.signal(signal.SIGTERM, lambda s, f: None)
     signal.signal(signal.SIGINT, lambda s, f: None)
