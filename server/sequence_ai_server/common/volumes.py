@@ -204,16 +204,18 @@ class VolumeStore:
                               hint="a path names a file or a folder, not both; rename one of them")
         manifest.sort(key=lambda x: x["path"])
         sha = hashlib.sha256(json.dumps(manifest).encode()).hexdigest()
-        rows = self._rows(name)
-        resume = next((r for r in rows if r["state"] == "uploading" and r["manifest_sha"] == sha), None)
-        if resume is None:
-            version = max([r["version"] for r in rows], default=0) + 1
-            with self._sql.transaction() as db:
+        # the versions are read and the new one inserted in one transaction: two uploads to a new
+        # name at once get v1 and v2 (or, with the same manifest, the same resumed v1)
+        with self._sql.transaction() as db:
+            rows = [dict(r) for r in db.execute("SELECT * FROM volumes WHERE name = ? ORDER BY version DESC", (name,))]
+            resume = next((r for r in rows if r["state"] == "uploading" and r["manifest_sha"] == sha), None)
+            if resume is None:
+                version = max([r["version"] for r in rows], default=0) + 1
                 db.execute("INSERT INTO volumes (name, version, state, manifest_json, manifest_sha, size, "
                            "created_at) VALUES (?, ?, 'uploading', ?, ?, ?, ?)",
                            (name, version, json.dumps(manifest), sha, sum(x["size"] for x in manifest), time.time()))
-        else:
-            version = resume["version"]
+            else:
+                version = resume["version"]
         staging = self._staging(name, version)
         staging.mkdir(parents=True, exist_ok=True)
         have = {}

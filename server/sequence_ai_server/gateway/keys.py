@@ -17,6 +17,7 @@ import hmac
 import re
 import secrets
 import sqlite3
+import threading
 import time
 from dataclasses import asdict, dataclass
 from typing import Optional
@@ -70,7 +71,11 @@ class KeyStore:
             for col, decl in (("name", "TEXT"), ("deployment", "TEXT"), ("revoked_at", "REAL")):
                 if col not in cols:   # a state.db from before keys had names / bindings
                     db.execute(f"ALTER TABLE keys ADD COLUMN {col} {decl}")
+        # (hash, record) of every key, read once and kept until a create or revoke. The cache is
+        # filled and dropped under one lock, and dropped only after the change has committed: a
+        # lookup that read the rows just before a revoke cannot put them back after it.
         self._cache: Optional[list[tuple[str, KeyRecord]]] = None
+        self._cache_lock = threading.Lock()
 
     @staticmethod
     def _record(row: sqlite3.Row) -> KeyRecord:
@@ -78,11 +83,20 @@ class KeyStore:
                          created_at=row["created_at"], revoked_at=row["revoked_at"])
 
     def _rows(self) -> list[tuple[str, KeyRecord]]:
-        if self._cache is None:
-            with self._sql.read() as db:
-                rows = db.execute("SELECT * FROM keys ORDER BY id").fetchall()
-            self._cache = [(r["hash"], self._record(r)) for r in rows]
-        return self._cache
+        cached = self._cache
+        if cached is not None:
+            return cached
+        with self._cache_lock:
+            if self._cache is None:
+                with self._sql.read() as db:
+                    rows = db.execute("SELECT * FROM keys ORDER BY id").fetchall()
+                self._cache = [(r["hash"], self._record(r)) for r in rows]
+            return self._cache
+
+    def _changed(self) -> None:
+        """Drop the cache; called once a change to the keys table has committed."""
+        with self._cache_lock:
+            self._cache = None
 
     def count(self) -> int:
         return len(self._rows())
@@ -99,7 +113,7 @@ class KeyStore:
                 "INSERT INTO keys (hash, prefix, created_at, name, deployment) VALUES (?, ?, ?, ?, ?)",
                 (hash_key(plaintext), plaintext[:14], time.time(), name, deployment))
             row = db.execute("SELECT * FROM keys WHERE id = ?", (cur.lastrowid,)).fetchone()
-        self._cache = None
+        self._changed()
         return self._record(row), plaintext
 
     def list(self) -> list[KeyRecord]:
@@ -118,7 +132,7 @@ class KeyStore:
         with self._sql.transaction() as db:
             n = db.execute("UPDATE keys SET revoked_at = COALESCE(revoked_at, ?) WHERE id = ?",
                                  (time.time(), num)).rowcount
-        self._cache = None
+        self._changed()
         if not n:
             raise KeyError(key_id)
         rec = self.find(key_id)
