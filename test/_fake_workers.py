@@ -7,9 +7,11 @@ import signal
 import threading
 from typing import Optional
 
+import httpx
+
 from sequence_ai_server.launchers.base import EventQueue, Exited, Phase, Ready, WorkerLaunchSpec
 
-__all__ = ["Clock", "FakeWorker", "FakeLauncher"]
+__all__ = ["Clock", "FakeWorker", "FakeLauncher", "play_pings"]
 
 
 class Clock:
@@ -35,6 +37,10 @@ class FakeWorker:
         self.spec, self.pid, self.returncode = spec, pid, None
         self.secret, self.activity, self.signals = spec.secret, 0.0, []
         self.exits_on_term = True          # False: a stuck worker that only SIGKILL ends
+        self.port: Optional[int] = None    # where it "listens" once ready
+        self.cost: Optional[dict] = None   # its /ping "cost": {"batch_ms": {"1": ms, ...}, "calls": n}; None: none
+        self.frozen = False                # True: its /ping times out (a SIGSTOPped process)
+        self.pings = 0
         self._events = EventQueue()
 
     # the WorkerHandle interface
@@ -71,11 +77,36 @@ class FakeWorker:
         self._events.put(Phase({"phase": "loading", "spec": spec}))
 
     def ready(self, spec: dict, port: int) -> None:
+        self.port = port
         self._events.put(Ready(f"http://127.0.0.1:{port}", {"port": port, "host": "127.0.0.1", "spec": spec}))
 
     def crash(self, code: int = 1) -> None:
         self.returncode = code
         self._events.put(Exited(code))
+
+    def ping_body(self) -> dict:
+        """What its /ping answers: ready, its pid and, when set, its cost curve."""
+        body = {"status": "ready", "pid": self.pid, "oldest_request_s": 0.0}
+        if self.cost is not None:
+            body["cost"] = self.cost
+        return body
+
+
+def play_pings(gw, launcher: "FakeLauncher", clock: Clock, timeout_s: float = 5.0) -> None:
+    """Make ``gw.health``'s pings reach ``launcher``'s running FakeWorkers (by port) instead of
+    the network: a worker answers ``ping_body()``; a ``frozen`` one times out after ``timeout_s``
+    of the clock; a port no running worker holds refuses the connection."""
+    def get_ping(url: str, usage_since: int) -> httpx.Response:
+        port = int(url.rsplit(":", 1)[1])
+        w = next((x for x in reversed(launcher.started) if x.port == port and x.returncode is None), None)
+        if w is None:
+            raise httpx.ConnectError("connection refused")
+        w.pings += 1
+        if w.frozen:
+            clock.advance(timeout_s)
+            raise httpx.ReadTimeout("timed out")
+        return httpx.Response(200, json=w.ping_body())
+    gw.health.get_ping = get_ping
 
 
 class FakeLauncher:

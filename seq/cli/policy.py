@@ -84,6 +84,9 @@ def policy_status(name: str, gateway: Optional[str] = GatewayOpt, api_key: Optio
             out.print(f"    {w['worker']}  pid {w.get('pid')}  {state}  card {cards}  slots "
                       f"{slots.get('used', 0)}/{slots.get('total', 1)}  robots {', '.join(w.get('robots') or []) or '-'}",
                       markup=False, highlight=False)
+            line = _admission_line(w)
+            if line:
+                out.print(f"      {line}", markup=False, highlight=False)
     from .ops import scale_line
     line = scale_line(call(gateway, api_key, data_dir, "GET", f"/v1/deployments/{name}/scale"))
     if line:
@@ -108,6 +111,27 @@ def policy_status(name: str, gateway: Optional[str] = GatewayOpt, api_key: Optio
         out.print(f"  health    worker pid {health.get('pid')} {what} (an inference ran "
                   f"{health.get('oldest_request_s', 0):.1f} s; timeouts.request {health.get('request_timeout_s')} s)",
                   markup=False, highlight=False)
+
+
+def _admission_line(w: dict) -> str:
+    """One worker's measured cost and admission numbers (GET /v1/deployments/{name} ``workers``)."""
+    adm = w.get("admission") or {}
+    if not adm:
+        return ""
+    parts = [f"mean batch {w['mean_batch']:g}" if w.get("mean_batch") is not None else "mean batch -",
+             f"/act p99 {w['act_p99_ms']:g} ms (worker-side, all its robots)" if w.get("act_p99_ms") is not None
+             else "/act p99 -"]
+    cap = adm.get("cap")
+    cap_s = f" of at most {cap}" if cap and cap < 1_000_000 else ""
+    if adm.get("measured"):
+        parts.append(f"admitted {adm['robots']}{cap_s} robots asking {adm['rate_hz']:g} requests/s: predicted worst "
+                     f"round trip {adm['worst_ms']:g} ms of {adm['budget_ms']:g} ms allowed, utilisation "
+                     f"{adm['utilisation']:.0%}")
+    else:
+        parts.append(f"admitted {adm.get('robots', 0)}{cap_s} robots by slot count (no cost measured yet)")
+    if w.get("jammed"):
+        parts.append(f"replaced a jammed worker pid {w['jammed'].get('pid')} ({w['jammed'].get('reason')})")
+    return "  ".join(parts)
 
 
 @app.command("stop")

@@ -30,3 +30,15 @@ def test_a_ticket_keeps_its_place_only_for_the_robot_that_queued_it():
     q.admit("one", "key-a", a["ticket"], now=2.0, **{**FULL, "held": 0})
     assert q.leave(b["ticket"], "key-a") is False               # nor can A drop B's place
     assert q.leave(b["ticket"], "key-b") is True
+
+
+def test_a_refusal_for_another_reason_than_slots_says_it_and_carries_its_numbers():
+    q = SlotQueue()
+    why, numbers = "another robot would make the robots of worker one late", {"admission": {"worst_ms": 474.0}}
+    with pytest.raises(ApiError) as err:
+        q.admit("one", "key-a", None, **{**FULL, "on_full": "reject", "capacity": 5, "held": 5}, reason=why,
+                extra=numbers)
+    assert err.value.code == "deployment_full" and why in err.value.detail and "every slot" not in err.value.detail
+    assert err.value.details == {"slots": 5, "held": 5, "admission": {"worst_ms": 474.0}}
+    queued = _queued(q, "key-a", reason=why, extra=numbers)
+    assert queued["admission"] == {"worst_ms": 474.0} and queued["position"] == 1

@@ -79,6 +79,7 @@ from sequence_ai_server.common.config import ServerConfig
 from sequence_ai_server.common.errors import ApiError
 from sequence_ai_server.common.logs import GATEWAY_LOG, install_json_log
 from sequence_ai_server.common.volumes import VolumeStore
+from sequence_ai_server.gateway.admission import Admission
 from sequence_ai_server.gateway.deployments import DeploymentService
 from sequence_ai_server.gateway.events import WorkerCrashed, WorkerStopped, WorkerTookOver
 from sequence_ai_server.gateway.health import HealthCheck
@@ -135,11 +136,13 @@ class Gateway:
                                      cards=None if launcher.places_cards else self.ops.cards,
                                      cpu_workers=config.cpu_workers, clock=clock)
         self.traffic = TrafficService(self.store, self.supervisor, self.keys, config.max_gpus)
+        self.admission = Admission()     # the workers' measured cost curves, the deadline check
         self.health = HealthCheck(self.store, self.supervisor, self.data_dir, interval_s=config.health_interval_s,
-                                  usage_since=self.ops.usage_since, take_usage=self.ops.take_worker_usage, clock=clock)
+                                  usage_since=self.ops.usage_since, take_usage=self.ops.take_worker_usage,
+                                  observe=self.admission.observe, clock=clock)
         self.sessions = SessionService(self.store, self.supervisor, self.traffic, self.health, self.ops,
                                        data_dir=self.data_dir, lease_ttl_s=config.lease_ttl_s,
-                                       max_gpus=config.max_gpus, clock=clock)
+                                       max_gpus=config.max_gpus, clock=clock, admission=self.admission)
         self.deployments = DeploymentService(self.store, self.supervisor, self.sessions, self.traffic, self.health,
                                              self.ops, self.data_dir, clock)
         self.secrets = SecretStore(self.store, self.data_dir / "secret.key")

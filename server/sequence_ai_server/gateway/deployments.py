@@ -230,14 +230,17 @@ class DeploymentService:
         d.sessions = [{"session_id": x.id, "key_id": x.key_id, "version": x.version, "params": dict(x.params),
                        "own_params": dict(x.requested), "connected_at": x.created_at,
                        "lease_expires_at": x.expires_at, "worker": x.side or name} for x in self.sessions.of(name)]
-        d.workers = self._workers_view(self.require(name), self.sessions.robots_by_worker(name))
+        d.workers = self._workers_view(self.require(name), self.sessions.sessions_by_worker(name))
         return d
 
-    def _workers_view(self, row: DeploymentRow, robots_on: dict[str, list[str]]) -> list[dict]:
+    def _workers_view(self, row: DeploymentRow, on: dict[str, list]) -> list[dict]:
         """Each worker serving ``row``'s serving version: ``{"worker": key, "pid", "version",
         "url", "ready", "cards": [index, ...] ([] for a CPU worker), "slots": {"used", "total"},
-        "robots": [session id, ...]}``, plus ``"max_workers"`` on the first (the fleet's cap; None:
-        no cap of its own)."""
+        "robots": [session id, ...]}``, plus what admission knows of it (admission.py
+        ``Admission.view``: ``cost``, ``mean_batch``, ``act_p99_ms``, ``admission``), ``jammed``
+        (when the health check last retired a jammed worker under this key), and ``"max_workers"``
+        on the first (the fleet's cap; None: no cap of its own). ``on``: the sessions each
+        worker holds (``SessionService.sessions_by_worker``)."""
         from sequence_ai_server.gateway.fleet import NO_CAP
         from sequence_ai_server.gateway.slots import slots_of
         try:
@@ -251,11 +254,14 @@ class DeploymentService:
             port = row.worker_port if first else w.port
             host = row.worker_host if first else w.host
             ready = (row.status == "ready") if first else bool(w.port)
-            robots = robots_on.get(key, [])
+            robots = [x.id for x in on.get(key, [])]
             cards = sorted({i for c in claims if c.worker == key or (c.pid and c.pid == w.proc.pid) for i in c.cards})
             out.append({"worker": key, "pid": w.proc.pid, "version": w.version, "ready": ready,
                         "url": f"http://{host or '127.0.0.1'}:{port}" if ready and port else None,
-                        "cards": cards, "slots": {"used": len(robots), "total": per}, "robots": robots})
+                        "cards": cards, "slots": {"used": len(robots), "total": per}, "robots": robots,
+                        **self.sessions.admission.view(key, w.proc.pid, w.spec or row.spec,
+                                                       [x.rate_hz for x in on.get(key, [])]),
+                        "jammed": self.health.others_jammed.get(key)})
         if out:
             cap = self.supervisor.fleets.cap(row)
             out[0]["max_workers"] = None if cap >= NO_CAP else cap

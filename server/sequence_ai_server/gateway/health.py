@@ -1,5 +1,6 @@
 """The gateway's health check, :class:`HealthCheck`: every ``interval_s`` the control tick pings
-each serving worker's ``/ping``, every worker on a thread of its own and at most one ping per
+each serving worker's ``/ping`` (every worker of a deployment's fleet: its first one ``NAME`` and
+the others ``NAME#N``), every worker on a thread of its own and at most one ping per
 worker in flight, so neither the tick nor one worker's jam detection waits on another worker that
 does not answer. A worker is *jammed*, and replaced by a fresh worker of the same version
 (``replace_jammed``), when
@@ -12,8 +13,14 @@ does not answer. A worker is *jammed*, and replaced by a fresh worker of the sam
   which only sees exits; a healthy worker answers /ping in milliseconds even while its
   inferences run, so two whole ping timeouts of silence are not load.
 
+A jammed first worker is replaced as a new version takes over (its robots reconnect to the fresh
+one); a jammed other worker ``NAME#N`` alone is retired (SIGTERM, SIGKILL after the jam grace)
+and another started in its place, its robots reconnecting to a worker with room: the
+deployment's other workers and their robots are untouched.
+
 A worker that has exited is the supervisor's business. Each ping also collects the worker's /act
-usage for ops. It owns the jam records; connects ask it (``refuse_if_jammed``)."""
+usage for ops and hands the answer to ``observe`` (admission's cost curves). It owns the jam
+records; connects ask it (``refuse_if_jammed``)."""
 from __future__ import annotations
 
 import logging
@@ -28,7 +35,8 @@ from sequence_ai_server.common.errors import ApiError
 from sequence_ai_server.gateway.events import WorkerTookOver
 from sequence_ai_server.gateway.store import DeploymentRow, Store
 from sequence_ai_server.gateway.supervisor import Supervisor
-from sequence_ai_server.gateway.worker_record import DEFAULT_LOAD_ESTIMATE_S, Role, _worker_url, worker_key
+from sequence_ai_server.gateway.worker_record import (DEFAULT_LOAD_ESTIMATE_S, EXTRA_MARK, JAMMED_GRACE_S, Role,
+                                                      _worker_url, worker_key)
 
 __all__ = ["HealthCheck", "PING_TIMEOUT_S", "UNANSWERED_JAM_S"]
 
@@ -43,17 +51,20 @@ class HealthCheck:
     """Jammed-worker detection and replacement over ``supervisor``'s serving workers.
 
     ``usage_since(name, pid)`` / ``take_usage(name, pid, usage)``: ops' usage collection (plain
-    callables). ``interval_s``: seconds between pings of one worker. ``ping_timeout_s``: the
-    timeout of one ping. ``clock``: unix s."""
+    callables). ``observe(key, pid, body)``: each /ping answer of worker ``key`` (admission.py).
+    ``interval_s``: seconds between pings of one worker. ``ping_timeout_s``: the timeout of one
+    ping. ``clock``: unix s."""
 
     def __init__(self, store: Store, supervisor: Supervisor, data_dir: Path, *, interval_s: float = 2.0,
                  usage_since: Callable[[str, Optional[int]], int] = lambda name, pid: -1,
                  take_usage: Callable[[str, Optional[int], dict], int] = lambda name, pid, usage: -1,
+                 observe: Callable[[str, Optional[int], dict], None] = lambda key, pid, body: None,
                  ping_timeout_s: float = PING_TIMEOUT_S, clock: Callable[[], float] = time.time) -> None:
         self.store, self.supervisor, self.data_dir = store, supervisor, data_dir
         self.interval_s, self._usage_since, self._take_usage, self.clock = interval_s, usage_since, take_usage, clock
-        self.ping_timeout_s = ping_timeout_s
+        self.ping_timeout_s, self._observe = ping_timeout_s, observe
         self._jams: dict[str, dict] = {}     # deployment -> the last jammed-worker event
+        self.others_jammed: dict[str, dict] = {}   # NAME#N -> the last time that other worker was found jammed
         self._lock = threading.Lock()
         self._due = clock() + interval_s
         self._in_flight: set[tuple] = set()              # (deployment, pid) with a ping under way
@@ -77,7 +88,8 @@ class HealthCheck:
             log.exception("health check failed")
 
     def targets(self) -> list[tuple[str, str, Optional[int]]]:
-        """``(deployment, worker_url, pid)`` of every serving worker not already being replaced."""
+        """``(worker key, worker_url, pid)`` of every serving worker not already being replaced:
+        each deployment's first one (key: its name) and its ready others (``NAME#N``)."""
         out = []
         for name, w in self.supervisor.of(Role.SERVING).items():
             if self.supervisor.busy(worker_key(Role.BUILD, name)):
@@ -85,6 +97,9 @@ class HealthCheck:
             row = self.store.get(name)
             if row and row.status == "ready" and row.worker_port:
                 out.append((name, _worker_url(row), w.proc.pid))
+            for key, x in self.supervisor.of(Role.EXTRA, name).items():
+                if x.port and not x.stopping:
+                    out.append((key, f"http://{x.host or '127.0.0.1'}:{x.port}", x.proc.pid))
         return out
 
     def ping_round(self) -> None:
@@ -124,12 +139,14 @@ class HealthCheck:
         return self._http().get(f"{url}/ping", params={"usage_since": usage_since})
 
     def _ping(self, name: str, url: str, pid: Optional[int]) -> None:
-        """One ping of ``name``'s worker ``pid``: hand its usage to ops, replace it when it is
+        """One ping of worker ``name`` (a deployment's first worker, or ``NAME#N``), process
+        ``pid``: hand its usage to ops and its answer to ``observe``, replace it when it is
         degraded or has been silent past the bound."""
+        deployment = name.split(EXTRA_MARK, 1)[0]
         try:
             sent = self.clock()
             try:
-                r = self.get_ping(url, self._usage_since(name, pid))
+                r = self.get_ping(url, self._usage_since(deployment, pid))
             except httpx.HTTPError as exc:
                 self._no_answer(name, url, pid, sent, exc)
                 return
@@ -141,10 +158,12 @@ class HealthCheck:
                 body = {}
             if not isinstance(body, dict):
                 body = {}
-            if body.get("usage") and body.get("pid") == pid:   # /act counters (ops)
-                self._take_usage(name, pid, body["usage"])
+            if body.get("pid") == pid:
+                if body.get("usage"):                      # /act counters (ops)
+                    self._take_usage(deployment, pid, body["usage"])
+                self._observe(name, pid, body)             # its cost curve (admission)
             if body.get("status") == "degraded":
-                self.replace_jammed(name, body, int(url.rsplit(":", 1)[1]))
+                self._replace(name, body, url, pid)
         except Exception:  # noqa: BLE001 - the next round tries again
             log.exception("health check of %s failed", name)
         finally:
@@ -176,13 +195,45 @@ class HealthCheck:
         w = self.supervisor.get(name)
         if w is None or w.proc.pid != pid or w.stopping or w.proc.poll() is not None:
             return                       # gone or going: the supervisor's business
-        bound = self.unanswered_bound_s(name)
+        bound = self.unanswered_bound_s(name.split(EXTRA_MARK, 1)[0])
         if misses < _MIN_MISSES or silent_s < bound:
             log.info("%s: worker pid %s did not answer /ping (%s; silent %.1f s of %.1f s)",
                      name, pid, error, silent_s, bound)
             return
-        self.replace_jammed(name, {"status": "not_answering", "unanswered_s": round(silent_s, 3), "error": error,
-                                   "unanswered_bound_s": bound}, int(url.rsplit(":", 1)[1]))
+        self._replace(name, {"status": "not_answering", "unanswered_s": round(silent_s, 3), "error": error,
+                             "unanswered_bound_s": bound}, url, pid)
+
+    def _replace(self, key: str, ping: dict, url: str, pid: Optional[int]) -> None:
+        """Replace jammed worker ``key``: a deployment's first one as ``replace_jammed`` does,
+        another one (``NAME#N``) by ``replace_other``."""
+        if EXTRA_MARK in key:
+            self.replace_other(key, ping, pid)
+        else:
+            self.replace_jammed(key, ping, int(url.rsplit(":", 1)[1]))
+
+    def replace_other(self, key: str, ping: dict, pid: Optional[int]) -> bool:
+        """A deployment's other worker ``key`` (``NAME#N``, process ``pid``) is jammed (``ping``
+        says degraded or not_answering): retire it alone (its secret rotated so its robots'
+        tokens stop working, SIGTERM, SIGKILL after the jam grace), forget its sessions (their
+        robots reconnect to a worker with room) and start another worker in its place. False
+        when it is gone or another process holds the key."""
+        name = key.split(EXTRA_MARK, 1)[0]
+        now = self.clock()
+        with self.supervisor._locked():
+            w = self.supervisor.workers.get(key)
+            if w is None or w.proc.pid != pid or w.stopping:
+                return False
+            self.supervisor.workers.pop(key)
+            self.supervisor._retire(w, now, JAMMED_GRACE_S)
+        self.others_jammed[key] = {"state": "replaced", "since": now, "pid": pid, "reason": ping.get("status"),
+                                   "unanswered_s": ping.get("unanswered_s"), "oldest_request_s": ping.get("oldest_request_s")}
+        log.warning("%s: its worker %s (pid %s) is jammed (%s); retiring it alone and starting another",
+                    name, key, pid, ping.get("status"))
+        try:
+            self.supervisor.fleets.start(name)
+        except ApiError as exc:
+            log.warning("%s: no worker could start in place of %s: %s", name, key, exc.detail)
+        return True
 
     def close(self) -> None:
         """Close the ping client (pings under way fail and end)."""

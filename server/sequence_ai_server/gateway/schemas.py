@@ -82,6 +82,7 @@ class ConnectRequest(BaseModel):
     model: str
     params: dict[str, Any] = {}
     ticket: Optional[str] = None     # a queued robot's place in line (details.ticket of a 503 queued)
+    request_hz: Optional[float] = None   # chunks/s this robot will ask for (admission.py); None: from the contract
 
 
 class SecretSet(BaseModel):

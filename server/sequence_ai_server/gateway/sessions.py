@@ -20,11 +20,12 @@ from seq.spec import InferParam, ParamError, cast_params
 
 from sequence_ai_server.common.errors import ApiError
 from sequence_ai_server.common.leases import RevocationList, push_revocations, sign_lease
+from sequence_ai_server.gateway.admission import DEADLINE_SHARE, Admission, request_hz, start_after
 from sequence_ai_server.gateway.events import WorkerCrashed, WorkerStopped
 from sequence_ai_server.gateway.health import HealthCheck
 from sequence_ai_server.gateway.keys import KeyRecord, require_scope
 from sequence_ai_server.gateway.schemas import ConnectRequest, ConnectResponse, Lease
-from sequence_ai_server.gateway.slots import SlotQueue, slots_of
+from sequence_ai_server.gateway.slots import SlotQueue
 from sequence_ai_server.gateway.store import DeploymentRow, Store
 from sequence_ai_server.gateway.supervisor import Supervisor
 from sequence_ai_server.gateway.traffic import TrafficService
@@ -50,6 +51,7 @@ class SessionRec:
     expires_at: float
     requested: dict = field(default_factory=dict)   # the robot's own params; deployment defaults fill the rest
     side: str = ""     # workers key of the side worker (a split/pinned version); "" = the serving worker
+    rate_hz: Optional[float] = None   # its requests/s as admission counts it (admission.request_hz); None: unknown
 
 
 class SessionTable(dict):
@@ -100,8 +102,9 @@ class SessionService:
 
     def __init__(self, store: Store, supervisor: Supervisor, traffic: TrafficService, health: HealthCheck,
                  ops: OpsService, *, data_dir: Any, lease_ttl_s: float, max_gpus: Optional[int] = None,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, admission: Optional[Admission] = None) -> None:
         self.store, self.supervisor, self.traffic, self.health, self.ops = store, supervisor, traffic, health, ops
+        self.admission = admission or Admission()    # the workers' cost curves and the deadline check (admission.py)
         self.data_dir, self.lease_ttl_s, self.max_gpus, self.clock = data_dir, lease_ttl_s, max_gpus, clock
         self.table: dict[str, SessionRec] = SessionTable(store)   # persisted: survives a restart
         self.revoked = RevocationList()              # sessions ended early; workers refuse their tokens (leases.py)
@@ -184,9 +187,11 @@ class SessionService:
 
     def _new(self, req: ConnectRequest, key: Optional[KeyRecord], row: DeploymentRow, side: str = "") -> SessionRec:
         now = self.clock()
+        params = self._session_params(row, req.params)
         return SessionRec(id="sess_" + secrets.token_hex(8), model=req.model, key_id=key.id if key else "",
-                          epoch=row.epoch, version=row.version, params=self._session_params(row, req.params),
-                          created_at=now, expires_at=now + self.lease_ttl_s, requested=dict(req.params or {}), side=side)
+                          epoch=row.epoch, version=row.version, params=params,
+                          created_at=now, expires_at=now + self.lease_ttl_s, requested=dict(req.params or {}), side=side,
+                          rate_hz=request_hz(row.spec, params, req.request_hz))
 
     def connect(self, req: ConnectRequest, key: Optional[KeyRecord] = None) -> ConnectResponse:
         """Admit a session: pick its version (a pin, the traffic split, else the serving one), make
@@ -204,25 +209,29 @@ class SessionService:
                 return side
         self.ops.check_quota(key.id if key else None, req.model, "connect", self.supervisor.running(),
                              starts_worker=not self.supervisor.busy(req.model))   # limits per account / key (quotas.py)
-        row = self._others_with_room(current) or self.ready_or_warming(req.model, key, quota=True)
+        row = self._others_with_room(current, req) or self.ready_or_warming(req.model, key, quota=True)
         spec = row.spec if row.spec is not None else {"contract": {"action": None, "observation": None}, "params": []}
-        # Slots are counted only for a policy that declares @seq.concurrent: the client opens a
-        # new session on every reconnect (rotation, lease expiry) without naming its old one,
-        # which would otherwise queue a lone robot behind its own stale session.
-        if spec.get("concurrency") and self._grow_if_full(row, spec, key):
+        rate = request_hz(spec, self._session_params(row, req.params), req.request_hz)
+        if self._grow_if_full(row, spec, key, rate):
             raise self._growing(row)
         with self._lock:
             self.expire(self.clock())
             fleet = self._fleet_rows(row)
-            per = slots_of(spec)
-            held = self._held_on(fleet)
-            mean_s = sum(self._closed_s) / len(self._closed_s) if self._closed_s else self.lease_ttl_s
-            wk, row = next(((k, r) for k, r in fleet if held.get(k, 0) < per), fleet[0])
-            if spec.get("concurrency"):
-                self.queue.admit(req.model, key.id if key else "", req.ticket, capacity=per * len(fleet),
-                                 held=sum(held.get(k, 0) for k, _ in fleet),
-                                 on_full=spec.get("on_full") or "queue",
-                                 queue_timeout_s=float(spec.get("queue_timeout_s") or 120.0), mean_session_s=mean_s)
+            rooms, reason, measured = self._rooms(row.name, fleet, rate)
+            wk, row = next(((k, r) for k, r in fleet if rooms[k] > 0), fleet[0])
+            held = sum(len(v) for v in self._rates_on(fleet).values())
+            # Robots are counted for a policy that declares @seq.concurrent (its slots, or max_inputs),
+            # and for any once its workers have measured their cost (the deadline check). Without
+            # either, every robot is admitted: the client opens a new session on every reconnect
+            # (rotation, lease expiry) without naming its old one, which slot counting would
+            # otherwise queue behind its own stale session.
+            if spec.get("concurrency") or measured:
+                mean_s = sum(self._closed_s) / len(self._closed_s) if self._closed_s else self.lease_ttl_s
+                self.queue.admit(req.model, key.id if key else "", req.ticket, capacity=held + sum(rooms.values()),
+                                 held=held, on_full=spec.get("on_full") or "queue",
+                                 queue_timeout_s=float(spec.get("queue_timeout_s") or 120.0), mean_session_s=mean_s,
+                                 reason=reason["text"] if reason else None,
+                                 extra={"admission": reason["numbers"]} if reason else None)
             sess = self._new(req, key, row, side="" if wk == req.model else wk)
             self.table[sess.id] = sess
             if split is not None:
@@ -252,46 +261,93 @@ class SessionService:
         return {k: len(v) for k, v in self._robots_on(fleet).items()}
 
     def _robots_on(self, fleet: list[tuple[str, DeploymentRow]]) -> dict[str, list[str]]:
+        return {k: [s.id for s in v] for k, v in self._sessions_on(fleet).items()}
+
+    def _sessions_on(self, fleet: list[tuple[str, DeploymentRow]]) -> dict[str, list[SessionRec]]:
         epochs = dict((k, r.epoch) for k, r in fleet)
-        out: dict[str, list[str]] = {}
+        out: dict[str, list[SessionRec]] = {}
         with self._lock:
             for s in sorted(self.table.values(), key=lambda s: s.created_at):
                 k = s.side or s.model
                 if epochs.get(k) == s.epoch:
-                    out.setdefault(k, []).append(s.id)
+                    out.setdefault(k, []).append(s)
         return out
+
+    def _rates_on(self, fleet: list[tuple[str, DeploymentRow]]) -> dict[str, list[Optional[float]]]:
+        """The request rates (requests/s; None unknown) of the robots each worker of ``fleet`` holds."""
+        return {k: [s.rate_hz for s in v] for k, v in self._sessions_on(fleet).items()}
+
+    def _pid_of(self, name: str, key: str) -> Optional[int]:
+        w = self.supervisor.fleets.of(name).get(key)
+        return w.proc.pid if w is not None else None
+
+    def _rooms(self, name: str, fleet: list[tuple[str, DeploymentRow]],
+               rate: Optional[float]) -> tuple[dict[str, int], Optional[dict], bool]:
+        """``({worker key: robots at ``rate`` it admits now}, why none does, whether any worker
+        has measured its cost)``. The why (``{"text", "numbers"}``) names the least loaded
+        worker's prediction with the robot added; None when a worker admits or slot counting
+        refused (SlotQueue then says the slots are taken)."""
+        rates = self._rates_on(fleet)
+        rooms: dict[str, int] = {}
+        best = None
+        measured = False
+        for k, r in fleet:
+            pid = self._pid_of(name, k)
+            rooms[k] = self.admission.room(k, pid, r.spec, rates.get(k, []), rate)
+            measured = measured or self.admission.curve(k, pid) is not None
+            ok, load = self.admission.admits(k, pid, r.spec, rates.get(k, []), rate)
+            if not ok and load is not None and (best is None or load.worst_ms < best[1].worst_ms):
+                best = (k, load)
+        if any(rooms.values()) or best is None:
+            return rooms, None, measured
+        k, load = best
+        text = (f"another robot at {rate:.3g} requests/s would make the robots of worker {k} late: with it "
+                f"{load.robots} robots ask {load.rate_hz:.3g} requests/s, a predicted worst round trip of "
+                f"{load.worst_ms:.0f} ms, over {DEADLINE_SHARE:.0%} of the shortest deadline ({load.deadline_ms:.0f} ms), "
+                f"predicted utilisation {load.utilisation:.0%}")
+        return rooms, {"text": text, "numbers": {"worker": k, **load.to_dict()}}, measured
 
     def robots_by_worker(self, name: str) -> dict[str, list[str]]:
         """``{worker key: [session id, ...]}``: the robots each worker serving ``name``'s serving
         version holds now (its first worker ``name``, the others ``name#N``)."""
-        row = self.store.require(name)
-        return self._robots_on([(k, r) for k, r in self._fleet_rows(row)] +
-                               [(k, self._side_row(row, w)) for k, w in self.supervisor.fleets.of(name).items()
-                                if k != name and not w.port])
+        return {k: [s.id for s in v] for k, v in self.sessions_by_worker(name).items()}
 
-    def _others_with_room(self, row: DeploymentRow) -> Optional[DeploymentRow]:
-        """``row`` when its first worker does not serve but another ready one has a free slot (a
+    def sessions_by_worker(self, name: str) -> dict[str, list[SessionRec]]:
+        """``robots_by_worker`` with the session records."""
+        row = self.store.require(name)
+        return self._sessions_on([(k, r) for k, r in self._fleet_rows(row)] +
+                                 [(k, self._side_row(row, w)) for k, w in self.supervisor.fleets.of(name).items()
+                                  if k != name and not w.port])
+
+    def _others_with_room(self, row: DeploymentRow, req: ConnectRequest) -> Optional[DeploymentRow]:
+        """``row`` when its first worker does not serve but another ready one admits the robot (a
         crash of the first one): the robot lands there without waiting for a restart."""
         if row.status == "ready" or not row.served or not (row.spec or {}).get("concurrency"):
             return None
         self.supervisor.poll(row.name)
         others = [(k, r) for k, r in self._fleet_rows(row) if k != row.name]
-        held = self._held_on(others)
-        return row if any(held.get(k, 0) < slots_of(row.spec) for k, _ in others) else None
+        rate = request_hz(row.spec, self._session_params(row, req.params), req.request_hz)
+        return row if any(self._rooms(row.name, others, rate)[0].values()) else None
 
-    def _grow_if_full(self, row: DeploymentRow, spec: dict, key: Optional[KeyRecord]) -> bool:
-        """When every slot of ``row``'s ready workers is taken, start another worker (up to the
-        fleet's cap, the free cards and $SEQ_MAX_GPUS).
-        True when one is starting now, so the robot is told to retry (warming) rather than
-        queued; False when a slot is free or no other worker may start."""
+    def _grow_if_full(self, row: DeploymentRow, spec: dict, key: Optional[KeyRecord], rate: Optional[float]) -> bool:
+        """When no ready worker of ``row`` admits a robot at ``rate`` (its slots, max_inputs or
+        deadlines: admission.py), start another worker (up to the fleet's cap, the free cards
+        and $SEQ_MAX_GPUS); True when one is starting now, so the robot is told to retry
+        (warming) rather than queued. When one admits it but every worker holds its
+        target_inputs (default: its slots), another starts beside them and this returns False."""
         with self._lock:
             self.expire(self.clock())
             fleet = self._fleet_rows(row)
-            held = self._held_on(fleet)
-            if any(held.get(k, 0) < slots_of(spec) for k, _ in fleet):
+            rooms, _, measured = self._rooms(row.name, fleet, rate)
+            if not spec.get("concurrency") and not measured:
                 return False
-        if any(w.port is None for k, w in self.supervisor.fleets.of(row.name).items() if k != row.name):
-            return True          # one is loading already
+            held = self._held_on(fleet)
+            busy = all(held.get(k, 0) >= start_after(r.spec) for k, r in fleet)
+            if any(rooms.values()) and not (spec.get("concurrency") and busy):
+                return False
+        loading = any(w.port is None for k, w in self.supervisor.fleets.of(row.name).items() if k != row.name)
+        if loading:
+            return not any(rooms.values())          # one is loading already
         key_id = key.id if key else None
         try:
             w = self.supervisor.fleets.start(
@@ -299,10 +355,10 @@ class SessionService:
                 admit=lambda running: self.ops.check_quota(key_id, row.name, "connect", running, starts_worker=True))
         except ApiError as exc:
             if exc.code in ("gpu_limit_reached", "gpu_busy", "gpu_low_stock", "deployment_full", "quota_exceeded"):
-                log.info("%s: every slot is taken and no other worker may start: %s", row.name, exc.detail)
+                log.info("%s: no worker admits another robot and no other worker may start: %s", row.name, exc.detail)
                 return False
             raise
-        return w is not None
+        return w is not None and not any(rooms.values())
 
     def _growing(self, row: DeploymentRow) -> ApiError:
         """The retryable answer while another worker of ``row`` loads for a robot that found every slot taken."""
@@ -467,8 +523,11 @@ class SessionService:
 
     def expire(self, now: float) -> None:
         """Drop the sessions whose lease ran out before ``now`` (unix s), and those on another
-        worker of a fleet (``name#N``) that is gone: a worker that dies takes its own robots only."""
+        worker of a fleet (``name#N``) that is gone or was replaced (another epoch under its
+        key): a worker that dies takes its own robots only."""
+        def gone(s: SessionRec) -> bool:
+            w = self.supervisor.get(s.side) if EXTRA_MARK in s.side else None
+            return EXTRA_MARK in s.side and (w is None or w.epoch != s.epoch)
         with self._lock:
-            for sid in [s.id for s in self.table.values() if s.expires_at < now
-                        or (EXTRA_MARK in s.side and self.supervisor.get(s.side) is None)]:
+            for sid in [s.id for s in self.table.values() if s.expires_at < now or gone(s)]:
                 self.table.pop(sid, None)

@@ -76,10 +76,14 @@ class SlotQueue:
         return False
 
     def admit(self, model: str, holder: str, ticket: Optional[str], *, capacity: int, held: int,
-              on_full: str, queue_timeout_s: float, mean_session_s: float, now: Optional[float] = None) -> None:
+              on_full: str, queue_timeout_s: float, mean_session_s: float, now: Optional[float] = None,
+              reason: Optional[str] = None, extra: Optional[dict] = None) -> None:
         """Return when the robot may take a slot now; else raise ApiError ``queued`` (503,
         retryable, details position/estimate_s/ticket), ``queue_timeout`` or ``deployment_full``.
-        ``held``: slots taken now; ``mean_session_s``: typical session length, for the estimate."""
+        ``held``: robots admitted now; ``capacity``: those plus the robots that may still join;
+        ``mean_session_s``: typical session length, for the estimate. ``reason``: why no more
+        may join when it is not that every slot is taken (admission's deadline check), put in
+        the refusal's message; ``extra``: added to its details."""
         now = time.time() if now is None else now
         with self._lock:
             line = [t for t in self._lines.get(model, []) if now - t.seen <= ABANDON_S]
@@ -96,12 +100,13 @@ class SlotQueue:
                 self._lines[model] = line
                 self.admitted_from_queue += 1
                 return
+            why = reason or f"every slot of {model!r} is taken ({held} of {capacity})"
             if on_full == "reject":
                 self._lines[model] = line
-                raise ApiError("deployment_full", f"every slot of {model!r} is taken ({held} of {capacity}) and no "
-                               "other worker may start on this machine",
+                raise ApiError("deployment_full", f"{model!r} takes no more robots now: {why}, and no other worker "
+                               "may start on this machine",
                                hint="retry later, or declare on_full=\"queue\" to wait in line",
-                               details={"slots": capacity, "held": held})
+                               details={"slots": capacity, "held": held, **(extra or {})})
             if mine is None:
                 mine = _Ticket("q_" + secrets.token_hex(6), holder, now, now)
                 line.append(mine)
@@ -117,9 +122,10 @@ class SlotQueue:
                                details={"waited_s": round(waited, 1), "queue_timeout_s": queue_timeout_s})
             position = line.index(mine) + 1
             estimate = round(max(RETRY_S, position * mean_session_s / max(1, capacity)), 1)
-            raise ApiError("queued", f"queued for a slot of {model!r}: position {position}, about {estimate:.0f} s",
+            raise ApiError("queued", f"queued for a slot of {model!r}: position {position}, about {estimate:.0f} s"
+                           + (f" ({reason})" if reason else ""),
                            retry_after_s=RETRY_S,
                            hint="connect again after Retry-After with the same ticket to keep your place",
                            details={"position": position, "estimate_s": estimate, "ticket": mine.id,
                                     "slots": capacity, "held": held, "waited_s": round(waited, 1),
-                                    "queue_timeout_s": queue_timeout_s})
+                                    "queue_timeout_s": queue_timeout_s, **(extra or {})})

@@ -1,0 +1,72 @@
+"""Admission for real: a gateway process and CPU workers of the echo policy (15 Hz, so a robot
+asks for a chunk every 8 rows, 533 ms, unless it says otherwise). With
+``@seq.concurrent(max_inputs=3)`` one worker admits three robots by count before it has measured
+anything, and the fourth connect is refused with deployment_full naming the count. A policy
+whose calls take 100 ms admits robots only while the worst round trip its worker predicts from
+its own measured calls stays within their deadlines: the next connect is refused with the
+numbers (robots, requests/s, predicted worst round trip, deadline) although max_inputs allows more."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+
+from _core_support import ECHO
+from _servers import GatewayProcess, echo_observation
+from _wait import eventually
+
+
+def _policy(tmp_path: Path, max_inputs: int, latency_ms: float = 0.0) -> str:
+    src = Path(ECHO).read_text()
+    assert src.count("@seq.policy(\n") == 1 and src.count("*, chunk_len: int = 10, latency_ms: float = 0.0,") == 1
+    path = tmp_path / "admitted_echo.py"
+    path.write_text(src.replace("@seq.policy(\n", f'@seq.concurrent(max_inputs={max_inputs})\n'
+                                                  '@seq.policy(gpu="cpu", on_full="reject", idle_timeout=600,\n')
+                    .replace("*, chunk_len: int = 10, latency_ms: float = 0.0,",
+                             f"*, chunk_len: int = 10, latency_ms: float = {latency_ms},"))
+    return str(path)
+
+
+def test_max_inputs_admits_that_many_robots_on_one_worker_then_refuses_with_the_count(tmp_path):
+    gw = GatewayProcess.start(tmp_path)
+    try:
+        gw.deploy(_policy(tmp_path, max_inputs=3), "crowd")
+        conns = [gw.connect_ready("crowd") for _ in range(3)]
+        assert len({c["worker_url"] for c in conns}) == 1          # one worker, three robots
+        r = gw.connect("crowd")
+        assert r.status_code == 503 and r.json()["code"] == "deployment_full", r.text
+        assert "(3 of 3)" in r.json()["detail"] and r.json()["details"]["held"] == 3
+        [w] = gw.status("crowd")["workers"]
+        assert len(w["robots"]) == 3 and w["admission"]["cap"] == 3
+    finally:
+        gw.close()
+
+
+def test_a_robot_that_would_make_the_others_late_is_refused_with_the_numbers(tmp_path):
+    gw = GatewayProcess.start(tmp_path, env={"SEQ_HEALTH_INTERVAL_S": "0.5"})
+    try:
+        gw.deploy(_policy(tmp_path, max_inputs=8, latency_ms=100.0), "slow")
+        first = gw.connect_ready("slow")
+        for _ in range(3):                                           # the worker measures its calls
+            act = httpx.post(first["worker_url"] + "/act", json={"observation": echo_observation()},
+                             headers={"Authorization": f"Bearer {first['direct_secret']}"}, timeout=30)
+            assert act.status_code == 200, act.text
+        w = eventually(lambda: (gw.status("slow")["workers"] or [{}])[0].get("admission", {}).get("measured")
+                       and gw.status("slow")["workers"][0], timeout=30, what="the worker's cost curve")
+        assert w["cost"]["calls"] >= 3 and float(w["cost"]["batch_ms"]["1"]) >= 100.0
+        admitted = 1
+        while True:
+            r = gw.connect("slow")
+            if r.status_code != 200:
+                break
+            admitted += 1
+            assert admitted < 8, "max_inputs, not the deadlines, stopped admission"
+        body = r.json()
+        assert r.status_code == 503 and body["code"] == "deployment_full", r.text
+        adm = body["details"]["admission"]
+        assert 2 <= admitted and adm["robots"] == admitted + 1 and adm["worst_ms"] > adm["budget_ms"]
+        assert round(adm["deadline_ms"]) == 533 and "would make the robots of worker slow late" in body["detail"]
+        view = gw.status("slow")["workers"][0]["admission"]
+        assert view["robots"] == admitted and view["fits"] and view["worst_ms"] <= view["budget_ms"]
+    finally:
+        gw.close()
