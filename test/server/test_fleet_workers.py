@@ -43,6 +43,7 @@ def test_two_robots_are_served_at_once_by_two_worker_processes(tmp_path):
                                    text=True, env=_env({**gw.env(), "COLUMNS": "250"}), timeout=60, cwd=str(ROOT))
                 assert r.returncode == 0, r.stderr
                 assert "workers   2 of at most 2" in r.stdout and "fleet#2" in r.stdout, r.stdout
+                assert "admitted 1 of at most 1 robots" in r.stdout, r.stdout     # each worker's admission
                 assert "not used self-hosted" not in r.stdout
     finally:
         gw.close()
@@ -81,3 +82,46 @@ def test_a_restarted_gateway_adopts_both_workers_and_their_sessions(tmp_path):
         for g in gws:
             if g.proc.poll() is None:
                 g.close()
+
+
+def test_a_frozen_second_worker_is_retired_alone_and_its_robot_reconnects_elsewhere(tmp_path):
+    import os
+    import signal
+
+    import httpx
+
+    from _servers import echo_observation
+    from _wait import eventually
+    gw = GatewayProcess.start(tmp_path, env={"SEQ_CPU_WORKERS": "2", "SEQ_HEALTH_INTERVAL_S": "0.5"})
+    frozen = None
+    try:
+        gw.deploy(_one_slot_two_workers(tmp_path), "fleet")
+        a = gw.connect_ready("fleet")
+        b = gw.connect_ready("fleet")                          # on the second worker
+        pids = {w["worker"]: w["pid"] for w in gw.status("fleet")["workers"]}
+        frozen = pids["fleet#2"]
+        os.kill(frozen, signal.SIGSTOP)                        # alive, answering nothing
+        eventually(lambda: frozen not in {w["pid"] for w in gw.status("fleet")["workers"]}, timeout=60,
+                   what="the frozen fleet#2 retired", detail=lambda: gw.log("fleet")[-2000:])
+        eventually(lambda: not os.path.exists(f"/proc/{frozen}") or
+                   open(f"/proc/{frozen}/stat").read().rsplit(")", 1)[1].split()[0] == "Z", timeout=30,
+                   what="the frozen worker killed")
+        status = gw.status("fleet")
+        assert status["health"] is None and status["pid"] == pids["fleet"]       # the first worker untouched
+        r = gw.client.post(f"/v1/sessions/{a['session_id']}/renew")
+        assert r.status_code == 200 and r.json()["worker_url"] == a["worker_url"], r.text
+        act = httpx.post(a["worker_url"] + "/act", json={"observation": echo_observation()}, trust_env=False,
+                         headers={"Authorization": f"Bearer {r.json()['direct_secret']}"}, timeout=30)
+        assert act.status_code == 200, act.text
+        assert gw.client.post(f"/v1/sessions/{b['session_id']}/renew").status_code == 401   # lease_expired
+        c = gw.connect_ready("fleet")                          # b's robot reconnects: the fresh fleet#2
+        assert c["worker_url"] not in (a["worker_url"], b["worker_url"])
+        workers = {w["worker"]: w for w in gw.status("fleet")["workers"]}
+        assert workers["fleet#2"]["pid"] != frozen and workers["fleet#2"]["jammed"]["pid"] == frozen
+    finally:
+        if frozen is not None:
+            try:
+                os.kill(frozen, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        gw.close()
