@@ -82,11 +82,12 @@ RESULT_FLUSH_S = 1.0
 the Act result reaches the client (rclpy sends it from an executor task)."""
 
 
-def outcome_message(result):
-    """An ``Act.Result`` as a ``sequence_ai_msgs/msg/RunOutcome`` (same fields), e.g. to log or record it."""
-    from sequence_ai_msgs.msg import RunOutcome
+def outcome_message(result, run_id: str = ""):
+    """An ``Act.Result`` as a ``sequence_ai_msgs/msg/RunOutcome`` (same fields, ``run_id`` as given),
+    e.g. to log or record it; ``~/outcome`` publishes these for ``~/start_policy`` runs."""
+    from .driver.services import outcome_message as _outcome
 
-    return RunOutcome(**{name: getattr(result, name) for name in RunOutcome.get_fields_and_field_types()})
+    return _outcome(result, run_id)
 
 
 def _pending_tasks(executor) -> bool:

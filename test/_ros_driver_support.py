@@ -191,3 +191,58 @@ def setup_driver(ros, gateway, namespace="", **params):
     return robot, driver, client, client_node
 
 
+
+
+# -- joint_trajectory_controller rules (ros2_controllers, Jazzy), for the controller-output tests --
+
+def duration_s(d) -> float:
+    """A ``builtin_interfaces`` Duration or Time in seconds."""
+    return d.sec + d.nanosec * 1e-9
+
+
+def jtc_refusal(msg, joints, now_s: float):
+    """None when a joint_trajectory_controller over ``joints`` with its default settings takes
+    ``msg`` (``validate_trajectory_msg``: ``allow_partial_joints_goal`` false), else its complaint."""
+    names = list(msg.joint_names)
+    if len(names) != len(joints):
+        return "Joints on incoming trajectory don't match the controller joints."
+    if not names:
+        return "Empty joint names on incoming trajectory."
+    start = duration_s(msg.header.stamp)
+    if start != 0.0 and start + max((duration_s(p.time_from_start) for p in msg.points), default=0.0) < now_s:
+        return "Received trajectory with non zero time start time that ends on the past"
+    for name in names:
+        if name not in joints:
+            return f"Incoming joint {name} doesn't match the controller's joints."
+    previous = 0.0
+    for i, point in enumerate(msg.points):
+        t = duration_s(point.time_from_start)
+        if i > 0 and t <= previous:
+            return f"Time between points {i - 1} and {i} is not strictly increasing"
+        previous = t
+        if len(point.positions) != len(names):
+            return f"Mismatch between joint_names ({len(names)}) and positions ({len(point.positions)}) at point #{i}."
+        for field in ("velocities", "accelerations", "effort"):
+            values = getattr(point, field)
+            if len(values) and len(values) != len(names):
+                return f"Mismatch between joint_names ({len(names)}) and {field} ({len(values)}) at point #{i}."
+    return None
+
+
+def jtc_timeline(received, seam_tol_s: float = 1e-4):
+    """The points a joint_trajectory_controller reaches from ``received`` = ``[(receipt s, msg)]``
+    (ROS clock, arrival order), by its trajectory-replacement rules: a trajectory starts at its
+    ``header.stamp`` (zero: on receipt); its points are due ``time_from_start`` after that; the
+    playing trajectory is kept up to the new one's start (``seam_tol_s`` absorbs the stamp's
+    clock conversion) and the new one's points still in the future follow; one whose points are
+    all past is rejected. Returns ``[(t s, positions, velocities or None, message index)]``."""
+    played = []
+    for idx, (receipt, msg) in enumerate(received):
+        stamp = duration_s(msg.header.stamp)
+        start = stamp if stamp != 0.0 else receipt
+        points = [(start + duration_s(p.time_from_start), list(p.positions),
+                   list(p.velocities) if len(p.velocities) else None, idx) for p in msg.points]
+        future = [pt for pt in points if pt[0] > receipt]
+        if future:
+            played = [pt for pt in played if pt[0] <= start + seam_tol_s] + future
+    return played

@@ -10,6 +10,11 @@ Every goal ends with a result and a terminal status, whatever ends it:
   the control rate for the whole run, chunk waits included): no new request goes out, the arm
   holds, and the goal aborts with reason ``stale_camera``, ``message`` naming the view;
 * the client's cancel (``interrupted``, canceled) -- before the run started too;
+* the goal's stop condition (``stop_when``: a name from ``stop_conditions`` or a CheckSuccess
+  service; succeeded) or the driver's ``success_service`` (``until``; succeeded);
+* the operator (``operator_topic`` true): a goal that arrives meanwhile is accepted and ends at
+  once with reason ``operator`` (nothing published); a run under way holds within one control
+  period and aborts with ``operator``;
 * a newer goal (``goal_policy: preempt``: ``interrupted``, aborted, "preempted by a new goal");
 * the driver ending it: deactivate, shutdown, SIGINT/SIGTERM (``interrupted``, aborted, the
   message says which); a lost gateway (``error``, aborted, the transport error).
@@ -30,7 +35,7 @@ import json
 import math
 import threading
 import time
-from typing import Dict, Optional
+from typing import Dict, Optional, Tuple
 
 from rclpy.action import CancelResponse, GoalResponse
 from std_msgs.msg import String
@@ -39,10 +44,13 @@ from sequence_ai_msgs.srv import CheckSuccess
 
 from ..bag import events as _capture
 from ..observation import SensorError, StaleCameraError
-from .goal import CANCELED, SUCCEED, GoalRun, RunSlot, RunTrace
+from . import params as _params
+from .goal import CANCELED, OPERATOR_MESSAGE, SUCCEED, TYPED_ENDINGS, GoalRun, RunSlot, RunTrace
 
 PREEMPT_WAIT_S = 10.0
 """How long a new goal waits for the goal it preempted to unwind (s); then it aborts."""
+STOP_SERVICE_WAIT_S = 5.0
+"""How long a goal waits for the CheckSuccess service its stop_when names (s); then it ends error."""
 
 
 class GoalExecution:
@@ -82,28 +90,65 @@ class GoalExecution:
 
     # -- goal / cancel callbacks -------------------------------------------------------------
     def on_goal(self, goal_request) -> GoalResponse:
-        why = self._goal_refusal(goal_request)
+        """Reject a goal that cannot run (see :meth:`refusal`). A goal while the operator holds the
+        robot is accepted and ends at once with reason ``operator``, so the client reads why."""
+        why = self.refusal(goal_request)
         if why is not None:
-            self.node.get_logger().warning(f"rejected Act goal: {why}")
+            self.node.get_logger().warning(f"rejected Act goal: {why[1]}")
             return GoalResponse.REJECT
         return GoalResponse.ACCEPT
 
-    def _goal_refusal(self, goal_request) -> Optional[str]:
+    def refusal(self, goal_request) -> Optional[Tuple[str, str]]:
+        """``(word, message)`` when a goal (or a ~/start_policy request) cannot run: ``inactive``,
+        ``busy`` (goal_policy reject) or ``invalid`` (the message names the field); else None."""
         if not self.node._active:
-            return f"the driver is not active (lifecycle state {self.node._lifecycle_label()})"
+            return "inactive", f"the driver is not active (lifecycle state {self.node._lifecycle_label()})"
         if self.slot.busy and self.node._params.goal_policy == "reject":
-            return "a run is already active (goal_policy=reject)"
+            return "busy", "a run is already active (goal_policy=reject)"
         if not goal_request.instruction.strip():
-            return "empty instruction"
+            return "invalid", "empty instruction"
         if not (goal_request.max_seconds >= 0 and math.isfinite(goal_request.max_seconds)):
-            return f"max_seconds={goal_request.max_seconds}"
+            return "invalid", f"max_seconds={goal_request.max_seconds}: give a time bound > 0 s (0 = default_max_seconds)"
         if goal_request.params_json:
             try:
                 if not isinstance(json.loads(goal_request.params_json), dict):
                     raise ValueError("not an object")
             except ValueError as exc:
-                return f"params_json is not a JSON object ({exc})"
+                return "invalid", f"params_json is not a JSON object ({exc})"
+        try:
+            self.stop_service(goal_request.stop_when)
+        except ValueError as exc:
+            return "invalid", str(exc)
         return None
+
+    def stop_service(self, stop_when: str) -> Optional[str]:
+        """The CheckSuccess service a goal's ``stop_when`` names: a ``stop_conditions`` name, or an
+        absolute service name; "" = the driver's ``success_service`` (None without one).
+
+        Raises ValueError naming ``stop_when`` and the conditions offered."""
+        name = (stop_when or "").strip()
+        p = self.node._params
+        if not name:
+            return p.success_service or None
+        offered = _params.stop_conditions(p.stop_conditions)
+        if name in offered:
+            return offered[name]
+        if name.startswith("/"):
+            why = _params.service_name_problem(name)
+            if why:
+                raise ValueError(f"stop_when {why}")
+            return name
+        raise ValueError(f"stop_when {name!r} is not a stop condition this driver offers "
+                         f"({', '.join(sorted(offered)) or 'none: set stop_conditions'}) nor an absolute "
+                         f"CheckSuccess service name (/ns/name)")
+
+    def operator_took(self) -> None:
+        """The operator took the robot: every goal accepted or running ends ``operator`` (a running
+        one holds within one control period: the core watches the same Operator)."""
+        with self._goals_lock:
+            runs = list(self._goals.values())
+        for run in runs:
+            run.request_end("operator", OPERATOR_MESSAGE)
 
     def _goal_run(self, goal_handle) -> GoalRun:
         """The GoalRun of an accepted goal, made (with its stop token) the first time it is asked
@@ -179,8 +224,11 @@ class GoalExecution:
     def _before_start(self, run: GoalRun):
         """``(result, status)`` for a goal stopped before its run started (nothing was published,
         nothing to hold), else None."""
+        if self.node.operator.active:
+            return run.early("operator", OPERATOR_MESSAGE)
         if run.end_request is not None:
-            return run.early("interrupted", run.end_request[1])
+            why, message = run.end_request
+            return run.early(why if why in TYPED_ENDINGS else "interrupted", message)
         if not self.node._active:   # accepted just before a deactivate / shutdown reached it
             return run.early("interrupted", self.node._end_message or "the driver is not active")
         if run.cancel_accepted and self._cancel_confirmed(run):
@@ -191,7 +239,7 @@ class GoalExecution:
         """Episode end marker, the terminal status, the log line; returns the result."""
         if run.episode_started:  # capture: the end marker, with the result and the success label
             run.episode_started = False
-            label = bool(run.task_done) if self.node._success_client is not None else None
+            label = bool(run.task_done) if run.stop_client is not None else None
             self.node._episode_pub.publish(String(data=_capture.end_event(result, label)))
         handle = run.handle
         if status == CANCELED and handle.is_cancel_requested:
@@ -219,8 +267,11 @@ class GoalExecution:
             return run.early("error", f"no camera/joint data within {self.node._params.sensor_wait_s:g} s: "
                                       f"check the topic parameters")
         p = self.node._params
+        stopped = self._stop_client(run, goal)
+        if stopped is not None:
+            return stopped
         self.node._gate.open(1.0 / self.node.control_rate_hz if self.node.control_rate_hz else None)
-        until = (lambda: run.task_done) if self.node._success_client is not None else None
+        until = (lambda: run.task_done) if run.stop_client is not None else None
         self.node._episode_pub.publish(String(data=_capture.start_event(
             self.node, p, goal, getattr(run.handle, "goal_id", None), self.node.control_rate_hz)))
         run.episode_started = True
@@ -243,10 +294,25 @@ class GoalExecution:
             self._arm_freshness(False)
             # a normal ending lets its last queued row go out (an early one has latched already)
             gate = self.node._gate
-            gate.drain(timeout_s=gate.delay_s + (1.0 / (self.node.control_rate_hz or 15.0)) + 0.5)
+            gate.drain(timeout_s=gate.delay_s + (1.0 / (self.node.control_rate_hz or 15.0)) + 0.5,
+                       finish=self.node._outputs.end)
         self.last_outcome = outcome
         confirmed = outcome.reason == "interrupted" and run.end_request is None and self._cancel_confirmed(run)
         return run.finish(outcome, confirmed)
+
+    def _stop_client(self, run: GoalRun, goal):
+        """Give ``run`` the CheckSuccess client of its stop condition; ``(result, status)`` (error)
+        when the service the goal named is not there within STOP_SERVICE_WAIT_S, else None."""
+        run.stop_when = (goal.stop_when or "").strip()
+        service = self.stop_service(goal.stop_when)
+        if service is None:
+            return None
+        client = self.node.check_success_client(service)
+        if run.stop_when and not client.wait_for_service(timeout_sec=STOP_SERVICE_WAIT_S):
+            return run.early("error", f"stop_when {run.stop_when!r}: no CheckSuccess service {service} "
+                                      f"within {STOP_SERVICE_WAIT_S:g} s")
+        run.stop_client = client
+        return None
 
     def wait_for_sensors(self, run: Optional[GoalRun] = None) -> bool:
         """Wait (up to ``sensor_wait_s``) for every stream; False on timeout, a fault, a cancel
@@ -277,7 +343,7 @@ class GoalExecution:
 
     # -- the callbacks handed to the core -------------------------------------------------
     def publish(self, values: list) -> None:
-        self.node._outputs.publish(values)
+        self.node._outputs.publish(values, *self.node._gate.emitting)   # (due, plan) of this row
 
     def published(self, t: float, values: list, due: Optional[float]) -> None:
         """The gate published ``values`` at monotonic ``t`` (s; ``due`` unused): record it."""
@@ -402,6 +468,7 @@ class GoalExecution:
             self.obs_to_chunk_s = time.monotonic() - self._observed_at
         if hz:
             self.node._gate.set_period(1.0 / float(hz))
+        self.node._gate.attach(self.node._outputs.plan(chunk, self.node.policy))   # chunk-native trajectories
         run = self.run
         if run is not None:
             run.trace.seams.append(self.node._gate.accepted)  # this chunk's first row is the next one accepted
@@ -415,14 +482,15 @@ class GoalExecution:
     def poll_success(self) -> None:
         """Ask the success service (never blocks: the answer lands in a done-callback)."""
         run = self.run
-        if run is None or run.task_done or self._success_call is not None or self.node.policy is None:
+        client = None if run is None else (run.stop_client or (None if run.stop_when else self.node._success_client))
+        if client is None or run.task_done or self._success_call is not None or self.node.policy is None:
             return
-        if not self.node._success_client.service_is_ready():
+        if not client.service_is_ready():
             return
         instruction = self.node.policy.instruction
         if instruction is None:      # the goal's run has not pinned its instruction yet: next tick
             return
-        call = self.node._success_client.call_async(CheckSuccess.Request(instruction=instruction))
+        call = client.call_async(CheckSuccess.Request(instruction=instruction))
         self._success_call = call
 
         def done(fut, asked=instruction, for_run=run):

@@ -13,6 +13,8 @@ Nothing here imports rclpy: ``publish`` is any callable.
 """
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import math
 import os
 import threading
@@ -20,7 +22,41 @@ import time
 from collections import deque
 from typing import Optional
 
-__all__ = ["CommandGate", "set_thread_realtime"]
+__all__ = ["CommandGate", "set_thread_realtime", "sleep_holding_gil"]
+
+
+class _Timespec(ctypes.Structure):
+    _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
+
+
+def _clock_nanosleep():
+    """libc's ``clock_nanosleep`` called through ``ctypes.PyDLL`` (which keeps the GIL), or None."""
+    if not hasattr(time, "CLOCK_MONOTONIC") or os.name != "posix":
+        return None
+    try:
+        fn = ctypes.PyDLL(ctypes.util.find_library("c") or "libc.so.6").clock_nanosleep
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.POINTER(_Timespec), ctypes.c_void_p]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+_NANOSLEEP = _clock_nanosleep()
+_TIMER_ABSTIME = 1
+
+
+def sleep_holding_gil(until: float) -> bool:
+    """Sleep until ``time.monotonic()`` reaches ``until`` (s) WITHOUT releasing the GIL: no other
+    Python thread of the process runs meanwhile, so the caller has the GIL the moment it wakes.
+    Returns False (nothing done) where libc's ``clock_nanosleep`` is not available."""
+    if _NANOSLEEP is None:
+        return False
+    ns = int(until * 1e9)
+    ts = _Timespec(ns // 1_000_000_000, ns % 1_000_000_000)
+    while _NANOSLEEP(time.CLOCK_MONOTONIC, _TIMER_ABSTIME, ctypes.byref(ts), None) == 4:   # EINTR: again
+        pass
+    return True
 
 
 def set_thread_realtime(priority: int) -> Optional[str]:
@@ -75,11 +111,20 @@ class CommandGate:
             out and when it was due (monotonic s; ``due`` is None without the thread).
         rt_priority: SCHED_FIFO priority of the publisher thread (0 = normal scheduling).
         on_rt_error: called with the reason when ``rt_priority`` could not be applied.
+        gil_lead_s: how long before a row's due time (s, >= 0) the thread takes the GIL back and
+            then sleeps to the due time holding it (:func:`sleep_holding_gil`): another thread's
+            long C call (a JPEG encode, a JSON dump, an executor's wait-set rebuild) cannot delay
+            the publish then, at the price of pausing the process's other Python threads for at
+            most this long per row. 0 = wake at the due time and wait for the GIL like any thread.
     """
 
-    def __init__(self, publish, delay_s: float, on_published, rt_priority: int = 0, on_rt_error=None) -> None:
+    def __init__(self, publish, delay_s: float, on_published, rt_priority: int = 0, on_rt_error=None,
+                 gil_lead_s: float = 0.0) -> None:
         if not (delay_s >= 0.0 and math.isfinite(delay_s)):
             raise ValueError(f"publish delay must be a finite number of seconds >= 0, got {delay_s}")
+        if not (gil_lead_s >= 0.0 and math.isfinite(gil_lead_s)):
+            raise ValueError(f"GIL lead must be a finite number of seconds >= 0, got {gil_lead_s}")
+        self.gil_lead_s = float(gil_lead_s)
         self._publish = publish
         self._on_published = on_published
         self.delay_s = float(delay_s)
@@ -88,7 +133,11 @@ class CommandGate:
         self.last: Optional[list] = None  # the last published row of this run
         self.accepted = 0                 # rows handed over by the core in this run
         self.regrids = 0                  # rows that moved the grid later (diagnostics)
-        self._queue: deque = deque()      # (due monotonic s, values)
+        self._queue: deque = deque()      # (due monotonic s, values, plan)
+        self._plan = None                 # attached to the next row submitted (attach)
+        #: (due, plan) of the row being published, for ``publish`` to read (it runs under the
+        #: lock): due = its slot (monotonic s), None for the hold; plan = what attach() gave it
+        self.emitting: tuple = (None, None)
         self._next_due: Optional[float] = None
         self._period_s: Optional[float] = None
         self._stopped = False
@@ -104,6 +153,7 @@ class CommandGate:
         with self.cond:
             self.latched, self.last, self.accepted, self.regrids = False, None, 0, 0
             self._queue.clear()
+            self._plan = None
             self._next_due = None
             self._period_s = period_s
 
@@ -112,6 +162,11 @@ class CommandGate:
         with self.cond:
             self._period_s = float(period_s)
 
+    def attach(self, plan) -> None:
+        """Hand ``plan`` (opaque: a chunk's planned rows) to ``publish`` with the next row submitted."""
+        with self.cond:
+            self._plan = None if self.latched else plan
+
     def submit(self, values: list) -> bool:
         """Take one row from the core (at its deadline); False when latched (the row is dropped)."""
         arrival = time.monotonic()
@@ -119,8 +174,9 @@ class CommandGate:
             if self.latched:
                 return False
             self.accepted += 1
+            plan, self._plan = self._plan, None
             if self._thread is None or self._period_s is None:
-                self._emit(values)
+                self._emit(values, None, plan, arrival)
                 return True
             due = arrival + min(self.delay_s, 0.5 * self._period_s)  # the first row: < one period late
             if self._next_due is not None:
@@ -128,7 +184,7 @@ class CommandGate:
                     self.regrids += 1
                 due = max(due, self._next_due)
             self._next_due = due + self._period_s
-            self._queue.append((due, values))
+            self._queue.append((due, values, plan))
             self.cond.notify_all()
             return True
 
@@ -143,16 +199,20 @@ class CommandGate:
                 return None
             self.latched = True
             self._queue.clear()
+            self._plan = None
             self.cond.notify_all()
             target = target_for(self.last)
             if target is None:
                 return []
+            self.emitting = (None, None)
             self._publish(target)
             return target
 
-    def drain(self, timeout_s: float) -> bool:
+    def drain(self, timeout_s: float, finish=None) -> bool:
         """End a run that finished normally: wait (up to ``timeout_s``) for queued rows, then latch.
 
+        ``finish()``, when given, is called under the lock just before the latch unless a hold
+        latched first (an output that sent rows ahead cuts them at the last one published).
         Returns True when every queued row went out (rows left after the timeout are dropped).
         """
         deadline = time.monotonic() + timeout_s
@@ -163,8 +223,11 @@ class CommandGate:
                     break
                 self.cond.wait(left)
             flushed = not self._queue
-            self.latched = True
             self._queue.clear()
+            if finish is not None and not self.latched:
+                finish()
+            self.latched = True
+            self._plan = None
             return flushed
 
     def stop(self) -> None:
@@ -177,7 +240,8 @@ class CommandGate:
         if self._thread is not None:
             self._thread.join(timeout=2.0)
 
-    def _emit(self, values: list, due: Optional[float] = None) -> None:
+    def _emit(self, values: list, due: Optional[float], plan=None, slot: Optional[float] = None) -> None:
+        self.emitting = (due if due is not None else slot, plan)
         self._publish(values)
         self.last = values
         self._on_published(time.monotonic(), values, due)
@@ -191,12 +255,16 @@ class CommandGate:
                 if self.latched or not self._queue:
                     self.cond.wait()
                     continue
-                due, values = self._queue[0]
+                due, values, plan = self._queue[0]
                 left = due - time.monotonic()
-                if left > 0:
-                    self.cond.wait(left)  # a hold, a stop or a new row wakes it: everything is re-checked
+                if left > self.gil_lead_s:
+                    # a hold, a stop or a new row wakes it: everything is re-checked
+                    self.cond.wait(left - self.gil_lead_s)
+                    continue
+                if left > 0 and not sleep_holding_gil(due):   # the lock and the GIL held: nothing changes
+                    self.cond.wait(left)
                     continue
                 self._queue.popleft()
-                self._emit(values, due)
+                self._emit(values, due, plan)
                 self.cond.notify_all()    # drain() waits for the queue to empty
 

@@ -25,11 +25,13 @@ from sequence_ai import StopToken
 from sequence_ai_msgs.action import Act
 
 __all__ = ["RunTrace", "GoalRun", "RunSlot", "fill_result", "fill_seams", "SUCCEED", "ABORT", "CANCELED",
-           "TYPED_ENDINGS"]
+           "TYPED_ENDINGS", "OPERATOR_MESSAGE"]
 
 SUCCEED, ABORT, CANCELED = "succeed", "abort", "canceled"
 #: Endings the driver itself decides and reports as the result's reason (aborted).
-TYPED_ENDINGS = ("stale_camera",)
+TYPED_ENDINGS = ("stale_camera", "operator")
+#: The result's message when the operator holds the robot.
+OPERATOR_MESSAGE = "an operator holds the robot (operator_topic is true): the run was refused or held"
 
 
 @dataclass
@@ -101,6 +103,8 @@ class GoalRun:
         stop_reason: why ``validate`` stopped the run (the stream or bound), else None.
         status: ``starting`` (waiting for sensors / the first chunk) or ``running``.
         task_done: the success service said the task is done (``until``).
+        stop_when: the goal's stop condition as asked ("" = the driver's success_service, if any);
+        stop_client: the CheckSuccess client polled for this run, else None.
         end_request: ``(why, message)`` when something other than the client ended the run
             (``preempted``, ``deactivated``, ``shutdown``, ``stale_camera``); None otherwise.
         stop: this goal's ``StopToken``: stopped by :meth:`cancel` and :meth:`request_end`, never
@@ -118,6 +122,8 @@ class GoalRun:
         self.last_good = None
         self.status = "starting"
         self.task_done = False
+        self.stop_when = ""
+        self.stop_client = None
         self.episode_started = False
         self.end_request: Optional[Tuple[str, str]] = None
         self.cancel_accepted = False     # this node's cancel callback accepted a cancel for it
@@ -172,7 +178,8 @@ class GoalRun:
         core reported (it stopped through validate or observe). An
         ``interrupted`` run is canceled when the client asked, aborted with the end request's
         message when the driver ended it (preempt, deactivate, shutdown); ``validate`` and
-        ``error`` abort; ``completed`` / ``until`` / ``timeout`` succeed.
+        ``error`` abort; ``completed`` / ``until`` / ``timeout`` succeed; ``until`` reads
+        ``stop_when`` when the goal named its stop condition; ``operator`` aborts.
         """
         result = Act.Result()
         fill_result(result, outcome)
@@ -181,6 +188,12 @@ class GoalRun:
         if self.end_request is not None and self.end_request[0] in TYPED_ENDINGS:
             result.reason, result.message = self.end_request
             return result, ABORT
+        if reason == "operator":   # the core saw the operator first
+            result.message = OPERATOR_MESSAGE
+            return result, ABORT
+        if reason == "until" and self.stop_when:
+            result.reason, result.message = "stop_when", f"stop condition {self.stop_when!r} answered success"
+            return result, SUCCEED
         if reason == "interrupted" and self.end_request is not None:
             result.message = self.end_request[1]
             return result, ABORT

@@ -23,9 +23,12 @@ Parameters change at run time through the set-parameters callback, which applies
 each change with a reason (read-only ones are refused by rclpy; see :mod:`.params`).
 
 Interfaces (names relative, so a namespace gives two drivers their own robots): ``~/act``
-(``sequence_ai_msgs/action/Act``), ``~/instruction`` (``std_msgs/String``, swaps the instruction
-without stopping), ``~/wait_until_ready`` (``std_srvs/Trigger``), ``~/episode`` (episode markers
-for the recorder), diagnostics on ``/diagnostics`` and ``~/status`` (``DiagnosticArray``).
+(``sequence_ai_msgs/action/Act``), ``~/start_policy`` / ``~/cancel_policy`` / ``~/outcome`` (the
+same runs for clients without actions, :mod:`.services`), ``~/instruction`` (``std_msgs/String``,
+swaps the instruction without stopping), ``operator_topic`` (``std_msgs/Bool``, default
+``~/operator_active``: a person who outranks every client), ``~/wait_until_ready``
+(``std_srvs/Trigger``), ``~/episode`` (episode markers for the recorder), diagnostics on
+``/diagnostics`` and ``~/status`` (``DiagnosticArray``).
 """
 from __future__ import annotations
 
@@ -42,7 +45,7 @@ from rclpy.callback_groups import MutuallyExclusiveCallbackGroup, ReentrantCallb
 from rclpy.lifecycle import LifecycleNodeMixin, TransitionCallbackReturn
 from rclpy.node import Node
 from rclpy.qos import qos_profile_sensor_data
-from std_msgs.msg import String
+from std_msgs.msg import Bool, String
 from std_srvs.srv import Trigger
 
 import sequence_ai
@@ -56,6 +59,7 @@ from . import params as _params
 from .execution import GoalExecution
 from .gate import CommandGate
 from .outputs import CommandOutputs
+from .services import PolicyServices
 
 __all__ = ["PolicyDriver", "ConfigureError"]
 
@@ -111,6 +115,10 @@ class PolicyDriver(LifecycleNodeMixin, Node):
         self._config_error: Optional[Exception] = None
         self._diag = (DiagnosticStatus.WARN, "unconfigured")
         self._success_client = None
+        self._check_clients: dict = {}              # CheckSuccess clients by service name (configure's)
+        self._check_group = MutuallyExclusiveCallbackGroup()
+        #: the person who outranks every client (``operator_topic``); handed to the core's runs
+        self.operator = sequence_ai.Operator()
         self.goals = GoalExecution(self)             # the Act action: goals, the run slot, the core's callbacks
         self._freshness_timer = None
         self._make_interfaces()
@@ -135,7 +143,21 @@ class PolicyDriver(LifecycleNodeMixin, Node):
             self, Act, "~/act", execute_callback=self.goals.execute, goal_callback=self.goals.on_goal,
             handle_accepted_callback=self.goals.on_accepted, cancel_callback=self.goals.on_cancel, callback_group=act)
         self.blocking_callback_groups += [ready, act]   # a cold start's wait; the goal's run
+        self.policy_services = PolicyServices(self)   # ~/start_policy, ~/cancel_policy, ~/outcome
+        if p.operator_topic:
+            self.create_subscription(Bool, p.operator_topic, self._on_operator, 10,
+                                     callback_group=MutuallyExclusiveCallbackGroup())
 
+    def _on_operator(self, msg: Bool) -> None:
+        """The operator topic: true holds the robot (a run under way ends ``operator``), false frees it."""
+        active = bool(msg.data)
+        if active == self.operator.active:
+            return
+        self.operator.set(active)   # the core's run holds within one control period
+        if active:
+            self.goals.operator_took()
+        self.get_logger().warning("operator holds the robot: runs are refused" if active
+                                  else "operator released the robot: runs are accepted")
     def _autostart(self) -> None:
         """configure + activate now (``autostart``); a refusal raises, a gateway timeout logs."""
         if self.trigger_configure() != SUCCESS:
@@ -233,17 +255,27 @@ class PolicyDriver(LifecycleNodeMixin, Node):
                                        lambda: self.get_clock().now().to_msg())
         self._gate = CommandGate(self.goals.publish, p.publish_delay_ms / 1000.0, self.goals.published,
                                  p.realtime_priority,
-                                 lambda why: self.get_logger().warning(f"publisher thread not real-time: {why}"))
+                                 lambda why: self.get_logger().warning(f"publisher thread not real-time: {why}"),
+                                 gil_lead_s=p.publish_gil_lead_ms / 1000.0)
         # camera freshness at the control rate, also while the loop waits for a chunk (armed per run)
         self._freshness_timer = self.create_timer(1.0 / (self.control_rate_hz or 15.0), self.goals.watch_cameras,
                                                   callback_group=MutuallyExclusiveCallbackGroup())
         self._freshness_timer.cancel()
         self._config_entities.append(self._freshness_timer)
         if p.success_service:
-            group = MutuallyExclusiveCallbackGroup()
-            self._success_client = self.create_client(CheckSuccess, p.success_service, callback_group=group)
-            timer = self.create_timer(1.0 / p.success_poll_hz, self.goals.poll_success, callback_group=group)
-            self._config_entities += [self._success_client, timer]
+            self._success_client = self.check_success_client(p.success_service)
+        # the stop conditions' poll (success_service, a goal's stop_when); asks only while a run has one
+        self._config_entities.append(self.create_timer(1.0 / p.success_poll_hz, self.goals.poll_success,
+                                                       callback_group=self._check_group))
+
+    def check_success_client(self, service: str):
+        """The ``CheckSuccess`` client of ``service``, made once per configure (released by cleanup)."""
+        client = self._check_clients.get(service)
+        if client is None:
+            client = self._check_clients[service] = self.create_client(CheckSuccess, service,
+                                                                       callback_group=self._check_group)
+            self._config_entities.append(client)
+        return client
 
     def _connect(self):
         """``sequence_ai.connect`` with retries while the gateway is not reachable (see configure)."""
@@ -255,7 +287,8 @@ class PolicyDriver(LifecycleNodeMixin, Node):
         while True:
             attempt += 1
             try:
-                policy = sequence_ai.connect(p.model, api_key=api_key, gateway_url=p.gateway_url or None)
+                policy = sequence_ai.connect(p.model, api_key=api_key, gateway_url=p.gateway_url or None,
+                                             operator=self.operator)
                 policy.__enter__()
                 return policy
             except sequence_ai.SequencesError as exc:
@@ -343,6 +376,7 @@ class PolicyDriver(LifecycleNodeMixin, Node):
         self._config_entities = []
         self._freshness_timer = None
         self._success_client = None
+        self._check_clients = {}
         if self._gate is not None:
             self._gate.stop()
             self._gate = None

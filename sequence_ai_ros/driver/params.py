@@ -97,6 +97,50 @@ def _relative_or_absolute_topic(value) -> Optional[str]:
     return None
 
 
+def _topic_or_empty(value) -> Optional[str]:
+    return _relative_or_absolute_topic(value) if value else None
+
+
+def service_name_problem(value, absolute: bool = True) -> Optional[str]:
+    """None for a ROS service name (``/a/b``; with ``absolute=False`` also ``a/b`` or ``~/a``),
+    else why it is not one."""
+    text = str(value)
+    body = text[1:] if text.startswith("/") else (text[2:] if text.startswith("~/") and not absolute else text)
+    parts = body.split("/")
+    if (absolute and not text.startswith("/")) or not all(
+            part and part.replace("_", "a").isalnum() and not part[0].isdigit() for part in parts):
+        kind = "an absolute service name (/ns/name" if absolute else "a service name (ns/name or /ns/name"
+        return f"{text!r} is not {kind}: letters, digits, _)"
+    return None
+
+
+def stop_conditions(values) -> Dict[str, str]:
+    """``{name: service}`` from ``stop_conditions`` entries ``name=/service``.
+
+    Raises ValueError naming the entry that is not one."""
+    out: Dict[str, str] = {}
+    for entry in values or []:
+        name, eq, service = str(entry).partition("=")
+        name, service = name.strip(), service.strip()
+        if not eq or not name or not name.replace("_", "a").replace("-", "a").isalnum():
+            raise ValueError(f"entry {entry!r} is not name=/service (name: letters, digits, _ -)")
+        why = service_name_problem(service, absolute=False)
+        if why:
+            raise ValueError(f"entry {entry!r}: {why}")
+        if name in out:
+            raise ValueError(f"names {name!r} twice")
+        out[name] = service
+    return out
+
+
+def _stop_conditions(values) -> Optional[str]:
+    try:
+        stop_conditions(values)
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
 _VIEW_RULES = ("receive", "header")
 _ALIGN = ("latest", "asof", "drop")
 _BIG = 1e9
@@ -148,6 +192,13 @@ TABLE: Dict[str, Spec] = {
                            validator=_distinct_names),
     "gripper_scale": Spec(1.0, "Gripper command = policy gripper value x this (e.g. 0.04 m for an FR3 finger "
                                "joint from a 0..1 action).", lo=-_BIG, hi=_BIG),
+    "trajectory_output": Spec("rows", "command_mode joint_trajectory_controller: rows (one single-point "
+                              "trajectory per control tick) or chunk (each chunk as one JointTrajectory, every row "
+                              "at its time_from_start, stamped with its first row's due time so it takes over from "
+                              "the playing one at the seam).", choices=("rows", "chunk")),
+    "trajectory_velocities": Spec(False, "trajectory_output chunk: give every point velocities from the rows "
+                                         "(central differences) for a controller that interpolates position + "
+                                         "velocity (cubic: joint velocity continuous across seams)."),
     "command_topic": Spec("joint_commands", "Joint command topic (command_mode joint_commands).",
                           validator=_relative_or_absolute_topic),
     "command_type": Spec("float64_multi_array", "float64_multi_array, joint_trajectory, joint_state, or a registered "
@@ -160,6 +211,11 @@ TABLE: Dict[str, Spec] = {
     "publish_delay_ms": Spec(2.0, "Commands go out on the driver's own monotonic grid this long (ms) after the "
                                   "core's paced deadline, absorbing its wake-up jitter; must be below half a control "
                                   "period; 0 = publish from the core's callback directly.", lo=0.0, hi=1000.0),
+    "publish_gil_lead_ms": Spec(1.0, "The publisher thread (publish_delay_ms > 0) takes Python's GIL back this long "
+                                     "(ms) before each command's due time and sleeps to it holding the GIL, so another "
+                                     "thread's long C call (JPEG encode, JSON, the executor) cannot delay the publish; "
+                                     "the driver's other Python threads pause at most this long per command (1 ms = "
+                                     "1.5 % of the time at 15 Hz, 10 % at 100 Hz). 0 = off.", lo=0.0, hi=100.0),
     "realtime_priority": Spec(0, "SCHED_FIFO priority (1-99) of the publisher thread (publish_delay_ms > 0); 0 = "
                                  "normal scheduling. Needs CAP_SYS_NICE or an rtprio limit; refused by the OS = a "
                                  "warning.", lo=0, hi=99),
@@ -194,8 +250,17 @@ TABLE: Dict[str, Spec] = {
                             lo=0.0, hi=_BIG, above=True, runtime=True),
     "success_service": Spec("", "Optional sequence_ai_msgs/srv/CheckSuccess service polled during a run; success "
                                 "ends it early with reason 'until'. Empty = run until max_seconds."),
-    "success_poll_hz": Spec(2.0, "How often the success service is asked during a run (Hz).",
-                            lo=0.0, hi=100.0, above=True),
+    "success_poll_hz": Spec(2.0, "How often the success service (or a goal's stop_when service) is asked during "
+                                 "a run (Hz).", lo=0.0, hi=100.0, above=True),
+    "stop_conditions": Spec(_STRINGS, "Named stop conditions an Act goal's or ~/start_policy's stop_when may ask for, "
+                                      "as name=/service entries (each a sequence_ai_msgs/srv/CheckSuccess service, "
+                                      "polled at success_poll_hz); success ends the run with reason stop_when.",
+                            validator=_stop_conditions),
+    "operator_topic": Spec("~/operator_active", "std_msgs/Bool topic of the human operator, who outranks every "
+                                                "client: while true, Act goals and ~/start_policy are refused "
+                                                "(reason operator) and a run under way holds within one control "
+                                                "period and ends operator. Empty = no operator topic.",
+                           validator=_topic_or_empty, fixed=True),
 }
 
 
