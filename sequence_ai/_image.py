@@ -10,6 +10,15 @@ size (the worker refuses any other); a frame of another aspect ratio is refused 
 ValueError naming both ratios, because which part of the scene to crop away is the caller's
 decision. With no declared size the long edge is capped at 640 px. Quality is 95: lower
 measurably degrades the policies we serve, higher only costs bytes.
+
+One rule for both forms of ``observation()``: hand it the camera's native frame, never a frame
+you shrank. With a model (or ``contract=``) each frame is resampled once, straight from the
+native pixels, to its camera's declared size and encoded. Without one the frame is encoded at its
+native size (long edge capped at 640) and keeps its native pixels beside the JPEG
+(:class:`NativeJPEG`): a connected Policy that sends it to a deployment declaring another size
+re-encodes it once from those pixels at the declared size (``fit_declared_sizes``, in the
+client's contract check), so the wire carries exactly the declared size and the frame was
+resampled once, from native.
 """
 from __future__ import annotations
 
@@ -22,7 +31,7 @@ from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
 from sequence_ai_core import ContractMismatch, ImageFrame, Observation, Proprioception
 from sequence_ai_core.protocol import Contract
 
-__all__ = ["encode", "encode_jpeg", "encode_jpeg_bytes", "encode_depth_png", "observation"]
+__all__ = ["encode", "encode_jpeg", "encode_jpeg_bytes", "encode_depth_png", "observation", "NativeJPEG"]
 
 JPEG_QUALITY = 95
 MAX_LONG_EDGE = 640
@@ -141,6 +150,44 @@ def encode_jpeg_bytes(image: Any, quality: int = JPEG_QUALITY,
     buf = io.BytesIO()
     Image.fromarray(arr).save(buf, format="JPEG", quality=int(quality))
     return buf.getvalue()
+
+
+class NativeJPEG(bytes):
+    """JPEG bytes of a frame encoded at its native size (long edge capped at 640 px) that keep
+    the native pixels, so a client that learns the declared size later encodes it once from them.
+
+    Attributes:
+        pixels: the native HxWx3 / HxW uint8 array. quality: the JPEG quality used (1-100).
+        view: the camera view (for error messages).
+    """
+
+    pixels: Any
+    quality: int
+    view: str
+
+    @classmethod
+    def of(cls, pixels: Any, quality: int = JPEG_QUALITY, view: str = "frame") -> "NativeJPEG":
+        """Encode ``pixels`` (any frame ``encode_jpeg_bytes`` takes) with no declared size."""
+        arr = _as_array(pixels)
+        out = cls(encode_jpeg_bytes(arr, quality, None, view))
+        out.pixels, out.quality, out.view = arr, int(quality), view
+        return out
+
+    @property
+    def size(self) -> Tuple[int, int]:
+        """``(width, height)`` of the encoded frame (px)."""
+        return _target_size(self.pixels, None, self.view)
+
+    def at_size(self, width: int, height: int) -> bytes:
+        """JPEG bytes at ``width x height`` (px), resampled once from the native pixels; these
+        bytes when they already are that size.
+
+        Raises:
+            ValueError: the native aspect ratio differs from ``width:height`` (crop first).
+        """
+        if self.size == (int(width), int(height)):
+            return self
+        return encode_jpeg_bytes(self.pixels, self.quality, (int(width), int(height)), self.view)
 
 
 def encode_jpeg(image: Any, quality: int = JPEG_QUALITY) -> str:
@@ -286,9 +333,12 @@ def observation(model: Any = None, *, images: Mapping[str, Any], joints: Sequenc
         observation(model_row, images=..., ...)                               # a catalogue row
 
     Each frame is JPEG-encoded at quality 95 and kept as raw JPEG bytes (the binary /act body
-    sends them as is; JSON base64-encodes them). With a declaration each frame is sized to its
-    declared camera (the worker refuses any other size); without one, the long edge is capped
-    at 640 px and the frame's own size is kept below that.
+    sends them as is; JSON base64-encodes them). With a declaration each frame is resampled once
+    from the native pixels to its declared camera's size (the worker refuses any other size);
+    without one, the long edge is capped at 640 px, the frame's own size is kept below that, and
+    the native pixels stay with the bytes (:class:`NativeJPEG`): a connected Policy whose
+    deployment declares another size re-encodes the frame from them once, at that size, before
+    sending. Either way: pass the native frame, do not downscale it first.
 
     Args:
         model: ``ModelInfo`` (``sequence_ai.models()``), connected Policy, contract dict or
@@ -330,8 +380,9 @@ def observation(model: Any = None, *, images: Mapping[str, Any], joints: Sequenc
             continue
         size = sizes[view][:2] if view in sizes else None
         for frame in _frames_of(view, given, history if view in sizes else 1):
-            frames.append(ImageFrame(view=view, data=encode_jpeg_bytes(frame, quality, size, view),
-                                     timestamp_ms=timestamp_ms))
+            data = (encode_jpeg_bytes(frame, quality, size, view) if size is not None
+                    else NativeJPEG.of(frame, quality, view))
+            frames.append(ImageFrame(view=view, data=data, timestamp_ms=timestamp_ms))
     obs = Observation(
         images=frames,
         proprioception=Proprioception(joint_positions=joints, gripper=gripper,

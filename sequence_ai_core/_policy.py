@@ -27,6 +27,7 @@ from ._loop import ControlLoop, LoopConfig
 from ._options import DEFAULT_BODY_FORMAT, DEFAULT_TIMEOUT_S, ConnectOptions, print_queue_position
 from ._prefetch import LatencyEstimate
 from ._types import ModelInfo, Prediction, RunOutcome, observation_to_wire
+from ._frames import fit_declared_sizes
 from ._wire import WorkerLink, fetch_models
 
 __all__ = ["AsyncPolicy", "DEFAULT_TIMEOUT_S", "DEFAULT_BODY_FORMAT", "warn_if_no_validate"]
@@ -545,7 +546,10 @@ class AsyncPolicy:
                     details={"problems": problems, "contract": self.contract})
 
     def _check(self, wire: Dict[str, Any]) -> Dict[str, Any]:
-        """Check an observation against the contract (validate="warn"/"strict"/"off")."""
+        """Check an observation against the contract (validate="warn"/"strict"/"off"); frames that
+        carry their native pixels are first encoded at their declared size (``_frames``)."""
+        if self.contract:
+            fit_declared_sizes(wire, self.contract_spec.observation)
         if self._validate_mode == "off" or not self.contract:
             return wire
         dropped = drop_undeclared_views(wire, self.contract_spec.observation)

@@ -64,7 +64,9 @@ def frame_data(frame: dict, where: str, blobs: Optional[memoryview]) -> Any:
 def _size_mismatch(where: str, got: tuple[int, int], expect: tuple[int, int]) -> ApiError:
     w, h = expect
     return _bad(f"{where}: frame is {got[0]}x{got[1]}, this policy reads {w}x{h}",
-                hint=f"resize the frame to {w}x{h} (width x height) before encoding it",
+                hint=f"send the camera's native frame through a connected sequence_ai Policy, or build the "
+                     f"observation with sequence_ai.observation(policy, ...): it is resampled once, from the native "
+                     f"pixels, to {w}x{h} (width x height) when encoded; do not shrink it yourself first",
                 view_size=list(got), expected=[w, h])
 
 
