@@ -42,7 +42,9 @@ import statistics
 from collections import deque
 from typing import Deque, Optional
 
-__all__ = ["LatencyEstimate", "WINDOW"]
+from .protocol import MAX_DEADLINE_MS
+
+__all__ = ["DeadlineEstimate", "LatencyEstimate", "MAX_DEADLINE_MS", "WINDOW"]
 
 #: How many recent refills the maximum is taken over (requests).
 WINDOW = 16
@@ -123,3 +125,47 @@ class LatencyEstimate:
         """
         lead = self.lead_s(period_s)
         return lead is None or time_left_s <= lead
+
+
+class DeadlineEstimate:
+    """The deadline each /act carries, so a shared worker serves the robot about to run dry first.
+
+    ``deadline_ms`` = the playback the robot has left when it sends, less its network round
+    trip: the time the worker has to answer. The round trip planned for is the worst of the
+    last ``window`` answers' ``round trip - server_ms`` (the worker reports ``server_ms``, the
+    time from queueing to answering; what is left is the network and both ends' handling), 0
+    before any. It is at least 1 ms (a robot already out of actions asks for the soonest
+    answer) and at most ``MAX_DEADLINE_MS``. ``period_ms``, the robot's declared time between
+    chunks, is the median gap between its recent requests (the worker orders a session's
+    requests at least 3/4 of it apart: a robot cannot buy priority by claiming short
+    deadlines more often than once a period). A worker that predates deadlines ignores both.
+
+    Args:
+        window: how many recent answers the round trip is taken over (default ``WINDOW``).
+    """
+
+    def __init__(self, window: int = WINDOW) -> None:
+        self._network: Deque[float] = deque(maxlen=max(1, int(window)))
+
+    def note_answer(self, round_trip_s: float, server_ms: object) -> None:
+        """One answer: its round trip as the client measured it (s) and the worker's
+        ``server_ms`` (a number, or None from a worker that does not report it: not counted)."""
+        if isinstance(server_ms, (int, float)) and not isinstance(server_ms, bool) and server_ms >= 0:
+            self._network.append(max(0.0, float(round_trip_s) - float(server_ms) / 1000.0))
+
+    @property
+    def network_s(self) -> Optional[float]:
+        """The worst recent network round trip (s); None before an answer reported ``server_ms``."""
+        return max(self._network) if self._network else None
+
+    def fields(self, playback_left_s: float, intervals_s: "list[float]") -> "dict[str, float]":
+        """The body fields for a request sent with ``playback_left_s`` (s) of actions left, by a
+        robot whose recent gaps between requests were ``intervals_s`` (s) ->
+        ``{"deadline_ms": ms, "period_ms": ms}`` (no ``period_ms`` before two requests)."""
+        left_ms = (float(playback_left_s) - (self.network_s or 0.0)) * 1000.0
+        out = {"deadline_ms": round(min(MAX_DEADLINE_MS, max(1.0, left_ms)), 3)}
+        if intervals_s:
+            period_ms = statistics.median(intervals_s) * 1000.0
+            if 0.0 < period_ms <= MAX_DEADLINE_MS:
+                out["period_ms"] = round(period_ms, 3)
+        return out

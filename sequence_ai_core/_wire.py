@@ -58,6 +58,7 @@ from ._lease import (_DROPPED, INTERVAL_WINDOW, LEASE_MARGIN_FLOOR_S, LEASE_MARG
                      LEASE_MARGIN_MAX_FRACTION, LEASE_MARGIN_S, RENEW_BESIDE_S, RENEW_RETRY_FIRST_S,
                      RENEW_RETRY_MAX_S, RENEW_TIMEOUT_S, LeaseRenewal, Session, _lease_ttl, _renew_at,
                      lease_margin)
+from ._prefetch import DeadlineEstimate
 from ._types import ModelInfo, Prediction
 from ._transport import CHANNEL_PAUSE_S, TRANSPORTS, Transports  # noqa: F401
 from .protocol import JSON_CONTENT_TYPE, encode_act_body
@@ -106,13 +107,37 @@ def _refuses_binary(response: httpx.Response) -> bool:
 
 
 def _act_body(params: Dict[str, Any], observation: Dict[str, Any], extra: Optional[Dict[str, Any]],
-              episode_id: Optional[str], delay: Optional[Dict[str, Any]]) -> Dict[str, Any]:
-    body: Dict[str, Any] = {"observation": observation, "params": {**params, **(extra or {})}}
+              episode_id: Optional[str], delay: Optional[Dict[str, Any]],
+              deadline: Optional[Dict[str, float]] = None) -> Dict[str, Any]:
+    """The /act body; ``deadline`` (``DeadlineEstimate.fields``) goes first, where the worker
+    reads it without parsing the rest."""
+    body: Dict[str, Any] = dict(deadline or {})
+    body.update({"observation": observation, "params": {**params, **(extra or {})}})
     if episode_id is not None:
         body["episode_id"] = episode_id
     if delay:
         body.update(delay)
     return body
+
+
+def _deadline(delay: Optional[Dict[str, Any]], estimate: DeadlineEstimate,
+              intervals: List[float]) -> Tuple[Optional[Dict[str, Any]], Optional[Dict[str, float]]]:
+    """``delay`` less its ``playback_left_s`` (s, the run loop's actions left when it sends)
+    -> (the delay fields, the deadline fields it implies: ``DeadlineEstimate.fields`` with the
+    wire's recent request ``intervals``; None without one)."""
+    if delay is None:
+        return None, None
+    rest = {k: v for k, v in delay.items() if k != "playback_left_s"}
+    left = delay.get("playback_left_s")
+    return rest, (None if left is None else estimate.fields(left, intervals))
+
+
+def _answered(response: httpx.Response, started: float, sent: float, estimate: DeadlineEstimate) -> Prediction:
+    """A 2xx answer -> its Prediction; its round trip (from ``sent``) less the worker's
+    ``server_ms`` is a network sample for the next deadlines."""
+    pred = prediction(response, started)
+    estimate.note_answer(time.monotonic() - sent, pred.extra.get("server_ms"))
+    return pred
 
 
 def prediction(response: httpx.Response, started: float) -> Prediction:
@@ -171,6 +196,7 @@ class WorkerLink(LeaseRenewal):
         if body_format not in BODY_FORMATS:
             raise ValueError(f"body_format must be one of {BODY_FORMATS}, not {body_format!r}")
         self.body_format = body_format
+        self.deadlines = DeadlineEstimate()     # the deadline_ms / period_ms each /act carries
         self.last_request_bytes = 0
         self.gateway_url = gateway_url
         self.model = model
@@ -384,7 +410,7 @@ class WorkerLink(LeaseRenewal):
             AuthError: the API key itself was refused at the gateway.
             TransportError: no answer within ``timeout_s``. ConnectionLost: the network failed twice.
         """
-        body = _act_body(self.params, observation, params, episode_id, delay)
+        body = _act_body(self.params, observation, params, episode_id, *_deadline(delay, self.deadlines, self._intervals))
         started = time.monotonic()
         self.note_request()
         encoded: Dict[bool, Tuple[bytes, str]] = {}
@@ -396,6 +422,7 @@ class WorkerLink(LeaseRenewal):
             binary = content_type != JSON_CONTENT_TYPE
             self.last_request_bytes = len(content)
             response: Optional[httpx.Response] = None
+            sent = time.monotonic()
             try:
                 response = await self.transports.arequest(session, content, binary)
             except _TIMEOUTS as exc:
@@ -405,7 +432,7 @@ class WorkerLink(LeaseRenewal):
                     raise ConnectionLost(f"connection to the worker dropped twice: {exc!r}") from exc
             step = _step(response, binary, attempt, self.body_format)
             if step == _ANSWER:
-                return prediction(response, started)
+                return _answered(response, started, sent, self.deadlines)
             if step == _AS_JSON:
                 self.body_format = "json"  # this worker predates the binary body
                 continue
@@ -420,7 +447,7 @@ class WorkerLink(LeaseRenewal):
         what needs one (joining, a lease renewal, a reconnect, HTTP /act, closing an asyncio
         channel) goes through ``run`` (``coroutine -> its result``, on the event loop this link
         lives on). The same answers, replays and errors as ``act``."""
-        body = _act_body(self.params, observation, params, episode_id, delay)
+        body = _act_body(self.params, observation, params, episode_id, *_deadline(delay, self.deadlines, self._intervals))
         started = time.monotonic()
         self.note_request()
         attempt = 0
@@ -432,6 +459,7 @@ class WorkerLink(LeaseRenewal):
             binary = content_type != JSON_CONTENT_TYPE
             self.last_request_bytes = len(content)
             response: Optional[httpx.Response] = None
+            sent = time.monotonic()
             try:
                 transport = self._blocking_transport(session, run)
                 if transport is None:         # no blocking channel now: the event loop's transport
@@ -446,7 +474,7 @@ class WorkerLink(LeaseRenewal):
                     raise ConnectionLost(f"connection to the worker dropped twice: {exc!r}") from exc
             step = _step(response, binary, attempt, self.body_format)
             if step == _ANSWER:
-                return prediction(response, started)
+                return _answered(response, started, sent, self.deadlines)
             if step == _AS_JSON:
                 self.body_format = "json"
                 continue

@@ -35,7 +35,7 @@ __all__ = [
     "FramingError", "encode_act_body", "decode_act_body", "frame_bytes",
     "ErrorCode", "ERROR_CODES",
     "CameraSpec", "ObservationSpec", "ActionSpec", "Contract", "DELAY_MODES", "DELAY_FIELDS",
-    "ACT_CHANNEL_PATH", "CHANNEL_FORMAT_JSON", "CHANNEL_FORMAT_BINARY",
+    "ACT_CHANNEL_PATH", "CHANNEL_FORMAT_JSON", "CHANNEL_FORMAT_BINARY", "DEADLINE_FIELDS", "MAX_DEADLINE_MS",
 ]
 
 #: The delay modes a policy may declare (``seq.ActionContract(delay_modes=...)``).
@@ -45,6 +45,13 @@ DELAY_MODES = ("chunk", "guided", "trained")
 #: (capture time, unix s), ``request_id`` (str) and ``generation`` (int); the answer echoes
 #: ``request_id`` and ``generation``.
 DELAY_FIELDS = ("prefix", "delay_steps", "obs_time", "request_id", "generation")
+#: The deadline fields of an /act request body, written first in its JSON (the worker reads
+#: them before decoding the rest; a body without them is served first-come first-served):
+#: ``deadline_ms`` (the playback the robot has left when it sends, less its network round
+#: trip: the time the worker has to answer) and ``period_ms`` (the robot's time between
+#: chunks); each a number in (0, MAX_DEADLINE_MS], else 400 naming it. Both are optional.
+DEADLINE_FIELDS = ("deadline_ms", "period_ms")
+MAX_DEADLINE_MS = 60_000.0
 
 JSON_CONTENT_TYPE = "application/json"
 BINARY_CONTENT_TYPE = "application/vnd.sequence-ai.act+bin"

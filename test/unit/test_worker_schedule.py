@@ -2,11 +2,16 @@
 and the clamp that keeps a session from buying priority with short deadlines."""
 from __future__ import annotations
 
+import json
 import queue
 import threading
+import time
 
 import pytest
 
+import seq
+from _wait import eventually
+from sequence_ai_server.worker.host import PolicyHost
 from sequence_ai_server.worker.schedule import (CLAMP_SHARE, MIN_PERIOD_MS, CostCurve, DeadlineClamp, DeadlineQueue,
                                                 LateCounter)
 
@@ -98,10 +103,12 @@ def test_clamp_spaces_a_session_claiming_short_deadlines_by_its_period():
     assert tiny[1] - tiny[0] == pytest.approx(CLAMP_SHARE * MIN_PERIOD_MS / 1000.0)
 
 
-def test_clamp_keeps_the_first_declared_period():
+def test_clamp_follows_the_latest_declared_period_and_keeps_it_when_none_is_sent():
     clamp = DeadlineClamp()
     clamp.order_due("s", 10.0, 500.0, now=10.0)
-    assert clamp.order_due("s", 10.0, 1.0, now=10.0) == pytest.approx(10.0 + CLAMP_SHARE * 0.5)
+    assert clamp.order_due("s", 10.0, None, now=10.0) == pytest.approx(10.0 + CLAMP_SHARE * 0.5)
+    got = clamp.order_due("s", 10.0, 100.0, now=10.0)
+    assert got == pytest.approx(10.0 + CLAMP_SHARE * 0.5 + CLAMP_SHARE * 0.1)
 
 
 def test_late_counter():
@@ -109,3 +116,49 @@ def test_late_counter():
     late.count(False)
     late.count(True)
     assert late.snapshot() == {"requests": 2, "late": 1}
+
+
+# ---------------------------------------------------------------- a real PolicyHost, in process
+
+@seq.policy(action=seq.ActionContract(robot="arm", action_space="joint_absolute", action_dim=1,
+                                      control_frequency_hz=10.0))
+class _Batched(seq.Policy):
+    @seq.load
+    def load(self, weights_dir):
+        self.calls = []
+        self.release = threading.Event()
+
+    @seq.batched(max_batch_size=2)
+    @seq.infer
+    def infer(self, obs, *, tag: float = 0.0, hold: bool = False) -> list:
+        if any(hold):
+            self.release.wait(30)
+        self.calls.append(list(tag))
+        return [seq.ActionChunk([[t]]) for t in tag]
+
+
+def _body(tag: float, **extra) -> bytes:
+    return json.dumps({"observation": {}, "params": {"tag": tag, **extra}}).encode()
+
+
+def test_a_replica_batches_the_earliest_deadlines_first_and_counts_the_late(tmp_path):
+    host = PolicyHost(_Batched)
+    host.start(str(tmp_path))
+    try:
+        policy = host.replicas[0].instance
+        policy.calls.clear()
+        blocker = host.submit(host.prepare(_body(0.0, hold=True)))
+        assert eventually(lambda: host.replicas[0].busy, what="the blocking call runs")
+        now = time.monotonic()
+        futures = [host.submit(host.prepare(_body(tag)), due=now + due, order=now + due)
+                   for tag, due in ((1.0, 50.0), (2.0, 10.0), (3.0, 40.0), (4.0, 0.0), (5.0, 20.0))]
+        none = host.submit(host.prepare(_body(6.0)))        # no deadline: due 1 s after it came
+        policy.release.set()
+        blocker.result(30)
+        for f in futures + [none]:
+            f.result(30)
+        assert policy.calls[1:] == [[4.0, 6.0], [2.0, 5.0], [3.0, 1.0]]
+        assert host.late.snapshot() == {"requests": 5, "late": 1}      # only the one already due at 0 s
+        assert host.cost.snapshot()["calls"] >= 4
+    finally:
+        host.stop()

@@ -30,7 +30,7 @@ import time
 from typing import Any, Awaitable, Optional
 
 import anyio
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from sequence_ai_core.protocol import MAX_BODY_BYTES
 
@@ -38,6 +38,8 @@ from sequence_ai_server.common.body_limit import too_large
 from sequence_ai_server.common.credentials import bearer_token
 from sequence_ai_server.common.errors import ApiError, internal_error, new_request_id
 from sequence_ai_server.common.json_guard import check_strings
+from sequence_ai_server.common.leases import session_of
+from sequence_ai_server.worker.act_body import MAX_DEADLINE_MS, peek_deadline
 from sequence_ai_server.worker.action_check import check_chunk
 from sequence_ai_server.worker.connections import ConnectionBudget, refuse_upgrade
 from sequence_ai_server.worker.host import PolicyError, PolicyHost, Prepared
@@ -61,6 +63,8 @@ class ActRequest(BaseModel):
     obs_time: Optional[float] = None                # the observation's capture time (unix s)
     request_id: Optional[str] = None                # echoed in the answer
     generation: Optional[int] = None                # the run's generation, echoed in the answer
+    deadline_ms: Optional[float] = Field(None, gt=0, le=MAX_DEADLINE_MS)   # playback left less the round trip
+    period_ms: Optional[float] = Field(None, gt=0, le=MAX_DEADLINE_MS)     # the session's time between chunks
 
 
 class ActionChunkOut(BaseModel):
@@ -79,6 +83,8 @@ class ActResponse(BaseModel):
     request_id: str
     generation: Optional[int] = None
     outputs: Any = None
+    server_ms: Optional[float] = None               # queued to answered on the worker (ms)
+    late: Optional[bool] = None                     # with a deadline_ms: answered past it
 
 
 # ---------------------------------------------------------------- the worker's state
@@ -174,15 +180,33 @@ def _release(waiter: asyncio.Future, timed_out: bool = False) -> None:
         waiter.set_result(timed_out)
 
 
-async def queue_act(host: PolicyHost, raw: bytes, content_type: str) -> tuple[Any, Any]:
+def deadline_of(host: PolicyHost, raw: bytes, content_type: str, token: str = "") -> tuple[Optional[float], Optional[float]]:
+    """An /act body's deadline -> (due, order), monotonic s, both None without ``deadline_ms``:
+    ``due`` = now + deadline_ms (answered later, it counts late), ``order`` = what it is queued
+    by: ``due`` clamped by its session's declared period (``schedule.DeadlineClamp``; the
+    session is the lease ``token``'s; the worker secret, the gateway's own, is not clamped).
+    Raises ApiError 400 naming ``deadline_ms`` / ``period_ms`` (``act_body.peek_deadline``)."""
+    deadline_ms, period_ms = peek_deadline(raw, content_type)
+    if deadline_ms is None:
+        return None, None
+    now = time.monotonic()
+    due = now + deadline_ms / 1000.0
+    session = session_of(token) if token else None
+    return due, due if session is None else host.clamp.order_due(session, due, period_ms, now)
+
+
+async def queue_act(host: PolicyHost, raw: bytes, content_type: str, token: str = "") -> tuple[Any, Any, Optional[float]]:
     """Queue one /act body -> (concurrent Future of (result, seconds, batch), holder whose
-    ``.prepared`` is the decoded request once it ran). One replica: the body is parsed and
-    decoded on the replica's own thread (one thread hop); several: decoded on a worker thread
-    first, since routing by episode needs it. Raises ApiError for a refused body (several)."""
+    ``.prepared`` is the decoded request once it ran, its deadline or None). Waiting requests
+    are served earliest deadline first (:func:`deadline_of`; ``token``: the caller's direct
+    secret). One replica: the body is parsed and decoded on the replica's own thread (one
+    thread hop); several: decoded on a worker thread first, since routing by episode needs it.
+    Raises ApiError for a bad deadline, or a refused body (several)."""
+    due, order = deadline_of(host, raw, content_type, token)
     if host.decodes_on_replica:
-        return host.submit_raw(raw, content_type)
+        return (*host.submit_raw(raw, content_type, due, order), due)
     prepared = await anyio.to_thread.run_sync(host.prepare, raw, content_type)
-    return host.submit(prepared), _Decoded(prepared)
+    return host.submit(prepared, due=due, order=order), _Decoded(prepared), due
 
 
 class _Decoded:
@@ -194,12 +218,15 @@ class _Decoded:
 
 
 async def run_act(host: PolicyHost, raw: bytes, content_type: str, rid: str, capture: Any = None,
-                  on_queued: Any = None) -> bytes:
+                  on_queued: Any = None, token: str = "") -> bytes:
     """One /act body (checked: steps 1-3 of the module docstring) end to end -> the JSON
     answer's bytes (``ActResponse``). ``on_queued(future)`` sees the queued request's future
     (the channel cancels it on the client's word); ``capture``: the ``CaptureWriter`` kept
-    episodes are handed to (or None). Raises ApiError."""
-    future, holder = await queue_act(host, raw, content_type)
+    episodes are handed to (or None); ``token``: the caller's direct secret (its session orders
+    its deadlines). The answer's ``server_ms`` is queued-to-answered (ms); with a
+    ``deadline_ms``, ``late`` says whether it was answered past it. Raises ApiError."""
+    queued = time.monotonic()
+    future, holder, due = await queue_act(host, raw, content_type, token)
     if on_queued is not None:
         on_queued(future)
     result, seconds, batch = await await_result(host, future, rid)
@@ -210,6 +237,10 @@ async def run_act(host: PolicyHost, raw: bytes, content_type: str, rid: str, cap
     payload = {"action_chunk": chunk, "warnings": prepared.warnings + more,
                "inference_ms": round(seconds * 1000.0, 3), "batch_size": batch, "request_id": rid,
                "outputs": outputs, **prepared.echo}   # the client's request_id / generation, when it sent them
+    answered = time.monotonic()
+    payload["server_ms"] = round((answered - queued) * 1000.0, 3)
+    if due is not None:
+        payload["late"] = answered > due
     try:
         content = json.dumps(payload, separators=(",", ":"), allow_nan=False).encode()
     except (TypeError, ValueError) as exc:
@@ -283,9 +314,11 @@ class ActPipeline:
         return token
 
     # -- the rest of it
-    async def run(self, raw: bytes, content_type: str, rid: str, on_queued: Any = None) -> bytes:
-        """Step 4 on a checked /act body -> the JSON answer's bytes (:func:`run_act`)."""
-        return await run_act(self.state.ready_host(), raw, content_type, rid, self.capture, on_queued=on_queued)
+    async def run(self, raw: bytes, content_type: str, rid: str, on_queued: Any = None, token: str = "") -> bytes:
+        """Step 4 on a checked /act body -> the JSON answer's bytes (:func:`run_act`; ``token``:
+        the caller's direct secret, whose session orders its deadlines)."""
+        return await run_act(self.state.ready_host(), raw, content_type, rid, self.capture, on_queued=on_queued,
+                             token=token)
 
     async def settle(self, rid: str, work: Awaitable[bytes], where: str) -> tuple[int, bytes]:
         """Await ``work`` (one request's answer) -> ``(200, its bytes)``, or an ApiError's

@@ -9,12 +9,17 @@
 * ``parse_delay(body, spec)`` -- the delay fields of an /act body: the committed ``prefix`` and
   ``delay_steps`` (for an infer() that declares them) and the ``request_id`` / ``generation``
   the answer echoes.
+* ``peek_deadline(raw, content_type)`` -- the request's ``deadline_ms`` / ``period_ms``, read
+  before the body is queued (the queue is ordered by them), validated: 400 naming the field.
 * ``synthetic_observation(spec)`` -- the black-frame observation a worker checks itself with.
 """
 from __future__ import annotations
 
 import base64
 import io
+import json
+import math
+import re
 from typing import Any, Optional
 
 import numpy as np
@@ -23,14 +28,16 @@ from PIL import Image as PILImage
 
 import seq
 from seq.spec import PolicySpec
-from sequence_ai_core.protocol import FramingError, decode_act_body, frame_bytes
+from sequence_ai_core.protocol import BINARY_CONTENT_TYPE, MAX_DEADLINE_MS, FramingError, decode_act_body, frame_bytes
 
 from sequence_ai_server.common.errors import ApiError
 
 __all__ = ["parse_act_body", "parse_observation", "decode_image", "decode_depth", "frame_data",
-           "fits_float", "synthetic_observation", "SYNTHETIC_INSTRUCTION", "parse_delay"]
+           "fits_float", "synthetic_observation", "SYNTHETIC_INSTRUCTION", "parse_delay", "peek_deadline",
+           "MAX_DEADLINE_MS"]
 
 SYNTHETIC_INSTRUCTION = "synthetic check: hold still"
+_DEADLINE_HEAD = re.compile(rb'\{"deadline_ms":(-?[0-9.eE+-]{1,32})(?:,"period_ms":(-?[0-9.eE+-]{1,32}))?[,}]')
 _JPEG_MAGIC = b"\xff\xd8"
 _PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -357,3 +364,59 @@ def synthetic_observation(spec: PolicySpec) -> dict[str, Any]:
             "instruction": SYNTHETIC_INSTRUCTION}
 
 
+
+
+def _ms_field(value: Any, name: str, meaning: str) -> Optional[float]:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not fits_float(value):
+        raise _bad(f"{name} must be a number of milliseconds, got {str(value)[:40]}", field=name,
+                   hint=f"send {name} as {meaning}, in ms, or leave it out")
+    ms = float(value)
+    if math.isnan(ms) or ms <= 0:
+        raise _bad(f"{name} is {str(value)[:40]}: it must be more than 0 ms" +
+                   (" (this deadline has already passed)" if name == "deadline_ms" and ms <= 0 else ""),
+                   field=name, hint=f"send {name} as {meaning}, in ms; a robot already out of actions sends 1")
+    if ms > MAX_DEADLINE_MS:
+        raise _bad(f"{name} is {str(value)[:40]} ms, beyond {MAX_DEADLINE_MS:.0f} ms", field=name,
+                   hint=f"send {name} as {meaning}, in ms (at most {MAX_DEADLINE_MS:.0f}), or leave it out")
+    return ms
+
+
+def peek_deadline(raw: bytes, content_type: str) -> tuple[Optional[float], Optional[float]]:
+    """An /act body's ``deadline_ms`` and ``period_ms`` -> (deadline ms, period ms), each None
+    when absent; read before the body is decoded, since the queue is ordered by it.
+
+    ``deadline_ms``: the playback the robot has left when it sends, less its network round trip
+    (ms, in (0, 60000]): the time the worker has to answer. ``period_ms``: the session's
+    declared time between chunks (replan rows / control Hz, ms, in (0, 60000]). The client
+    writes them first in the JSON (``{"deadline_ms":..,"period_ms":..,``), read here without
+    parsing the rest; anywhere else in the JSON they are found by parsing it whole. A body
+    that carries neither is served as before deadlines existed. Raises ApiError
+    (invalid_request, ``details.field`` naming the field): not a number, NaN, 0 or below
+    (past), above 60000 (absurd). A body that is malformed otherwise is left for the replica's
+    full check (this returns (None, None))."""
+    text = bytes(raw)
+    if content_type.startswith(BINARY_CONTENT_TYPE):
+        if len(raw) < 4:
+            return None, None
+        text = bytes(memoryview(raw)[4:4 + int.from_bytes(bytes(raw[:4]), "big")])
+    head = _DEADLINE_HEAD.match(text, 0, 120)
+    if head is not None:
+        try:
+            values = [None if g is None else float(g) for g in head.groups()]
+        except ValueError:
+            values = None
+        if values is not None:
+            return _ms_field(values[0], "deadline_ms", "the playback left less the round trip"), \
+                _ms_field(values[1], "period_ms", "the time between this robot's chunks")
+    if b'"deadline_ms"' not in text and b'"period_ms"' not in text:
+        return None, None
+    try:
+        body = json.loads(text)
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        return None, None
+    if not isinstance(body, dict):
+        return None, None
+    return (_ms_field(body.get("deadline_ms"), "deadline_ms", "the playback left less the round trip"),
+            _ms_field(body.get("period_ms"), "period_ms", "the time between this robot's chunks"))

@@ -61,6 +61,7 @@ class PingResponse(BaseModel):
     request_timeout_s: Optional[float] = None    # the policy's timeouts.request
     usage: Optional[dict] = None                 # /act counters and recent samples (meter.ActMeter)
     cost: Optional[dict] = None                  # {"batch_ms": {"<batch size>": median ms per call}, "calls": n}
+    deadlines: Optional[dict] = None             # {"requests": n with a deadline_ms, "late": n answered past it}
 
 
 def _schema(model: type[BaseModel]) -> dict:
@@ -135,13 +136,15 @@ def _add_probe_routes(app: FastAPI, state: WorkerState, meter: Any) -> None:
         worker is jammed and the gateway replaces it (clients treat anything but ready as not ready).
         ``usage``: this worker's /act counters and the samples after number ``usage_since`` (usage.py).
         ``cost``: the measured cost curve, ``{"batch_ms": {"1": 41.2, "2": 43.0}, "calls": n}``:
-        the median ms of the last calls of each batch size (schedule.CostCurve)."""
+        the median ms of the last calls of each batch size (schedule.CostCurve). ``deadlines``:
+        ``{"requests": n, "late": n}``, the /acts that carried a deadline_ms and those answered past it."""
         host = state.ready_host()
         oldest = host.oldest_request_s()
         limit = host.spec.timeouts.request
         return PingResponse(status="degraded" if oldest > limit else "ready", name=state.name, pid=os.getpid(),
                             oldest_request_s=round(oldest, 3), request_timeout_s=limit,
-                            usage=meter.snapshot(usage_since), cost=host.cost.snapshot())
+                            usage=meter.snapshot(usage_since), cost=host.cost.snapshot(),
+                            deadlines=host.late.snapshot())
 
     @app.get("/info")
     async def info() -> dict:
@@ -163,7 +166,8 @@ def _add_act_routes(app: FastAPI, act_pipeline: ActPipeline) -> None:
         Bearer: the direct secret (checked before the body is read)."""
         rid = request.state.request_id
         raw = await request.body()     # checked by the middleware (create_app)
-        content = await act_pipeline.run(raw, request.headers.get("content-type", ""), rid)
+        content = await act_pipeline.run(raw, request.headers.get("content-type", ""), rid,
+                                         token=bearer_token(request.headers.get("authorization", "")))
         return Response(content, media_type="application/json", headers={"X-Request-ID": rid})
 
     @app.post("/episode/end", responses=_ERRORS, openapi_extra={"security": _DIRECT_SECURITY})

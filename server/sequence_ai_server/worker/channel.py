@@ -217,7 +217,7 @@ class _Channel:
                 future.cancel()
             else:
                 self.queued[seq] = future
-        return await self.act.run(raw, content_type, rid, on_queued=on_queued)
+        return await self.act.run(raw, content_type, rid, on_queued=on_queued, token=self.token)
 
 
 def add_act_channel(app: Any, act: ActPipeline) -> None:

@@ -32,7 +32,7 @@ from seq.spec import EVAL_BATCH_DEADLINE_MS, ParamError, PolicySpec, cast_params
 from sequence_ai_server.worker.action_check import check_chunk, policy_error
 from sequence_ai_server.common.errors import ApiError
 from sequence_ai_server.worker.act_body import fits_float, parse_act_body, parse_delay, parse_observation, synthetic_observation
-from sequence_ai_server.worker.schedule import CostCurve
+from sequence_ai_server.worker.schedule import CostCurve, DeadlineClamp, DeadlineQueue, LateCounter
 
 __all__ = [
     "EPISODE_IDLE_S", "PolicyError", "PolicyHost", "Prepared",
@@ -106,6 +106,7 @@ class _Item:
     future: concurrent.futures.Future
     episode_end: Optional[str] = None          # an on_episode call instead of an inference
     raw: Optional[tuple] = None                # (body, content type): decoded on the replica's thread
+    due: Optional[float] = None                # the deadline it claimed (monotonic s): late past it
 
 
 @dataclass
@@ -121,7 +122,7 @@ class _Replica:
         self.host = host
         self.index = index
         self.instance: Any = None
-        self.queue: "queue.SimpleQueue[Optional[_Item]]" = queue.SimpleQueue()   # C: one lock, no Condition
+        self.queue = DeadlineQueue()               # earliest deadline first (schedule.py)
         self.busy = False
         self.busy_since = 0.0      # time.monotonic() when the current item started (valid while busy)
         self.thread: Optional[threading.Thread] = None
@@ -165,7 +166,7 @@ class _Replica:
             try:
                 item = self.queue.get_nowait()       # whatever already waits joins at no cost
             except queue.Empty:
-                wait = min(quiet, deadline - time.monotonic())
+                wait = min(quiet, deadline - time.monotonic(), self._slack(items))
                 if wait <= 0:
                     break
                 try:
@@ -173,12 +174,21 @@ class _Replica:
                 except queue.Empty:
                     break
             if item.episode_end is not None:        # an episode end: run it after this batch
-                self.queue.put(item)
+                self.queue.put_last(item)
                 break
             if item.raw is not None and not self._prepare(item):
                 continue
             items.append(item)
         return items
+
+    def _slack(self, items: list[_Item]) -> float:
+        """How long (s) the batch may still wait for one more request: its earliest deadline
+        less the predicted time of a call one larger (``CostCurve``); inf when none has a deadline."""
+        dues = [i.due for i in items if i.due is not None]
+        if not dues:
+            return float("inf")
+        predicted = self.host.cost.predict_ms(len(items) + 1) or 0.0
+        return min(dues) - predicted / 1000.0 - time.monotonic()
 
     def _run(self) -> None:
         while True:
@@ -257,7 +267,10 @@ class _Replica:
         seconds = time.perf_counter() - t0
         self.host.batch_sizes.append(len(items))
         self.host.cost.add(len(items), seconds)
+        done = time.monotonic()
         for i, r in zip(items, results):
+            if i.due is not None:                   # late or not, it is answered
+                self.host.late.count(done > i.due)
             i.future.set_result((r, seconds, len(items)))
 
 
@@ -291,6 +304,8 @@ class PolicyHost:
         self.timings: dict[str, float] = {}
         self.batch_sizes: list[int] = []
         self.cost = CostCurve()                  # ms per infer call by batch size, measured (/ping "cost")
+        self.clamp = DeadlineClamp()             # a session's deadlines, spaced by its declared period
+        self.late = LateCounter()                # requests with a deadline, and those answered past it
         self.ready = False
         self._stopped = False
 
@@ -348,7 +363,7 @@ class PolicyHost:
                 log.exception("ending episode %s at shutdown", eid)
         for r in self.replicas:
             if r.thread is not None:
-                r.queue.put(None)
+                r.queue.put_last(None)
                 r.thread.join(timeout=timeout)
             if r.instance is not None and "shutdown" in self.spec.methods:
                 try:
@@ -413,12 +428,15 @@ class PolicyHost:
         ages = [now - r.busy_since for r in self.replicas if r.busy]
         return max(ages, default=0.0)
 
-    def submit(self, prepared: Prepared, replica: Optional[int] = None) -> concurrent.futures.Future:
+    def submit(self, prepared: Prepared, replica: Optional[int] = None, due: Optional[float] = None,
+               order: Optional[float] = None) -> concurrent.futures.Future:
         """Queue a prepared request on its replica. -> Future of (result, seconds, batch size);
-        the future raises PolicyError or ApiError(policy_error)."""
+        the future raises PolicyError or ApiError(policy_error). ``due``: its deadline (monotonic
+        s; answered later it is counted late), ``order``: the deadline it is queued by (the
+        clamped ``due``, ``DeadlineClamp``); both None: first-come first-served."""
         target = self.replicas[replica] if replica is not None else self.replica_for(prepared.episode_id)
         fut: concurrent.futures.Future = concurrent.futures.Future()
-        target.queue.put(_Item(prepared, fut))
+        target.queue.put(_Item(prepared, fut, due=due), due if order is None else order)
         if prepared.end_episode and prepared.episode_id is not None:
             self.end_episode(prepared.episode_id)
         return fut
@@ -428,15 +446,17 @@ class PolicyHost:
         """True when ``submit_raw`` may be used: one replica, so no routing needs the body first."""
         return len(self.replicas) == 1
 
-    def submit_raw(self, raw: bytes, content_type: str) -> tuple[concurrent.futures.Future, _Item]:
+    def submit_raw(self, raw: bytes, content_type: str, due: Optional[float] = None,
+                   order: Optional[float] = None) -> tuple[concurrent.futures.Future, _Item]:
         """Queue an undecoded /act body on the only replica: it is parsed, checked and decoded on
         the replica's thread just before inference (one thread hop in all). -> (Future of
         (result, seconds, batch size), the item: ``item.prepared`` is set once decoded). The
         future raises ApiError(invalid_request) for a refused body, else as ``submit``. Only
-        when ``decodes_on_replica``; with several replicas use ``prepare`` + ``submit``."""
+        when ``decodes_on_replica``; with several replicas use ``prepare`` + ``submit``.
+        ``due`` / ``order``: as ``submit``."""
         fut: concurrent.futures.Future = concurrent.futures.Future()
-        item = _Item(None, fut, raw=(raw, content_type))
-        self.replicas[0].queue.put(item)
+        item = _Item(None, fut, raw=(raw, content_type), due=due)
+        self.replicas[0].queue.put(item, due if order is None else order)
         return fut, item
 
     def end_episode(self, episode_id: str) -> concurrent.futures.Future:
@@ -448,7 +468,7 @@ class PolicyHost:
         if ep is None:
             fut.set_result(None)
             return fut
-        self.replicas[ep.replica].queue.put(_Item(None, fut, episode_end=episode_id))
+        self.replicas[ep.replica].queue.put_last(_Item(None, fut, episode_end=episode_id))
         return fut
 
     def reap_idle_episodes(self, now: Optional[float] = None) -> list[str]:

@@ -8,8 +8,8 @@
   without a deadline is ordered by its arrival plus :data:`NO_DEADLINE_MS` (so a worker whose
   clients send none serves them first-come first-served, as before deadlines existed).
 * :class:`DeadlineClamp` -- a session cannot buy priority by claiming short deadlines: each of
-  its requests' deadlines is no earlier than its previous one's plus ``CLAMP_SHARE`` of its
-  declared period (the rule is in the class docstring).
+  its requests is ordered no earlier than its previous one plus ``CLAMP_SHARE`` of its declared
+  period (the rule is in the class docstring).
 
 All times are ``time.monotonic()`` seconds unless a name says ms.
 """
@@ -19,6 +19,7 @@ import collections
 import heapq
 import itertools
 import math
+import queue
 import threading
 import time
 from typing import Any, Optional
@@ -111,7 +112,6 @@ class DeadlineQueue:
             self._cond.notify()
 
     def get(self, block: bool = True, timeout: Optional[float] = None) -> Any:
-        import queue
         with self._cond:
             if block:
                 end = None if timeout is None else time.monotonic() + timeout
@@ -138,14 +138,17 @@ class DeadlineQueue:
 class DeadlineClamp:
     """The rule that keeps a session from buying priority with short deadlines.
 
-    A session (the lease's session id; requests with the worker secret share one entry) declares
-    its period -- the time between its chunks, ``replan rows / control Hz`` -- with its first
-    request that carries ``period_ms`` (at least :data:`MIN_PERIOD_MS`; later values are ignored).
-    Each of its requests is ordered by ``max(its claimed deadline, the session's previous
-    ordering deadline + CLAMP_SHARE x period)``: a robot that asks once per period, as it
-    declared, is never moved; one that claims short deadlines or asks more often than it declared
-    gets later ordering deadlines, so it gets no more than its share of the front of the queue.
-    Its lateness is still measured against the deadline it claimed. Without a declared period
+    A session (the lease's session id; the worker secret, the gateway's own, is not clamped)
+    declares its period -- the time between its chunks, ``replan rows / control Hz``, the rate
+    it was admitted for -- as ``period_ms`` with its requests (at least :data:`MIN_PERIOD_MS`;
+    the latest one declared counts). Each of its requests is ordered by ``max(its claimed
+    deadline, the session's previous ordering deadline + CLAMP_SHARE x period)``: a robot's
+    chunks play one after the other, so its deadlines are one period apart, and one that asks
+    once per period, as it declared, is never moved (the 25 % is room for jitter); one that
+    sends more often than its declared rate, claiming short deadlines each time, gets ordering
+    deadlines a period apart, so it holds no more of the front of the queue than one request
+    per period, its share. Declaring a longer period than it needs only moves its own requests
+    back. Lateness is still measured against the deadline it claimed. Without a declared period
     a session's claims stand (nothing to clamp against). Sessions unseen for a minute are forgotten."""
 
     def __init__(self, forget_s: float = 60.0) -> None:
@@ -157,7 +160,7 @@ class DeadlineClamp:
         """The deadline (monotonic s) a request claiming ``due`` is ordered by; remembers it."""
         with self._lock:
             period, last, _ = self._last.get(session, (0.0, -math.inf, now))
-            if not period and period_ms is not None:
+            if period_ms is not None:
                 period = max(MIN_PERIOD_MS, period_ms) / 1000.0
             ordered = max(due, last + CLAMP_SHARE * period) if period else due
             self._last[session] = (period, ordered, now)

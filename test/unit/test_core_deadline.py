@@ -1,0 +1,48 @@
+"""The client's half of deadlines, in process: the deadline_ms / period_ms each /act carries
+(``_prefetch.DeadlineEstimate``) and where the wire puts them in the body."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from sequence_ai_core._prefetch import DeadlineEstimate
+from sequence_ai_core._wire import _act_body, _deadline
+from sequence_ai_core.protocol import BINARY_CONTENT_TYPE, MAX_DEADLINE_MS, encode_act_body
+
+
+def test_deadline_is_playback_left_less_the_worst_network_round_trip():
+    est = DeadlineEstimate()
+    assert est.fields(0.5, []) == {"deadline_ms": 500.0}            # no answer yet: no round trip known
+    est.note_answer(0.060, 50.0)          # 10 ms of network
+    est.note_answer(0.100, 70.0)          # 30 ms: the worst is planned for
+    est.note_answer(0.080, None)          # a worker that reports no server_ms: not a sample
+    assert est.network_s == pytest.approx(0.030)
+    assert est.fields(0.5, [0.5, 0.6, 0.55]) == {"deadline_ms": pytest.approx(470.0), "period_ms": 550.0}
+
+
+def test_deadline_is_bounded_to_what_the_worker_accepts():
+    est = DeadlineEstimate()
+    assert est.fields(-2.0, [])["deadline_ms"] == 1.0                # out of actions: the soonest answer
+    assert est.fields(1e6, [])["deadline_ms"] == MAX_DEADLINE_MS
+    assert "period_ms" not in est.fields(1.0, [1e6])                 # an absurd gap is not declared
+
+
+def test_the_deadline_goes_first_in_the_body_and_the_loop_field_is_not_sent():
+    est = DeadlineEstimate()
+    delay, deadline = _deadline({"playback_left_s": 0.4, "delay_steps": 2}, est, [0.5])
+    assert delay == {"delay_steps": 2} and deadline == {"deadline_ms": 400.0, "period_ms": 500.0}
+    body = _act_body({}, {"images": [{"view": "a", "data": b"\xff\xd8xx"}]}, None, None, delay, deadline)
+    raw, ctype = encode_act_body(body, binary=True)
+    assert ctype == BINARY_CONTENT_TYPE
+    head = raw[4:4 + int.from_bytes(raw[:4], "big")]
+    assert head.startswith(b'{"deadline_ms":400.0,"period_ms":500.0,')
+    assert json.loads(head)["delay_steps"] == 2
+
+
+def test_without_playback_left_the_body_is_as_before():
+    assert _deadline(None, DeadlineEstimate(), []) == (None, None)
+    delay, deadline = _deadline({"delay_steps": 0}, DeadlineEstimate(), [])
+    assert deadline is None
+    assert list(_act_body({"k": 1}, {}, None, "ep", delay, deadline)) == ["observation", "params", "episode_id",
+                                                                          "delay_steps"]
