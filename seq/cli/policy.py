@@ -121,6 +121,9 @@ def _admission_line(w: dict) -> str:
     parts = [f"mean batch {w['mean_batch']:g}" if w.get("mean_batch") is not None else "mean batch -",
              f"/act p99 {w['act_p99_ms']:g} ms (worker-side, all its robots)" if w.get("act_p99_ms") is not None
              else "/act p99 -"]
+    late = w.get("deadlines") or {}
+    if late.get("requests"):
+        parts.append(f"late {late.get('late', 0)} of {late['requests']} requests with a deadline")
     cap = adm.get("cap")
     cap_s = f" of at most {cap}" if cap and cap < 1_000_000 else ""
     if adm.get("measured"):

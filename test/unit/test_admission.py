@@ -220,3 +220,10 @@ def test_seq_policy_status_prints_each_workers_admission_numbers(env):
     assert f"predicted worst round trip {2 * 72:g} ms of {w['admission']['budget_ms']:g} ms allowed" in line
     assert "utilisation 27%" in line and "/act p99 -" in line
     assert "by slot count (no cost measured yet)" in _admission_line({**w, "admission": {"robots": 2, "cap": 4}})
+    gw.admission.observe("echo", launcher.started[0].pid, {"deadlines": {"requests": 40, "late": 1}})
+    [w] = gw.deployments.status("echo").workers
+    assert w["deadlines"] == {"requests": 40, "late": 1} and "late 1 of 40 requests" in _admission_line(w)
+    pid = launcher.started[0].pid                         # mean batch: answered /acts per call between pings
+    gw.admission.observe("echo", pid, {"cost": {**GPU_LIKE, "calls": 60}, "usage": {"requests": 100, "errors": 4}})
+    gw.admission.observe("echo", pid, {"cost": {**GPU_LIKE, "calls": 80}, "usage": {"requests": 262, "errors": 6}})
+    assert gw.deployments.status("echo").workers[0]["mean_batch"] == 8.0

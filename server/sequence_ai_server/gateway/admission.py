@@ -189,11 +189,16 @@ class Admission:
         with self._lock:
             seen = self._seen.get(key)
             if seen is None or seen["pid"] != pid:
-                seen = self._seen[key] = {"pid": pid, "curve": None, "requests": 0, "ms": []}
+                seen = self._seen[key] = {"pid": pid, "curve": None, "ms": []}
             if curve is not None:
                 seen["curve"] = curve
-            if isinstance(usage.get("requests"), int):
-                seen["requests"] = usage["requests"]
+            if curve is not None and isinstance(usage.get("requests"), int):
+                answered = usage["requests"] - int(usage.get("errors") or 0)   # refused ones ran no call
+                seen.setdefault("first", (answered, curve.calls))               # the synthetic check's calls before it
+                seen["last"] = (answered, curve.calls)
+            late = body.get("deadlines")
+            if isinstance(late, dict) and all(isinstance(late.get(k), int) for k in ("requests", "late")):
+                seen["deadlines"] = {"requests": late["requests"], "late": late["late"]}
             ms = [s[1] for s in usage.get("samples") or [] if isinstance(s, list) and len(s) >= 2
                   and isinstance(s[1], (int, float)) and not (len(s) > 2 and s[2])]
             seen["ms"] = (seen["ms"] + ms)[-_P99_SAMPLES:]
@@ -233,8 +238,9 @@ class Admission:
 
     def view(self, key: str, pid: Optional[int], spec: Optional[dict], rates: list[Optional[float]]) -> dict:
         """The status view of worker ``key``: ``cost`` (its curve, or None), ``mean_batch``
-        (requests per call since it started), ``act_p99_ms`` (p99 of its recent /act handler
-        times, all its robots), and ``admission`` (robots, summed rate, predicted worst round
+        (answered /acts per inference call between its first ping with a curve and its last), ``act_p99_ms`` (p99 of its recent /act handler
+        times, all its robots), ``deadlines`` (``{"requests", "late"}``: the /acts that carried a
+        deadline and those answered past it, when its /ping says), and ``admission`` (robots, summed rate, predicted worst round
         trip, deadline and utilisation; ``measured`` False under slot counting)."""
         with self._lock:
             seen = dict(self._seen.get(key) or {})
@@ -247,9 +253,9 @@ class Admission:
         adm.update(measured=load is not None, cap=robot_cap(spec))
         return {"cost": {"batch_ms": {str(b): m for b, m in sorted(curve.batch_ms.items())}, "calls": curve.calls}
                 if curve is not None else None,
-                "mean_batch": round(seen["requests"] / curve.calls, 2) if curve is not None and curve.calls
-                and seen.get("requests") else None,
+                "mean_batch": _mean_batch(seen) if mine else None,
                 "act_p99_ms": round(ms[min(len(ms) - 1, math.ceil(0.99 * len(ms)) - 1)], 1) if ms else None,
+                "deadlines": seen.get("deadlines") if mine else None,
                 "admission": adm}
 
     def forget(self, keep: set[str]) -> None:
@@ -257,3 +263,11 @@ class Admission:
         with self._lock:
             for k in [k for k in self._seen if k not in keep]:
                 del self._seen[k]
+
+
+def _mean_batch(seen: dict) -> Optional[float]:
+    """Answered /acts per call between the first and the last ping that carried both."""
+    if "first" not in seen or "last" not in seen:
+        return None
+    (r0, c0), (r1, c1) = seen["first"], seen["last"]
+    return round((r1 - r0) / (c1 - c0), 2) if c1 > c0 and r1 >= r0 else None
