@@ -227,3 +227,11 @@ def test_seq_policy_status_prints_each_workers_admission_numbers(env):
     gw.admission.observe("echo", pid, {"cost": {**GPU_LIKE, "calls": 60}, "usage": {"requests": 100, "errors": 4}})
     gw.admission.observe("echo", pid, {"cost": {**GPU_LIKE, "calls": 80}, "usage": {"requests": 262, "errors": 6}})
     assert gw.deployments.status("echo").workers[0]["mean_batch"] == 8.0
+
+
+def test_a_policy_without_concurrent_counts_no_robots_even_once_measured(env):
+    gw, clock, launcher = env
+    spec = {**_spec(), "concurrency": None}
+    _ready(gw, clock, launcher.started[0], spec, 9001, cost={"batch_ms": {"1": 400.0}, "calls": 20})
+    conns = [gw.sessions.connect(ConnectRequest(model="echo")) for _ in range(5)]      # 5 x 400 ms: all admitted
+    assert len({c.session_id for c in conns}) == 5 and len(launcher.started) == 1

@@ -17,6 +17,9 @@ copies takes its share of the requests in batches of at most ``max_batch_size`` 
 ``@seq.batched``), one after the other. A robot is admitted when that worst round trip stays
 within ``DEADLINE_SHARE`` of the shortest deadline among them, and within the worker's robot cap
 (``@seq.concurrent(max_inputs=N)``, else its slots). A worker with no robot always takes one.
+Robots are counted only for a policy that declares ``@seq.concurrent`` (as slots always were):
+without it every robot is admitted, since a client that reconnects opens a new session without
+closing its old one, and a lone robot would otherwise wait behind its own stale session.
 
 Before a worker has measured anything (no ``cost`` in its ping, or fewer than MIN_CALLS calls),
 or when a robot's rate cannot be known (the contract names no control rate), admission counts
@@ -127,7 +130,7 @@ def predict(curve: CostCurve, rates: list[float], copies: int, batch: int) -> Lo
 
 def robot_cap(spec: Optional[dict]) -> int:
     """The most robots one worker takes: ``@seq.concurrent(max_inputs=N)``, else its slots;
-    UNCOUNTED for a policy without ``@seq.concurrent`` (only the deadline check bounds it)."""
+    UNCOUNTED for a policy without ``@seq.concurrent`` (whose robots are not counted at all)."""
     conc = (spec or {}).get("concurrency") or {}
     if not conc:
         return UNCOUNTED

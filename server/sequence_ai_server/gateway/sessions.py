@@ -217,15 +217,14 @@ class SessionService:
         with self._lock:
             self.expire(self.clock())
             fleet = self._fleet_rows(row)
-            rooms, reason, measured = self._rooms(row.name, fleet, rate)
+            rooms, reason = self._rooms(row.name, fleet, rate)
             wk, row = next(((k, r) for k, r in fleet if rooms[k] > 0), fleet[0])
             held = sum(len(v) for v in self._rates_on(fleet).values())
-            # Robots are counted for a policy that declares @seq.concurrent (its slots, or max_inputs),
-            # and for any once its workers have measured their cost (the deadline check). Without
-            # either, every robot is admitted: the client opens a new session on every reconnect
-            # (rotation, lease expiry) without naming its old one, which slot counting would
-            # otherwise queue behind its own stale session.
-            if spec.get("concurrency") or measured:
+            # Robots are counted (max_inputs or the slots, and the deadline check once measured)
+            # only for a policy that declares @seq.concurrent: the client opens a new session on
+            # every reconnect (rotation, lease expiry) without naming its old one, which would
+            # otherwise queue a lone robot behind its own stale session.
+            if spec.get("concurrency"):
                 mean_s = sum(self._closed_s) / len(self._closed_s) if self._closed_s else self.lease_ttl_s
                 self.queue.admit(req.model, key.id if key else "", req.ticket, capacity=held + sum(rooms.values()),
                                  held=held, on_full=spec.get("on_full") or "queue",
@@ -282,30 +281,27 @@ class SessionService:
         return w.proc.pid if w is not None else None
 
     def _rooms(self, name: str, fleet: list[tuple[str, DeploymentRow]],
-               rate: Optional[float]) -> tuple[dict[str, int], Optional[dict], bool]:
-        """``({worker key: robots at ``rate`` it admits now}, why none does, whether any worker
-        has measured its cost)``. The why (``{"text", "numbers"}``) names the least loaded
+               rate: Optional[float]) -> tuple[dict[str, int], Optional[dict]]:
+        """``({worker key: robots at ``rate`` it admits now}, why none does)``. The why (``{"text", "numbers"}``) names the least loaded
         worker's prediction with the robot added; None when a worker admits or slot counting
         refused (SlotQueue then says the slots are taken)."""
         rates = self._rates_on(fleet)
         rooms: dict[str, int] = {}
         best = None
-        measured = False
         for k, r in fleet:
             pid = self._pid_of(name, k)
             rooms[k] = self.admission.room(k, pid, r.spec, rates.get(k, []), rate)
-            measured = measured or self.admission.curve(k, pid) is not None
             ok, load = self.admission.admits(k, pid, r.spec, rates.get(k, []), rate)
             if not ok and load is not None and (best is None or load.worst_ms < best[1].worst_ms):
                 best = (k, load)
         if any(rooms.values()) or best is None:
-            return rooms, None, measured
+            return rooms, None
         k, load = best
         text = (f"another robot at {rate:.3g} requests/s would make the robots of worker {k} late: with it "
                 f"{load.robots} robots ask {load.rate_hz:.3g} requests/s, a predicted worst round trip of "
                 f"{load.worst_ms:.0f} ms, over {DEADLINE_SHARE:.0%} of the shortest deadline ({load.deadline_ms:.0f} ms), "
                 f"predicted utilisation {load.utilisation:.0%}")
-        return rooms, {"text": text, "numbers": {"worker": k, **load.to_dict()}}, measured
+        return rooms, {"text": text, "numbers": {"worker": k, **load.to_dict()}}
 
     def robots_by_worker(self, name: str) -> dict[str, list[str]]:
         """``{worker key: [session id, ...]}``: the robots each worker serving ``name``'s serving
@@ -334,16 +330,17 @@ class SessionService:
         deadlines: admission.py), start another worker (up to the fleet's cap, the free cards
         and $SEQ_MAX_GPUS); True when one is starting now, so the robot is told to retry
         (warming) rather than queued. When one admits it but every worker holds its
-        target_inputs (default: its slots), another starts beside them and this returns False."""
+        target_inputs (default: its slots), another starts beside them and this returns False.
+        A policy without ``@seq.concurrent`` counts no robots: False."""
+        if not spec.get("concurrency"):
+            return False
         with self._lock:
             self.expire(self.clock())
             fleet = self._fleet_rows(row)
-            rooms, _, measured = self._rooms(row.name, fleet, rate)
-            if not spec.get("concurrency") and not measured:
-                return False
+            rooms, _ = self._rooms(row.name, fleet, rate)
             held = self._held_on(fleet)
             busy = all(held.get(k, 0) >= start_after(r.spec) for k, r in fleet)
-            if any(rooms.values()) and not (spec.get("concurrency") and busy):
+            if any(rooms.values()) and not busy:
                 return False
         loading = any(w.port is None for k, w in self.supervisor.fleets.of(row.name).items() if k != row.name)
         if loading:
