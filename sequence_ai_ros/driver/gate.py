@@ -88,15 +88,16 @@ class CommandGate:
 
           d = min(delay_s, period_s / 2)
           due(0) = arrival(0) + d
-          due(k) = max(due(k-1) + period_s, arrival(k) + d)
+          due(k) = max(due(k-1) + period_s, arrival(k))
 
-      so rows leave exactly one control period apart, ``d`` (plus the worst wake-up
-      lateness of the core so far) after the core's deadlines. A row that arrives later than
-      its slot allows (the core woke late, or resynced after an underrun) moves the grid later
-      -- one irregular period -- and never earlier, so there is no burst and no catching up.
-      The first row of a run waits ``d``: at most half a period. Later rows wait ``d`` plus the
-      largest lateness of the core since it last resynced (it resyncs when more than a period
-      late), so a row leaves at most about ``d`` + one period after the core's deadline.
+      so rows leave exactly one control period apart, ``d`` after the core's deadlines (plus
+      the first row's lateness): a row the core hands over up to ``d`` later than the first one
+      was still makes its slot, so the core's wake-up jitter (asyncio's millisecond timers,
+      another thread holding the GIL) never reaches the robot. Only a row that arrives after
+      its slot (the core woke more than ``d`` late, or resynced after an underrun) moves the
+      grid later -- one irregular period, counted in ``regrids`` -- and never earlier, so there
+      is no burst and no catching up. The first row of a run waits ``d``: at most half a period;
+      a row leaves at most about ``d`` + one period after the core's deadline.
 
     Safety, all under one lock (``cond``): ``hold(target)`` latches the gate, drops whatever is
     queued and publishes the hold once; the thread re-checks the latch and the queue under the
@@ -179,10 +180,10 @@ class CommandGate:
                 self._emit(values, None, plan, arrival)
                 return True
             due = arrival + min(self.delay_s, 0.5 * self._period_s)  # the first row: < one period late
-            if self._next_due is not None:
-                if due > self._next_due + 1e-4:
+            if self._next_due is not None:    # later rows: their slot, unless they missed it
+                if arrival > self._next_due + 1e-4:
                     self.regrids += 1
-                due = max(due, self._next_due)
+                due = max(arrival, self._next_due)
             self._next_due = due + self._period_s
             self._queue.append((due, values, plan))
             self.cond.notify_all()
