@@ -19,7 +19,9 @@ busy). Prints p50 / p99 / max per case and, with ``--runs`` > 1, the medians ove
 The driver process's GIL switch interval is set as ``policy_driver``'s ``main()`` sets it
 (``driver_node.GIL_SWITCH_INTERVAL_S``) unless ``--switch-interval-ms`` says otherwise;
 ``--publish-delay-ms`` sets the driver's ``publish_delay_ms`` parameter (0 = publish from the
-core's paced callback, no publisher thread) and ``--realtime-priority`` its ``realtime_priority``.
+core's paced callback, no publisher thread), ``--realtime-priority`` its ``realtime_priority`` and
+``--publish-gil-lead-ms`` its ``publish_gil_lead_ms`` (0 = the publisher waits for the GIL at the
+due time like any thread).
 
 Columns: ``late`` = the core's late ticks (more than a period behind: resynced), ``regrids`` =
 rows that reached the publisher thread after their slot (the grid moved later), ``floor p50/p99``
@@ -166,6 +168,8 @@ def main() -> int:
                     help="the driver's publish_delay_ms parameter; default: the parameter's default")
     ap.add_argument("--realtime-priority", type=int, default=None,
                     help="the driver's realtime_priority parameter (SCHED_FIFO 1-99, 0 = off); default: the parameter's")
+    ap.add_argument("--publish-gil-lead-ms", type=float, default=None,
+                    help="the driver's publish_gil_lead_ms parameter (0 = off); default: the parameter's")
     ap.add_argument("--rates", type=float, nargs="+", default=[15.0, 100.0], help="control rates to test (Hz)")
     args = ap.parse_args()
     from _servers import GatewayProcess
@@ -179,9 +183,12 @@ def main() -> int:
     extra = {} if args.publish_delay_ms is None else {"publish_delay_ms": float(args.publish_delay_ms)}
     if args.realtime_priority is not None:
         extra["realtime_priority"] = int(args.realtime_priority)
+    if args.publish_gil_lead_ms is not None:
+        extra["publish_gil_lead_ms"] = float(args.publish_gil_lead_ms)
     print(f"switch interval {sys.getswitchinterval() * 1000:.2f} ms, "
           f"publish_delay_ms {extra.get('publish_delay_ms', 'default')}, "
-          f"realtime_priority {extra.get('realtime_priority', 'default')}, chunk {args.chunk_s:g} s, "
+          f"realtime_priority {extra.get('realtime_priority', 'default')}, "
+          f"publish_gil_lead_ms {extra.get('publish_gil_lead_ms', 'default')}, chunk {args.chunk_s:g} s, "
           f"{args.seconds:g} s measured after a {args.warmup_s:g} s warm-up goal, {args.runs} run(s), "
           f"{os.cpu_count()} cores, load average %.2f %.2f %.2f" % os.getloadavg(), flush=True)
 
