@@ -126,10 +126,12 @@ def _admission_line(w: dict) -> str:
         parts.append(f"late {late.get('late', 0)} of {late['requests']} requests with a deadline")
     cap = adm.get("cap")
     cap_s = f" of at most {cap}" if cap and cap < 1_000_000 else ""
-    if adm.get("measured"):
+    if adm.get("measured") and adm.get("worst_ms") is not None:
         parts.append(f"admitted {adm['robots']}{cap_s} robots asking {adm['rate_hz']:g} requests/s: predicted worst "
                      f"round trip {adm['worst_ms']:g} ms of {adm['budget_ms']:g} ms allowed, utilisation "
                      f"{adm['utilisation']:.0%}")
+    elif adm.get("measured"):
+        parts.append(f"admitted {adm.get('robots', 0)}{cap_s} robots (cost measured)")
     else:
         parts.append(f"admitted {adm.get('robots', 0)}{cap_s} robots by slot count (no cost measured yet)")
     if w.get("jammed"):

@@ -31,6 +31,9 @@ def test_max_inputs_admits_that_many_robots_on_one_worker_then_refuses_with_the_
     gw = GatewayProcess.start(tmp_path)
     try:
         gw.deploy(_policy(tmp_path, max_inputs=3), "crowd")
+        for bad in (0, -2.5, 1e9, "fast"):                          # a declared rate is checked
+            r = gw.client.post("/v1/connect", json={"model": "crowd", "request_hz": bad})
+            assert r.status_code == 400 and r.json()["code"] == "invalid_request" and "request_hz" in r.text, r.text
         conns = [gw.connect_ready("crowd") for _ in range(3)]
         assert len({c["worker_url"] for c in conns}) == 1          # one worker, three robots
         r = gw.connect("crowd")

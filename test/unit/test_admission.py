@@ -220,6 +220,11 @@ def test_seq_policy_status_prints_each_workers_admission_numbers(env):
     assert f"predicted worst round trip {2 * 72:g} ms of {w['admission']['budget_ms']:g} ms allowed" in line
     assert "utilisation 27%" in line and "/act p99 -" in line
     assert "by slot count (no cost measured yet)" in _admission_line({**w, "admission": {"robots": 2, "cap": 4}})
+    for c in gw.sessions.of("echo"):
+        gw.sessions.close_session(c.id)
+    [idle] = gw.deployments.status("echo").workers           # measured, no robot: nothing predicted
+    assert idle["admission"] == {"robots": 0, "rate_hz": 0, "measured": True, "cap": 256}
+    assert "admitted 0 of at most 256 robots (cost measured)" in _admission_line(idle)
     gw.admission.observe("echo", launcher.started[0].pid, {"deadlines": {"requests": 40, "late": 1}})
     [w] = gw.deployments.status("echo").workers
     assert w["deadlines"] == {"requests": 40, "late": 1} and "late 1 of 40 requests" in _admission_line(w)

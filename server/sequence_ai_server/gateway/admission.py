@@ -252,8 +252,8 @@ class Admission:
         ms = sorted(seen.get("ms") or []) if mine else []
         known = [r for r in rates if r is not None]
         load = self.load(key, pid, spec, rates)
-        adm = load.to_dict() if load is not None else {"robots": len(rates), "rate_hz": round(sum(known), 3)}
-        adm.update(measured=load is not None, cap=robot_cap(spec))
+        adm = load.to_dict() if load is not None and rates else {"robots": len(rates), "rate_hz": round(sum(known), 3)}
+        adm.update(measured=load is not None, cap=robot_cap(spec))   # no robot: nothing to predict
         return {"cost": {"batch_ms": {str(b): m for b, m in sorted(curve.batch_ms.items())}, "calls": curve.calls}
                 if curve is not None else None,
                 "mean_batch": _mean_batch(seen) if mine else None,
