@@ -61,6 +61,7 @@ class Session:
     contract: Dict[str, Any] = field(default_factory=dict)
     params: Dict[str, Any] = field(default_factory=dict)
     epoch: Optional[int] = None
+    version: Optional[int] = None     # the deployment version that admitted this session
     renew_at: Optional[float] = None  # time.monotonic() after which the lease is renewed first
     ttl_s: Optional[float] = None     # the lease's length (s)
     expires_mono: Optional[float] = None   # time.monotonic() at which the lease lapses

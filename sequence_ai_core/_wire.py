@@ -385,6 +385,7 @@ class WorkerLink(LeaseRenewal):
             contract=body.get("contract") or {},
             params=body.get("params") or {},
             epoch=lease.get("epoch"),
+            version=body.get("version", getattr(self.session, "version", None)),   # a renewal may not repeat it
             renew_at=_renew_at(lease, received, self.request_interval_s()),
             ttl_s=ttl,
             expires_mono=None if ttl is None else received + ttl,

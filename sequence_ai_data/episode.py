@@ -51,6 +51,12 @@ class EpisodeFrames:
         timing: how the frames were timed (a bag's: declared and measured rates per stream, time
             sources, recorded vs exported duration in s; ``warnings``: what the user should know);
             ``None`` for sources that do not report it.
+        provenance: the contract the episode was recorded under, as its bag carried it:
+            ``{"contract": {"observation", "action"} | None, "policy": {"model", "version"} | None,
+            "seams": {seam statistics} | None, "stream_rates": {topic: {"hz", "origin",
+            "measured_hz"}}}`` (``sequence_ai_ros.bag.events.provenance``); ``None`` = unknown.
+        state_groups / action_groups: ``{name: [start, end)}`` index ranges of ``state`` / ``action``
+            by body part (GR00T's ``meta/modality.json``); ``None`` = one group over all of it.
     """
 
     task: str
@@ -65,6 +71,9 @@ class EpisodeFrames:
     tasks: Optional[List[str]] = None
     cut: bool = False
     timing: Optional[dict] = None
+    provenance: Optional[dict] = None
+    state_groups: Optional[dict] = None
+    action_groups: Optional[dict] = None
 
     def __post_init__(self) -> None:
         n = len(self.state)

@@ -15,6 +15,13 @@ Layouts (``lerobot`` 0.6.1 reads v3.0; v2.1 is the spec's and the seeds'):
   ``meta/episodes_stats.jsonl``, ``data/chunk-CCC/episode_EEEEEE.parquet``,
   ``videos/chunk-CCC/<key>/episode_EEEEEE.mp4``.
 
+The contract travels with the data: ``meta/info.json`` gets a ``sequence_ai`` entry
+(:func:`contract_info`) holding the observation and action contracts the episodes were recorded
+under, the policy (deployment and version), the declared stream rates and the seam statistics,
+per episode and summed. With ``gr00t_modality`` a v2.1 dataset also gets GR00T's
+``meta/modality.json`` (:func:`gr00t_modality`): the index ranges of ``observation.state`` and
+``action`` per body part, the video keys and the task annotation.
+
 Feature mapping: ``images[view]`` -> ``observation.images.<view>`` (video), ``state`` ->
 ``observation.state``, ``action`` -> ``action``, the label -> ``next.success`` (True on the last
 frame of a successful episode), plus ``timestamp``, ``frame_index``, ``episode_index``, ``index``,
@@ -198,7 +205,7 @@ class _Existing:
 
 def write_dataset(episodes: Iterable[EpisodeFrames], out: Path, *, version: str = "3.0", mode: str = "new",
                   robot_type: Optional[str] = None,
-                  before_swap: Optional[Callable[[Path], None]] = None) -> dict:
+                  before_swap: Optional[Callable[[Path], None]] = None, gr00t_modality: bool = False) -> dict:
     """Write episodes as a LeRobot dataset at ``out`` (see the module docstring).
 
     Args:
@@ -209,14 +216,19 @@ def write_dataset(episodes: Iterable[EpisodeFrames], out: Path, *, version: str 
         robot_type: ``info.json`` ``robot_type`` (e.g. ``"panda"``); ``None`` leaves it null.
         before_swap: called with the finished temporary folder right before it replaces ``out``
             (:func:`write_export` signs it and re-checks ``out`` there); raising keeps ``out``.
+        gr00t_modality: also write GR00T's ``meta/modality.json`` (v2.1 only: GR00T reads v2.1).
     Returns:
         ``{"out", "version", "episodes", "frames", "tasks", "added_episodes", "added_frames"}``.
     Raises:
         DatasetExistsError: ``out`` is not empty and mode is ``new``.
         ExportError: bad version/mode, fps not an integer, episodes that do not match each other
-            or the dataset appended to. Nothing is left at ``out`` that was not there before.
+            or the dataset appended to, ``gr00t_modality`` with v3.0. Nothing is left at ``out``
+            that was not there before.
     """
     version, out, non_empty = _check_target(out, version, mode)
+    if gr00t_modality and version != "2.1":
+        raise ExportError(f"GR00T's meta/modality.json goes with a LeRobot v2.1 dataset (GR00T reads v2.1): "
+                          f"export with --version 2.1, not {version}")
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.export-", dir=out.parent))
     try:
@@ -229,7 +241,7 @@ def write_dataset(episodes: Iterable[EpisodeFrames], out: Path, *, version: str 
             build.add(ep)
         if build.added == 0:
             raise ExportError("no episodes to write")
-        build.write_meta(robot_type if existing is None else existing.info.get("robot_type"))
+        build.write_meta(robot_type if existing is None else existing.info.get("robot_type"), modality=gr00t_modality)
         if before_swap is not None:
             before_swap(tmp)
         _swap_into_place(tmp, out)
@@ -283,6 +295,8 @@ class _DatasetBuild:
         self.fps = int(existing.info["fps"]) if existing else None
         self.v21_lines: dict = {"episodes": [], "stats": []}
         self.added = self.added_frames = 0
+        self.contract = dict(existing.info.get("sequence_ai") or {}) if existing else {}
+        self.groups = None   # (state groups, action groups) of the first episode added, for modality.json
 
     def _check(self, ep: EpisodeFrames) -> None:
         if self.fps is None:
@@ -334,13 +348,17 @@ class _DatasetBuild:
         pq.write_table(table, path)
         for name, s in ep_stats.items():
             self.stats[name] = _merge_stats(self.stats[name], s) if name in self.stats else s
+        self.contract = contract_info(self.contract, ep, ep_index)
+        if self.groups is None:
+            self.groups = (ep.state_groups, ep.action_groups)
         self.ep_index += 1
         self.frame_index += ep.length
         self.added += 1
         self.added_frames += ep.length
 
-    def write_meta(self, robot_type: Optional[str]) -> None:
-        """``meta/``: info.json, the tasks, the episode rows and the stats of this version."""
+    def write_meta(self, robot_type: Optional[str], modality: bool = False) -> None:
+        """``meta/``: info.json, the tasks, the episode rows and the stats of this version (and
+        GR00T's modality.json when ``modality``)."""
         import pyarrow.parquet as pq
 
         n_videos = sum(1 for f in self.features.values() if f["dtype"] == "video")
@@ -350,6 +368,8 @@ class _DatasetBuild:
             "chunks_size": CHUNKS_SIZE, "fps": self.fps, "splits": {"train": f"0:{self.ep_index}"},
             "features": self.features,
         }
+        if self.contract:
+            info["sequence_ai"] = self.contract
         meta = self.tmp / "meta"
         meta.mkdir(parents=True, exist_ok=True)
         if self.version == "3.0":
@@ -372,6 +392,62 @@ class _DatasetBuild:
             (meta / "tasks.jsonl").write_text("".join(json.dumps({"task_index": i, "task": t}) + "\n"
                                                       for i, t in enumerate(self.tasks)))
         (meta / "info.json").write_text(json.dumps(info, indent=4))
+        if modality:
+            state_groups, action_groups = self.groups or (None, None)
+            (meta / "modality.json").write_text(json.dumps(
+                gr00t_modality(self.features, state_groups, action_groups), indent=4))
+
+
+def contract_info(current: dict, ep: EpisodeFrames, ep_index: int) -> dict:
+    """``info.json``'s ``sequence_ai`` entry with episode ``ep`` added: ``observation_contract``,
+    ``action_contract`` and ``policy`` of the first episode that has them, ``stream_rates`` (topic ->
+    ``{"hz", "origin", "measured_hz"}``, the first episode's), ``seams`` summed over the episodes
+    that report seam statistics (``episodes``, ``seams``, ``chunks``, ``max_seam_jump``,
+    ``seam_jump_p99_max``, ``seam_rows_trimmed``), and ``episodes``: per episode its index, source,
+    policy, seam statistics and whether its contract differs from the dataset's."""
+    prov = ep.provenance or {}
+    contract = prov.get("contract") or {}
+    out = dict(current)
+    if "observation_contract" not in out and contract:
+        out["observation_contract"] = contract.get("observation")
+        out["action_contract"] = contract.get("action")
+    if out.get("policy") is None and prov.get("policy"):
+        out["policy"] = prov.get("policy")
+    if not out.get("stream_rates") and prov.get("stream_rates"):
+        out["stream_rates"] = prov.get("stream_rates")
+    seams = prov.get("seams")
+    if seams:
+        total = dict(out.get("seams") or {"episodes": 0, "seams": 0, "chunks": 0, "max_seam_jump": 0.0,
+                                          "seam_jump_p99_max": 0.0, "seam_rows_trimmed": 0})
+        total["episodes"] += 1
+        for key in ("seams", "chunks", "seam_rows_trimmed"):
+            total[key] += int(seams.get(key) or 0)
+        total["max_seam_jump"] = max(total["max_seam_jump"], float(seams.get("max_seam_jump") or 0.0))
+        total["seam_jump_p99_max"] = max(total["seam_jump_p99_max"], float(seams.get("seam_jump_p99") or 0.0))
+        out["seams"] = total
+    differs = bool(contract) and (contract.get("observation"), contract.get("action")) != (
+        out.get("observation_contract"), out.get("action_contract"))
+    out["episodes"] = [*(out.get("episodes") or []), {"episode_index": ep_index, "source": ep.source,
+                                                      "policy": prov.get("policy"), "seams": seams,
+                                                      "contract_differs": differs}]
+    return out
+
+
+def gr00t_modality(features: dict, state_groups: Optional[dict], action_groups: Optional[dict]) -> dict:
+    """GR00T's ``meta/modality.json`` for a dataset with ``features`` (``info.json``'s): ``state`` and
+    ``action`` map each body part to its ``[start, end)`` index range of ``observation.state`` /
+    ``action`` (``original_key``), one part over the whole vector when the groups are ``None``;
+    ``video`` maps each view to its ``observation.images.<view>`` key; ``annotation`` maps
+    ``human.task_description`` to ``task_index``."""
+    def ranges(groups: Optional[dict], key: str) -> dict:
+        width = int(features[key]["shape"][0])
+        groups = groups or {key.split(".")[-1]: [0, width]}
+        return {name: {"start": int(a), "end": int(b), "original_key": key} for name, (a, b) in groups.items()}
+
+    video = {k.split(".", 2)[2]: {"original_key": k} for k, f in features.items()
+             if f.get("dtype") == "video" and k.startswith("observation.images.")}
+    return {"state": ranges(state_groups, "observation.state"), "action": ranges(action_groups, "action"),
+            "video": video, "annotation": {"human.task_description": {"original_key": "task_index"}}}
 
 
 def _shape_sig(features: dict) -> dict:
@@ -435,7 +511,7 @@ def check_export_target(out: Path, mode: str = "new") -> Path:
 
 
 def write_export(episodes: Iterable[EpisodeFrames], out: Path, *, version: str = "3.0", mode: str = "new",
-                 robot_type: Optional[str] = None) -> dict:
+                 robot_type: Optional[str] = None, gr00t_modality: bool = False) -> dict:
     """``sequence-ai bag export``: :func:`write_dataset` into ``out`` after
     :func:`check_export_target`; the dataset is built beside ``out``, signed with this tool's export
     marker, ``out`` is checked again, and only then renamed into place.
@@ -452,4 +528,5 @@ def write_export(episodes: Iterable[EpisodeFrames], out: Path, *, version: str =
         write_marker(tmp, target, key, tool="sequence-ai bag export", format="lerobot", version=version)
         check_export_target(target, mode)    # nothing else was put there meanwhile
 
-    return write_dataset(episodes, target, version=version, mode=mode, robot_type=robot_type, before_swap=sign)
+    return write_dataset(episodes, target, version=version, mode=mode, robot_type=robot_type, before_swap=sign,
+                         gr00t_modality=gr00t_modality)

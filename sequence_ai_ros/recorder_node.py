@@ -37,6 +37,16 @@ at most ``post_roll_s`` after the end marker (then a WARN names the streams that
 Commands go on being written up to ``actions`` + 1 (the last action and the hold after it); a
 stream delivers in publish order, so every sample in force at the last step is then in the bag.
 
+Rates and times: every bag declares each stream's rate in its start marker (``stream_rates_hz``,
+with ``stream_rate_sources`` saying who declared it: the driver's contract, a RecordEpisode goal's
+``control_frequency_hz``, this node's ``control_frequency_hz`` / ``camera_rates_hz`` /
+``joint_state_rate_hz``, or ``measured`` over the stream's last messages before the episode; see
+:mod:`sequence_ai_ros.bag.rates`); the end marker adds ``measured_rates_hz`` over the episode. Each
+subscription takes rclpy's ``MessageInfo``: a message's DDS source timestamp (the publisher's send
+time) is stored as its MCAP ``publish_time`` beside its receipt (log) time, which is what times
+headerless commands in the export. The driver's contract, policy and seam statistics from its
+markers also go into ``metadata.yaml`` ``custom_data`` (:mod:`sequence_ai_ros.bag.events`).
+
 Labels: ``~/label_episode`` (``sequence_ai_msgs/srv/LabelEpisode``) gives an episode its success
 label (the dataset's ``next.success``): the episode being recorded (a label marker is written at
 once and the end marker carries the label), or a closed bag, which is rewritten with a label
@@ -56,6 +66,7 @@ from __future__ import annotations
 
 from . import _entry  # noqa: F401  first: a signal during the imports below ends the process quietly
 
+import functools
 import json
 import os
 import secrets
@@ -81,10 +92,11 @@ from . import codecs
 from ._params import declare_parameters
 from ._spin import spin_node
 from .bag import COMPRESSED_SUFFIX, EPISODE_TOPIC, INSTRUCTION_TOPIC
-from .bag.events import assembly_settings
+from .bag.events import assembly_settings, provenance_custom_data
 from .bag.frames import MAX_CLOCK_OFFSET_S
 from .bag.reader import BagReadError, label_bag, label_event, read_episode
-from .bag.stamps import has_header, header_stamp_ns
+from .bag.stamps import has_header, header_stamp_ns, source_ns
+from .bag.rates import STREAM_RATES_KEY, RateMeter, configured_rates, declare_rates, rates_summary
 from .bag.writer import BagWriter, bag_size, own_bags, prune_bags
 
 _PARAMS = {
@@ -116,6 +128,10 @@ _PARAMS = {
     "queue_size": (256, "Writer queue length (messages); when full, messages are dropped and counted."),
     "chunk_kib": (256, "MCAP chunk size bound (KiB): a SIGKILL loses at most the chunk being filled."),
     "chunk_s": (1.0, "MCAP chunk age bound (s)."),
+    "control_frequency_hz": (0.0, "Rate the commands are published at (Hz), declared in RecordEpisode bags whose goal "
+                                  "names none; 0 = measured (see Rates in the module docstring)."),
+    "camera_rates_hz": ([0.0], "Per view, the camera's frame rate (Hz) declared in every bag; [0.0] = measured."),
+    "joint_state_rate_hz": (0.0, "Joint-state rate (Hz) declared in every bag; 0 = measured."),
     "post_roll_s": (1.0, "After an Act end marker, the bag stays open (at most this long, s) until every sensor "
                          "stream has delivered a sample taken at or after the episode's last command (the "
                          "samples in force at the last step; see Post-roll in the module docstring); 0 = close at once."),
@@ -161,10 +177,10 @@ class EpisodeRecorder(Node):
         self.last_bag: Optional[Path] = None
         self._episode: Optional[dict] = None      # start marker of the open episode
         self._episode_lock = threading.Lock()
-        # pre-roll: bag topic -> (topic, msgtype, receipt t_ns, raw CDR, transform); guarded by
+        # pre-roll: bag topic -> (topic, msgtype, receipt t_ns, raw CDR, transform, source t_ns); guarded by
         # _stream_lock together with the recording switch, so each message is written once
         self.preroll: dict = {}
-        self._recent_commands: deque = deque(maxlen=64)   # (receipt t_ns, raw CDR), for the start race
+        self._recent_commands: deque = deque(maxlen=64)   # (receipt t_ns, raw CDR, source t_ns), for the start race
         self._command_times: list = []            # receipt t_ns of the commands written to the open bag
         self._command_cap: Optional[int] = None   # during the post-roll: at most this many commands
         self._stream_lock = threading.Lock()
@@ -175,17 +191,13 @@ class EpisodeRecorder(Node):
         sensors = MutuallyExclusiveCallbackGroup()
         self._image_topics = {}
         for view, topic, transport in zip(views, topics, transports):
-            resolved = self.resolve_topic_name(topic)
-            if transport == "raw":
-                bag_topic = resolved + COMPRESSED_SUFFIX
-                self.create_subscription(codecs.message_class("sensor_msgs/msg/Image"), topic,
-                                         lambda raw, v=view, bt=bag_topic: self._on_image(v, bt, raw, True),
-                                         qos_profile_sensor_data, callback_group=sensors, raw=True)
-            else:
-                bag_topic = resolved
-                self.create_subscription(codecs.message_class("sensor_msgs/msg/CompressedImage"), topic,
-                                         lambda raw, v=view, bt=bag_topic: self._on_image(v, bt, raw, False),
-                                         qos_profile_sensor_data, callback_group=sensors, raw=True)
+            # (raw, MessageInfo) callbacks: rclpy passes the info to a callable taking two arguments
+            resolved, raw_images = self.resolve_topic_name(topic), transport == "raw"
+            bag_topic = resolved + COMPRESSED_SUFFIX if raw_images else resolved
+            kind = "sensor_msgs/msg/Image" if raw_images else "sensor_msgs/msg/CompressedImage"
+            self.create_subscription(codecs.message_class(kind), topic,
+                                     functools.partial(self._on_image, view, bag_topic, raw_images),
+                                     qos_profile_sensor_data, callback_group=sensors, raw=True)
             self._image_topics[view] = bag_topic
         from sensor_msgs.msg import JointState
 
@@ -198,6 +210,8 @@ class EpisodeRecorder(Node):
                                  callback_group=sensors, raw=True)
         self.create_subscription(codecs.message_class(self._command_msgtype), p["command_topic"], self._on_command, 50,
                                  callback_group=sensors, raw=True)
+        self.rates = RateMeter()   # sensor times per stream: the rates a bag declares when none is configured
+        self._configured = configured_rates(p, views, self._image_topics, self._joint_topic, self._command_topic)
         events = MutuallyExclusiveCallbackGroup()
         if p["auto_record"]:
             self.create_subscription(String, p["driver_episode_topic"], self._on_driver_episode, 10,
@@ -249,7 +263,9 @@ class EpisodeRecorder(Node):
             self.writer.max_bag_bytes = max(margin, self._max_bytes - others)
             name = time.strftime("episode-%Y%m%d-%H%M%S") + f"-{time.time_ns() % 1_000_000_000:09d}"
             path = self.output_dir / name
-            start = {**start, "image_topics": dict(self._image_topics), "recorder": self.recorder_id}
+            start = declare_rates({**start, "image_topics": dict(self._image_topics), "recorder": self.recorder_id},
+                                  [*self._image_topics.values(), self._joint_topic, self._command_topic],
+                                  self._configured, self.rates, self._command_topic)
             self.writer.open(path)
             t = time.time_ns()
             self._put_string(EPISODE_TOPIC, json.dumps(start), t)
@@ -257,14 +273,15 @@ class EpisodeRecorder(Node):
             self._label = None
             with self._stream_lock:
                 # the pre-roll, queued before any live message (callbacks wait for this lock)
-                for topic, msgtype, t_ns, raw, transform in self.preroll.values():
-                    self.writer.put(topic, msgtype, t_ns, raw, transform)
+                for entry in self.preroll.values():
+                    self.writer.put(*entry[:5], source_ns=entry[5])
                 since = start.get("t_ns")
                 self._command_times, self._command_cap = [], None
                 if isinstance(since, int):   # commands of this episode that beat its start marker here
-                    for t_ns, raw in self._recent_commands:
-                        if t_ns >= since:
-                            self._put_command(t_ns, raw)
+                    for t_ns, raw, source in self._recent_commands:
+                        if (source or t_ns) >= since:   # published (else received) after the marker was built
+                            self._put_command(t_ns, raw, source)
+                self.rates.begin()
                 self._episode = start
             self.writer.flush()
             return path
@@ -285,8 +302,12 @@ class EpisodeRecorder(Node):
                     end["label_check"] = end.get("label")
                 end["label"] = dict(self._label)
             end["dropped"] = self.writer.stats.dropped
+            end["measured_rates_hz"] = self.rates.episode_hz()
             with self._stream_lock:
-                self._episode = None
+                episode, self._episode = self._episode, None
+            self.writer.set_custom_data(STREAM_RATES_KEY, json.dumps(rates_summary(episode, end["measured_rates_hz"])))
+            for key, value in provenance_custom_data(episode, end).items():
+                self.writer.set_custom_data(key, value)
             self._put_string(EPISODE_TOPIC, json.dumps(end), time.time_ns(), force=True)
             stats = self.writer.close()
             self.last_bag = stats.path
@@ -354,48 +375,51 @@ class EpisodeRecorder(Node):
             self._put_string(INSTRUCTION_TOPIC, msg.data.strip(), time.time_ns())
 
     # -- sensor / command callbacks: enqueue only ------------------------------------------------
-    def _sensor(self, topic: str, msgtype: str, t_ns: int, raw: bytes, transform=None) -> None:
-        """Keep a sensor message as its stream's pre-roll and, while recording, queue it; the first
-        time every stream has a pre-roll, log that once."""
-        entry = (topic, msgtype, t_ns, raw, transform)
+    def _sensor(self, topic: str, msgtype: str, t_ns: int, raw: bytes, transform, info) -> None:
+        """Keep a sensor message as its stream's pre-roll and, while recording, queue it (with its
+        DDS source timestamp from rclpy's MessageInfo ``info``); the first time every stream has a
+        pre-roll, log that once."""
+        entry = (topic, msgtype, t_ns, raw, transform, source_ns(info))
+        self.rates.add(topic, _sensor_time(entry))
         with self._stream_lock:
             first = topic not in self.preroll
             self.preroll[topic] = entry
             if self._episode is not None:
-                self.writer.put(*entry)
+                self.writer.put(*entry[:5], source_ns=entry[5])
             complete = first and len(self.preroll) == len(self._image_topics) + 1
         if complete:   # once: decided under the lock, by the callback that completed the set
             self.get_logger().info(
                 f"every sensor stream has delivered (cameras {sorted(self._image_topics)}, joint states "
                 f"{self._joint_topic}): episodes started from now on begin with a pre-roll of each")
 
-    def _on_image(self, view: str, bag_topic: str, raw: bytes, compress: bool) -> None:
+    def _on_image(self, view: str, bag_topic: str, compress: bool, raw: bytes, info) -> None:
         t = time.time_ns()
         if compress:
-            self._sensor(bag_topic, "sensor_msgs/msg/Image", t, raw, self._compress)
+            self._sensor(bag_topic, "sensor_msgs/msg/Image", t, raw, self._compress, info)
         else:
-            self._sensor(bag_topic, "sensor_msgs/msg/CompressedImage", t, raw)
+            self._sensor(bag_topic, "sensor_msgs/msg/CompressedImage", t, raw, None, info)
         for tap in self.taps:
             tap("image", view, raw, t)
 
-    def _on_joints(self, raw: bytes) -> None:
+    def _on_joints(self, raw: bytes, info) -> None:
         t = time.time_ns()
-        self._sensor(self._joint_topic, "sensor_msgs/msg/JointState", t, raw)
+        self._sensor(self._joint_topic, "sensor_msgs/msg/JointState", t, raw, None, info)
         for tap in self.taps:
             tap("joints", None, raw, t)
 
-    def _on_command(self, raw: bytes) -> None:
-        t = time.time_ns()
+    def _on_command(self, raw: bytes, info) -> None:
+        t, source = time.time_ns(), source_ns(info)
+        self.rates.add(self._command_topic, source or t)
         with self._stream_lock:
-            self._recent_commands.append((t, raw))
+            self._recent_commands.append((t, raw, source))
             if self._episode is not None and (self._command_cap is None or len(self._command_times) < self._command_cap):
-                self._put_command(t, raw)
+                self._put_command(t, raw, source)
         for tap in self.taps:
             tap("command", None, raw, t)
 
-    def _put_command(self, t_ns: int, raw: bytes) -> None:
+    def _put_command(self, t_ns: int, raw: bytes, source_ns: Optional[int]) -> None:
         """Queue a command of the open bag and note its receipt time. Caller holds _stream_lock."""
-        self.writer.put(self._command_topic, self._command_msgtype, t_ns, raw)
+        self.writer.put(self._command_topic, self._command_msgtype, t_ns, raw, source_ns=source_ns)
         self._command_times.append(t_ns)
 
     def _compress(self, raw: bytes):
@@ -478,8 +502,10 @@ class EpisodeRecorder(Node):
         if not goal_request.task.strip():
             self.get_logger().warning("rejected RecordEpisode goal: empty task")
             return GoalResponse.REJECT
-        if self.recording or not (goal_request.max_seconds >= 0):
-            self.get_logger().warning("rejected RecordEpisode goal: already recording or bad max_seconds")
+        hz = float(getattr(goal_request, "control_frequency_hz", 0.0))
+        if self.recording or not (goal_request.max_seconds >= 0) or not (0.0 <= hz < float("inf")):
+            self.get_logger().warning("rejected RecordEpisode goal: already recording, or a bad max_seconds "
+                                      f"({goal_request.max_seconds}) or control_frequency_hz ({hz}; 0 or finite > 0)")
             return GoalResponse.REJECT
         return GoalResponse.ACCEPT
 
@@ -489,6 +515,9 @@ class EpisodeRecorder(Node):
         limit = goal.max_seconds if goal.max_seconds > 0 else float(self._p["max_episode_s"])
         start = {"event": "start", "source": "record_episode", "task": goal.task.strip(),
                  "max_seconds": float(limit), "t_ns": time.time_ns(), **assembly_settings(self, self._p)}
+        hz = float(getattr(goal, "control_frequency_hz", 0.0))
+        if hz > 0:   # the goal's command rate wins over the parameter (bag.rates)
+            start.update(stream_rates_hz={self._command_topic: hz}, stream_rate_sources={self._command_topic: "goal"})
         t0 = time.monotonic()
         try:
             self.start_episode(start)
@@ -522,15 +551,15 @@ class EpisodeRecorder(Node):
 
 
 def _sensor_time(entry) -> int:
-    """Sensor time (ns) of a pre-roll entry ``(topic, msgtype, receipt t_ns, raw, transform)``: its
-    header stamp when it has one on the receipts' clock (as the export places it), else its
-    receipt time; -1 for no entry."""
+    """Sensor time (ns) of a pre-roll entry ``(topic, msgtype, receipt t_ns, raw, transform,
+    source t_ns)``: its header stamp when it has one on the receipts' clock (as the export places
+    it), else its DDS source timestamp, else its receipt time; -1 for no entry."""
     if entry is None:
         return -1
-    _, msgtype, t_ns, raw, _ = entry
+    _, msgtype, t_ns, raw, _, source = entry
     stamp = header_stamp_ns(raw) if has_header(msgtype) else None
     if stamp is None or abs(t_ns - stamp) > MAX_CLOCK_OFFSET_S * 1e9:
-        return t_ns
+        return source or t_ns
     return stamp
 
 

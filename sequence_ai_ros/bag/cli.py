@@ -2,6 +2,7 @@
 
     sequence-ai bag export BAG [BAG ...] --out DIR [--format lerobot] [--fps N]
                            [--version 3.0|2.1] [--append | --overwrite] [--robot-type NAME]
+                           [--gr00t-modality]
     sequence-ai bag repair BAG [BAG ...]
     sequence-ai bag label BAG [BAG ...] (--success | --failure | --clear) [--notes TEXT]
     sequence-ai bag info BAG [BAG ...]
@@ -25,9 +26,13 @@ def add_parser(sub) -> None:
     e.add_argument("bags", nargs="+", type=Path, help="bag directories written by episode_recorder")
     e.add_argument("--out", required=True, type=Path, help="dataset directory")
     e.add_argument("--format", default="lerobot", choices=["lerobot"], help="dataset format (default lerobot)")
-    e.add_argument("--fps", type=int, default=None, help="frames per second (default: the measured control rate)")
+    e.add_argument("--fps", type=int, default=None,
+                   help="frames per second (default: the commands' declared rate, else the one the recorder measured)")
     e.add_argument("--version", default="3.0", choices=["3.0", "2.1"], help="LeRobot format version (default 3.0)")
     e.add_argument("--robot-type", default=None, help="info.json robot_type, e.g. panda")
+    e.add_argument("--gr00t-modality", action="store_true",
+                   help="also write GR00T's meta/modality.json (state/action index ranges per body part, video "
+                        "keys, the task annotation); needs --version 2.1")
     g = e.add_mutually_exclusive_group()
     g.add_argument("--append", action="store_true",
                    help="add the episodes to an earlier export of this tool at --out (it carries its marker)")
@@ -82,7 +87,8 @@ def _run(args) -> int:
                 if not bag.exists():
                     raise BagReadError(f"{bag} does not exist")
             episodes = _warn_if_cut(frames_from_bag(b, fps=args.fps) for b in args.bags)
-            summary = write_export(episodes, args.out, version=args.version, mode=mode, robot_type=args.robot_type)
+            summary = write_export(episodes, args.out, version=args.version, mode=mode, robot_type=args.robot_type,
+                                   gr00t_modality=args.gr00t_modality)
             print(f"wrote {summary['out']} (LeRobot v{summary['version']}): +{summary['added_episodes']} episodes, "
                   f"+{summary['added_frames']} frames; now {summary['episodes']} episodes, {summary['frames']} frames, "
                   f"{summary['tasks']} tasks")
@@ -108,6 +114,9 @@ def _run(args) -> int:
                       + (f"end {rec.end.get('outcome')}, label {rec.success}" if rec.end else "no end marker (cut)"))
                 print("  times: " + ", ".join(f"{t} {s}" for t, s in sorted(rec.time_sources.items()))
                       + f"; declared control rate {rec.start.get('control_frequency_hz') or 'none'}")
+                rates, origins = rec.start.get("stream_rates_hz") or {}, rec.start.get("stream_rate_sources") or {}
+                print("  rates: " + (", ".join(f"{t} {hz:g} Hz ({origins.get(t, 'declared')})"
+                                               for t, hz in sorted(rates.items())) or "none declared"))
         return 0
     except (ExportError, BagReadError) as exc:
         print(f"error: {exc}", file=sys.stderr)

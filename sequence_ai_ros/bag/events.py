@@ -14,10 +14,15 @@ Start: ``{"event": "start", "source": "act", "task", "max_seconds", "goal_id", "
 "control_frequency_hz"}`` (a ros2_control ``command_mode`` adds ``command_joint_names`` and, with a
 gripper output, ``gripper_command_topic``). ``control_frequency_hz`` (Hz) is the rate the driver
 publishes commands at -- the policy contract's -- and the export's fps (``None`` when the driver
-had none). A start marker may also declare ``stream_rates_hz`` (``{topic: Hz}``) for other streams;
-the export checks each declared stream's times against its rate (``sequence_ai_ros.bag.frames``).
-End: ``{"event": "end", "source": "act", "goal_id", "t_ns", "outcome": {Act result fields},
-"label": {"success": true | false | null}}`` (``null`` when the driver has no success check).
+had none), also declared as the command topic's entry of ``stream_rates_hz`` (``{topic: Hz}``) with
+origin ``contract`` in ``stream_rate_sources``; the recorder adds every other stream's rate
+(``sequence_ai_ros.bag.rates``) and the export checks each stream's times against its rate
+(``sequence_ai_ros.bag.frames``). The start marker carries the dataset's contract too:
+``contract`` (the policy's ``{"observation": ..., "action": ...}`` as its handshake gave it; ``null``
+without one) and ``policy`` (``{"model", "version"}``: the deployment and the version that served).
+End: ``{"event": "end", "source": "act", "goal_id", "t_ns", "outcome": {Act result fields, the
+seam telemetry included}, "seams": {the seam statistics}, "label": {"success": true | false |
+null}}`` (``null`` when the driver has no success check).
 """
 from __future__ import annotations
 
@@ -25,8 +30,12 @@ import json
 import time
 from typing import Optional
 
+_SEAM_FIELDS = ("chunks", "max_seam_jump", "seams", "seam_jump_p50", "seam_jump_p99", "seam_jump_before_blend_p99",
+                "seam_max_delay_steps", "seam_rows_trimmed", "seam_min_playback_left_s", "merge", "delay_mode")
 _RESULT_FIELDS = ("reason", "actions", "chunks", "seconds", "underruns", "underrun_s", "max_seam_jump",
-                  "instruction_swaps", "max_instruction_lag_s", "action_space", "message")
+                  "instruction_swaps", "max_instruction_lag_s", "action_space", "message") + _SEAM_FIELDS[2:]
+#: ``metadata.yaml`` ``custom_data`` keys of the provenance a bag carries (JSON each).
+CONTRACT_KEY, POLICY_KEY, SEAMS_KEY = "sequence_ai.contract", "sequence_ai.policy", "sequence_ai.seams"
 
 
 def _resolve(node, topic: str) -> str:
@@ -103,15 +112,63 @@ def start_event(node, params, goal, goal_id=None, control_rate_hz: Optional[floa
              "max_seconds": float(goal.max_seconds),
              "goal_id": bytes(goal_id.uuid).hex() if goal_id is not None else None,
              "t_ns": time.time_ns(), "control_frequency_hz": float(control_rate_hz) if control_rate_hz else None,
-             **assembly_settings(node, params)}
+             **assembly_settings(node, params), **policy_provenance(node, params)}
+    if control_rate_hz:
+        event["stream_rates_hz"] = {event["command_topic"]: float(control_rate_hz)}
+        event["stream_rate_sources"] = {event["command_topic"]: "contract"}
     return json.dumps(event)
+
+
+def policy_provenance(node, params) -> dict:
+    """``{"contract", "policy"}`` of a start marker: the driver's policy contract as its handshake
+    gave it (``node.policy.contract``; ``None`` without a policy or a contract) and ``{"model",
+    "version"}`` (the deployment name parameter; the version the gateway's handshake named, when
+    the client keeps it, else ``None``)."""
+    policy = getattr(node, "policy", None)
+    contract = getattr(policy, "contract", None) if policy is not None else None
+    engine = getattr(policy, "_engine", policy)   # sequence_ai.Policy wraps the AsyncPolicy that owns the wire
+    session = getattr(getattr(engine, "_wire", None), "session", None)
+    version = getattr(session, "version", None)
+    try:
+        model = params.get("model") if hasattr(params, "get") else getattr(params, "model", None)
+    except Exception:   # a params object without the key
+        model = None
+    return {"contract": json.loads(json.dumps(contract, default=str)) if contract else None,
+            "policy": {"model": model, "version": version}}
 
 
 def end_event(result, success: Optional[bool]) -> str:
     """JSON end marker: the ``Act`` result (the RunOutcome) and the success label (or ``None``)."""
     outcome = {k: getattr(result, k) for k in _RESULT_FIELDS if hasattr(result, k)}
+    seams = {k: getattr(result, k) for k in _SEAM_FIELDS if hasattr(result, k)}
     return json.dumps({"event": "end", "source": "act", "t_ns": time.time_ns(), "outcome": outcome,
-                       "label": {"success": success}})
+                       "seams": seams, "label": {"success": success}})
+
+
+def provenance(start: dict, end: Optional[dict]) -> dict:
+    """What a dataset keeps of an episode's markers: ``contract`` (``{"observation", "action"}`` or
+    ``None``), ``policy`` (``{"model", "version"}`` or ``None``), ``seams`` (the end marker's seam
+    statistics, else those among its outcome's fields; ``None`` for a RecordEpisode or cut bag) and
+    ``stream_rates`` (``{topic: {"hz", "origin", "measured_hz"}}``)."""
+    end = end or {}
+    outcome = end.get("outcome") or {}
+    seams = end.get("seams") or ({k: outcome[k] for k in _SEAM_FIELDS if k in outcome} or None)
+    rates, origins = start.get("stream_rates_hz") or {}, start.get("stream_rate_sources") or {}
+    measured = end.get("measured_rates_hz") or {}
+    return {"contract": start.get("contract"), "policy": start.get("policy"), "seams": seams,
+            "stream_rates": {t: {"hz": rates.get(t), "origin": origins.get(t), "measured_hz": measured.get(t)}
+                             for t in sorted(set(rates) | set(measured))}}
+
+
+def provenance_custom_data(start: dict, end: Optional[dict]) -> dict:
+    """``metadata.yaml`` ``custom_data`` entries of a bag's provenance (:func:`provenance`):
+    :data:`CONTRACT_KEY`, :data:`POLICY_KEY`, :data:`SEAMS_KEY` (JSON text; only those known)."""
+    info = provenance(start, end)
+    out = {}
+    for key, value in ((CONTRACT_KEY, info["contract"]), (POLICY_KEY, info["policy"]), (SEAMS_KEY, info["seams"])):
+        if value is not None:
+            out[key] = json.dumps(value, sort_keys=True, default=str)
+    return out
 
 
 def assembler_from_start(start: dict, clock, header_clock):

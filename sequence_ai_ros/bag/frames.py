@@ -14,21 +14,27 @@ instant, however late or bunched the recorder received them.
 Rate and time (measured: a recorder that fell behind received a 30 Hz command stream 3-6 ms
 apart, and an fps measured from those receipts made a 3.4 s episode 0.32 s of dataset time):
 
-* fps is the declared control rate -- the start marker's ``control_frequency_hz``, the policy
-  contract's rate the driver publishes at -- not a measurement; ``fps`` (``--fps``) overrides it.
-  Only a bag without a declared rate (a RecordEpisode episode; a bag from before the marker
-  carried it) measures it from the commands' receipt times -- their median period, or the mean
-  over their span when bunched receipts make the median a bunch's -- with a warning saying so.
-* Step times: a command's ``header.stamp`` when it has one; else its receipt time de-bunched at
-  the declared period (:func:`.stamps.debunch`).
-* Every stream with a declared rate (the commands; any ``stream_rates_hz`` of the start marker)
-  is checked against it: stamps that disagree (median period off by more than
-  :data:`RATE_TOLERANCE`) raise :class:`~sequence_ai_data.episode.StreamRateError` naming the
-  stream -- the export never compresses or stretches it silently; pass ``--fps`` to resample on
-  a grid of sensor time instead. A headerless stream is checked from its receipt times (mean
-  period over its span, which bunching leaves alone; :data:`RECEIVE_RATE_TOLERANCE`): there a
-  disagreement is a warning, as
-  the recorder's lag and the publisher's rate cannot be told apart.
+* fps is the commands' declared rate -- the start marker's ``control_frequency_hz`` (the policy
+  contract's rate the driver publishes at), or for a RecordEpisode episode the rate its goal or
+  the recorder's ``control_frequency_hz`` parameter declared -- not a measurement; ``fps``
+  (``--fps``) overrides it. A bag whose recorder could only measure the command rate (marked
+  ``measured``) takes that, rounded; a bag from before rates were declared measures it from the
+  commands' receipt times -- their median period, or the mean over their span when bunched
+  receipts make the median a bunch's -- with a warning saying so.
+* Step times: a command's ``header.stamp`` when it has one; else its DDS source timestamp (the
+  publisher's send time, the MCAP ``publish_time``); else its receipt time -- the last two
+  de-bunched at the declared period (:func:`.stamps.debunch`).
+* Every stream with a rate in the bag (:func:`declared_rates`: the start marker's
+  ``stream_rates_hz`` with their origins in ``stream_rate_sources``, the control rate, the end
+  marker's ``measured_rates_hz``) is checked against it. Header stamps that disagree (median
+  period off by more than :data:`RATE_TOLERANCE`), or source timestamps that do (the median of
+  their de-bunched periods, or a mean over their span above the rate by more than
+  :data:`RECEIVE_RATE_TOLERANCE`), raise :class:`~sequence_ai_data.episode.StreamRateError`
+  naming the stream -- the export never compresses or stretches it silently; pass ``--fps`` to
+  resample on a grid of sensor time instead. Against a rate the recorder only measured (before
+  the episode) a disagreement is a warning naming the stream. A stream timed by receipt times
+  alone is checked by their mean period over its span (:data:`RECEIVE_RATE_TOLERANCE`), and a
+  disagreement is a warning, as the recorder's lag and the publisher's rate cannot be told apart.
 
 Steps: with ``fps`` equal to the control rate (the default), each published command is one step,
 at its time. With another ``fps``, steps sit on a uniform grid from the first command's time and
@@ -59,16 +65,18 @@ MAX_CLOCK_OFFSET_S = 10.0
 
 @dataclass
 class StreamTiming:
-    """One stream of an episode: ``topic``; ``time_source`` (``"header"`` stamps or ``"receive"``
-    times) the export used; ``n`` messages; ``declared_hz`` (``None`` = none declared);
-    ``median_hz`` (1 / median period) and ``mean_hz`` ((n - 1) / span) measured from those times
+    """One stream of an episode: ``topic``; ``time_source`` (``"header"`` stamps, ``"source"`` DDS
+    source timestamps or ``"receive"`` times) the export used; ``n`` messages; ``declared_hz``
+    (``None`` = none declared) and ``rate_origin`` (who declared it: ``contract``, ``goal``,
+    ``parameter``, ``declared``, or ``measured`` by the recorder); ``median_hz`` (1 / median period) and ``mean_hz`` ((n - 1) / span) measured from those times
     (Hz); ``span_s`` first to last (s); ``lag_ms_p50``/``lag_ms_p99``: receipt minus stamp (ms,
-    stamped streams); ``verdict``: ``ok`` | ``disagrees`` | ``unchecked``."""
+    stamped and source-timed streams); ``verdict``: ``ok`` | ``disagrees`` | ``unchecked``."""
 
     topic: str
     time_source: str
     n: int
     declared_hz: Optional[float] = None
+    rate_origin: Optional[str] = None
     median_hz: Optional[float] = None
     mean_hz: Optional[float] = None
     span_s: float = 0.0
@@ -161,72 +169,113 @@ def _sensor_series(rec) -> dict:
 
 
 def _episode_commands(rec) -> tuple:
-    """(commands, stamps) of the steps: the hold after the last action is cut (the end marker's
-    ``actions`` count); ``stamps`` is one header stamp or ``None`` per command."""
+    """(commands, stamps, sources) of the steps: the hold after the last action is cut (the end
+    marker's ``actions`` count); ``stamps`` is one header stamp or ``None`` per command, ``sources``
+    one DDS source timestamp or ``None``."""
     commands = list(rec.commands)
     stamps = list(rec.command_stamps) or [None] * len(commands)
+    sources = list(getattr(rec, "command_sources", None) or []) or [None] * len(commands)
     outcome = (rec.end or {}).get("outcome") or {}
     n_actions = outcome.get("actions")
-    if isinstance(n_actions, int) and 0 < n_actions < len(commands):
-        commands, stamps = commands[:n_actions], stamps[:n_actions]   # the hold after the last action is not a step
+    if isinstance(n_actions, int) and 0 < n_actions < len(commands):   # the hold after the last action is not a step
+        commands, stamps, sources = commands[:n_actions], stamps[:n_actions], sources[:n_actions]
     if not commands:
         raise ExportError(f"{rec.path}: no commands recorded (nothing was driven)")
-    return commands, stamps
+    return commands, stamps, sources
 
 
-def _command_clock(stamps: list, recv: list, declared: Optional[float]) -> tuple:
-    """(time source, step times ns) of the commands: their header stamps when all have one, else
-    receipt times (de-bunched at the declared period when there is one)."""
-    from .stamps import HEADER, RECEIVE, debunch
+def _command_clock(stamps: list, sources: list, recv: list, period_hz: Optional[float]) -> tuple:
+    """(time source, step times ns, raw times ns) of the commands: their header stamps when all have
+    one; else their DDS source timestamps when all have one; else their receipt times. Source and
+    receipt times are de-bunched at ``period_hz`` when there is one (``raw``: before that)."""
+    from .stamps import HEADER, RECEIVE, SOURCE, debunch
 
     if all(s is not None for s in stamps):
-        return HEADER, [int(s) for s in stamps]
-    if declared is not None:
-        return RECEIVE, debunch(recv, 1e9 / declared)
-    return RECEIVE, recv
+        times = [int(s) for s in stamps]
+        return HEADER, times, times
+    source, raw = (SOURCE, [int(s) for s in sources]) if all(s is not None for s in sources) else (RECEIVE, recv)
+    return source, (debunch(raw, 1e9 / period_hz) if period_hz else list(raw)), raw
 
 
-def _declared_rates(rec, cmd_topic: str, declared: Optional[float]) -> dict:
-    """topic -> declared Hz: the start marker's ``stream_rates_hz`` and the commands' control rate."""
-    rates = {_abs(str(k)): float(v) for k, v in (rec.start.get("stream_rates_hz") or {}).items()
-             if isinstance(v, (int, float)) and v > 0}
-    if declared is not None:
-        rates[cmd_topic] = declared
-    return rates
+def declared_rates(rec, cmd_topic: str) -> tuple:
+    """``({topic: Hz}, {topic: origin})`` of an episode: the start marker's ``stream_rates_hz`` (origin
+    from its ``stream_rate_sources``: ``contract``, ``goal``, ``parameter``, ``measured``; default
+    ``declared``), its ``control_frequency_hz`` for the commands (origin ``contract`` for an Act
+    episode), then the end marker's ``measured_rates_hz`` for streams still without one (``measured``)."""
+    start, end = rec.start, rec.end or {}
+    origins_in = {_abs(str(k)): str(v) for k, v in (start.get("stream_rate_sources") or {}).items()}
+    rates, origins = {}, {}
+    for k, v in (start.get("stream_rates_hz") or {}).items():
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0:
+            rates[_abs(str(k))] = float(v)
+            origins[_abs(str(k))] = origins_in.get(_abs(str(k)), "declared")
+    hz = start.get("control_frequency_hz")
+    if isinstance(hz, (int, float)) and not isinstance(hz, bool) and hz > 0:
+        rates[cmd_topic] = float(hz)
+        origins[cmd_topic] = origins_in.get(cmd_topic, "contract" if start.get("source") == "act" else "declared")
+    for k, v in (end.get("measured_rates_hz") or {}).items():
+        if _abs(str(k)) not in rates and isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0:
+            rates[_abs(str(k))], origins[_abs(str(k))] = float(v), "measured"
+    return rates, origins
 
 
-def _stream_timing(topic: str, source: str, ts: list, rts: list, hz: Optional[float]) -> StreamTiming:
-    """A stream's measured timing (verdict not yet set): ``ts`` its times, ``rts`` its receipts."""
-    from .stamps import HEADER, RECEIVE
+def _stream_timing(topic: str, source: str, ts: list, rts: list, raw: list, hz: Optional[float],
+                   origin: Optional[str]) -> StreamTiming:
+    """A stream's measured timing (verdict not yet set): ``ts`` its times, ``rts`` its receipts,
+    ``raw`` its source times before de-bunching (the mean over their span is measured from them)."""
+    from .stamps import HEADER, RECEIVE, SOURCE
 
-    base = HEADER if source == HEADER else RECEIVE
-    median, mean, span = _measure(ts if base == HEADER else rts)
-    entry = StreamTiming(topic=topic, time_source=base, n=len(ts), declared_hz=hz,
+    base = source if source in (HEADER, SOURCE) else RECEIVE
+    median, mean, span = _measure(ts if base != RECEIVE else rts)
+    if base == SOURCE:
+        mean = _measure(raw)[1]
+    entry = StreamTiming(topic=topic, time_source=base, n=len(ts), declared_hz=hz, rate_origin=origin,
                          median_hz=median, mean_hz=mean, span_s=span)
-    if base == HEADER:
-        lags = sorted(r - t for t, r in zip(ts, rts))
+    if base != RECEIVE:
+        lags = sorted(r - t for t, r in zip(raw, rts))
         if lags:
             entry.lag_ms_p50 = lags[len(lags) // 2] / 1e6
             entry.lag_ms_p99 = lags[min(len(lags) - 1, int(round(0.99 * (len(lags) - 1))))] / 1e6
     return entry
 
 
-def _check_rate(entry: StreamTiming, cmd_topic: str, fps: Optional[float], src: str, warnings: list) -> None:
-    """Set ``entry.verdict`` against its declared rate (unchecked below 3 messages or without one);
-    a disagreement raises :class:`StreamRateError` (header stamps, no ``fps``) or is a warning."""
-    from .stamps import HEADER
+def _agrees(entry: StreamTiming) -> tuple:
+    """(agrees, the measured Hz shown) of a stream against its declared rate: header stamps by their
+    median period (:data:`RATE_TOLERANCE`); source timestamps by the median of their de-bunched
+    periods (a publisher-side bunch is spread back, a slow stream stays slow) and the mean over
+    their span (a fast stream shows there, :data:`RECEIVE_RATE_TOLERANCE`); receipt times by that
+    mean alone."""
+    from .stamps import HEADER, SOURCE
 
-    hz, topic, header = entry.declared_hz, entry.topic, entry.time_source == HEADER
+    hz = entry.declared_hz
+    if entry.time_source == HEADER:
+        m = entry.median_hz
+        return m is not None and abs(m - hz) <= RATE_TOLERANCE * hz, m
+    if entry.time_source == SOURCE:
+        m, mean = entry.median_hz, entry.mean_hz
+        ok = m is not None and abs(m - hz) <= RATE_TOLERANCE * hz and (
+            mean is None or mean <= (1 + RECEIVE_RATE_TOLERANCE) * hz)
+        return ok, (m if m is None or abs(m - hz) > RATE_TOLERANCE * hz else mean)
+    m = entry.mean_hz
+    return m is not None and abs(m - hz) <= RECEIVE_RATE_TOLERANCE * hz, m
+
+
+def _check_rate(entry: StreamTiming, cmd_topic: str, fps: Optional[float], src: str, warnings: list) -> None:
+    """Set ``entry.verdict`` against its declared rate (unchecked below 3 messages or without one).
+    A disagreement raises :class:`StreamRateError` when the times are the publisher's (header
+    stamps, source timestamps), the rate was declared (not measured by the recorder) and no ``fps``
+    was given; otherwise it is a warning naming the stream."""
+    hz, topic = entry.declared_hz, entry.topic
     if hz is None or entry.n < 3:
         return
-    measured = entry.median_hz if header else entry.mean_hz
-    tolerance = RATE_TOLERANCE if header else RECEIVE_RATE_TOLERANCE
-    if measured is not None and abs(measured - hz) <= tolerance * hz:
+    ok, measured = _agrees(entry)
+    if ok:
         entry.verdict = "ok"
         return
     entry.verdict = "disagrees"
     shown = "no spread" if measured is None else f"{measured:.2f} Hz"
-    if not header:
+    what_times = {"header": "header stamps", "source": "DDS source timestamps"}.get(entry.time_source)
+    if what_times is None:
         warnings.append(
             f"{topic}: declared {hz:g} Hz, but its receipt times average {shown} over {entry.span_s:.2f} s "
             f"({entry.n} messages, no header stamps): the recorder's lag and the publisher's rate cannot "
@@ -237,30 +286,34 @@ def _check_rate(entry: StreamTiming, cmd_topic: str, fps: Optional[float], src: 
                 f"{'stretch' if measured and measured > hz else 'compress'} the episode's time")
     else:
         what = "the observations would not be sampled as declared"
-    text = (f"stream {topic} declares {hz:g} Hz but its header stamps are {shown} apart (median "
-            f"period of {entry.n} messages): {what}")
-    if fps is None:
+    origin = entry.rate_origin or "declared"
+    text = (f"stream {topic} declares {hz:g} Hz ({origin}) but its {what_times} are {shown} apart "
+            f"({entry.n} messages): {what}")
+    if fps is None and origin != "measured":
         raise StreamRateError(
             f"{src}: {text}. Fix the publisher's rate or stamps (or the declaration), or pass "
             "--fps N to export on sensor time anyway (the mismatch is then a warning)",
-            source=src, stream=topic, declared_hz=hz, measured_hz=measured, time_source=HEADER)
-    warnings.append(f"{text}; exported at --fps {fps:g} on sensor time")
+            source=src, stream=topic, declared_hz=hz, measured_hz=measured, time_source=entry.time_source)
+    warnings.append(f"{text}; " + (f"exported at --fps {fps:g} on sensor time" if fps is not None else
+                                   "the rate was measured by the recorder before the episode, so this is a warning"))
 
 
-def _stream_timings(rec, cmd_topic: str, cmd_series: tuple, rates: dict, fps: Optional[float],
+def _stream_timings(rec, cmd_topic: str, cmd_series: tuple, rates: tuple, fps: Optional[float],
                     warnings: list) -> dict:
-    """topic -> :class:`StreamTiming` of the commands (``cmd_series``: source, times, receipts)
-    and every sensor stream, each checked against its declared rate."""
+    """topic -> :class:`StreamTiming` of the commands (``cmd_series``: source, times, receipts, raw)
+    and every sensor stream, each checked against its declared rate (``rates``: Hz, origins)."""
     from .stamps import RECEIVE
 
     series = {cmd_topic: cmd_series}
     for topic, (source, msgs) in _sensor_series(rec).items():
-        series[topic] = (source, [m[0] for m in msgs], [m[1] for m in msgs])
+        ts = [m[0] for m in msgs]
+        series[topic] = (source, ts, [m[1] for m in msgs], ts)
         if source.startswith(RECEIVE + " ("):
             warnings.append(f"{topic}: placed by receipt time, {source[len(RECEIVE) + 2:-1]}")
     streams = {}
-    for topic, (source, ts, rts) in series.items():
-        entry = streams[topic] = _stream_timing(topic, source, ts, rts, rates.get(topic))
+    hz, origins = rates
+    for topic, (source, ts, rts, raw) in series.items():
+        entry = streams[topic] = _stream_timing(topic, source, ts, rts, raw, hz.get(topic), origins.get(topic))
         _check_rate(entry, cmd_topic, fps, str(rec.path), warnings)
     return streams
 
@@ -284,22 +337,27 @@ def _measured_fps(rec, cmd: StreamTiming, recv: list, warnings: list) -> tuple:
     return fps, measured
 
 
-def _choose_fps(rec, fps: Optional[float], declared: Optional[float], cmd: StreamTiming, recv: list,
-                warnings: list) -> tuple:
-    """(fps, fps_from, command rate Hz or None) -- ``fps`` given, the declared control rate, or
-    measured (:func:`_measured_fps`)."""
+def _choose_fps(rec, fps: Optional[float], declared: Optional[float], origin: Optional[str], cmd: StreamTiming,
+                recv: list, warnings: list) -> tuple:
+    """(fps, fps_from, command rate Hz or None) -- ``fps`` given, the commands' declared rate (the
+    control rate, a RecordEpisode goal's or the recorder's parameter), the rate the recorder measured,
+    or measured here from receipt times (:func:`_measured_fps`)."""
     cmd_rate = None
     if declared is None and len(recv) > 1:
         median = control_rate_hz(recv)
         mean = cmd.mean_hz
         cmd_rate = median if mean is None or abs(median - mean) <= 0.25 * mean else mean
     if fps is not None:
-        return float(fps), "--fps", cmd_rate
+        return float(fps), "--fps", declared or cmd_rate
     if declared is not None:
+        if origin == "measured":
+            fps = float(max(1, round(declared)))
+            return fps, "the command rate the recorder measured (no declared rate)", declared
         if abs(declared - round(declared)) > 1e-6:
             raise ExportError(f"{rec.path}: the declared control rate {declared:g} Hz is not an integer, which "
                               "a LeRobot dataset needs: pass --fps N to resample")
-        return float(round(declared)), "declared control_frequency_hz", cmd_rate
+        where = "declared control_frequency_hz" if origin in ("contract", "declared") else f"declared by the {origin}"
+        return float(round(declared)), where, declared
     fps, cmd_rate = _measured_fps(rec, cmd, recv, warnings)
     return fps, "measured from command receipt times (no declared rate)", cmd_rate
 
@@ -328,28 +386,27 @@ def episode_timing(rec, fps: Optional[float] = None) -> EpisodeTiming:
         rec: the episode read from a bag.
         fps: the dataset's frames per second (Hz); ``None`` = the declared control rate.
     Raises:
-        StreamRateError: a stream's header stamps disagree with its declared rate (``fps`` not
-            given; with ``fps`` it is a warning in the report).
+        StreamRateError: a stream's header stamps or source timestamps disagree with its declared
+            rate (``fps`` not given; with ``fps``, or a rate the recorder measured, it is a warning).
         ExportError: no commands; a declared rate that is not an integer with no ``fps``; fps <= 0.
     """
-    commands, stamps = _episode_commands(rec)
+    commands, stamps, sources = _episode_commands(rec)
     if fps is not None and fps <= 0:
         raise ExportError(f"fps must be > 0, got {fps}")
     cmd_topic = _abs(rec.start.get("command_topic", "joint_commands"))
-    declared = rec.start.get("control_frequency_hz")
-    declared = float(declared) if isinstance(declared, (int, float)) and declared > 0 else None
+    rates = declared_rates(rec, cmd_topic)
+    declared, origin = rates[0].get(cmd_topic), rates[1].get(cmd_topic)
     warnings: list = []
     recv = [t for t, _ in commands]
-    cmd_source, times = _command_clock(stamps, recv, declared)
-    rates = _declared_rates(rec, cmd_topic, declared)
-    streams = _stream_timings(rec, cmd_topic, (cmd_source, times, recv), rates, fps, warnings)
-    fps, fps_from, cmd_rate = _choose_fps(rec, fps, declared, streams[cmd_topic], recv, warnings)
-    rate = declared if declared is not None else cmd_rate
+    cmd_source, times, raw = _command_clock(stamps, sources, recv, declared)
+    streams = _stream_timings(rec, cmd_topic, (cmd_source, times, recv, raw), rates, fps, warnings)
+    fps, fps_from, rate = _choose_fps(rec, fps, declared, origin, streams[cmd_topic], recv, warnings)
     step_times, step_commands = _steps(times, commands, rate, fps)
     recorded = (times[-1] - times[0]) * 1e-9 + 1.0 / (rate or fps)
-    return EpisodeTiming(fps=float(fps), declared_hz=declared, fps_from=fps_from, step_times=step_times,
-                         step_commands=step_commands, command_times=list(times), streams=streams,
-                         recorded_s=recorded, exported_s=len(step_times) / float(fps), warnings=warnings)
+    return EpisodeTiming(fps=float(fps), declared_hz=declared if origin != "measured" else None, fps_from=fps_from,
+                         step_times=step_times, step_commands=step_commands, command_times=list(times),
+                         streams=streams, recorded_s=recorded, exported_s=len(step_times) / float(fps),
+                         warnings=warnings)
 
 
 def _jpeg_to_rgb(data) -> np.ndarray:
@@ -447,10 +504,22 @@ def frames_from_bag(bag: Path, fps: Optional[float] = None) -> EpisodeFrames:
     joints = list(rec.start.get("joint_names") or [])
     grip = rec.start.get("gripper_joint")
     names = joints + ([grip] if grip else [])
+    from .events import provenance
     return EpisodeFrames(
         task=rec.task, fps=float(fps), images=images, state=state, action=action, success=rec.success,
         state_names=names if len(names) == state.shape[1] else [f"s{i}" for i in range(state.shape[1])],
         action_names=names if len(names) == action.shape[1] else [f"a{i}" for i in range(action.shape[1])],
         source=str(bag), tasks=[obs.instruction for _, obs, _ in steps], cut=rec.end is None,
         timing=dict(timing.as_dict(), frames=len(steps), exported_s=round(len(steps) / float(fps), 4)),
+        provenance=provenance(rec.start, rec.end),
+        state_groups=_groups(len(joints), bool(grip), state.shape[1]),
+        action_groups=_groups(len(joints), bool(grip), action.shape[1]),
     )
+
+
+def _groups(n_joints: int, gripper: bool, width: int) -> Optional[dict]:
+    """``{"single_arm": [0, n_joints), "gripper": [n_joints, width)}`` (GR00T's names) when a vector
+    is the joints then the gripper (``single_arm`` alone without one); ``None`` when its width says otherwise."""
+    if n_joints and width == n_joints + (1 if gripper else 0):
+        return {"single_arm": [0, n_joints], **({"gripper": [n_joints, width]} if gripper else {})}
+    return None

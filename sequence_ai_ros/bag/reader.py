@@ -8,7 +8,8 @@ filled when the process died is lost. :func:`repair_bag` (``sequence-ai bag repa
 permanent: it rewrites the bag with a fresh ``metadata.yaml``.
 
 Times: every message keeps its log time (the recorder's receipt time); a header-first message's
-sensor time is the ``header.stamp`` inside it. :func:`time_sources` says which topic has which
+sensor time is the ``header.stamp`` inside it, and every message recorded with a DDS source
+timestamp has it as its MCAP ``publish_time`` (:func:`publish_times`; rosbags' reader drops it). :func:`time_sources` says which topic has which
 (``metadata.yaml``'s ``custom_data``, else derived from the message types: see :mod:`.stamps`), and
 :attr:`RecordedEpisode.time_sources` carries it to the export.
 
@@ -145,6 +146,57 @@ def iter_raw(bag: Path) -> Iterator[RawMessage]:
             reader.close()
     for t_ns, _, conn, raw in msgs:
         yield RawMessage(conn.topic, conn.msgtype, t_ns, raw)
+
+
+def _records(buf: bytes, at: int = 0) -> Iterator[tuple]:
+    """``(op, body)`` of the complete MCAP records in ``buf`` from ``at``."""
+    while at + 9 <= len(buf):
+        op, length = struct.unpack_from("<BQ", buf, at)
+        if at + 9 + length > len(buf):
+            return
+        yield op, buf[at + 9:at + 9 + length]
+        at += 9 + length
+
+
+def publish_times(bag: Path, topics: Optional[set] = None) -> dict:
+    """``{(topic, log time ns): publish time ns}`` of a bag's messages (``topics``: only those),
+    read from the MCAP records themselves (chunks decompressed), so a cut bag's complete records
+    count too. A message recorded without a source timestamp has ``publish_time`` == log time.
+
+    Raises:
+        BagReadError: not a bag (see :func:`iter_raw`).
+    """
+    from rosbags.rosbag2.storage_mcap import decompress
+
+    data = _mcap_file(Path(bag)).read_bytes()
+    if data[:8] != _MAGIC:
+        raise BagReadError(f"{bag} is not an MCAP file (bad magic)")
+    channels: dict = {}
+    out: dict = {}
+
+    def walk(buf: bytes) -> None:
+        for op, body in _records(buf):
+            if op == 0x04 and len(body) >= 4:                   # Channel: id, schema id, topic
+                (cid,) = struct.unpack_from("<H", body, 0)
+                (n,) = struct.unpack_from("<I", body, 4)
+                channels[cid] = body[8:8 + n].decode("utf-8", "replace")
+            elif op == 0x05 and len(body) >= 22:                # Message: channel, sequence, log, publish
+                cid, _, log_ns, pub_ns = struct.unpack_from("<HIQQ", body, 0)
+                topic = channels.get(cid)
+                if topic is not None and (topics is None or topic in topics):
+                    out[(topic, log_ns)] = pub_ns
+            elif op == 0x06 and len(body) >= 32:                # Chunk: times, size, crc, compression, records
+                size = struct.unpack_from("<Q", body, 16)[0]
+                (n,) = struct.unpack_from("<I", body, 28)
+                compression = body[32:32 + n].decode()
+                (m,) = struct.unpack_from("<Q", body, 32 + n)
+                records = body[40 + n:40 + n + m]
+                walk(decompress(records, compression, size, 0) if compression else records)
+            elif op in (_OP_DATA_END, _OP_FOOTER):
+                return
+
+    walk(data[8:])
+    return out
 
 
 def custom_data(bag: Path) -> dict:
@@ -317,7 +369,10 @@ class RecordedEpisode:
     ``commands``: [(t_ns, [float])]; ``instructions``: [(t_ns, str)]. Times are log times (ns): the
     recorder's receipt times. ``command_stamps``: per command, its ``header.stamp`` (ns) when the
     command type has a header and it is non-zero, else ``None``; sensor messages carry theirs in
-    ``msg.header``. ``time_sources``: topic -> ``"header"`` | ``"receive"`` (:func:`time_sources`).
+    ``msg.header``. ``command_sources``: per command, its DDS source timestamp (ns, the publisher's
+    send time; ``None`` when recorded without one). ``time_sources``: topic -> ``"header"`` |
+    ``"source"`` | ``"receive"`` (:func:`time_sources`; a cut bag's headerless commands whose every
+    record has a publish time apart from its log time count as ``"source"``).
     Sensor messages logged before the start marker are the recorder's pre-roll (the latest
     sample of each stream when the episode started) and belong to the episode.
     """
@@ -331,6 +386,7 @@ class RecordedEpisode:
     instructions: list = field(default_factory=list)
     labels: list = field(default_factory=list)
     command_stamps: list = field(default_factory=list)
+    command_sources: list = field(default_factory=list)
     time_sources: dict = field(default_factory=dict)
 
     @property
@@ -418,7 +474,22 @@ def read_episode(bag: Path) -> RecordedEpisode:
         raise BagReadError(f"{bag}: no episode start marker on {EPISODE_TOPIC}; was it written by recorder_node?")
     rec.start, rec.end = start, end
     rec.time_sources = time_sources(bag, msgtypes)
+    _command_sources(rec, _abs(start.get("command_topic", "joint_commands")))
     return rec
+
+
+def _command_sources(rec: RecordedEpisode, topic: str) -> None:
+    """Fill ``rec.command_sources`` from the MCAP publish times of the command topic."""
+    from .stamps import RECEIVE, SOURCE
+
+    pubs = publish_times(rec.path, {topic}) if rec.commands else {}
+    rec.command_sources = [pubs.get((topic, t)) for t, _ in rec.commands]
+    if any(p is None or p == t for p, (t, _) in zip(rec.command_sources, rec.commands)):
+        if rec.time_sources.get(topic) == SOURCE:   # declared, but some record lacks it: none trusted
+            rec.time_sources[topic] = RECEIVE
+        rec.command_sources = [None] * len(rec.commands)
+    elif rec.commands and rec.time_sources.get(topic) == RECEIVE:
+        rec.time_sources[topic] = SOURCE            # a cut bag (no metadata): the records say it
 
 
 def _abs(topic: str) -> str:

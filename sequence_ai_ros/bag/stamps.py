@@ -11,9 +11,13 @@ which in ``metadata.yaml`` ``custom_data`` (:data:`TIME_SOURCES_KEY`), and anyon
 same from the message type (:func:`time_source`), which is what a bag cut before its metadata
 was written relies on.
 
-Headerless commands are timed from their receipt times *de-bunched* against the declared control
-period (:func:`debunch`): a command was published no later than it was received, and no later
-than one period before the next one was published.
+Headerless messages (``std_msgs/Float64MultiArray`` commands) carry no stamp, but DDS does: the
+recorder takes each message's source timestamp (the publisher's send time, rclpy's
+``MessageInfo["source_timestamp"]``) and the writer stores it as the MCAP ``publish_time`` beside the
+log (receipt) time. A headerless topic whose every message had one is declared :data:`SOURCE`.
+Headerless commands are timed from those source times (from receipt times when a bag has none),
+*de-bunched* against the declared control period (:func:`debunch`): a command was published no
+later than it was received, and no later than one period before the next one was published.
 
 Reading a stamp costs one ``struct.unpack`` (:func:`header_stamp_ns`): a CDR message starts with
 a 4-byte encapsulation header (byte 1: 1 = little-endian), then ``std_msgs/Header``'s
@@ -26,9 +30,11 @@ from typing import Dict, List, Optional, Sequence
 
 #: Time source of a topic whose messages start with a std_msgs/Header: ``header.stamp`` (sensor time).
 HEADER = "header"
+#: Time source of a headerless topic whose messages all carry a DDS source timestamp (MCAP publish_time).
+SOURCE = "source"
 #: Time source of a topic whose messages have no header: the recorder's receipt time (log time).
 RECEIVE = "receive"
-#: ``metadata.yaml`` ``custom_data`` key: JSON ``{topic: "header" | "receive"}``.
+#: ``metadata.yaml`` ``custom_data`` key: JSON ``{topic: "header" | "source" | "receive"}``.
 TIME_SOURCES_KEY = "sequence_ai.time_sources"
 #: ``metadata.yaml`` ``custom_data`` key: JSON ``{topic: {"n", "unstamped", "lag_ms_p50",
 #: "lag_ms_p99", "lag_ms_max"}}`` -- receipt time minus header stamp (ms) per stamped topic.
@@ -137,3 +143,13 @@ def debunch(recv_ns: Sequence[int], period_ns: float) -> List[int]:
     for k in range(len(out) - 2, -1, -1):
         out[k] = min(out[k], int(out[k + 1] - period_ns))
     return out
+
+
+def source_ns(info) -> Optional[int]:
+    """The DDS source timestamp (ns) in rclpy's MessageInfo (a dict), None when the middleware gave 0."""
+    try:
+        value = int(info["source_timestamp"])
+    except (TypeError, KeyError, ValueError):
+        return None
+    return value if value > 0 else None
+

@@ -21,6 +21,13 @@ time source (``sequence_ai.time_sources``: ``header`` -- the stamp in the messag
 time -- or ``receive`` -- no header, the log time is all there is) and those lags
 (``sequence_ai.stamp_lag``). The messages themselves are stored unchanged, stamp included.
 
+Source time: :meth:`BagWriter.put` takes each message's DDS source timestamp (the publisher's send
+time, from rclpy's ``MessageInfo``) and stores it as the MCAP record's ``publish_time`` beside its
+log time (the receipt time), as rosbag2 does with ``send_timestamp``. A headerless topic all of
+whose messages carried one is declared ``source`` in ``sequence_ai.time_sources`` (the export times
+it from those instead of its receipt times). Other caller facts (declared stream rates, the policy
+contract, seam statistics) go into ``custom_data`` through :meth:`BagWriter.set_custom_data`.
+
 The chunk control reaches into the ``rosbags`` MCAP storage writer (``Writer.storage``, its
 ``chunk``, ``close_chunk()`` and ``bio``), the one place this module depends on rosbags internals
 (checked against rosbags 0.11); everything else is its public API.
@@ -38,7 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
-from .stamps import HEADER, STAMP_LAG_KEY, TIME_SOURCES_KEY, StampStats, header_stamp_ns, time_source
+from .stamps import HEADER, RECEIVE, SOURCE, STAMP_LAG_KEY, TIME_SOURCES_KEY, StampStats, header_stamp_ns, time_source
 
 #: Default chunk size bound (bytes): about half a second of two 224x224 JPEG streams at 15 Hz.
 DEFAULT_CHUNK_BYTES = 256 * 1024
@@ -57,7 +64,7 @@ class BagStats:
     ``written``: messages in the bag; ``dropped_queue``: dropped because the writer queue was full;
     ``dropped_disk``: dropped because the bag reached ``max_bag_bytes``; ``failed``: transforms
     that raised (message skipped); ``chunks``: MCAP chunks closed. ``time_sources``: topic ->
-    ``"header"`` | ``"receive"`` (see :mod:`.stamps`); ``stamps``: topic -> receipt-minus-stamp
+    ``"header"`` | ``"source"`` | ``"receive"`` (see :mod:`.stamps`); ``stamps``: topic -> receipt-minus-stamp
     lag summary (``n``, ``unstamped``, ``lag_ms_p50``/``p99``/``max``, ms), filled at close.
     """
 
@@ -118,6 +125,8 @@ class BagWriter:
         self._typestore = None
         self._chunk_t0 = 0.0
         self._error: Optional[BaseException] = None
+        self._custom: dict = {}
+        self._unsourced: set = set()   # headerless topics with a message that had no source timestamp
         self._thread = threading.Thread(target=self._run, name="bag-writer", daemon=True)
         self._thread.start()
 
@@ -142,10 +151,18 @@ class BagWriter:
             path.parent.mkdir(parents=True, exist_ok=True)
             self._open = True
             self.stats = BagStats(path=path, started_ns=time.time_ns())
+            self._custom = {}
             self._queue.put(("open", path))   # control items wait for room; they are never dropped
 
+    def set_custom_data(self, key: str, value: str) -> None:
+        """Write ``key: value`` (text) into the open bag's ``metadata.yaml`` ``custom_data`` at close
+        (a later call with the same key replaces it). Ignored when no bag is open."""
+        if self._open:
+            self._custom[str(key)] = str(value)
+
     def put(self, topic: str, msgtype: str, t_ns: int, raw: bytes,
-            transform: Optional[_Transform] = None, essential: bool = False) -> bool:
+            transform: Optional[_Transform] = None, essential: bool = False,
+            source_ns: Optional[int] = None) -> bool:
         """Queue one message; never blocks.
 
         Args:
@@ -155,13 +172,16 @@ class BagWriter:
             raw: the CDR bytes (``rclpy.serialization.serialize_message`` / a raw subscription).
             transform: optional ``raw -> (msgtype, raw)`` run on the writer thread (e.g. JPEG).
             essential: never dropped for the disk bound (episode markers).
+            source_ns: the DDS source timestamp (ns since the epoch; the publisher's send time), kept
+                as the record's MCAP ``publish_time``; ``None``/0 = unknown (``publish_time`` = ``t_ns``).
         Returns:
             True if queued; False if no bag is open or the queue was full (counted as dropped).
         """
         if not self._open:
             return False
         try:
-            self._queue.put_nowait(("msg", topic, msgtype, int(t_ns), raw, transform, essential))
+            self._queue.put_nowait(("msg", topic, msgtype, int(t_ns), raw, transform, essential,
+                                    int(source_ns) if source_ns else None))
             return True
         except queue.Full:
             self.stats.dropped_queue += 1
@@ -240,9 +260,11 @@ class BagWriter:
         self._writer.open()
         self._connections = {}
         self._stamps = StampStats()
+        self._unsourced = set()
         self._chunk_t0 = time.monotonic()
 
-    def _write(self, topic: str, msgtype: str, t_ns: int, raw: bytes, transform, essential: bool) -> None:
+    def _write(self, topic: str, msgtype: str, t_ns: int, raw: bytes, transform, essential: bool,
+               source_ns: Optional[int] = None) -> None:
         w = self._writer
         if w is None:
             return
@@ -263,7 +285,19 @@ class BagWriter:
             self.stats.time_sources[topic] = time_source(msgtype, self._typestore)
         if self.stats.time_sources[topic] == HEADER:
             self._stamps.add(topic, t_ns, header_stamp_ns(raw))
+        elif source_ns is None:
+            self._unsourced.add(topic)
+        chunk, at = storage.chunk, storage.chunk.bio.tell()
         w.write(conn, t_ns, raw)
+        if source_ns is not None and storage.chunk is chunk:
+            # the record's publish_time (op 1, length 8, channel 2, sequence 4, log_time 8 bytes in)
+            # is rosbags' copy of log_time: the source timestamp goes there (rosbag2's send_timestamp)
+            end = chunk.bio.tell()
+            chunk.bio.seek(at + 23)
+            chunk.bio.write(struct.pack("<Q", source_ns))
+            chunk.bio.seek(end)
+        elif source_ns is not None:
+            self._unsourced.add(topic)   # rosbags closed the chunk inside write (a message past 1 MiB)
         self.stats.written += 1
         if storage.chunk.bio.tell() >= self.chunk_bytes or time.monotonic() - self._chunk_t0 >= self.chunk_s:
             self._flush_chunk()
@@ -283,6 +317,11 @@ class BagWriter:
         if w.storage.chunk.bio.tell():
             self.stats.chunks += 1
         self.stats.stamps = self._stamps.summary()
+        for topic, source in self.stats.time_sources.items():
+            if source == RECEIVE and topic not in self._unsourced:
+                self.stats.time_sources[topic] = SOURCE   # every message carried its source timestamp
+        for key, value in self._custom.items():
+            w.set_custom_data(key, value)
         w.set_custom_data(TIME_SOURCES_KEY, json.dumps(self.stats.time_sources, sort_keys=True))
         w.set_custom_data(STAMP_LAG_KEY, json.dumps(self.stats.stamps, sort_keys=True))
         w.close()

@@ -251,7 +251,15 @@ def test_a_bursty_stream_exports_with_its_declared_fps_and_its_real_duration(rig
     assert np.median(np.diff(recv)) < 0.5e9 / hz, np.diff(recv)[:20]
     # the bag says which topic is timed how, and the recorder's stamp error
     sources = json.loads(custom_data(bag)[TIME_SOURCES_KEY])
-    assert sources["/joint_commands"] == "receive" and sources["/joint_states"] == "header"
+    assert sources["/joint_commands"] == "source" and sources["/joint_states"] == "header"
+    # each command's DDS source timestamp: sent at or after its due time, before it was received
+    assert all(d <= s <= r for d, s, r in zip(due, rec.command_sources, recv)), "source timestamps"
+    # every stream's rate is declared: the commands' from the marker, the sensors' measured before the episode
+    rates, origins = rec.start["stream_rates_hz"], rec.start["stream_rate_sources"]
+    assert rates["/joint_commands"] == hz and origins["/joint_commands"] == "contract"
+    for topic in ("/joint_states", f"/camera/{VIEW}/image"):
+        assert origins[topic] == "measured" and rates[topic] == pytest.approx(hz, rel=0.05), (topic, rates)
+        assert rec.end["measured_rates_hz"][topic] == pytest.approx(hz, rel=0.05)
     assert sources[f"/camera/{VIEW}/image"] == "header" and sources["/sequence_ai/episode"] == "receive"
     lag = json.loads(custom_data(bag)[STAMP_LAG_KEY])["/joint_states"]
     assert lag["unstamped"] == 0 and lag["lag_ms_p50"] >= 0
@@ -307,11 +315,21 @@ def test_a_stream_whose_stamps_disagree_with_its_declared_rate_is_named_and_noth
     assert info["fps"] == 10 and abs(info["total_frames"] / 10 - 2.0) <= 0.1
 
 
-def test_headerless_commands_off_their_declared_rate_are_named_in_a_warning(rig, tmp_path, capsys):
+def test_headerless_commands_off_their_declared_rate_are_refused_by_name_from_their_source_times(rig, tmp_path, capsys):
+    """Float64MultiArray commands have no header, but their DDS source timestamps say when they
+    were sent: 20 Hz commands under a declared 30 Hz are refused, naming the stream."""
     bag, _, _ = rig.record(control_hz=30.0, command_hz=20.0, obs_hz=30.0, n=40)
-    out = tmp_path / "warned"
-    assert _export(bag, out) == 0
+    with pytest.raises(StreamRateError) as err:
+        frames_from_bag(bag)
+    assert err.value.stream == "/joint_commands" and err.value.time_source == "source"
+    assert err.value.measured_hz == pytest.approx(20.0, rel=0.1)
+    out = tmp_path / "refused"
+    assert _export(bag, out) == 1 and not out.exists()
+    msg = capsys.readouterr().err
+    assert "/joint_commands" in msg and "30 Hz" in msg and "source timestamps" in msg
+    # --fps says to export anyway: one frame per command, the mismatch a warning naming the stream
+    assert _export(bag, tmp_path / "forced", "--fps", "30") == 0
     err = capsys.readouterr().err
-    assert "warning:" in err and "/joint_commands" in err and "declared 30 Hz" in err
-    info, _ = _dataset(out)
+    assert "warning:" in err and "/joint_commands" in err
+    info, _ = _dataset(tmp_path / "forced")
     assert info["fps"] == 30 and info["total_frames"] == 40

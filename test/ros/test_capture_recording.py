@@ -34,7 +34,7 @@ from sequence_ai_msgs.srv import CheckSuccess, LabelEpisode, ResetScene
 from sequence_ai_ros import demo
 from sequence_ai_ros.bag.frames import episode_timing, observations_from_bag
 from sequence_ai_ros.bag.events import assembly_settings
-from sequence_ai_ros.bag.reader import BagReadError, iter_raw, read_episode
+from sequence_ai_ros.bag.reader import BagReadError, custom_data, iter_raw, read_episode
 from sequence_ai_ros.bag.writer import bag_size
 from sequence_ai_ros.driver_node import PolicyDriver
 from sequence_ai_ros.recorder_node import EpisodeRecorder
@@ -186,6 +186,25 @@ def test_an_act_goal_is_recorded_as_one_bag_with_its_markers_streams_and_label(r
     frame = rec.images["exterior_1"][0][1]
     assert frame.format.endswith("jpeg compressed rgb8") and bytes(frame.data[:2]) == b"\xff\xd8"
     assert cell.recorder.writer.stats.dropped == 0
+    # what it was recorded under travels with it: the contract, the policy, every stream's rate, the seams
+    contract = cell.driver.policy.contract
+    assert rec.start["contract"] == json.loads(json.dumps(contract)) and rec.start["contract"]["action"]
+    assert rec.start["policy"]["model"] == cell.driver._params["model"] and isinstance(rec.start["policy"]["version"], int)
+    rates, origins = rec.start["stream_rates_hz"], rec.start["stream_rate_sources"]
+    assert rates["/joint_commands"] == FPS and origins["/joint_commands"] == "contract"
+    streams = {"/joint_commands", "/joint_states", *(f"/camera/{v}/image_raw/compressed" for v in ("exterior_1", "wrist_left"))}
+    assert set(rates) <= streams and origins["/joint_commands"] == "contract"
+    # the sensors' rates, measured before the episode (unless the sim stalled then) and over it
+    assert set(origins.values()) <= {"contract", "measured"}, origins
+    assert set(rates) | set(rec.end["measured_rates_hz"]) == streams, (rates, rec.end["measured_rates_hz"])
+    assert rec.end["seams"]["chunks"] == result.chunks and rec.end["seams"]["seams"] == result.seams
+    custom = custom_data(bag)
+    assert json.loads(custom["sequence_ai.contract"]) == rec.start["contract"]
+    assert json.loads(custom["sequence_ai.seams"]) == rec.end["seams"]
+    assert json.loads(custom["sequence_ai.stream_rates"])["/joint_commands"]["origin"] == "contract"
+    # every command was recorded with its DDS source timestamp, sent before it was received
+    assert rec.time_sources["/joint_commands"] == "source"
+    assert all(s <= t for s, (t, _) in zip(rec.command_sources, rec.commands))
 
 
 def _check_dataset(root: Path, version: str, result, sent):
@@ -201,6 +220,17 @@ def _check_dataset(root: Path, version: str, result, sent):
         assert feats[f"observation.images.{view}"]["shape"] == [224, 224, 3]
     assert feats["observation.state"]["shape"] == [8] and feats["action"]["shape"] == [8]
     assert feats["observation.state"]["names"][-1] == "panda_gripper"
+    meta = info["sequence_ai"]   # the contract it was recorded under
+    assert meta["action_contract"]["control_frequency_hz"] == FPS and meta["observation_contract"]
+    assert isinstance(meta["policy"]["version"], int) and meta["seams"]["chunks"] == result.chunks
+    assert meta["stream_rates"]["/joint_commands"] == {"hz": FPS, "origin": "contract",
+                                                       "measured_hz": pytest.approx(FPS, rel=0.1)}
+    if version == "2.1":   # exported with --gr00t-modality
+        modality = json.loads((root / "meta" / "modality.json").read_text())
+        assert modality["state"] == {"single_arm": {"start": 0, "end": 7, "original_key": "observation.state"},
+                                     "gripper": {"start": 7, "end": 8, "original_key": "observation.state"}}
+        assert modality["action"]["gripper"] == {"start": 7, "end": 8, "original_key": "action"}
+        assert set(modality["video"]) == {"exterior_1", "wrist_left"}
     data_file = root / (info["data_path"].format(chunk_index=0, file_index=0) if version == "3.0"
                         else info["data_path"].format(episode_chunk=0, episode_index=0))
     table = pq.read_table(data_file)
@@ -249,7 +279,8 @@ def _check_dataset(root: Path, version: str, result, sent):
 def test_export_gives_one_frame_per_control_step_with_what_was_sent(recorded, tmp_path, version):
     bag, result, verdict, sent = recorded
     out = tmp_path / f"ds-{version}"
-    args = [bag, "--out", out, "--robot-type", "panda"] + (["--version", version] if version != "3.0" else [])
+    args = [bag, "--out", out, "--robot-type", "panda"] + (["--version", version, "--gr00t-modality"]
+                                                           if version != "3.0" else [])
     assert _export(args) == 0
     _check_dataset(out, version, result, sent)
 
@@ -257,7 +288,8 @@ def test_export_gives_one_frame_per_control_step_with_what_was_sent(recorded, tm
 def test_exported_observations_hold_the_samples_in_force_by_sensor_time(recorded, cell):
     """Each frame's observation holds, per stream, the latest sample the recorder received whose
     header stamp is at or before the frame's time: sensor time, however the recorder's receipts
-    bunched. Frame times are the commands' receipt times de-bunched at the declared 15 Hz."""
+    bunched. Frame times are the commands' DDS source timestamps (when the driver sent them)
+    de-bunched at the declared 15 Hz."""
     from sequence_ai_ros.observation import stamp_to_s
 
     bag, result, _, _ = recorded
@@ -326,6 +358,16 @@ def test_record_episode_action_records_until_cancelled_and_returns_the_bag_path(
     assert rec.task == "watch the cell" and rec.start["source"] == "record_episode"
     assert len(rec.images["exterior_1"]) >= 10 and rec.commands == []
     assert rec.end["outcome"]["reason"] == "canceled"
+    # no rate was configured: the recorder declares the sensors' rates it measured, and says so (in the
+    # start marker from the messages before the episode, when there were enough; over it in the end marker)
+    origins = rec.start["stream_rate_sources"]
+    assert set(origins.values()) <= {"measured"} and "/joint_commands" not in origins, origins
+    sensors = {"/camera/exterior_1/image_raw/compressed", "/camera/wrist_left/image_raw/compressed", "/joint_states"}
+    assert sensors <= set(origins) | set(rec.end["measured_rates_hz"]), (origins, rec.end["measured_rates_hz"])
+    assert all(hz == pytest.approx(FPS, rel=0.2) for hz in rec.end["measured_rates_hz"].values()), rec.end
+    # a goal whose rate is not a rate is refused
+    bad = _wait(cell.record.send_goal_async(RecordEpisode.Goal(task="x", control_frequency_hz=float("nan"))), 30)
+    assert not bad.accepted
     # empty task is refused
     refused = _wait(cell.record.send_goal_async(RecordEpisode.Goal(task="  ")), 30)
     assert not refused.accepted
@@ -454,7 +496,7 @@ def test_disk_bound_prunes_the_oldest_bags_and_drops_instead_of_growing(cell, tm
                            **assembly_settings(rec, rec._p)})
         big = serialize_message(JointState(name=["panda_joint1"], position=[0.5] * 12_000))
         for _ in range(3):
-            rec._on_joints(big)
+            rec._on_joints(big, {})
         old = rec.stop_episode().path
         assert bag_size(old) > 192 * 1024
         rec.start_episode({"event": "start", "source": "record_episode", "task": "fill the disk",
@@ -481,16 +523,16 @@ def test_episode_start_writes_the_sensor_pre_roll_and_the_commands_that_beat_its
     rec_node = EpisodeRecorder(node_name="race_recorder", context=cell.ctx, parameter_overrides=[
         Parameter("output_dir", value=str(tmp_path / "bags"))])      # not spun: callbacks called here
     try:
-        rec_node._on_joints(serialize_message(JointState(name=["panda_joint1"], position=[0.5])))  # older sample
-        rec_node._on_joints(serialize_message(JointState(name=["panda_joint1"], position=[0.7])))  # the latest
+        rec_node._on_joints(serialize_message(JointState(name=["panda_joint1"], position=[0.5])), {})  # older sample
+        rec_node._on_joints(serialize_message(JointState(name=["panda_joint1"], position=[0.7])), {})  # the latest
         image = Image(height=8, width=8, encoding="rgb8", step=24, data=bytes(range(192)))
-        rec_node._on_image("exterior_1", rec_node._image_topics["exterior_1"], serialize_message(image), True)
-        rec_node._on_command(serialize_message(Float64MultiArray(data=[9.0] * 8)))   # the last episode's hold
+        rec_node._on_image("exterior_1", rec_node._image_topics["exterior_1"], True, serialize_message(image), {})
+        rec_node._on_command(serialize_message(Float64MultiArray(data=[9.0] * 8)), {})   # the last episode's hold
         marker_t = time.time_ns()                                                    # the driver builds its marker
-        rec_node._on_command(serialize_message(Float64MultiArray(data=[1.0] * 8)))   # this episode's first command
+        rec_node._on_command(serialize_message(Float64MultiArray(data=[1.0] * 8)), {})   # this episode's first command
         rec_node.start_episode({"event": "start", "source": "act", "task": "race", "t_ns": marker_t,
                                 **assembly_settings(rec_node, rec_node._p)})
-        rec_node._on_command(serialize_message(Float64MultiArray(data=[2.0] * 8)))
+        rec_node._on_command(serialize_message(Float64MultiArray(data=[2.0] * 8)), {})
         stats = rec_node.stop_episode()
     finally:
         rec_node.destroy_node()
@@ -513,7 +555,8 @@ def test_label_episode_gives_a_record_episode_its_success_label_which_export_wri
     assert reset.wait_for_service(timeout_sec=10.0)
     assert _wait(reset.call_async(ResetScene.Request(seed=0)), 30, "reset").success   # a fresh scene, whatever ran before
     task = "put the green cube on the blue pad"
-    handle = _wait(cell.record.send_goal_async(RecordEpisode.Goal(task=task, max_seconds=60.0)), 30, "the RecordEpisode goal")
+    goal = RecordEpisode.Goal(task=task, max_seconds=60.0, control_frequency_hz=float(FPS))   # the rate it declares
+    handle = _wait(cell.record.send_goal_async(goal), 30, "the RecordEpisode goal")
     assert handle.accepted
     deadline = time.monotonic() + 10
     while not cell.recorder.recording:
@@ -531,6 +574,8 @@ def test_label_episode_gives_a_record_episode_its_success_label_which_export_wri
     rec = read_episode(bag)
     assert rec.start["source"] == "record_episode" and rec.task == task
     assert rec.success is True and rec.end["label"] == {"success": True, "notes": "operator: placed"}
+    assert rec.start["stream_rates_hz"]["/joint_commands"] == FPS and rec.start["control_frequency_hz"] == FPS
+    assert rec.start["stream_rate_sources"]["/joint_commands"] == "goal"
     commands = [c for _, c in rec.commands]
     assert len(sent) >= 15 and commands[:len(sent)] == sent   # the whole Act run, then its hold
     ds = tmp_path / "labeled"

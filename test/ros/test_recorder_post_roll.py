@@ -41,10 +41,10 @@ def _stamped(node, t_ns: int, value: float) -> None:
     image = Image(height=8, width=8, encoding="rgb8", step=24, data=bytes([int(value) % 256] * 192))
     image.header.stamp.sec, image.header.stamp.nanosec = stamp["sec"], stamp["nanosec"]
     for view, topic in node._image_topics.items():
-        node._on_image(view, topic, serialize_message(image), True)
+        node._on_image(view, topic, True, serialize_message(image), {})
     joints = JointState(name=["panda_joint1"], position=[value])
     joints.header.stamp.sec, joints.header.stamp.nanosec = stamp["sec"], stamp["nanosec"]
-    node._on_joints(serialize_message(joints))
+    node._on_joints(serialize_message(joints), {})
 
 
 def _episode(node, late_samples):
@@ -53,9 +53,9 @@ def _episode(node, late_samples):
     _stamped(node, time.time_ns(), 1.0)
     node.start_episode({"event": "start", "source": "act", "task": "t", "t_ns": time.time_ns(),
                         **assembly_settings(node, node._p)})
-    node._on_command(serialize_message(Float64MultiArray(data=[1.0] * 8)))
+    node._on_command(serialize_message(Float64MultiArray(data=[1.0] * 8)), {})
     taken = time.time_ns()                               # a sample taken before the last command ...
-    node._on_command(serialize_message(Float64MultiArray(data=[2.0] * 8)))
+    node._on_command(serialize_message(Float64MultiArray(data=[2.0] * 8)), {})
     end = String(data=json.dumps({"event": "end", "source": "act", "t_ns": time.time_ns(),
                                   "outcome": {"actions": 2}, "label": {"success": True}}))
     t0 = time.monotonic()
@@ -70,10 +70,10 @@ def _episode(node, late_samples):
 def test_samples_taken_before_the_last_command_and_received_after_the_end_marker_are_in_the_bag(recorder):
     def late(taken):
         _stamped(recorder, taken, 2.0)                   # in force at the last step
-        recorder._on_command(serialize_message(Float64MultiArray(data=[2.0] * 8)))   # the hold
+        recorder._on_command(serialize_message(Float64MultiArray(data=[2.0] * 8)), {})   # the hold
         time.sleep(0.05)
         _stamped(recorder, time.time_ns(), 3.0)          # taken after it: the streams have caught up
-        recorder._on_command(serialize_message(Float64MultiArray(data=[5.0] * 8)))   # not this episode's
+        recorder._on_command(serialize_message(Float64MultiArray(data=[5.0] * 8)), {})   # not this episode's
 
     rec, took = _episode(recorder, late)
     assert [list(m.position) for _, m in rec.joints] == [[1.0], [2.0], [3.0]]

@@ -36,7 +36,7 @@ def _tree(root: Path) -> dict:
 def _record(rec: EpisodeRecorder, task: str) -> Path:
     rec.start_episode({"event": "start", "source": "record_episode", "task": task, "t_ns": time.time_ns()})
     for _ in range(2):
-        rec._on_joints(_BIG)          # the subscription callback: two large joint states per bag
+        rec._on_joints(_BIG, {})          # the subscription callback: two large joint states per bag
     return Path(rec.stop_episode({"outcome": {"reason": "canceled", "seconds": 0.1}}).path)
 
 
