@@ -3,7 +3,8 @@
     gateway         a fresh gateway (temp data dir) for one test; .url, .api_key, .deploy(file, name, wait=True)
     shared_gateway  the session's one gateway (one per xdist worker), for a test that needs a real
                     gateway but not a fresh one; what the test deployed is removed when it ends
-    module_gateway  one gateway for a whole test module
+    shared_module_gateway  the same, for a whole test module; what the module deployed is removed at its end
+    module_gateway  a gateway process of its own for a whole test module
     echo_policy  path of test/policies/echo_policy.py
 
 and, from test/_schedule.py, the ros / e2e / slow markers on every collected test and the order the
@@ -11,6 +12,7 @@ files run in (heaviest first). Waiting for something in a test: test/_wait.py's 
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
@@ -75,18 +77,15 @@ def _deployment_names(gw: GatewayProcess) -> set:
     return {d["name"] for d in gw.client.get("/v1/deployments").raise_for_status().json()["deployments"]}
 
 
-@pytest.fixture
-def shared_gateway(_session_gateway, tmp_path_factory):
-    """The session's gateway process (one per xdist worker: a gateway start is ~1.5 s of CPU, and a
-    stop another 0.5 s). Each test gets it with no deployments (a test that deploys uses names of
-    its own); every deployment the test made is removed (``/remove?force=true``: its workers
-    stopped, its sessions dropped, its versions and captures deleted) when it ends, whatever the
-    outcome. Keys, secrets and volumes a test creates stay: a test that needs a pristine gateway
-    (its first start, a listing of keys) uses ``gateway``. Should a test leave the process dead,
-    the next one gets a new gateway."""
-    gw = _session_gateway["gw"]
+@contextlib.contextmanager
+def _borrowed(holder: dict, tmp_path_factory):
+    """The session's gateway, given back with no deployments but those it had: every deployment
+    made meanwhile is removed (``/remove?force=true``: its workers stopped, its sessions dropped,
+    its versions and captures deleted) and its worker log deleted, whatever the outcome. A
+    gateway found dead (a test that killed it) is replaced by a new one."""
+    gw = holder["gw"]
     if gw.proc.poll() is not None:
-        gw = _session_gateway["gw"] = GatewayProcess.start(tmp_path_factory.mktemp("session-gateway"))
+        gw = holder["gw"] = GatewayProcess.start(tmp_path_factory.mktemp("session-gateway"))
     before = _deployment_names(gw)
     try:
         yield gw
@@ -94,11 +93,34 @@ def shared_gateway(_session_gateway, tmp_path_factory):
         if gw.proc.poll() is None:
             for name in sorted(_deployment_names(gw) - before):
                 gw.client.post(f"/v1/deployments/{name}/remove", params={"force": "true"}).raise_for_status()
+                for log in (gw.data_dir / "logs").glob(f"{name}.log*"):
+                    log.unlink(missing_ok=True)
+
+
+@pytest.fixture
+def shared_gateway(_session_gateway, tmp_path_factory):
+    """The session's gateway process (one per xdist worker: a gateway start is ~1.5 s of CPU, and a
+    stop another 0.5 s) for one test. It finds no deployments (a test that deploys uses names of
+    its own) and what it deployed is removed when it ends. Keys, secrets and volumes a test
+    creates stay: a test that needs a pristine gateway (a listing of keys, settings of its own)
+    uses ``gateway`` or starts one."""
+    with _borrowed(_session_gateway, tmp_path_factory) as gw:
+        yield gw
+
+
+@pytest.fixture(scope="module")
+def shared_module_gateway(_session_gateway, tmp_path_factory):
+    """The session's gateway for a whole test module (its tests use distinct deployment names);
+    what the module deployed is removed when its last test ends, as with ``shared_gateway``. Not
+    for a module that reads gateway-wide figures (``/metrics`` totals, the gateway's own log, the
+    account's usage): other modules' requests are in them; that is ``module_gateway``."""
+    with _borrowed(_session_gateway, tmp_path_factory) as gw:
+        yield gw
 
 
 @pytest.fixture(scope="module")
 def module_gateway(tmp_path_factory):
-    """One gateway for a whole test module (faster when tests use distinct deployment names)."""
+    """One gateway process for a whole test module (faster when tests use distinct deployment names)."""
     gw = GatewayProcess.start(tmp_path_factory.mktemp("gateway"))
     try:
         yield gw
