@@ -137,8 +137,8 @@ class DeadlineEstimate:
     before any. It is at least 1 ms (a robot already out of actions asks for the soonest
     answer) and at most ``MAX_DEADLINE_MS``. ``period_ms``, the robot's declared time between
     chunks, is the median gap between its recent requests (the worker orders a session's
-    requests at least 3/4 of it apart: a robot cannot buy priority by claiming short
-    deadlines more often than once a period). A worker that predates deadlines ignores both.
+    requests at least half of it apart: a robot cannot buy priority by claiming short
+    deadlines more often than twice a period). A worker that predates deadlines ignores both.
 
     Args:
         window: how many recent answers the round trip is taken over (default ``WINDOW``).

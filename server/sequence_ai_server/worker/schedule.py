@@ -28,7 +28,7 @@ __all__ = ["CLAMP_SHARE", "CostCurve", "DeadlineClamp", "DeadlineQueue", "LateCo
            "MIN_PERIOD_MS"]
 
 NO_DEADLINE_MS = 1000.0      # a request without a deadline is ordered as if due this long after it arrived
-CLAMP_SHARE = 0.75           # a session's deadlines are at least this share of its period apart
+CLAMP_SHARE = 0.5            # a session's requests are ordered at least this share of its period apart
 MIN_PERIOD_MS = 10.0         # the shortest period a session may declare (100 chunks/s)
 _SAMPLES_PER_SIZE = 32       # calls kept per batch size for the median
 
@@ -143,11 +143,11 @@ class DeadlineClamp:
     it was admitted for -- as ``period_ms`` with its requests (at least :data:`MIN_PERIOD_MS`;
     the latest one declared counts). Each of its requests is ordered by ``max(its claimed
     deadline, the session's previous ordering deadline + CLAMP_SHARE x period)``: a robot's
-    chunks play one after the other, so its deadlines are one period apart, and one that asks
-    once per period, as it declared, is never moved (the 25 % is room for jitter); one that
-    sends more often than its declared rate, claiming short deadlines each time, gets ordering
-    deadlines a period apart, so it holds no more of the front of the queue than one request
-    per period, its share. Declaring a longer period than it needs only moves its own requests
+    chunks play one after the other, so its deadlines are about one period apart, and one that
+    asks once per period, as it declared, is not moved (the other half of the period is room for
+    its deadlines' jitter: they move with its round trip); one that sends more often than its
+    declared rate, claiming short deadlines each time, gets ordering deadlines half a period
+    apart, so it holds no more of the front of the queue than two requests per period. Declaring a longer period than it needs only moves its own requests
     back. Lateness is still measured against the deadline it claimed. Without a declared period
     a session's claims stand (nothing to clamp against). Sessions unseen for a minute are forgotten."""
 
