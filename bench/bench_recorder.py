@@ -15,11 +15,13 @@ episode started, and how old it was then, ms).
 
 ``--timing``: real times in bags and datasets. For observations at 15 and 30 Hz, with
 commands at the observation rate and at twice it (lerobot PR #4423's case), one episode of
-``--seconds`` each, recorded around driver-style markers (auto_record) that declare the command
-rate: the recorder's stamp error (receipt minus header stamp, ms, p50/p99/max, from the bag's
-``sequence_ai.stamp_lag``) and the exported episode's duration (frames / fps, s) against the
-recorded one (commands x period), now and as the export before it timed frames from stamps and
-declared rates would have had it (fps = the median receipt rate). Goal: within one period.
+``--seconds`` each, recorded two ways -- around driver-style markers (auto_record) that declare the
+command rate as the contract's, and as a RecordEpisode goal that declares it (``control_frequency_hz``)
+-- the recorder's stamp error (receipt minus header stamp, ms, p50/p99/max, from the bag's
+``sequence_ai.stamp_lag``), how the export timed the commands (``source``: their DDS source
+timestamps) and where each rate came from, and the exported episode's duration (frames / fps, s)
+against the recorded one (commands x period), now and as the export before it timed frames from
+stamps and declared rates would have had it (fps = the median receipt rate). Goal: within one period.
 """
 from __future__ import annotations
 
@@ -145,9 +147,10 @@ def _until(cond, timeout_s: float, what: str):
         time.sleep(0.02)
 
 
-def timing_episode(node, pubs, out: Path, obs_hz: float, cmd_hz: float, seconds: float) -> dict:
-    """One auto_record episode: cameras + joint states at ``obs_hz`` stamped on their grid, ``cmd_hz``
-    commands for ``seconds``; returns the bag and what was published."""
+def timing_episode(node, pubs, out: Path, obs_hz: float, cmd_hz: float, seconds: float, record=None) -> dict:
+    """One episode: cameras + joint states at ``obs_hz`` stamped on their grid, ``cmd_hz`` commands
+    for ``seconds``; around driver-style markers (auto_record), or with ``record`` (a RecordEpisode
+    action client) as a RecordEpisode goal declaring ``cmd_hz``. Returns the bag and what was published."""
     import json
 
     from std_msgs.msg import String
@@ -187,7 +190,11 @@ def timing_episode(node, pubs, out: Path, obs_hz: float, cmd_hz: float, seconds:
                  "joint_state_alignment": "latest", "joint_names": names[:7], "gripper_joint": "panda_gripper",
                  "max_sensor_age_s": 1.0, "command_mode": "joint_commands", "command_topic": "/joint_commands",
                  "command_type": "float64_multi_array"}
-        marker.publish(String(data=json.dumps(start)))
+        goal = None
+        if record is None:
+            marker.publish(String(data=json.dumps(start)))
+        else:
+            goal = _done(record.send_goal_async(RecordEpisode.Goal(task="bench timing", control_frequency_hz=cmd_hz)))
         bag = _until(lambda: next((p for p in out.iterdir() if p.is_dir() and p not in before), None), 30, "bag")
         n = int(round(seconds * cmd_hz))
         c0 = time.monotonic()
@@ -198,10 +205,18 @@ def timing_episode(node, pubs, out: Path, obs_hz: float, cmd_hz: float, seconds:
     finally:
         stop.set()
         th.join(timeout=10)
-    marker.publish(String(data=json.dumps({"event": "end", "source": "act", "t_ns": time.time_ns(),
-                                           "outcome": {"reason": "until", "actions": n}, "label": {"success": True}})))
+    if goal is None:
+        marker.publish(String(data=json.dumps({"event": "end", "source": "act", "t_ns": time.time_ns(),
+                                               "outcome": {"reason": "until", "actions": n}, "label": {"success": True}})))
+    else:
+        _done(goal.cancel_goal_async())
+        _done(goal.get_result_async())
     _until(lambda: (bag / "metadata.yaml").exists(), 60, "closed bag")
     return {"bag": bag, "n": n}
+
+
+def _done(future, timeout_s: float = 60.0):
+    return _until(lambda: future.done() and (future.result() or True), timeout_s, "an action answer") and future.result()
 
 
 def timing_main(seconds: float) -> int:
@@ -225,15 +240,24 @@ def timing_main(seconds: float) -> int:
             {v: node.create_publisher(Image, f"camera/{v}/image_raw", qos_profile_sensor_data) for v in VIEWS},
             node.create_publisher(JointState, "joint_states", 10),
             node.create_publisher(Float64MultiArray, "joint_commands", 100))
+    from rclpy.executors import SingleThreadedExecutor
+
+    ex = SingleThreadedExecutor()
+    ex.add_node(node)
+    spinner = threading.Thread(target=ex.spin, daemon=True)
+    spinner.start()
+    record = ActionClient(node, RecordEpisode, "episode_recorder/record_episode")
     try:
         _until(lambda: all(p.get_subscription_count() for p in (pubs[0], pubs[2], pubs[3])), 60, "recorder")
+        assert record.wait_for_server(timeout_sec=60), "no RecordEpisode server"
         print(f"recorder timing: {len(VIEWS)} cameras 224x224 rgb8 + joint states at the observation rate, "
               f"commands at 1x / 2x it, {seconds:g} s episodes, {os.cpu_count()} cores")
-        print(f"  {'obs Hz':>6} {'cmd Hz':>6} {'frames':>6} {'recorded s':>10} {'exported s':>10} {'err/period':>10}"
-              f" | {'before: fps':>11} {'exported s':>10} | stamp error ms (p50/p99/max): joints; camera")
-        for obs_hz, factor in ((15.0, 1), (15.0, 2), (30.0, 1), (30.0, 2)):
+        print(f"  {'via':>6} {'obs Hz':>6} {'cmd Hz':>6} {'frames':>6} {'recorded s':>10} {'exported s':>10} {'err/period':>10}"
+              f" | {'before: fps':>11} {'exported s':>10} | cmd times, rate origins (cmd/joints) | "
+              f"stamp error ms (p50/p99/max): joints; camera")
+        for via, obs_hz, factor in [(v, o, f) for v in ("act", "goal") for o, f in ((15.0, 1), (15.0, 2), (30.0, 1), (30.0, 2))]:
             cmd_hz = obs_hz * factor
-            ep = timing_episode(node, pubs, out, obs_hz, cmd_hz, seconds)
+            ep = timing_episode(node, pubs, out, obs_hz, cmd_hz, seconds, record if via == "goal" else None)
             episode = read_episode(ep["bag"])
             timing = episode_timing(episode)
             _, steps = observations_from_bag(episode, timing=timing)
@@ -248,11 +272,15 @@ def timing_main(seconds: float) -> int:
                 return f"{e.get('lag_ms_p50', float('nan')):.1f}/{e.get('lag_ms_p99', float('nan')):.1f}/" \
                        f"{e.get('lag_ms_max', float('nan')):.1f}"
 
-            print(f"  {obs_hz:6.0f} {cmd_hz:6.0f} {len(steps):6d} {recorded:10.3f} {exported:10.3f} "
+            origins = episode.start.get("stream_rate_sources") or {}
+            print(f"  {via:>6} {obs_hz:6.0f} {cmd_hz:6.0f} {len(steps):6d} {recorded:10.3f} {exported:10.3f} "
                   f"{(exported - recorded) * cmd_hz:+10.2f} | {old_fps:11d} {ep['n'] / max(old_fps, 1):10.3f} | "
-                  f"{fmt('/joint_states')}; {fmt(f'/camera/{VIEWS[0]}/image_raw/compressed')}"
+                  f"{timing.streams['/joint_commands'].time_source}, {origins.get('/joint_commands')}/"
+                  f"{origins.get('/joint_states')} | {fmt('/joint_states')}; {fmt(f'/camera/{VIEWS[0]}/image_raw/compressed')}"
                   + (f"  warnings: {timing.warnings}" if timing.warnings else ""))
     finally:
+        ex.shutdown()
+        spinner.join(timeout=10)
         node.destroy_node()
         rclpy.shutdown()
         rec.send_signal(2)

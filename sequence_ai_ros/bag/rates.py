@@ -12,8 +12,8 @@ always has a rate to check a stream's times against. Origins, first found wins:
   ``joint_state_rate_hz`` parameters;
 * ``declared``: a start marker's own ``stream_rates_hz`` entry that names no origin;
 * ``measured``: none of those, and the stream is flowing (a message within :data:`PAUSE_S`) --
-  the recorder's median period over the stream's last
-  :data:`WINDOW` messages before the episode since its last pause (a gap over :data:`PAUSE_S`;
+  the recorder's median over the stream's last
+  :data:`RECENT_PERIODS` periods before the episode since its last pause (a gap over :data:`PAUSE_S`;
   a stall just before the episode does not count as one), by their sensor times (header stamp, else DDS source timestamp, else receipt). A stream with too few messages then has no start-marker rate;
   the end marker's ``measured_rates_hz`` (the same median over the episode) covers it.
 
@@ -35,6 +35,9 @@ WINDOW = 64
 MIN_MESSAGES = 6
 #: A gap this long (s) in a stream is a pause: its rate is measured from the messages after it.
 PAUSE_S = 0.5
+#: The pre-episode rate is the median of the stream's last this many periods (a rate that changed
+#: just before the episode is measured as the new one once that many periods are in).
+RECENT_PERIODS = 10
 #: ``metadata.yaml`` ``custom_data`` key: JSON ``{topic: {"hz", "origin", "measured_hz"}}``.
 STREAM_RATES_KEY = "sequence_ai.stream_rates"
 
@@ -68,8 +71,8 @@ class RateMeter:
                     times.append(int(t_ns))
 
     def recent_hz(self, topic: str, now_ns: Optional[int] = None) -> Optional[float]:
-        """Median rate (Hz) over the stream's last :data:`WINDOW` messages after its last pause
-        (:data:`PAUSE_S`; over all of them when fewer than :data:`MIN_MESSAGES` follow it); None
+        """Median rate (Hz) over the stream's last :data:`RECENT_PERIODS` periods after its last pause
+        (:data:`PAUSE_S`; across it when fewer than :data:`MIN_MESSAGES` follow it); None
         below :data:`MIN_MESSAGES`, or when its last message is over :data:`PAUSE_S` before
         ``now_ns`` (ns, the sensor clock: the stream is not flowing now)."""
         with self._lock:
@@ -81,7 +84,7 @@ class RateMeter:
                 if len(times) - k >= MIN_MESSAGES:   # else a stall just now: the whole window says more
                     times = times[k:]
                 break
-        return _median_hz(times)
+        return _median_hz(times[-(RECENT_PERIODS + 1):])
 
     def begin(self) -> None:
         """Start collecting an episode's times."""

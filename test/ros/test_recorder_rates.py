@@ -139,6 +139,12 @@ def test_declare_rates_fills_every_stream_in_order_marker_parameter_measured():
     for k in range(10):
         meter.add(CMD, k * 50_000_000)
     assert meter.episode_hz() == {CMD: pytest.approx(20.0)}
+    # a stream whose rate changed just before, with no pause between: the new rate once 10 periods are in
+    now = time.time_ns()
+    times = [now - 12 * 33_333_333 - (40 - k) * 66_666_667 for k in range(40)] + [now - (11 - k) * 33_333_333 for k in range(12)]
+    for t in times:
+        meter.add("/changed", t)
+    assert meter.recent_hz("/changed", now) == pytest.approx(30.0, rel=1e-3)
 
 
 def test_configured_rates_refuse_bad_values_naming_them():
