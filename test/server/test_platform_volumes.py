@@ -41,8 +41,8 @@ def _rows(conn: dict) -> list:
     return r.json()["action_chunk"]["actions"]
 
 
-def test_a_policy_loads_its_weights_from_an_uploaded_volume_version(module_gateway, tmp_path):
-    gw = module_gateway
+def test_a_policy_loads_its_weights_from_an_uploaded_volume_version(shared_module_gateway, tmp_path):
+    gw = shared_module_gateway
     r = _seq(gw, "volume", "put", "ckpt", str(_checkpoint(tmp_path, 2.5, 0.5, big=3 * 1024 * 1024)), "--chunk-mb", "1")
     assert r.returncode == 0, r.stderr
     assert "uploaded ckpt v1: 3 files" in r.stdout and 'weights="vol://ckpt@v1"' in r.stdout
@@ -69,8 +69,8 @@ def test_a_policy_loads_its_weights_from_an_uploaded_volume_version(module_gatew
     assert r.returncode == 0 and not (gw.data_dir / "volumes" / "ckpt").exists()
 
 
-def test_a_missing_volume_fails_the_load_and_says_how_to_upload_it(module_gateway):
-    gw = module_gateway
+def test_a_missing_volume_fails_the_load_and_says_how_to_upload_it(shared_module_gateway):
+    gw = shared_module_gateway
     d = gw.deploy(VOLUME_POLICY, "vol-missing")
     assert d["status"] == "failed" and "no volume named 'ckpt'" in d["error"] and "seq volume put ckpt" in d["error"]
     # the CLI's hint points at the upload, not at the policy (which is fine)
@@ -80,8 +80,8 @@ def test_a_missing_volume_fails_the_load_and_says_how_to_upload_it(module_gatewa
     assert "fix the policy" not in out.stderr
 
 
-def test_an_interrupted_put_resumes_and_a_bad_md5_never_becomes_active(module_gateway, tmp_path):
-    gw = module_gateway
+def test_an_interrupted_put_resumes_and_a_bad_md5_never_becomes_active(shared_module_gateway, tmp_path):
+    gw = shared_module_gateway
     src = _checkpoint(tmp_path, 1.0, 2.0, big=1024 * 1024)
     files = [{"path": p.relative_to(src).as_posix(), "size": p.stat().st_size,
               "md5": hashlib.md5(p.read_bytes()).hexdigest()} for p in sorted(src.rglob("*")) if p.is_file()]
@@ -112,10 +112,10 @@ def test_an_interrupted_put_resumes_and_a_bad_md5_never_becomes_active(module_ga
     assert r.status_code == 400 and "'..'" in r.json()["detail"]
 
 
-def test_a_manifest_path_longer_than_the_file_system_takes_is_refused_with_a_typed_error(module_gateway):
+def test_a_manifest_path_longer_than_the_file_system_takes_is_refused_with_a_typed_error(shared_module_gateway):
     """A name over 255 bytes (or a path over 2048) is invalid_request naming the limit, not a
     500 from the file system; the gateway serves on."""
-    gw = module_gateway
+    gw = shared_module_gateway
     for path in ("x" * 256, "a/" + "é" * 128, "/".join(["d" * 200] * 11)):
         r = gw.client.post("/v1/volumes/longnames/uploads", json={"files": [{"path": path, "size": 1, "md5": "0" * 32}]})
         assert r.status_code == 400, r.text
@@ -124,9 +124,9 @@ def test_a_manifest_path_longer_than_the_file_system_takes_is_refused_with_a_typ
     assert r.status_code == 200 and r.json()["version"] == 1
 
 
-def test_a_manifest_naming_a_path_as_both_file_and_folder_is_refused_up_front(module_gateway):
+def test_a_manifest_naming_a_path_as_both_file_and_folder_is_refused_up_front(shared_module_gateway):
     """``a`` and ``a/b`` cannot both be files; begin says so (before, the second write was a 500)."""
-    gw = module_gateway
+    gw = shared_module_gateway
     files = [{"path": "w/a", "size": 1, "md5": "0" * 32}, {"path": "w/a/b", "size": 1, "md5": "0" * 32}]
     r = gw.client.post("/v1/volumes/clash/uploads", json={"files": files})
     assert r.status_code == 400 and r.json()["code"] == "invalid_request", r.text
