@@ -40,8 +40,8 @@ def _act_rows(gw, conn: dict) -> int:
     return len(r.json()["action_chunk"]["actions"])
 
 
-def test_default_params_reach_new_sessions_at_once_and_connected_robots_at_renewal(module_gateway):
-    gw = module_gateway
+def test_default_params_reach_new_sessions_at_once_and_connected_robots_at_renewal(shared_module_gateway):
+    gw = shared_module_gateway
     gw.deploy(ECHO_POLICY, "defaults")
     before = gw.connect_ready("defaults")
     assert before["params"] == {} and _act_rows(gw, before) == 10
@@ -67,8 +67,8 @@ def test_default_params_reach_new_sessions_at_once_and_connected_robots_at_renew
     assert gw.client.get("/v1/deployments/defaults/params").json()["defaults"] == {"chunk_len": 4}
 
 
-def test_a_full_deployment_queues_robots_with_position_and_closing_a_session_frees_its_slot(module_gateway, tmp_path):
-    gw = module_gateway
+def test_a_full_deployment_queues_robots_with_position_and_closing_a_session_frees_its_slot(shared_module_gateway, tmp_path):
+    gw = shared_module_gateway
     gw.deploy(_variant(tmp_path, "slots2", "@seq.concurrent(replicas_per_gpu=2)\n", "queue_timeout_s=3.0,"), "slots")
     a, b = gw.connect_ready("slots"), gw.connect_ready("slots")       # two slots, two robots
     r = gw.connect("slots")
@@ -107,8 +107,8 @@ def test_a_full_deployment_queues_robots_with_position_and_closing_a_session_fre
     assert d_connect().status_code == 200
 
 
-def test_on_full_reject_refuses_with_deployment_full_until_a_slot_frees(module_gateway, tmp_path):
-    gw = module_gateway
+def test_on_full_reject_refuses_with_deployment_full_until_a_slot_frees(shared_module_gateway, tmp_path):
+    gw = shared_module_gateway
     gw.deploy(_variant(tmp_path, "reject1", "@seq.concurrent(replicas_per_gpu=1)\n", 'on_full="reject",'), "rejects")
     a = gw.connect_ready("rejects")
     r = gw.connect("rejects")
@@ -147,10 +147,10 @@ def _failing_echo(tmp_path: Path, fail: str) -> str:
     return str(path)
 
 
-def test_policy_doctor_prints_a_refusal_readably_and_fails_only_on_a_policy_error(module_gateway, tmp_path):
+def test_policy_doctor_prints_a_refusal_readably_and_fails_only_on_a_policy_error(shared_module_gateway, tmp_path):
     """A 400 refusal of the synthetic input: code, whole detail and hint printed, exit 0 (the
     deployment serves); a 500 policy_error: the typed error printed, exit 1."""
-    gw = module_gateway
+    gw = shared_module_gateway
     gw.deploy(_failing_echo(tmp_path, "PolicyInputError"), "doc-refuses")
     act = gw.client.get("/v1/deployments/doc-refuses/doctor").json()["worker"]["act"]
     assert (act["status"], act["code"], act["detail"]) == (400, "invalid_request", "asked to fail with PolicyInputError")
@@ -170,8 +170,8 @@ def test_policy_doctor_prints_a_refusal_readably_and_fails_only_on_a_policy_erro
     assert r.returncode == 1 and "doc-failed v1: failed" in r.stdout and "KeyError" in r.stdout
 
 
-def test_policy_doctor_reports_state_ping_and_a_split_act_without_starting_a_worker(module_gateway):
-    gw = module_gateway
+def test_policy_doctor_reports_state_ping_and_a_split_act_without_starting_a_worker(shared_module_gateway):
+    gw = shared_module_gateway
     gw.deploy(ECHO_POLICY, "doc")
     d = gw.client.get("/v1/deployments/doc/doctor").json()
     assert (d["status"], d["version"]) == ("ready", 1)
