@@ -27,8 +27,8 @@ def _seq(gw, *args, timeout=60):
 
 
 @pytest.fixture(scope="module")
-def logged(module_gateway):
-    gw = module_gateway
+def logged(shared_module_gateway):
+    gw = shared_module_gateway
     assert gw.deploy(ECHO_POLICY, "logged")["status"] == "ready"
     return gw
 
