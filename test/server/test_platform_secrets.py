@@ -32,8 +32,8 @@ def _policy(tmp_path: Path, name: str, load_check: str, policy_args: str = "") -
     return str(path)
 
 
-def test_secrets_are_encrypted_injected_only_when_declared_and_never_logged(module_gateway, tmp_path):
-    gw = module_gateway
+def test_secrets_are_encrypted_injected_only_when_declared_and_never_logged(shared_module_gateway, tmp_path):
+    gw = shared_module_gateway
     value = "hf_" + secrets.token_hex(16)
     r = _seq(gw, "secret", "set", "hf", "--env", "HF_TOKEN", "--env", "HF_USER", stdin=f"{value}\nrobot-lab\n")
     assert r.returncode == 0, r.stderr
@@ -74,6 +74,6 @@ def test_secrets_are_encrypted_injected_only_when_declared_and_never_logged(modu
     assert d["status"] == "failed" and "'hf', which is not set" in d["error"]
 
 
-def test_secret_set_refuses_a_bad_variable_name(module_gateway):
-    r = _seq(module_gateway, "secret", "set", "bad", "--env", "1X", stdin="v\n")
+def test_secret_set_refuses_a_bad_variable_name(shared_module_gateway):
+    r = _seq(shared_module_gateway, "secret", "set", "bad", "--env", "1X", stdin="v\n")
     assert r.returncode == 5 and "error[invalid_request]" in r.stderr and "'1X'" in r.stderr
