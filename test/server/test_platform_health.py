@@ -37,8 +37,8 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def test_a_worker_whose_infer_hangs_is_reported_and_replaced(module_gateway):
-    gw = module_gateway
+def test_a_worker_whose_infer_hangs_is_reported_and_replaced(shared_module_gateway):
+    gw = shared_module_gateway
     d = gw.deploy(HANG_POLICY, "jam")
     assert d["status"] == "ready", d
     old_pid = d["pid"]
