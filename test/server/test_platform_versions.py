@@ -30,8 +30,8 @@ def _variant(tmp_path: Path, tag: str, load_s: float = 0.0) -> str:
     return str(path)
 
 
-def test_a_new_version_builds_beside_the_old_one_while_a_robot_keeps_acting(module_gateway, tmp_path):
-    gw = module_gateway
+def test_a_new_version_builds_beside_the_old_one_while_a_robot_keeps_acting(shared_module_gateway, tmp_path):
+    gw = shared_module_gateway
     assert gw.deploy(_variant(tmp_path, "a"), "switch")["version"] == 1
     errors, done, stop = [], [], threading.Event()
     workers_seen = set()
@@ -82,10 +82,10 @@ def test_a_new_version_builds_beside_the_old_one_while_a_robot_keeps_acting(modu
     assert [(x["version"], x["status"], x["serving"]) for x in v["versions"]] == [(2, "ready", True), (1, "retired", False)]
 
 
-def test_seq_deploy_prints_the_version_it_builds_and_the_one_serving(module_gateway, tmp_path):
+def test_seq_deploy_prints_the_version_it_builds_and_the_one_serving(shared_module_gateway, tmp_path):
     """A changed file prints the new number (v2) beside the serving v1 and never "serving v2";
     the same file again says it is unchanged, which version serves, and makes no new version."""
-    gw = module_gateway
+    gw = shared_module_gateway
     assert gw.deploy(_variant(tmp_path, "p1"), "words")["version"] == 1
     r = _seq(gw, "deploy", _variant(tmp_path, "p2"), "--name", "words")
     assert r.returncode == 0, r.stderr
@@ -101,8 +101,8 @@ def test_seq_deploy_prints_the_version_it_builds_and_the_one_serving(module_gate
     assert [x["version"] for x in v["versions"]] == [2, 1] and v["serving"] == 2
 
 
-def test_a_failed_build_changes_nothing_and_says_why(module_gateway, tmp_path):
-    gw = module_gateway
+def test_a_failed_build_changes_nothing_and_says_why(shared_module_gateway, tmp_path):
+    gw = shared_module_gateway
     d = gw.deploy(ECHO_POLICY, "keeps")
     broken = tmp_path / "echo_versions.py"
     broken.write_text((POLICIES / "broken_load_policy.py").read_text())
@@ -116,8 +116,8 @@ def test_a_failed_build_changes_nothing_and_says_why(module_gateway, tmp_path):
     assert r.returncode == 0 and "failed" in r.stdout and "checkpoint missing" in r.stdout
 
 
-def test_rollback_serves_an_older_version_and_refuses_one_not_kept(module_gateway, tmp_path):
-    gw = module_gateway
+def test_rollback_serves_an_older_version_and_refuses_one_not_kept(shared_module_gateway, tmp_path):
+    gw = shared_module_gateway
     gw.deploy(_variant(tmp_path, "r1"), "roll")
     assert gw.deploy(_variant(tmp_path, "r2"), "roll")["version"] == 2
     r = _seq(gw, "policy", "rollback", "roll")
@@ -130,8 +130,8 @@ def test_rollback_serves_an_older_version_and_refuses_one_not_kept(module_gatewa
     assert r.returncode == 4 and "error[not_found]: roll has no kept version v9" in r.stderr and "hint:" in r.stderr
 
 
-def test_five_versions_are_kept(module_gateway, tmp_path):
-    gw = module_gateway
+def test_five_versions_are_kept(shared_module_gateway, tmp_path):
+    gw = shared_module_gateway
     for i in range(1, 8):
         d = gw.deploy(_variant(tmp_path, f"k{i}"), "kept", timeout=90)
         assert d["version"] == i
@@ -143,8 +143,8 @@ def test_five_versions_are_kept(module_gateway, tmp_path):
     assert r.returncode == 4
 
 
-def test_policy_start_and_rm_refuses_a_running_one_without_force(module_gateway):
-    gw = module_gateway
+def test_policy_start_and_rm_refuses_a_running_one_without_force(shared_module_gateway):
+    gw = shared_module_gateway
     d = gw.deploy(ECHO_POLICY, "gone")
     r = _seq(gw, "policy", "rm", "gone")
     assert r.returncode == 5 and "error[invalid_request]: gone is ready; not removed" in r.stderr and "--force" in r.stderr
