@@ -54,16 +54,16 @@ def _chunk_lengths(policy, max_actions: int, **kw) -> list[int]:
 
 
 @pytest.fixture(scope="module")
-def echo(module_gateway):
+def echo(shared_module_gateway):
     name = unique("promise-echo")
-    assert module_gateway.deploy(ECHO, name)["status"] == "ready"
+    assert shared_module_gateway.deploy(ECHO, name)["status"] == "ready"
     return name
 
 
 # ------------------------------------------------------------------ 1. deployment default params
 
-def test_deployment_defaults_reach_predict_and_run_of_every_new_session_unless_it_names_its_own(module_gateway):
-    gw = module_gateway
+def test_deployment_defaults_reach_predict_and_run_of_every_new_session_unless_it_names_its_own(shared_module_gateway):
+    gw = shared_module_gateway
     name = unique("defaults")
     assert gw.deploy(ECHO, name)["status"] == "ready"
     r = _seq(gw, "policy", "params", name, "chunk_len=4")
@@ -114,8 +114,8 @@ def test_a_connected_robot_learns_new_defaults_at_lease_renewal_and_switches_at_
 
 # ------------------------------------------------------------------ 2. seq policy stop
 
-def test_policy_stop_is_an_emergency_stop_until_policy_start(module_gateway):
-    gw = module_gateway
+def test_policy_stop_is_an_emergency_stop_until_policy_start(shared_module_gateway):
+    gw = shared_module_gateway
     name = unique("estop")
     assert gw.deploy(ECHO, name)["status"] == "ready"
     pid = gw.status(name)["pid"]
@@ -155,8 +155,8 @@ def test_policy_stop_is_an_emergency_stop_until_policy_start(module_gateway):
 
 # ------------------------------------------------------------------ 3. own inputs and outputs
 
-def test_predict_on_a_policy_without_a_contract_returns_exactly_what_infer_returned(module_gateway):
-    gw = module_gateway
+def test_predict_on_a_policy_without_a_contract_returns_exactly_what_infer_returned(shared_module_gateway):
+    gw = shared_module_gateway
     name = unique("toy")
     assert gw.deploy(TOY, name)["status"] == "ready"
     with connect(gw, name) as policy:
@@ -169,14 +169,14 @@ def test_predict_on_a_policy_without_a_contract_returns_exactly_what_infer_retur
 
 # ------------------------------------------------------------------ 4. observation() forms
 
-def test_observation_builds_without_a_model_and_checks_against_contract_before_sending(module_gateway, echo):
+def test_observation_builds_without_a_model_and_checks_against_contract_before_sending(shared_module_gateway, echo):
     wide = np.full((720, 1280, 3), 90, np.uint8)
     obs = sequence_ai.observation(images={"front": wide}, joints=[0.1] * 3, gripper=[0.5],
                                   instruction="pick up the cup")       # no model: nothing to check against
     assert [f.view for f in obs.images] == ["front"] and obs.instruction == "pick up the cup"
     assert Image.open(io.BytesIO(obs.images[0].data)).size == (640, 360)   # long edge capped, aspect kept
     frame = np.full((128, 128, 3), 200, np.uint8)
-    with connect(module_gateway, echo) as policy:
+    with connect(shared_module_gateway, echo) as policy:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             obs = sequence_ai.observation(images={"exterior_1": frame, "wrist_left": frame}, joints=[0.0] * 7,
@@ -222,7 +222,7 @@ def test_seq_init_pi05_droid_writes_the_policy_the_robots_client_and_a_readme(tm
 
 # ------------------------------------------------------------------ 8. the progress line
 
-def test_progress_on_a_terminal_is_a_single_line_rewritten_in_place(module_gateway, echo):
+def test_progress_on_a_terminal_is_a_single_line_rewritten_in_place(shared_module_gateway, echo):
     script = (
         "import sequence_ai, sys\n"
         "sys.path.insert(0, sys.argv[1])\n"
@@ -231,7 +231,7 @@ def test_progress_on_a_terminal_is_a_single_line_rewritten_in_place(module_gatew
         "    p.run(observation, lambda row: None, max_actions=4, validate=lambda row: True)\n"
     )
     master, slave = os.openpty()
-    env = _env({**module_gateway.env(), "PYTHONWARNINGS": "ignore"})
+    env = _env({**shared_module_gateway.env(), "PYTHONWARNINGS": "ignore"})
     proc = subprocess.Popen([sys.executable, "-c", script, str(ROOT / "test")], stdin=subprocess.DEVNULL,
                             stdout=subprocess.PIPE, stderr=slave, env=env, cwd=str(ROOT))
     os.close(slave)
@@ -259,8 +259,8 @@ def test_progress_on_a_terminal_is_a_single_line_rewritten_in_place(module_gatew
 
 # ------------------------------------------------------------------ 9. the catalogue
 
-def test_catalogue_rows_carry_the_per_model_fields_and_list_templates(module_gateway, echo):
-    rows = sequence_ai.models(module_gateway.url)
+def test_catalogue_rows_carry_the_per_model_fields_and_list_templates(shared_module_gateway, echo):
+    rows = sequence_ai.models(shared_module_gateway.url)
     by_id = {m.short_id: m for m in rows}
     m = by_id[echo]
     assert (m.kind, m.template_kind, m.endpoint, m.status) == ("model", None, "act", "ready")
@@ -277,15 +277,15 @@ def test_catalogue_rows_carry_the_per_model_fields_and_list_templates(module_gat
     toy = by_id["toy-policy"]
     assert toy.kind == "template" and toy.camera_views is None and toy.action_dim is None   # its own I/O
     assert {"toy-policy", "pick-place", "pi05-droid"} <= {r.short_id for r in rows if r.kind == "template"}
-    assert all(r.kind == "model" for r in sequence_ai.models(module_gateway.url, kind="model"))
-    assert echo in {r.short_id for r in sequence_ai.models(module_gateway.url, endpoint="act")}
-    assert all(r.endpoint == "act" for r in sequence_ai.models(module_gateway.url, endpoint="act"))
-    assert {r.short_id for r in sequence_ai.models(module_gateway.url, kind="template")} >= {"pi05-droid"}
+    assert all(r.kind == "model" for r in sequence_ai.models(shared_module_gateway.url, kind="model"))
+    assert echo in {r.short_id for r in sequence_ai.models(shared_module_gateway.url, endpoint="act")}
+    assert all(r.endpoint == "act" for r in sequence_ai.models(shared_module_gateway.url, endpoint="act"))
+    assert {r.short_id for r in sequence_ai.models(shared_module_gateway.url, kind="template")} >= {"pi05-droid"}
     with pytest.raises(ValueError, match="kind"):
-        sequence_ai.models(module_gateway.url, kind="robot")
-    wire = httpx.get(module_gateway.url + "/v1/models", params={"kind": "template"}).json()["models"]
+        sequence_ai.models(shared_module_gateway.url, kind="robot")
+    wire = httpx.get(shared_module_gateway.url + "/v1/models", params={"kind": "template"}).json()["models"]
     assert wire and all(r["kind"] == "template" for r in wire)
-    r = subprocess.run([sys.executable, "-m", "sequence_ai", "models", "--gateway", module_gateway.url],
+    r = subprocess.run([sys.executable, "-m", "sequence_ai", "models", "--gateway", shared_module_gateway.url],
                        capture_output=True, text=True, env=_env(), timeout=60, cwd=str(ROOT))
     assert r.returncode == 0, r.stderr
     assert "seq init pi05-droid" in r.stdout and echo in r.stdout
@@ -293,22 +293,22 @@ def test_catalogue_rows_carry_the_per_model_fields_and_list_templates(module_gat
 
 # ------------------------------------------------------------------ 10. sync calls in callbacks
 
-def test_every_sync_api_works_from_inside_run_callbacks(module_gateway, echo):
+def test_every_sync_api_works_from_inside_run_callbacks(shared_module_gateway, echo):
     got: dict = {}
 
     def observe():
         if not got:
-            got["models"] = [m.name for m in sequence_ai.models(module_gateway.url)]
-            got["account"] = sequence_ai.account(api_key=module_gateway.api_key, gateway_url=module_gateway.url)
-            with connect(module_gateway, echo) as other:      # another Policy, driven from this callback
+            got["models"] = [m.name for m in sequence_ai.models(shared_module_gateway.url)]
+            got["account"] = sequence_ai.account(api_key=shared_module_gateway.api_key, gateway_url=shared_module_gateway.url)
+            with connect(shared_module_gateway, echo) as other:      # another Policy, driven from this callback
                 got["chunk"] = len(other.predict(observation()).action_chunk)
         return observation()
 
     def act(row):
-        got.setdefault("act_models", len(sequence_ai.models(module_gateway.url)))
+        got.setdefault("act_models", len(sequence_ai.models(shared_module_gateway.url)))
         got.setdefault("spec", policy.spec())                  # the driving Policy's own catalogue row
 
-    with connect(module_gateway, echo) as policy:
+    with connect(shared_module_gateway, echo) as policy:
         out = policy.run(observe, act, max_actions=3, validate=lambda row: True, progress=False)
     assert out.reason == "completed" and out.actions == 3
     assert echo in got["models"] and got["account"]["usage"]["policies"] >= 1
@@ -317,9 +317,9 @@ def test_every_sync_api_works_from_inside_run_callbacks(module_gateway, echo):
 
 # ------------------------------------------------------------------ 11. python -m
 
-def test_python_dash_m_runs_both_command_lines(module_gateway, echo):
+def test_python_dash_m_runs_both_command_lines(shared_module_gateway, echo):
     r = subprocess.run([sys.executable, "-m", "seq", "policy", "ls"], capture_output=True, text=True,
-                       env=_env({**module_gateway.env(), "COLUMNS": "250"}), timeout=60, cwd=str(ROOT))
+                       env=_env({**shared_module_gateway.env(), "COLUMNS": "250"}), timeout=60, cwd=str(ROOT))
     assert r.returncode == 0, r.stderr
     assert echo in r.stdout
     r = subprocess.run([sys.executable, "-m", "sequence_ai", "version"], capture_output=True, text=True,
@@ -329,8 +329,8 @@ def test_python_dash_m_runs_both_command_lines(module_gateway, echo):
 
 # ------------------------------------------------------------------ 15. account
 
-def test_account_reports_usage_and_configured_limits_and_no_balance_self_hosted(module_gateway, echo):
-    gw = module_gateway
+def test_account_reports_usage_and_configured_limits_and_no_balance_self_hosted(shared_module_gateway, echo):
+    gw = shared_module_gateway
     a = sequence_ai.account(api_key=gw.api_key, gateway_url=gw.url)
     deployed = len(httpx.get(gw.url + "/v1/deployments", headers={"Authorization": f"Bearer {gw.api_key}"})
                    .json()["deployments"])
