@@ -48,14 +48,14 @@ def _worker_pid(policy) -> int:
     return int(out.split("pid=", 1)[1].split(",", 1)[0])
 
 
-def test_a_request_cut_after_it_went_out_is_played_at_most_twice(module_gateway):
+def test_a_request_cut_after_it_went_out_is_played_at_most_twice(shared_module_gateway):
     """The blocking channel drops while the worker runs the request (it ran: the worker's counter
     moved); the link reconnects and replays it once on a new blocking channel, and when that
     replay's connection is cut too the call raises ConnectionLost -- the request ran twice, never
     three times."""
     name = unique("echo-cut")
-    module_gateway.deploy(ECHO, name, wait=True)
-    with connect(module_gateway, name) as policy:
+    shared_module_gateway.deploy(ECHO, name, wait=True)
+    with connect(shared_module_gateway, name) as policy:
         transports = policy._engine._wire.transports
         a = _first(policy.predict(observation()))
         first, cut = transports.current, []
@@ -82,13 +82,13 @@ def test_a_request_cut_after_it_went_out_is_played_at_most_twice(module_gateway)
         assert policy.reconnects == 1 and transports.opens == 3
 
 
-def test_a_worker_that_stops_answering_costs_what_it_costs_the_asyncio_wire(module_gateway):
+def test_a_worker_that_stops_answering_costs_what_it_costs_the_asyncio_wire(shared_module_gateway):
     """A SIGSTOPped worker: a request on the open blocking channel raises TransportError after
     timeout_s; the next predict's channel open times out too, which counts as the first attempt:
     one reconnect and one more try, ConnectionLost after about 2 x timeout_s (not 3 x)."""
     name = unique("echo-stop")
-    module_gateway.deploy(ECHO, name, wait=True)
-    with connect(module_gateway, name, timeout_s=2.0) as policy:
+    shared_module_gateway.deploy(ECHO, name, wait=True)
+    with connect(shared_module_gateway, name, timeout_s=2.0) as policy:
         a = _first(policy.predict(observation()))
         pid = _worker_pid(policy)
         os.kill(pid, signal.SIGSTOP)
@@ -264,14 +264,14 @@ def test_a_session_holds_one_websocket_across_renewals_so_a_second_robot_keeps_i
         gw.close()
 
 
-def test_a_request_without_frames_goes_out_as_json_on_the_blocking_path(module_gateway):
+def test_a_request_without_frames_goes_out_as_json_on_the_blocking_path(shared_module_gateway):
     """A policy with no contract takes a plain dict: its body has no frames, so it is JSON even
     though the session asks for the binary body ("auto"); the blocking channel's format byte says
     so and the worker answers it (not a 400 for a binary framing it cannot find)."""
     from _servers import POLICIES
     name = unique("raw-blk")
-    module_gateway.deploy(str(POLICIES / "raw_policy.py"), name, wait=True)
-    with connect(module_gateway, name) as policy:
+    shared_module_gateway.deploy(str(POLICIES / "raw_policy.py"), name, wait=True)
+    with connect(shared_module_gateway, name) as policy:
         assert policy._engine._wire.body_format == "auto"
         first = policy.predict({"op": "echo", "x": 1})
         second = policy.predict({"op": "echo", "x": 2})
