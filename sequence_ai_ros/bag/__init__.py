@@ -39,7 +39,11 @@ topic                                  type                               what
 =====================================  =================================  =============================
 
 Message log times are the recorder's receipt times (ns, ``time.time_ns()``), as ``ros2 bag
-record`` does. The first message of each sensor stream (camera views, joint states) may be logged
+record`` does; each record's MCAP ``publish_time`` is the message's DDS source timestamp (the
+publisher's send time, from rclpy's ``MessageInfo``), as rosbag2's ``send_timestamp``. The start
+marker declares every stream's rate (``stream_rates_hz``, with ``stream_rate_sources``: see
+:mod:`.rates`), and ``metadata.yaml`` ``custom_data`` keeps the time sources, the stamp lags, the
+stream rates and the driver's contract, policy and seam statistics (:mod:`.events`). The first message of each sensor stream (camera views, joint states) may be logged
 before the start marker: it is the recorder's pre-roll, the sample in force when the episode
 started (see ``recorder_node``). Chunks are closed and flushed small (``chunk_bytes``/``chunk_s``), so a bag cut by
 SIGKILL loses at most its last chunk: :func:`.reader.repair_bag` (``sequence-ai bag repair``)
