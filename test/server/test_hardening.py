@@ -151,40 +151,37 @@ def _no_worker_for(data_dir: Path, seconds: float) -> None:
 
 
 @pytest.mark.parametrize("how", ["deploy", "rollback"])
-def test_deploy_or_rollback_while_stopped_starts_no_worker_until_start(tmp_path, how):
-    gw = GatewayProcess.start(tmp_path)
-    try:
-        src = tmp_path / "policy_src"
-        src.mkdir()
-        pol = src / "echo_policy.py"
-        shutil.copy(ECHO_POLICY, pol)
-        assert gw.deploy(str(pol), "echo")["status"] == "ready"
-        pol.write_text(Path(ECHO_POLICY).read_text() + POLICY_V2)
-        d2 = gw.deploy(str(pol), "echo")
-        assert d2["version"] == 2 and (d2.get("build") or {}).get("status") in (None, "ready"), d2
-        gw.client.delete("/v1/deployments/echo").raise_for_status()        # `seq policy stop`
-        assert _worker_pids(gw.data_dir) == []
-        if how == "deploy":
-            pol.write_text(Path(ECHO_POLICY).read_text() + POLICY_V2 + "# v3\n")
-            r = gw.client.post("/v1/deployments", json={"name": "echo", "file": str(pol)})
-            want = 3
-        else:
-            r = gw.client.post("/v1/deployments/echo/rollback", json={"to": 1})
-            want = 1
-        assert r.status_code == 200, r.text
-        assert r.json()["version"] == want and r.json()["status"] == "stopped", r.json()
-        _no_worker_for(gw.data_dir, 3.0)
-        d = gw.status("echo")
-        assert d["status"] == "stopped" and d["version"] == want, d
-        refused = gw.connect("echo")
-        assert refused.status_code == 503 and refused.json()["code"] == "deployment_stopped", refused.text
-        gw.client.post("/v1/deployments/echo/start").raise_for_status()
-        body = gw.connect_ready("echo")
-        assert gw.status("echo")["version"] == want
-        assert body["version"] == want if "version" in body else True
-        assert len(_worker_pids(gw.data_dir)) == 1
-    finally:
-        gw.close()
+def test_deploy_or_rollback_while_stopped_starts_no_worker_until_start(shared_gateway, tmp_path, how):
+    gw, name = shared_gateway, f"echo-{how}"        # the session's gateway: nothing else deployed
+    src = tmp_path / "policy_src"
+    src.mkdir()
+    pol = src / "echo_policy.py"
+    shutil.copy(ECHO_POLICY, pol)
+    assert gw.deploy(str(pol), name)["status"] == "ready"
+    pol.write_text(Path(ECHO_POLICY).read_text() + POLICY_V2)
+    d2 = gw.deploy(str(pol), name)
+    assert d2["version"] == 2 and (d2.get("build") or {}).get("status") in (None, "ready"), d2
+    gw.client.delete(f"/v1/deployments/{name}").raise_for_status()        # `seq policy stop`
+    assert _worker_pids(gw.data_dir) == []
+    if how == "deploy":
+        pol.write_text(Path(ECHO_POLICY).read_text() + POLICY_V2 + "# v3\n")
+        r = gw.client.post("/v1/deployments", json={"name": name, "file": str(pol)})
+        want = 3
+    else:
+        r = gw.client.post(f"/v1/deployments/{name}/rollback", json={"to": 1})
+        want = 1
+    assert r.status_code == 200, r.text
+    assert r.json()["version"] == want and r.json()["status"] == "stopped", r.json()
+    _no_worker_for(gw.data_dir, 3.0)
+    d = gw.status(name)
+    assert d["status"] == "stopped" and d["version"] == want, d
+    refused = gw.connect(name)
+    assert refused.status_code == 503 and refused.json()["code"] == "deployment_stopped", refused.text
+    gw.client.post(f"/v1/deployments/{name}/start").raise_for_status()
+    body = gw.connect_ready(name)
+    assert gw.status(name)["version"] == want
+    assert body["version"] == want if "version" in body else True
+    assert len(_worker_pids(gw.data_dir)) == 1
 
 
 # ---------------------------------------------------------------- labels
