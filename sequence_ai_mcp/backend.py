@@ -17,7 +17,7 @@ import dataclasses
 import logging
 import threading
 import time
-from typing import Any, Dict, List, Optional, Protocol, Sequence, runtime_checkable
+from typing import Any, Callable, Dict, List, Optional, Protocol, Sequence, runtime_checkable
 
 import anyio
 
@@ -30,10 +30,10 @@ _log = logging.getLogger("sequence_ai_mcp")
 
 def outcome_status(reason: str, cancelled_by_caller: bool) -> str:
     """The Act goal status a run's ending maps to (as the ROS driver reports it):
-    ``completed`` / ``until`` / ``timeout`` -> ``SUCCEEDED``; ``interrupted`` -> ``CANCELED`` when
-    the caller asked (interrupt(), a cancelled call), ``ABORTED`` otherwise; ``validate`` /
-    ``error`` -> ``ABORTED``."""
-    if reason in ("completed", "until", "timeout"):
+    ``completed`` / ``until`` / ``stop_when`` / ``timeout`` -> ``SUCCEEDED``; ``interrupted`` ->
+    ``CANCELED`` when the caller asked (interrupt(), a cancelled call), ``ABORTED`` otherwise;
+    ``operator`` / ``validate`` / ``error`` -> ``ABORTED``."""
+    if reason in ("completed", "until", "stop_when", "timeout"):
         return "SUCCEEDED"
     if reason == "interrupted" and cancelled_by_caller:
         return "CANCELED"
@@ -77,13 +77,26 @@ class Backend:
         """Camera views ``snapshot`` accepts."""
         return []
 
-    async def act(self, instruction: str, max_seconds: float, stop: Any = None) -> Dict[str, Any]:
+    @property
+    def stop_conditions(self) -> List[str]:
+        """The named stop conditions ``act(stop_when=...)`` may ask for (none by default)."""
+        return []
+
+    @property
+    def operator_active(self) -> bool:
+        """True while a person holds the robot: ``act`` is refused with ``operator``. The ROS
+        backend's driver decides for itself (its goal ends ``operator``): False here."""
+        return False
+
+    async def act(self, instruction: str, max_seconds: float, stop: Any = None,
+                  stop_when: Optional[str] = None) -> Dict[str, Any]:
         """Run one instruction for at most ``max_seconds`` (s). Returns ``{"status", "outcome",
         "task_done", "message"}`` (see ``server.ActOutcome``). Cancellation interrupts the run and
         returns only after the robot holds. ``stop``: the run's ``sequence_ai.StopToken`` (made by
         the caller before the run, so a stop that races the start still stops it, before any
-        action); a stopped token ends the run like ``interrupt()``, status ``CANCELED``. Raises
-        ``sequence_ai.SequencesError`` subclasses."""
+        action); a stopped token ends the run like ``interrupt()``, status ``CANCELED``.
+        ``stop_when``: one of :attr:`stop_conditions` (checked by the server first); its success
+        ends the run ``stop_when``. Raises ``sequence_ai.SequencesError`` subclasses."""
         raise NotImplementedError
 
     def progress(self) -> Dict[str, Any]:
@@ -121,13 +134,24 @@ class PolicyBackend(Backend):
         robot: a :class:`Robot`; its ``hold`` is the run's hold, its ``done`` (if any) the until.
         gateway_url: the gateway ``models()`` lists (the one the policy was connected through;
             default ``$SEQUENCES_GATEWAY_URL`` or the local default).
+        stop_conditions: ``{name: (observation) -> bool}``, the stop conditions an agent may name
+            in ``act(stop_when=name)``; each is the run's ``stop_when``, checked every control
+            period on what ``robot.observe()`` returned. The policy's ``operator``
+            (``policy.operator.take()``) refuses ``act`` and holds a run under way.
         run_options: extra keywords for ``Policy.act`` (``params``, ``prefetch``, ...);
             ``startup_timeout_s`` defaults to 30 s here (not the engine's 1800 s): a tool call should
             not sit that long waiting for a warming worker before its max_seconds even starts.
+
+    Raises TypeError for ``stop_conditions`` that is not a dict of name -> callable.
     """
 
     def __init__(self, policy: "sequence_ai.Policy", robot: Robot, *, gateway_url: Optional[str] = None,
-                 **run_options: Any) -> None:
+                 stop_conditions: Optional[Dict[str, Callable[[Any], Any]]] = None, **run_options: Any) -> None:
+        conditions = dict(stop_conditions or {})
+        bad = [k for k, v in conditions.items() if not isinstance(k, str) or not k or not callable(v)]
+        if bad:
+            raise TypeError(f"stop_conditions must map names to callables (observation) -> bool; not {bad!r}")
+        self._conditions = conditions
         self.policy = policy
         self.gateway_url = gateway_url
         self.robot = robot
@@ -158,7 +182,16 @@ class PolicyBackend(Backend):
     def progress(self) -> Dict[str, Any]:
         return {"actions": self._actions, "phase": self._phase}
 
-    async def act(self, instruction: str, max_seconds: float, stop: Any = None) -> Dict[str, Any]:
+    @property
+    def stop_conditions(self) -> List[str]:
+        return sorted(self._conditions)
+
+    @property
+    def operator_active(self) -> bool:
+        return self.policy.operator.active
+
+    async def act(self, instruction: str, max_seconds: float, stop: Any = None,
+                  stop_when: Optional[str] = None) -> Dict[str, Any]:
         finished = threading.Event()
         box: Dict[str, Any] = {}
         self._cancelled.clear()
@@ -169,6 +202,8 @@ class PolicyBackend(Backend):
         until = (lambda: done(self.policy.instruction or instruction)) if callable(done) else None
         user_status = self.run_options.get("on_status")
         options = {k: v for k, v in self.run_options.items() if k != "on_status"}
+        if stop_when:
+            options["stop_when"] = self._conditions[stop_when]   # the server checked the name
 
         def apply(row: List[float]) -> None:
             self.robot.apply(row)
@@ -185,7 +220,7 @@ class PolicyBackend(Backend):
                     instruction, observe=self.robot.observe, act=apply, hold=self.robot.hold,
                     validate=self._validate, max_seconds=float(max_seconds), until=until,
                     progress=False, stop=token, on_status=on_status, **options)
-                if box["outcome"].reason in ("completed", "until"):
+                if box["outcome"].reason in ("completed", "until", "stop_when"):
                     # the engine holds on early endings only; a tool call leaves the arm held on
                     # every ending, since the model's next call may be seconds away
                     self.robot.hold()

@@ -38,6 +38,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--camera-topic", action="append", default=None, metavar="VIEW=TOPIC",
                    help="--ros: a sensor_msgs/Image topic snapshot() reads (repeat; default "
                         "exterior_1=camera/exterior_1/image_raw, wrist_left=camera/wrist_left/image_raw)")
+    p.add_argument("--stop-condition", action="append", default=None, metavar="NAME",
+                   help="--ros: a stop condition act(stop_when=NAME) may name, one of the driver's "
+                        "stop_conditions (repeat; default none)")
     p.add_argument("--max-seconds-cap", type=float, default=DEFAULT_MAX_SECONDS_CAP,
                    help=f"the largest max_seconds act accepts (s, default {DEFAULT_MAX_SECONDS_CAP:g})")
     p.add_argument("--http", action="store_true", help="streamable HTTP instead of stdio")
@@ -62,7 +65,8 @@ def _backend(args: argparse.Namespace):
     if args.ros:
         from .ros import RosBackend
         topics = dict(t.split("=", 1) for t in (args.camera_topic or []))
-        return RosBackend(action=args.action, camera_topics=topics or None)
+        return RosBackend(action=args.action, camera_topics=topics or None,
+                          stop_conditions=args.stop_condition or ())
     if not args.model:
         raise SystemExit("error: Python mode needs --model NAME (the deployment to drive), or pass --ros")
     import sequence_ai

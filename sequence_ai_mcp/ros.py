@@ -14,7 +14,7 @@ multi-threaded executor in a thread of its own; the MCP handlers wait on its fut
 from __future__ import annotations
 
 import threading
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Sequence
 
 import anyio
 
@@ -36,13 +36,17 @@ class RosBackend(Backend):
         camera_topics: ``{view: sensor_msgs/Image topic}`` for snapshot (default
             :data:`DEFAULT_CAMERA_TOPICS`).
         server_timeout_s: how long the first act waits for the action server (s, default 10).
+        stop_conditions: the names of the driver's ``stop_conditions`` an agent may pass as
+            ``act(stop_when=...)`` (sent as the Act goal's ``stop_when``; the driver asks the
+            CheckSuccess service behind it). An operator on the driver's ``operator_topic``
+            ends goals with reason ``operator``.
 
     Raises RuntimeError when rclpy or sequence_ai_msgs cannot be imported (source scripts/env.sh
     or the ROS 2 workspace).
     """
 
     def __init__(self, action: str = "policy_driver/act", camera_topics: Optional[Dict[str, str]] = None,
-                 server_timeout_s: float = 10.0) -> None:
+                 server_timeout_s: float = 10.0, stop_conditions: Sequence[str] = ()) -> None:
         import rclpy
         from rclpy.action import ActionClient
         from rclpy.executors import MultiThreadedExecutor
@@ -66,6 +70,8 @@ class RosBackend(Backend):
             self.node.create_subscription(RosImage, topic, lambda msg, v=view: self._frames.__setitem__(v, msg),
                                           qos_profile_sensor_data)
         self.server_timeout_s = float(server_timeout_s)
+        #: the names of the driver's stop_conditions an agent may pass as act(stop_when=...)
+        self._stop_conditions = [str(n) for n in stop_conditions]
         self.description = f"Act goals on {action} (ROS 2)"
         self.period_s = None
         self._handle = None
@@ -96,7 +102,12 @@ class RosBackend(Backend):
         return {"actions": int(fb.actions), "chunks": int(fb.chunks), "phase": fb.status,
                 "driver_elapsed_s": float(fb.elapsed_s)}
 
-    async def act(self, instruction: str, max_seconds: float, stop: Any = None) -> Dict[str, Any]:
+    @property
+    def stop_conditions(self) -> List[str]:
+        return list(self._stop_conditions)
+
+    async def act(self, instruction: str, max_seconds: float, stop: Any = None,
+                  stop_when: Optional[str] = None) -> Dict[str, Any]:
         import sequence_ai
 
         ok = await anyio.to_thread.run_sync(self.client.wait_for_server, self.server_timeout_s)
@@ -109,7 +120,7 @@ class RosBackend(Backend):
             return {"status": "CANCELED", "outcome": {"reason": "interrupted", "actions": 0, "chunks": 0,
                                                       "seconds": 0.0}, "task_done": None,
                     "message": "stopped before the Act goal was sent"}
-        goal = self._Act.Goal(instruction=instruction, max_seconds=float(max_seconds))
+        goal = self._Act.Goal(instruction=instruction, max_seconds=float(max_seconds), stop_when=stop_when or "")
         self._cancel_requested = False
         handle = await self._wait(self.client.send_goal_async(
             goal, feedback_callback=lambda msg: setattr(self, "_feedback", msg.feedback)), 30.0)

@@ -41,7 +41,7 @@ import math
 import time
 import typing
 from dataclasses import dataclass
-from typing import Annotated, Any, Callable, Dict, Optional
+from typing import Annotated, Any, Callable, Dict, Literal, Optional, Sequence, Tuple
 
 import anyio
 import sequence_ai
@@ -91,29 +91,40 @@ ANNOTATIONS: Dict[str, ToolAnnotations] = {
 }
 
 
-def _bounds(cap: float) -> Dict[str, Dict[str, Dict[str, Any]]]:
-    """Every tool argument's envelope: ``{tool: {argument: {"kind", "required", bounds..., "hint"}}}``."""
+def _bounds(cap: float, conditions: Sequence[str] = ()) -> Dict[str, Dict[str, Dict[str, Any]]]:
+    """Every tool argument's envelope: ``{tool: {argument: {"kind", "required", bounds..., "hint"}}}``;
+    ``conditions``: the stop conditions the backend offers (``act``'s ``stop_when`` choices)."""
     text = {"kind": "text", "required": True, "max_chars": MAX_TEXT_CHARS,
             "hint": f"say one step for the robot in 1 to {MAX_TEXT_CHARS} characters"}
+    offered = list(conditions)
     return {"act": {"instruction": text,
                     "max_seconds": {"kind": "seconds", "required": True, "gt": 0.0, "le": cap,
-                                    "hint": f"pass a bound such as 20 (> 0 and at most {cap:g} s)"}},
+                                    "hint": f"pass a bound such as 20 (> 0 and at most {cap:g} s)"},
+                    "stop_when": {"kind": "choice", "required": False, "choices": offered,
+                                  "hint": (f"pass one of {offered} or leave it out" if offered else
+                                           "this robot offers no stop conditions: leave stop_when out")}},
             "set_instruction": {"text": text},
             "snapshot": {"view": {"kind": "name", "required": False, "max_chars": MAX_VIEW_CHARS,
                                   "hint": "pass a camera view that status() lists, or leave it out for the "
                                           "first camera"}}}
 
 
-def check_arguments(tool: str, args: Dict[str, Any], cap: float) -> Optional[CallToolResult]:
+def check_arguments(tool: str, args: Dict[str, Any], cap: float,
+                    conditions: Sequence[str] = ()) -> Optional[CallToolResult]:
     """The refusal for ``args`` outside ``tool``'s envelope (an ``is_error`` result naming the
     argument, its bound and what to do), or None when they are within it. Runs before the tool
     does, so nothing has started when it refuses."""
-    for name, b in _bounds(cap).get(tool, {}).items():
+    for name, b in _bounds(cap, conditions).get(tool, {}).items():
         if name not in args or args[name] is None:
             if b["required"]:
                 return _error("invalid_request", f"{name} is required", hint=b["hint"])
             continue
         value = args[name]
+        if b["kind"] == "choice":
+            if not isinstance(value, str) or value not in b["choices"]:
+                return _error("unknown_stop_condition", f"{name} {value!r} is not a stop condition this robot "
+                                                        f"offers ({', '.join(b['choices']) or 'none'})", hint=b["hint"])
+            continue
         if b["kind"] == "seconds":
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
                     or value <= b["gt"]:
@@ -223,8 +234,9 @@ def build_server(backend: Backend, settings: Optional[McpSettings] = None) -> MC
     driving = _Driving()
     store = TaskStore(backend.interrupt)
     start_task: Dict[str, Callable] = {}
-    extension = ActTasks(store, lambda tool, args: check_arguments(tool, args, cap),
-                         lambda instruction, max_seconds: start_task["act"](instruction, max_seconds))
+    extension = ActTasks(store, lambda tool, args: check_arguments(tool, args, cap, backend.stop_conditions),
+                         lambda instruction, max_seconds, stop_when=None: start_task["act"](
+                             instruction, max_seconds, stop_when))
     mcp = MCPServer(settings.name, log_level="WARNING", extensions=[extension], instructions=(
         "Drive a robot with a deployed action-chunk policy. act(instruction, max_seconds) runs one "
         f"instruction for at most max_seconds (s, at most {cap:g}); look with snapshot(view) first and "
@@ -237,30 +249,51 @@ def build_server(backend: Backend, settings: Optional[McpSettings] = None) -> MC
     return mcp
 
 
+def _act_refusal(backend: Backend, driving: "_Driving", cap: float, instruction: Any, max_seconds: Any,
+                 stop_when: Any) -> Optional[CallToolResult]:
+    """The checks every act passes before anything moves (plain call and task alike): the
+    arguments' envelope, the operator, one act at a time."""
+    bad = check_arguments("act", {"instruction": instruction, "max_seconds": max_seconds, "stop_when": stop_when},
+                          cap, backend.stop_conditions)
+    if bad is not None:
+        return bad
+    if backend.operator_active:
+        return _error("operator", "a person (the operator) holds the robot: act is refused until they release it",
+                      hint="wait for the operator; status() says when the robot is free", retryable=True)
+    if driving.active:
+        return _error("busy", f"the robot is already driving {driving.instruction!r} "
+                              f"(for {time.monotonic() - driving.started:.1f} s of at most "
+                              f"{driving.max_seconds:g} s)",
+                      hint="wait for that act to end, or call interrupt() first", retryable=True)
+    return None
+
+
+def _stop_when_schema(backend: Backend) -> Tuple[Any, str]:
+    """``act``'s ``stop_when`` type (an enum of the offered names) and its description."""
+    offered = list(backend.stop_conditions)
+    kind = Optional[Literal[tuple(offered)]] if offered else Optional[str]   # type: ignore[valid-type]
+    text = (f"optional stop condition: one of {offered}; the run ends stop_when once it says done"
+            if offered else "optional stop condition; this robot offers none, leave it out")
+    return kind, text
+
+
 def _add_act_tool(mcp: MCPServer, backend: Backend, driving: "_Driving", cap: float, store: TaskStore) -> Callable:
     """Register ``act``: the one driving call (bounded by ``max_seconds`` <= ``cap`` s; one at a time).
     Returns ``start_task(instruction, max_seconds)``, the task path's start (see ``tasks.py``)."""
 
-    def refuse(instruction: Any, max_seconds: Any) -> Optional[CallToolResult]:
-        """The checks every act passes before anything moves (plain call and task alike)."""
-        bad = check_arguments("act", {"instruction": instruction, "max_seconds": max_seconds}, cap)
-        if bad is not None:
-            return bad
-        if driving.active:
-            return _error("busy", f"the robot is already driving {driving.instruction!r} "
-                                  f"(for {time.monotonic() - driving.started:.1f} s of at most "
-                                  f"{driving.max_seconds:g} s)",
-                          hint="wait for that act to end, or call interrupt() first", retryable=True)
-        return None
+    def refuse(instruction: Any, max_seconds: Any, stop_when: Any = None) -> Optional[CallToolResult]:
+        return _act_refusal(backend, driving, cap, instruction, max_seconds, stop_when)
 
     def claim(instruction: str, max_seconds: float) -> None:
         driving.instruction, driving.max_seconds = instruction, float(max_seconds)
         driving.since_unix, driving.started = time.time(), time.monotonic()
 
-    async def drive(instruction: str, max_seconds: float, stop: Any = None) -> CallToolResult:
+    async def drive(instruction: str, max_seconds: float, stop: Any = None,
+                    stop_when: Optional[str] = None) -> CallToolResult:
         """Run the claimed act to its end; the robot is released (and held) when this returns."""
         try:
-            result = await backend.act(instruction, float(max_seconds), stop=stop)
+            result = await backend.act(instruction, float(max_seconds), stop=stop,
+                                       **({"stop_when": stop_when} if stop_when else {}))
         except sequence_ai.SequencesError as exc:
             driving.last = {"error": exc.code, "detail": str(exc)}
             return _error(exc.code, exc.message, hint=exc.hint, retryable=exc.retryable)
@@ -277,17 +310,19 @@ def _add_act_tool(mcp: MCPServer, backend: Backend, driving: "_Driving", cap: fl
                 + (f" ({out.message})" if out.message else ""))
         return _ok(text, driving.last)
 
-    def start_task(instruction: Any, max_seconds: Any) -> Any:
-        refused = refuse(instruction, max_seconds)
+    def start_task(instruction: Any, max_seconds: Any, stop_when: Any = None) -> Any:
+        refused = refuse(instruction, max_seconds, stop_when)
         if refused is not None:
             return refused
         claim(instruction, max_seconds)      # the robot is ours before the handle goes out
         try:
             return store.start(instruction, float(max_seconds), sequence_ai.StopToken(),
-                               lambda stop: drive(instruction, float(max_seconds), stop), backend.progress)
+                               lambda stop: drive(instruction, float(max_seconds), stop, stop_when), backend.progress)
         except BaseException:
             driving.started = None
             raise
+
+    stop_type, stop_text = _stop_when_schema(backend)
 
     @mcp.tool(annotations=ANNOTATIONS["act"])
     async def act(
@@ -296,20 +331,23 @@ def _add_act_tool(mcp: MCPServer, backend: Backend, driving: "_Driving", cap: fl
                                                       f'green pad" (1 to {MAX_TEXT_CHARS} characters)')],
         max_seconds: Annotated[float, Field(gt=0, le=cap, description=f"time bound of the run in seconds: "
                                                                       f"required, > 0, at most {cap:g}")],
+        stop_when: Annotated[stop_type, Field(description=stop_text)] = None,
         ctx: Context = None,  # type: ignore[assignment]   the SDK's request context (not an argument)
     ) -> Annotated[CallToolResult, ActOutcome]:
         """Drive the robot with the policy for one instruction, e.g. "put the red cube on the green
         pad", for at most max_seconds seconds (required). Returns when the task is done, the time is
         up, or it was interrupted: the status and the run's outcome (actions, chunks, seconds).
-        Moves the physical robot. Hosts with the MCP Tasks extension get a task to poll and cancel."""
-        refused = refuse(instruction, max_seconds)
+        Moves the physical robot. stop_when names a stop condition the robot offers (status()
+        lists them): the run ends stop_when once it says done. Refused while a person (the
+        operator) holds the robot. Hosts with the MCP Tasks extension get a task to poll and cancel."""
+        refused = refuse(instruction, max_seconds, stop_when)
         if refused is not None:
             return refused
         claim(instruction, max_seconds)
         if ctx is None:
-            return await drive(instruction, float(max_seconds))
+            return await drive(instruction, float(max_seconds), stop_when=stop_when)
         return await _with_progress(ctx, backend, driving, float(max_seconds),
-                                    lambda: drive(instruction, float(max_seconds)))
+                                    lambda: drive(instruction, float(max_seconds), stop_when=stop_when))
 
     return start_task
 
@@ -394,6 +432,7 @@ def _add_control_tools(mcp: MCPServer, backend: Backend, driving: "_Driving", ca
                "elapsed_s": (time.monotonic() - driving.started) if driving.active else None,
                "max_seconds": driving.max_seconds if driving.active else None,
                "max_seconds_cap": cap, "backend": backend.description, "views": backend.views,
+               "stop_conditions": list(backend.stop_conditions), "operator_active": backend.operator_active,
                "task_id": next((t.task_id for t in store.running()), None) if driving.active else None,
                "last": driving.last}
         text = (f"running {now['instruction']!r} for {now['elapsed_s']:.1f} s" if driving.active else "idle")

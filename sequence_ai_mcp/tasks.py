@@ -244,14 +244,14 @@ class ActTasks(Extension):
         store: the :class:`TaskStore`.
         check: ``(tool, arguments) -> CallToolResult | None``: a refusal for arguments outside
             the bounds table, None when they are within it.
-        start_act: ``(instruction, max_seconds) -> CallToolResult | _Task``: refuses (busy, ...)
+        start_act: ``(instruction, max_seconds, stop_when) -> CallToolResult | _Task``: refuses (busy, operator, ...)
             or claims the robot and starts the task.
     """
 
     identifier = TASKS_EXTENSION
 
     def __init__(self, store: TaskStore, check: Callable[[str, Dict[str, Any]], Optional[CallToolResult]],
-                 start_act: Callable[[str, float], Any]) -> None:
+                 start_act: Callable[..., Any]) -> None:
         self.store, self._check, self._start_act = store, check, start_act
 
     async def intercept_tool_call(self, params, ctx, call_next):
@@ -261,7 +261,7 @@ class ActTasks(Extension):
             return refused
         if params.name != "act" or not _declares_tasks(ctx):
             return await call_next(ctx)
-        started = self._start_act(args["instruction"], float(args["max_seconds"]))
+        started = self._start_act(args["instruction"], float(args["max_seconds"]), args.get("stop_when"))
         if isinstance(started, CallToolResult):
             return started
         return {"resultType": "task", **{k: v for k, v in started.wire().items() if k not in ("result", "error")}}

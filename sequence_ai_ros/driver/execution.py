@@ -116,31 +116,10 @@ class GoalExecution:
             except ValueError as exc:
                 return "invalid", f"params_json is not a JSON object ({exc})"
         try:
-            self.stop_service(goal_request.stop_when)
+            _params.stop_service(self.node._params, goal_request.stop_when)
         except ValueError as exc:
             return "invalid", str(exc)
         return None
-
-    def stop_service(self, stop_when: str) -> Optional[str]:
-        """The CheckSuccess service a goal's ``stop_when`` names: a ``stop_conditions`` name, or an
-        absolute service name; "" = the driver's ``success_service`` (None without one).
-
-        Raises ValueError naming ``stop_when`` and the conditions offered."""
-        name = (stop_when or "").strip()
-        p = self.node._params
-        if not name:
-            return p.success_service or None
-        offered = _params.stop_conditions(p.stop_conditions)
-        if name in offered:
-            return offered[name]
-        if name.startswith("/"):
-            why = _params.service_name_problem(name)
-            if why:
-                raise ValueError(f"stop_when {why}")
-            return name
-        raise ValueError(f"stop_when {name!r} is not a stop condition this driver offers "
-                         f"({', '.join(sorted(offered)) or 'none: set stop_conditions'}) nor an absolute "
-                         f"CheckSuccess service name (/ns/name)")
 
     def operator_took(self) -> None:
         """The operator took the robot: every goal accepted or running ends ``operator`` (a running
@@ -304,7 +283,7 @@ class GoalExecution:
         """Give ``run`` the CheckSuccess client of its stop condition; ``(result, status)`` (error)
         when the service the goal named is not there within STOP_SERVICE_WAIT_S, else None."""
         run.stop_when = (goal.stop_when or "").strip()
-        service = self.stop_service(goal.stop_when)
+        service = _params.stop_service(self.node._params, goal.stop_when)
         if service is None:
             return None
         client = self.node.check_success_client(service)

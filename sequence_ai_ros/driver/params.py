@@ -133,6 +133,27 @@ def stop_conditions(values) -> Dict[str, str]:
     return out
 
 
+def stop_service(p, stop_when: str) -> Optional[str]:
+    """The CheckSuccess service a goal's ``stop_when`` names under parameters ``p``: a
+    ``stop_conditions`` name, or an absolute service name; "" = ``success_service`` (None without one).
+
+    Raises ValueError naming ``stop_when`` and the conditions offered."""
+    name = (stop_when or "").strip()
+    if not name:
+        return p.success_service or None
+    offered = stop_conditions(p.stop_conditions)
+    if name in offered:
+        return offered[name]
+    if name.startswith("/"):
+        why = service_name_problem(name)
+        if why:
+            raise ValueError(f"stop_when {why}")
+        return name
+    raise ValueError(f"stop_when {name!r} is not a stop condition this driver offers "
+                     f"({', '.join(sorted(offered)) or 'none: set stop_conditions'}) nor an absolute "
+                     f"CheckSuccess service name (/ns/name)")
+
+
 def _stop_conditions(values) -> Optional[str]:
     try:
         stop_conditions(values)
