@@ -78,7 +78,7 @@ ENV_VARS = {
                               "How often the gateway pings serving workers for a jammed inference (s)."),
     "SEQ_HEADER_TIMEOUT_S": ("server", "10",
                              "How long a connection to the gateway or a worker may take to send a request's "
-                             "headers (s, in (0, 3600]); past it the answer is 408 and the connection is closed. "
+                             "headers (s, in [0.5, 3600]); past it the answer is 408 and the connection is closed. "
                              "Bounds slow-header (slowloris) connections; a websocket, once open, is not timed."),
     "SEQ_GATEWAY_MAX_BODY_BYTES": ("server", "33554432 (32 MiB)",
                                    "Largest request body the gateway reads; a larger one is 413 "

@@ -121,6 +121,6 @@ def test_the_act_channel_stays_open_past_the_deadline_once_upgraded(servers):
 def test_a_bad_setting_is_refused_naming_the_variable():
     assert header_timeout_setting({}) == 10.0
     assert header_timeout_setting({"SEQ_HEADER_TIMEOUT_S": " 2.5 "}) == 2.5
-    for bad in ("0", "-1", "nan", "inf", "1e9", "soon"):
+    for bad in ("0", "0.000001", "-1", "nan", "inf", "1e9", "soon"):
         with pytest.raises(ValueError, match="SEQ_HEADER_TIMEOUT_S"):
             header_timeout_setting({"SEQ_HEADER_TIMEOUT_S": bad})

@@ -139,6 +139,17 @@ def test_v1_act_through_the_gateway_answers_like_the_worker(gw):
     assert r.status_code == 404
     r = httpx.post(gw.url + "/v1/act", json={"observation": {}}, headers={"Authorization": f"Bearer {gw.api_key}"})
     assert r.status_code == 400 and '"model"' in r.json()["detail"]
+    # NaN / Infinity (Python's JSON reader takes them) are refused naming where they are, never a 500
+    auth = {"Authorization": f"Bearer {gw.api_key}", "Content-Type": "application/json"}
+    for raw, path in (('{"model": "echo", "deadline_ms": NaN, "observation": {}}', "$.deadline_ms"),
+                      ('{"model": "echo", "observation": {}, "params": {"x": [1, -Infinity]}}', "$.params.x[1]")):
+        r = httpx.post(gw.url + "/v1/act", content=raw, headers=auth, timeout=30)
+        assert r.status_code == 400 and r.json()["details"]["path"] == path, r.text
+    # the proxy forwards with the worker's secret: a deadline claimed through it is dropped, so
+    # the worker serves it first come, first served (its answer then carries no "late")
+    r = httpx.post(gw.url + "/v1/act", json={**body, "deadline_ms": 0.001, "period_ms": 10.0},
+                   headers={"Authorization": f"Bearer {gw.api_key}"}, timeout=30)
+    assert r.status_code == 200 and "late" not in r.json(), r.text
 
 
 # ---------------------------------------------------------------- leases and rotation

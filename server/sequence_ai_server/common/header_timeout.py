@@ -14,7 +14,10 @@ arrived within ``timeout_s`` seconds -- a total, not a per-byte, deadline, so dr
 does not extend it. Past it the server answers ``408 Request Timeout`` with ``Connection:
 close`` and closes the connection. A request whose headers are complete is never timed by this
 (its body and its answer take what they take), and neither is a websocket once upgraded (the
-/act channel stays open as long as its robot wants).
+/act channel stays open as long as its robot wants). Two waits stay with uvicorn's keep-alive
+timeout (5 s) instead: the rest of a pipelined request whose first bytes came while the one
+before it was being served, and a body sent slowly after complete headers (a credentialed
+client only: a route refuses a missing credential before it reads the body).
 
 The deadline: ``$SEQ_HEADER_TIMEOUT_S``, default :data:`HEADER_TIMEOUT_S` (10 s: a robot's
 request arrives in one or two segments in well under a millisecond on a LAN, and a client
@@ -27,6 +30,7 @@ import math
 from typing import Mapping, Optional
 
 HEADER_TIMEOUT_S = 10.0
+MIN_HEADER_TIMEOUT_S = 0.5      # below it an ordinary client on a busy machine gets 408s
 MAX_HEADER_TIMEOUT_S = 3600.0
 ENV = "SEQ_HEADER_TIMEOUT_S"
 
@@ -35,7 +39,7 @@ _TIMED_OUT = b"HTTP/1.1 408 Request Timeout\r\ncontent-length: 0\r\nconnection: 
 
 def header_timeout_setting(env: Mapping[str, str]) -> float:
     """``$SEQ_HEADER_TIMEOUT_S`` in ``env`` (s), :data:`HEADER_TIMEOUT_S` when unset or blank.
-    Raises ValueError naming the variable when the value is not a number in (0, 3600]."""
+    Raises ValueError naming the variable when the value is not a number in [0.5, 3600]."""
     raw = (env.get(ENV) or "").strip()
     if not raw:
         return HEADER_TIMEOUT_S
@@ -43,8 +47,9 @@ def header_timeout_setting(env: Mapping[str, str]) -> float:
         value = float(raw)
     except ValueError:
         value = math.nan
-    if not (math.isfinite(value) and 0 < value <= MAX_HEADER_TIMEOUT_S):
-        raise ValueError(f"{ENV}={raw!r} is not a number of seconds in (0, {MAX_HEADER_TIMEOUT_S:g}]; "
+    if not (math.isfinite(value) and MIN_HEADER_TIMEOUT_S <= value <= MAX_HEADER_TIMEOUT_S):
+        raise ValueError(f"{ENV}={raw!r} is not a number of seconds in [{MIN_HEADER_TIMEOUT_S:g}, "
+                         f"{MAX_HEADER_TIMEOUT_S:g}]; "
                          f"unset it for the default {HEADER_TIMEOUT_S:g} s, or give one (e.g. {ENV}=30)")
     return value
 

@@ -42,6 +42,7 @@ DEADLINE_SHARE = 0.85      # the predicted worst round trip may use this share o
 MIN_CALLS = 3              # calls a worker measures before its cost curve is trusted
 DEFAULT_REPLAN_ROWS = 8    # rows a robot plays per chunk when nothing says (pi0.5-DROID's replan_steps)
 MAX_REQUEST_HZ = 1000.0    # the most requests/s one robot may declare
+MIN_REQUEST_HZ = 0.01      # the least: one chunk per 100 s (below it the deadline is as good as none)
 UNCOUNTED = 1_000_000      # the robot cap of a policy that declares no @seq.concurrent
 ROOM_COUNTED = 64          # room() counts at most this many more robots per worker
 _MAX_BATCH_KEY = 4096
@@ -153,11 +154,12 @@ def request_hz(spec: Optional[dict], params: Optional[dict], declared: Optional[
     """A robot's requests/s: ``declared`` (the connect body's ``request_hz``), else the contract's
     control_frequency_hz over the rows per chunk (the ``replan_steps`` / ``open_loop_horizon``
     param, else DEFAULT_REPLAN_ROWS); None when neither is known. Raises ApiError invalid_request
-    for a declared rate that is not a finite number in (0, MAX_REQUEST_HZ]."""
+    for a declared rate that is not a finite number in [MIN_REQUEST_HZ, MAX_REQUEST_HZ]."""
     if declared is not None:
         if isinstance(declared, bool) or not isinstance(declared, (int, float)) or not math.isfinite(declared) \
-                or not 0.0 < declared <= MAX_REQUEST_HZ:
-            raise ApiError("invalid_request", f"request_hz {declared!r} is not a rate in (0, {MAX_REQUEST_HZ:g}] "
+                or not MIN_REQUEST_HZ <= declared <= MAX_REQUEST_HZ:
+            raise ApiError("invalid_request", f"request_hz {declared!r} is not a rate in [{MIN_REQUEST_HZ:g}, "
+                           f"{MAX_REQUEST_HZ:g}] "
                            "requests per second", details={"field": "request_hz"},
                            hint="send the chunks per second this robot asks for, e.g. 1.875 (15 Hz, replanning "
                                 "every 8 rows), or leave request_hz out")

@@ -2,9 +2,9 @@
 services behind them; docs/design.md gives each route's body."""
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
-from pydantic import BaseModel
+from pydantic import BaseModel, StrictFloat, StrictInt
 
 __all__ = ["DeployRequest", "Deployment", "DeploymentList", "ModelEntry", "ModelList", "ConnectRequest",
            "SecretSet", "WorkerSecretsRequest", "ParamsUpdate", "RollbackRequest", "VolumeUpload",
@@ -82,7 +82,9 @@ class ConnectRequest(BaseModel):
     model: str
     params: dict[str, Any] = {}
     ticket: Optional[str] = None     # a queued robot's place in line (details.ticket of a 503 queued)
-    request_hz: Optional[float] = None   # chunks/s this robot will ask for (admission.py); None: from the contract
+    # chunks/s this robot will ask for (admission.py); None: from the contract. Strict: "5" or true
+    # is refused naming the field, not read as a number
+    request_hz: Optional[Union[StrictInt, StrictFloat]] = None
 
 
 class SecretSet(BaseModel):
