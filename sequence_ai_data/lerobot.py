@@ -180,15 +180,16 @@ def _tasks_table(tasks: List[str]):
 
 
 class _Existing:
-    """What an append starts from: counts, tasks, stats, features of the dataset in ``root``."""
+    """What an append starts from: counts, tasks, stats, features of the dataset in ``root`` (a
+    copy of ``shown``, the folder the user named, which the errors name)."""
 
-    def __init__(self, root: Path, version: str) -> None:
+    def __init__(self, root: Path, version: str, shown: Path) -> None:
         import pyarrow.parquet as pq
 
         self.info = json.loads((root / "meta" / "info.json").read_text())
         found = str(self.info.get("codebase_version", "")).lstrip("v")
         if found != version:
-            raise ExportError(f"{root} is a v{found} dataset; append with --version {found}")
+            raise ExportError(f"{shown} is a v{found} dataset; append with --version {found}")
         self.episodes = int(self.info["total_episodes"])
         self.frames = int(self.info["total_frames"])
         if version == "3.0":
@@ -235,7 +236,7 @@ def write_dataset(episodes: Iterable[EpisodeFrames], out: Path, *, version: str 
         existing = None
         if non_empty and mode == "append":
             shutil.copytree(out, tmp, dirs_exist_ok=True)
-            existing = _Existing(tmp, version)
+            existing = _Existing(tmp, version, out)
         build = _DatasetBuild(tmp, version, existing)
         for ep in episodes:
             build.add(ep)

@@ -123,8 +123,9 @@ def test_append_refuses_episodes_that_do_not_match_and_leaves_the_dataset_untouc
     odd.state = np.zeros((6, 4), np.float32)
     with pytest.raises(ExportError, match="features"):
         write_dataset([_episode(3, "pick", True), odd], out, version="2.1", mode="append")
-    with pytest.raises(ExportError, match="v2.1 dataset"):
+    with pytest.raises(ExportError, match="v2.1 dataset") as refused:
         write_dataset([_episode(3, "pick", True)], out, version="3.0", mode="append")
+    assert str(refused.value).startswith(f"{out} is a v2.1"), refused.value   # the folder named, not its copy
     assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
     assert [p.name for p in tmp_path.iterdir()] == ["ds"]
 
