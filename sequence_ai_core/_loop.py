@@ -161,7 +161,8 @@ class ControlLoop:
         policy._generation += 1
         self.generation = policy._generation
         self.watch = CameraWatch(config.max_frame_age_s)
-        self.operator = policy.operator
+        self.operator = policy.operator          # bound for the run: a replacement applies from the next run
+        self._operator_took = False              # latched: a take-and-release between two checks still ends it
         self._ticking = config.stop_when is not None or self.watch.enabled   # observe every period
         self.merge = config.merge or "replace"
         self.max_delay: Optional[int] = None
@@ -181,14 +182,14 @@ class ControlLoop:
         """Drive until an ending; hold on early endings and exceptions; return the outcome."""
         t_start = time.monotonic()
         self.interrupt.bind(self.stop)   # never clears it: a stop that came first is seen below
-        unwatch_operator = self.operator.watch(self.interrupt._wake_from_any_thread)
+        unwatch_operator = self.operator.watch(self._operator_takes)
         self.buffer.reset()
         self.buffer.smooth_seam = max(0, int(self.cfg.smooth_seam))
         reason: Optional[str] = None
         self._status(f"starting {self.p.model}…")
         try:
             try:
-                if self.operator.active:
+                if self._operator_took or self.operator.active:
                     raise _Stop("operator")
                 await self._startup()
                 self._status(f"running {self.p.model}")
@@ -555,8 +556,13 @@ class ControlLoop:
         hz = entry.chunk.control_frequency_hz if entry is not None else None
         return 1.0 / (hz if hz and hz > 0 else _DEFAULT_HZ)
 
+    def _operator_takes(self) -> None:
+        """The operator's watcher (any thread): latch the take for this run and wake the loop."""
+        self._operator_took = True
+        self.interrupt._wake_from_any_thread()
+
     def _check_interrupt(self) -> None:
-        if self.operator.active:
+        if self._operator_took or self.operator.active:
             raise _Stop("operator")
         if self.interrupt.is_set:
             raise _Stop("interrupted")

@@ -194,6 +194,43 @@ def test_taking_the_operator_mid_run_holds_within_one_period_and_nothing_acts_af
     policy.operator.release()
 
 
+
+def test_a_take_released_before_the_next_check_still_ends_the_run_operator():
+    """A take is latched for the run: a bouncing deadman switch (take, 10 ms, release) between
+    two control periods, or a take and release while a slow stop_when runs, still holds and ends
+    the run operator, and nothing acts after the hold."""
+    robot = Robot(images=False)
+    policy = make_policy(Wire(rows=20, hz=10.0))
+
+    def act(row):
+        robot.act(row)
+        if len(robot.acted) == 4:
+            policy.operator.take()
+            time.sleep(0.01)
+            policy.operator.release()
+
+    async def main():
+        return await policy.run(robot.observe, act, hold=robot.hold, progress=False, max_actions=12)
+
+    out = asyncio.run(main())
+    assert (out.reason, len(robot.held), out.actions) == ("operator", 1, 4), out
+    assert all(t < robot.held[0] for t in robot.acted)
+
+    robot = Robot(images=False)
+    policy = make_policy(Wire(rows=50, hz=100.0))
+
+    def slow_check(obs):
+        if len(robot.acted) == 2:          # taken and released while this predicate runs
+            threading.Timer(0.05, policy.operator.take).start()
+            threading.Timer(0.15, policy.operator.release).start()
+            time.sleep(0.3)
+        return False
+
+    out = drive(policy, robot, max_actions=10, stop_when=slow_check)
+    assert (out.reason, len(robot.held)) == ("operator", 1), out
+    assert policy.operator.active is False       # released: the next run may start
+    assert drive(policy, Robot(images=False), max_actions=3).reason == "completed"
+
 def test_an_operator_is_checked_at_connect_options():
     with pytest.raises(TypeError, match="operator must be a sequence_ai.Operator"):
         ConnectOptions(operator=True)
