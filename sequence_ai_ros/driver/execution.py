@@ -121,13 +121,11 @@ class GoalExecution:
             return "invalid", str(exc)
         return None
 
-    def operator_took(self) -> None:
-        """The operator took the robot: every goal accepted or running ends ``operator`` (a running
-        one holds within one control period: the core watches the same Operator)."""
+    def accepted_runs(self) -> list:
+        """Every goal accepted and not yet concluded, oldest first: the running one and any still
+        waiting for the run slot (a goal that preempts another waits there until it unwinds)."""
         with self._goals_lock:
-            runs = list(self._goals.values())
-        for run in runs:
-            run.request_end("operator", OPERATOR_MESSAGE)
+            return list(self._goals.values())
 
     def _goal_run(self, goal_handle) -> GoalRun:
         """The GoalRun of an accepted goal, made (with its stop token) the first time it is asked

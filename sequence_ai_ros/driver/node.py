@@ -58,6 +58,7 @@ from ..observation import JOINT_STREAM, ObservationAssembler, StreamRule
 from . import params as _params
 from .execution import GoalExecution
 from .gate import CommandGate
+from .goal import OPERATOR_MESSAGE
 from .outputs import CommandOutputs
 from .services import PolicyServices
 
@@ -154,8 +155,9 @@ class PolicyDriver(LifecycleNodeMixin, Node):
         if active == self.operator.active:
             return
         self.operator.set(active)   # the core's run holds within one control period
-        if active:
-            self.goals.operator_took()
+        if active:   # every goal accepted or running ends operator (a running one holds within one period)
+            for run in self.goals.accepted_runs():
+                run.request_end("operator", OPERATOR_MESSAGE)
         self.get_logger().warning("operator holds the robot: runs are refused" if active
                                   else "operator released the robot: runs are accepted")
     def _autostart(self) -> None:

@@ -15,6 +15,7 @@ ROS graph who may send the Act goal (the same trust: the driver's domain / names
 from __future__ import annotations
 
 import threading
+import time
 import uuid
 from typing import Dict, Optional
 
@@ -132,26 +133,36 @@ class PolicyServices:
         if run_id and handle is None:
             response.stopped, response.message = False, f"no run {run_id!r} was started here"
             return response
-        if handle is None:   # "" = the active run, an Act goal's too
-            running = self.node.goals.run
-            if running is None:
+        if handle is not None:
+            ended = self._cancel_one(handle, response, time.monotonic() + CANCEL_WAIT_S)
+        else:   # "" = every run accepted here, an Act goal's too, and one still waiting to preempt the running one
+            runs = self.node.goals.accepted_runs()
+            if not runs:
                 response.stopped, response.message = False, "no run is active"
                 return response
-            handle = running.handle
+            deadline = time.monotonic() + CANCEL_WAIT_S
+            ended = all([self._cancel_one(run.handle, response, deadline) for run in reversed(runs)])
+        response.stopped = bool(ended)
+        response.message = "stopped: the robot held" if ended else f"the run did not unwind within {CANCEL_WAIT_S:g} s"
+        return response
+
+    def _cancel_one(self, handle, response, deadline: float) -> bool:
+        """Stop one accepted run (a run started here or an Act goal) and wait for it until
+        ``deadline`` (monotonic s); True once it ended. The response's outcome is the first one
+        stopped (the newest, when ``""`` stops several)."""
         if isinstance(handle, ServiceGoal):
             if handle.is_active:
                 handle.is_cancel_requested = True
                 self.node.goals.on_cancel(handle)
-            ended = handle.done.wait(CANCEL_WAIT_S)
-            if handle.outcome is not None:
+            ended = handle.done.wait(max(0.0, deadline - time.monotonic()))
+            if handle.outcome is not None and not response.outcome.reason:
                 response.outcome = handle.outcome
-        else:   # an Act goal: it aborts with this message (its own client did not cancel it)
-            run = self.node.goals._goal_run(handle)
-            run.request_end("cancelled", "stopped by ~/cancel_policy")
-            ended = run.ended.wait(CANCEL_WAIT_S)
-            last = self.node.goals.last_outcome
-            if last is not None:
-                response.outcome.reason = str(last.reason)
-        response.stopped = bool(ended)
-        response.message = "stopped: the robot held" if ended else f"the run did not unwind within {CANCEL_WAIT_S:g} s"
-        return response
+            return ended
+        # an Act goal: it aborts with this message (its own client did not cancel it)
+        run = self.node.goals._goal_run(handle)
+        run.request_end("cancelled", "stopped by ~/cancel_policy")
+        ended = run.ended.wait(max(0.0, deadline - time.monotonic()))
+        last = self.node.goals.last_outcome
+        if last is not None and not response.outcome.reason:
+            response.outcome.reason = str(last.reason)
+        return ended

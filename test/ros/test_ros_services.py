@@ -119,3 +119,23 @@ def test_stop_when_ends_the_run_when_its_condition_says_done(ros, echo_server):
     assert started.accepted
     wait(lambda: any(o.run_id == started.run_id for o in outcomes), 30.0, "the run's outcome")
     assert next(o for o in outcomes if o.run_id == started.run_id).reason == "stop_when"
+
+
+def test_cancel_of_the_active_run_while_a_new_start_preempts_stops_both(ros, echo_server):
+    """``""`` cancels every run accepted at the driver: a start that is still waiting for the run
+    it preempts to unwind is stopped too, so the answer "the robot held" is true and no command
+    follows it (before, only the older run was stopped and the new one moved the arm)."""
+    robot, driver, client, node = setup_driver(ros, echo_server)
+    start, cancel, outcomes = _services(node)
+    first = _call(node, start, StartPolicy.Request(instruction=TASK, max_seconds=20.0))
+    assert first.accepted, first.message
+    wait(lambda: len(robot.commands) >= 5, 20.0, "the first run's commands")
+    second = _call(node, start, StartPolicy.Request(instruction=TASK, max_seconds=5.0))
+    assert second.accepted, second.message
+    answer = _call(node, cancel, CancelPolicy.Request(run_id=""))
+    answered = time.monotonic()
+    assert answer.stopped, answer.message
+    time.sleep(1.0)                        # watch for commands that should not come
+    after = [t for t, _ in robot.commands if t > answered + PERIOD_S]
+    assert after == [], f"{len(after)} commands after the cancel answered 'held'"
+    wait(lambda: driver.goals.accepted_runs() == [], 10.0, "both runs concluded")
