@@ -4,7 +4,7 @@
 # demo (scripts/demo.sh): what the demo runs -- `seq serve`, the worker, sim_robot, policy_driver
 #   .venv/            the project (editable, extras image,fast,server,ros,sim,demo), the ROS 2 Jazzy
 #                     wheels from PyPI (rclpy over Fast DDS, ament_cmake, rosidl), Panda assets
-#                     (dm-robotics-panda, --no-deps)
+#                     (dm-robotics-panda, --no-deps), rosbags (episode_recorder's bags)
 #   the ROS 2 tools PyPI lacks (launch, launch_ros, launch_testing, launch_pytest, the ros2 CLI)
 #                     from ../shared/ros-jazzy-extras/ (or $SEQAI_ROS_EXTRAS) into .venv, and
 #                     composition_interfaces built into .venv -- unless a ROS install is sourced
@@ -16,7 +16,7 @@
 #   plus an offscreen-rendering check (MUJOCO_GL=egl) and a smoke check.
 # test (scripts/test.sh; the default): the demo profile and everything the suite needs besides
 #   .venv/            every other extra too (test, data, ray, train, mcp, docs: pytest, torch, ray,
-#                     llama-cpp-python built from its sdist, schemathesis, mkdocs ...), rosbags
+#                     llama-cpp-python built from its sdist, schemathesis, mkdocs ...)
 #   .venv/sides/openpi-client   a side venv with openpi's own client (numpy<2)
 #   uv's cache        what the image-environment tests install (scripts/prefetch_images.py), since
 #                     the suite runs offline in a loopback-only namespace
@@ -125,15 +125,16 @@ ROS_WHEELS=(
 )
 # The project's extras per profile (setup.py): the demo's processes import server (gateway and
 # worker), fast (the driver's /act channel), image + ros (the driver's frames), sim (sim_robot) and
-# demo (the run picture) -- checked by tracing every module the demo's processes load -- and no
-# rosbags (the demo records no bag); test adds the rest. An extra setup.py lacks is a pip warning.
+# demo (the run picture) -- checked by tracing every module the demo's processes load -- and
+# rosbags, which episode_recorder writes with (the README's `ros2 launch ... record:=true`); test
+# adds the rest. An extra setup.py lacks is a pip warning.
 DEMO_EXTRAS=image,fast,server,ros,sim,demo
 TEST_EXTRAS=$DEMO_EXTRAS,data,mcp,ray,train,test,docs
-TEST_WHEELS=(rosbags)
+BAG_WHEELS=(rosbags)
 if [ "$PROFILE" = demo ]; then
-  PROJECT_SPEC=".[$DEMO_EXTRAS]" OTHER_WHEELS=()
+  PROJECT_SPEC=".[$DEMO_EXTRAS]" OTHER_WHEELS=("${BAG_WHEELS[@]}")
 else
-  PROJECT_SPEC=".[$TEST_EXTRAS]" OTHER_WHEELS=("${TEST_WHEELS[@]}")
+  PROJECT_SPEC=".[$TEST_EXTRAS]" OTHER_WHEELS=("${BAG_WHEELS[@]}")
 fi
 NODEPS_WHEELS=(dm-robotics-panda)   # Panda MJCF + meshes only; never imported
 
@@ -212,8 +213,8 @@ PY_TAG=$("$VPY" -c 'import sys; print(sys.version.split()[0], sys.prefix)')
 PKG_FILES=(setup.py)
 for f in setup.cfg pyproject.toml; do [ -f "$f" ] && PKG_FILES+=("$f"); done
 BASE_KEY=$( { echo "$PY_TAG"; cat "${PKG_FILES[@]}"; echo "${ROS_WHEELS[*]} ${NODEPS_WHEELS[*]}"; } | sha)
-DEMO_KEY=$( { echo "$BASE_KEY"; echo "$DEMO_EXTRAS"; } | sha)
-TEST_KEY=$( { echo "$BASE_KEY"; echo "$TEST_EXTRAS ${TEST_WHEELS[*]}"; } | sha)
+DEMO_KEY=$( { echo "$BASE_KEY"; echo "$DEMO_EXTRAS ${BAG_WHEELS[*]}"; } | sha)
+TEST_KEY=$( { echo "$BASE_KEY"; echo "$TEST_EXTRAS ${BAG_WHEELS[*]}"; } | sha)
 if [ "$PROFILE" = demo ]; then PIP_KEY=$DEMO_KEY; else PIP_KEY=$TEST_KEY; fi
 ROS_KEY=$( { echo "$PY_TAG"; echo "${ROS_WHEELS[*]}"; } | sha)   # what the msg build depends on
 if [ "${SEQAI_FORCE:-0}" = 1 ] || ! grep -qxF "$PROFILE $PIP_KEY" "$PIP_STAMP" 2>/dev/null; then
@@ -434,7 +435,7 @@ if [ ${#DONE[@]} -gt 0 ]; then
   say "smoke check (import rclpy, sequence_ai_msgs, launch_ros)"
   run bash -c '. scripts/env.sh && python -c "
 import importlib, rclpy, mujoco
-if \"$1\" == \"test\": importlib.import_module(\"rosbags\")
+importlib.import_module(\"rosbags\")
 if \"$2\" == \"1\": importlib.import_module(\"launch_ros\"); importlib.import_module(\"composition_interfaces.srv\")
 from sequence_ai_msgs.action import Act
 from ament_index_python.packages import get_package_share_directory

@@ -7,6 +7,7 @@ import sequence_ai
 
 if __name__ == "__main__":
     with sequence_ai.connect("toy-policy") as policy:
+        policy.wait_until_ready()   # a worker still starting (just deployed, or the gateway restarted)
         x = 0.0
         for _ in range(8):
             out = policy.predict({"state": [x], "target": [0.5]})

@@ -90,6 +90,8 @@ def model_row(name: str, version: int, status: str, contract: Optional[dict[str,
 def _template_row(name: str, description: str, source: Any) -> Optional[dict[str, Any]]:
     from seq.spec import get_spec, load_policy_class
     path = source / "policy.py"
+    if not path.is_file():      # a template that is no policy (toy-adapter: an adapter's files)
+        return None
     try:
         spec = get_spec(load_policy_class(str(path)))
     except Exception as exc:  # noqa: BLE001 - a template that cannot be read is left out, and logged

@@ -105,6 +105,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--ready-file", default=None)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s gateway %(levelname)s %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)   # one INFO line per health ping buried `seq serve &`'s shell
     try:
         serve(args.host, args.port, Path(args.data_dir) if args.data_dir else None, args.ready_file,
               on_ready=lambda info: log.info("serving on %s (API key in %s)", info["url"], info["api_key_file"]))
