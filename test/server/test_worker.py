@@ -87,7 +87,8 @@ def test_a_missing_view_is_400_naming_it(echo):
 def test_a_wrong_frame_size_is_400_naming_the_sizes(echo):
     body = _error(echo.act({"observation": echo_observation(views={"exterior_1": png_b64(32, 48)})}), 400, "invalid_request")
     assert "frame is 32x48, this policy reads 64x64" in body["detail"]
-    assert "resize" in body["hint"]
+    # the advice is the spec's frame rule: hand the client the native frame, it resamples once
+    assert "native frame" in body["hint"] and "64x64" in body["hint"], body["hint"]
 
 
 def test_a_wrong_proprio_width_is_400_naming_the_field(echo):
