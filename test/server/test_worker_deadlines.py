@@ -48,6 +48,12 @@ def test_nan_deadline_and_a_bad_period_are_400_naming_the_field(echo):
     assert r.status_code == 400 and r.json()["details"]["field"] == "deadline_ms", r.text
     r = echo.act({"observation": echo_observation(), "deadline_ms": 100, "period_ms": -1})
     assert r.status_code == 400 and r.json()["details"]["field"] == "period_ms", r.text
+    # the fast path reads the client's compact head only; any other spelling is parsed whole, so a
+    # bad period or a repeated key cannot slip past it
+    for raw, field in (('{"deadline_ms":5,"period_ms":"abc",', "period_ms"), ('{"deadline_ms":5,"period_ms":NaN,', "period_ms"),
+                       ('{"deadline_ms":5, "period_ms":-1,', "period_ms"), ('{"deadline_ms":5000,"deadline_ms":-1,', "deadline_ms")):
+        r = echo.client.post("/act", content=(raw + obs).encode(), headers=head)
+        assert r.status_code == 400 and r.json()["details"]["field"] == field, (raw, r.text)
 
 
 def test_waiting_requests_are_served_earliest_deadline_first(echo):

@@ -12,8 +12,8 @@ import pytest
 import seq
 from _wait import eventually
 from sequence_ai_server.worker.host import PolicyHost
-from sequence_ai_server.worker.schedule import (CLAMP_SHARE, MIN_PERIOD_MS, CostCurve, DeadlineClamp, DeadlineQueue,
-                                                LateCounter)
+from sequence_ai_server.worker.schedule import (CLAMP_SHARE, MIN_PERIOD_MS, NO_DEADLINE_MS, CostCurve, DeadlineClamp,
+                                                DeadlineQueue, LateCounter)
 
 
 def test_cost_curve_reports_the_median_per_batch_size_and_the_calls():
@@ -98,9 +98,16 @@ def test_clamp_spaces_a_session_claiming_short_deadlines_by_its_period():
     step = CLAMP_SHARE * 0.1
     assert got == pytest.approx([100.001, 100.001 + step, 100.001 + 2 * step, 100.001 + 3 * step])
     # another session is not affected, and a declared period below the floor is raised to it
-    assert clamp.order_due("other", 100.002, None, now=100.0) == 100.002
+    assert clamp.order_due("other", 100.002, 100.0, now=100.0) == 100.002
     tiny = [clamp.order_due("tiny", 100.0, 0.001, now=100.0) for _ in range(2)]
     assert tiny[1] - tiny[0] == pytest.approx(CLAMP_SHARE * MIN_PERIOD_MS / 1000.0)
+
+
+def test_a_session_that_never_declared_a_period_gets_no_priority_from_its_claims():
+    clamp = DeadlineClamp()
+    got = [clamp.order_due("quiet", 100.000001, None, now=100.0) for _ in range(3)]
+    assert got == pytest.approx([100.0 + NO_DEADLINE_MS / 1000.0] * 3)     # as if it claimed none
+    assert clamp.order_due("late", 105.0, None, now=100.0) == 105.0           # a later claim stands
 
 
 def test_clamp_follows_the_latest_declared_period_and_keeps_it_when_none_is_sent():

@@ -402,7 +402,9 @@ def peek_deadline(raw: bytes, content_type: str) -> tuple[Optional[float], Optio
             return None, None
         text = bytes(memoryview(raw)[4:4 + int.from_bytes(bytes(raw[:4]), "big")])
     head = _DEADLINE_HEAD.match(text, 0, 120)
-    if head is not None:
+    # the head stands for the body only when neither key appears again after it: a period_ms the
+    # pattern could not read (a string, NaN, a space before it) or a repeated key is parsed whole
+    if head is not None and text.find(b'"period_ms"', head.end()) < 0 and text.find(b'"deadline_ms"', head.end()) < 0:
         try:
             values = [None if g is None else float(g) for g in head.groups()]
         except ValueError:

@@ -148,8 +148,11 @@ class DeadlineClamp:
     its deadlines' jitter: they move with its round trip); one that sends more often than its
     declared rate, claiming short deadlines each time, gets ordering deadlines half a period
     apart, so it holds no more of the front of the queue than two requests per period. Declaring a longer period than it needs only moves its own requests
-    back. Lateness is still measured against the deadline it claimed. Without a declared period
-    a session's claims stand (nothing to clamp against). Sessions unseen for a minute are forgotten."""
+    back. Lateness is still measured against the deadline it claimed. A session that has never
+    declared a period gets no priority from its claims: its requests are ordered as requests
+    without a deadline (:data:`NO_DEADLINE_MS` after they arrive, or their claim if later), so
+    leaving ``period_ms`` out cannot buy the front of the queue either. Sessions unseen for a
+    minute are forgotten."""
 
     def __init__(self, forget_s: float = 60.0) -> None:
         self._last: dict[str, tuple[float, float, float]] = {}     # session -> (period s, last due, seen)
@@ -162,7 +165,10 @@ class DeadlineClamp:
             period, last, _ = self._last.get(session, (0.0, -math.inf, now))
             if period_ms is not None:
                 period = max(MIN_PERIOD_MS, period_ms) / 1000.0
-            ordered = max(due, last + CLAMP_SHARE * period) if period else due
+            if period:
+                ordered = max(due, last + CLAMP_SHARE * period)
+            else:                       # nothing declared to clamp against: no priority from the claim
+                ordered = max(due, now + NO_DEADLINE_MS / 1000.0)
             self._last[session] = (period, ordered, now)
             if len(self._last) > 4096 or now - min(v[2] for v in self._last.values()) > 10 * self._forget_s:
                 self._last = {k: v for k, v in self._last.items() if now - v[2] <= self._forget_s}
