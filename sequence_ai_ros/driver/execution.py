@@ -53,6 +53,16 @@ STOP_SERVICE_WAIT_S = 5.0
 """How long a goal waits for the CheckSuccess service its stop_when names (s); then it ends error."""
 
 
+def _stop_service_lapsed(logger, run: GoalRun, client, why: str) -> None:
+    """Warn once per run that its stop condition cannot be asked: the run then ends only by its
+    time bound, a cancel, the operator or a fault, and whoever watches should know."""
+    if run.stop_lapse_warned:
+        return
+    run.stop_lapse_warned = True
+    logger.warning(f"stop condition {client.srv_name} is not answering ({why}): the run goes on until its "
+                   f"{run.max_seconds:g} s bound or a cancel; check the node that serves it")
+
+
 class GoalExecution:
     """The Act action server's callbacks and the callbacks handed to the core, for one node.
 
@@ -81,6 +91,7 @@ class GoalExecution:
         self._goals_lock = threading.Lock()
         self._observed_at: Optional[float] = None
         self._success_call = None
+        self._success_call_t = 0.0
 
     @property
     def trace(self) -> RunTrace:
@@ -460,15 +471,24 @@ class GoalExecution:
         """Ask the success service (never blocks: the answer lands in a done-callback)."""
         run = self.run
         client = None if run is None else (run.stop_client or (None if run.stop_when else self.node._success_client))
-        if client is None or run.task_done or self._success_call is not None or self.node.policy is None:
+        if client is None or run.task_done or self.node.policy is None:
+            return
+        pending = self._success_call
+        if pending is not None:
+            if time.monotonic() - self._success_call_t < STOP_SERVICE_WAIT_S:
+                return
+            client.remove_pending_request(pending)    # a service that hangs: ask again, and say so once
+            self._success_call = None
+            _stop_service_lapsed(self.node.get_logger(), run, client, f"no answer in {STOP_SERVICE_WAIT_S:g} s")
             return
         if not client.service_is_ready():
+            _stop_service_lapsed(self.node.get_logger(), run, client, "the service is gone")
             return
         instruction = self.node.policy.instruction
         if instruction is None:      # the goal's run has not pinned its instruction yet: next tick
             return
         call = client.call_async(CheckSuccess.Request(instruction=instruction))
-        self._success_call = call
+        self._success_call, self._success_call_t = call, time.monotonic()
 
         def done(fut, asked=instruction, for_run=run):
             self._success_call = None

@@ -124,6 +124,7 @@ class GoalRun:
         self.task_done = False
         self.stop_when = ""
         self.stop_client = None
+        self.stop_lapse_warned = False   # a stop-condition service stopped answering: warned once
         self.episode_started = False
         self.end_request: Optional[Tuple[str, str]] = None
         self.cancel_accepted = False     # this node's cancel callback accepted a cancel for it

@@ -139,3 +139,33 @@ def test_cancel_of_the_active_run_while_a_new_start_preempts_stops_both(ros, ech
     after = [t for t, _ in robot.commands if t > answered + PERIOD_S]
     assert after == [], f"{len(after)} commands after the cancel answered 'held'"
     wait(lambda: driver.goals.accepted_runs() == [], 10.0, "both runs concluded")
+
+
+def test_a_stop_condition_service_that_goes_away_mid_run_is_warned_once_and_the_time_bound_ends_it(ros, echo_server):
+    robot, driver, client, node = setup_driver(ros, echo_server, stop_conditions=["cube_on_pad=/test_check_gone"])
+    warnings, logger = [], driver.get_logger()
+
+    class Recording:                      # the driver's own logger, its warnings kept for the test
+        def __getattr__(self, name):
+            return getattr(logger, name)
+
+        def warning(self, message, *args, **kwargs):
+            warnings.append(message)
+            return logger.warning(message, *args, **kwargs)
+
+    driver.get_logger = lambda: Recording()
+
+    def answer(request, response):
+        response.success = False
+        return response
+    service = node.create_service(CheckSuccess, "/test_check_gone", answer)
+    fut = client.send_goal_async(Act.Goal(instruction=TASK, max_seconds=4.0, stop_when="cube_on_pad"))
+    wait(fut.done, 20.0, "goal answer")
+    assert fut.result().accepted
+    wait(lambda: len(robot.commands) >= 5, 20.0, "the run's commands")
+    node.destroy_service(service)
+    res_fut = fut.result().get_result_async()
+    wait(res_fut.done, 30.0, "goal result")
+    assert res_fut.result().result.reason == "timeout"
+    lapsed = [w for w in warnings if "stop condition /test_check_gone is not answering" in w]
+    assert len(lapsed) == 1, warnings
