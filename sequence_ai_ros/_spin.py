@@ -30,7 +30,10 @@ entity's QoS event handler whose destruction was requested after the build took 
 ``InvalidHandle`` there, which ends ``executor.spin()`` (its thread dies; nothing is executed any
 more, so service replies and results never arrive). :func:`spin_once`, :func:`spin` and
 :meth:`NodeExecutor.spin_until_set` ride that out: the wait set is dropped, and the next one no
-longer lists the destroyed entity.
+longer lists the destroyed entity. A timer cancelled by another thread after the wait reported it
+ready (the driver cancels its camera watch when a run ends) makes rclpy's take raise "timer is
+canceled" and leaves the timer and its callback group marked busy; ``NodeExecutor`` skips that
+callback and clears both marks, so the timer fires again once reset and its group is not stuck.
 """
 from __future__ import annotations
 
@@ -53,6 +56,23 @@ from rclpy.task import Task
 SPIN_WAKE_S = 0.2
 """The longest one executor slice of :func:`spin` waits (s): how soon a spinning thread sees
 that it is asked to stop."""
+
+
+def _timer_cancel_race(exc: BaseException) -> bool:
+    """True for rclpy's "timer is canceled" RCLError: a timer the wait set saw ready was cancelled
+    by another thread (the driver's camera watch, when a run ends) before this thread took it."""
+    return type(exc).__name__ == "RCLError" and "timer is canceled" in str(exc)
+
+
+def _release_after_cancel_race(entity) -> None:
+    """What rclpy's handler skips when taking the timer raises: the timer is marked as back in the
+    wait list and its callback group as no longer executing it. Without this the timer never
+    fires again in this executor, and a mutually exclusive group's other callbacks never run."""
+    entity._executor_event = False
+    try:
+        entity.callback_group.ending_execution(entity)
+    except Exception:  # noqa: BLE001 - a group that did not count it
+        pass
 
 
 def spin_once(executor: Executor, timeout_sec: float) -> None:
@@ -185,6 +205,9 @@ class NodeExecutor(SingleThreadedExecutor):
             return
         handler()
         if handler.exception() is not None:
+            if _timer_cancel_race(handler.exception()):   # cancelled by another thread after the wait: not run
+                _release_after_cancel_race(entity)
+                return
             raise handler.exception()
         handler.result()
 

@@ -115,3 +115,57 @@ def test_node_executor_meets_the_race_and_spin_until_set_rides_it_out(ctx):
         ex.shutdown()
         node.destroy_node()
     assert not thread.is_alive()
+
+
+def _cancel_after_the_wait(executor, timer):
+    """The timer race, opened on purpose: the wait set reports ``timer`` ready, then another thread
+    cancels it (as the driver's camera watch is cancelled when a run ends) before it is taken."""
+    wait = executor.wait_for_ready_callbacks
+
+    def wait_then_cancel(*args, **kwargs):
+        got = wait(*args, **kwargs)
+        timer.cancel()
+        return got
+    executor.wait_for_ready_callbacks = wait_then_cancel
+
+
+def test_a_timer_cancelled_between_the_wait_and_its_call_does_not_end_the_spin_and_fires_again(ctx):
+    node = rclpy.create_node("timer_race", context=ctx)
+    fired, other = [], []
+    timer = node.create_timer(0.01, lambda: fired.append(1))
+    try:
+        bare = SingleThreadedExecutor(context=ctx)
+        bare.add_node(node)
+        _cancel_after_the_wait(bare, timer)
+        with pytest.raises(Exception, match="timer is canceled"):    # what a bare spin dies of
+            bare.spin_once(timeout_sec=2.0)
+        bare.remove_node(node)
+        bare.shutdown()
+        node.destroy_node()                # its callback group stays "executing" that timer for good
+        # the NodeExecutor rides it out, and the timer and its group's other callbacks live on
+        node = rclpy.create_node("timer_race_2", context=ctx)
+        timer = node.create_timer(0.01, lambda: fired.append(1))
+        node.create_timer(0.02, lambda: other.append(1))                # the same (default, exclusive) group
+        executor = NodeExecutor(context=ctx)
+        executor.add_node(node)
+        wait = executor.wait_for_ready_callbacks
+
+        def wait_then_cancel_once(*args, **kwargs):
+            got = wait(*args, **kwargs)
+            if got[1] is timer and not getattr(timer, "_raced", False):
+                timer._raced = True
+                timer.cancel()
+            return got
+        executor.wait_for_ready_callbacks = wait_then_cancel_once
+        deadline = time.monotonic() + 10.0
+        while not getattr(timer, "_raced", False) and time.monotonic() < deadline:
+            spin_once(executor, 0.5)
+        assert timer._raced and fired == []                              # cancelled: not run
+        timer.reset()
+        while (len(fired) < 3 or len(other) < 3) and time.monotonic() < deadline:
+            spin_once(executor, 0.5)
+        assert len(fired) >= 3 and len(other) >= 3, (fired, other)
+        executor.remove_node(node)
+        executor.shutdown()
+    finally:
+        node.destroy_node()
