@@ -208,6 +208,30 @@ def test_the_health_check_pings_every_worker_and_retires_a_frozen_other_one_alon
     assert view["echo#2"]["jammed"]["pid"] == second.pid and fresh.pings >= 1
 
 
+
+def test_a_frozen_first_worker_is_replaced_alone_and_the_others_serve_on(env):
+    gw, clock, launcher = env
+    spec = _spec(max_gpus=2)
+    first = _ready(gw, clock, launcher.started[0], spec, 9001)
+    a = gw.sessions.connect(ConnectRequest(model="echo"))
+    assert _refused(gw).code == "warming"
+    second = _ready(gw, clock, launcher.started[1], spec, 9002)
+    b = gw.sessions.connect(ConnectRequest(model="echo"))
+    first.frozen, first.exits_on_term = True, False         # the first worker SIGSTOPped
+    gw.health.ping_round()
+    gw.health.ping_round()                                  # silent 10 s: jammed, a replacement builds
+    gw.tick(clock.advance(0.1))
+    replacement = launcher.started[-1]
+    assert replacement is not second and replacement.spec.role != "extra"
+    _ready(gw, clock, replacement, spec, 9003)
+    gw.tick(clock.advance(0.1))
+    assert [w.proc for w in gw.supervisor.retiring] == [first]         # echo#2 is not retired with it
+    assert gw.sessions.renew(b.session_id).worker_url == "http://127.0.0.1:9002"
+    with pytest.raises(ApiError) as exc:
+        gw.sessions.renew(a.session_id)
+    assert exc.value.code == "lease_expired"                          # only the frozen worker's robot goes
+    assert gw.sessions.connect(ConnectRequest(model="echo")).worker_url == "http://127.0.0.1:9003"
+
 def test_seq_policy_status_prints_each_workers_admission_numbers(env):
     from seq.cli.policy import _admission_line
     gw, clock, launcher = env

@@ -471,12 +471,16 @@ class Supervisor:
     def take_over(self, key: str, w: WorkerRecord, row: DeploymentRow, build: dict, ready: dict, now: float) -> None:
         """The build ``w`` is ready: it becomes the serving worker of ``row`` (a new epoch, the
         traffic split cleared), and the worker it replaces retires (its secret rotated, SIGTERM,
-        drained in the background). Emits WorkerTookOver."""
+        drained in the background), with the deployment's other workers when ``w`` is a new
+        version (a jammed first worker's replacement leaves them serving). Emits WorkerTookOver."""
         name = w.name
         self.workers.pop(key, None)
         old = self.workers.pop(name, None)
-        for ek in self.of(Role.EXTRA, name):   # the old version's other workers retire with its first
-            self._retire(self.workers.pop(ek), now, JAMMED_GRACE_S if w.replacing_jammed else STOP_GRACE_S)
+        # a new version: the old version's other workers retire with its first. A jammed first
+        # worker's replacement (the same version) takes its place alone: the others serve on
+        if not (w.replacing_jammed and w.version == row.version):
+            for ek in self.of(Role.EXTRA, name):
+                self._retire(self.workers.pop(ek), now, JAMMED_GRACE_S if w.replacing_jammed else STOP_GRACE_S)
         w.role = Role.SERVING
         self.workers[name] = w
         load_s = round(now - w.started_at, 3)
