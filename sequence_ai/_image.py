@@ -71,6 +71,8 @@ def _as_array(image: Any):
     arr = np.asarray(image)
     if arr.ndim not in (2, 3) or (arr.ndim == 3 and arr.shape[2] not in (1, 3)):
         raise ValueError(f"expected an HxWx3 RGB or HxW grey frame, got shape {arr.shape}")
+    if arr.shape[0] == 0 or arr.shape[1] == 0:
+        raise ValueError(f"expected a frame of at least 1x1 px, got shape {arr.shape} (an empty capture?)")
     if arr.dtype != np.uint8:
         raise ValueError(f"expected uint8 pixels, got {arr.dtype}; convert with "
                          "(frame * 255).clip(0, 255).astype('uint8') for 0..1 floats")
@@ -157,7 +159,8 @@ class NativeJPEG(bytes):
     the native pixels, so a client that learns the declared size later encodes it once from them.
 
     Attributes:
-        pixels: the native HxWx3 / HxW uint8 array. quality: the JPEG quality used (1-100).
+        pixels: a copy of the native HxWx3 / HxW uint8 array (the caller's buffer may be reused
+            for the next frame). quality: the JPEG quality used (1-100).
         view: the camera view (for error messages).
     """
 
@@ -170,7 +173,8 @@ class NativeJPEG(bytes):
         """Encode ``pixels`` (any frame ``encode_jpeg_bytes`` takes) with no declared size."""
         arr = _as_array(pixels)
         out = cls(encode_jpeg_bytes(arr, quality, None, view))
-        out.pixels, out.quality, out.view = arr, int(quality), view
+        # a copy: a camera loop that reuses its buffer must not change the frame observed here
+        out.pixels, out.quality, out.view = arr.copy(), int(quality), view
         return out
 
     @property

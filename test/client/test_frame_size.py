@@ -54,6 +54,20 @@ def test_the_model_less_form_keeps_the_native_size_capped_at_640_and_the_native_
     assert _size(big.at_size(64, 48)) == (64, 48)                                   # once, from native
 
 
+
+def test_the_native_pixels_are_the_frame_observed_not_a_buffer_reused_later():
+    buf = np.zeros((48, 64, 3), np.uint8)
+    frame = _obs(buf).images[0].data
+    buf[:] = 255                                    # the camera loop writes its next frame in place
+    resent = np.asarray(Image.open(io.BytesIO(frame.at_size(64, 48))))
+    assert resent.mean() < 5, resent.mean()          # the observed (black) frame, not the later one
+
+
+@pytest.mark.parametrize("shape", [(0, 0, 3), (0, 10, 3), (10, 0)])
+def test_an_empty_frame_is_refused_naming_its_shape(shape):
+    with pytest.raises(ValueError, match="at least 1x1"):
+        _obs(np.zeros(shape, np.uint8))
+
 def test_a_connected_policy_sends_a_native_frame_at_the_declared_size(module_gateway, echo):
     obs = _obs(_native(480, 480))                     # what the worker refused before: 480x480 for 64x64
     with connect(module_gateway, echo) as policy:
