@@ -81,6 +81,10 @@ RESULT_FLUSH_S = 1.0
 """After Ctrl-C / SIGTERM, how long (s) the executor keeps spinning once the run has unwound so
 the Act result reaches the client (rclpy sends it from an executor task)."""
 
+HOLD_DELIVERY_S = 0.5
+"""After Ctrl-C / SIGTERM, how long (s) the exit waits for the controllers to acknowledge the
+hold (and the commands before it): DDS sends in the background and drops what is unsent at exit."""
+
 
 def outcome_message(result, run_id: str = ""):
     """An ``Act.Result`` as a ``sequence_ai_msgs/msg/RunOutcome`` (same fields, ``run_id`` as given),
@@ -104,6 +108,9 @@ def _stop_runs(node: PolicyDriver) -> None:
     if not node.stop_runs(timeout_s=3.0, message="driver shutting down (SIGINT/SIGTERM): "
                                                  "the run was stopped and the arm held"):
         node.get_logger().error("the active run did not unwind within 3 s of the shutdown request")
+    outputs = getattr(node, "_outputs", None)
+    if outputs is not None and not outputs.wait_delivered(HOLD_DELIVERY_S):   # the hold reaches the arm before exit
+        node.get_logger().warning(f"the last commands (the hold) were not acknowledged within {HOLD_DELIVERY_S:g} s")
     executor = node.executor
     if executor is not None:
         flush_until = time.monotonic() + RESULT_FLUSH_S

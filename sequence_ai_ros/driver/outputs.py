@@ -50,6 +50,7 @@ from dataclasses import dataclass, field
 from typing import Callable, List, Optional, Sequence
 
 from builtin_interfaces.msg import Duration, Time
+from rclpy.duration import Duration as RclDuration
 from std_msgs.msg import Float64MultiArray
 from trajectory_msgs.msg import JointTrajectory, JointTrajectoryPoint
 
@@ -358,6 +359,21 @@ class CommandOutputs:
         if not self.chunked or playing is None or not playing.absolute or playing.sent >= len(playing.rows):
             return
         self._send(playing.rows[: playing.sent], playing.stamp_s, playing.before, self._period_s(), stop=True)
+
+    def wait_delivered(self, timeout_s: float) -> bool:
+        """Wait (at most ``timeout_s`` s in all) until every command published so far -- the hold
+        above all -- is acknowledged by the controllers subscribed (reliable QoS); True when it is.
+        A process about to exit calls it, since DDS sends in the background and drops what is
+        still unsent when the process ends."""
+        deadline = time.monotonic() + timeout_s
+        delivered = True
+        for pub in list(self._pubs):
+            left = max(0.0, deadline - time.monotonic())
+            try:
+                delivered = pub.wait_for_all_acked(RclDuration(nanoseconds=int(left * 1e9))) and delivered
+            except Exception:  # noqa: BLE001 - destroyed meanwhile (the context is going away)
+                return False
+        return delivered
 
     def destroy(self) -> None:
         """Destroy the publishers (cleanup)."""
