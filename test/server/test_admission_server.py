@@ -41,6 +41,12 @@ def test_max_inputs_admits_that_many_robots_on_one_worker_then_refuses_with_the_
         assert "(3 of 3)" in r.json()["detail"] and r.json()["details"]["held"] == 3
         [w] = gw.status("crowd")["workers"]
         assert len(w["robots"]) == 3 and w["admission"]["cap"] == 3
+        assert w["slots"] == {"used": 3, "total": 3}               # max_inputs, not the one replica
+        # warm workers: no more than the deployment may run (a CPU policy without max_gpus: 1),
+        # and a count is a number, not a string
+        for bad, words in ((5, "more workers than"), ("2", "integer")):
+            r = gw.client.post("/v1/deployments/crowd/scale", json={"min": bad})
+            assert r.status_code == 400 and words in r.text, r.text
     finally:
         gw.close()
 

@@ -23,6 +23,7 @@ from seq.spec import InferParam, ParamError, cast_params
 
 from sequence_ai_server.common.errors import ApiError
 from sequence_ai_server.common.logs import read_logs
+from sequence_ai_server.gateway.admission import UNCOUNTED, robot_cap
 from sequence_ai_server.gateway.health import HealthCheck
 from sequence_ai_server.gateway.keys import KeyRecord
 from sequence_ai_server.gateway.schemas import Deployment, DeployRequest, ParamsUpdate
@@ -258,7 +259,8 @@ class DeploymentService:
             cards = sorted({i for c in claims if c.worker == key or (c.pid and c.pid == w.proc.pid) for i in c.cards})
             out.append({"worker": key, "pid": w.proc.pid, "version": w.version, "ready": ready,
                         "url": f"http://{host or '127.0.0.1'}:{port}" if ready and port else None,
-                        "cards": cards, "slots": {"used": len(robots), "total": per}, "robots": robots,
+                        "cards": cards, "slots": {"used": len(robots), "total": _robot_slots(w.spec or row.spec, per)},
+                        "robots": robots,
                         **self.sessions.admission.view(key, w.proc.pid, w.spec or row.spec,
                                                        [x.rate_hz for x in on.get(key, [])]),
                         "jammed": self.health.others_jammed.get(key)})
@@ -433,3 +435,10 @@ class DeploymentService:
                 _write_secret(self.data_dir / "run" / f"{name}.secret", secret)
         log.info("rotated the direct secret of %s", name)
         return {"name": name, "rotated_at": self.clock()}
+
+
+def _robot_slots(spec: Optional[dict], per: int) -> int:
+    """The robots one worker takes, as status shows them: ``max_inputs`` where the policy declares
+    it (the admission cap), else its replicas' slots."""
+    cap = robot_cap(spec)
+    return per if cap >= UNCOUNTED else cap

@@ -18,7 +18,7 @@ import asyncio
 from typing import TYPE_CHECKING, Optional
 
 from fastapi import APIRouter, Depends
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
 from sequence_ai_server.common.errors import ApiError
 from sequence_ai_server.gateway.keys import KeyRecord, KeyStore, require_scope
@@ -39,7 +39,7 @@ MAX_HOURS = 1e9
 class ScaleUpdate(BaseModel):
     """``POST /v1/deployments/{name}/scale``."""
     model_config = ConfigDict(extra="forbid")
-    min: Optional[int] = Field(default=None, le=MAX_COUNT, description="workers kept warm, up to the deployment's max_gpus (for a CPU policy it counts workers)")
+    min: Optional[StrictInt] = Field(default=None, le=MAX_COUNT, description="workers kept warm, up to the deployment's max_gpus (for a CPU policy it counts workers)")
     during: Optional[str] = Field(default=None, description='weekly window, e.g. "Mon-Fri 08:00-18:00"; none: always')
     tz: Optional[str] = Field(default=None, description="IANA time zone of the window (default UTC)")
     clear: bool = False
@@ -88,7 +88,12 @@ def _deployment_routes(ops: OpsService, deployments: "DeploymentService", superv
 
     @r.post("/v1/deployments/{name}/scale")
     async def set_scale(name: str, body: ScaleUpdate, key: KeyRecord = Depends(auth.account_key)) -> dict:
-        deployments.require(name)
+        row = deployments.require(name)
+        cap = supervisor.fleets.cap(row)
+        if body.min is not None and not body.clear and body.min > cap:
+            raise ApiError("invalid_request", f"--min {body.min} is more workers than {name!r} may run at once ({cap})",
+                           hint="raise max_gpus in @seq.policy (for a CPU policy also $SEQ_CPU_WORKERS) and "
+                                f"redeploy, or keep at most {cap} warm", details={"field": "min", "max": cap})
         if body.clear:
             ops.scales.clear(name)
         elif body.min is None:
