@@ -176,27 +176,16 @@ class _DeadlineTimer:
         self._finalizer()
 
 
-class StopToken:
-    """One run's stop request: made before the run starts, stopped from any thread, never cleared.
-
-    Hand it to ``run(stop=token)`` / ``act(stop=token)``; ``token.stop()`` then ends that run
-    (``reason="interrupted"``, after ``hold()``) within one control period, or, when it came
-    before the run's first chunk, before any action. A stopped token stays stopped: a run given
-    one returns ``interrupted`` without observing or acting. Thread-safe throughout.
-    """
+class _WatchedFlag:
+    """A flag raised from any thread that wakes its watchers (the base of StopToken and Operator)."""
 
     def __init__(self) -> None:
         self._flag = threading.Event()
         self._lock = threading.Lock()
         self._watchers: "list[Callable[[], None]]" = []
 
-    @property
-    def stopped(self) -> bool:
-        """True once ``stop()`` was called."""
-        return self._flag.is_set()
-
-    def stop(self) -> None:
-        """Ask the run to stop; returns at once. Idempotent."""
+    def _raise(self) -> None:
+        """Set the flag and call every watcher (from this thread); nothing when it is set already."""
         with self._lock:
             if self._flag.is_set():
                 return
@@ -205,16 +194,12 @@ class StopToken:
         for wake in watchers:
             wake()
 
-    def wait(self, timeout_s: Optional[float] = None) -> bool:
-        """Block this thread until stopped or ``timeout_s`` (s) passed; returns ``stopped``."""
-        return self._flag.wait(timeout_s)
-
-    def watch(self, wake: Callable[[], None]) -> Callable[[], None]:
-        """Call ``wake()`` (from the stopping thread) when stopped; at once when already stopped.
-        Returns the callable that stops watching."""
+    def _watch(self, wake: Callable[[], None], again: bool) -> Callable[[], None]:
+        """Call ``wake()`` each time the flag is raised (``again``; else once); at once when it is
+        raised already. Returns the callable that stops watching."""
         with self._lock:
             already = self._flag.is_set()
-            if not already:
+            if again or not already:
                 self._watchers.append(wake)
         if already:
             wake()
@@ -226,11 +211,39 @@ class StopToken:
 
         return unwatch
 
+
+class StopToken(_WatchedFlag):
+    """One run's stop request: made before the run starts, stopped from any thread, never cleared.
+
+    Hand it to ``run(stop=token)`` / ``act(stop=token)``; ``token.stop()`` then ends that run
+    (``reason="interrupted"``, after ``hold()``) within one control period, or, when it came
+    before the run's first chunk, before any action. A stopped token stays stopped: a run given
+    one returns ``interrupted`` without observing or acting. Thread-safe throughout.
+    """
+
+    @property
+    def stopped(self) -> bool:
+        """True once ``stop()`` was called."""
+        return self._flag.is_set()
+
+    def stop(self) -> None:
+        """Ask the run to stop; returns at once. Idempotent."""
+        self._raise()
+
+    def wait(self, timeout_s: Optional[float] = None) -> bool:
+        """Block this thread until stopped or ``timeout_s`` (s) passed; returns ``stopped``."""
+        return self._flag.wait(timeout_s)
+
+    def watch(self, wake: Callable[[], None]) -> Callable[[], None]:
+        """Call ``wake()`` (from the stopping thread) when stopped; at once when already stopped.
+        Returns the callable that stops watching."""
+        return self._watch(wake, again=False)
+
     def __repr__(self) -> str:
         return f"StopToken(stopped={self.stopped})"
 
 
-class Operator:
+class Operator(_WatchedFlag):
     """A human operator who outranks the code driving the robot (an agent, a script, a ROS goal).
 
     One per robot: hand it to ``connect(..., operator=op)`` (every run of that Policy obeys it;
@@ -246,11 +259,6 @@ class Operator:
     that ended ``operator`` stays ended). Thread-safe throughout.
     """
 
-    def __init__(self) -> None:
-        self._flag = threading.Event()
-        self._lock = threading.Lock()
-        self._watchers: "list[Callable[[], None]]" = []
-
     @property
     def active(self) -> bool:
         """True while the operator holds the robot."""
@@ -258,13 +266,7 @@ class Operator:
 
     def take(self) -> None:
         """The operator takes the robot: runs under way hold and end, new ones are refused."""
-        with self._lock:
-            if self._flag.is_set():
-                return
-            self._flag.set()
-            watchers = list(self._watchers)
-        for wake in watchers:
-            wake()
+        self._raise()
 
     def release(self) -> None:
         """The operator gives the robot back: new runs may start."""
@@ -280,18 +282,7 @@ class Operator:
     def watch(self, wake: Callable[[], None]) -> Callable[[], None]:
         """Call ``wake()`` (from the taking thread) each time the operator takes the robot; at once
         when it holds it already. Returns the callable that stops watching."""
-        with self._lock:
-            self._watchers.append(wake)
-            already = self._flag.is_set()
-        if already:
-            wake()
-
-        def unwatch() -> None:
-            with self._lock:
-                if wake in self._watchers:
-                    self._watchers.remove(wake)
-
-        return unwatch
+        return self._watch(wake, again=True)
 
     def __repr__(self) -> str:
         return f"Operator(active={self.active})"
