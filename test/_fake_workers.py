@@ -131,3 +131,27 @@ class FakeLauncher:
 
     def close(self) -> None:
         pass
+
+
+_POLICY = '''import seq
+@seq.policy()
+class P:
+    @seq.infer
+    def infer(self, inputs):
+        return {}
+'''
+
+
+def fake_gateway(tmp_path, lease_ttl_s: float):
+    """A Gateway over a FakeLauncher and a hand-moved Clock, in process, with a do-nothing policy
+    file to deploy (data dir ``tmp_path/home``; the health check only pings when a test asks).
+    Returns (gateway, clock, launcher, policy path); ``gateway.close()`` when done."""
+    from sequence_ai_server.common.config import ServerConfig
+    from sequence_ai_server.gateway.controller import Gateway
+    policy = tmp_path / "policy.py"
+    policy.write_text(_POLICY)
+    clock, launcher = Clock(), FakeLauncher()
+    config = ServerConfig(data_dir=tmp_path / "home", lease_ttl_s=lease_ttl_s, health_interval_s=1e9, cpu_workers=8)
+    gw = Gateway(config=config, launcher=launcher, clock=clock)
+    launcher.locks = [gw.supervisor._lock, gw.sessions._lock, gw.deployments._lock]
+    return gw, clock, launcher, policy

@@ -9,16 +9,13 @@ worker of a fleet, and a frozen ``NAME#2`` is retired alone."""
 from __future__ import annotations
 
 import math
-import textwrap
 
 import pytest
 
-from sequence_ai_server.common.config import ServerConfig
 from sequence_ai_server.common.errors import ApiError
 from sequence_ai_server.gateway.admission import DEADLINE_SHARE, CostCurve, predict, request_hz
-from sequence_ai_server.gateway.controller import Gateway
 from sequence_ai_server.gateway.schemas import ConnectRequest, DeployRequest
-from _fake_workers import Clock, FakeLauncher, FakeWorker, play_pings
+from _fake_workers import FakeWorker, fake_gateway, play_pings
 
 GPU_LIKE = {"batch_ms": {str(b): 40.0 + 2.0 * b for b in (1, 2, 4, 8, 16)}, "calls": 50}   # 40 ms + 2 ms per item
 SLOW_HZ = 15.0 / 8            # 15 Hz, replanning every 8 rows: a chunk every 533 ms
@@ -26,19 +23,7 @@ SLOW_HZ = 15.0 / 8            # 15 Hz, replanning every 8 rows: a chunk every 53
 
 @pytest.fixture
 def env(tmp_path):
-    policy = tmp_path / "policy.py"
-    policy.write_text(textwrap.dedent("""\
-        import seq
-        @seq.policy()
-        class P:
-            @seq.infer
-            def infer(self, inputs):
-                return {}
-        """))
-    clock, launcher = Clock(), FakeLauncher()
-    config = ServerConfig(data_dir=tmp_path / "home", lease_ttl_s=3600.0, health_interval_s=1e9, cpu_workers=8)
-    gw = Gateway(config=config, launcher=launcher, clock=clock)
-    launcher.locks = [gw.supervisor._lock, gw.sessions._lock, gw.deployments._lock]
+    gw, clock, launcher, policy = fake_gateway(tmp_path, lease_ttl_s=3600.0)
     play_pings(gw, launcher, clock)
     gw.deployments.deploy(DeployRequest(name="echo", file=str(policy)))
     yield gw, clock, launcher

@@ -8,17 +8,15 @@ is started while a service holds its lock."""
 from __future__ import annotations
 
 import signal
-import textwrap
 from pathlib import Path
 
 import pytest
 
-from sequence_ai_server.common.config import ServerConfig
 from sequence_ai_server.common.errors import ApiError
 from sequence_ai_server.gateway.controller import Gateway
 from sequence_ai_server.gateway.events import WorkerCrashed, WorkerStopped, WorkerTookOver
 from sequence_ai_server.gateway.schemas import ConnectRequest, DeployRequest, TrafficUpdate
-from _fake_workers import Clock, FakeLauncher, FakeWorker
+from _fake_workers import FakeWorker, fake_gateway
 
 T0 = 1_800_000_000.0
 LEASE_S = 30.0
@@ -30,19 +28,7 @@ def _spec(**extra) -> dict:
 
 @pytest.fixture
 def env(tmp_path):
-    policy = tmp_path / "policy.py"
-    policy.write_text(textwrap.dedent("""\
-        import seq
-        @seq.policy()
-        class P:
-            @seq.infer
-            def infer(self, inputs):
-                return {}
-        """))
-    clock, launcher = Clock(), FakeLauncher()
-    config = ServerConfig(data_dir=tmp_path / "home", lease_ttl_s=LEASE_S, health_interval_s=1e9, cpu_workers=8)
-    gw = Gateway(config=config, launcher=launcher, clock=clock)
-    launcher.locks = [gw.supervisor._lock, gw.sessions._lock, gw.deployments._lock]
+    gw, clock, launcher, policy = fake_gateway(tmp_path, lease_ttl_s=LEASE_S)
     events: list = []
     for kind in (WorkerStopped, WorkerCrashed, WorkerTookOver):
         gw.supervisor.on(kind, events.append)

@@ -10,7 +10,6 @@ import signal
 import socket
 import subprocess
 import sys
-import textwrap
 import threading
 import time
 from typing import Optional
@@ -18,13 +17,11 @@ from typing import Optional
 import httpx
 import pytest
 
-from sequence_ai_server.common.config import ServerConfig
 from sequence_ai_server.common.errors import ApiError
-from sequence_ai_server.gateway.controller import Gateway
 from sequence_ai_server.gateway.events import WorkerTookOver
 from sequence_ai_server.gateway.health import UNANSWERED_JAM_S
 from sequence_ai_server.gateway.schemas import ConnectRequest, DeployRequest
-from _fake_workers import Clock, FakeLauncher, FakeWorker
+from _fake_workers import FakeWorker, fake_gateway
 from sequence_ai_server.ops.usage_cursor import UsageCursors
 
 T0 = 1_800_000_000.0
@@ -37,18 +34,7 @@ def _spec(request_s: float = 300.0) -> dict:
 
 @pytest.fixture
 def env(tmp_path):
-    policy = tmp_path / "policy.py"
-    policy.write_text(textwrap.dedent("""\
-        import seq
-        @seq.policy()
-        class P:
-            @seq.infer
-            def infer(self, inputs):
-                return {}
-        """))
-    clock, launcher = Clock(), FakeLauncher()
-    config = ServerConfig(data_dir=tmp_path / "home", lease_ttl_s=30.0, health_interval_s=1e9, cpu_workers=8)
-    gw = Gateway(config=config, launcher=launcher, clock=clock)
+    gw, clock, launcher, policy = fake_gateway(tmp_path, lease_ttl_s=30.0)
     yield gw, clock, launcher, policy
     gw.close()
 
