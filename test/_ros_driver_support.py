@@ -156,8 +156,22 @@ class Goal:
         if self.handle.accepted:
             self._res = self.handle.get_result_async()
 
-    def wait_result(self, timeout=30.0):
-        wait(self._res.done, timeout, "goal result")
+    def wait_result(self, timeout=30.0, ask_again_s=5.0):
+        """The goal's result, within ``timeout`` s. A result request is asked again every
+        ``ask_again_s`` s without an answer: the action server keeps a finished goal's result, and
+        a reply sent before DDS matched its writer to this client's reader is lost (once in about
+        a thousand goals in a loaded run); the repeated request gets the same stored result."""
+        deadline = time.monotonic() + timeout
+        asked = [self._res]
+        while not any(f.done() for f in asked):
+            left = deadline - time.monotonic()
+            assert left > 0, f"timed out after {timeout} s waiting for goal result ({len(asked)} requests)"
+            t_end = time.monotonic() + min(ask_again_s, left)
+            while not any(f.done() for f in asked) and time.monotonic() < t_end:
+                time.sleep(0.01)
+            if not any(f.done() for f in asked) and time.monotonic() < deadline:
+                asked.append(self.handle.get_result_async())
+        self._res = next(f for f in asked if f.done())
         self.result = self._res.result()
         return self.result
 

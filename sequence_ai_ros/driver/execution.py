@@ -84,6 +84,8 @@ class GoalExecution:
         self.node = node
         self.slot = RunSlot()
         self.run: Optional[GoalRun] = None
+        self._watch_lock = threading.Lock()
+        self._watching = False             # the camera watch is on (a run is driving)
         self.last_run: Optional[GoalRun] = None
         self.last_outcome = None
         self.obs_to_chunk_s: Optional[float] = None
@@ -385,25 +387,38 @@ class GoalExecution:
         return StaleCameraError(view, text)
 
     def _arm_freshness(self, on: bool) -> None:
-        """Start (a run began) or stop the control-rate camera check (:meth:`_watch_cameras`)."""
+        """Start (a run began) or stop the control-rate camera check (:meth:`watch_cameras`).
+
+        Stopping only marks it: the timer cancels itself at its next tick, on the thread that
+        runs it. Cancelled from this (the run's) thread, it could be cancelled between the wait
+        that found it due and its call, where rclpy raises "timer is canceled" on the spinning
+        thread and leaves the timer and its group marked busy."""
         timer = self.node._freshness_timer
         if timer is None:
             return
-        try:
-            if on:
+        with self._watch_lock:
+            self._watching = on
+            if not on:
+                return
+            try:
                 timer.reset()
-                executor = self.node.executor
-                if executor is not None:
-                    executor.wake()   # a wait already under way does not know the timer is due again
-            else:
-                timer.cancel()
-        except Exception:  # noqa: BLE001 - released meanwhile (cleanup / shutdown)
-            pass
+            except Exception:  # noqa: BLE001 - released meanwhile (cleanup / shutdown)
+                return
+        executor = self.node.executor
+        if executor is not None:
+            executor.wake()   # a wait already under way does not know the timer is due again
 
     def watch_cameras(self) -> None:
         """Timer at the control rate while a run is on: a frozen or stalled camera ends it within its
         ``camera_max_frame_age_s`` plus one control period, whatever the loop is doing (``validate``
-        sees it only at an action's deadline, not while the loop waits for a chunk)."""
+        sees it only at an action's deadline, not while the loop waits for a chunk). Between runs
+        it cancels itself (an idle driver wakes for nothing)."""
+        with self._watch_lock:
+            if not self._watching:
+                timer = self.node._freshness_timer
+                if timer is not None:
+                    timer.cancel()
+                return
         run = self.run
         if run is None or not run.episode_started or run.ending or self.node.assembler is None:
             return
