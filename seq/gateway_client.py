@@ -12,10 +12,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Optional
 
-import httpx
-
-from sequence_ai_core import AuthError, resolve_api_key, resolve_gateway_url
-from sequence_ai_core import data_dir as default_data_dir
+# httpx and sequence_ai_core are imported when a client is made, not with this module: the ``seq``
+# CLI imports it for every command, and ``seq --help`` or ``seq init`` asks no gateway (the two
+# are a fifth of its start-up CPU).
 
 __all__ = ["GatewayError", "GatewayClient", "data_dir_of"]
 
@@ -35,6 +34,7 @@ class GatewayError(Exception):
 def data_dir_of(value: Optional[Path]) -> Path:
     """``--data-dir`` when given (``~`` expanded), else ``sequence_ai_core.data_dir()``
     (``$SEQUENCES_HOME`` or ``~/.sequence-ai``)."""
+    from sequence_ai_core import data_dir as default_data_dir
     return value.expanduser() if value else default_data_dir()
 
 
@@ -46,6 +46,8 @@ class GatewayClient:
     """
 
     def __init__(self, url: Optional[str], api_key: Optional[str], data_dir: Optional[Path]):
+        import httpx
+        from sequence_ai_core import AuthError, resolve_api_key, resolve_gateway_url
         self.url = resolve_gateway_url(url)
         self.data_dir = data_dir_of(data_dir)
         try:
@@ -72,6 +74,7 @@ class GatewayClient:
             GatewayError: ``unreachable`` when the gateway does not answer; the body's ``code``
                 (else ``http_<status>``), ``detail``, ``hint`` and ``request_id`` on a 4xx/5xx.
         """
+        import httpx
         try:
             resp = self.client.request(method, path, **kw)
         except httpx.InvalidURL as exc:   # e.g. an argument too long for a URL (httpx caps one at 65536 chars)

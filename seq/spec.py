@@ -15,22 +15,35 @@ Everything here is a public name; code outside ``seq`` imports these and never `
 * ``seq init`` templates: :class:`Template`, :data:`TEMPLATES` (the gateway's catalogue lists them);
 * built-in benchmarks: :data:`BUILTIN_BENCHMARKS` (``seq eval run`` names them; the gateway counts them).
 
-Importing this module imports no simulator, no server and no CLI framework.
+Importing this module imports no simulator, no server and no CLI framework, and each name's own
+module only when that name is first used (numpy with the policy and benchmark declarations).
 """
 from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
-from ._adapter import AdapterRuntime, check_adapter, get_adapter_spec, load_adapter_file
-from ._benchmark import BenchmarkSpec, contract_problems, get_benchmark_spec, is_benchmark
-from ._contracts import ActionContract, ObservationContract
-from ._files import import_file
-from ._params import InferParam, ParamError, cast_params
-from ._policy import PolicySpec, get_spec, is_policy
-from ._scaling import EVAL_BATCH_DEADLINE_MS
+if TYPE_CHECKING:   # what type checkers see; at run time __getattr__ below imports each name on first use
+    from ._adapter import AdapterRuntime, check_adapter, get_adapter_spec, load_adapter_file
+    from ._benchmark import BenchmarkSpec, contract_problems, get_benchmark_spec, is_benchmark
+    from ._contracts import ActionContract, ObservationContract
+    from ._params import InferParam, ParamError, cast_params
+    from ._policy import PolicySpec, get_spec, is_policy
+    from ._scaling import EVAL_BATCH_DEADLINE_MS
+
+#: public name -> the module that defines it. Imported on first use (PEP 562): the gateway needs
+#: only the params and contracts, ``seq --help`` none of them, and the policy and benchmark modules
+#: import numpy (0.1 s of CPU per process that does not need it).
+_LAZY = {name: module for module, names in {
+    "_adapter": "AdapterRuntime check_adapter get_adapter_spec load_adapter_file",
+    "_benchmark": "BenchmarkSpec contract_problems get_benchmark_spec is_benchmark",
+    "_contracts": "ActionContract ObservationContract",
+    "_params": "InferParam ParamError cast_params",
+    "_policy": "PolicySpec get_spec is_policy",
+    "_scaling": "EVAL_BATCH_DEADLINE_MS",
+}.items() for name in names.split()}
 
 __all__ = [
     "PolicySpec", "get_spec", "is_policy", "load_policy_class",
@@ -58,6 +71,8 @@ def load_policy_class(file: str, class_name: Optional[str] = None) -> type:
     directory = str(path.parent)
     if directory not in sys.path:
         sys.path.insert(0, directory)
+    from ._files import import_file
+    from ._policy import is_policy
     module = import_file(path, path.stem)
     if class_name:
         cls = getattr(module, class_name, None)
@@ -112,3 +127,17 @@ TEMPLATES: dict = {t.name: t for t in (
 #: Benchmarks that ship with sequence-ai: name -> ``"module:Class"`` (imported only when an eval
 #: runs one; the module is ``sequence_ai_sim``'s, which this module never imports).
 BUILTIN_BENCHMARKS: dict = {"pick-place": "sequence_ai_sim.benchmarks.pick_place:PickPlaceBenchmark"}
+
+
+def __getattr__(name: str):
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+    value = getattr(importlib.import_module(f"seq.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY))
