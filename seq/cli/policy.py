@@ -121,6 +121,11 @@ def _admission_line(w: dict) -> str:
     parts = [f"mean batch {w['mean_batch']:g}" if w.get("mean_batch") is not None else "mean batch -",
              f"/act p99 {w['act_p99_ms']:g} ms (worker-side, all its robots)" if w.get("act_p99_ms") is not None
              else "/act p99 -"]
+    robots = w.get("robot_p99_ms") or {}
+    if robots:             # each robot's own p99 on the worker (queued to answered): the worst and the median
+        worst = max(robots, key=robots.get)
+        mid = sorted(robots.values())[len(robots) // 2]
+        parts.append(f"robot p99 worst {robots[worst]:g} ms ({worst}), median {mid:g} ms over {len(robots)} robots")
     late = w.get("deadlines") or {}
     if late.get("requests"):
         parts.append(f"late {late.get('late', 0)} of {late['requests']} requests with a deadline")

@@ -1,11 +1,13 @@
 """Deadlines and the cost curve on a real worker process (``python -m sequence_ai_server.worker``
 on loopback): /ping reports the measured ms per call by batch size; an /act's ``deadline_ms`` is
 validated (400 naming the field), waiting requests are served earliest deadline first, and a
-request answered past its deadline is still answered and counted late."""
+request answered past its deadline is still answered and counted late; /ping reports each
+robot's (lease session's) p99."""
 from __future__ import annotations
 
 import asyncio
 import json
+import time
 
 import httpx
 import pytest
@@ -13,6 +15,7 @@ import pytest
 from _servers import ECHO_POLICY, WorkerProcess, echo_observation
 
 from sequence_ai_core.protocol import encode_act_body
+from sequence_ai_server.common.leases import sign_lease
 
 
 @pytest.fixture(scope="module")
@@ -99,6 +102,17 @@ def test_a_request_past_its_deadline_is_answered_and_counted_late(echo):
     assert r.status_code == 200 and r.json()["late"] is False
     after = echo.client.get("/ping").json()["deadlines"]
     assert after == {"requests": before["requests"] + 2, "late": before["late"] + 1}
+
+
+def test_ping_reports_each_robots_p99_by_its_session(echo):
+    lease = sign_lease(echo.secret, "sess_robot1", 1, time.time() + 300)
+    for ms in (5.0, 60.0):
+        r = echo.client.post("/act", json={"observation": echo_observation(), "params": {"latency_ms": ms}},
+                             headers={"Authorization": f"Bearer {lease}"})
+        assert r.status_code == 200, r.text
+    robots = echo.client.get("/ping").json()["robots"]
+    assert set(robots) == {"sess_robot1"}                  # the worker secret's requests are no robot's
+    assert robots["sess_robot1"]["requests"] == 2 and robots["sess_robot1"]["p99_ms"] >= 60.0
 
 
 def test_binary_body_with_the_deadline_first_is_ordered_and_answered(echo):

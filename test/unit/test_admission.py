@@ -143,15 +143,15 @@ def test_a_full_worker_sends_the_robot_to_another_that_starts_for_it_then_the_li
     admitted, err = _fill(gw)
     assert len(admitted) == 10 and err.code == "warming" and "another worker is starting" in err.detail
     assert len(launcher.started) == 2 and launcher.started[1].spec.role == "extra"
-    _ready(gw, clock, launcher.started[1], spec, 9002)      # not measured yet: counted to max_inputs
-    assert gw.sessions.connect(ConnectRequest(model="echo")).worker_url == "http://127.0.0.1:9002"
-    launcher.started[1].cost = GPU_LIKE
-    gw.health.ping_round()                                 # every worker is pinged: #2's curve arrives
+    _ready(gw, clock, launcher.started[1], spec, 9002)      # not measured yet: predicted with echo's curve
     more, err = _fill(gw)
-    assert len(more) == 9 and {c.worker_url for c in more} == {"http://127.0.0.1:9002"}
+    assert len(more) == 10 and {c.worker_url for c in more} == {"http://127.0.0.1:9002"}
     assert err.code == "queued" and err.details["position"] == 1 and "late" in err.detail   # max_gpus=2: the line
     assert [(w["worker"], w["admission"]["robots"]) for w in gw.deployments.status("echo").workers] == [
         ("echo", 10), ("echo#2", 10)]
+    launcher.started[1].cost = GPU_LIKE
+    gw.health.ping_round()                                 # every worker is pinged: #2's own curve arrives
+    assert gw.deployments.status("echo").workers[1]["cost"]["calls"] == 50
 
 
 def test_max_inputs_admits_beside_a_starting_worker_once_target_inputs_are_held(env):
@@ -241,6 +241,12 @@ def test_seq_policy_status_prints_each_workers_admission_numbers(env):
     gw.admission.observe("echo", pid, {"cost": {**GPU_LIKE, "calls": 60}, "usage": {"requests": 100, "errors": 4}})
     gw.admission.observe("echo", pid, {"cost": {**GPU_LIKE, "calls": 80}, "usage": {"requests": 262, "errors": 6}})
     assert gw.deployments.status("echo").workers[0]["mean_batch"] == 8.0
+    held = [gw.sessions.connect(ConnectRequest(model="echo")).session_id for _ in range(2)]
+    gw.admission.observe("echo", pid, {"robots": {held[0]: {"p99_ms": 120.5, "requests": 9}, "sess_gone": {
+        "p99_ms": 999.0, "requests": 1}, held[1]: {"p99_ms": 80.0, "requests": 9}, "bad": {"p99_ms": "x"}}})
+    [w] = gw.deployments.status("echo").workers           # each robot's own p99, for the robots it holds
+    assert w["robot_p99_ms"] == {held[0]: 120.5, held[1]: 80.0}
+    assert f"robot p99 worst 120.5 ms ({held[0]}), median 120.5 ms over 2 robots" in _admission_line(w)
 
 
 def test_a_policy_without_concurrent_counts_no_robots_even_once_measured(env):

@@ -3,6 +3,7 @@ and the clamp that keeps a session from buying priority with short deadlines."""
 from __future__ import annotations
 
 import json
+import math
 import queue
 import threading
 import time
@@ -13,7 +14,7 @@ import seq
 from _wait import eventually
 from sequence_ai_server.worker.host import PolicyHost
 from sequence_ai_server.worker.schedule import (CLAMP_SHARE, MIN_PERIOD_MS, NO_DEADLINE_MS, CostCurve, DeadlineClamp,
-                                                DeadlineQueue, LateCounter)
+                                                DeadlineQueue, LateCounter, RobotTimes)
 
 
 def test_cost_curve_reports_the_median_per_batch_size_and_the_calls():
@@ -110,12 +111,32 @@ def test_a_session_that_never_declared_a_period_gets_no_priority_from_its_claims
     assert clamp.order_due("late", 105.0, None, now=100.0) == 105.0           # a later claim stands
 
 
+def test_a_first_request_without_a_period_does_not_push_the_next_ones_back():
+    # a robot's first request claims the soonest answer before it knows its period: it is ordered
+    # as one without a deadline, but its next ones (period declared) keep their own deadlines
+    clamp = DeadlineClamp()
+    assert clamp.order_due("s", 100.001, None, now=100.0) == pytest.approx(100.0 + NO_DEADLINE_MS / 1000.0)
+    assert clamp.order_due("s", 100.6, 533.0, now=100.3) == pytest.approx(100.6)
+    assert clamp.order_due("s", 100.8, 533.0, now=100.7) == pytest.approx(100.6 + CLAMP_SHARE * 0.533)
+
+
 def test_clamp_follows_the_latest_declared_period_and_keeps_it_when_none_is_sent():
     clamp = DeadlineClamp()
     clamp.order_due("s", 10.0, 500.0, now=10.0)
     assert clamp.order_due("s", 10.0, None, now=10.0) == pytest.approx(10.0 + CLAMP_SHARE * 0.5)
     got = clamp.order_due("s", 10.0, 100.0, now=10.0)
     assert got == pytest.approx(10.0 + CLAMP_SHARE * 0.5 + CLAMP_SHARE * 0.1)
+
+
+def test_robot_times_report_each_sessions_p99_and_forget_quiet_ones():
+    times = RobotTimes(forget_s=60.0)
+    for ms in range(1, 101):
+        times.add("a", float(ms), now=10.0)
+    times.add("b", 7.0, now=50.0)
+    times.add(None, 1e6, now=50.0)                     # not a robot's request: not kept
+    times.add("b", math.nan, now=50.0)
+    assert times.snapshot(now=60.0) == {"a": {"p99_ms": 99.0, "requests": 100}, "b": {"p99_ms": 7.0, "requests": 1}}
+    assert set(times.snapshot(now=100.0)) == {"b"}     # a answered nothing for over a minute
 
 
 def test_late_counter():

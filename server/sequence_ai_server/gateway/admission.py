@@ -47,6 +47,7 @@ UNCOUNTED = 1_000_000      # the robot cap of a policy that declares no @seq.con
 ROOM_COUNTED = 64          # room() counts at most this many more robots per worker
 _MAX_BATCH_KEY = 4096
 _P99_SAMPLES = 512         # /act handler times kept per worker for its p99
+_ROBOTS_KEPT = 1024        # per-robot p99s kept per worker from its /ping
 
 
 @dataclass(frozen=True)
@@ -204,6 +205,11 @@ class Admission:
             late = body.get("deadlines")
             if isinstance(late, dict) and all(isinstance(late.get(k), int) for k in ("requests", "late")):
                 seen["deadlines"] = {"requests": late["requests"], "late": late["late"]}
+            robots = body.get("robots")
+            if isinstance(robots, dict):
+                seen["robots"] = {str(k): float(v["p99_ms"]) for k, v in list(robots.items())[:_ROBOTS_KEPT]
+                                  if isinstance(v, dict) and isinstance(v.get("p99_ms"), (int, float))
+                                  and not isinstance(v.get("p99_ms"), bool) and math.isfinite(v["p99_ms"])}
             ms = [s[1] for s in usage.get("samples") or [] if isinstance(s, list) and len(s) >= 2
                   and isinstance(s[1], (int, float)) and not (len(s) > 2 and s[2])]
             seen["ms"] = (seen["ms"] + ms)[-_P99_SAMPLES:]
@@ -215,37 +221,49 @@ class Admission:
             curve = seen["curve"] if seen is not None and seen["pid"] == pid else None
         return curve if curve is not None and curve.measured else None
 
-    def load(self, key: str, pid: Optional[int], spec: Optional[dict], rates: list[Optional[float]]) -> Optional[Load]:
+    def fleet_curve(self, workers: list[tuple[str, Optional[int]]]) -> Optional[CostCurve]:
+        """The measured curve of the worker of ``workers`` (``[(key, pid)]``, one deployment's
+        workers of one version) that made the most calls; None when none has measured yet."""
+        curves = [c for c in (self.curve(k, p) for k, p in workers) if c is not None]
+        return max(curves, key=lambda c: c.calls) if curves else None
+
+    def load(self, key: str, pid: Optional[int], spec: Optional[dict], rates: list[Optional[float]],
+             like: Optional[CostCurve] = None) -> Optional[Load]:
         """The prediction for worker ``key`` holding robots at ``rates``; None when it has not
-        measured its cost or a rate is unknown (slot counting applies)."""
-        curve = self.curve(key, pid)
+        measured its cost (and no ``like``, a sibling's curve, stands in: :meth:`fleet_curve`)
+        or a rate is unknown (slot counting applies)."""
+        curve = self.curve(key, pid) or like
         if curve is None or any(r is None for r in rates):
             return None
         return predict(curve, [float(r) for r in rates if r is not None], slots_of(spec), max_batch(spec))
 
     def admits(self, key: str, pid: Optional[int], spec: Optional[dict], rates: list[Optional[float]],
-               rate: Optional[float]) -> tuple[bool, Optional[Load]]:
+               rate: Optional[float], like: Optional[CostCurve] = None) -> tuple[bool, Optional[Load]]:
         """May worker ``key``, holding robots at ``rates``, take one more at ``rate``? ->
-        ``(yes, the prediction with it)``; the prediction is None under slot counting."""
+        ``(yes, the prediction with it)``; the prediction is None under slot counting. ``like``:
+        the curve to predict with while ``key`` has measured none of its own (a sibling's)."""
         if len(rates) >= robot_cap(spec):
             return False, None
-        with_it = self.load(key, pid, spec, [*rates, rate])
+        with_it = self.load(key, pid, spec, [*rates, rate], like)
         return (with_it is None or with_it.fits), with_it
 
     def room(self, key: str, pid: Optional[int], spec: Optional[dict], rates: list[Optional[float]],
-             rate: Optional[float]) -> int:
-        """How many more robots at ``rate`` worker ``key`` admits now."""
+             rate: Optional[float], like: Optional[CostCurve] = None) -> int:
+        """How many more robots at ``rate`` worker ``key`` admits now (``like`` as for :meth:`admits`)."""
         n, more = 0, list(rates)
-        while n < ROOM_COUNTED and self.admits(key, pid, spec, more, rate)[0]:
+        while n < ROOM_COUNTED and self.admits(key, pid, spec, more, rate, like)[0]:
             more.append(rate)
             n += 1
         return n
 
-    def view(self, key: str, pid: Optional[int], spec: Optional[dict], rates: list[Optional[float]]) -> dict:
+    def view(self, key: str, pid: Optional[int], spec: Optional[dict], rates: list[Optional[float]],
+             robots: Optional[list[str]] = None) -> dict:
         """The status view of worker ``key``: ``cost`` (its curve, or None), ``mean_batch``
         (answered /acts per inference call between its first ping with a curve and its last), ``act_p99_ms`` (p99 of its recent /act handler
         times, all its robots), ``deadlines`` (``{"requests", "late"}``: the /acts that carried a
-        deadline and those answered past it, when its /ping says), and ``admission`` (robots, summed rate, predicted worst round
+        deadline and those answered past it, when its /ping says), ``robot_p99_ms`` (``{session id:
+        ms}``: each robot's p99 queued-to-answered time on the worker, as its /ping reports it, for
+        the sessions in ``robots``, or all it reported when None; None before it reported any), and ``admission`` (robots, summed rate, predicted worst round
         trip, deadline and utilisation; ``measured`` False under slot counting)."""
         with self._lock:
             seen = dict(self._seen.get(key) or {})
@@ -261,6 +279,7 @@ class Admission:
                 "mean_batch": _mean_batch(seen) if mine else None,
                 "act_p99_ms": round(ms[min(len(ms) - 1, math.ceil(0.99 * len(ms)) - 1)], 1) if ms else None,
                 "deadlines": seen.get("deadlines") if mine else None,
+                "robot_p99_ms": _robot_p99(seen, robots) if mine else None,
                 "admission": adm}
 
     def forget(self, keep: set[str]) -> None:
@@ -268,6 +287,14 @@ class Admission:
         with self._lock:
             for k in [k for k in self._seen if k not in keep]:
                 del self._seen[k]
+
+
+def _robot_p99(seen: dict, robots: Optional[list[str]]) -> Optional[dict[str, float]]:
+    """The reported per-robot p99s (ms) of ``robots`` (all when None); None before any report."""
+    got = seen.get("robots")
+    if got is None:
+        return None
+    return dict(got) if robots is None else {k: got[k] for k in robots if k in got}
 
 
 def _mean_batch(seen: dict) -> Optional[float]:

@@ -238,7 +238,7 @@ class DeploymentService:
         """Each worker serving ``row``'s serving version: ``{"worker": key, "pid", "version",
         "url", "ready", "cards": [index, ...] ([] for a CPU worker), "slots": {"used", "total"},
         "robots": [session id, ...]}``, plus what admission knows of it (admission.py
-        ``Admission.view``: ``cost``, ``mean_batch``, ``act_p99_ms``, ``admission``), ``jammed``
+        ``Admission.view``: ``cost``, ``mean_batch``, ``act_p99_ms``, ``robot_p99_ms``, ``admission``), ``jammed``
         (when the health check last retired a jammed worker under this key), and ``"max_workers"``
         on the first (the fleet's cap; None: no cap of its own). ``on``: the sessions each
         worker holds (``SessionService.sessions_by_worker``)."""
@@ -262,7 +262,7 @@ class DeploymentService:
                         "cards": cards, "slots": {"used": len(robots), "total": _robot_slots(w.spec or row.spec, per)},
                         "robots": robots,
                         **self.sessions.admission.view(key, w.proc.pid, w.spec or row.spec,
-                                                       [x.rate_hz for x in on.get(key, [])]),
+                                                       [x.rate_hz for x in on.get(key, [])], robots),
                         "jammed": self.health.others_jammed.get(key)})
         if out:
             cap = self.supervisor.fleets.cap(row)

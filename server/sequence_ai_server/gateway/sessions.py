@@ -288,10 +288,12 @@ class SessionService:
         rates = self._rates_on(fleet)
         rooms: dict[str, int] = {}
         best = None
+        # a worker that has measured nothing yet (just started) is predicted with its siblings' curve
+        like = self.admission.fleet_curve([(k, self._pid_of(name, k)) for k, _ in fleet])
         for k, r in fleet:
             pid = self._pid_of(name, k)
-            rooms[k] = self.admission.room(k, pid, r.spec, rates.get(k, []), rate)
-            ok, load = self.admission.admits(k, pid, r.spec, rates.get(k, []), rate)
+            rooms[k] = self.admission.room(k, pid, r.spec, rates.get(k, []), rate, like)
+            ok, load = self.admission.admits(k, pid, r.spec, rates.get(k, []), rate, like)
             if not ok and load is not None and (best is None or load.worst_ms < best[1].worst_ms):
                 best = (k, load)
         if any(rooms.values()) or best is None:

@@ -239,6 +239,7 @@ async def run_act(host: PolicyHost, raw: bytes, content_type: str, rid: str, cap
                "outputs": outputs, **prepared.echo}   # the client's request_id / generation, when it sent them
     answered = time.monotonic()
     payload["server_ms"] = round((answered - queued) * 1000.0, 3)
+    host.robot_times.add(session_of(token), payload["server_ms"], answered)
     if due is not None:
         payload["late"] = answered > due
     try:

@@ -18,6 +18,7 @@ import asyncio
 import json
 import logging
 import os
+import time
 from typing import Any, Callable, Optional
 
 from fastapi import FastAPI, Request
@@ -62,6 +63,7 @@ class PingResponse(BaseModel):
     usage: Optional[dict] = None                 # /act counters and recent samples (meter.ActMeter)
     cost: Optional[dict] = None                  # {"batch_ms": {"<batch size>": median ms per call}, "calls": n}
     deadlines: Optional[dict] = None             # {"requests": n with a deadline_ms, "late": n answered past it}
+    robots: Optional[dict] = None                # {session id: {"p99_ms", "requests"}}: each robot's recent answers
 
 
 def _schema(model: type[BaseModel]) -> dict:
@@ -137,14 +139,16 @@ def _add_probe_routes(app: FastAPI, state: WorkerState, meter: Any) -> None:
         ``usage``: this worker's /act counters and the samples after number ``usage_since`` (usage.py).
         ``cost``: the measured cost curve, ``{"batch_ms": {"1": 41.2, "2": 43.0}, "calls": n}``:
         the median ms of the last calls of each batch size (schedule.CostCurve). ``deadlines``:
-        ``{"requests": n, "late": n}``, the /acts that carried a deadline_ms and those answered past it."""
+        ``{"requests": n, "late": n}``, the /acts that carried a deadline_ms and those answered past it.
+        ``robots``: ``{session id: {"p99_ms", "requests"}}``, each robot's p99 queued-to-answered
+        time (ms) over its last 128 answers, for the robots answered in the last minute."""
         host = state.ready_host()
         oldest = host.oldest_request_s()
         limit = host.spec.timeouts.request
         return PingResponse(status="degraded" if oldest > limit else "ready", name=state.name, pid=os.getpid(),
                             oldest_request_s=round(oldest, 3), request_timeout_s=limit,
                             usage=meter.snapshot(usage_since), cost=host.cost.snapshot(),
-                            deadlines=host.late.snapshot())
+                            deadlines=host.late.snapshot(), robots=host.robot_times.snapshot(time.monotonic()))
 
     @app.get("/info")
     async def info() -> dict:

@@ -32,7 +32,7 @@ from seq.spec import EVAL_BATCH_DEADLINE_MS, ParamError, PolicySpec, cast_params
 from sequence_ai_server.worker.action_check import check_chunk, policy_error
 from sequence_ai_server.common.errors import ApiError
 from sequence_ai_server.worker.act_body import fits_float, parse_act_body, parse_delay, parse_observation, synthetic_observation
-from sequence_ai_server.worker.schedule import CostCurve, DeadlineClamp, DeadlineQueue, LateCounter
+from sequence_ai_server.worker.schedule import CostCurve, DeadlineClamp, DeadlineQueue, LateCounter, RobotTimes
 
 __all__ = [
     "EPISODE_IDLE_S", "PolicyError", "PolicyHost", "Prepared",
@@ -306,6 +306,7 @@ class PolicyHost:
         self.cost = CostCurve()                  # ms per infer call by batch size, measured (/ping "cost")
         self.clamp = DeadlineClamp()             # a session's deadlines, spaced by its declared period
         self.late = LateCounter()                # requests with a deadline, and those answered past it
+        self.robot_times = RobotTimes()          # each session's queued-to-answered ms (/ping "robots")
         self.ready = False
         self._stopped = False
 

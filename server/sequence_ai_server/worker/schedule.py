@@ -7,6 +7,8 @@
 * :class:`DeadlineQueue` -- a replica's waiting requests, earliest deadline first; a request
   without a deadline is ordered by its arrival plus :data:`NO_DEADLINE_MS` (so a worker whose
   clients send none serves them first-come first-served, as before deadlines existed).
+* :class:`RobotTimes` -- each robot's (session's) recent queued-to-answered times and their p99,
+  which ``/ping`` reports as ``"robots"`` (the gateway never sees a robot's /act).
 * :class:`DeadlineClamp` -- a session cannot buy priority by claiming short deadlines: each of
   its requests is ordered no earlier than its previous one plus ``CLAMP_SHARE`` of its declared
   period (the rule is in the class docstring).
@@ -25,12 +27,14 @@ import time
 from typing import Any, Optional
 
 __all__ = ["CLAMP_SHARE", "CostCurve", "DeadlineClamp", "DeadlineQueue", "LateCounter", "NO_DEADLINE_MS",
-           "MIN_PERIOD_MS"]
+           "MIN_PERIOD_MS", "RobotTimes"]
 
 NO_DEADLINE_MS = 1000.0      # a request without a deadline is ordered as if due this long after it arrived
 CLAMP_SHARE = 0.5            # a session's requests are ordered at least this share of its period apart
 MIN_PERIOD_MS = 10.0         # the shortest period a session may declare (100 chunks/s)
 _SAMPLES_PER_SIZE = 32       # calls kept per batch size for the median
+ROBOT_SAMPLES = 128          # answers kept per robot (session) for its p99
+ROBOTS_REPORTED = 512        # robots a /ping reports at most
 
 
 class CostCurve:
@@ -151,8 +155,11 @@ class DeadlineClamp:
     back. Lateness is still measured against the deadline it claimed. A session that has never
     declared a period gets no priority from its claims: its requests are ordered as requests
     without a deadline (:data:`NO_DEADLINE_MS` after they arrive, or their claim if later), so
-    leaving ``period_ms`` out cannot buy the front of the queue either. Sessions unseen for a
-    minute are forgotten."""
+    leaving ``period_ms`` out cannot buy the front of the queue either; such a request's
+    penalty is not carried into the clamp (the next request, once a period is declared, is spaced
+    from what this one claimed, not from the 1 s it was ordered at: a robot's first request, sent
+    before it knows its period, would otherwise push its next few behind every other robot's).
+    Sessions unseen for a minute are forgotten."""
 
     def __init__(self, forget_s: float = 60.0) -> None:
         self._last: dict[str, tuple[float, float, float]] = {}     # session -> (period s, last due, seen)
@@ -166,10 +173,11 @@ class DeadlineClamp:
             if period_ms is not None:
                 period = max(MIN_PERIOD_MS, period_ms) / 1000.0
             if period:
-                ordered = max(due, last + CLAMP_SHARE * period)
+                ordered = mark = max(due, last + CLAMP_SHARE * period)
             else:                       # nothing declared to clamp against: no priority from the claim
                 ordered = max(due, now + NO_DEADLINE_MS / 1000.0)
-            self._last[session] = (period, ordered, now)
+                mark = max(due, last)   # the claim, not the penalty: it must not push the next ones back
+            self._last[session] = (period, mark, now)
             if len(self._last) > 4096 or now - min(v[2] for v in self._last.values()) > 10 * self._forget_s:
                 self._last = {k: v for k, v in self._last.items() if now - v[2] <= self._forget_s}
             return ordered
@@ -190,3 +198,36 @@ class LateCounter:
     def snapshot(self) -> dict[str, int]:
         with self._lock:
             return {"requests": self.requests, "late": self.late}
+
+
+class RobotTimes:
+    """Each session's last :data:`ROBOT_SAMPLES` queued-to-answered times (ms) on this worker
+    (thread-safe). ``snapshot(now)`` -> ``{session: {"p99_ms", "requests"}}`` for the sessions
+    answered in the last ``forget_s`` (60 s), at most :data:`ROBOTS_REPORTED` of them (the most
+    recently answered); ``requests`` counts every answer since the session was first seen."""
+
+    def __init__(self, forget_s: float = 60.0) -> None:
+        self._seen: dict[str, list] = {}          # session -> [deque of ms, answers, last answered]
+        self._forget_s = forget_s
+        self._lock = threading.Lock()
+
+    def add(self, session: Optional[str], ms: float, now: float) -> None:
+        """One answer to ``session`` (None: not a robot's; ignored) that took ``ms``."""
+        if not session or not math.isfinite(ms) or ms < 0:
+            return
+        with self._lock:
+            seen = self._seen.get(session)
+            if seen is None:
+                if len(self._seen) >= 4 * ROBOTS_REPORTED:
+                    self._seen = {k: v for k, v in self._seen.items() if now - v[2] <= self._forget_s}
+                seen = self._seen[session] = [collections.deque(maxlen=ROBOT_SAMPLES), 0, now]
+            seen[0].append(ms)
+            seen[1] += 1
+            seen[2] = now
+
+    def snapshot(self, now: float) -> dict[str, dict[str, float]]:
+        with self._lock:
+            live = sorted(((v[2], k, sorted(v[0]), v[1]) for k, v in self._seen.items()
+                           if now - v[2] <= self._forget_s), reverse=True)[:ROBOTS_REPORTED]
+        return {k: {"p99_ms": round(ms[min(len(ms) - 1, math.ceil(0.99 * len(ms)) - 1)], 1), "requests": n}
+                for _, k, ms, n in live}
