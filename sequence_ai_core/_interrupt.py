@@ -41,6 +41,8 @@ import time
 import weakref
 from typing import Callable, Dict, Optional
 
+from ._clock import MONOTONIC, Clock
+
 __all__ = ["Interrupt", "StopToken", "Operator", "FINE_WAIT_S", "precise_timer_available"]
 
 FINE_WAIT_S = 0.0015
@@ -296,7 +298,9 @@ class Interrupt:
     the run's end lets it go, so nothing set afterwards reaches the next run.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Clock = MONOTONIC) -> None:
+        #: where deadlines are read (``_clock.py``): the monotonic clock and a timerfd by default
+        self.clock = clock
         self._token: Optional[StopToken] = None
         self._unwatch: Optional[Callable[[], None]] = None
         self._loop: Optional[asyncio.AbstractEventLoop] = None
@@ -359,16 +363,18 @@ class Interrupt:
             _wake(self._waiter)
 
     async def sleep_until(self, deadline: float) -> None:
-        """Sleep until ``time.monotonic()`` reaches ``deadline`` (``math.inf``: until poked).
+        """Sleep until ``self.clock.now()`` (``time.monotonic()`` unless a test gave another clock)
+        reaches ``deadline`` (s; ``math.inf``: until poked).
 
         Returns early, without error, when poked or interrupted; the caller re-checks its state.
         On Linux a timerfd wakes it at the deadline while the event loop serves other tasks; the
-        fallback is described in the module docstring.
+        fallback is described in the module docstring. A ``LoopClock`` waits on the loop's timer.
         """
         if self._poked or self.is_set:
             self._poked = False
             return
-        delay = deadline - time.monotonic()
+        clock = self.clock
+        delay = deadline - clock.now()
         if delay <= 0:
             return
         loop = asyncio.get_running_loop()
@@ -376,9 +382,12 @@ class Interrupt:
         stop: Optional[Callable[[], None]] = None
         fine = False  # fallback: woken FINE_WAIT_S early, to block for the rest
         if not math.isinf(delay):
-            stop = self._precise(loop, deadline, fut)
-            if stop is None:
-                stop, fine = self._coarse(loop, delay, fut)
+            if clock.on_loop:   # the loop's time() is the clock: its own timer wakes on it
+                stop = loop.call_at(deadline, _wake, fut).cancel
+            else:
+                stop = self._precise(loop, deadline, fut)
+                if stop is None:
+                    stop, fine = self._coarse(loop, delay, fut)
         self._waiter = fut
         try:
             await fut

@@ -149,6 +149,7 @@ class ControlLoop:
         self.interrupt = policy._interrupt
         self.stop = stop if stop is not None else StopToken()
         self.latency = policy._latency
+        self.now = policy._clock.now     # monotonic s (``_clock.py``); the interrupt waits on the same clock
         self.episode_id = f"ep_{uuid.uuid4().hex[:12]}"
         self.fetch: Optional[asyncio.Task] = None
         self.fetch_started = 0.0
@@ -180,7 +181,7 @@ class ControlLoop:
 
     async def run(self) -> RunOutcome:
         """Drive until an ending; hold on early endings and exceptions; return the outcome."""
-        t_start = time.monotonic()
+        t_start = self.now()
         self.interrupt.bind(self.stop)   # never clears it: a stop that came first is seen below
         unwatch_operator = self.operator.watch(self._operator_takes)
         self.buffer.reset()
@@ -204,7 +205,7 @@ class ControlLoop:
                 self._print.end()
             unwatch_operator()
             self.interrupt.unbind()
-            self.out.seconds = time.monotonic() - t_start
+            self.out.seconds = self.now() - t_start
             held = reason is None or (reason in EARLY_ENDINGS and not (reason == "operator" and self.k == 0))
             try:
                 if self.cfg.hold is not None and held:
@@ -247,7 +248,7 @@ class ControlLoop:
                 f"the delay measured before motion is {self.startup_steps} steps", code="delay_exceeded",
                 delay_steps=self.startup_steps, max_delay_steps=self.max_delay,
                 hint="bring the worker closer (or unload it), or use a policy trained for longer delays")
-        now = time.monotonic()
+        now = self.now()
         self.pacer = Pacer(now, self._period(self.buffer.queued[0]))
         if self.cfg.max_seconds is not None:
             self.motion_end = now + float(self.cfg.max_seconds)
@@ -274,7 +275,7 @@ class ControlLoop:
 
     async def _first_chunk(self) -> None:
         """Fetch a chunk into the empty buffer before motion, waiting out warming."""
-        t0 = time.monotonic()
+        t0 = self.now()
         limit = max(0.0, float(self.cfg.startup_timeout_s or 0.0))
         while True:
             self._check_interrupt()
@@ -288,12 +289,12 @@ class ControlLoop:
                     break
                 continue   # an answer of an older generation: ask again
             except Unavailable as exc:
-                waited = time.monotonic() - t0
+                waited = self.now() - t0
                 if not exc.warming or limit <= 0 or waited >= limit:
                     raise
                 self._warming(waited, exc.retry_after_s)
                 pause = min(max(exc.retry_after_s or 1.0, 0.25), 2.0, limit - waited)
-                await self.interrupt.sleep_until(time.monotonic() + pause)
+                await self.interrupt.sleep_until(self.now() + pause)
         if len(self.buffer) == 0:
             raise SequencesError("the policy returned an empty action chunk", code="empty_chunk")
 
@@ -322,7 +323,7 @@ class ControlLoop:
                 raise _Stop("completed")
             self._harvest()
             deadline = self.pacer.deadline(self.k)
-            now = time.monotonic()
+            now = self.now()
             if now >= self.motion_end:
                 raise _Stop("timeout")
             prefetch_at = self._prefetch_at(deadline) if cfg.prefetch else math.inf
@@ -348,7 +349,7 @@ class ControlLoop:
         observation = await _call(self.cfg.observe)
         if self.watch.enabled:
             try:
-                self.watch.check(observation_to_wire(observation))
+                self.watch.check(observation_to_wire(observation), self.now())
             except StaleCamera as exc:
                 raise _Stop("stale_camera", exc) from None
         if self.cfg.stop_when is not None and await _call(self.cfg.stop_when, observation):
@@ -390,7 +391,7 @@ class ControlLoop:
         while True:
             while not self.fetch.done():
                 self._check_interrupt()
-                now = time.monotonic()
+                now = self.now()
                 if now >= self.motion_end:
                     self.out.underrun_s += now - deadline
                     raise _Stop("timeout")
@@ -403,7 +404,7 @@ class ControlLoop:
             if self._harvest():
                 break
             await self._start_fetch()   # the answer was stale: ask again
-        now = time.monotonic()
+        now = self.now()
         self.out.underrun_s += max(0.0, now - deadline)
         self.pacer.resync(self.k, now)
         if len(self.buffer) == 0:
@@ -437,13 +438,13 @@ class ControlLoop:
 
     async def _start_fetch(self) -> None:
         """Observe (on this thread) and start the request in the background."""
-        self.fetch_started = time.monotonic()
+        self.fetch_started = self.now()
         observation = await _call(self.cfg.observe)
         obs_time = time.time()
         instruction, version = self.p._instruction_now()
         wire = self.p._check(observation_to_wire(observation, instruction))
         try:
-            self.watch.check(wire)
+            self.watch.check(wire, self.now())
         except StaleCamera as exc:   # nothing is sent with a stale frame
             raise _Stop("stale_camera", exc) from None
         self.fetch_version = version
@@ -456,7 +457,7 @@ class ControlLoop:
                  "delay_steps": steps, "obs_time": obs_time,
                  "request_id": f"{self.episode_id}-{self.requests}", "generation": self.generation}
         if self.pacer is not None:   # playback left as it is sent: the wire turns it into the deadline_ms
-            delay["playback_left_s"] = (self.pacer.deadline(self.k) - time.monotonic()
+            delay["playback_left_s"] = (self.pacer.deadline(self.k) - self.now()
                                         + self.buffer.seconds_left(self.pacer.period_s))
         self.fetch_info = delay
         self.fetch = asyncio.ensure_future(
@@ -472,7 +473,7 @@ class ControlLoop:
             return False
         self.fetch = None
         prediction = task.result()  # raises the request's error
-        turnaround = time.monotonic() - self.fetch_started
+        turnaround = self.now() - self.fetch_started
         sent = self.fetch_info
         echoed = prediction.extra.get("generation")
         if echoed is not None and (echoed != sent.get("generation") or prediction.request_id != sent.get("request_id")):
@@ -524,7 +525,7 @@ class ControlLoop:
     def _chunk_started(self, entry: Entry) -> None:
         self.out.action_space = entry.chunk.action_space
         version = entry.tag[0] if entry.tag else 0
-        swaps, lag = self.p._instruction_arrived(version, time.monotonic())
+        swaps, lag = self.p._instruction_arrived(version, self.now())
         self.out.instruction_swaps += swaps
         if lag is not None:
             self.out.max_instruction_lag_s = max(self.out.max_instruction_lag_s or 0.0, lag)

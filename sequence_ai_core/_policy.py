@@ -11,11 +11,11 @@ from __future__ import annotations
 import asyncio
 import math
 import threading
-import time
 import warnings
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from ._buffer import ChunkBuffer
+from ._clock import MONOTONIC, Clock
 from ._config import resolve_api_key, resolve_gateway_url
 from ._delay import DelayEstimate
 from ._contract import check_expect, check_observation, drop_undeclared_views
@@ -90,7 +90,8 @@ class AsyncPolicy:
         self._validate_mode = options.validate
         self._on_warming = options.on_warming
         self._buffer = ChunkBuffer()
-        self._interrupt = Interrupt()
+        self._clock: Clock = MONOTONIC   # the engine's time (``_clock.py``); tests swap in a LoopClock
+        self._interrupt = Interrupt(self._clock)
         #: the robot's Operator (``ConnectOptions.operator``, else a fresh inactive one): while it is
         #: active run()/act() return ``operator`` without moving, and a run under way holds and ends
         self.operator: Operator = options.operator if options.operator is not None else Operator()
@@ -106,6 +107,14 @@ class AsyncPolicy:
         self._warned_views: set = set()
         self._catalogue_row: Optional[ModelInfo] = None
         self._episode_params: Tuple[Optional[str], Dict[str, Any]] = (None, {})
+
+    def _use_clock(self, clock: Clock) -> None:
+        """Time every later run on ``clock`` (``_clock.py``; tests: a ``LoopClock`` of a virtual-time
+        event loop). Call between runs, never during one. Raises TypeError for a non-Clock."""
+        if not isinstance(clock, Clock):
+            raise TypeError(f"clock must be a sequence_ai_core._clock.Clock, not {type(clock).__name__}")
+        self._clock = clock
+        self._interrupt.clock = clock
 
     # ------------------------------------------------------------ lifecycle
 
@@ -141,7 +150,7 @@ class AsyncPolicy:
         wait point of its own (a run's is left alone). Raises SequencesError (code
         ``interrupted``) when interrupted; a cancellation from outside cancels the task too.
         """
-        waiting = Interrupt()
+        waiting = Interrupt(self._clock)
         token = waiting.bind()
         self._stops.add(token)
         task = asyncio.ensure_future(coro)
@@ -233,10 +242,10 @@ class AsyncPolicy:
         Raises:
             Unavailable: still warming after ``timeout_s`` (``.warming`` True), or it failed.
         """
-        t0 = time.monotonic()
+        t0 = self._clock.now()
         while True:
             ok, eta = await self.ready()
-            waited = time.monotonic() - t0
+            waited = self._clock.now() - t0
             if ok:
                 return waited
             if waited >= timeout_s:
@@ -268,7 +277,7 @@ class AsyncPolicy:
                 return
             self._instruction = instruction
             self._instr_version += 1
-            self._instr_set_at[self._instr_version] = time.monotonic()
+            self._instr_set_at[self._instr_version] = self._clock.now()
 
     def _pin_instruction(self, instruction: Optional[str]) -> None:
         """Set the instruction without counting a swap (the start of act())."""
