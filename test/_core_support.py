@@ -38,21 +38,23 @@ def observation(instruction: str = "put the red cube on the green pad", gripper:
 
 
 class Recorder:
-    """act() target: keeps (monotonic time, row) for every action it is given."""
+    """act() target: keeps (time, row) for every action it is given; ``now`` reads the time (s):
+    ``time.monotonic`` unless given (a virtual-time test passes its loop's ``time``)."""
 
-    def __init__(self):
+    def __init__(self, now=time.monotonic):
+        self.now = now
         self.times: list[float] = []
         self.rows: list[list[float]] = []
         self.holds = 0
         self.hold_times: list[float] = []
 
     def __call__(self, row):
-        self.times.append(time.monotonic())
+        self.times.append(self.now())
         self.rows.append(list(row))
 
     def hold(self):
         self.holds += 1
-        self.hold_times.append(time.monotonic())
+        self.hold_times.append(self.now())
 
     @property
     def chunk_ids(self):
@@ -90,7 +92,8 @@ def unique(name: str) -> str:
 class InProcessWire:
     """An in-process stand-in for ``sequence_ai_core._wire.Wire``: ``act`` answers request ``i``
     (0 = the connection's first) with ``answer(i)``'s chunk after its delay (s), as the worker
-    would. Records ``calls``, the monotonic time each request ``started``, the requests
+    would (on the event loop's clock: under test/_vclock.py the delay is virtual). Records ``calls``,
+    the loop time (s) each request ``started``, the requests
     ``in_flight`` and their maximum, and the episode ``ended`` last. Subclasses define ``answer``."""
 
     def __init__(self, contract=None) -> None:
@@ -109,7 +112,7 @@ class InProcessWire:
     async def act(self, observation, *, params=None, episode_id=None, delay=None):
         i = self.calls
         self.calls += 1
-        self.started.append(time.monotonic())
+        self.started.append(asyncio.get_running_loop().time())  # the loop's clock: virtual or monotonic
         self.in_flight += 1
         self.max_in_flight = max(self.max_in_flight, self.in_flight)
         delay_s, chunk = self.answer(i)

@@ -11,9 +11,9 @@ test_core_loop.py runs lookahead against the real worker.
 """
 from __future__ import annotations
 
-import asyncio
-
 import pytest
+
+import _vclock
 
 from _core_support import InProcessWire
 from sequence_ai_core import ActionChunk, AsyncPolicy
@@ -54,7 +54,7 @@ def drive(lookahead: int, max_actions: int, delays=None):
                                 act, max_actions=max_actions, lookahead=lookahead,
                                 validate=lambda row: True, progress=False)
 
-    return asyncio.run(main()), wire, acted, queued
+    return _vclock.drive(policy, main), wire, acted, queued
 
 
 @pytest.mark.parametrize("lookahead", [1, 2, 3])

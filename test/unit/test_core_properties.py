@@ -10,21 +10,22 @@
 Hundreds of runs do not fit a real server's round trips, so here the worker's answers come from
 ``ScriptedWire``, an in-process stand-in for ``_wire.Wire.act`` that returns generated chunks
 after generated delays; everything else (AsyncPolicy, ControlLoop, buffer, seam, limits,
-pacing, interrupt) is the real engine. test_core_client.py checks the same promises against the
+pacing, interrupt) is the real engine, timed on virtual time (``test/_vclock.py``): each run is
+seconds of 15 Hz control that costs milliseconds, with the same steps every time. test_core_client.py checks the same promises against the
 real worker.
 """
 from __future__ import annotations
 
-import asyncio
 import math
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import _vclock
 from _core_support import InProcessWire
 from sequence_ai_core import ActionChunk, AsyncPolicy
 
-HZ = 500.0  # fast ticks keep each generated run to a few milliseconds
+HZ = 15.0  # the pick-place rate: on virtual time (test/_vclock.py) a run costs milliseconds however slow
 DIM = 3
 
 
@@ -64,8 +65,9 @@ def chunks_of(space):
         min_size=1, max_size=4)
 
 
-delays = st.lists(st.sampled_from([0.0, 0.001, 0.004, 0.012]), min_size=1, max_size=4)
-SETTINGS = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# turnarounds of 0, 1/2, 2 and 6 control periods (s)
+delays = st.lists(st.sampled_from([0.0, 0.5 / HZ, 2.0 / HZ, 6.0 / HZ]), min_size=1, max_size=4)
+SETTINGS = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 @SETTINGS
@@ -96,7 +98,7 @@ def test_no_act_after_hold(chunks, delays, stop_at, how, prefetch, lookahead, sm
         except RuntimeError:
             return None
 
-    out = asyncio.run(main())
+    out = _vclock.drive(policy, main)
     if "hold" in events:
         assert events.count("hold") == 1
         assert "act" not in events[events.index("hold"):]
@@ -119,7 +121,7 @@ def test_no_action_outside_the_declared_limits_reaches_act(chunks, delays, prefe
         return await policy.run(observe, acted.append, max_actions=20, validate=lambda r: True,
                                 prefetch=prefetch, smooth_seam=smooth, progress=False)
 
-    asyncio.run(main())
+    _vclock.drive(policy, main)
     assert acted
     for r in acted:
         for v, (lo, hi) in zip(r, bounds):
@@ -148,7 +150,7 @@ def test_delta_chunks_are_never_modified(space, chunk_rows, delays, prefetch, sm
         return await policy.run(observe, acted.append, max_actions=total, validate=lambda r: True,
                                 prefetch=prefetch, smooth_seam=smooth, lookahead=lookahead, progress=False)
 
-    out = asyncio.run(main())
+    out = _vclock.drive(policy, main)
     # every acted row is, in order, a row the policy sent: chunk after chunk, whole chunks
     expected = []
     i = 0
@@ -174,7 +176,7 @@ def test_no_delta_step_over_max_delta_reaches_act(space, chunk_rows, delays, pre
         return await policy.run(observe, acted.append, max_actions=20, validate=lambda r: True,
                                 prefetch=prefetch, smooth_seam=smooth, progress=False)
 
-    asyncio.run(main())
+    _vclock.drive(policy, main)
     expected = []
     i = 0
     while len(expected) < 20:
