@@ -31,7 +31,8 @@ def connect(model: str, **options: Any) -> Policy:
     Args:
         model: the deployment name (``seq deploy`` / ``POST /v1/deployments``).
         **options: ``ConnectOptions`` fields: api_key, gateway_url, params, expect, validate,
-            on_warming, on_queue, timeout_s, body_format, transport (meaning and defaults there).
+            on_warming, on_queue, timeout_s, body_format, transport, operator, request_hz
+            (meaning and defaults there).
 
     Raises:
         AuthError: no key (the hint names the local key file) or a refused key.

@@ -22,6 +22,7 @@ __all__ = ["ConnectOptions", "DEFAULT_TIMEOUT_S", "DEFAULT_BODY_FORMAT", "VALIDA
            "print_queue_position", "options_signature"]
 
 DEFAULT_TIMEOUT_S = 60.0
+MIN_REQUEST_HZ, MAX_REQUEST_HZ = 0.01, 1000.0   # the chunks per second a robot may declare (the gateway's bounds)
 # /act body format: "auto" sends the binary framing and falls back to JSON on a 415.
 DEFAULT_BODY_FORMAT = "auto"
 VALIDATE_MODES = ("warn", "strict", "off")
@@ -81,9 +82,14 @@ class ConnectOptions:
             active, run()/act() return ``reason="operator"`` without moving, and a run under way
             holds within one control period and ends ``operator``. Default: a fresh one, inactive,
             read back as ``policy.operator``.
+        request_hz: the chunks per second this robot asks for (its control rate over the rows it
+            plays per chunk, e.g. 15 Hz replanning every 8 rows: 1.875), declared at connect so
+            the gateway admits robots onto a worker by their real rates. Default None: the
+            gateway derives it from the contract (``control_frequency_hz`` over the session's
+            ``replan_steps`` / ``open_loop_horizon`` param, else 8 rows).
 
     Raises ValueError (on construction) for an unknown ``validate``/``body_format``/``transport`` or a
-    ``timeout_s`` that is not a finite number > 0, and TypeError for a callback that is not callable.
+    ``timeout_s`` that is not a finite number > 0 or a ``request_hz`` outside [0.01, 1000], and TypeError for a callback that is not callable.
     """
 
     api_key: Optional[str] = None
@@ -97,6 +103,7 @@ class ConnectOptions:
     body_format: str = DEFAULT_BODY_FORMAT
     transport: Optional[str] = None
     operator: Optional[Operator] = None
+    request_hz: Optional[float] = None
 
     def __post_init__(self) -> None:
         if self.validate not in VALIDATE_MODES:
@@ -114,6 +121,12 @@ class ConnectOptions:
                 raise TypeError(f"{name} must be a callable or None, not {type(fn).__name__}")
         if self.operator is not None and not isinstance(self.operator, Operator):
             raise TypeError(f"operator must be a sequence_ai.Operator, not {type(self.operator).__name__}")
+        if self.request_hz is not None and (isinstance(self.request_hz, bool)
+                                            or not isinstance(self.request_hz, (int, float))
+                                            or not math.isfinite(self.request_hz)
+                                            or not MIN_REQUEST_HZ <= self.request_hz <= MAX_REQUEST_HZ):
+            raise ValueError(f"request_hz must be a number of chunks per second in [{MIN_REQUEST_HZ:g}, "
+                             f"{MAX_REQUEST_HZ:g}], not {self.request_hz!r}")
         if self.params is not None and not isinstance(self.params, dict):
             raise TypeError(f"params must be a dict of inference parameters, not {type(self.params).__name__}")
 

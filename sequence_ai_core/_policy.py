@@ -84,7 +84,7 @@ class AsyncPolicy:
         self._on_queue = options.on_queue if options.on_queue is not None else print_queue_position()
         self._wire = WorkerLink(self.gateway_url, resolve_api_key(options.api_key), model, options.params,
                                 options.timeout_s, body_format=options.body_format, on_queue=self._on_queue,
-                                transport=options.transport)
+                                transport=options.transport, request_hz=options.request_hz)
         self.last_episode_id: Optional[str] = None
         self._expect = dict(options.expect) if options.expect else None
         self._validate_mode = options.validate

@@ -184,6 +184,8 @@ class WorkerLink(LeaseRenewal):
         transport: how /act travels (``TRANSPORTS``): "auto" (the persistent channel when the
             ``websockets`` package is installed and the worker has one, else HTTP), "http" or
             "channel". None: ``$SEQUENCE_AI_TRANSPORT``, else "auto".
+        request_hz: the chunks per second sent as ``request_hz`` with each connect (the gateway's
+            admission counts the robot at it); None: not sent.
 
     Raises ValueError for an unknown body_format or transport.
     """
@@ -192,7 +194,7 @@ class WorkerLink(LeaseRenewal):
                  params: Optional[Dict[str, Any]] = None, timeout_s: float = 60.0,
                  body_format: str = "json",
                  on_queue: Optional[Callable[[int, Optional[float]], Any]] = None,
-                 transport: Optional[str] = None) -> None:
+                 transport: Optional[str] = None, request_hz: Optional[float] = None) -> None:
         if body_format not in BODY_FORMATS:
             raise ValueError(f"body_format must be one of {BODY_FORMATS}, not {body_format!r}")
         self.body_format = body_format
@@ -220,6 +222,7 @@ class WorkerLink(LeaseRenewal):
         if transport is None:
             transport = os.environ.get("SEQUENCE_AI_TRANSPORT") or "auto"
         self.transports = Transports(transport, timeout_s, lambda: self.http)
+        self.request_hz = request_hz            # chunks/s declared at connect (None: the gateway derives it)
 
     @property
     def http(self) -> httpx.AsyncClient:
@@ -269,6 +272,8 @@ class WorkerLink(LeaseRenewal):
         """
         url = f"{self.gateway_url}/v1/connect"
         body: Dict[str, Any] = {"model": self.model, "params": self.params}
+        if self.request_hz is not None:
+            body["request_hz"] = self.request_hz
         if self.ticket:
             body["ticket"] = self.ticket
         try:

@@ -1,7 +1,8 @@
 """Admission for real: a gateway process and CPU workers of the echo policy (15 Hz, so a robot
 asks for a chunk every 8 rows, 533 ms, unless it says otherwise). With
 ``@seq.concurrent(max_inputs=3)`` one worker admits three robots by count before it has measured
-anything, and the fourth connect is refused with deployment_full naming the count. A policy
+anything (one of them the real client, declaring its request_hz), and the fourth connect is
+refused with deployment_full naming the count. A policy
 whose calls take 100 ms admits robots only while the worst round trip its worker predicts from
 its own measured calls stays within their deadlines: the next connect is refused with the
 numbers (robots, requests/s, predicted worst round trip, deadline) although max_inputs allows more."""
@@ -11,6 +12,7 @@ from pathlib import Path
 
 import httpx
 
+import sequence_ai
 from _core_support import ECHO
 from _servers import GatewayProcess, echo_observation
 from _wait import eventually
@@ -34,13 +36,16 @@ def test_max_inputs_admits_that_many_robots_on_one_worker_then_refuses_with_the_
         for bad in (0, -2.5, 1e9, 1e-300, "fast", "5", True):      # a declared rate is checked, strictly
             r = gw.client.post("/v1/connect", json={"model": "crowd", "request_hz": bad})
             assert r.status_code == 400 and r.json()["code"] == "invalid_request" and "request_hz" in r.text, r.text
-        conns = [gw.connect_ready("crowd") for _ in range(3)]
-        assert len({c["worker_url"] for c in conns}) == 1          # one worker, three robots
+        robot = sequence_ai.connect("crowd", api_key=gw.api_key, gateway_url=gw.url, request_hz=0.25)
+        conns = [gw.connect_ready("crowd") for _ in range(2)]
+        assert {c["worker_url"] for c in conns} == {robot._engine._wire.session.worker_url}   # one worker, three robots
         r = gw.connect("crowd")
         assert r.status_code == 503 and r.json()["code"] == "deployment_full", r.text
         assert "(3 of 3)" in r.json()["detail"] and r.json()["details"]["held"] == 3
         [w] = gw.status("crowd")["workers"]
         assert len(w["robots"]) == 3 and w["admission"]["cap"] == 3
+        assert w["admission"]["rate_hz"] == round(0.25 + 2 * 15.0 / 8, 3)      # the client's declared rate counts
+        robot.close()
         assert w["slots"] == {"used": 3, "total": 3}               # max_inputs, not the one replica
         # warm workers: no more than the deployment may run (a CPU policy without max_gpus: 1),
         # and a count is a number, not a string

@@ -277,6 +277,7 @@ def test_connect_and_aconnect_take_the_same_options_declared_once():
     assert policy.options == ConnectOptions(gateway_url="http://127.0.0.1:9", api_key="k", params={"a": 1},
                                             timeout_s=5.0)
     assert policy._wire.timeout_s == 5.0 and policy._wire.params == {"a": 1}
+    assert sequence_ai.aconnect("m", api_key="k", request_hz=1.875)._wire.request_hz == 1.875
 
 
 def test_bad_connect_options_are_refused_with_what_to_pass():
@@ -288,6 +289,9 @@ def test_bad_connect_options_are_refused_with_what_to_pass():
         sequence_ai.aconnect("m", api_key="k", body_format="xml")
     with pytest.raises(ValueError, match="timeout_s"):
         sequence_ai.aconnect("m", api_key="k", timeout_s=0)
+    for bad in (0, -1.0, float("nan"), 5000.0, True, "2"):
+        with pytest.raises(ValueError, match="request_hz must be a number of chunks per second"):
+            sequence_ai.aconnect("m", api_key="k", request_hz=bad)
     with pytest.raises(TypeError, match="on_queue must be a callable"):
         sequence_ai.aconnect("m", api_key="k", on_queue="print")
     with pytest.raises(TypeError, match="connect\\(\\) got unexpected"):
