@@ -19,6 +19,16 @@ from typing import Any, Optional
 __all__ = ["GatewayError", "GatewayClient", "data_dir_of"]
 
 
+def _skip_httpx_cli() -> None:
+    """Before the first ``import httpx``: mark httpx's own command-line client (``httpx._main``:
+    click, rich's progress and pygments' lexers) absent, so httpx puts its stub ``main`` in its
+    place; ``seq`` never runs it, and it was 20 ms of each command's CPU. A process that imported
+    httpx already keeps it as it is."""
+    import sys
+    if "httpx" not in sys.modules:
+        sys.modules.setdefault("httpx._main", None)
+
+
 class GatewayError(Exception):
     """A gateway's refusal (its error body's ``code``, ``detail``, ``hint``, ``request_id``) or a
     failure found before asking (``unreachable``, ``unauthorized``, ...); ``extra`` holds a
@@ -46,6 +56,7 @@ class GatewayClient:
     """
 
     def __init__(self, url: Optional[str], api_key: Optional[str], data_dir: Optional[Path]):
+        _skip_httpx_cli()
         import httpx
         from sequence_ai_core import AuthError, resolve_api_key, resolve_gateway_url
         self.url = resolve_gateway_url(url)

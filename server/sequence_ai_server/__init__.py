@@ -10,4 +10,13 @@ its own and earlier ones; test/unit/test_layering.py checks it):
 - ``gateway``: deployments, keys, ``/v1/connect`` and the supervision of the workers:
   ``python -m sequence_ai_server.gateway``.
 """
+import sys as _sys
+
 __all__ = ["common", "worker", "launchers", "ops", "gateway"]
+
+# httpx's package imports its command-line client (httpx._main: click, rich, pygments), 40 ms of
+# CPU in every gateway and worker start, used by no server. Marked absent before httpx is first
+# imported, httpx puts its own stub ``httpx.main`` in its place (its fallback for an install
+# without the cli extra); a process that imported httpx already keeps it as it is.
+if "httpx" not in _sys.modules:
+    _sys.modules.setdefault("httpx._main", None)
