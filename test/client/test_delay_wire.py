@@ -98,7 +98,7 @@ def test_a_policy_that_does_not_declare_them_gets_neither(tmp_path):
 def test_a_guided_policy_runs_aligned_with_the_prefix_and_the_delay_on_the_wire(module_gateway, delay_model):
     rec = Recorder()
     with connect(module_gateway, delay_model) as policy:
-        out = policy.run(joints, rec, max_actions=40, hold=rec.hold, params={"latency_s": 0.25}, progress=False)
+        out = policy.run(joints, rec, max_actions=25, hold=rec.hold, params={"latency_s": 0.25}, progress=False)
     assert out.reason == "completed" and (out.merge, out.delay_mode) == ("aligned", "guided")
     assert out.seams.count >= 2 and out.stale_answers == 0
     keys = [(int(r[0]), int(r[1])) for r in rec.rows if r[0] >= 1 and r[0] == int(r[0]) and r[2] == int(r[2])]
@@ -129,7 +129,7 @@ def test_a_delay_growing_beyond_the_maximum_mid_run_holds_and_ends_typed(module_
     rec = Recorder()
     with connect(module_gateway, delay_model) as policy:
         out = policy.run(joints, rec, max_actions=200, hold=rec.hold, progress=False,
-                         params={"latency_s": 0.05, "slow_after": 4, "slow_s": 1.5})
+                         params={"latency_s": 0.05, "slow_after": 2, "slow_s": 1.5})
     assert out.reason == "delay_exceeded" and isinstance(out.fault, sequence_ai.DelayUnsupported)
     assert rec.holds == 1 and rec.hold_times[0] >= rec.times[-1] and 0 < len(rec.rows) < 200
 
