@@ -44,7 +44,7 @@ from sequence_ai_core.protocol import Contract
 
 from ._connect import account, aconnect, connect, models
 from ._chat import ChatResult, DecideResult, ToolCall, chat, decide
-from ._image import NativeJPEG, encode, encode_jpeg, encode_jpeg_bytes, observation
+from ._image import NativeJPEG, RawFrame, encode, encode_jpeg, encode_jpeg_bytes, observation
 from ._sync import Policy
 from ._prepare import prepare, to_joint_positions
 from . import recipes
@@ -65,6 +65,7 @@ __all__ = [
     "encode_jpeg",
     "encode_jpeg_bytes",
     "NativeJPEG",
+    "RawFrame",
     "Policy",
     "AsyncPolicy",
     "StopToken",

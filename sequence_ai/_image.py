@@ -31,7 +31,7 @@ from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
 from sequence_ai_core import ContractMismatch, ImageFrame, Observation, Proprioception
 from sequence_ai_core.protocol import Contract
 
-__all__ = ["encode", "encode_jpeg", "encode_jpeg_bytes", "encode_depth_png", "observation", "NativeJPEG"]
+__all__ = ["encode", "encode_jpeg", "encode_jpeg_bytes", "encode_depth_png", "observation", "NativeJPEG", "RawFrame"]
 
 JPEG_QUALITY = 95
 MAX_LONG_EDGE = 640
@@ -194,6 +194,49 @@ class NativeJPEG(bytes):
         return encode_jpeg_bytes(self.pixels, self.quality, (int(width), int(height)), self.view)
 
 
+class RawFrame(bytes):
+    """A frame's raw pixels with no codec: H x W x 3 uint8 RGB, row after row (the same-host
+    path's fidelity choice: the model sees the camera's pixels, not a JPEG of them; the wire
+    marks it ``"encoding": "rgb8"``). ``observation(codec="raw")`` builds them.
+
+    Attributes:
+        pixel_shape: ``(H, W, 3)``. view: the camera view (for error messages).
+    """
+
+    pixel_shape: Tuple[int, int, int]
+    view: str
+
+    @classmethod
+    def of(cls, image: Any, size: Optional[Tuple[int, int]] = None, view: str = "frame") -> "RawFrame":
+        """The pixels of ``image`` (any frame ``encode_jpeg_bytes`` takes; gray is made RGB),
+        resampled to ``size`` (width, height) when given and different (bilinear), else at its
+        own size with the long edge capped at 640 px. Raises ValueError as ``encode_jpeg_bytes``."""
+        np = _numpy()
+        arr = _as_array(image)
+        target = _target_size(arr, size, view)
+        if (arr.shape[1], arr.shape[0]) != target:
+            Image = _pil(f"resizing a {arr.shape[1]}x{arr.shape[0]} frame to {target[0]}x{target[1]}")
+            arr = np.asarray(Image.fromarray(arr).resize(target, Image.BILINEAR))
+        if arr.ndim == 2:
+            arr = np.repeat(arr[:, :, None], 3, axis=2)
+        out = cls(np.ascontiguousarray(arr).tobytes())   # a copy: the camera's buffer may be reused
+        out.pixel_shape, out.view = (int(arr.shape[0]), int(arr.shape[1]), 3), view
+        return out
+
+    @property
+    def size(self) -> Tuple[int, int]:
+        """``(width, height)`` (px)."""
+        return self.pixel_shape[1], self.pixel_shape[0]
+
+    def at_size(self, width: int, height: int) -> "RawFrame":
+        """These pixels at ``width x height`` (px): itself when already that size, else resampled.
+        Raises ValueError: the aspect ratio differs from ``width:height`` (crop first)."""
+        if self.size == (int(width), int(height)):
+            return self
+        pixels = _numpy().frombuffer(self, dtype="uint8").reshape(self.pixel_shape)
+        return RawFrame.of(pixels, (int(width), int(height)), self.view)
+
+
 def encode_jpeg(image: Any, quality: int = JPEG_QUALITY) -> str:
     """One frame as base64 JPEG text (what ``ImageFrame.data`` carries), at its own size.
 
@@ -320,6 +363,25 @@ def _check_proprio(contract: Contract, fields: Mapping[str, Any]) -> None:
                                    hint="send the last valid reading, or stop: the worker refuses it")
 
 
+def _encoded(images: Mapping[str, Any], sizes: Dict[str, Tuple[int, int, bool]], history: int, quality: int,
+             codec: str, timestamp_ms: Optional[float]) -> list:
+    """``observation()``'s frames: each declared (or, with no declaration, every) view's frames
+    encoded at its declared size -- JPEG, or raw pixels for ``codec="raw"``."""
+    frames = []
+    for view, given in images.items():
+        if sizes and view not in sizes:
+            continue
+        size = sizes[view][:2] if view in sizes else None
+        for frame in _frames_of(view, given, history if view in sizes else 1):
+            if codec == "raw":
+                data: Any = RawFrame.of(frame, size, view)
+            else:
+                data = (encode_jpeg_bytes(frame, quality, size, view) if size is not None
+                        else NativeJPEG.of(frame, quality, view))
+            frames.append(ImageFrame(view=view, data=data, timestamp_ms=timestamp_ms))
+    return frames
+
+
 def observation(model: Any = None, *, images: Mapping[str, Any], joints: Sequence[float],
                 gripper: Optional[Sequence[float]] = None, instruction: str = "",
                 contract: Optional[Mapping[str, Any]] = None,
@@ -327,7 +389,7 @@ def observation(model: Any = None, *, images: Mapping[str, Any], joints: Sequenc
                 joint_velocities: Optional[Sequence[float]] = None,
                 end_effector_pose: Optional[Sequence[float]] = None,
                 timestamp_ms: Optional[float] = None,
-                quality: int = JPEG_QUALITY) -> Observation:
+                quality: int = JPEG_QUALITY, codec: str = "jpeg") -> Observation:
     """Build an ``Observation``; with a model or a contract, checked against its declaration locally.
 
     Three forms::
@@ -359,6 +421,11 @@ def observation(model: Any = None, *, images: Mapping[str, Any], joints: Sequenc
         depth_unit: ``"m"`` (default) or ``"mm"``: the unit of the depth maps given.
         joint_velocities, end_effector_pose: optional proprioception fields.
         timestamp_ms: capture time stamped on every frame (ms), optional.
+        codec: ``"jpeg"`` (default, quality ``quality``) or ``"raw"``: each frame's pixels with
+            no codec (:class:`RawFrame`, at the declared size as above). Raw is a fidelity
+            choice for the same-host path (``connect(body_format="shm")``): the model sees the
+            camera's pixels rather than a JPEG of them, so a model served remotely and locally
+            no longer sees the same input; a raw frame is ~10x a JPEG's bytes on a network.
 
     Raises (all before anything is encoded or sent):
         ContractMismatch: what the worker would refuse: a declared view or depth frame missing,
@@ -366,11 +433,14 @@ def observation(model: Any = None, *, images: Mapping[str, Any], joints: Sequenc
             (named, with the declared width), a NaN or infinity in one.
         ValueError: a frame's aspect ratio differs from its camera's (crop first), bad pixels.
         TypeError: both ``model`` and ``contract`` given.
+        ValueError: a ``codec`` other than ``"jpeg"`` or ``"raw"``.
 
     A view the declaration does not name is dropped with a warning naming it, not sent.
     """
     if model is not None and contract is not None:
         raise TypeError("pass the model or contract=, not both")
+    if codec not in ("jpeg", "raw"):
+        raise ValueError(f'codec must be "jpeg" or "raw", not {codec!r}')
     contract = _contract_of(model if contract is None else contract)
     sizes = _declared_sizes(contract)
     history = contract.observation.history if contract.observation is not None else 1
@@ -378,17 +448,8 @@ def observation(model: Any = None, *, images: Mapping[str, Any], joints: Sequenc
         _check_views(sizes, images, depth)
     _check_proprio(contract, {"joint_positions": joints, "gripper": gripper,
                               "joint_velocities": joint_velocities, "end_effector_pose": end_effector_pose})
-    frames = []
-    for view, given in images.items():
-        if sizes and view not in sizes:
-            continue
-        size = sizes[view][:2] if view in sizes else None
-        for frame in _frames_of(view, given, history if view in sizes else 1):
-            data = (encode_jpeg_bytes(frame, quality, size, view) if size is not None
-                    else NativeJPEG.of(frame, quality, view))
-            frames.append(ImageFrame(view=view, data=data, timestamp_ms=timestamp_ms))
     obs = Observation(
-        images=frames,
+        images=_encoded(images, sizes, history, quality, codec, timestamp_ms),
         proprioception=Proprioception(joint_positions=joints, gripper=gripper,
                                       joint_velocities=joint_velocities,
                                       end_effector_pose=end_effector_pose),

@@ -24,8 +24,8 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from . import _channel
-from .protocol import CHANNEL_FORMAT_BINARY, CHANNEL_FORMAT_JSON, MAX_BODY_BYTES
+from . import _channel, _shm
+from .protocol import ANSWER_BINARY, ANSWER_HEADER, MAX_BODY_BYTES
 
 __all__ = ["BlockingChannel", "available"]
 
@@ -57,15 +57,19 @@ class BlockingChannel:
         worker_url: the worker's base URL (``http://127.0.0.1:PORT``).
         token: the direct secret / lease token it is opened with (``Authorization: Bearer``).
         timeout_s: how long a request may take, send and answer together (s).
+        shm: send binary bodies' frames through a shared-memory segment (the same-host path,
+            ``_shm``; the worker must run on this machine as this user).
     """
 
-    def __init__(self, worker_url: str, token: str, timeout_s: float) -> None:
+    def __init__(self, worker_url: str, token: str, timeout_s: float, shm: bool = False) -> None:
         self.worker_url, self.token, self.timeout_s = worker_url, token, timeout_s
+        self.segment = _shm.ShmSegment() if shm else None
         self._sock: Optional[socket.socket] = None
         self._proto: Any = None
         self._seq = 0
         self._partial: List[bytes] = []
         self.requests = 0
+        self.binary_answers = False     # the worker echoed protocol.ANSWER_HEADER: 200s are binary
 
     @property
     def open(self) -> bool:
@@ -94,6 +98,7 @@ class BlockingChannel:
             self._proto = proto = _ClientProtocol(_parse_uri(url), max_size=MAX_BODY_BYTES + 1024)
             request = proto.connect()
             request.headers["Authorization"] = f"Bearer {self.token}"
+            request.headers[ANSWER_HEADER] = ANSWER_BINARY
             proto.send_request(request)
             self._flush(deadline)
             response = None
@@ -107,6 +112,7 @@ class BlockingChannel:
             self.abort()
             raise
         if proto.handshake_exc is None:
+            self.binary_answers = response.headers.get(ANSWER_HEADER) == ANSWER_BINARY
             return None
         self.abort()
         body = bytes(response.body or b"")
@@ -158,8 +164,7 @@ class BlockingChannel:
         sent = False
         try:
             self._take_pending()          # a close the worker sent while we were idle
-            proto.send_binary(_channel._REQUEST_HEAD.pack(seq, CHANNEL_FORMAT_BINARY if binary else CHANNEL_FORMAT_JSON)
-                              + content)
+            proto.send_binary(_channel.request_message(seq, content, binary, self.segment))
             sent = True
             self._flush(deadline)
             while True:
@@ -168,8 +173,10 @@ class BlockingChannel:
                         got, status = _channel._ANSWER_HEAD.unpack_from(message)
                         if got == seq:
                             self.requests += 1
-                            return httpx.Response(status, content=message[_channel._ANSWER_HEAD.size:],
-                                                  headers={"content-type": "application/json"})
+                            if self.segment is not None:
+                                self.segment.answered()   # the worker holds it open: no one else may open it
+                            return _channel.answer_response(status, message[_channel._ANSWER_HEAD.size:],
+                                                            self.binary_answers)
         except socket.timeout as exc:  # the deadline passed
             self.abort()
             raise TimeoutError(f"no /act answer within {self.timeout_s:g} s") from exc
@@ -282,6 +289,8 @@ class BlockingChannel:
     def abort(self) -> None:
         """Close the socket at once (no closing handshake). Idempotent."""
         sock, self._sock = self._sock, None
+        if self.segment is not None:
+            self.segment.close()        # the next channel makes its own
         if sock is not None:
             try:
                 sock.close()

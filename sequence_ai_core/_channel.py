@@ -25,12 +25,46 @@ from typing import Any, Optional
 
 import httpx
 
-from .protocol import ACT_CHANNEL_PATH, CHANNEL_FORMAT_BINARY, CHANNEL_FORMAT_JSON, MAX_BODY_BYTES
+from . import _shm
+from ._errors import TransportError
+from .protocol import (ACT_CHANNEL_PATH, ANSWER_BINARY, ANSWER_HEADER, BINARY_ANSWER_CONTENT_TYPE, CHANNEL_FORMAT_BINARY,
+                       CHANNEL_FORMAT_JSON, CHANNEL_FORMAT_SHM, MAX_BODY_BYTES, FramingError, decode_act_answer)
 
 __all__ = ["ActChannel", "ChannelDropped", "ChannelUnsupported", "available", "channel_url"]
 
 _REQUEST_HEAD = struct.Struct(">IB")
 _ANSWER_HEAD = struct.Struct(">IH")
+_JSON_HEADERS = {"content-type": "application/json"}
+_BINARY_HEADERS = {"content-type": BINARY_ANSWER_CONTENT_TYPE}
+
+
+def answer_response(status: int, body: bytes, binary_answers: bool) -> httpx.Response:
+    """One channel answer's body as the ``httpx.Response`` the wire reads: a 200 on a channel
+    whose worker echoed ``protocol.ANSWER_HEADER`` is the binary answer (its content type
+    ``BINARY_ANSWER_CONTENT_TYPE``: ``protocol.decode_act_answer`` reads it), anything else JSON."""
+    return httpx.Response(status, content=body,
+                          headers=_BINARY_HEADERS if binary_answers and status == 200 else _JSON_HEADERS)
+
+
+def request_message(seq: int, content: bytes, binary: bool, segment: Any) -> bytes:
+    """One request message: the 5-byte head then the body; with a same-host ``segment``
+    (``_shm.ShmSegment``) a binary body's frames go into it (``CHANNEL_FORMAT_SHM``)."""
+    if segment is not None and binary:
+        return _REQUEST_HEAD.pack(seq, CHANNEL_FORMAT_SHM) + _shm.shm_message(segment, content)
+    return _REQUEST_HEAD.pack(seq, CHANNEL_FORMAT_BINARY if binary else CHANNEL_FORMAT_JSON) + content
+
+
+def answer_data(response: httpx.Response) -> Any:
+    """A 2xx /act answer's data: its JSON, or the channel's binary answer decoded
+    (``protocol.decode_act_answer``). Raises TransportError for a binary answer that does not
+    decode (a worker fault)."""
+    if response.headers.get("content-type") != BINARY_ANSWER_CONTENT_TYPE:
+        return response.json()
+    try:
+        return decode_act_answer(response.content)
+    except FramingError as exc:
+        raise TransportError(f"the worker's binary /act answer is malformed: {exc}",
+                             hint="the worker and this client disagree on protocol.encode_act_answer") from None
 # Open (upgrade) timeout (s): a worker on loopback answers in milliseconds.
 OPEN_TIMEOUT_S = 10.0
 # Keepalive pings while the channel is idle (s); a dead peer is noticed within about twice this.
@@ -117,13 +151,17 @@ class ActChannel:
         worker_url: the worker's base URL (``http://127.0.0.1:PORT``).
         token: the direct secret / lease token, sent as ``Authorization: Bearer`` when opening.
         timeout_s: how long a request may wait for its answer (s; the wire's ``timeout_s``).
+        shm: send binary bodies' frames through a shared-memory segment (the same-host path,
+            ``_shm``; the worker must run on this machine as this user).
     """
 
-    def __init__(self, worker_url: str, token: str, timeout_s: float) -> None:
+    def __init__(self, worker_url: str, token: str, timeout_s: float, shm: bool = False) -> None:
         self.worker_url, self.token, self.timeout_s = worker_url, token, timeout_s
+        self.segment = _shm.ShmSegment() if shm else None
         self._ws: Any = None
         self._seq = 0
         self.requests = 0
+        self.binary_answers = False     # the worker echoed protocol.ANSWER_HEADER: 200s are binary
 
     @property
     def open(self) -> bool:
@@ -140,7 +178,8 @@ class ActChannel:
         """
         try:
             self._ws = await _ws_connect(
-                channel_url(self.worker_url), additional_headers={"Authorization": f"Bearer {self.token}"},
+                channel_url(self.worker_url),
+                additional_headers={"Authorization": f"Bearer {self.token}", ANSWER_HEADER: ANSWER_BINARY},
                 max_size=MAX_BODY_BYTES + 1024, compression=None, open_timeout=min(OPEN_TIMEOUT_S, self.timeout_s),
                 ping_interval=PING_INTERVAL_S, ping_timeout=PING_INTERVAL_S, proxy=None, user_agent_header=None)
         except _InvalidStatus as exc:
@@ -153,6 +192,7 @@ class ActChannel:
                                      f"{response.status_code}") from None
         except (OSError, asyncio.TimeoutError, _WsError) as exc:
             raise ChannelDropped(f"could not open the /act channel to {self.worker_url}: {exc!r}") from exc
+        self.binary_answers = self._ws.response.headers.get(ANSWER_HEADER) == ANSWER_BINARY
         return None
 
     async def request(self, content: bytes, binary: bool) -> httpx.Response:
@@ -163,12 +203,12 @@ class ActChannel:
         """
         self._seq = (self._seq + 1) & 0xFFFFFFFF
         seq = self._seq
-        head = _REQUEST_HEAD.pack(seq, CHANNEL_FORMAT_BINARY if binary else CHANNEL_FORMAT_JSON)
+        message = request_message(seq, content, binary, self.segment)
         ws = self._ws
         sent = False
         try:
             async with _timeout(self.timeout_s):      # the send too: a stalled worker stops reading
-                await ws.send(head + content)
+                await ws.send(message)
                 sent = True
                 while True:
                     answer = await ws.recv(decode=False)
@@ -184,14 +224,16 @@ class ActChannel:
             raise
         except (_Closed, OSError) as exc:
             self._ws = None
+            self._release()
             if isinstance(exc, _Closed) and exc.rcvd is not None and exc.rcvd.code == 1009:
                 return _too_large(len(content))      # the worker would not read it: as HTTP's 413
             dropped = ChannelDropped(f"the /act channel to {self.worker_url} closed: {exc!r}")
             dropped.sent = sent
             raise dropped from exc
         self.requests += 1
-        return httpx.Response(status, content=answer[_ANSWER_HEAD.size:],
-                              headers={"content-type": "application/json"})
+        if self.segment is not None:
+            self.segment.answered()    # the worker holds it open now: no other process may open it
+        return answer_response(status, answer[_ANSWER_HEAD.size:], self.binary_answers)
 
     async def refresh(self, token: str) -> None:
         """Hand the worker ``token`` (a renewed lease of this session) for the requests that follow
@@ -212,9 +254,15 @@ class ActChannel:
         """Forget ``ws`` and abort its connection at once (no closing handshake: it is stuck)."""
         if self._ws is ws:
             self._ws = None
+            self._release()
         transport = getattr(ws, "transport", None)
         if transport is not None:
             transport.abort()
+
+    def _release(self) -> None:
+        """Unmap and unlink the same-host segment (a closed channel's; the next one makes its own)."""
+        if self.segment is not None:
+            self.segment.close()
 
     def _cancel_soon(self, seq: int) -> None:
         """Tell the worker to drop request ``seq`` if it has not started (best effort, not awaited)."""
@@ -229,6 +277,7 @@ class ActChannel:
         connection is aborted all the same (a hung worker never answers the close; its socket
         must not stay open until garbage collection)."""
         ws, self._ws = self._ws, None
+        self._release()
         if ws is not None:
             try:
                 await asyncio.wait_for(ws.close(), 2.0)

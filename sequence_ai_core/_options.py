@@ -26,7 +26,7 @@ MIN_REQUEST_HZ, MAX_REQUEST_HZ = 0.01, 1000.0   # the chunks per second a robot 
 # /act body format: "auto" sends the binary framing and falls back to JSON on a 415.
 DEFAULT_BODY_FORMAT = "auto"
 VALIDATE_MODES = ("warn", "strict", "off")
-_BODY_FORMATS = ("json", "binary", "auto")
+_BODY_FORMATS = ("json", "binary", "auto", "shm")
 
 
 class _QueueLine:
@@ -72,8 +72,12 @@ class ConnectOptions:
             or on ``interrupt()``/Ctrl-C, which also gives the place in line up.
         timeout_s: HTTP timeout per request (s), default ``DEFAULT_TIMEOUT_S`` (60).
         body_format: how /act bodies are sent: ``"json"`` (base64 frames), ``"binary"`` (the
-            framed body of docs/design.md: raw JPEG bytes, no base64) or ``"auto"`` (default:
-            binary, falling back to JSON for the session when the worker answers 415).
+            framed body of docs/design.md: raw JPEG bytes, no base64), ``"auto"`` (default:
+            binary, falling back to JSON for the session when the worker answers 415) or
+            ``"shm"``: the same-host path, for a worker on this machine run by this user (Linux):
+            the binary body over the /act channel with its frames in shared memory, not the
+            socket; pair it with ``observation(codec="raw")`` for no codec at all (a fidelity
+            choice: docs/design.md "The same-host path"). A worker elsewhere refuses it (400).
         transport: how /act travels: ``"auto"`` (the worker's persistent websocket channel when
             the ``websockets`` package is installed and the worker has one, else HTTP),
             ``"channel"`` (the channel only) or ``"http"`` (``POST /act`` per request). Default

@@ -129,12 +129,18 @@ class Transports:
         mode: one of ``TRANSPORTS``.
         timeout_s: how long a request may take (s), handed to the channels.
         client: ``() -> httpx.AsyncClient``, the pool ``HttpTransport`` posts on.
+        shm: the same-host path (``body_format="shm"``): binary bodies' frames through shared
+            memory, so only the channel carries /act (``mode`` "auto" acts as "channel").
+
+    Raises ValueError for an unknown ``mode``, or ``shm`` with mode "http".
     """
 
-    def __init__(self, mode: str, timeout_s: float, client: Callable[[], httpx.AsyncClient]) -> None:
+    def __init__(self, mode: str, timeout_s: float, client: Callable[[], httpx.AsyncClient], shm: bool = False) -> None:
         if mode not in TRANSPORTS:
             raise ValueError(f"transport must be one of {TRANSPORTS}, not {mode!r}")
-        self.mode, self.timeout_s, self._client = mode, timeout_s, client
+        if shm and mode == "http":
+            raise ValueError('body_format="shm" travels on the /act channel; it cannot go with transport="http"')
+        self.mode, self.timeout_s, self._client, self.shm = ("channel" if shm else mode), timeout_s, client, shm
         self.current: Optional[AnyTransport] = None
         self.opens = 0                          # websockets opened (either kind)
         self.refreshes = 0                      # renewed tokens handed to an open channel
@@ -178,7 +184,7 @@ class Transports:
             return current
         await self.aclose()
         if self.channel_ok(session.worker_url):
-            channel = _channel.ActChannel(session.worker_url, session.direct_secret, self.timeout_s)
+            channel = _channel.ActChannel(session.worker_url, session.direct_secret, self.timeout_s, shm=self.shm)
             try:
                 refusal = await channel.connect()
             except _channel.ChannelUnsupported:
@@ -215,7 +221,7 @@ class Transports:
         if not _blocking.available() or not self.channel_ok(session.worker_url):
             return None
         assert current is None or not current.open, "close the open transport first"
-        channel = _blocking.BlockingChannel(session.worker_url, session.direct_secret, self.timeout_s)
+        channel = _blocking.BlockingChannel(session.worker_url, session.direct_secret, self.timeout_s, shm=self.shm)
         try:
             refusal = channel.connect()
         except _channel.ChannelUnsupported:

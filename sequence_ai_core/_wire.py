@@ -65,7 +65,7 @@ from .protocol import JSON_CONTENT_TYPE, encode_act_body
 
 __all__ = ["Session", "WorkerLink", "fetch_models", "BODY_FORMATS", "TRANSPORTS"]
 
-BODY_FORMATS = ("json", "binary", "auto")
+BODY_FORMATS = ("json", "binary", "auto", "shm")
 # Errors after which a connection (HTTP or the channel) is gone but a fresh one may work.
 _GONE = (*_DROPPED, _channel.ChannelDropped)
 # No answer within timeout_s (asyncio's is TimeoutError itself from Python 3.11 on).
@@ -141,8 +141,9 @@ def _answered(response: httpx.Response, started: float, sent: float, estimate: D
 
 
 def prediction(response: httpx.Response, started: float) -> Prediction:
-    """A 2xx /act answer -> the Prediction (``latency_s`` counted from ``started``, monotonic s)."""
-    return Prediction.from_wire(response.json(), request_id=response.headers.get("x-request-id"),
+    """A 2xx /act answer -> the Prediction (``latency_s`` counted from ``started``, monotonic s);
+    JSON or the channel's binary answer (``_channel.answer_data``: TransportError when malformed)."""
+    return Prediction.from_wire(_channel.answer_data(response), request_id=response.headers.get("x-request-id"),
                                 latency_s=time.monotonic() - started)
 
 
@@ -177,7 +178,8 @@ class WorkerLink(LeaseRenewal):
         model: the deployment name.
         params: inference parameters sent on connect and with every /act.
         timeout_s: per-request HTTP timeout in seconds.
-        body_format: "json" (default), "binary" or "auto" (binary, falling back to JSON for the
+        body_format: "json" (default), "binary", "shm" (binary, frames through shared memory: the
+            same-host path, ``_shm``) or "auto" (binary, falling back to JSON for the
             session when the worker answers 415).
         on_queue: ``(position, estimate_s) -> None`` for each ``queued`` answer while ``join``
             waits in line; None: silent.
@@ -221,7 +223,7 @@ class WorkerLink(LeaseRenewal):
         self._background: List["asyncio.Future[Any]"] = []   # courtesy calls still finishing
         if transport is None:
             transport = os.environ.get("SEQUENCE_AI_TRANSPORT") or "auto"
-        self.transports = Transports(transport, timeout_s, lambda: self.http)
+        self.transports = Transports(transport, timeout_s, lambda: self.http, shm=body_format == "shm")
         self.request_hz = request_hz            # chunks/s declared at connect (None: the gateway derives it)
 
     @property

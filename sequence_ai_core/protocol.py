@@ -12,7 +12,9 @@ Pure standard library: the client (``sequence_ai_core``) and the server
   Depth frames (16-bit PNG, rare) stay base64 in the JSON. A malformed body raises
   ``FramingError`` (a ValueError) with the sentence a 400 answer carries;
 * the persistent /act channel's path and request format bytes (``ACT_CHANNEL_PATH``; the
-  websocket carries the /act framing unchanged after a 5-byte header);
+  websocket carries the /act framing unchanged after a 5-byte header), and its binary answer
+  (``encode_act_answer`` / ``decode_act_answer``: the answer's JSON with the chunk's rows as raw
+  float64 after it, asked for on the upgrade with ``ANSWER_HEADER``);
 * the error-code table (``ERROR_CODES``): code -> HTTP status -> retryable -> the client's
   exception class name. The server answers with these statuses; the client picks its class
   from them;
@@ -24,9 +26,11 @@ Pure standard library: the client (``sequence_ai_core``) and the server
 """
 from __future__ import annotations
 
+import array
 import base64
 import binascii
 import json
+import sys
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Tuple
 
@@ -35,7 +39,9 @@ __all__ = [
     "FramingError", "encode_act_body", "decode_act_body", "frame_bytes",
     "ErrorCode", "ERROR_CODES",
     "CameraSpec", "ObservationSpec", "ActionSpec", "Contract", "DELAY_MODES", "DELAY_FIELDS",
-    "ACT_CHANNEL_PATH", "CHANNEL_FORMAT_JSON", "CHANNEL_FORMAT_BINARY", "DEADLINE_FIELDS", "MAX_DEADLINE_MS",
+    "ACT_CHANNEL_PATH", "CHANNEL_FORMAT_JSON", "CHANNEL_FORMAT_BINARY", "CHANNEL_FORMAT_SHM", "RAW_ENCODING", "SHM_DIR", "shm_name", "valid_shm_name", "encode_shm_head", "decode_shm_head",
+    "DEADLINE_FIELDS", "MAX_DEADLINE_MS",
+    "ANSWER_HEADER", "ANSWER_BINARY", "BINARY_ANSWER_CONTENT_TYPE", "encode_act_answer", "decode_act_answer",
 ]
 
 #: The delay modes a policy may declare (``seq.ActionContract(delay_modes=...)``).
@@ -64,6 +70,21 @@ _DESIGN = "see docs/design.md: Binary /act body"
 ACT_CHANNEL_PATH = "/act/ws"
 CHANNEL_FORMAT_JSON = 0
 CHANNEL_FORMAT_BINARY = 1
+# the binary framing with its blobs in a shared-memory segment of the client's (the same-host
+# path, ``sequence_ai_core._shm``: the worker on the client's machine)
+CHANNEL_FORMAT_SHM = 2
+SHM_DIR = "/dev/shm"
+# A frame sent with no codec: ``"encoding": "rgb8"`` and ``"shape": [H, W, 3]``, its bytes the
+# H x W x 3 uint8 pixels row after row (any other frame is JPEG or PNG, told by its magic bytes)
+RAW_ENCODING = "rgb8"
+_SHM_PREFIX, _SHM_HEX = "seq-", 32
+# The channel's binary answer: a client sends ``ANSWER_HEADER: ANSWER_BINARY`` on the upgrade; a
+# worker that speaks it echoes the header on its accept, and then answers every 200 on that
+# channel with ``encode_act_answer``'s bytes (errors stay the JSON error body). A worker that
+# does not echo it answers JSON, so old clients and old workers keep working either way.
+ANSWER_HEADER = "x-seq-answer"
+ANSWER_BINARY = "rows-f64"
+BINARY_ANSWER_CONTENT_TYPE = "application/vnd.sequence-ai.answer+bin"
 
 
 # ---------------------------------------------------------------- the /act framing
@@ -80,7 +101,9 @@ class FramingError(ValueError):
 
 
 def _raw(data: Any) -> bytes:
-    if isinstance(data, (bytes, bytearray, memoryview)):
+    if isinstance(data, bytes):         # NativeJPEG / RawFrame too: joined as they are, no copy
+        return data
+    if isinstance(data, (bytearray, memoryview)):
         return bytes(data)
     return base64.b64decode(data)
 
@@ -91,6 +114,12 @@ def _b64(data: Any) -> str:
     return data
 
 
+def _pixels(data: Any) -> Dict[str, Any]:
+    """A raw frame's fields (``"encoding": "rgb8"``, ``"shape"``), or none for encoded bytes."""
+    shape = getattr(data, "pixel_shape", None)
+    return {} if shape is None else {"encoding": RAW_ENCODING, "shape": list(shape)}
+
+
 def _dumps(obj: Any) -> bytes:
     return json.dumps(obj, separators=(",", ":"), allow_nan=False).encode("utf-8")
 
@@ -99,7 +128,8 @@ def encode_act_body(body: Dict[str, Any], binary: bool) -> Tuple[bytes, str]:
     """Serialise an /act body; returns ``(bytes, content_type)``.
 
     ``body["observation"]["images"][i]["data"]`` (and ``["depth"][i]["data"]``) may be raw
-    encoded bytes or base64 text. JSON: every frame becomes base64 text. Binary: every camera
+    encoded bytes or base64 text; bytes with a ``pixel_shape`` (``sequence_ai.RawFrame``: H x W x 3
+    uint8 pixels, no codec) are sent as they are with ``"encoding": "rgb8"`` and ``"shape"``. JSON: every frame becomes base64 text. Binary: every camera
     frame becomes a blob after the JSON header; depth frames stay base64 in the header. A body
     without camera frames is always JSON. Raises ValueError for NaN/inf in the body.
     """
@@ -112,7 +142,7 @@ def encode_act_body(body: Dict[str, Any], binary: bool) -> Tuple[bytes, str]:
     if not images:
         return _dumps(body), JSON_CONTENT_TYPE
     if not binary:
-        frames = [dict(img, data=_b64(img["data"])) if "data" in img else img for img in images]
+        frames = [dict(img, data=_b64(img["data"]), **_pixels(img["data"])) if "data" in img else img for img in images]
         return _dumps(dict(body, observation=dict(obs, images=frames))), JSON_CONTENT_TYPE
     blobs: List[bytes] = []
     frames = []
@@ -124,6 +154,7 @@ def encode_act_body(body: Dict[str, Any], binary: bool) -> Tuple[bytes, str]:
         raw = _raw(img["data"])
         frame = {k: v for k, v in img.items() if k != "data"}
         frame["blob"] = [offset, len(raw)]
+        frame.update(_pixels(img["data"]))
         offset += len(raw)
         blobs.append(raw)
         frames.append(frame)
@@ -190,6 +221,93 @@ def frame_bytes(frame: Mapping[str, Any], where: str, blobs: Optional[memoryview
     except (binascii.Error, ValueError):
         raise FramingError(f"{where}: data is not valid base64",
                            hint="send each frame as base64 of JPEG or PNG bytes") from None
+
+
+def encode_act_answer(payload: Mapping[str, Any], rows: Optional[bytes], shape: Optional[Tuple[int, int]]) -> bytes:
+    """The binary /act answer: a 4-byte big-endian length N, N bytes of the answer's JSON
+    (``payload``, an ``ActResponse`` dict) whose ``action_chunk.actions`` is
+    ``{"blob": [0, len(rows)], "shape": [T, D], "dtype": "<f8"}``, then ``rows``: the chunk's T x D
+    values as little-endian float64, row after row (the values the JSON answer would carry,
+    bit for bit). ``rows`` None: an answer with no chunk (``action_chunk`` null), the JSON alone.
+    Raises ValueError when ``rows`` is not 8 x T x D bytes, or for NaN/inf in ``payload``."""
+    if rows is not None:
+        t, d = shape
+        if len(rows) != 8 * t * d:
+            raise ValueError(f"{len(rows)} bytes of rows for a {t} x {d} float64 chunk")
+        chunk = dict(payload["action_chunk"], actions={"blob": [0, len(rows)], "shape": [t, d], "dtype": "<f8"})
+        payload = dict(payload, action_chunk=chunk)
+    head = _dumps(payload)
+    return b"".join((len(head).to_bytes(4, "big"), head, rows or b""))
+
+
+def decode_act_answer(raw: bytes) -> Dict[str, Any]:
+    """A binary /act answer (``encode_act_answer``) -> the answer dict the JSON answer would
+    parse to (``action_chunk.actions`` as T lists of D floats). Raises FramingError for a
+    short or inconsistent length prefix, JSON that does not parse, or a chunk reference that
+    is not T x D float64 values inside the bytes after the JSON."""
+    if len(raw) < 4:
+        raise FramingError(f"binary /act answer is {len(raw)} bytes; it starts with a 4-byte JSON length")
+    n = int.from_bytes(bytes(raw[:4]), "big")
+    if n > len(raw) - 4:
+        raise FramingError(f"binary /act answer declares {n} bytes of JSON but carries {len(raw) - 4}")
+    view = memoryview(raw)
+    try:
+        body = json.loads(bytes(view[4:4 + n]))
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+        raise FramingError(f"binary /act answer's JSON does not parse ({str(exc)[:200]})") from None
+    chunk = body.get("action_chunk") if isinstance(body, dict) else None
+    ref = chunk.get("actions") if isinstance(chunk, dict) else None
+    if isinstance(ref, dict):
+        chunk["actions"] = _rows(ref, view[4 + n:])
+    return body
+
+
+def _rows(ref: Mapping[str, Any], blobs: memoryview) -> List[List[float]]:
+    """The chunk's rows from a binary answer's reference (``encode_act_answer``)."""
+    shape, span = ref.get("shape"), ref.get("blob")
+    ints = (isinstance(shape, list) and isinstance(span, list) and len(shape) == 2 and len(span) == 2
+            and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in shape + span))
+    if not ints or ref.get("dtype") != "<f8" or span[1] != 8 * shape[0] * shape[1] or span[0] + span[1] > len(blobs):
+        raise FramingError(f"binary /act answer's chunk reference {dict(ref)!r} is not T x D float64 values "
+                           f"inside its {len(blobs)} bytes of rows")
+    values = array.array("d")
+    values.frombytes(blobs[span[0]:span[0] + span[1]])
+    if sys.byteorder != "little":
+        values.byteswap()
+    t, d = shape
+    return [values[i * d:(i + 1) * d].tolist() for i in range(t)]
+
+
+def shm_name(token_hex: str) -> str:
+    """A same-host segment's name from 32 random hex digits: ``seq-`` + them."""
+    return _SHM_PREFIX + token_hex
+
+
+def valid_shm_name(name: str) -> bool:
+    """True for a segment name of the same-host path: ``seq-`` and 32 lowercase hex digits."""
+    return (len(name) == len(_SHM_PREFIX) + _SHM_HEX and name.startswith(_SHM_PREFIX)
+            and all(c in "0123456789abcdef" for c in name[len(_SHM_PREFIX):]))
+
+
+def encode_shm_head(name: str, used: int) -> bytes:
+    """The head of a ``CHANNEL_FORMAT_SHM`` request after the channel's 5 bytes: the segment
+    name's length (u8), the name (ASCII), the blob bytes used (u32 big-endian); the binary
+    /act body's length-prefixed JSON follows, with no blobs after it."""
+    raw = name.encode("ascii")
+    return bytes([len(raw)]) + raw + used.to_bytes(4, "big")
+
+
+def decode_shm_head(message: Any) -> Tuple[str, int, int]:
+    """``encode_shm_head``'s inverse on a request's bytes after the channel head -> (name, used,
+    where the JSON starts). Raises FramingError for a short head or a name of another form."""
+    if len(message) < 1 or len(message) < 1 + message[0] + 4 + 4:
+        raise FramingError(f"a same-host request of {len(message)} bytes is shorter than its head",
+                           hint="see docs/design.md: The same-host path")
+    at = 1 + message[0]
+    name = bytes(message[1:at]).decode("ascii", errors="replace")
+    if not valid_shm_name(name):
+        raise FramingError("the segment name is not seq- and 32 hex digits", hint="see docs/design.md: The same-host path")
+    return name, int.from_bytes(bytes(message[at:at + 4]), "big"), at + 4
 
 
 # ---------------------------------------------------------------- error codes

@@ -15,7 +15,7 @@ import pytest
 from _core_support import ECHO, connect, observation, unique
 from _servers import echo_observation
 from sequence_ai_core._blocking import BlockingChannel
-from sequence_ai_core._channel import ActChannel
+from sequence_ai_core._channel import ActChannel, answer_data
 from sequence_ai_core._transport import HttpTransport
 from sequence_ai_core.protocol import encode_act_body
 
@@ -39,7 +39,7 @@ def _answers(worker, token=None):
     and each transport's answer to ``token`` (a refused open is the channel's answer)."""
     token = worker.secret if token is None else token
     bodies = [(name, *encode_act_body(body, binary)) for name, body, binary in _requests()]
-    out = {}
+    out, flags = {}, {}
 
     async def over_asyncio():
         async with httpx.AsyncClient(trust_env=False, timeout=30.0) as client:
@@ -50,6 +50,7 @@ def _answers(worker, token=None):
         try:
             out["channel"] = [refusal] if refusal is not None else \
                 [await channel.request(content, ctype.endswith("+bin")) for _, content, ctype in bodies]
+            flags["channel_binary"] = channel.binary_answers
         finally:
             await channel.aclose()
     asyncio.run(over_asyncio())
@@ -58,9 +59,11 @@ def _answers(worker, token=None):
     try:
         out["blocking"] = [refusal] if refusal is not None else \
             [blocking.request(content, ctype.endswith("+bin")) for _, content, ctype in bodies]
+        flags["blocking_binary"] = blocking.binary_answers
     finally:
         blocking.close()
-    return {kind: [(r.status_code, r.json()) for r in answers] for kind, answers in out.items()}
+    # the channels' 200s are binary answers (protocol.encode_act_answer): read as the client reads them
+    return {kind: [(r.status_code, answer_data(r)) for r in answers] for kind, answers in out.items()} | flags
 
 
 def _steady(body: dict) -> dict:
@@ -76,6 +79,7 @@ def _steady(body: dict) -> dict:
 
 def test_every_transport_answers_the_same_request_the_same(worker):
     answers = _answers(worker)
+    binary = {k: answers.pop(k) for k in ("channel_binary", "blocking_binary")}
     http = answers.pop("http")
     assert [status for status, _ in http] == [200, 200, 500, 400], http
     counters = {}
@@ -93,10 +97,12 @@ def test_every_transport_answers_the_same_request_the_same(worker):
     assert firsts[1] == firsts[0] + 1
     assert counters["channel"][1] == counters["channel"][0] + 1
     assert counters["blocking"][1] == counters["blocking"][0] + 1
+    assert binary == {"channel_binary": True, "blocking_binary": True}, "both channels asked for binary answers and got them"
 
 
 def test_every_transport_refuses_a_wrong_token_the_same(worker):
     answers = _answers(worker, token="not-the-secret")
+    answers.pop("channel_binary", None), answers.pop("blocking_binary", None)
     shapes = {kind: [(status, body.get("code")) for status, body in got] for kind, got in answers.items()}
     assert shapes["http"] == [(401, "unauthorized")] * 4, shapes
     assert shapes["channel"] == shapes["blocking"] == [(401, "unauthorized")], shapes    # refused at the open

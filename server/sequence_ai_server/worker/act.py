@@ -32,7 +32,7 @@ from typing import Any, Awaitable, Optional
 import anyio
 from pydantic import BaseModel, Field
 
-from sequence_ai_core.protocol import MAX_BODY_BYTES
+from sequence_ai_core.protocol import MAX_BODY_BYTES, encode_act_answer
 
 from sequence_ai_server.common.body_limit import too_large
 from sequence_ai_server.common.credentials import bearer_token
@@ -146,6 +146,8 @@ async def await_result(host: PolicyHost, future: Any, rid: str) -> tuple[Any, fl
     One wake-up of the loop when the replica is done (its done-callback schedules the waiter's
     result with ``call_soon_threadsafe``), and the timeout is a timer on the loop: no wrapping,
     shielding or ``wait_for`` task per request."""
+    if future.done():                 # served inline (``_Replica.run_inline``): no wait, no wake-up
+        return _outcome(future, rid)
     timeout = host.spec.timeouts.request
     loop = asyncio.get_running_loop()
     waiter = loop.create_future()
@@ -166,6 +168,11 @@ async def await_result(host: PolicyHost, future: Any, rid: str) -> tuple[Any, fl
                        "the worker finishes it before serving again", retry_after_s=1.0,
                        details={"timeout_s": timeout},
                        hint="raise timeouts=seq.Timeouts(request=...) or make infer faster")
+    return _outcome(future, rid)
+
+
+def _outcome(future: Any, rid: str) -> tuple[Any, float, int]:
+    """A done future's (result, seconds, batch size); its PolicyError as the ApiError."""
     if future.cancelled():
         raise asyncio.CancelledError()
     try:
@@ -218,12 +225,14 @@ class _Decoded:
 
 
 async def run_act(host: PolicyHost, raw: bytes, content_type: str, rid: str, capture: Any = None,
-                  on_queued: Any = None, token: str = "") -> bytes:
-    """One /act body (checked: steps 1-3 of the module docstring) end to end -> the JSON
-    answer's bytes (``ActResponse``). ``on_queued(future)`` sees the queued request's future
-    (the channel cancels it on the client's word); ``capture``: the ``CaptureWriter`` kept
-    episodes are handed to (or None); ``token``: the caller's direct secret (its session orders
-    its deadlines). The answer's ``server_ms`` is queued-to-answered (ms); with a
+                  on_queued: Any = None, token: str = "", binary_answer: bool = False) -> bytes:
+    """One /act body (checked: steps 1-3 of the module docstring) end to end -> the answer's
+    bytes: the JSON ``ActResponse``, or with ``binary_answer`` its binary form
+    (``protocol.encode_act_answer``: the chunk's rows as raw float64 after the JSON; the /act
+    channel's, when its client asked for it). ``on_queued(future)`` sees the queued request's
+    future (the channel cancels it on the client's word); ``capture``: the ``CaptureWriter``
+    kept episodes are handed to (or None); ``token``: the caller's direct secret (its session
+    orders its deadlines). The answer's ``server_ms`` is queued-to-answered (ms); with a
     ``deadline_ms``, ``late`` says whether it was answered past it. Raises ApiError."""
     queued = time.monotonic()
     future, holder, due = await queue_act(host, raw, content_type, token)
@@ -231,9 +240,10 @@ async def run_act(host: PolicyHost, raw: bytes, content_type: str, rid: str, cap
         on_queued(future)
     result, seconds, batch = await await_result(host, future, rid)
     prepared = holder.prepared
-    chunk, more, outputs = check_chunk(result, host.spec)
+    chunk, more, outputs = check_chunk(result, host.spec, as_array=True)
     if more:
         log.info("%s clipped: %s", rid, more[0])
+    rows = None if chunk is None else chunk["actions"]
     payload = {"action_chunk": chunk, "warnings": prepared.warnings + more,
                "inference_ms": round(seconds * 1000.0, 3), "batch_size": batch, "request_id": rid,
                "outputs": outputs, **prepared.echo}   # the client's request_id / generation, when it sent them
@@ -242,22 +252,36 @@ async def run_act(host: PolicyHost, raw: bytes, content_type: str, rid: str, cap
     host.robot_times.add(session_of(token), payload["server_ms"], answered)
     if due is not None:
         payload["late"] = answered > due
-    try:
-        content = json.dumps(payload, separators=(",", ":"), allow_nan=False).encode()
-    except (TypeError, ValueError) as exc:
-        raise ApiError("policy_error", f"infer() returned outputs that are not JSON ({exc})",
-                       details={"reason": "outputs"}, hint="return dicts/lists of numbers and strings") from None
+    if chunk is not None and (capture is not None or not binary_answer):
+        chunk = payload["action_chunk"] = dict(chunk, actions=rows.tolist())
+    content = _answer_bytes(payload, binary_answer, rows)
     if capture is not None:   # a non-blocking hand-off to the capture writer's thread
         capture.offer(raw, content_type, prepared.episode_id, prepared.params, chunk, rid, payload["inference_ms"])
     return content
 
 
+def _answer_bytes(payload: dict, binary: bool, rows: Any) -> bytes:
+    """``payload`` as JSON bytes, or with ``binary`` the binary answer (``rows``: the chunk's
+    float64 array, or None without a chunk). Raises ApiError(policy_error) for outputs that are
+    not JSON."""
+    try:
+        if not binary:
+            return json.dumps(payload, separators=(",", ":"), allow_nan=False).encode()
+        if rows is None:
+            return encode_act_answer(payload, None, None)
+        return encode_act_answer(payload, rows.astype("<f8", copy=False).tobytes(), rows.shape)
+    except (TypeError, ValueError) as exc:
+        raise ApiError("policy_error", f"infer() returned outputs that are not JSON ({exc})",
+                       details={"reason": "outputs"}, hint="return dicts/lists of numbers and strings") from None
+
+
 async def run_prepared(host: PolicyHost, prepared: Prepared, rid: str) -> tuple[dict, float]:
     """An observation a transport decoded itself (openpi's msgpack) through the rest of the
-    pipeline -> (the checked chunk dict, inference seconds). Raises ApiError (policy_error when
+    pipeline -> (the checked chunk dict, its ``actions`` the T x D float64 array; inference
+    seconds). Raises ApiError (policy_error when
     ``infer()`` returned no chunk)."""
     result, seconds, _ = await await_result(host, host.submit(prepared), rid)
-    chunk, _, _ = check_chunk(result, host.spec)
+    chunk, _, _ = check_chunk(result, host.spec, as_array=True)
     if chunk is None:
         raise ApiError("policy_error", "infer() returned no action chunk", hint="return a chunk from @seq.infer")
     return chunk, seconds
@@ -315,11 +339,13 @@ class ActPipeline:
         return token
 
     # -- the rest of it
-    async def run(self, raw: bytes, content_type: str, rid: str, on_queued: Any = None, token: str = "") -> bytes:
-        """Step 4 on a checked /act body -> the JSON answer's bytes (:func:`run_act`; ``token``:
-        the caller's direct secret, whose session orders its deadlines)."""
+    async def run(self, raw: bytes, content_type: str, rid: str, on_queued: Any = None, token: str = "",
+                  binary_answer: bool = False) -> bytes:
+        """Step 4 on a checked /act body -> the answer's bytes (:func:`run_act`: JSON, or its
+        binary form with ``binary_answer``; ``token``: the caller's direct secret, whose session
+        orders its deadlines)."""
         return await run_act(self.state.ready_host(), raw, content_type, rid, self.capture, on_queued=on_queued,
-                             token=token)
+                             token=token, binary_answer=binary_answer)
 
     async def settle(self, rid: str, work: Awaitable[bytes], where: str) -> tuple[int, bytes]:
         """Await ``work`` (one request's answer) -> ``(200, its bytes)``, or an ApiError's

@@ -28,11 +28,12 @@ from PIL import Image as PILImage
 
 import seq
 from seq.spec import PolicySpec
-from sequence_ai_core.protocol import BINARY_CONTENT_TYPE, MAX_DEADLINE_MS, FramingError, decode_act_body, frame_bytes
+from sequence_ai_core.protocol import (BINARY_CONTENT_TYPE, MAX_DEADLINE_MS, RAW_ENCODING, FramingError, decode_act_body,
+                                       frame_bytes)
 
 from sequence_ai_server.common.errors import ApiError
 
-__all__ = ["parse_act_body", "parse_observation", "decode_image", "decode_depth", "frame_data",
+__all__ = ["parse_act_body", "parse_observation", "decode_frame", "decode_image", "decode_depth", "frame_data",
            "fits_float", "synthetic_observation", "SYNTHETIC_INSTRUCTION", "parse_delay", "peek_deadline",
            "MAX_DEADLINE_MS"]
 
@@ -100,6 +101,29 @@ def decode_image(raw: Any, where: str, expect: Optional[tuple[int, int]]) -> np.
         except Exception as exc:
             raise _bad(f"{where}: PNG could not be decoded ({exc})") from None
     raise _bad(f"{where}: data is not a JPEG or PNG image", hint="encode each frame as JPEG (quality 95) or PNG")
+
+
+def decode_frame(frame: dict, where: str, blobs: Optional[memoryview], expect: Optional[tuple[int, int]]) -> np.ndarray:
+    """One camera frame of the body -> HxWx3 uint8 RGB: JPEG / PNG (:func:`decode_image`), or
+    with ``"encoding": "rgb8"`` its raw pixels (``"shape": [H, W, 3]``, H x W x 3 bytes; copied,
+    so the array is the policy's own). Raises ApiError(invalid_request) for another encoding, a
+    shape or byte count that does not match, or a size other than ``expect`` (width, height)."""
+    data = frame_data(frame, where, blobs)
+    encoding = frame.get("encoding")
+    if encoding is None:
+        return decode_image(data, where, expect)
+    if encoding != RAW_ENCODING:
+        raise _bad(f"{where}: frame encoding {encoding!r} is not {RAW_ENCODING!r}",
+                   hint=f'leave "encoding" out for JPEG / PNG bytes, or send "{RAW_ENCODING}" with "shape": [H, W, 3]')
+    shape = frame.get("shape")
+    if (not isinstance(shape, list) or len(shape) != 3 or shape[2] != 3
+            or not all(isinstance(n, int) and not isinstance(n, bool) and 0 < n <= 1 << 15 for n in shape)):
+        raise _bad(f"{where}: a raw frame's shape must be [H, W, 3] (positive integers), got {shape!r}")
+    if len(data) != shape[0] * shape[1] * 3:
+        raise _bad(f"{where}: a raw {shape[0]}x{shape[1]}x3 frame is {shape[0] * shape[1] * 3} bytes, got {len(data)}")
+    if expect is not None and (shape[1], shape[0]) != expect:
+        raise _size_mismatch(where, (shape[1], shape[0]), expect)
+    return np.frombuffer(data, dtype=np.uint8).reshape(shape).copy()
 
 
 def _open_png(raw: Any, where: str):
@@ -333,7 +357,7 @@ def parse_observation(raw: Any, spec: PolicySpec, episode_id: Optional[str],
     history = contract.history if contract is not None else 1
     for view, fs in frames.items():
         where = f"view {view!r}"
-        arrays = [decode_image(frame_data(f, where, blobs), where, _expected_size(contract, view)) for f in fs]
+        arrays = [decode_frame(f, where, blobs, _expected_size(contract, view)) for f in fs]
         images[view] = arrays[0] if history == 1 and len(arrays) == 1 else np.stack(arrays)
         timestamps[view] = _timestamp(fs[-1].get("timestamp_ms"), where)
     depth: dict[str, np.ndarray] = {}

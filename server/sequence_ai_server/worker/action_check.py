@@ -26,10 +26,12 @@ def policy_error(detail: str, reason: str, **details: Any) -> ApiError:
                     hint="the chunk infer() returned does not fit the declared ActionContract")
 
 
-def check_chunk(result: Any, spec: PolicySpec) -> tuple[Optional[dict], list[str], Any]:
+def check_chunk(result: Any, spec: PolicySpec, as_array: bool = False) -> tuple[Optional[dict], list[str], Any]:
     """Check infer's result against the ActionContract; clip or refuse.
 
-    -> (chunk dict for the wire or None, warnings, outputs). A policy with no contract whose
+    -> (chunk dict for the wire or None, warnings, outputs); the chunk's ``actions`` are T lists
+    of D floats, or with ``as_array`` the T x D float64 array itself (the binary answer and
+    openpi's pack it without a list in between). A policy with no contract whose
     infer is not written for Observation/ActionChunk gets its return value back as ``outputs``.
     Raises ApiError(policy_error) with ``details.reason`` in type | shape | action_dim |
     action_space | non_finite | open_loop_horizon | bounds.
@@ -59,7 +61,7 @@ def check_chunk(result: Any, spec: PolicySpec) -> tuple[Optional[dict], list[str
     if action is not None:
         arr, warnings = _apply_limits(arr, action)
     chunk = {
-        "actions": arr.tolist(),
+        "actions": arr if as_array else arr.tolist(),
         "action_space": action.action_space.value if action else result.action_space,
         "robot": action.robot if action else None,
         "control_frequency_hz": action.control_frequency_hz if action else None,

@@ -9,9 +9,13 @@ rides along), the same answer body, the same error shape, codes and statuses, th
 Messages (all big-endian; docs/design.md "The /act channel"):
 
 * request, binary: ``seq`` (u32, the client's number for it) ``format`` (u8: 0 JSON, 1 the
-  binary framing) then the /act body;
+  binary framing, 2 the binary framing with its frames in a shared-memory segment of the
+  client's: the same-host path, ``shm.py``) then the /act body;
 * answer, binary: ``seq`` (u32) ``status`` (u16, the HTTP status /act would answer) then the
-  JSON answer body (an ``ActResponse`` for 200, else the common ``ErrorBody``);
+  JSON answer body (an ``ActResponse`` for 200, else the common ``ErrorBody``). A client that
+  sent ``x-seq-answer: rows-f64`` on the upgrade (``protocol.ANSWER_HEADER``) has it echoed on
+  the accept, and its 200 answers carry the binary answer instead
+  (``protocol.encode_act_answer``: the JSON with the chunk's rows as raw float64 after it);
 * cancel, text: ``{"cancel": seq}`` -- a request still waiting in the replica's queue is dropped
   (no answer follows); one already running finishes and its answer is sent (the client drops it).
   A cancel for a seq not in flight (answered already, or never sent) is ignored.
@@ -56,12 +60,14 @@ from typing import Any
 
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from sequence_ai_core.protocol import (ACT_CHANNEL_PATH, BINARY_CONTENT_TYPE, CHANNEL_FORMAT_BINARY,
-                                       CHANNEL_FORMAT_JSON, JSON_CONTENT_TYPE)
+from sequence_ai_core.protocol import (ACT_CHANNEL_PATH, ANSWER_BINARY, ANSWER_HEADER, BINARY_CONTENT_TYPE,
+                                       CHANNEL_FORMAT_BINARY, CHANNEL_FORMAT_JSON, CHANNEL_FORMAT_SHM,
+                                       JSON_CONTENT_TYPE)
 
 from sequence_ai_server.common.errors import ApiError, new_request_id
 from sequence_ai_server.worker.act import ActPipeline
 from sequence_ai_server.worker.connections import MAX_CONNECTIONS
+from sequence_ai_server.worker.shm import ChannelSegments
 
 __all__ = ["add_act_channel", "ACT_CHANNEL_PATH", "MAX_CONNECTIONS", "MAX_CONTROL_CHARS", "MAX_IN_FLIGHT",
            "channel_max_size"]
@@ -74,19 +80,22 @@ _ANSWER_HEAD = struct.Struct(">IH")
 # sends one at a time, so this only bounds what a misbehaving peer can make the worker hold.
 MAX_IN_FLIGHT = 32
 MAX_CONTROL_CHARS = 4096    # a text (control) message: {"cancel": seq} is ~20 characters
-_CONTENT_TYPES = {CHANNEL_FORMAT_JSON: JSON_CONTENT_TYPE, CHANNEL_FORMAT_BINARY: BINARY_CONTENT_TYPE}
+_CONTENT_TYPES = {CHANNEL_FORMAT_JSON: JSON_CONTENT_TYPE, CHANNEL_FORMAT_BINARY: BINARY_CONTENT_TYPE,
+                  CHANNEL_FORMAT_SHM: BINARY_CONTENT_TYPE}
 _WHERE = "the /act channel"
 
 
 class _Channel:
     """One accepted websocket: reads requests, runs each as its own task, answers in any order."""
 
-    def __init__(self, websocket: WebSocket, token: str, act: ActPipeline) -> None:
+    def __init__(self, websocket: WebSocket, token: str, act: ActPipeline, binary_answer: bool = False) -> None:
         self.ws, self.token, self.act = websocket, token, act
+        self.binary_answer = binary_answer   # 200s as protocol.encode_act_answer (asked for on the upgrade)
         self.queued: dict[int, Any] = {}     # seq -> the concurrent future of a request not yet answered
         self.tasks: set[asyncio.Task] = set()
         self.pending: set[int] = set()       # seq of every request read and not yet answered
         self.cancelled: set[int] = set()     # cancels that came before their request was queued
+        self.segments: ChannelSegments = ChannelSegments(act.max_body_bytes)   # the same-host path's (shm.py)
 
     async def serve(self) -> None:
         try:
@@ -114,6 +123,7 @@ class _Channel:
                     self.queued.pop(seq, None)
             for task in list(self.tasks):
                 task.cancel()            # one still running is counted undelivered (answer())
+            self.segments.close()
 
     async def refuse_short(self, data: bytes) -> None:
         """Answer a binary message shorter than the request head with 400 ``invalid_request``:
@@ -208,8 +218,10 @@ class _Channel:
         self.act.check_token(self.token)
         content_type = _CONTENT_TYPES.get(fmt)
         if content_type is None:
-            raise ApiError("invalid_request", f"channel request format {fmt} is not 0 (JSON) or 1 (binary)",
-                           hint="see docs/design.md: The /act channel")
+            raise ApiError("invalid_request", f"channel request format {fmt} is not 0 (JSON), 1 (binary) or 2 "
+                           "(binary, frames in shared memory)", hint="see docs/design.md: The /act channel")
+        if fmt == CHANNEL_FORMAT_SHM:
+            body = self.segments.body(body)              # the JSON here, the frames from the client's segment
         raw = self.act.check_body(body, content_type)    # 413 and bad_string as HTTP /act words them
 
         def on_queued(future: Any) -> None:
@@ -217,7 +229,8 @@ class _Channel:
                 future.cancel()
             else:
                 self.queued[seq] = future
-        return await self.act.run(raw, content_type, rid, on_queued=on_queued, token=self.token)
+        return await self.act.run(raw, content_type, rid, on_queued=on_queued, token=self.token,
+                                  binary_answer=self.binary_answer)
 
 
 def add_act_channel(app: Any, act: ActPipeline) -> None:
@@ -230,9 +243,10 @@ def add_act_channel(app: Any, act: ActPipeline) -> None:
         token = await act.admit(websocket, ACT_CHANNEL_PATH)
         if token is None:
             return
+        binary_answer = websocket.headers.get(ANSWER_HEADER, "") == ANSWER_BINARY
         try:
-            await websocket.accept()
-            await _Channel(websocket, token, act).serve()
+            await websocket.accept(headers=[(ANSWER_HEADER.encode(), ANSWER_BINARY.encode())] if binary_answer else None)
+            await _Channel(websocket, token, act, binary_answer).serve()
         finally:
             act.budget.release()
 

@@ -312,7 +312,7 @@ async def _one(act: ActPipeline, host: Any, token: str, episode_id: str, params:
     observation = observation_from_openpi(obs, host.spec.observation, episode_id, layouts)
     t0 = time.monotonic()
     chunk, seconds = await run_prepared(host, Prepared(observation, params, [], episode_id), rid)
-    actions = np.asarray(chunk["actions"], dtype=np.float32)
+    actions = chunk["actions"].astype(np.float32)
     return packb({"actions": actions, "server_timing": {"infer_ms": seconds * 1000.0,
                                                         "total_ms": (time.monotonic() - t0) * 1000.0}})
 

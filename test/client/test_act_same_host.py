@@ -1,0 +1,251 @@
+"""The lean /act wire against a real worker process on loopback: the channel's binary answer
+(negotiated on the upgrade; a client that does not ask gets JSON), raw frames with no codec
+(``observation(codec="raw")``, ``"encoding": "rgb8"``) and the same-host path
+(``body_format="shm"``: the frames through a shared-memory segment), with the refusals of each."""
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import os
+import secrets
+import struct
+from pathlib import Path
+
+import numpy as np
+import pytest
+import sequence_ai
+from websockets.sync.client import connect as ws_connect
+
+from _servers import WorkerProcess
+from sequence_ai_core._shm import ShmSegment, shm_message
+from sequence_ai_core._transport import Transports
+from sequence_ai_core._wire import Session, WorkerLink
+from sequence_ai_core.protocol import (ANSWER_BINARY, ANSWER_HEADER, SHM_DIR, FramingError, decode_act_answer,
+                                       encode_act_answer, encode_act_body, encode_shm_head, shm_name)
+
+PIXEL = str(Path(__file__).resolve().parents[1] / "policies" / "pixel_policy.py")
+CONTRACT = {"observation": {"cameras": {"front": {"width": 32, "height": 24}}, "proprio": {"joint_positions": 7}}}
+JOINTS = [0.1 * i + 1.0 / 3.0 for i in range(7)]
+
+
+@pytest.fixture(scope="module")
+def worker(tmp_path_factory):
+    w = WorkerProcess.start(PIXEL, tmp_path_factory.mktemp("pixel"), name="pixel",
+                            env={"SEQ_WORKER_MAX_BODY_BYTES": "200000"})
+    yield w
+    w.stop()
+
+
+def _frame(seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, 256, (24, 32, 3), dtype=np.uint8)
+
+
+def _expected(frame: np.ndarray) -> list:
+    return [float(frame.astype(np.int64).sum()), float(frame[0, 0, 0]), float(frame[-1, -1, 2]),
+            float(frame[:, :, 1].mean()), 24.0, 32.0, JOINTS[0], 1.0]
+
+
+def _obs(frame: np.ndarray, codec: str = "raw"):
+    return sequence_ai.observation(images={"front": frame}, joints=JOINTS, instruction="look", contract=CONTRACT,
+                                   codec=codec).to_wire(raw=True)
+
+
+def _link(worker, body_format: str, transport: str = "channel") -> WorkerLink:
+    wire = WorkerLink("http://127.0.0.1:9", "unused", "pixel", body_format=body_format, transport=transport)
+    wire.session = Session(session_id=None, worker_url=worker.url, direct_secret=worker.secret)
+    return wire
+
+
+def _segments() -> set:
+    return {n for n in os.listdir(SHM_DIR) if n.startswith("seq-")}
+
+
+# ---------------------------------------------------------------- the binary answer
+
+def _ws(worker, answer: bool):
+    headers = {"Authorization": f"Bearer {worker.secret}", **({ANSWER_HEADER: ANSWER_BINARY} if answer else {})}
+    return ws_connect(f"ws://127.0.0.1:{worker.port}/act/ws", max_size=None, proxy=None, additional_headers=headers)
+
+
+def _request(ws, seq: int, body: dict, fmt: int = 1) -> tuple:
+    content, _ = encode_act_body(body, True)
+    ws.send(struct.pack(">IB", seq, fmt) + content)
+    data = ws.recv(timeout=30)
+    got, status = struct.unpack_from(">IH", data)
+    return got, status, data[6:]
+
+
+def test_the_binary_answer_is_asked_for_and_carries_the_json_answers_values(worker):
+    frame = _frame(1)
+    body = {"observation": _obs(frame), "params": {}, "request_id": "r-9"}
+    with _ws(worker, answer=False) as old, _ws(worker, answer=True) as new:
+        assert old.response.headers.get(ANSWER_HEADER) is None          # an old client: JSON, as ever
+        assert new.response.headers.get(ANSWER_HEADER) == ANSWER_BINARY
+        _, status_json, text = _request(old, 1, body)
+        _, status_bin, raw = _request(new, 2, body)
+    assert status_json == status_bin == 200
+    as_json, as_binary = json.loads(text), decode_act_answer(raw)
+    assert not raw.startswith(b"{") and as_binary["action_chunk"]["actions"] == as_json["action_chunk"]["actions"]
+    assert as_binary["action_chunk"]["actions"] == [_expected(frame)]      # the float64 values, bit for bit
+    volatile = {"inference_ms", "server_ms"}
+    assert {k: v for k, v in as_binary.items() if k not in volatile} == \
+        {k: v for k, v in as_json.items() if k not in volatile}
+
+
+def test_an_error_on_a_binary_answer_channel_is_the_json_error_body(worker):
+    with _ws(worker, answer=True) as ws:
+        _, status, raw = _request(ws, 3, {"observation": {"images": [], "proprioception": {}}, "params": {}}, fmt=0)
+    assert status == 400 and json.loads(raw)["code"] == "invalid_request"
+
+
+def test_a_malformed_binary_answer_is_a_framing_error():
+    good = encode_act_answer({"action_chunk": {"robot": "r"}, "warnings": []}, struct.pack("<2d", 1.5, -2.0), (1, 2))
+    assert decode_act_answer(good)["action_chunk"] == {"robot": "r", "actions": [[1.5, -2.0]]}
+    assert decode_act_answer(encode_act_answer({"action_chunk": None, "outputs": 3}, None, None))["outputs"] == 3
+    with pytest.raises(ValueError, match="bytes of rows"):
+        encode_act_answer({"action_chunk": {}}, b"\0" * 8, (2, 2))
+    head = json.dumps({"action_chunk": {"actions": {"blob": [0, 64], "shape": [2, 2], "dtype": "<f8"}}}).encode()
+    for bad, words in ((b"\0\0", "4-byte"), (b"\0\0\0\x40{}", "declares 64"), (b"\0\0\0\x02{x", "does not parse"),
+                       (len(head).to_bytes(4, "big") + head + b"\0" * 16, "not T x D float64")):
+        with pytest.raises(FramingError, match=words):
+            decode_act_answer(bad)
+
+
+# ---------------------------------------------------------------- raw frames (no codec)
+
+def _act_once(worker, body_format: str, obs: dict, transport: str = "http") -> list:
+    wire = _link(worker, body_format, transport=transport)
+
+    async def go():
+        try:
+            return (await wire.act(obs)).action_chunk.actions
+        finally:
+            await wire.aclose()
+    return asyncio.run(go())
+
+
+def test_raw_frames_reach_the_policy_pixel_for_pixel_on_every_body(worker):
+    frame = _frame(2)
+    for body_format in ("binary", "json"):
+        assert _act_once(worker, body_format, _obs(frame)) == [_expected(frame)], body_format
+    lossy = _act_once(worker, "binary", _obs(frame, codec="jpeg"))[0]
+    assert lossy[0] != _expected(frame)[0]                  # JPEG q95 of noise is not the pixels
+
+
+@pytest.mark.parametrize("frame, words", [
+    ({"encoding": "rgb9", "shape": [24, 32, 3]}, "is not 'rgb8'"),
+    ({"encoding": "rgb8", "shape": [24, 32]}, "must be \\[H, W, 3\\]"),
+    ({"encoding": "rgb8", "shape": [24, 32, 4]}, "must be \\[H, W, 3\\]"),
+    ({"encoding": "rgb8", "shape": [24, 32, 3], "cut": 1}, "is 2304 bytes, got 2303"),
+    ({"encoding": "rgb8", "shape": [32, 24, 3]}, "frame is 24x32, this policy reads 32x24"),
+])
+def test_a_bad_raw_frame_is_refused_with_a_typed_error(worker, frame, words):
+    data = _frame(3).tobytes()[:24 * 32 * 3 - frame.pop("cut", 0)]
+    body = {"observation": {"images": [{"view": "front", "data": base64.b64encode(data).decode(), **frame}],
+                            "proprioception": {"joint_positions": JOINTS}, "instruction": "look"}, "params": {}}
+    r = worker.act(body)
+    assert r.status_code == 400 and r.json()["code"] == "invalid_request", r.text
+    assert __import__("re").search(words, r.json()["detail"]), r.json()["detail"]
+
+
+def test_observation_refuses_an_unknown_codec():
+    with pytest.raises(ValueError, match='codec must be "jpeg" or "raw"'):
+        sequence_ai.observation(images={"front": _frame()}, joints=JOINTS, codec="png")
+
+
+# ---------------------------------------------------------------- the same-host path
+
+@pytest.mark.parametrize("face", ["blocking", "asyncio"])
+def test_the_same_host_path_carries_raw_frames_and_leaves_no_segment(worker, face):
+    before = _segments()
+    wire = _link(worker, "shm")
+    loop = asyncio.new_event_loop()
+    try:
+        frames = [_frame(10 + i) for i in range(3)]
+        for frame in frames:
+            obs = _obs(frame)
+            pred = wire.act_blocking(obs, loop.run_until_complete) if face == "blocking" else \
+                loop.run_until_complete(wire.act(obs))
+            assert pred.action_chunk.actions == [_expected(frame)]
+        channel = wire.transports.current
+        assert channel.segment is not None and channel.requests == 3
+        assert wire.last_request_bytes > 24 * 32 * 3          # the body encoded; its frames went by the segment
+        assert not channel.segment.linked and _segments() == before    # unlinked once the worker answered
+    finally:
+        loop.run_until_complete(wire.aclose())
+        loop.close()
+    assert _segments() == before
+
+
+def test_the_same_host_path_needs_the_channel():
+    with pytest.raises(ValueError, match='cannot go with transport="http"'):
+        Transports("http", 5.0, lambda: None, shm=True)
+    with pytest.raises(ValueError, match="body_format must be one of"):
+        WorkerLink("http://127.0.0.1:9", "k", "m", body_format="mmap")
+
+
+def _shm_request(ws, seq: int, head: bytes, frame: np.ndarray) -> tuple:
+    content, _ = encode_act_body({"observation": _obs(frame), "params": {}}, True)
+    n = int.from_bytes(content[:4], "big")
+    ws.send(struct.pack(">IB", seq, 2) + head + content[:4 + n])
+    data = ws.recv(timeout=30)
+    got, status = struct.unpack_from(">IH", data)
+    return status, data[6:]
+
+
+def _refusal(status: int, raw: bytes, words: str) -> None:
+    body = json.loads(raw)
+    assert status == 400 and body["code"] == "invalid_request" and body["details"]["reason"] == "shm", body
+    assert words in body["detail"], body["detail"]
+
+
+def test_a_segment_is_refused_unless_it_is_the_clients_own_and_holds_the_frames(worker):
+    frame = _frame(20)
+    size = len(frame.tobytes())
+    segment = ShmSegment()
+    try:
+        with _ws(worker, answer=True) as mine, _ws(worker, answer=True) as other:
+            name, used = segment.write(memoryview(frame.tobytes()))
+            _refusal(*_shm_request(mine, 1, b"\x0d../etc/passwd" + size.to_bytes(4, "big"), frame), "not seq-")
+            missing = shm_name(secrets.token_hex(16))
+            _refusal(*_shm_request(mine, 2, encode_shm_head(missing, size), frame), "cannot be opened")
+            _refusal(*_shm_request(mine, 3, encode_shm_head(name, 1 << 30), frame), "over this worker's limit")
+            status, raw = _shm_request(mine, 4, encode_shm_head(name, used), frame)
+            assert status == 200 and decode_act_answer(raw)["action_chunk"]["actions"] == [_expected(frame)]
+            _refusal(*_shm_request(other, 5, encode_shm_head(name, used), frame), "belongs to another connection")
+            os.truncate(os.path.join(SHM_DIR, name), 100)            # shrunk under the worker: read short
+            _refusal(*_shm_request(mine, 6, encode_shm_head(name, used), frame), "holds 100")
+    finally:
+        segment.close()
+    public = shm_name(secrets.token_hex(16))
+    path = os.path.join(SHM_DIR, public)
+    fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o644)
+    try:
+        os.write(fd, frame.tobytes())
+        with _ws(worker, answer=True) as ws:
+            _refusal(*_shm_request(ws, 7, encode_shm_head(public, size), frame), "not a private file")
+    finally:
+        os.close(fd)
+        os.unlink(path)
+
+
+def test_shm_message_carries_the_json_and_writes_the_blobs():
+    segment = ShmSegment()
+    try:
+        content, _ = encode_act_body({"observation": _obs(_frame(30)), "params": {}}, True)
+        message = shm_message(segment, content)
+        n = int.from_bytes(content[:4], "big")
+        assert message == encode_shm_head(segment.name, len(content) - 4 - n) + content[:4 + n]
+        with open(os.path.join(SHM_DIR, segment.name), "rb") as f:
+            assert f.read(len(content) - 4 - n) == content[4 + n:]
+        assert os.stat(os.path.join(SHM_DIR, segment.name)).st_mode & 0o777 == 0o600
+        big = bytes(3 << 20)                                   # past the first segment: a new one, a new name
+        first = segment.name
+        name, used = segment.write(memoryview(big))
+        assert used == len(big) and name != first and not os.path.exists(os.path.join(SHM_DIR, first))
+        with pytest.raises(ValueError, match="binary /act body"):
+            shm_message(segment, b"{}")
+    finally:
+        segment.close()
+    assert not os.path.exists(os.path.join(SHM_DIR, segment.name or "x"))
