@@ -9,6 +9,9 @@ an instruction:
   session's steady state: a blocking websocket on the calling thread (``WorkerLink.act_blocking``);
 * ours, channel -- the same through the asyncio wire (``AsyncPolicy.predict``, and ``run()``);
 * ours, http    -- the same over ``POST /act`` (binary body; httptools + uvloop on the worker);
+* ours, shm     -- the same-host path: ``observation(codec="raw")`` (no codec: the raw pixels at
+  the declared size) over the blocking channel with ``body_format="shm"`` (the frames through a
+  shared-memory segment, not the socket); loopback only (it needs the worker on this machine);
 * openpi-ours   -- the real ``openpi_client.WebsocketClientPolicy`` (raw frames, msgpack-numpy;
   ``api_key=`` the worker secret) against our worker's openpi-compatible endpoint (``/``);
 * openpi        -- the same client against openpi's own ``WebsocketPolicyServer``
@@ -48,7 +51,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 SIDE_PY = ROOT / ".venv" / "sides" / "openpi-client" / "bin" / "python"
 OPENPI_DIR = ROOT.parent / "shared" / "peers" / "openpi"
-CLIENTS = ("ours-sync", "ours-channel", "ours-http", "openpi-ours", "openpi", "naive")
+CLIENTS = ("ours-sync", "ours-channel", "ours-http", "ours-shm", "openpi-ours", "openpi", "naive")
 
 POLICY = '''
 import numpy as np
@@ -108,15 +111,16 @@ STATE = [0.1 * i for i in range(7)]
 if kind_of.startswith("ours"):
     import asyncio, sequence_ai
     from sequence_ai_core._wire import Session, WorkerLink
-    wire = WorkerLink("http://127.0.0.1:9", "unused", "bench", body_format="binary",
+    wire = WorkerLink("http://127.0.0.1:9", "unused", "bench", body_format="shm" if kind_of == "ours-shm" else "binary",
                 transport="http" if kind_of == "ours-http" else "channel")
+    codec = "raw" if kind_of == "ours-shm" else "jpeg"
     wire.session = Session(session_id=None, worker_url=target, direct_secret=extra[0])
     contract = json.loads(extra[1])
     loop = asyncio.new_event_loop()
     def one(imgs):
         obs = sequence_ai.observation(images={"exterior": imgs[0], "wrist": imgs[1]}, joints=STATE, gripper=[0.5],
-                                      instruction="put the red cube on the green pad", contract=contract)
-        if kind_of == "ours-sync":
+                                      instruction="put the red cube on the green pad", contract=contract, codec=codec)
+        if kind_of in ("ours-sync", "ours-shm"):
             pred = wire.act_blocking(obs.to_wire(raw=True), loop.run_until_complete)
         else:
             pred = loop.run_until_complete(wire.act(obs.to_wire(raw=True)))
@@ -244,7 +248,7 @@ class Bench:
                 raise RuntimeError("worker did not start: " + (self.tmp / "worker.log").read_text()[-2000:])
             time.sleep(0.1)
         info = json.loads(ready.read_text())
-        for name in ("ours-sync", "ours-channel", "ours-http", "openpi-ours"):
+        for name in ("ours-sync", "ours-channel", "ours-http", "ours-shm", "openpi-ours"):
             self.server_pid[name] = worker.pid if not self.ns_srv else info["pid"]
         op_port, nv_port = free_port(), free_port()
         openpi = self.spawn([str(SIDE_PY), "-c", OPENPI_SERVER, str(OPENPI_DIR), "127.0.0.1", str(op_port)], self.ns_srv,
@@ -261,6 +265,7 @@ class Bench:
     def start_agents(self, clients: tuple[str, ...] = CLIENTS) -> None:
         worker_url, secret, openpi, naive, contract = self.start_servers()
         plans = {"ours-sync": ([sys.executable], [worker_url, secret, json.dumps(contract)]),
+                 "ours-shm": ([sys.executable], [worker_url, secret, json.dumps(contract)]),
                  "ours-channel": ([sys.executable], [worker_url, secret, json.dumps(contract)]),
                  "ours-http": ([sys.executable], [worker_url, secret, json.dumps(contract)]),
                  "openpi-ours": ([str(SIDE_PY)], [worker_url.split("//", 1)[1], secret]),
@@ -401,7 +406,8 @@ def main() -> None:
         except (subprocess.CalledProcessError, FileNotFoundError) as exc:
             sys.exit(f"the link needs root and `ip netns` / `tc`: {exc}")
         try:
-            run(max(2, args.rounds // 2), max(10, args.per_round // 2), kinds, link=True, clients=clients)
+            run(max(2, args.rounds // 2), max(10, args.per_round // 2), kinds, link=True,
+                clients=tuple(c for c in clients if c != "ours-shm"))     # the same-host path is no network path
         finally:
             drop_link()
 

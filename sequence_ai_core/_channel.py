@@ -38,12 +38,35 @@ _JSON_HEADERS = {"content-type": "application/json"}
 _BINARY_HEADERS = {"content-type": BINARY_ANSWER_CONTENT_TYPE}
 
 
-def answer_response(status: int, body: bytes, binary_answers: bool) -> httpx.Response:
-    """One channel answer's body as the ``httpx.Response`` the wire reads: a 200 on a channel
-    whose worker echoed ``protocol.ANSWER_HEADER`` is the binary answer (its content type
-    ``BINARY_ANSWER_CONTENT_TYPE``: ``protocol.decode_act_answer`` reads it), anything else JSON."""
-    return httpx.Response(status, content=body,
-                          headers=_BINARY_HEADERS if binary_answers and status == 200 else _JSON_HEADERS)
+class ChannelAnswer:
+    """A 200 answer off a channel: what the wire reads of an ``httpx.Response`` (``status_code``,
+    ``is_error``, ``headers.get``, ``content``, ``json()``, ``text``), without building one (an
+    ``httpx.Response`` costs ~13 us of client CPU per answer, this 0.2 us). ``headers["content-type"]`` is
+    ``BINARY_ANSWER_CONTENT_TYPE`` for a binary answer, else JSON."""
+
+    __slots__ = ("content", "headers")
+    status_code = 200
+    is_error = False
+
+    def __init__(self, content: bytes, binary: bool) -> None:
+        self.content, self.headers = content, _BINARY_HEADERS if binary else _JSON_HEADERS
+
+    @property
+    def text(self) -> str:
+        return self.content.decode("utf-8", errors="replace")
+
+    def json(self) -> Any:
+        return json.loads(self.content)
+
+
+def answer_response(status: int, body: bytes, binary_answers: bool) -> Any:
+    """One channel answer's body as the response the wire reads: a 200 is a ``ChannelAnswer``
+    (binary, ``protocol.decode_act_answer``, on a channel whose worker echoed
+    ``protocol.ANSWER_HEADER``, else JSON); any other status an ``httpx.Response`` holding the
+    JSON error body (``from_response`` reads it)."""
+    if status == 200:
+        return ChannelAnswer(body, binary_answers)
+    return httpx.Response(status, content=body, headers=_JSON_HEADERS)
 
 
 def request_message(seq: int, content: bytes, binary: bool, segment: Any) -> bytes:
