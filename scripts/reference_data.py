@@ -76,6 +76,9 @@ ENV_VARS = {
                         "counts its workers (undeclared: 1), up to this."),
     "SEQ_HEALTH_INTERVAL_S": ("server", "2",
                               "How often the gateway pings serving workers for a jammed inference (s)."),
+    "SEQ_PING_TIMEOUT_S": ("server", "5",
+                           "How long one of the gateway's health pings may take (s); an alive worker that "
+                           "answers none for two of them (and two pings in a row) is jammed and replaced."),
     "SEQ_HEADER_TIMEOUT_S": ("server", "10",
                              "How long a connection to the gateway or a worker may take to send a request's "
                              "headers (s, in [0.5, 3600]); past it the answer is 408 and the connection is closed. "

@@ -92,7 +92,9 @@ def test_a_frozen_second_worker_is_retired_alone_and_its_robot_reconnects_elsewh
 
     from _servers import echo_observation
     from _wait import eventually
-    gw = GatewayProcess.start(tmp_path, env={"SEQ_CPU_WORKERS": "2", "SEQ_HEALTH_INTERVAL_S": "0.5"})
+    # pings every 0.5 s that give up after 2 s: a worker silent for two of them (4 s) is jammed (10 s by default)
+    gw = GatewayProcess.start(tmp_path, env={"SEQ_CPU_WORKERS": "2", "SEQ_HEALTH_INTERVAL_S": "0.5",
+                                             "SEQ_PING_TIMEOUT_S": "2"})
     frozen = None
     try:
         gw.deploy(_one_slot_two_workers(tmp_path), "fleet")

@@ -54,7 +54,9 @@ def _holders(gw: GatewayProcess) -> list:
 
 
 def test_a_sigstopped_worker_is_replaced_by_a_fresh_one_and_killed(tmp_path):
-    gw = GatewayProcess.start(tmp_path, env={"SEQ_FAKE_GPUS": "L4,L4"})
+    # pings every 0.5 s that give up after 2 s: a worker silent for two of them (4 s) is jammed (10 s by default)
+    gw = GatewayProcess.start(tmp_path, env={"SEQ_FAKE_GPUS": "L4,L4", "SEQ_HEALTH_INTERVAL_S": "0.5",
+                                             "SEQ_PING_TIMEOUT_S": "2"})
     frozen_pid = None
     try:
         d = gw.deploy(_policy(tmp_path, "frozen", "L4"), "frozen")
@@ -110,7 +112,8 @@ def test_a_sigstopped_worker_is_replaced_by_a_fresh_one_and_killed(tmp_path):
 
 
 def test_usage_is_not_counted_again_after_a_gateway_restart(tmp_path):
-    gws = [gateway_on_data_dir(tmp_path)]
+    fast = {"SEQ_HEALTH_INTERVAL_S": "0.3"}             # usage comes in with the health pings
+    gws = [gateway_on_data_dir(tmp_path, env=fast)]
     try:
         d = gws[0].deploy(_policy(tmp_path, "meter", "cpu"), "meter")
         assert d["status"] == "ready", d
@@ -134,10 +137,10 @@ def test_usage_is_not_counted_again_after_a_gateway_restart(tmp_path):
         gws[0].client.close()
         gws[0].proc.send_signal(signal.SIGKILL)
         gws[0].proc.wait()
-        gws.append(gateway_on_data_dir(tmp_path, port=port))
+        gws.append(gateway_on_data_dir(tmp_path, port=port, env=fast))
         gw = gws[-1]
         assert gw.status("meter")["pid"] == d["pid"]     # adopted
-        time.sleep(5.0)                                  # two health rounds and more
+        time.sleep(1.5)                                  # five health rounds: nothing is counted again
         t = totals(gw)
         assert t["requests"] == 20 and t["bytes_in"] == sent, t
 
@@ -150,7 +153,7 @@ def test_usage_is_not_counted_again_after_a_gateway_restart(tmp_path):
         while totals(gw)["requests"] < 25:
             assert time.monotonic() < deadline, totals(gw)
             time.sleep(0.1)
-        time.sleep(2.5)
+        time.sleep(1.0)                                  # three more rounds: still 25, not more
         t = totals(gw)
         assert t["requests"] == 25 and t["bytes_in"] == sent, t
     finally:

@@ -11,6 +11,7 @@ home on the server side: the gateway's ``serve`` and a worker started without ``
 | ``SEQ_LEASE_TTL_S`` | ``lease_ttl_s`` | 300 s |
 | ``SEQ_MAX_GPUS`` | ``max_gpus`` | None (no cap on running workers) |
 | ``SEQ_HEALTH_INTERVAL_S`` | ``health_interval_s`` | 2 s |
+| ``SEQ_PING_TIMEOUT_S`` | ``ping_timeout_s`` | 5 s (one health /ping; an alive worker silent for two is jammed) |
 | ``SEQ_GATEWAY_MAX_BODY_BYTES`` | ``max_body_bytes`` | None (the gateway's MAX_BODY_BYTES, 32 MiB) |
 | ``SEQ_BACKEND`` | ``backend`` | ``local`` (``ray``: workers as Ray actors) |
 | ``SEQ_RAY_ADDRESS`` | ``ray_address`` | ``local`` (a private loopback head) |
@@ -29,10 +30,11 @@ from typing import Mapping, Optional
 
 from sequence_ai_server.common.header_timeout import HEADER_TIMEOUT_S, header_timeout_setting
 
-__all__ = ["ServerConfig", "LEASE_TTL_S", "HEALTH_INTERVAL_S"]
+__all__ = ["ServerConfig", "LEASE_TTL_S", "HEALTH_INTERVAL_S", "PING_TIMEOUT_S"]
 
 LEASE_TTL_S = 300.0            # default lease; $SEQ_LEASE_TTL_S overrides (tests use a few seconds)
 HEALTH_INTERVAL_S = 2.0        # how often running workers are pinged for a jammed inference
+PING_TIMEOUT_S = 5.0           # one health /ping (each of connect, read, write) at most
 
 
 def _data_dir_setting(environ: Optional[Mapping[str, str]] = None) -> Path:
@@ -59,7 +61,8 @@ class ServerConfig:
 
     ``lease_ttl_s`` (s): how long a lease lasts before it must be renewed. ``max_gpus``: the
     most workers that may run at once (None: no cap). ``health_interval_s`` (s): how often
-    serving workers are pinged. ``max_body_bytes``: the largest request body the gateway reads
+    serving workers are pinged. ``ping_timeout_s`` (s): how long one health ping may take; an
+    alive worker that answers none for two of them is jammed (gateway/health.py). ``max_body_bytes``: the largest request body the gateway reads
     (None: the gateway's MAX_BODY_BYTES). ``backend``: ``local`` or ``ray``. ``ray_address``:
     the Ray cluster (``local`` starts a private head). ``ray_gpus_per_node``: cards in one
     machine; a policy asking for more becomes a group of whole machines (launchers/ray.py).
@@ -76,6 +79,7 @@ class ServerConfig:
     lease_ttl_s: float = LEASE_TTL_S
     max_gpus: Optional[int] = None
     health_interval_s: float = HEALTH_INTERVAL_S
+    ping_timeout_s: float = PING_TIMEOUT_S
     max_body_bytes: Optional[int] = None
     backend: str = "local"
     ray_address: str = "local"
@@ -100,6 +104,7 @@ class ServerConfig:
             max_gpus=_number(env, "SEQ_MAX_GPUS", int, None),
             health_interval_s=float(_number(env, "SEQ_HEALTH_INTERVAL_S", float, HEALTH_INTERVAL_S)
                                     or HEALTH_INTERVAL_S),
+            ping_timeout_s=float(_number(env, "SEQ_PING_TIMEOUT_S", float, PING_TIMEOUT_S) or PING_TIMEOUT_S),
             max_body_bytes=_number(env, "SEQ_GATEWAY_MAX_BODY_BYTES", int, None) or None,
             backend=backend,
             ray_address=(env.get("SEQ_RAY_ADDRESS") or "local").strip() or "local",

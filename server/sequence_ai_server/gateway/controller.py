@@ -138,8 +138,8 @@ class Gateway:
         self.traffic = TrafficService(self.store, self.supervisor, self.keys, config.max_gpus)
         self.admission = Admission()     # the workers' measured cost curves, the deadline check
         self.health = HealthCheck(self.store, self.supervisor, self.data_dir, interval_s=config.health_interval_s,
-                                  usage_since=self.ops.usage_since, take_usage=self.ops.take_worker_usage,
-                                  observe=self.admission.observe, clock=clock)
+                                  ping_timeout_s=config.ping_timeout_s, usage_since=self.ops.usage_since,
+                                  take_usage=self.ops.take_worker_usage, observe=self.admission.observe, clock=clock)
         self.sessions = SessionService(self.store, self.supervisor, self.traffic, self.health, self.ops,
                                        data_dir=self.data_dir, lease_ttl_s=config.lease_ttl_s,
                                        max_gpus=config.max_gpus, clock=clock, admission=self.admission)

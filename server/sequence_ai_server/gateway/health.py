@@ -7,9 +7,9 @@ does not answer. A worker is *jammed*, and replaced by a fresh worker of the sam
 
 - its ``/ping`` says ``degraded`` (an inference ran past timeouts.request), or
 - its process is alive but it has answered no ``/ping`` (a read or connect timeout, a refused
-  connection) for ``unanswered_bound_s``: the smaller of timeouts.request and
-  ``UNANSWERED_JAM_S`` (two ping timeouts, 10 s), over at least two pings in a row. A frozen
-  process (SIGSTOP, a policy holding the GIL in C code) is never noticed by the supervisor,
+  connection) for ``unanswered_bound_s``: the smaller of timeouts.request and two ping
+  timeouts (``$SEQ_PING_TIMEOUT_S``, 5 s each by default: ``UNANSWERED_JAM_S``), over at least
+  two pings in a row. A frozen process (SIGSTOP, a policy holding the GIL in C code) is never noticed by the supervisor,
   which only sees exits; a healthy worker answers /ping in milliseconds even while its
   inferences run, so two whole ping timeouts of silence are not load.
 
@@ -31,6 +31,7 @@ from typing import Callable, Optional
 
 import httpx
 
+from sequence_ai_server.common.config import PING_TIMEOUT_S
 from sequence_ai_server.common.errors import ApiError
 from sequence_ai_server.gateway.events import WorkerTookOver
 from sequence_ai_server.gateway.store import DeploymentRow, Store
@@ -42,7 +43,6 @@ __all__ = ["HealthCheck", "PING_TIMEOUT_S", "UNANSWERED_JAM_S"]
 
 log = logging.getLogger("sequence_ai_server.gateway")
 
-PING_TIMEOUT_S = 5.0                      # one /ping (each of connect, read, write) at most
 UNANSWERED_JAM_S = 2 * PING_TIMEOUT_S     # an alive worker silent this long is jammed (or timeouts.request, if less)
 _MIN_MISSES = 2                           # ... over at least this many unanswered pings in a row
 
@@ -172,15 +172,16 @@ class HealthCheck:
 
     def unanswered_bound_s(self, name: str) -> float:
         """How long ``name``'s alive worker may answer no /ping before it counts as jammed: its
-        timeouts.request (a worker that could answer would say degraded by then) or
-        ``UNANSWERED_JAM_S``, whichever is less."""
+        timeouts.request (a worker that could answer would say degraded by then) or two ping
+        timeouts (``UNANSWERED_JAM_S`` at the default), whichever is less."""
         row = self.store.get(name)
         spec = (row.spec if row is not None else None) or {}
+        two_pings = 2 * self.ping_timeout_s
         try:
-            request_s = float((spec.get("timeouts") or {}).get("request") or UNANSWERED_JAM_S)
+            request_s = float((spec.get("timeouts") or {}).get("request") or two_pings)
         except (TypeError, ValueError):
-            request_s = UNANSWERED_JAM_S
-        return min(request_s, UNANSWERED_JAM_S)
+            request_s = two_pings
+        return min(request_s, two_pings)
 
     def _no_answer(self, name: str, url: str, pid: Optional[int], sent: float, exc: Exception) -> None:
         """A ping of ``name``'s worker ``pid`` (sent at ``sent``) got no answer. An exited worker
