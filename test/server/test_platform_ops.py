@@ -55,14 +55,34 @@ def _act(conn: dict, observation: dict) -> httpx.Response:
                       headers={"Authorization": f"Bearer {conn['direct_secret']}", "Content-Type": "application/json"})
 
 
-@pytest.fixture
-def ops_gateway(tmp_path):
-    """A gateway with fast health pings and fast alert retries."""
-    gw = GatewayProcess.start(tmp_path, env={"SEQ_HEALTH_INTERVAL_S": "0.3", "SEQ_ALERT_BACKOFF_S": "0.2,0.2,0.2,0.2"})
+@pytest.fixture(scope="module")
+def _ops_gateway_process(tmp_path_factory):
+    gw = GatewayProcess.start(tmp_path_factory.mktemp("ops"),
+                              env={"SEQ_HEALTH_INTERVAL_S": "0.3", "SEQ_ALERT_BACKOFF_S": "0.2,0.2,0.2,0.2"})
     try:
         yield gw
     finally:
         gw.close()
+
+
+def _deployments(gw) -> set:
+    return {d["name"] for d in gw.client.get("/v1/deployments").json()["deployments"]}
+
+
+@pytest.fixture
+def ops_gateway(_ops_gateway_process):
+    """The module's gateway with fast health pings and fast alert retries (one process for the
+    module: a start and stop is ~1 s of CPU). Each test uses deployment names of its own; when it
+    ends, what it deployed is removed (its workers stopped) and the account's limits cleared, so
+    the next test finds no worker and no limit."""
+    gw = _ops_gateway_process
+    before = _deployments(gw)
+    try:
+        yield gw
+    finally:
+        for name in sorted(_deployments(gw) - before):
+            gw.client.post(f"/v1/deployments/{name}/remove", params={"force": "true"}).raise_for_status()
+        gw.client.post("/v1/account/limits", json={"clear": ["all"]}).raise_for_status()
 
 
 # ------------------------------------------------------------------ pure parts
@@ -182,7 +202,7 @@ def test_a_floor_set_with_the_cli_keeps_the_real_worker_warm_until_it_is_cleared
     pid = gw.status("sched")["pid"]
     r = _seq(gw, "policy", "status", "sched")
     assert r.returncode == 0 and "open now: 1 kept warm" in r.stdout, r.stdout
-    time.sleep(4.0)                                   # twice idle_timeout with no robot: kept warm
+    time.sleep(3.0)                                   # 1.5 x idle_timeout with no robot: kept warm
     assert gw.status("sched")["status"] == "ready" and gw.status("sched")["pid"] == pid
 
     r = gw.client.post("/v1/deployments/sched/scale", json={"clear": True})   # (timed here, not after a CLI exits)
@@ -269,8 +289,10 @@ def test_limits_refuse_new_connects_and_builds_naming_the_limit_and_never_cut_an
     robot = gw.client.post("/v1/keys", json={"name": "arm", "deployment": "qa"}).json()
     r = _seq(gw, "account", "limits", "--worker-hours", "0.00001", "--key", "arm")   # 36 ms a day
     assert r.returncode == 0 and f"key:{robot['id']}" in r.stdout
-    time.sleep(1.5)                                                                 # past it
-    r = httpx.post(gw.url + "/v1/connect", json={"model": "qa"}, headers={"Authorization": f"Bearer {robot['key']}"})
+    # the running worker's seconds pass the 36 ms within a second or so
+    r = eventually(lambda: (lambda r: r if r.status_code != 200 else None)(
+        httpx.post(gw.url + "/v1/connect", json={"model": "qa"}, headers={"Authorization": f"Bearer {robot['key']}"})),
+        30, 0.1, what="the robot key's connect to be refused past its worker-hours")
     body = r.json()
     assert r.status_code == 402 and body["details"]["limit"] == "worker_hours_per_day", body
     assert body["details"]["scope"] == f"key:{robot['id']}" and "worker-hours per day" in body["detail"]
@@ -336,8 +358,10 @@ class _Receiver:
         self.server.server_close()
 
 
-def test_alerts_are_signed_retried_and_verified_by_a_real_receiver(ops_gateway):
-    gw = ops_gateway
+def test_alerts_are_signed_retried_and_verified_by_a_real_receiver(tmp_path):
+    # a gateway of its own: an alert is sent once a minute per (scope, limit) and gateway, and the
+    # limits test's quota_reached would hold back this test's
+    gw = GatewayProcess.start(tmp_path, env={"SEQ_HEALTH_INTERVAL_S": "0.3", "SEQ_ALERT_BACKOFF_S": "0.2,0.2,0.2,0.2"})
     rx = _Receiver()
     try:
         r = _seq(gw, "alerts", "add", rx.url, "--error-rate", "0.3", "--p95-ms", "0", "--min-requests", "5")
@@ -381,9 +405,9 @@ def test_alerts_are_signed_retried_and_verified_by_a_real_receiver(ops_gateway):
         assert crash["deployment"] == "al" and crash["details"]["exit_code"] == -9
 
         assert _seq(gw, "account", "limits", "--worker-hours", "0.00001").returncode == 0
-        time.sleep(1.0)
-        r = gw.connect("al")
-        assert r.status_code == 402
+        r = eventually(lambda: (lambda r: r if r.status_code != 200 else None)(gw.connect("al")), 30, 0.1,
+                       what="a connect to be refused past the account's worker-hours")
+        assert r.status_code == 402, r.text
         quota = eventually(lambda: rx.events("quota_reached"), 30, 0.1, what="a quota_reached alert")[0]
         assert quota["deployment"] == "al" and quota["details"]["limit"] == "worker_hours_per_day"
 
@@ -396,6 +420,7 @@ def test_alerts_are_signed_retried_and_verified_by_a_real_receiver(ops_gateway):
         assert r.returncode == 5 and "is not an http(s) URL" in r.stderr
     finally:
         rx.close()
+        gw.close()
 
 
 # ------------------------------------------------------------------ cards
