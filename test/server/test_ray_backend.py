@@ -64,22 +64,24 @@ def _wait_node(proc: subprocess.Popen, log_path: Path, timeout: float = 90.0) ->
 
 
 def _stop_tree(procs: list) -> None:
-    """SIGTERM alone leaves Ray processes alive: collect every tree first, then SIGTERM,
-    then SIGKILL whatever is left, by PID."""
-    tree = []
+    """SIGTERM alone leaves Ray processes alive: collect every tree first, then SIGTERM, then
+    (0.5 s on) SIGKILL whatever is left, by PID; back as soon as all have exited."""
+    live = []
     for proc in procs:
-        tree.append(proc.pid)
         try:
-            tree += [c.pid for c in psutil.Process(proc.pid).children(recursive=True)]
+            top = psutil.Process(proc.pid)
+            live += [top] + top.children(recursive=True)
         except psutil.NoSuchProcess:
             pass
-    for sig, pause in ((signal.SIGTERM, 2.0), (signal.SIGKILL, 0.0)):
-        for pid in tree:
+    for sig, grace in ((signal.SIGTERM, 0.5), (signal.SIGKILL, 5.0)):
+        for p in live:
             try:
-                os.kill(pid, sig)
-            except ProcessLookupError:
+                p.send_signal(sig)
+            except psutil.NoSuchProcess:
                 pass
-        time.sleep(pause)
+        _, live = psutil.wait_procs(live, timeout=grace)
+        if not live:
+            break
     for proc in procs:
         proc.wait(timeout=10)
 
@@ -411,9 +413,13 @@ def test_demo_pick_place_policy_on_a_ray_actor_puts_the_cube_on_the_pad_in_real_
         ray_gateway.stop(name)                 # frees its actor's CPU for the tests after this one
     assert out.reason == "until", (out, state["metrics"])
     assert state["metrics"]["success"] == 1.0 and state["metrics"]["final_distance_m"] < 0.03, state["metrics"]
-    # A late tick is this process (rendering two cameras per step) stalled for a whole period by
-    # the machine, not by Ray: CI saw one in a 131-action run with two test files in parallel.
-    assert out.chunks >= 2 and out.actions >= out.chunks and out.late_ticks <= 2, out
+    assert out.chunks >= 2 and out.actions >= out.chunks, out
+    # Real time, counted in actions: never faster than 15 Hz, and at least 80 % of the ticks the
+    # run's length holds. A late tick is this process (rendering two cameras per step) stalled for
+    # a whole period by the machine, not by Ray, and it is dropped rather than burst: a loaded run
+    # (load 8 on 2 cores) saw 6 in 132 actions, so their number is no bound on Ray.
+    assert out.actions <= out.seconds * 15.0 + 2, out
+    assert out.actions >= 0.8 * (out.seconds - out.underrun_s) * 15.0, out
     # No command gap: the same drive against the local backend on this loaded 2-core machine
     # (MuJoCo rendering two cameras in this process, the worker and the gateway beside it)
     # measured one underrun of 1-5 ms in 2 of 4 runs -- the client's prefetch budget (mean + 2 sd
