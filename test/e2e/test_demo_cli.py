@@ -77,7 +77,9 @@ def read_until(lines: queue.Queue, pattern: str, timeout_s: float) -> list:
 
 
 def test_demo_policy_learned_deploys_the_shipped_checkpoint_from_a_volume_and_drives_the_sim(run_demo):
-    proc, lines = run_demo("--policy", "learned", "--light-jitter", "1", "--seed", "100004", "--max-seconds", "20")
+    # 8 s bound: the promise is the deploy from the volume and a run that publishes the net's rows
+    # (>= 3 chunks); whether the cube lands in time is examples/flywheel's measurement, not this
+    proc, lines = run_demo("--policy", "learned", "--light-jitter", "1", "--seed", "100004", "--max-seconds", "8")
     out = "".join(read_until(lines, r"^total ", 400))
     assert proc.wait(timeout=30) in (0, 1), out        # 0: the task succeeded, 1: it did not
     assert re.search(r"^deployed  pick-place-learned from examples/flywheel/learned_policy\.py "
@@ -136,22 +138,6 @@ def test_policy_learned_without_torch_names_the_extra_before_deploying(tmp_path)
     assert out.stderr.splitlines() == ["sequence-ai-demo --policy learned: needs the train extra (torch is not "
                                        "installed): pip install 'sequence-ai[train]'"], out.stderr
     assert out.stdout == "" and not any(tmp_path.iterdir()), out.stdout     # no gateway, no run folder
-
-
-def test_a_sim_that_dies_starting_fails_the_run_at_once_naming_its_log(tmp_path, monkeypatch):
-    from sequence_ai_ros import demo
-
-    with demo.local_server(tmp_path / "server") as server:
-        demo.deploy(server)
-        for k, v in server.env().items():
-            monkeypatch.setenv(k, v)
-        t0 = time.monotonic()
-        # the node either exits or stays up without a sim (its thread failed): the run ends
-        # either way, pointing at the sim's log
-        with pytest.raises(RuntimeError, match=r"sim_robot.*; see .*sim_robot\.log"):
-            demo.drive("put the red cube on the green pad", seed=-1, max_seconds=5.0, out_dir=tmp_path, picture=False)
-        assert time.monotonic() - t0 < 60                # not the 120 s service wait
-    assert "expected non-negative integer" in (tmp_path / "sim_robot.log").read_text()
 
 
 def test_deploy_learned_without_a_checkpoint_says_how_to_make_one(tmp_path):

@@ -119,3 +119,15 @@ def test_teardown_runs_queued_callbacks_before_destroy_and_prints_no_unretrieved
             ctx.try_shutdown()
     assert len(ran) > 20                       # the timers did fire: the pool was busy at shutdown
     assert "never retrieved" not in printed.getvalue(), printed.getvalue()
+
+
+def test_a_sim_that_dies_starting_fails_the_run_at_once_naming_its_log(served_policy, tmp_path):
+    import time
+
+    t0 = time.monotonic()
+    # the node either exits or stays up without a sim (its thread failed): the run ends either
+    # way, pointing at the sim's log
+    with pytest.raises(RuntimeError, match=r"sim_robot.*; see .*sim_robot\.log"):
+        demo.drive("put the red cube on the green pad", seed=-1, max_seconds=5.0, out_dir=tmp_path, picture=False)
+    assert time.monotonic() - t0 < 60                # not the 120 s service wait
+    assert "expected non-negative integer" in (tmp_path / "sim_robot.log").read_text()
