@@ -121,8 +121,8 @@ def test_demo_launch_runs_an_act_goal_to_succeeded_and_records_it(bag_dir):
     ros = _Ros("demo_launch_probe")
     try:
         client = ActionClient(ros.node, Act, "/policy_driver/act")
+        # sent at once: a goal waits (sensor_wait_s, 10 s) for the driver's first frames and joint state
         assert client.wait_for_server(timeout_sec=90.0), "/policy_driver/act never appeared"
-        time.sleep(1.0)   # the driver's first camera frames and joint state (sensor_wait_s covers more)
         handle = ros.wait(client.send_goal_async(Act.Goal(instruction=INSTRUCTION, max_seconds=45.0)), 30.0)
         assert handle.accepted
         wrapped = ros.wait(handle.get_result_async(), 120.0)
