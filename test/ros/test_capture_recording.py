@@ -502,7 +502,8 @@ def test_disk_bound_prunes_the_oldest_bags_and_drops_instead_of_growing(cell, tm
         rec.start_episode({"event": "start", "source": "record_episode", "task": "fill the disk",
                            **assembly_settings(rec, rec._p)})
         assert not old.exists()                       # pruned before the new bag started
-        time.sleep(3.0)                               # ~45 frames x 2 views of ~10 kB: far over 250 kB
+        # frames of 2 views of ~10 kB fill 250 kB within about a second; then it drops, not grows
+        eventually(lambda: rec.writer.stats.dropped_disk >= 10, 30.0, 0.05, what="10 frames dropped at the disk bound")
         stats = rec.stop_episode()
     finally:
         cell.executor.remove_node(rec)
