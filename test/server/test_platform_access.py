@@ -209,14 +209,14 @@ def test_lease_expiry_and_secret_rotation_are_recovered_by_the_client_without_an
 # ---------------------------------------------------------------- idle stop, min_workers, cold start
 
 def test_an_idle_worker_stops_after_idle_timeout_and_the_next_connect_estimates_from_the_last_load(gw, tmp_path):
-    f = _policy_copy(tmp_path, "idle-echo", "idle_timeout=3", load_s=1.0)
+    f = _policy_copy(tmp_path, "idle-echo", "idle_timeout=2", load_s=1.0)
     d = gw.deploy(f, "idle-echo")
     assert d["status"] == "ready" and d["load_s"] >= 1.0
     c = gw.connect_ready("idle-echo")
     # requests straight to the worker (the gateway sees none of them) keep it warm past idle_timeout
     [secret_file] = (gw.data_dir / "run").glob("idle-echo.*.secret")
     worker_secret = secret_file.read_text()
-    t_end = time.monotonic() + 4.5
+    t_end = time.monotonic() + 3.0                         # 1.5 x idle_timeout
     while time.monotonic() < t_end:
         r = httpx.post(c["worker_url"] + "/act", json={"observation": echo_observation()},
                        headers={"Authorization": f"Bearer {worker_secret}"})
@@ -236,7 +236,7 @@ def test_min_workers_keeps_a_worker_running_and_restarts_one_that_died(gw, tmp_p
     f = _policy_copy(tmp_path, "warm-echo", "idle_timeout=1, min_workers=1")
     d = gw.deploy(f, "warm-echo")
     assert d["status"] == "ready"
-    time.sleep(3.0)
+    time.sleep(2.0)                                          # twice idle_timeout with no robot: kept
     assert gw.status("warm-echo")["status"] == "ready" and gw.status("warm-echo")["pid"] == d["pid"]
     os.kill(d["pid"], 9)
     deadline = time.monotonic() + 30

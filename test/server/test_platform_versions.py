@@ -131,10 +131,14 @@ def test_rollback_serves_an_older_version_and_refuses_one_not_kept(shared_module
 
 
 def test_five_versions_are_kept(shared_module_gateway, tmp_path):
+    """Versions are recorded (and the oldest dropped) at deploy; while the deployment is stopped a
+    deploy records its version and starts no worker, so v2..v7 cost no worker start."""
     gw = shared_module_gateway
-    for i in range(1, 8):
-        d = gw.deploy(_variant(tmp_path, f"k{i}"), "kept", timeout=90)
-        assert d["version"] == i
+    assert gw.deploy(_variant(tmp_path, "k1"), "kept")["status"] == "ready"
+    gw.stop("kept")
+    for i in range(2, 8):
+        d = gw.deploy(_variant(tmp_path, f"k{i}"), "kept", wait=False)
+        assert (d["version"], d["status"]) == (i, "stopped"), d
     v = gw.client.get("/v1/deployments/kept/versions").json()
     assert [x["version"] for x in v["versions"]] == [7, 6, 5, 4, 3] and v["serving"] == 7
     kept_dirs = sorted(p.name for p in (gw.data_dir / "versions" / "kept").iterdir())
