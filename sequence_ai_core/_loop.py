@@ -32,7 +32,9 @@ Decisions, in one place:
   chunk is planned from an observation taken about N chunks before it plays), never with extra
   load on the worker. Queued chunks play in order, each whole, each measured (and, if asked,
   smoothed) at its own seam against the last executed action (``_buffer.ChunkBuffer``); an
-  interrupt drops them.
+  interrupt drops them. Under an ``aligned`` merge each answer replaces the whole plan, so no
+  chunk ever queues behind another and N counts as 1 (a deeper N asked again the moment each
+  answer landed: back-to-back requests, as fast as the worker answered).
 - Underrun: an action was due and the buffer was empty. Counted once, ``on_underrun()`` called
   once, and the seconds from the missed deadline to the chunk's arrival added to ``underrun_s``.
   The first chunk of a run is startup, not an underrun.
@@ -415,13 +417,16 @@ class ControlLoop:
     def _prefetch_at(self, deadline: float) -> float:
         """When (monotonic s) the next request should start: ``-inf`` for now, ``inf`` for not
         while nothing changes (a request in flight, lookahead full, the buffer outlasting the
-        run). With ``lookahead`` N >= 2, now: a free slot in the queue is filled at once.
+        run). With ``lookahead`` N >= 2 (``replace`` merges only), now: a free slot in the queue
+        is filled at once.
         With N = 1, the moment the buffer's time left falls to the latency estimate's lead
         (``LatencyEstimate.lead_s``: worst recent turnaround plus one period); the loop wakes
         for it rather than waiting for the next action deadline."""
         if self.fetch is not None:
             return math.inf
-        depth = max(1, int(self.cfg.lookahead))
+        # an aligned merge makes each answer the whole plan (nothing queues behind it): a depth
+        # over 1 could never fill and would ask again the moment each answer lands
+        depth = max(1, int(self.cfg.lookahead)) if self.merge == "replace" else 1
         if self.buffer.chunks_queued >= depth:
             return math.inf
         rows_left = len(self.buffer)

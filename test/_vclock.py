@@ -29,6 +29,9 @@ T = TypeVar("T")
 START_S = 1000.0
 #: Real seconds the loop may sit with nothing ready and no timer before it calls it a deadlock.
 STUCK_S = 30.0
+#: Loop iterations at one virtual instant before the loop calls it a livelock (tasks that keep
+#: each other busy without ever waiting for time: on a real clock they would spin the CPU).
+SPIN_LIMIT = 100_000
 
 
 class _JumpSelector(selectors.DefaultSelector):
@@ -41,6 +44,7 @@ class _JumpSelector(selectors.DefaultSelector):
     def select(self, timeout: Optional[float] = None):
         events = super().select(0)
         if events or timeout == 0:
+            self._vloop.spin()
             return events
         if timeout is None:  # no timer at all: only another thread can wake the loop now
             events = super().select(STUCK_S)
@@ -61,6 +65,7 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
 
     def __init__(self, start_s: float = START_S) -> None:
         self._virtual_s = float(start_s)
+        self._spins = 0
         super().__init__(selector=_JumpSelector(self))
 
     def time(self) -> float:
@@ -71,6 +76,14 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
         if seconds < 0:
             raise ValueError(f"virtual time only moves forward, not by {seconds!r} s")
         self._virtual_s += seconds
+        self._spins = 0
+
+    def spin(self) -> None:
+        """Count one loop iteration that did not wait for time; RuntimeError past ``SPIN_LIMIT``."""
+        self._spins += 1
+        if self._spins > SPIN_LIMIT:
+            raise RuntimeError(f"virtual time stuck at {self._virtual_s:.6f} s: {SPIN_LIMIT} loop iterations "
+                               "without waiting for a timer (tasks that keep each other busy: a livelock)")
 
 
 def now() -> float:

@@ -98,3 +98,21 @@ def test_the_virtual_loop_only_moves_forward_and_names_a_deadlock(monkeypatch):
 
     with pytest.raises(RuntimeError, match="no timer"):
         _vclock.run(forever)
+
+
+def test_the_virtual_loop_names_tasks_that_spin_without_ever_waiting_for_time(monkeypatch):
+    monkeypatch.setattr(_vclock, "SPIN_LIMIT", 1000)
+
+    async def spin():
+        while True:
+            await asyncio.sleep(0)   # busy forever at one instant: time can never move
+
+    with pytest.raises(RuntimeError, match="livelock"):
+        _vclock.run(spin)
+
+    async def paced():
+        for _ in range(5000):       # as many iterations, each waiting for time: fine
+            await asyncio.sleep(0.001)
+        return _vclock.now()
+
+    assert _vclock.run(paced) == pytest.approx(_vclock.START_S + 5.0)

@@ -6,7 +6,8 @@ no row is played twice, and that delta chunks are never changed by a merge.
 Many generated runs do not fit a real server's round trips, so the worker's answers come from
 ``DelayWire``, an in-process stand-in for ``_wire.Wire.act`` that echoes request_id and
 generation like the worker does and records the delay fields of every request; everything
-else (AsyncPolicy, ControlLoop, buffer, merge, pacing) is the real engine.
+else (AsyncPolicy, ControlLoop, buffer, merge, pacing) is the real engine, on virtual time
+(``test/_vclock.py``): the same steps every run, seconds of control in milliseconds.
 test_delay_wire.py checks the same promises against a real worker process.
 """
 from __future__ import annotations
@@ -263,6 +264,19 @@ def test_a_delay_beyond_the_maximum_mid_run_holds_and_ends_typed():
     assert robot.events.count("hold") == 1 and robot.events[-1] == "hold"
 
 
+def test_an_aligned_merge_with_lookahead_asks_no_faster_than_the_refill_plan():
+    """An aligned answer replaces the plan, so nothing queues behind it: lookahead=2 counts as 1
+    there. Before, each answer that landed left the queue one short and the loop asked again at
+    once: back-to-back requests (60 in a 3 s run at 50 ms turnarounds; on virtual time an instant
+    answer never let time move at all)."""
+    for delays in ([0.05], [0.05, 0.0]):
+        wire = DelayWire(numbered, delays, contract(max_delay=8))
+        out = drive(wire, Robot(), max_actions=30, lookahead=2)
+        assert out.reason == "completed" and out.merge == "aligned"
+        # 10-row chunks: one request per chunk played, the startup's two included
+        assert len(wire.sent) <= 6, len(wire.sent)
+
+
 def test_a_mode_the_policy_does_not_declare_is_refused_before_the_first_action():
     robot = Robot()
     with pytest.raises(DelayUnsupported, match="trained"):
@@ -327,8 +341,8 @@ def test_a_view_the_contract_lacks_is_refused_before_motion_listing_its_views():
 
 # ------------------------------------------------------------------ properties
 
-HZ = 400.0
-SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+HZ = 10.0   # on virtual time (test/_vclock.py) a generated run at a real rate costs milliseconds
+SETTINGS = settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 def generated(lengths, horizons, space):
@@ -343,7 +357,8 @@ def generated(lengths, horizons, space):
 
 lengths = st.lists(st.integers(1, 8), min_size=1, max_size=4)
 horizons = st.lists(st.one_of(st.none(), st.integers(1, 8)), min_size=1, max_size=4)
-delays = st.lists(st.sampled_from([0.0, 0.002, 0.006, 0.015]), min_size=1, max_size=5)
+# turnarounds of 0, 0.8, 2.4 and 6 control periods (s)
+delays = st.lists(st.sampled_from([0.0, 0.8 / HZ, 2.4 / HZ, 6.0 / HZ]), min_size=1, max_size=5)
 
 
 @SETTINGS
