@@ -105,7 +105,7 @@ from ._delay import committed_prefix, steps_for
 from ._errors import DelayUnsupported, SequencesError, StaleCamera, Unavailable
 from ._freshness import CameraWatch
 from ._interrupt import StopToken
-from ._seam import SeamSummary
+from ._seam import SeamSummary, _quantile
 from ._limits import Limits, LimitWarning
 from ._pacing import Pacer
 from ._run_options import MERGES, LoopConfig  # noqa: F401 - LoopConfig is part of this module's face
@@ -119,6 +119,11 @@ EARLY_ENDINGS = frozenset({"interrupted", "operator", "validate", "timeout", "de
 _DEFAULT_HZ = 15.0
 #: Rows an ``aligned_blend`` cross-fades when ``smooth_seam`` does not say.
 BLEND_STEPS = 4
+
+
+def _p50_p99(values: list) -> tuple:
+    """(median, 99th percentile) of ``values`` (s), (None, None) when there are none."""
+    return (_quantile(values, 0.5), _quantile(values, 0.99)) if values else (None, None)
 
 
 async def _call(fn: Callable[..., Any], *args: Any) -> Any:
@@ -156,6 +161,8 @@ class ControlLoop:
         self.fetch: Optional[asyncio.Task] = None
         self.fetch_started = 0.0
         self.fetch_version = 0
+        self.fetch_obs_at = 0.0          # when the request in flight's observation was taken (loop clock)
+        self.obs_to_action: list = []    # s from an observation to the first action played from its chunk
         self.fetch_k = 0                 # actions executed when the request in flight observed
         self.fetch_info: Dict[str, Any] = {}
         self.requests = 0
@@ -224,6 +231,7 @@ class ControlLoop:
         self.out.chunks = self.buffer.chunks_started
         self.out.max_seam_jump = self.buffer.max_seam_jump
         self.out.seams = SeamSummary.of(self.buffer.seams)
+        self.out.obs_to_action_p50_s, self.out.obs_to_action_p99_s = _p50_p99(self.obs_to_action)
         self.out.merge = self.merge
         self._status(f"done: {self.out!r}")
         self._print.end()
@@ -375,6 +383,8 @@ class ControlLoop:
             raise _Stop("validate")
         self._check_interrupt()  # nothing reaches act() once the interrupt is seen
         await _call(cfg.act, row)
+        if started is not None and started.tag:      # the first action from this observation's chunk
+            self.obs_to_action.append(self.now() - started.tag[2])
         self.buffer.executed(row)
         self.pacer.set_period(self.k, self._period(entry))
         self.k += 1
@@ -445,7 +455,7 @@ class ControlLoop:
         """Observe (on this thread) and start the request in the background."""
         self.fetch_started = self.now()
         observation = await _call(self.cfg.observe)
-        obs_time = time.time()
+        obs_time, self.fetch_obs_at = time.time(), self.now()
         instruction, version = self.p._instruction_now()
         wire = self.p._check(observation_to_wire(observation, instruction))
         try:
@@ -503,7 +513,7 @@ class ControlLoop:
             self._print.note(f"worker warning: {warning}")
         info = dict(delay_steps=sent.get("delay_steps") or 0, arrival_left_s=self.buffer.seconds_left(
             self.pacer.period_s if self.pacer is not None else 1.0 / _DEFAULT_HZ))
-        tag = (self.fetch_version, prediction)
+        tag = (self.fetch_version, prediction, self.fetch_obs_at)
         if self.merge == "replace":
             self.buffer.push(chunk, tag=tag, consumed=consumed, **info)
             return True

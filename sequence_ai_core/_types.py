@@ -343,6 +343,11 @@ class RunOutcome:
         stale_answers: answers dropped because they belonged to an older generation or request.
         fault: the typed error of a ``delay_exceeded`` (``DelayUnsupported``) or
             ``stale_camera`` (``StaleCamera``) ending, else None. Those endings hold first.
+        obs_to_action_p50_s / obs_to_action_p99_s: observation-to-action latency (s), median
+            and 99th percentile over the chunks that played: from ``observe()`` returning the
+            frame a request was built from to ``act()`` returning on the first action played from
+            the chunk computed on it (encode, network, queue, inference, the wait for its turn in
+            the buffer). None when no chunk played.
     """
 
     reason: str
@@ -362,6 +367,8 @@ class RunOutcome:
     delay_mode: str = "chunk"
     stale_answers: int = 0
     fault: Optional[Exception] = None
+    obs_to_action_p50_s: Optional[float] = None
+    obs_to_action_p99_s: Optional[float] = None
 
     @property
     def end_reason(self) -> str:
