@@ -172,7 +172,7 @@ def test_deploy_or_rollback_while_stopped_starts_no_worker_until_start(shared_ga
         want = 1
     assert r.status_code == 200, r.text
     assert r.json()["version"] == want and r.json()["status"] == "stopped", r.json()
-    _no_worker_for(gw.data_dir, 3.0)
+    _no_worker_for(gw.data_dir, 1.5)                    # fifteen control ticks: no worker starts
     d = gw.status(name)
     assert d["status"] == "stopped" and d["version"] == want, d
     refused = gw.connect(name)
