@@ -85,29 +85,38 @@ def test_deadline_queue_get_wakes_on_put_from_another_thread():
     assert got == ["x"]
 
 
-def test_clamp_leaves_a_robot_that_asks_once_per_declared_period_alone():
+def test_a_robot_asking_once_per_declared_period_is_due_half_a_period_after_each_request():
     clamp = DeadlineClamp()
     period_ms = 533.0
-    for k in range(5):
-        due = 100.0 + k * 0.533
-        assert clamp.order_due("s1", due, period_ms, now=due - 0.4) == pytest.approx(due)
+    assert clamp.order_due("s1", 100.001, None, now=100.0) == 100.0         # the first: nothing to play yet
+    for k in range(1, 5):
+        now = 100.0 + k * 0.533
+        assert clamp.order_due("s1", now + 0.02 * k, period_ms, now=now) == pytest.approx(now + CLAMP_SHARE * 0.533)
+    # robots of one rate are served in arrival order whatever they claim; a faster one goes ahead
+    for s in ("long-claim", "short-claim", "fast", "slow"):
+        clamp.order_due(s, 100.0, None, now=100.0)
+    assert clamp.order_due("long-claim", 130.0, 533.0, now=110.0) < clamp.order_due("short-claim", 110.001, 533.0,
+                                                                                      now=110.001)
+    assert clamp.order_due("fast", 110.2, 160.0, now=110.1) < clamp.order_due("slow", 110.5, 540.0, now=110.0)
 
 
-def test_clamp_spaces_a_session_claiming_short_deadlines_by_its_period():
+def test_clamp_lets_a_session_hold_at_most_two_requests_per_period_at_the_front():
     clamp = DeadlineClamp()
-    got = [clamp.order_due("greedy", 100.001, 100.0, now=100.0) for _ in range(4)]
-    step = CLAMP_SHARE * 0.1
-    assert got == pytest.approx([100.001, 100.001 + step, 100.001 + 2 * step, 100.001 + 3 * step])
+    got = [clamp.order_due("greedy", 100.001, 100.0, now=100.0) for _ in range(6)]
+    assert got == pytest.approx([100.0 + k * CLAMP_SHARE * 0.1 for k in range(6)])   # two per period, no more
+    back_to_back = [clamp.order_due("pair", 100.0, 100.0, now=100.0 + k * 0.1) for k in (0, 1, 1.1)]
+    assert back_to_back[2] == pytest.approx(100.11 + CLAMP_SHARE * 0.1)     # two in 10 ms: neither moved
     # another session is not affected, and a declared period below the floor is raised to it
-    assert clamp.order_due("other", 100.002, 100.0, now=100.0) == 100.002
-    tiny = [clamp.order_due("tiny", 100.0, 0.001, now=100.0) for _ in range(2)]
-    assert tiny[1] - tiny[0] == pytest.approx(CLAMP_SHARE * MIN_PERIOD_MS / 1000.0)
+    assert clamp.order_due("other", 100.002, 100.0, now=100.0) == pytest.approx(100.0)
+    tiny = [clamp.order_due("tiny", 100.0, 0.001, now=100.0) for _ in range(3)]
+    assert tiny[2] - tiny[0] == pytest.approx(MIN_PERIOD_MS / 1000.0)
 
 
 def test_a_session_that_never_declared_a_period_gets_no_priority_from_its_claims():
     clamp = DeadlineClamp()
     got = [clamp.order_due("quiet", 100.000001, None, now=100.0) for _ in range(3)]
-    assert got == pytest.approx([100.0 + NO_DEADLINE_MS / 1000.0] * 3)     # as if it claimed none
+    assert got == pytest.approx([100.0] + [100.0 + NO_DEADLINE_MS / 1000.0] * 2)   # after its first: as if none
+    clamp.order_due("late", 105.0, None, now=99.0)
     assert clamp.order_due("late", 105.0, None, now=100.0) == 105.0           # a later claim stands
 
 
@@ -115,17 +124,18 @@ def test_a_first_request_without_a_period_does_not_push_the_next_ones_back():
     # a robot's first request claims the soonest answer before it knows its period: it is ordered
     # as one without a deadline, but its next ones (period declared) keep their own deadlines
     clamp = DeadlineClamp()
-    assert clamp.order_due("s", 100.001, None, now=100.0) == pytest.approx(100.0 + NO_DEADLINE_MS / 1000.0)
-    assert clamp.order_due("s", 100.6, 533.0, now=100.3) == pytest.approx(100.6)
-    assert clamp.order_due("s", 100.8, 533.0, now=100.7) == pytest.approx(100.6 + CLAMP_SHARE * 0.533)
+    assert clamp.order_due("s", 100.001, None, now=100.0) == pytest.approx(100.0)   # nothing to play: as it comes
+    assert clamp.order_due("s", 100.6, 533.0, now=100.3) == pytest.approx(100.3 + CLAMP_SHARE * 0.533)
+    assert clamp.order_due("s", 100.8, 533.0, now=100.4) == pytest.approx(100.4 + CLAMP_SHARE * 0.533)
+    assert clamp.order_due("s", 100.9, 533.0, now=100.5) == pytest.approx(100.3 + CLAMP_SHARE * 0.533 + 0.533)
 
 
 def test_clamp_follows_the_latest_declared_period_and_keeps_it_when_none_is_sent():
     clamp = DeadlineClamp()
-    clamp.order_due("s", 10.0, 500.0, now=10.0)
+    assert clamp.order_due("s", 10.0, 500.0, now=10.0) == 10.0
     assert clamp.order_due("s", 10.0, None, now=10.0) == pytest.approx(10.0 + CLAMP_SHARE * 0.5)
-    got = clamp.order_due("s", 10.0, 100.0, now=10.0)
-    assert got == pytest.approx(10.0 + CLAMP_SHARE * 0.5 + CLAMP_SHARE * 0.1)
+    assert clamp.order_due("s", 10.0, None, now=10.0) == pytest.approx(10.0 + 0.5)
+    assert clamp.order_due("s", 10.0, 100.0, now=10.0) == pytest.approx(10.0 + CLAMP_SHARE * 0.5 + 0.1)
 
 
 def test_robot_times_report_each_sessions_p99_and_forget_quiet_ones():

@@ -9,9 +9,9 @@
   clients send none serves them first-come first-served, as before deadlines existed).
 * :class:`RobotTimes` -- each robot's (session's) recent queued-to-answered times and their p99,
   which ``/ping`` reports as ``"robots"`` (the gateway never sees a robot's /act).
-* :class:`DeadlineClamp` -- a session cannot buy priority by claiming short deadlines: each of
-  its requests is ordered no earlier than its previous one plus ``CLAMP_SHARE`` of its declared
-  period (the rule is in the class docstring).
+* :class:`DeadlineClamp` -- how a robot's requests are ordered: each is due ``CLAMP_SHARE`` of
+  its declared period after it arrived, at most two per period (the rule and why it is not the
+  deadline the request claims are in the class docstring).
 
 All times are ``time.monotonic()`` seconds unless a name says ms.
 """
@@ -30,7 +30,7 @@ __all__ = ["CLAMP_SHARE", "CostCurve", "DeadlineClamp", "DeadlineQueue", "LateCo
            "MIN_PERIOD_MS", "RobotTimes"]
 
 NO_DEADLINE_MS = 1000.0      # a request without a deadline is ordered as if due this long after it arrived
-CLAMP_SHARE = 0.5            # a session's requests are ordered at least this share of its period apart
+CLAMP_SHARE = 0.5            # a session's request is ordered as due this share of its declared period after it came
 MIN_PERIOD_MS = 10.0         # the shortest period a session may declare (100 chunks/s)
 _SAMPLES_PER_SIZE = 32       # calls kept per batch size for the median
 ROBOT_SAMPLES = 128          # answers kept per robot (session) for its p99
@@ -140,46 +140,63 @@ class DeadlineQueue:
 
 
 class DeadlineClamp:
-    """The rule that keeps a session from buying priority with short deadlines.
+    """How a robot's requests are ordered, and the rule that keeps a session from buying priority.
 
     A session (the lease's session id; the worker secret, the gateway's own, is not clamped)
     declares its period -- the time between its chunks, ``replan rows / control Hz``, the rate
     it was admitted for -- as ``period_ms`` with its requests (at least :data:`MIN_PERIOD_MS`;
-    the latest one declared counts). Each of its requests is ordered by ``max(its claimed
-    deadline, the session's previous ordering deadline + CLAMP_SHARE x period)``: a robot's
-    chunks play one after the other, so its deadlines are about one period apart, and one that
-    asks once per period, as it declared, is not moved (the other half of the period is room for
-    its deadlines' jitter: they move with its round trip); one that sends more often than its
-    declared rate, claiming short deadlines each time, gets ordering deadlines half a period
-    apart, so it holds no more of the front of the queue than two requests per period. Declaring a longer period than it needs only moves its own requests
-    back. Lateness is still measured against the deadline it claimed. A session that has never
-    declared a period gets no priority from its claims: its requests are ordered as requests
-    without a deadline (:data:`NO_DEADLINE_MS` after they arrive, or their claim if later), so
-    leaving ``period_ms`` out cannot buy the front of the queue either; such a request's
-    penalty is not carried into the clamp (the next request, once a period is declared, is spaced
-    from what this one claimed, not from the 1 s it was ordered at: a robot's first request, sent
-    before it knows its period, would otherwise push its next few behind every other robot's).
+    the latest one declared counts). Each of its requests is ordered as due ``CLAMP_SHARE`` of
+    that period after it arrived, and no earlier than one period after the session's ordering
+    deadline two requests before: robots of one rate are served in arrival order, and a robot
+    that needs a chunk every 160 ms goes ahead of one that needs one every 540 ms that arrived
+    up to 190 ms before it. A robot may send two requests back to back (its start: the first
+    chunk, then at once the one behind it) without either being moved; one that sends more often
+    than its declared rate holds no more of the front of the queue than two requests per period.
+    (A spacing of half a period between any two, the rule before, moved the second request of
+    every robot that started with a round trip under half a period behind the others' first
+    ones: the fleet bench at 96 robots had 27-50 underruns where arrival order had none.)
+    Declaring a longer period than it needs only moves its own requests back. A session's first
+    request (its robot has no chunk yet; it cannot know its period) is ordered as due when it
+    arrives: ahead of the robots already playing, in arrival order with the other first ones.
+
+    The deadline a request claims (``deadline_ms``: the playback its robot has left) does not
+    order it; lateness is measured against it. Ordered by their claims, robots of one rate did
+    worse than in arrival order near a replica's limit (the fleet bench at 96 robots: 25-100
+    underruns against none): a robot whose claims are short is served first, so its round trips
+    stay short, so its client's prefetch (which plans for the worst recent round trip) keeps
+    sending late with a thin margin, and a burst of such robots then makes them late together;
+    one whose claims are long waits until just before them, so it sends earlier still. In
+    arrival order every robot meets the queue as it is and its prefetch plans for it.
+
+    A session that has never declared a period gets no priority from its claims: its requests
+    after the first are ordered as requests without a deadline (:data:`NO_DEADLINE_MS` after
+    they arrive, or their claim if later), so leaving ``period_ms`` out cannot buy the front of
+    the queue either, and such a request counts toward none of the spacing above.
     Sessions unseen for a minute are forgotten."""
 
     def __init__(self, forget_s: float = 60.0) -> None:
-        self._last: dict[str, tuple[float, float, float]] = {}     # session -> (period s, last due, seen)
+        # session -> (period s, its last ordering deadline, the one before, last seen)
+        self._last: dict[str, tuple[float, float, float, float]] = {}
         self._forget_s = forget_s
         self._lock = threading.Lock()
 
     def order_due(self, session: str, due: float, period_ms: Optional[float], now: float) -> float:
         """The deadline (monotonic s) a request claiming ``due`` is ordered by; remembers it."""
         with self._lock:
-            period, last, _ = self._last.get(session, (0.0, -math.inf, now))
+            first = session not in self._last
+            period, last, before, _ = self._last.get(session, (0.0, -math.inf, -math.inf, now))
             if period_ms is not None:
                 period = max(MIN_PERIOD_MS, period_ms) / 1000.0
-            if period:
-                ordered = mark = max(due, last + CLAMP_SHARE * period)
-            else:                       # nothing declared to clamp against: no priority from the claim
+            if first:                # its robot has nothing to play yet: due as it comes
+                ordered = last = now
+            elif period:             # due a share of its period after it came (not its claim); two per period
+                ordered = max(now + CLAMP_SHARE * period, before + period)
+                last, before = ordered, last
+            else:                    # nothing declared to clamp against: no priority from the claim
                 ordered = max(due, now + NO_DEADLINE_MS / 1000.0)
-                mark = max(due, last)   # the claim, not the penalty: it must not push the next ones back
-            self._last[session] = (period, mark, now)
-            if len(self._last) > 4096 or now - min(v[2] for v in self._last.values()) > 10 * self._forget_s:
-                self._last = {k: v for k, v in self._last.items() if now - v[2] <= self._forget_s}
+            self._last[session] = (period, last, before, now)
+            if len(self._last) > 4096 or now - min(v[3] for v in self._last.values()) > 10 * self._forget_s:
+                self._last = {k: v for k, v in self._last.items() if now - v[3] <= self._forget_s}
             return ordered
 
 
