@@ -142,12 +142,20 @@ class DeadlineEstimate:
     requests at least half of it apart: a robot cannot buy priority by claiming short
     deadlines more often than twice a period). A worker that predates deadlines ignores both.
 
+    When the robot declared its rate at connect (``request_hz``), ``period_s`` is 1 / that rate
+    and is the ``period_ms`` sent, from the first request on: the worker orders a robot's
+    requests by a share of its period, and the gaps between requests (short at the start, when
+    the first chunk and the one behind it are fetched back to back, and moving with the
+    prefetch's lead after) made robots of one rate look like different rates.
+
     Args:
         window: how many recent answers the round trip is taken over (default ``WINDOW``).
+        period_s: the declared time between chunks (s), or None (the median gap is sent).
     """
 
-    def __init__(self, window: int = WINDOW) -> None:
+    def __init__(self, window: int = WINDOW, period_s: Optional[float] = None) -> None:
         self._network: Deque[float] = deque(maxlen=max(1, int(window)))
+        self.period_s = period_s
 
     def note_answer(self, round_trip_s: float, server_ms: object) -> None:
         """One answer: its round trip as the client measured it (s) and the worker's
@@ -163,11 +171,12 @@ class DeadlineEstimate:
     def fields(self, playback_left_s: float, intervals_s: "list[float]") -> "dict[str, float]":
         """The body fields for a request sent with ``playback_left_s`` (s) of actions left, by a
         robot whose recent gaps between requests were ``intervals_s`` (s) ->
-        ``{"deadline_ms": ms, "period_ms": ms}`` (no ``period_ms`` before two requests)."""
+        ``{"deadline_ms": ms, "period_ms": ms}`` (no ``period_ms`` before two requests, unless
+        ``period_s`` is declared)."""
         left_ms = (float(playback_left_s) - (self.network_s or 0.0)) * 1000.0
         out = {"deadline_ms": round(min(MAX_DEADLINE_MS, max(1.0, left_ms)), 3)}
-        if intervals_s:
-            period_ms = statistics.median(intervals_s) * 1000.0
+        if self.period_s or intervals_s:
+            period_ms = (self.period_s or statistics.median(intervals_s)) * 1000.0
             if 0.0 < period_ms <= MAX_DEADLINE_MS:
                 out["period_ms"] = round(period_ms, 3)
         return out

@@ -187,7 +187,7 @@ class WorkerLink(LeaseRenewal):
             ``websockets`` package is installed and the worker has one, else HTTP), "http" or
             "channel". None: ``$SEQUENCE_AI_TRANSPORT``, else "auto".
         request_hz: the chunks per second sent as ``request_hz`` with each connect (the gateway's
-            admission counts the robot at it); None: not sent.
+            admission counts the robot at it) and, as its period, with each /act; None: not sent.
 
     Raises ValueError for an unknown body_format or transport.
     """
@@ -200,7 +200,8 @@ class WorkerLink(LeaseRenewal):
         if body_format not in BODY_FORMATS:
             raise ValueError(f"body_format must be one of {BODY_FORMATS}, not {body_format!r}")
         self.body_format = body_format
-        self.deadlines = DeadlineEstimate()     # the deadline_ms / period_ms each /act carries
+        # the deadline_ms / period_ms each /act carries (period_ms: 1 / request_hz when declared)
+        self.deadlines = DeadlineEstimate(period_s=1.0 / request_hz if request_hz else None)
         self.last_request_bytes = 0
         self.gateway_url = gateway_url
         self.model = model

@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+import sequence_ai
 from sequence_ai_core._prefetch import DeadlineEstimate
 from sequence_ai_core._wire import _act_body, _deadline
 from sequence_ai_core.protocol import BINARY_CONTENT_TYPE, MAX_DEADLINE_MS, encode_act_body
@@ -20,6 +21,13 @@ def test_deadline_is_playback_left_less_the_median_network_round_trip():
     est.note_answer(0.080, None)          # a worker that reports no server_ms: not a sample
     assert est.network_s == pytest.approx(0.030)
     assert est.fields(0.5, [0.5, 0.6, 0.55]) == {"deadline_ms": pytest.approx(470.0), "period_ms": 550.0}
+
+
+def test_a_declared_rate_is_the_period_sent_from_the_first_request():
+    est = DeadlineEstimate(period_s=1 / 1.875)                        # connect(..., request_hz=1.875)
+    assert est.fields(0.0, []) == {"deadline_ms": 1.0, "period_ms": pytest.approx(533.333, abs=1e-3)}
+    assert est.fields(0.3, [0.05, 0.9])["period_ms"] == pytest.approx(533.333, abs=1e-3)   # not the gaps
+    assert sequence_ai.aconnect("m", api_key="k", request_hz=6.25)._wire.deadlines.period_s == 0.16
 
 
 def test_deadline_is_bounded_to_what_the_worker_accepts():
