@@ -30,6 +30,13 @@ def _deploy(gw, cls: str) -> str:
     return name
 
 
+@pytest.fixture(scope="module")
+def spec_delta(module_gateway):
+    """One SpecDeltaPolicy deployment for the module (each test reads the sign its chunks start
+    with from what it receives, so the requests of another test before it change nothing)."""
+    return _deploy(module_gateway, "SpecDeltaPolicy")
+
+
 def two_joints():
     return sequence_ai.Observation(images=[], proprioception=sequence_ai.Proprioception([0.0, 0.0]),
                                    instruction="move")
@@ -40,8 +47,8 @@ def franka():
                                    instruction="move")
 
 
-def test_the_spec_joint_delta_contract_lets_no_step_over_max_delta_reach_act(module_gateway):
-    name = _deploy(module_gateway, "SpecDeltaPolicy")
+def test_the_spec_joint_delta_contract_lets_no_step_over_max_delta_reach_act(module_gateway, spec_delta):
+    name = spec_delta
     rec = Recorder()
     with connect(module_gateway, name, params={"chunk_len": 4}) as policy:
         out = policy.run(franka, rec, max_actions=12, hold=rec.hold, progress=False)
@@ -53,13 +60,13 @@ def test_the_spec_joint_delta_contract_lets_no_step_over_max_delta_reach_act(mod
     # the joints' +-0.04 increments are within the limits: delivered exactly as sent, although
     # consecutive rows differ by 0.08 and every seam repeats a sign or flips it
     joints = [row[0] for row in rec.rows]
-    s = 1.0 if joints[0] > 0 else -1.0      # the deploy's synthetic /act already took one chunk
+    s = 1.0 if joints[0] > 0 else -1.0      # the deploy's synthetic /act (and other tests) took chunks before
     assert joints == [s * v for v in (0.04, -0.04, 0.04, -0.04, -0.04, 0.04, -0.04, 0.04, 0.04, -0.04, 0.04, -0.04)]
     assert all(row[:7] == [row[0]] * 7 for row in rec.rows)
 
 
-def test_the_worker_bounds_a_delta_row_by_its_magnitude_not_by_its_change(module_gateway):
-    name = _deploy(module_gateway, "SpecDeltaPolicy")
+def test_the_worker_bounds_a_delta_row_by_its_magnitude_not_by_its_change(module_gateway, spec_delta):
+    name = spec_delta
     with connect(module_gateway, name, params={"chunk_len": 2, "gripper": 0.03}) as policy:
         pred = policy.predict(franka())
         first = pred.action_chunk.actions[0][0]
