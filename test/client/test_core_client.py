@@ -25,6 +25,7 @@ import sequence_ai
 from sequence_ai import cli
 from sequence_ai_core import BINARY_CONTENT_TYPE, encode_act_body, from_response
 from _core_support import ECHO, Recorder, after, connect, observation, unique
+from _wait import eventually
 
 POLICIES = Path(__file__).resolve().parents[1] / "policies"
 LIMITS = str(POLICIES / "limits_policy.py")
@@ -65,8 +66,8 @@ def two_joints():
 def test_max_delta_holds_across_chunk_boundaries(module_gateway, ramp):
     rec = Recorder()
     with connect(module_gateway, ramp, params={"chunk_len": 6, "jump": 0.5}) as policy:
-        out = policy.run(two_joints, rec, max_actions=30, progress=False)
-    assert out.reason == "completed" and out.chunks == 5
+        out = policy.run(two_joints, rec, max_actions=18, progress=False)
+    assert out.reason == "completed" and out.chunks == 3
     steps = [max(abs(b[i] - a[i]) for i in range(2)) for a, b in zip(rec.rows, rec.rows[1:])]
     assert max(steps) <= 0.1 + 1e-9
     assert all(-1.0 <= v <= 1.0 for row in rec.rows for v in row)
@@ -200,8 +201,14 @@ def test_interrupt_while_reconnecting_stops_within_one_period(module_gateway, ec
                 marks["accepted"] = len(stalled.accepted)
                 policy.interrupt()
 
+            def interrupt_once_stalled():   # as soon as the reconnect hangs on the stalled gateway
+                try:
+                    eventually(lambda: stalled.accepted, 30, what="the reconnect reaching the stalled gateway")
+                finally:
+                    interrupt()
+
             after(0.2, break_the_session)
-            after(1.2, interrupt)
+            threading.Thread(target=interrupt_once_stalled, daemon=True).start()
             out = policy.run(observation, rec, hold=rec.hold, max_actions=200, progress=False)
     finally:
         stalled.close()
