@@ -144,7 +144,7 @@ def test_a_robot_mid_run_rides_through_a_gateway_sigkill_and_restart_on_the_adop
 
 
 def test_a_worker_whose_gateway_never_comes_back_serves_its_leases_then_exits_after_its_idle_timeout(tmp_path):
-    idle_s = 4.0
+    idle_s = 2.5
     src = Path(ECHO_POLICY).read_text().replace("@seq.policy(\n", f"@seq.policy(\n    idle_timeout={idle_s},\n", 1)
     policy_file = tmp_path / "idle_echo.py"
     policy_file.write_text(src)
