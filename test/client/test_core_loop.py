@@ -48,11 +48,14 @@ def test_actions_are_paced_at_the_control_frequency_without_drift_row_by_row_wit
     assert out.reason == "completed" and out.actions == 32 and out.underruns == 0 and out.underrun_s == 0.0
     periods = [b - a for a, b in zip(rec.times, rec.times[1:])]
     assert abs(statistics.median(periods) - PERIOD) < 0.003
-    # no drift: every action sits on t0 + k/f (not an accumulation of sleeps)
-    t0 = rec.times[0]
-    offsets = [t - (t0 + k * PERIOD) for k, t in enumerate(rec.times)]
-    assert statistics.median(abs(o) for o in offsets) < 0.005
-    assert abs(offsets[-1]) < PERIOD / 2
+    # no drift: every action sits on t0 + k/f (not an accumulation of sleeps). A loop stalled more
+    # than a period by a loaded machine re-bases the schedule on purpose and counts a late tick
+    # (the exact schedule, resyncs included, is test_core_loop_logic.py's, on virtual time)
+    if out.late_ticks == 0:
+        t0 = rec.times[0]
+        offsets = [t - (t0 + k * PERIOD) for k, t in enumerate(rec.times)]
+        assert statistics.median(abs(o) for o in offsets) < 0.005
+        assert abs(offsets[-1]) < PERIOD / 2
     # the open-loop horizon: rows 0..7 of each chunk, chunk after chunk
     assert rec.row_indices == list(range(8)) * 4
     ids = rec.chunk_ids

@@ -67,7 +67,7 @@ def chunks_of(space):
 
 # turnarounds of 0, 1/2, 2 and 6 control periods (s)
 delays = st.lists(st.sampled_from([0.0, 0.5 / HZ, 2.0 / HZ, 6.0 / HZ]), min_size=1, max_size=4)
-SETTINGS = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 @SETTINGS
