@@ -10,13 +10,38 @@ import time
 
 import pytest
 
-from _servers import POLICIES
+from _servers import POLICIES, GatewayProcess
 from sequence_ai_server.launchers.envs import EnvBuilder, ImageStepRefused, image_from_source
 from sequence_ai_server.common.errors import ApiError
 from sequence_ai_server.worker.act_body import _prefix
 from sequence_ai_server.ops.schedule import MAX_WINDOW_CHARS, parse_window
 
 OPS = str(POLICIES / "ops_policy.py")
+
+
+@pytest.fixture(scope="module")
+def _module_gateway(tmp_path_factory):
+    gw = GatewayProcess.start(tmp_path_factory.mktemp("ops-hardening"))
+    try:
+        yield gw
+    finally:
+        gw.close()
+
+
+@pytest.fixture
+def gateway(_module_gateway):
+    """One gateway process for the module (the tests here read no gateway-wide figure but the
+    limits, which each test finds cleared): what a test deployed is removed and the account's
+    limits cleared when it ends."""
+    gw = _module_gateway
+    names = lambda: {d["name"] for d in gw.client.get("/v1/deployments").json()["deployments"]}  # noqa: E731
+    before = names()
+    try:
+        yield gw
+    finally:
+        for name in sorted(names() - before):
+            gw.client.post(f"/v1/deployments/{name}/remove", params={"force": "true"}).raise_for_status()
+        gw.client.post("/v1/account/limits", json={"clear": ["all"]}).raise_for_status()
 
 
 def test_a_long_window_is_refused_before_the_pattern_runs():
