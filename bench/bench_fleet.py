@@ -1,38 +1,50 @@
-"""Fleet serving: how many robots one replica of a GPU-like policy serves at their deadlines.
+"""Fleet serving: how many robots one replica of a GPU-like policy serves at their deadlines,
+and how many two workers on two (fake) cards serve.
 
     . scripts/env.sh && scripts/in_loopback_ns.sh python bench/bench_fleet.py \
-        [--robots 1,2,4,8,16,32,64,96] [--seconds 20] [--procs 2] [--variants serial,fifo,edf] \
-        [--mixed 24] [--base-ms 40] [--item-ms 2] [--max-batch 16]
+        [--robots 1,2,4,8,16,32,64,96,128] [--seconds 20] [--procs 2] [--variants serial,fifo,edf] \
+        [--mixed 24] [--two-cards 32,192] [--base-ms 40] [--item-ms 2] [--max-batch 16] [--max-inputs 256]
 
 The policy costs like a GPU model: one ``infer`` call sleeps ``--base-ms`` (40) + ``--item-ms``
 (2) per batch item, with the GIL released (``time.sleep``), so the worker's CPU is what the
 server itself spends. Its chunk is 8 rows at the contract's 15 Hz: each robot needs a chunk
-every 533 ms. Starts a real gateway (``python -m sequence_ai_server.gateway``, temp data dir)
-on loopback and deploys the variants side by side, one worker and one replica each (idle
-while another variant drives; at each N the variants take turns, so they meet the same load):
+every 533 ms. It declares ``@seq.concurrent(max_inputs=256, target_inputs=256)``, so the
+gateway's admission at the deadline decides how many robots a worker takes (its measured cost
+curve against the robots' request rates; docs/guides/scaling.md), ``on_full="reject"``: a robot
+that does not fit is refused with ``deployment_full`` and the numbers. Starts a real gateway
+(``python -m sequence_ai_server.gateway``, temp data dir, ``SEQ_FAKE_GPUS`` = eight L4s,
+``SEQ_WORKER_MAX_CONNECTIONS=512``) on loopback and deploys the variants side by side
+(``gpu="L4"``, one card and one worker each, idle while another variant drives; at each N the
+variants take turns, so they meet the same load). Each deployment is warmed up first (a short
+unreported fleet) so that its worker has measured its calls before the robots connect:
 
 * ``serial`` -- one request at a time (no ``@seq.batched``), first come first served;
 * ``fifo``   -- ``@seq.batched(max_batch_size=16)``; the clients send no deadline (as before
   deadlines existed: the replica serves first come first served, batches what waits);
-* ``edf``    -- the same policy; the clients send their deadline (``deadline_ms``: the
-  playback left less the network round trip), so the replica serves earliest deadline first
-  and a batch waits for more only while its earliest deadline allows the predicted batch time.
+* ``edf``    -- the same policy with the default client: each request carries its deadline
+  and period (``deadline_ms``, ``period_ms``), ordered by the worker's rule (due half the
+  robot's period after it arrives; docs/benchmarks.md, "The deadline rule").
+
+Every robot declares its rate at connect (``request_hz`` = 15 Hz / 8 rows). ``--two-cards``:
+the serial and edf variants again with ``max_gpus=2``, for those fleet sizes: the first worker
+takes what admission allows, the next connect starts a second worker on the second card (the
+client waits it out, ``warming``) and the rest land there until it is full too.
 
 For each N, N robots are spread over ``--procs`` (2) client processes, each robot an asyncio
 task with the real client (``sequence_ai.aconnect``; connect through the gateway, then /act to
 the worker on the /act channel); all start at one monotonic instant and drive ``--seconds`` of
 wall time (``until``: the same window for every robot, underrunning or not). observe() hands
 back one pre-built observation (7 joint values, no camera: the client costs no encoding);
-act() does nothing. A robot whose connect is refused
-or queued is counted and does not drive.
+act() does nothing. A robot whose connect is refused or queued is counted and does not drive.
 
-Per N: underruns (sum over robots), robots with any, robots refused or queued at connect,
-per-robot p50 / p99 round trip (each robot's own p50 and p99 of its /act round trips, then the
-median of those and the worst), requests/s (answers per wall second, all robots), mean batch
-size (the worker's answers' ``batch_size``), late (edf: answers the worker marked past the
-deadline the request claimed, of the answers to requests that claimed one), dl p50 (edf: the
-median deadline_ms claimed), the worker's and the clients' CPU (CPU s per wall s,
-/proc/PID/stat; 1.0 = one core busy) and the 1-minute load average.
+Per N: underruns (sum over robots), robots with any, robots refused at connect, workers the
+admitted robots landed on, per-robot p50 / p99 round trip (each robot's own p50 and p99 of its
+/act round trips, its first, cold request left out of the p99; then the median of those and the
+worst), requests/s (answers per wall second, all robots), mean batch size (the answers'
+``batch_size``), late (edf: answers the worker marked past the deadline the request claimed,
+of the answers to requests that claimed one), dl p50 (edf: the median deadline_ms claimed), the
+workers' and the clients' CPU (CPU s per wall s, /proc/PID/stat; 1.0 = one core busy) and the
+1-minute load average.
 
 ``--mixed N`` adds the mixed-rate case on one replica: N/2 robots needing a chunk every 540 ms
 (27 rows at 50 Hz, the 15 Hz rhythm) and N/2 every 160 ms (8 rows at 50 Hz), fifo against edf,
@@ -64,10 +76,11 @@ import seq
 BASE_S, ITEM_S = {base_ms} / 1000.0, {item_ms} / 1000.0
 
 
-@seq.policy(gpu="cpu", max_gpus=1, on_full="reject",
+@seq.policy(gpu="L4", max_gpus={cards}, on_full="reject",
             action=seq.ActionContract(robot="arm", action_space="joint_absolute", action_dim=7,
                                       control_frequency_hz={hz}, bounds=[(-10.0, 10.0)] * 7),
             observation=seq.ObservationContract(proprio={{"joint_positions": 7}}))
+@seq.concurrent(max_inputs={max_inputs}, target_inputs={max_inputs})
 class FleetCost(seq.Policy):
     @seq.load
     def load(self, weights_dir):
@@ -102,21 +115,25 @@ async def _robots(args: Dict[str, Any], ready, go, start_at, results) -> None:
     import sequence_ai
 
     robots: List[Dict[str, Any]] = []
-    refused = 0
+    refused, reasons = 0, []
     try:
         for chunk_len in args["chunks"]:
             p = sequence_ai.aconnect(args["model"], api_key=args["api_key"], gateway_url=args["url"],
-                                     params={"chunk_len": chunk_len})
+                                     params={"chunk_len": chunk_len}, **_declared(args, chunk_len))
             try:
                 await asyncio.wait_for(p.connect(), timeout=30)
-            except Exception:  # noqa: BLE001 - refused (deployment_full) or queued past 30 s: counted
+                if p._wire.session is None:         # a worker starting for it (warming): wait it out
+                    await p.wait_until_ready(timeout_s=60)
+            except Exception as exc:  # noqa: BLE001 - refused (deployment_full) or queued past 30 s: counted
                 refused += 1
+                reasons.append(str(exc))
                 try:
                     await p.aclose()
                 except Exception:  # noqa: BLE001
                     pass
                 continue
-            rec: Dict[str, Any] = {"chunk": chunk_len, "rtt_ms": [], "batch": [], "late": 0, "deadline_ms": []}
+            rec: Dict[str, Any] = {"chunk": chunk_len, "rtt_ms": [], "batch": [], "late": 0, "deadline_ms": [],
+                                   "worker": p._wire.session.worker_url}
             if not args["deadlines"]:   # fifo: this client sends no deadline (as before deadlines)
                 p._wire.deadlines.fields = lambda left, intervals: {}
             else:                       # edf: note the deadline each request claims
@@ -151,15 +168,15 @@ async def _robots(args: Dict[str, Any], ready, go, start_at, results) -> None:
                                       for r in robots), return_exceptions=True)
         rows = []
         for r, out in zip(robots, outs):
-            row = {k: r[k] for k in ("chunk", "rtt_ms", "batch", "late", "deadline_ms")}
+            row = {k: r[k] for k in ("chunk", "rtt_ms", "batch", "late", "deadline_ms", "worker")}
             if isinstance(out, BaseException):
                 row["error"] = f"{type(out).__name__}: {out}"
             else:
                 row["underruns"] = out.underruns
             rows.append(row)
-        results.put({"robots": rows, "refused": refused})
+        results.put({"robots": rows, "refused": refused, "reasons": reasons})
     except BaseException as exc:  # noqa: BLE001 - reported to the parent, which prints it
-        results.put({"robots": [], "refused": refused, "error": f"{type(exc).__name__}: {exc}"})
+        results.put({"robots": [], "refused": refused, "reasons": reasons, "error": f"{type(exc).__name__}: {exc}"})
         raise
     finally:
         for r in robots:
@@ -175,19 +192,26 @@ def client_process(args, ready, go, start_at, results) -> None:
 
 # ----------------------------------------------------------------- one fleet
 
-WORKER_URLS: Dict[str, str] = {}
+def _declared(args: Dict[str, Any], chunk_len: int) -> Dict[str, Any]:
+    """The connect keywords that declare the robot's request rate (``request_hz``: control Hz
+    over the rows it plays per chunk), where the client has the option."""
+    from sequence_ai_core._options import ConnectOptions
+
+    if "request_hz" not in ConnectOptions.__dataclass_fields__:
+        return {}
+    return {"request_hz": args["hz"] / chunk_len}
 
 
-def _ping(gw, model: str) -> Dict[str, Any]:
-    import httpx
+def _workers(gw, model: str) -> List[Dict[str, Any]]:
+    """The ready workers of ``model`` (``pid``, ``url``, ``worker``) from its status."""
+    return [w for w in gw.client.get(f"/v1/deployments/{model}").json().get("workers") or [] if w.get("url")]
 
-    return httpx.get(f"{WORKER_URLS[model]}/ping", timeout=10).json()
 
-
-def run_fleet(gw, model: str, worker_pid: int, chunks: List[int], deadlines: bool, opts,
-              hz: float = 15.0) -> Dict[str, Any]:
+def run_fleet(gw, model: str, chunks: List[int], deadlines: bool, opts, hz: float = 15.0,
+              seconds: float = 0.0) -> Dict[str, Any]:
     ctx = mp.get_context("spawn")
     n = len(chunks)
+    seconds = seconds or opts.seconds
     procs_n = max(1, min(opts.procs, n))
     shares = [chunks[i::procs_n] for i in range(procs_n)]
     ready, go = ctx.Barrier(procs_n + 1), ctx.Barrier(procs_n + 1)
@@ -196,45 +220,54 @@ def run_fleet(gw, model: str, worker_pid: int, chunks: List[int], deadlines: boo
     procs = []
     for share in shares:
         args = {"chunks": share, "url": gw.url, "api_key": gw.api_key, "model": model,
-                "seconds": opts.seconds, "deadlines": deadlines, "hz": hz}
+                "seconds": seconds, "deadlines": deadlines, "hz": hz}
         pr = ctx.Process(target=client_process, args=(args, ready, go, start_at, results), daemon=True)
         pr.start()
         procs.append(pr)
     ready.wait(timeout=600)  # every robot connected (or refused)
+    workers = _workers(gw, model)
     start_at.value = time.monotonic() + 0.5
-    late0 = _late(gw, model)
+    late0 = _late(workers)
     go.wait(timeout=60)
     time.sleep(max(0.0, start_at.value - time.monotonic()))
-    cpu0, t0 = proc_cpu_s(worker_pid), time.monotonic()
+    cpu0, t0 = sum(proc_cpu_s(w["pid"]) for w in workers), time.monotonic()
     clients0 = sum(proc_cpu_s(pr.pid) for pr in procs)
-    time.sleep(opts.seconds)
-    cpu1, t1 = proc_cpu_s(worker_pid), time.monotonic()
+    time.sleep(seconds)
+    cpu1, t1 = sum(proc_cpu_s(w["pid"]) for w in workers), time.monotonic()
     clients1 = sum(proc_cpu_s(pr.pid) for pr in procs)
     load1 = os.getloadavg()[0]
-    collected = [results.get(timeout=opts.seconds + 300) for _ in procs]
+    collected = [results.get(timeout=seconds + 300) for _ in procs]
     for pr in procs:
         pr.join(timeout=60)
-    late1 = _late(gw, model)
+    late1 = _late(workers)
     robots = [r for c in collected for r in c["robots"]]
     errors = [c["error"] for c in collected if c.get("error")] + [r["error"] for r in robots if "error" in r]
+    reasons = [x for c in collected for x in c.get("reasons", [])]
     return {"n": n, "robots": robots, "errors": errors, "refused": sum(c["refused"] for c in collected),
+            "reasons": reasons, "workers": len({r["worker"] for r in robots}),
             "late": late1[1] - late0[1], "with_deadline": late1[0] - late0[0],
             "worker_cpu": (cpu1 - cpu0) / (t1 - t0), "clients_cpu": (clients1 - clients0) / (t1 - t0),
             "wall_s": t1 - t0, "load1": load1}
 
 
-def _late(gw, model: str) -> tuple:
-    try:
-        d = _ping(gw, model).get("deadlines") or {}
-        return d.get("requests", 0), d.get("late", 0)
-    except Exception:  # noqa: BLE001 - a figure, not a check
-        return 0, 0
+def _late(workers: List[Dict[str, Any]]) -> tuple:
+    import httpx
+
+    got = [0, 0]
+    for w in workers:
+        try:
+            d = httpx.get(f"{w['url']}/ping", timeout=10).json().get("deadlines") or {}
+            got[0] += d.get("requests", 0)
+            got[1] += d.get("late", 0)
+        except Exception:  # noqa: BLE001 - a figure, not a check
+            pass
+    return tuple(got)
 
 
 def summarize(r: Dict[str, Any], robots: List[Dict[str, Any]]) -> Dict[str, Any]:
     ok = [x for x in robots if "error" not in x]
     p50s = [pct(x["rtt_ms"], 50) for x in ok if x["rtt_ms"]]
-    p99s = [pct(x["rtt_ms"], 99) for x in ok if x["rtt_ms"]]
+    p99s = [pct(x["rtt_ms"][1:], 99) for x in ok if x["rtt_ms"][1:]]       # the cold first request apart
     batches = [b for x in ok for b in x["batch"]]
     answers = sum(len(x["rtt_ms"]) for x in ok)
     claimed = [d for x in ok for d in x["deadline_ms"]]
@@ -247,88 +280,111 @@ def summarize(r: Dict[str, Any], robots: List[Dict[str, Any]]) -> Dict[str, Any]
             "batch": statistics.fmean(batches) if batches else float("nan")}
 
 
-HEADER = (f"{'variant':>7} {'N':>4} {'group':>6} {'underruns':>9} {'robots':>6} {'refused':>7} {'p50 ms':>7}"
-          f" {'p99 ms':>7} {'req/s':>6} {'batch':>5} {'late':>9} {'dl p50':>6} {'wkr CPU':>7} {'cli CPU':>7} {'load1':>5}")
+HEADER = (f"{'variant':>9} {'N':>4} {'group':>6} {'underruns':>9} {'robots':>6} {'refused':>7} {'wkrs':>4}"
+          f" {'p50 ms':>7} {'p99 ms':>7} {'req/s':>6} {'batch':>5} {'late':>9} {'dl p50':>6} {'wkr CPU':>7}"
+          f" {'cli CPU':>7} {'load1':>5}")
 
 
 def line(variant: str, r: Dict[str, Any], group: str, s: Dict[str, Any], show_late: bool) -> str:
     late = f"{s['late']}/{s['claimed']}" if show_late else "-"
     dl = f"{s['deadline_p50']:.0f}" if show_late else "-"
-    return (f"{variant:>7} {r['n']:>4} {group:>6} {s['underruns']:>9d} {s['with_underruns']:>6d} {r['refused']:>7d}"
-            f" {s['p50']:>7.1f} {s['p99']:>7.1f} {s['rps']:>6.1f} {s['batch']:>5.2f} {late:>9} {dl:>6}"
-            f" {r['worker_cpu']:>7.2f} {r['clients_cpu']:>7.2f} {r['load1']:>5.2f}")
+    return (f"{variant:>9} {r['n']:>4} {group:>6} {s['underruns']:>9d} {s['with_underruns']:>6d} {r['refused']:>7d}"
+            f" {r['workers']:>4d} {s['p50']:>7.1f} {s['p99']:>7.1f} {s['rps']:>6.1f} {s['batch']:>5.2f} {late:>9}"
+            f" {dl:>6} {r['worker_cpu']:>7.2f} {r['clients_cpu']:>7.2f} {r['load1']:>5.2f}")
 
 
-def deploy(gw, tmp: Path, name: str, batched: bool, hz: float, opts) -> int:
+def deploy(gw, tmp: Path, name: str, batched: bool, hz: float, opts, cards: int = 1) -> None:
+    """Deploy one variant (``cards``: its max_gpus, one fake L4 per worker), wait for its first
+    worker, and warm its measured cost curve up (admission counts robots against max_inputs
+    alone until a worker has measured its calls): a short unreported fleet of robots."""
     decorator = f"    @seq.batched(max_batch_size={opts.max_batch})" if batched else ""
     path = tmp / f"{name}.py"
-    path.write_text(POLICY.format(base_ms=opts.base_ms, item_ms=opts.item_ms, hz=hz, decorator=decorator))
+    path.write_text(POLICY.format(base_ms=opts.base_ms, item_ms=opts.item_ms, hz=hz, decorator=decorator,
+                                  cards=cards, max_inputs=opts.max_inputs))
     d = gw.deploy(str(path), name, timeout=180)
     assert d["status"] == "ready", d
     c = gw.connect_ready(name, timeout=180)
-    WORKER_URLS[name] = c.get("worker_url") or c.get("url")
     gw.client.delete(f"/v1/sessions/{c['session_id']}")      # leave no session holding a slot
-    return int(gw.status(name)["pid"])
+    run_fleet(gw, name, [8] * (opts.max_batch if batched else 4), True, opts, hz=hz, seconds=3.0)
+    time.sleep(2.5)                                           # one health round: the gateway reads the curve
+
+
+def _print(variant: str, r: Dict[str, Any], groups, show_late: bool) -> None:
+    for group, rows in groups:
+        mine = [x for x in r["robots"] if rows is None or x["chunk"] == rows]
+        print(line(variant, r, group, summarize(r, mine), show_late), flush=True)
+    for e in r["errors"][:3]:
+        print(f"     error: {e}")
+    if r["reasons"]:
+        print(f"     refused ({len(r['reasons'])}), e.g.: {r['reasons'][0][:300]}")
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--robots", default="1,2,4,8,16,32,64,96", help="comma-separated fleet sizes")
+    ap.add_argument("--robots", default="1,2,4,8,16,32,64,96,128", help="comma-separated fleet sizes")
     ap.add_argument("--seconds", type=float, default=20.0, help="driving time per fleet (s)")
     ap.add_argument("--procs", type=int, default=2, help="client processes per fleet")
     ap.add_argument("--variants", default="serial,fifo,edf", help="serial, fifo, edf (comma-separated)")
     ap.add_argument("--mixed", type=int, default=24, help="robots in the mixed-rate case (0: skip it)")
+    ap.add_argument("--two-cards", default="32,192", help="fleet sizes on two workers on two fake cards "
+                    "(serial up to 2 x --serial-max, then edf; empty: skip)")
     ap.add_argument("--base-ms", type=float, default=40.0, help="cost of one infer call (ms)")
     ap.add_argument("--item-ms", type=float, default=2.0, help="cost per batch item (ms)")
     ap.add_argument("--max-batch", type=int, default=16, help="@seq.batched(max_batch_size=...)")
+    ap.add_argument("--max-inputs", type=int, default=256, help="@seq.concurrent(max_inputs=...): the robot cap")
     ap.add_argument("--serial-max", type=int, default=32, help="largest N the serial variant runs")
     opts = ap.parse_args()
     sizes = [int(x) for x in opts.robots.split(",") if x.strip()]
+    two = [int(x) for x in opts.two_cards.split(",") if x.strip()]
     variants = [v.strip() for v in opts.variants.split(",") if v.strip()]
 
     from _servers import GatewayProcess
 
-    print(f"one replica; infer costs {opts.base_ms:g} ms + {opts.item_ms:g} ms per item (time.sleep, GIL"
-          f" released); 8 rows at 15 Hz per chunk (533 ms); {opts.procs} client processes; synchronized"
+    print(f"one replica per worker; infer costs {opts.base_ms:g} ms + {opts.item_ms:g} ms per item (time.sleep,"
+          f" GIL released); 8 rows at 15 Hz per chunk (533 ms); {opts.procs} client processes; synchronized"
           f" start; {opts.seconds:g} s per fleet; {os.cpu_count()} CPUs; load average at start"
           f" {os.getloadavg()[0]:.2f}", flush=True)
     print(HEADER, flush=True)
+    env = {"SEQ_FAKE_GPUS": ",".join(["L4"] * 8), "SEQ_WORKER_MAX_CONNECTIONS": "512"}
     with tempfile.TemporaryDirectory() as tmp_s:
         tmp = Path(tmp_s)
-        gw = GatewayProcess.start(tmp)
+        gw = GatewayProcess.start(tmp, env=env)
         try:
-            pids = {v: deploy(gw, tmp, f"fleet-{v}", v != "serial", 15.0, opts) for v in variants}
+            for v in variants:
+                deploy(gw, tmp, f"fleet-{v}", v != "serial", 15.0, opts)
             for n in sizes:            # the variants take turns at each N: they meet the same load
                 for variant in variants:
                     if variant == "serial" and n > opts.serial_max:
                         continue
-                    r = run_fleet(gw, f"fleet-{variant}", pids[variant], [8] * n, variant == "edf", opts)
-                    print(line(variant, r, "all", summarize(r, r["robots"]), variant == "edf"), flush=True)
-                    for e in r["errors"][:3]:
-                        print(f"     error: {e}")
+                    r = run_fleet(gw, f"fleet-{variant}", [8] * n, variant == "edf", opts)
+                    _print(variant, r, [("all", None)], variant == "edf")
             for v in variants:
                 gw.stop(f"fleet-{v}")
+            for variant in ("serial", "edf") if two else ():
+                name = f"fleet-{variant}-2cards"
+                deploy(gw, tmp, name, variant != "serial", 15.0, opts, cards=2)
+                for n in two:
+                    if variant == "serial" and n > 2 * opts.serial_max:
+                        continue
+                    r = run_fleet(gw, name, [8] * n, variant == "edf", opts)
+                    _print(f"{variant} x2", r, [("all", None)], variant == "edf")
+                gw.stop(name)
             if opts.mixed:
-                pid = deploy(gw, tmp, "fleet-mixed", True, 50.0, opts)
-                n = opts.mixed
-                chunks = [27 if i % 2 == 0 else 8 for i in range(n)]
+                deploy(gw, tmp, "fleet-mixed", True, 50.0, opts)
+                chunks = [27 if i % 2 == 0 else 8 for i in range(opts.mixed)]
                 for variant in ("fifo", "edf"):
-                    r = run_fleet(gw, "fleet-mixed", pid, chunks, variant == "edf", opts, hz=50.0)
-                    for group, rows in (("540ms", 27), ("160ms", 8)):
-                        mine = [x for x in r["robots"] if x["chunk"] == rows]
-                        print(line(variant, r, group, summarize(r, mine), variant == "edf"), flush=True)
-                    for e in r["errors"][:3]:
-                        print(f"     error: {e}")
+                    r = run_fleet(gw, "fleet-mixed", chunks, variant == "edf", opts, hz=50.0)
+                    _print(variant, r, [("540ms", 27), ("160ms", 8)], variant == "edf")
                 gw.stop("fleet-mixed")
         finally:
             gw.close()
     print("(underruns: sum over robots; robots: how many had any; refused: robots whose connect was refused"
-          " or still queued after 30 s; p50: the median of the robots' own p50 round trips; p99: the worst"
-          " robot's p99; req/s: answers per wall second; batch: mean batch size of the answers; late: answers"
+          " or still queued after 30 s; wkrs: workers the admitted robots landed on; p50: the median of the"
+          " robots' own p50 round trips; p99: the worst robot's p99, its first (cold) request left out;"
+          " req/s: answers per wall second; batch: mean batch size of the answers; late: answers"
           " the worker marked past their deadline / answers to requests that claimed one; dl p50: the median"
-          " deadline_ms claimed; CPU: CPU s per"
-          f" wall s, the clients summed; load1 at the end of each fleet); load average at the end"
-          f" {os.getloadavg()[0]:.2f}")
+          " deadline_ms claimed; CPU: CPU s per wall s, the workers and the clients summed; load1 at the end of"
+          f" each fleet); load average at the end {os.getloadavg()[0]:.2f}")
     return 0
 
 
