@@ -474,10 +474,9 @@ class AsyncPolicy:
             on_underrun: ``() -> None``; once each time an action is due and the buffer is empty.
             until: ``() -> bool``; checked after each action, True stops with ``until``.
             prefetch: request the next chunk while one plays (default True); False: closed loop.
-            lookahead: chunks kept queued behind the playing one (default 1; below 1 counts
-                as 1). N >= 2 requests as soon as fewer than N are queued: more turnaround
-                tolerated, each chunk planned from an observation about N chunks older. Under
-                an aligned merge each answer replaces the plan, so there it counts as 1.
+            lookahead: chunks kept queued behind the playing one (default 1; below 1, or with an
+                aligned merge, counts as 1). N >= 2 requests as soon as fewer than N are queued:
+                more turnaround tolerated, each chunk planned from an observation N chunks older.
             smooth_seam: ramp each later chunk's first N rows out of the last executed action
                 (absolute spaces only; 0, the default: off).
             startup_timeout_s: how long to wait out a warming worker before motion (s).
