@@ -249,3 +249,25 @@ def test_shm_message_carries_the_json_and_writes_the_blobs():
     finally:
         segment.close()
     assert not os.path.exists(os.path.join(SHM_DIR, segment.name or "x"))
+
+
+def test_a_same_host_body_gets_every_check_of_a_binary_body(worker):
+    """The body rebuilt from the segment goes through the pipeline's checks: a NUL in its JSON is
+    400 bad_string, and a frame the segment holds too few bytes for is refused by its blob check."""
+    frame = _frame(40)
+    segment = ShmSegment()
+    try:
+        with _ws(worker, answer=True) as ws:
+            name, used = segment.write(memoryview(frame.tobytes()))
+            obs = _obs(frame)
+            obs["instruction"] = "lo\x00ok"
+            content, _ = encode_act_body({"observation": obs, "params": {}}, True)
+            n = int.from_bytes(content[:4], "big")
+            ws.send(struct.pack(">IB", 8, 2) + encode_shm_head(name, used) + content[:4 + n])
+            data = ws.recv(timeout=30)
+            body = json.loads(data[6:])
+            assert struct.unpack_from(">IH", data)[1] == 400 and body["details"]["reason"] == "bad_string", body
+            status, raw = _shm_request(ws, 9, encode_shm_head(name, used - 1), frame)
+            assert status == 400 and "blob" in json.loads(raw)["detail"], raw
+    finally:
+        segment.close()

@@ -311,11 +311,12 @@ class ActPipeline:
         self.auth.check(token)
 
     def check_body(self, body: Any, content_type: str, **wording: Any) -> bytes:
-        """Steps 2 and 3 on one message's ``body`` (bytes or a memoryview) -> it as bytes.
+        """Steps 2 and 3 on one message's ``body`` (bytes, a bytearray or a memoryview) -> it as
+        bytes (a bytearray as it is).
         ``wording``: ``body_limit.too_large``'s keywords (``what``, ``hint``) for the 413."""
         if len(body) > self.max_body_bytes:
             raise too_large(self.max_body_bytes, len(body), **wording)
-        raw = bytes(body)
+        raw = body if isinstance(body, (bytes, bytearray)) else bytes(body)    # a bytearray: the same-host body
         check_strings(raw, content_type)
         return raw
 

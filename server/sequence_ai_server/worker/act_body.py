@@ -105,8 +105,8 @@ def decode_image(raw: Any, where: str, expect: Optional[tuple[int, int]]) -> np.
 
 def decode_frame(frame: dict, where: str, blobs: Optional[memoryview], expect: Optional[tuple[int, int]]) -> np.ndarray:
     """One camera frame of the body -> HxWx3 uint8 RGB: JPEG / PNG (:func:`decode_image`), or
-    with ``"encoding": "rgb8"`` its raw pixels (``"shape": [H, W, 3]``, H x W x 3 bytes; copied,
-    so the array is the policy's own). Raises ApiError(invalid_request) for another encoding, a
+    with ``"encoding": "rgb8"`` its raw pixels (``"shape": [H, W, 3]``, H x W x 3 bytes; a copy,
+    or a view of a body the worker owns and nothing else reads: the same-host path's bytearray). Raises ApiError(invalid_request) for another encoding, a
     shape or byte count that does not match, or a size other than ``expect`` (width, height)."""
     data = frame_data(frame, where, blobs)
     encoding = frame.get("encoding")
@@ -123,7 +123,8 @@ def decode_frame(frame: dict, where: str, blobs: Optional[memoryview], expect: O
         raise _bad(f"{where}: a raw {shape[0]}x{shape[1]}x3 frame is {shape[0] * shape[1] * 3} bytes, got {len(data)}")
     if expect is not None and (shape[1], shape[0]) != expect:
         raise _size_mismatch(where, (shape[1], shape[0]), expect)
-    return np.frombuffer(data, dtype=np.uint8).reshape(shape).copy()
+    pixels = np.frombuffer(data, dtype=np.uint8).reshape(shape)
+    return pixels if pixels.flags.writeable else pixels.copy()     # a private body's view (same host) is the policy's
 
 
 def _open_png(raw: Any, where: str):
@@ -420,11 +421,12 @@ def peek_deadline(raw: bytes, content_type: str) -> tuple[Optional[float], Optio
     (invalid_request, ``details.field`` naming the field): not a number, NaN, 0 or below
     (past), above 60000 (absurd). A body that is malformed otherwise is left for the replica's
     full check (this returns (None, None))."""
-    text = bytes(raw)
-    if content_type.startswith(BINARY_CONTENT_TYPE):
+    if content_type.startswith(BINARY_CONTENT_TYPE):       # the JSON part only: no copy of the frames
         if len(raw) < 4:
             return None, None
         text = bytes(memoryview(raw)[4:4 + int.from_bytes(bytes(raw[:4]), "big")])
+    else:
+        text = bytes(raw)
     head = _DEADLINE_HEAD.match(text, 0, 120)
     # the head stands for the body only when neither key appears again after it: a period_ms the
     # pattern could not read (a string, NaN, a space before it) or a repeated key is parsed whole

@@ -3,7 +3,8 @@
 A ``CHANNEL_FORMAT_SHM`` request (``sequence_ai_core._shm``) carries the binary /act body's JSON
 on the socket and its blobs in a shared-memory segment of the client's (``/dev/shm/seq-<32 hex>``).
 :meth:`ChannelSegments.body` rebuilds the binary body from the two: the JSON, then a copy of the
-segment's first ``used`` bytes (the policy gets frames the client cannot change under it).
+segment's first ``used`` bytes read into the same buffer (the policy gets frames the client cannot
+change under it, copied once).
 
 What a segment must be, else the request is answered 400 ``invalid_request`` with
 ``details.reason`` ``"shm"`` (the channel stays open): a name of the protocol's form (no path can
@@ -46,9 +47,11 @@ class ChannelSegments:
         self.limit = int(limit)
         self.fds: dict[str, int] = {}          # segment name -> its open file (O_RDONLY)
 
-    def body(self, message: memoryview) -> bytes:
+    def body(self, message: memoryview) -> bytearray:
         """A ``CHANNEL_FORMAT_SHM`` request's part after the 5-byte channel head -> the binary
-        /act body it stands for. Raises ApiError 400 (reason ``shm``) as the module docstring says."""
+        /act body it stands for: a bytearray of the worker's own (the frames are read into it
+        once, and the policy's arrays are views of it). Raises ApiError 400 (reason ``shm``) as
+        the module docstring says."""
         try:
             name, used, at = decode_shm_head(message)
         except FramingError as exc:
@@ -57,10 +60,15 @@ class ChannelSegments:
             raise _refuse(f"the request claims {used} bytes of frames, over this worker's limit of {self.limit}",
                           used=used, limit=self.limit)
         fd = self.fds.get(name)
-        frames = os.pread(fd if fd is not None else self._open(name), used, 0) if used else b""
-        if len(frames) < used:
-            raise _refuse(f"the request claims {used} bytes of frames; segment {name} holds {len(frames)}", used=used)
-        return b"".join((message[at:], frames))
+        if fd is None:
+            fd = self._open(name)
+        head = len(message) - at
+        body = bytearray(head + used)                   # the JSON, then the frames read straight after it
+        body[:head] = message[at:]
+        got = os.preadv(fd, [memoryview(body)[head:]], 0) if used else 0
+        if got < used:
+            raise _refuse(f"the request claims {used} bytes of frames; segment {name} holds {got}", used=used)
+        return body
 
     def _open(self, name: str) -> int:
         owner = _BOUND.get(name)
