@@ -150,23 +150,17 @@ def test_interrupt_during_playback(module_gateway, echo):
     assert 0 < out.actions < 500
 
 
-def test_startup_timeout_zero_raises_warming_at_once(module_gateway, tmp_path):
-    name = unique("echo-cold0")
-    module_gateway.deploy(slow_loading_copy(tmp_path, 60), name, wait=False)
-    rec = Recorder()
-    with connect(module_gateway, name) as policy:
-        with pytest.raises(sequence_ai.Unavailable) as info:
-            policy.run(observation, rec, hold=rec.hold, max_actions=5, startup_timeout_s=0, progress=False)
-    assert info.value.warming and info.value.retry_after_s is not None
-    assert rec.holds == 1
-
-
-def test_warming_is_waited_out_before_the_first_action(module_gateway, tmp_path):
+def test_warming_raises_at_once_under_startup_timeout_zero_and_is_waited_out_before_the_first_action(
+        module_gateway, tmp_path):
     name = unique("echo-warm")
     module_gateway.deploy(slow_loading_copy(tmp_path, 1), name, wait=False)
     rec = Recorder()
     waits = []
     with connect(module_gateway, name, on_warming=lambda w, eta: waits.append((w, eta))) as policy:
+        with pytest.raises(sequence_ai.Unavailable) as info:   # the worker is still starting
+            policy.run(observation, rec, hold=rec.hold, max_actions=5, startup_timeout_s=0, progress=False)
+        assert info.value.warming and info.value.retry_after_s is not None
+        assert rec.holds == 1 and rec.rows == [] and waits == []
         out = policy.run(observation, rec, max_actions=5, progress=False)
     assert out.reason == "completed" and out.actions == 5
     assert waits and waits[0][1] is not None
