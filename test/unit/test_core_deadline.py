@@ -49,9 +49,10 @@ def test_the_deadline_goes_first_in_the_body_and_the_loop_field_is_not_sent():
     assert json.loads(head)["delay_steps"] == 2
 
 
-def test_without_playback_left_the_body_is_as_before():
-    assert _deadline(None, DeadlineEstimate(), []) == (None, None)
-    delay, deadline = _deadline({"delay_steps": 0}, DeadlineEstimate(), [])
-    assert deadline is None
-    assert list(_act_body({"k": 1}, {}, None, "ep", delay, deadline)) == ["observation", "params", "episode_id",
-                                                                          "delay_steps"]
+def test_a_runs_first_request_asks_for_the_soonest_answer_and_none_without_a_loop():
+    assert _deadline(None, DeadlineEstimate(), []) == (None, None)          # predict(): as before
+    delay, deadline = _deadline({"delay_steps": 0}, DeadlineEstimate(), [])  # no playback yet
+    assert deadline == {"deadline_ms": 1.0}
+    assert list(_act_body({"k": 1}, {}, None, "ep", delay, deadline)) == ["deadline_ms", "observation", "params",
+                                                                          "episode_id", "delay_steps"]
+    assert _deadline({}, DeadlineEstimate(period_s=0.5), [])[1] == {"deadline_ms": 1.0, "period_ms": 500.0}
