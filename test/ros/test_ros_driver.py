@@ -102,6 +102,7 @@ def test_cancel_publishes_the_hold_within_one_control_period_then_silence(ros, e
 def test_instruction_swap_via_topic_reaches_the_next_request(ros, echo_server):
     robot, driver, client, client_node = setup_driver(ros, echo_server)
     pub = client_node.create_publisher(String, "policy_driver/instruction", 10)
+    wait(lambda: pub.get_subscription_count() >= 1, 10.0, "the driver's instruction subscription matched")
     goal = Goal(client, max_seconds=3.0)
     wait(lambda: len(robot.commands) >= 5, 10.0, "commands")
     pub.publish(String(data="put the blue cube on the red pad"))
