@@ -106,6 +106,7 @@ def run(main: Callable[[], Awaitable[T]], loop: Optional[VirtualTimeLoop] = None
             if pending:
                 loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
             loop.run_until_complete(loop.shutdown_asyncgens())
+            loop.run_until_complete(loop.shutdown_default_executor())
         finally:
             asyncio.set_event_loop(None)
             loop.close()

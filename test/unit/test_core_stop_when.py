@@ -11,7 +11,8 @@
   chunk is caught within its age plus one period.
 
 The worker is an in-process stand-in (``InProcessWire``): the timing under test is the loop's,
-not a server's round trip.
+not a server's round trip. ``drive`` runs on virtual time (test/_vclock.py), so the freshness
+bounds are exact; the operator tests that take the robot from another thread run on real time.
 """
 from __future__ import annotations
 
@@ -21,13 +22,11 @@ import time
 
 import pytest
 
+import _vclock
 from _core_support import InProcessWire
 from sequence_ai_core import ActionChunk, AsyncPolicy, ConnectOptions, Operator, StaleCamera
 
 pytestmark = pytest.mark.filterwarnings("ignore:run\\(\\)/act\\(\\) called with validate=None")
-
-WAIT_S = 10.0
-
 
 def chunk(rows: int, hz: float) -> ActionChunk:
     return ActionChunk(actions=[[0.01 * i, 0.0] for i in range(rows)], action_space="joint_absolute",
@@ -57,8 +56,12 @@ class Wire(InProcessWire):
         return await super().act(observation, params=params, episode_id=episode_id, delay=delay)
 
 
+def _now() -> float:
+    return asyncio.get_running_loop().time()   # the loop's clock: virtual under drive(), else monotonic
+
+
 class Robot:
-    """observe / act / hold, with the time of each; ``frozen_after``: observations after that many
+    """observe / act / hold, with the time of each (the event loop's clock); ``frozen_after``: observations after that many
     repeat one frame (a dead camera); ``images=False``: no camera at all."""
 
     def __init__(self, frozen_after=None, images=True):
@@ -70,7 +73,7 @@ class Robot:
 
     def observe(self):
         n = len(self.observed)
-        self.observed.append(time.monotonic())
+        self.observed.append(_now())
         images = []
         if self.images:
             frozen = self.frozen_after is not None and n >= self.frozen_after
@@ -78,10 +81,10 @@ class Robot:
         return {"images": images, "proprioception": {"joint_positions": [0.0, 0.0]}, "n": n}
 
     def act(self, row):
-        self.acted.append(time.monotonic())
+        self.acted.append(_now())
 
     def hold(self):
-        self.held.append(time.monotonic())
+        self.held.append(_now())
 
 
 def make_policy(wire, **options) -> AsyncPolicy:
@@ -96,7 +99,7 @@ def drive(policy, robot, **options):
     async def main():
         return await policy.run(robot.observe, robot.act, hold=robot.hold, progress=False, **options)
 
-    return asyncio.run(main())
+    return _vclock.drive(policy, main)
 
 
 # ------------------------------------------------------------------ stop_when
@@ -139,15 +142,16 @@ def test_stop_when_is_checked_while_the_loop_waits_for_a_late_chunk():
 
     def done(observation):
         if wire.asked.is_set() and len(robot.acted) == 3:   # the buffer ran dry, the request hangs
-            stop_at.setdefault("t", time.monotonic())
+            stop_at.setdefault("t", _now())
             return True
         return False
 
-    t0 = time.monotonic()
     out = drive(make_policy(wire), robot, stop_when=done, prefetch=False)
     wire.release.set()
     assert out.reason == "stop_when" and out.actions == 3 and out.underruns == 1
-    assert time.monotonic() - t0 < WAIT_S
+    # stop_when looks again while the loop waits: within two periods of the last action (the
+    # missed deadline is one period after it; the loop's first look comes a period after that)
+    assert robot.acted[2] + 1 / 20.0 < stop_at["t"] <= robot.acted[2] + 2 / 20.0 + 1e-9
 
 
 # ------------------------------------------------------------------ the operator
@@ -248,14 +252,13 @@ def test_a_camera_that_dies_while_a_long_chunk_plays_is_caught_within_its_age_pl
     hz, age = 20.0, 0.2
     robot = Robot(frozen_after=3)
     wire = Wire(rows=200, hz=hz)           # one 10 s chunk: no request would go out to notice
-    t0 = time.monotonic()
     out = drive(make_policy(wire), robot, max_actions=200, max_frame_age_s=age)
     assert out.reason == "stale_camera"
     assert isinstance(out.fault, StaleCamera) and out.fault.stream == "wrist"
     assert len(robot.held) == 1 and all(t < robot.held[0] for t in robot.acted)
-    frozen_at = robot.observed[2]           # the last observation with a new frame
-    assert robot.held[0] - frozen_at <= age + 1.0 / hz + 0.15
-    assert wire.calls == 1 and time.monotonic() - t0 < WAIT_S
+    frozen_at = robot.observed[3]           # the last new frame: the first of the frozen ones
+    assert age < robot.held[0] - frozen_at <= age + 1.0 / hz + 1e-9
+    assert wire.calls == 1 and out.seconds < 1.0
 
 
 def test_a_camera_that_dies_while_the_loop_waits_for_a_chunk_is_caught_within_its_age_plus_one_period():
@@ -265,5 +268,5 @@ def test_a_camera_that_dies_while_the_loop_waits_for_a_chunk_is_caught_within_it
     out = drive(make_policy(wire), robot, max_actions=50, max_frame_age_s=age, prefetch=False)
     wire.release.set()
     assert out.reason == "stale_camera" and out.underruns == 1 and out.actions == 3
-    frozen_at = robot.observed[4]
-    assert robot.held[0] - frozen_at <= age + 1.0 / hz + 0.15
+    frozen_at = robot.observed[5]           # the last new frame: the first of the frozen ones
+    assert age < robot.held[0] - frozen_at <= age + 1.0 / hz + 1e-9
