@@ -114,7 +114,6 @@ def test_actions_are_released_exactly_on_t0_plus_k_periods_without_drift():
 def test_a_slow_act_resyncs_instead_of_bursting_and_counts_late_ticks():
     rec = recorder()
     policy = echo_policy(chunk_len=10)
-    loop_time = {}
 
     async def slow_act(row):
         rec(row)
@@ -122,7 +121,6 @@ def test_a_slow_act_resyncs_instead_of_bursting_and_counts_late_ticks():
             await asyncio.sleep(3.5 * PERIOD)   # act() itself took 3.5 periods
 
     async def body(loop):
-        loop_time["t"] = loop.time()
         return await policy.run(observation, slow_act, max_actions=6, progress=False)
 
     out = drive(policy, body)
