@@ -79,6 +79,9 @@ def test_a_cheap_policy_is_served_inline_once_its_window_is_measured(started, mo
     _warm(host, INLINE_WINDOW - 1)
     assert replica.inline == 0 and set(policy.threads[-3:]) == {"policy-0"}    # a window not yet full: hand-offs
     _warm(host, 1)
+    # the replica's thread notes the request's time and lets go of its lock just after the answer
+    assert eventually(lambda: len(replica.item_ms) == INLINE_WINDOW and not replica.run_lock.locked(),
+                      what="the replica's thread is done with its last request")
     future, item = host.submit_raw(_body(7.0), "application/json")
     assert future.done(), "served before submit_raw returned"
     result, _, batch = future.result()
