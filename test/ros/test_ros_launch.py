@@ -35,6 +35,7 @@ from launch.launch_description_sources import PythonLaunchDescriptionSource
 from launch_pytest.tools import process as process_tools
 
 from _servers import GatewayProcess
+from _wait import eventually
 
 ROOT = Path(__file__).resolve().parents[2]
 PICK_PLACE = ROOT / "examples" / "pick_place" / "policy.py"
@@ -121,8 +122,13 @@ def test_demo_launch_runs_an_act_goal_to_succeeded_and_records_it(bag_dir):
     ros = _Ros("demo_launch_probe")
     try:
         client = ActionClient(ros.node, Act, "/policy_driver/act")
-        # sent at once: a goal waits (sensor_wait_s, 10 s) for the driver's first frames and joint state
         assert client.wait_for_server(timeout_sec=90.0), "/policy_driver/act never appeared"
+        # the recorder must hear the driver's start marker or it writes no bag (a goal sent as soon as
+        # the action server was up, at load 14, left none): its subscription in the graph, then 1 s for
+        # the driver's publisher to match it and for the driver's first frames and joint state
+        eventually(lambda: ros.node.count_subscribers("/policy_driver/episode") >= 1, 60.0, 0.1,
+                   what="the recorder's subscription to /policy_driver/episode")
+        time.sleep(1.0)
         handle = ros.wait(client.send_goal_async(Act.Goal(instruction=INSTRUCTION, max_seconds=45.0)), 30.0)
         assert handle.accepted
         wrapped = ros.wait(handle.get_result_async(), 120.0)
