@@ -136,18 +136,13 @@ def _deadline(delay: Optional[Dict[str, Any]], estimate: DeadlineEstimate,
 
 
 def _answered(response: httpx.Response, started: float, sent: float, estimate: DeadlineEstimate) -> Prediction:
-    """A 2xx answer -> its Prediction; its round trip (from ``sent``) less the worker's
-    ``server_ms`` is a network sample for the next deadlines."""
-    pred = prediction(response, started)
+    """A 2xx answer (JSON, or the channel's binary one: ``_channel.answer_data``, TransportError
+    when malformed) -> its Prediction (``latency_s`` from ``started``, monotonic s); its round trip
+    (from ``sent``) less the worker's ``server_ms`` is a network sample for the next deadlines."""
+    pred = Prediction.from_wire(_channel.answer_data(response), request_id=response.headers.get("x-request-id"),
+                                latency_s=time.monotonic() - started)
     estimate.note_answer(time.monotonic() - sent, pred.extra.get("server_ms"))
     return pred
-
-
-def prediction(response: httpx.Response, started: float) -> Prediction:
-    """A 2xx /act answer -> the Prediction (``latency_s`` counted from ``started``, monotonic s);
-    JSON or the channel's binary answer (``_channel.answer_data``: TransportError when malformed)."""
-    return Prediction.from_wire(_channel.answer_data(response), request_id=response.headers.get("x-request-id"),
-                                latency_s=time.monotonic() - started)
 
 
 def _step(response: Optional[httpx.Response], binary: bool, attempt: int, body_format: str) -> str:
