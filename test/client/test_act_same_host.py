@@ -267,3 +267,21 @@ def test_a_same_host_body_gets_every_check_of_a_binary_body(worker):
             assert status == 400 and "blob" in json.loads(raw)["detail"], raw
     finally:
         segment.close()
+
+
+def test_a_fifo_named_as_a_segment_is_refused_without_blocking_the_worker(worker):
+    """A FIFO in /dev/shm with a segment's name (anyone may make one there): opening it to read
+    would wait for a writer on the worker's event loop, freezing every channel and /health; it is
+    opened without waiting and refused as not a private file."""
+    path = os.path.join(SHM_DIR, shm_name(secrets.token_hex(16)))
+    os.mkfifo(path, 0o600)
+    try:
+        with _ws(worker, answer=True) as ws:
+            _refusal(*_shm_request(ws, 10, encode_shm_head(os.path.basename(path), 64), _frame(50)),
+                     "not a private file")
+    finally:
+        try:                               # a worker stuck in open() on it is let go by a writer
+            os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
+        except OSError:
+            pass
+        os.unlink(path)

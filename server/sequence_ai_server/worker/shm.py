@@ -8,7 +8,7 @@ change under it, copied once).
 
 What a segment must be, else the request is answered 400 ``invalid_request`` with
 ``details.reason`` ``"shm"`` (the channel stays open): a name of the protocol's form (no path can
-be named), a regular file in ``/dev/shm`` (no symlink followed) owned by the worker's own user and
+be named), a regular file in ``/dev/shm`` (no symlink followed, opened without waiting: a FIFO is refused, not waited on) owned by the worker's own user and
 readable by nobody else (mode 0600: another user's process can neither make nor read one), at most
 the worker's body limit, and holding the ``used`` bytes the request claims (read with ``pread``
 from the segment's open file, never mapped: a segment the client shrank reads short and is
@@ -75,7 +75,8 @@ class ChannelSegments:
         if owner is not None and owner != id(self):
             raise _refuse(f"segment {name} belongs to another connection")
         try:
-            fd = os.open(os.path.join(SHM_DIR, name), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            # O_NONBLOCK: a FIFO of that name would otherwise hold the event loop until a writer came
+            fd = os.open(os.path.join(SHM_DIR, name), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
         except OSError as exc:
             raise _refuse(f"segment {name} cannot be opened on the worker's machine ({exc.strerror})") from None
         try:
