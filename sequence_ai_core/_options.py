@@ -127,8 +127,8 @@ class ConnectOptions:
             raise TypeError(f"operator must be a sequence_ai.Operator, not {type(self.operator).__name__}")
         if self.request_hz is not None and (isinstance(self.request_hz, bool)
                                             or not isinstance(self.request_hz, (int, float))
-                                            or not math.isfinite(self.request_hz)
-                                            or not MIN_REQUEST_HZ <= self.request_hz <= MAX_REQUEST_HZ):
+                                            or not MIN_REQUEST_HZ <= self.request_hz <= MAX_REQUEST_HZ
+                                            or not math.isfinite(self.request_hz)):   # range first: 10**400
             raise ValueError(f"request_hz must be a number of chunks per second in [{MIN_REQUEST_HZ:g}, "
                              f"{MAX_REQUEST_HZ:g}], not {self.request_hz!r}")
         if self.params is not None and not isinstance(self.params, dict):

@@ -85,7 +85,7 @@ def test_a_robots_rate_comes_from_its_declaration_else_the_contract():
     assert request_hz(spec, {"replan_steps": 5}, None) == 3.0
     assert request_hz(spec, {}, 6.25) == 6.25
     assert request_hz({"contract": {"action": None}}, {}, None) is None      # no control rate: slot counting
-    for bad in (0.0, -1.0, math.nan, math.inf, 2000.0):
+    for bad in (0.0, -1.0, math.nan, math.inf, 2000.0, 10 ** 400):   # 10**400: no float
         with pytest.raises(ApiError) as exc:
             request_hz(spec, {}, bad)
         assert exc.value.code == "invalid_request" and exc.value.details == {"field": "request_hz"}

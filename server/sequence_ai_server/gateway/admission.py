@@ -157,8 +157,9 @@ def request_hz(spec: Optional[dict], params: Optional[dict], declared: Optional[
     param, else DEFAULT_REPLAN_ROWS); None when neither is known. Raises ApiError invalid_request
     for a declared rate that is not a finite number in [MIN_REQUEST_HZ, MAX_REQUEST_HZ]."""
     if declared is not None:
-        if isinstance(declared, bool) or not isinstance(declared, (int, float)) or not math.isfinite(declared) \
-                or not MIN_REQUEST_HZ <= declared <= MAX_REQUEST_HZ:
+        # the range first: an int too large for a float (10**400) compares, math.isfinite raises
+        if isinstance(declared, bool) or not isinstance(declared, (int, float)) \
+                or not MIN_REQUEST_HZ <= declared <= MAX_REQUEST_HZ or not math.isfinite(declared):
             raise ApiError("invalid_request", f"request_hz {declared!r} is not a rate in [{MIN_REQUEST_HZ:g}, "
                            f"{MAX_REQUEST_HZ:g}] "
                            "requests per second", details={"field": "request_hz"},
