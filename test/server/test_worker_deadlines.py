@@ -102,6 +102,9 @@ def test_a_request_past_its_deadline_is_answered_and_counted_late(echo):
     assert r.status_code == 200 and r.json()["late"] is False
     after = echo.client.get("/ping").json()["deadlines"]
     assert after == {"requests": before["requests"] + 2, "late": before["late"] + 1}
+    r = echo.act({"observation": echo_observation(), "deadline_ms": 1})   # nothing left to play: the soonest
+    assert r.status_code == 200 and "late" not in r.json()                 # no answer can meet it: not counted
+    assert echo.client.get("/ping").json()["deadlines"] == after
 
 
 def test_ping_reports_each_robots_p99_by_its_session(echo):

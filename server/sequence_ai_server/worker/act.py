@@ -40,6 +40,8 @@ from sequence_ai_server.common.errors import ApiError, internal_error, new_reque
 from sequence_ai_server.common.json_guard import check_strings
 from sequence_ai_server.common.leases import session_of
 from sequence_ai_server.worker.act_body import MAX_DEADLINE_MS, peek_deadline
+
+SOONEST_MS = 1.0      # a deadline_ms this short asks for the soonest answer: not counted late
 from sequence_ai_server.worker.action_check import check_chunk
 from sequence_ai_server.worker.connections import ConnectionBudget, refuse_upgrade
 from sequence_ai_server.worker.host import PolicyError, PolicyHost, Prepared
@@ -192,14 +194,18 @@ def deadline_of(host: PolicyHost, raw: bytes, content_type: str, token: str = ""
     ``due`` = now + deadline_ms (answered later, it counts late), ``order`` = what it is queued
     by: ``due`` clamped by its session's declared period (``schedule.DeadlineClamp``; the
     session is the lease ``token``'s; the worker secret, the gateway's own, is not clamped).
-    Raises ApiError 400 naming ``deadline_ms`` / ``period_ms`` (``act_body.peek_deadline``)."""
+    A claim of at most :data:`SOONEST_MS` (the client's floor: its robot has nothing left to
+    play, as at a run's first request) is ordered the same way but has no ``due``: no answer can
+    meet it, so it is neither marked nor counted late. Raises ApiError 400 naming
+    ``deadline_ms`` / ``period_ms`` (``act_body.peek_deadline``)."""
     deadline_ms, period_ms = peek_deadline(raw, content_type)
     if deadline_ms is None:
         return None, None
     now = time.monotonic()
     due = now + deadline_ms / 1000.0
     session = session_of(token) if token else None
-    return due, due if session is None else host.clamp.order_due(session, due, period_ms, now)
+    order = due if session is None else host.clamp.order_due(session, due, period_ms, now)
+    return (None if deadline_ms <= SOONEST_MS else due), order
 
 
 async def queue_act(host: PolicyHost, raw: bytes, content_type: str, token: str = "") -> tuple[Any, Any, Optional[float]]:
