@@ -33,7 +33,7 @@ FILE_SECONDS = {
     "test_ray_backend.py": 88, "test_ros_workspace.py": 95, "test_platform_ops.py": 65,
     "test_worker_fuzz.py": 62, "test_gateway.py": 56, "test_gateway_restart.py": 52,
     "test_platform_versions.py": 45, "test_capture_recording.py": 42, "test_demo_end_to_end.py": 52,
-    "test_ros_launch.py": 43, "test_demo_cli.py": 27, "test_ros_driver.py": 42, "test_core_loop.py": 23,
+    "test_ros_launch.py": 43, "test_demo_cli.py": 27, "test_ros_driver.py": 42, "test_core_loop.py": 12,
     "test_platform_access.py": 40, "test_ros_driver_lifecycle.py": 38, "test_core_delay.py": 5,
     "test_mcp_server.py": 35, "test_platform_traffic.py": 34, "test_hardening.py": 33,
     "test_health_frozen_processes.py": 31, "test_platform_params_slots.py": 31, "test_flywheel.py": 29,
