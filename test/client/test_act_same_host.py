@@ -9,7 +9,10 @@ import base64
 import json
 import os
 import secrets
+import signal
 import struct
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +21,7 @@ import sequence_ai
 from websockets.sync.client import connect as ws_connect
 
 from _servers import WorkerProcess
+from _wait import eventually
 from sequence_ai_core._shm import ShmSegment, shm_message
 from sequence_ai_core._transport import Transports
 from sequence_ai_core._wire import Session, WorkerLink
@@ -203,6 +207,7 @@ def test_a_segment_is_refused_unless_it_is_the_clients_own_and_holds_the_frames(
     try:
         with _ws(worker, answer=True) as mine, _ws(worker, answer=True) as other:
             name, used = segment.write(memoryview(frame.tobytes()))
+            mine_fd = os.open(os.path.join(SHM_DIR, name), os.O_RDWR)   # the worker unlinks the name once it opened it
             _refusal(*_shm_request(mine, 1, b"\x0d../etc/passwd" + size.to_bytes(4, "big"), frame), "not seq-")
             missing = shm_name(secrets.token_hex(16))
             _refusal(*_shm_request(mine, 2, encode_shm_head(missing, size), frame), "cannot be opened")
@@ -210,8 +215,10 @@ def test_a_segment_is_refused_unless_it_is_the_clients_own_and_holds_the_frames(
             status, raw = _shm_request(mine, 4, encode_shm_head(name, used), frame)
             assert status == 200 and decode_act_answer(raw)["action_chunk"]["actions"] == [_expected(frame)]
             _refusal(*_shm_request(other, 5, encode_shm_head(name, used), frame), "belongs to another connection")
-            os.truncate(os.path.join(SHM_DIR, name), 100)            # shrunk under the worker: read short
+            os.ftruncate(mine_fd, 100)                               # shrunk under the worker: read short
             _refusal(*_shm_request(mine, 6, encode_shm_head(name, used), frame), "holds 100")
+            assert not os.path.exists(os.path.join(SHM_DIR, name))  # unlinked by the worker, not by this client
+            os.close(mine_fd)
     finally:
         segment.close()
     public = shm_name(secrets.token_hex(16))
@@ -285,3 +292,34 @@ def test_a_fifo_named_as_a_segment_is_refused_without_blocking_the_worker(worker
         except OSError:
             pass
         os.unlink(path)
+
+
+_KILLED_CLIENT = """
+import os, signal, struct, sys
+import numpy as np, sequence_ai
+from websockets.sync.client import connect
+from sequence_ai_core._shm import ShmSegment, shm_message
+from sequence_ai_core.protocol import encode_act_body
+obs = sequence_ai.observation(images={"front": np.zeros((24, 32, 3), np.uint8)}, joints=[0.0] * 7, instruction="look",
+                              contract=%r, codec="raw").to_wire(raw=True)
+segment = ShmSegment()
+ws = connect(sys.argv[1], proxy=None, additional_headers={"Authorization": "Bearer " + sys.argv[2]})
+ws.send(struct.pack(">IB", 1, 2) + shm_message(segment, encode_act_body({"observation": obs, "params": {}}, True)[0]))
+print(segment.name, flush=True)
+os.kill(os.getpid(), signal.SIGKILL)       # before the answer: the client never unlinks its segment
+""" % (CONTRACT,)
+
+
+def test_a_client_killed_with_a_request_in_flight_leaves_no_segment_in_dev_shm(worker):
+    """The worker unlinks a segment's name once it has opened and checked it: a client killed
+    before its answer (which would have unlinked it) leaves no file in /dev/shm, memory no one frees."""
+    out = subprocess.run([sys.executable, "-c", _KILLED_CLIENT, f"ws://127.0.0.1:{worker.port}/act/ws", worker.secret],
+                         capture_output=True, text=True, timeout=60)
+    name = out.stdout.strip()
+    assert out.returncode == -signal.SIGKILL and name.startswith("seq-"), out.stderr
+    path = os.path.join(SHM_DIR, name)
+    try:
+        eventually(lambda: not os.path.exists(path), 30, what="the killed client's segment unlinked by the worker")
+    finally:
+        if os.path.exists(path):
+            os.unlink(path)

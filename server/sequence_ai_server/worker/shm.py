@@ -14,7 +14,8 @@ the worker's body limit, and holding the ``used`` bytes the request claims (read
 from the segment's open file, never mapped: a segment the client shrank reads short and is
 refused, it cannot fault the worker). A name
 is bound to the channel that first named it: another channel naming it is refused while that
-channel is open (the client unlinks the name once answered, so no new process can open it).
+channel is open (the worker unlinks the name once it has opened and checked it, and the client once answered,
+so no new process can open it, and a client killed mid-request leaves no file behind).
 A channel holds at most :data:`MAX_SEGMENTS` segments open (the oldest is closed past that) and
 closes them all when it closes. Same-user processes can always signal or trace each other, so
 the owner check is the boundary; the binding keeps two sessions' frames apart.
@@ -38,6 +39,18 @@ _BOUND: dict[str, int] = {}            # segment name -> id() of the channel tha
 
 def _refuse(detail: str, **details: object) -> ApiError:
     return ApiError("invalid_request", detail, hint=_HINT, details={"reason": "shm", **details})
+
+
+def _unlink_if_same(path: str, info: os.stat_result) -> None:
+    """Unlink ``path`` when it is still the file ``info`` describes: the worker reads the segment
+    through its open file from now on, and a client killed before its answer (which unlinks it
+    too) leaves nothing in /dev/shm."""
+    try:
+        now = os.lstat(path)
+        if (now.st_dev, now.st_ino) == (info.st_dev, info.st_ino):
+            os.unlink(path)
+    except FileNotFoundError:
+        pass
 
 
 class ChannelSegments:
@@ -88,6 +101,7 @@ class ChannelSegments:
         except BaseException:
             os.close(fd)
             raise
+        _unlink_if_same(os.path.join(SHM_DIR, name), info)
         if len(self.fds) >= MAX_SEGMENTS:
             self._drop(next(iter(self.fds)))
         self.fds[name] = fd
