@@ -399,7 +399,7 @@ class ControlLoop:
         if self.cfg.on_underrun is not None:
             await _call(self.cfg.on_underrun)
         period = self.pacer.period_s
-        next_tick = deadline + period if self._ticking else math.inf
+        next_tick = deadline if self._ticking else math.inf   # the missed deadline is a control period too
         while True:
             while not self.fetch.done():
                 self._check_interrupt()
@@ -409,7 +409,9 @@ class ControlLoop:
                     raise _Stop("timeout")
                 if now >= next_tick:   # a missed deadline is still a control period: look again
                     await self._tick()
-                    next_tick = max(next_tick + period, now)
+                    next_tick += period
+                    if next_tick <= now:        # the look itself overran: next period from now
+                        next_tick = now + period
                     continue
                 await self.interrupt.sleep_until(min(self.motion_end, next_tick))
             self._check_interrupt()
