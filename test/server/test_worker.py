@@ -13,6 +13,7 @@ import httpx
 import pytest
 
 from _servers import ECHO_POLICY, POLICIES, WorkerProcess, echo_observation, png_b64
+from _wait import eventually
 
 from sequence_ai_core.protocol import BINARY_CONTENT_TYPE, encode_act_body
 
@@ -506,7 +507,7 @@ def _phase(tmp_path, name: str, timeout: float = 20.0) -> dict:
 
 
 def test_while_loading_act_and_ping_answer_503_warming_with_retry_after_and_job_id(tmp_path):
-    w = WorkerProcess.start(ECHO_POLICY, tmp_path, name="slow", env={"ECHO_LOAD_S": "3"}, wait=False)
+    w = WorkerProcess.start(ECHO_POLICY, tmp_path, name="slow", env={"ECHO_LOAD_S": "2"}, wait=False)
     try:
         info = _phase(tmp_path, "slow")
         client = httpx.Client(base_url=f"http://127.0.0.1:{info['port']}", timeout=10)
@@ -528,7 +529,9 @@ def test_while_loading_act_and_ping_answer_503_warming_with_retry_after_and_job_
             time.sleep(0.1)
         r = client.post("/act", json={"observation": echo_observation()}, headers={"Authorization": f"Bearer {w.secret}"})
         assert r.status_code == 200
-        assert json.loads((tmp_path / "slow.ready.json").read_text())["load_s"] >= 3.0
+        ready = tmp_path / "slow.ready.json"     # written just after /ping turns 200
+        eventually(ready.exists, 10, what="the worker's ready file")
+        assert json.loads(ready.read_text())["load_s"] >= 2.0
         client.close()
     finally:
         w.stop()
