@@ -31,14 +31,14 @@ from pathlib import Path
 # build/test-results.xml`.
 FILE_SECONDS = {
     "test_ray_backend.py": 88, "test_ros_workspace.py": 95, "test_platform_ops.py": 46,
-    "test_worker_fuzz.py": 62, "test_gateway.py": 56, "test_gateway_restart.py": 51,
+    "test_worker_fuzz.py": 62, "test_gateway.py": 50, "test_gateway_restart.py": 51,
     "test_platform_versions.py": 37, "test_capture_recording.py": 42, "test_demo_end_to_end.py": 52,
     "test_ros_launch.py": 43, "test_demo_cli.py": 27, "test_ros_driver.py": 42, "test_core_loop.py": 12,
     "test_platform_access.py": 35, "test_ros_driver_lifecycle.py": 38, "test_core_delay.py": 5,
     "test_mcp_server.py": 35, "test_platform_traffic.py": 34, "test_hardening.py": 29,
     "test_health_frozen_processes.py": 19, "test_platform_params_slots.py": 31, "test_flywheel.py": 29,
     "test_ops_hardening.py": 25, "test_wheel_install.py": 29, "test_fleet_workers.py": 23,
-    "test_core_properties.py": 14, "test_client_promises.py": 27, "test_worker.py": 27,
+    "test_core_properties.py": 14, "test_client_promises.py": 27, "test_worker.py": 26,
     "test_ros_node_signals.py": 25, "test_delay_wire.py": 19, "test_core_lookahead.py": 1,
     "test_capture_server.py": 22, "test_blocking_channel_faults.py": 21, "test_mcp_tasks.py": 21,
     "test_eval_pick_place.py": 20, "test_bag_stamps.py": 20, "test_cards.py": 18,
