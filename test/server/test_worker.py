@@ -637,3 +637,33 @@ def test_eval_batches_gather_until_quiet(tmp_path):
         assert w.client.get("/info").json()["mode"] == "eval"
     finally:
         w.stop()
+
+
+def test_a_policy_raising_systemexit_or_keyboardinterrupt_is_policy_error_and_the_worker_serves_on(tmp_path):
+    """sys.exit() or a KeyboardInterrupt out of infer is the policy's error like any other: it
+    used to end the replica's thread silently (every later request 504, /ping still ready)."""
+    f = _policy_file(tmp_path, '''
+        import sys
+        @seq.policy(action=seq.ActionContract("arm", "joint_absolute", 1, 10.0), timeouts=seq.Timeouts(request=5.0))
+        class P:
+            @seq.load
+            def load(self, weights_dir): pass
+            @seq.infer
+            def infer(self, obs, *, how: str = "") -> seq.ActionChunk:
+                if how == "exit":
+                    sys.exit(3)
+                if how == "interrupt":
+                    raise KeyboardInterrupt
+                return seq.ActionChunk([[1.0]])
+        ''')
+    w = WorkerProcess.start(f, tmp_path)
+    try:
+        obs = {"instruction": "x"}
+        for how, kind in (("exit", "SystemExit"), ("interrupt", "KeyboardInterrupt")):
+            body = _error(w.act({"observation": obs, "params": {"how": how}}), 500, "policy_error")
+            assert body["details"]["exception_type"] == kind
+            r = w.act({"observation": obs})
+            assert r.status_code == 200 and r.json()["action_chunk"]["actions"] == [[1.0]], r.text
+        assert w.client.get("/ping").json()["status"] == "ready" and w.proc.poll() is None
+    finally:
+        w.stop()

@@ -137,3 +137,35 @@ def test_a_batching_policy_is_never_served_inline(started, monkeypatch):
     for i in range(INLINE_WINDOW + 4):
         assert host.submit(host.prepare(_body(float(i)))).result(30)[0].actions.tolist() == [[float(i)]]
     assert host.replicas[0].inline == 0
+
+
+@seq.policy(action=seq.ActionContract(robot="arm", action_space="joint_absolute", action_dim=1,
+                                      control_frequency_hz=10.0))
+class _Exits(seq.Policy):
+    @seq.load
+    def load(self, weights_dir):
+        pass
+
+    @seq.infer
+    def infer(self, obs, *, tag: float = 0.0):
+        if tag < 0:
+            raise SystemExit(3) if tag == -1.0 else KeyboardInterrupt()
+        return seq.ActionChunk([[tag]])
+
+
+def test_systemexit_or_keyboardinterrupt_inline_is_the_policys_error(started, monkeypatch):
+    """Out of an inline call they would unwind the event loop's thread (the channel's task, or
+    uvicorn's); they are the request's PolicyError, as on the replica's thread."""
+    monkeypatch.setattr(host_module, "INLINE_MS", 1e9)
+    monkeypatch.setattr(host_module, "INLINE_MAX_MS", 1e9)
+    host = started(_Exits)
+    replica = host.replicas[0]
+    _warm(host)
+    eventually(lambda: len(replica.item_ms) == INLINE_WINDOW and not replica.run_lock.locked(),
+               what="the replica's thread is done with its last request")
+    for tag, kind in ((-1.0, "SystemExit"), (-2.0, "KeyboardInterrupt")):
+        future, _ = host.submit_raw(_body(tag), "application/json")
+        assert future.done() and future.exception().exception_type == kind
+    assert replica.inline == 2
+    future, _ = host.submit_raw(_body(5.0), "application/json")
+    assert future.result(30)[0].actions.tolist() == [[5.0]]

@@ -50,6 +50,10 @@ EPISODE_IDLE_S = 300.0                        # an episode with no /act for this
 INLINE_MS = 0.5
 INLINE_MAX_MS = 5.0
 INLINE_WINDOW = 32
+# What the policy's own code may raise out of a call and is answered as its error: sys.exit() or a
+# KeyboardInterrupt in infer would otherwise end the replica's thread (every later request 504) or,
+# served inline, unwind the event loop's thread.
+_POLICY_RAISES = (Exception, SystemExit, KeyboardInterrupt)
 
 
 # ---------------------------------------------------------------- loading a policy file
@@ -152,7 +156,7 @@ class _Replica:
     def call(self, stage: str, *args: Any, **kwargs: Any) -> Any:
         try:
             return self.method(stage)(*args, **kwargs)
-        except Exception as exc:
+        except _POLICY_RAISES as exc:
             raise PolicyError(exc, traceback.format_exc(), stage) from exc
 
     def start(self) -> None:
@@ -303,7 +307,7 @@ class _Replica:
                     for i in items:
                         i.future.set_exception(err)
                     return
-        except Exception as exc:
+        except _POLICY_RAISES as exc:
             err = PolicyError(exc, traceback.format_exc(), "infer")
             for i in items:
                 i.future.set_exception(err)
