@@ -117,7 +117,7 @@ class ConnectOptions:
         if self.transport is not None and self.transport not in TRANSPORTS:
             raise ValueError(f"transport must be one of {TRANSPORTS}, not {self.transport!r}")
         if isinstance(self.timeout_s, bool) or not isinstance(self.timeout_s, (int, float)) \
-                or not math.isfinite(self.timeout_s) or self.timeout_s <= 0:
+                or not 0 < self.timeout_s <= sys.float_info.max:   # NaN, inf and ints past a float (10**400)
             raise ValueError(f"timeout_s must be a finite number of seconds > 0, not {self.timeout_s!r}")
         for name in ("on_warming", "on_queue"):
             fn = getattr(self, name)

@@ -287,8 +287,9 @@ def test_bad_connect_options_are_refused_with_what_to_pass():
         sequence_ai.aconnect("m", api_key="k", validate="loud")
     with pytest.raises(ValueError, match="body_format"):
         sequence_ai.aconnect("m", api_key="k", body_format="xml")
-    with pytest.raises(ValueError, match="timeout_s"):
-        sequence_ai.aconnect("m", api_key="k", timeout_s=0)
+    for bad in (0, float("nan"), float("inf"), 10 ** 400):
+        with pytest.raises(ValueError, match="timeout_s"):
+            sequence_ai.aconnect("m", api_key="k", timeout_s=bad)
     for bad in (0, -1.0, float("nan"), 5000.0, True, "2", 10 ** 400):
         with pytest.raises(ValueError, match="request_hz must be a number of chunks per second"):
             sequence_ai.aconnect("m", api_key="k", request_hz=bad)
