@@ -147,7 +147,9 @@ class RosBackend(Backend):
                    "underruns": r.underruns, "underrun_s": r.underrun_s, "max_seam_jump": r.max_seam_jump,
                    "instruction_swaps": r.instruction_swaps,
                    "max_instruction_lag_s": r.max_instruction_lag_s or None,
-                   "action_space": r.action_space or None}
+                   "action_space": r.action_space or None,
+                   "obs_to_action_p50_s": r.obs_to_action_p50_s or None,
+                   "obs_to_action_p99_s": r.obs_to_action_p99_s or None}
         return {"status": _STATUS.get(wrapped.status, f"status {wrapped.status}"), "outcome": outcome,
                 "task_done": None, "message": r.message}
 

@@ -5,7 +5,8 @@ Used by test/ros/test_ros_driver*.py, test_mcp_ros.py and bench/bench_ros_nodes.
 bench_publish_jitter.py. The robot node publishes a 64x64 rgb8 camera and Panda joint states at
 30 Hz and records every command it receives with its arrival time. Like a real sensor's noise,
 one pixel changes from frame to frame; ``freeze`` makes the camera repeat one picture
-(``"pixels"``) or stop advancing its header stamps (``"stamp"``). The echo policy declares 15 Hz
+(``"pixels"``) or stop advancing its header stamps (``"stamp"``); ``camera_lag_s`` stamps its
+frames that long in the past (a camera's own delay). The echo policy declares 15 Hz
 joint_absolute chunks.
 """
 from __future__ import annotations
@@ -18,6 +19,7 @@ import numpy as np
 import pytest
 import rclpy
 from rclpy.action import ActionClient
+from rclpy.duration import Duration
 from rclpy.executors import MultiThreadedExecutor
 from rclpy.node import Node
 from rclpy.qos import qos_profile_sensor_data
@@ -55,6 +57,7 @@ class FakeRobot(Node):
         self.cameras_on = True
         self.bad_image = None   # an Image to publish instead of the good one, once
         self.freeze = None      # None | "pixels" (the same picture again) | "stamp" (the header stamp stops)
+        self.camera_lag_s = 0.0  # camera frames are stamped this long before they are published (s)
         self.frames = 0
         self._stuck_stamp = None
         self.create_timer(1.0 / 30.0, self._tick)
@@ -76,7 +79,9 @@ class FakeRobot(Node):
             msg = Image(height=64, width=64, encoding="rgb8", step=64 * 3, data=pixels.tobytes())
             if self.freeze == "stamp":
                 self._stuck_stamp = self._stuck_stamp or stamp
-            msg.header.stamp = self._stuck_stamp if self.freeze == "stamp" else stamp
+            live = stamp if not self.camera_lag_s else (
+                self.get_clock().now() - Duration(nanoseconds=int(self.camera_lag_s * 1e9))).to_msg()
+            msg.header.stamp = self._stuck_stamp if self.freeze == "stamp" else live
             self.img_pub.publish(msg)
         js = JointState(name=JOINTS + ["panda_gripper"], position=[0.1 * i for i in range(7)] + [0.5])
         js.header.stamp = stamp

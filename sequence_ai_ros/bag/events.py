@@ -33,7 +33,8 @@ from typing import Optional
 _SEAM_FIELDS = ("chunks", "max_seam_jump", "seams", "seam_jump_p50", "seam_jump_p99", "seam_jump_before_blend_p99",
                 "seam_max_delay_steps", "seam_rows_trimmed", "seam_min_playback_left_s", "merge", "delay_mode")
 _RESULT_FIELDS = ("reason", "actions", "chunks", "seconds", "underruns", "underrun_s", "max_seam_jump",
-                  "instruction_swaps", "max_instruction_lag_s", "action_space", "message") + _SEAM_FIELDS[2:]
+                  "instruction_swaps", "max_instruction_lag_s", "action_space", "message") + _SEAM_FIELDS[2:] + (
+                  "obs_to_action_p50_s", "obs_to_action_p99_s")
 #: ``metadata.yaml`` ``custom_data`` keys of the provenance a bag carries (JSON each).
 CONTRACT_KEY, POLICY_KEY, SEAMS_KEY = "sequence_ai.contract", "sequence_ai.policy", "sequence_ai.seams"
 

@@ -45,6 +45,7 @@ from sequence_ai_msgs.srv import CheckSuccess
 from ..bag import events as _capture
 from ..observation import SensorError, StaleCameraError
 from . import params as _params
+from .latency import ChunkMark, ObservationMarks, chunk_observed_at, observation_start_s
 from .goal import CANCELED, OPERATOR_MESSAGE, SUCCEED, TYPED_ENDINGS, GoalRun, RunSlot, RunTrace
 
 PREEMPT_WAIT_S = 10.0
@@ -61,6 +62,11 @@ def _stop_service_lapsed(logger, run: GoalRun, client, why: str) -> None:
     run.stop_lapse_warned = True
     logger.warning(f"stop condition {client.srv_name} is not answering ({why}): the run goes on until its "
                    f"{run.max_seconds:g} s bound or a cancel; check the node that serves it")
+
+
+def _ros_seconds(node) -> float:
+    """Now on ``node``'s ROS clock (s; sim time under ``use_sim_time``)."""
+    return node.get_clock().now().nanoseconds * 1e-9
 
 
 class GoalExecution:
@@ -92,6 +98,7 @@ class GoalExecution:
         self._goals: Dict[int, GoalRun] = {}        # accepted and not yet concluded, by id(goal handle)
         self._goals_lock = threading.Lock()
         self._observed_at: Optional[float] = None
+        self._obs_marks = ObservationMarks()       # the observations built, for the latency figure
         self._success_call = None
         self._success_call_t = 0.0
 
@@ -266,6 +273,7 @@ class GoalExecution:
             self.node, p, goal, getattr(run.handle, "goal_id", None), self.node.control_rate_hz)))
         run.episode_started = True
         self._arm_freshness(True)
+        self._obs_marks.clear()
         try:
             outcome = self.node.policy.act(
                 goal.instruction, observe=lambda: self._observe(run), act=self._send, max_seconds=run.max_seconds,
@@ -333,7 +341,14 @@ class GoalExecution:
 
     # -- the callbacks handed to the core -------------------------------------------------
     def publish(self, values: list) -> None:
-        self.node._outputs.publish(values, *self.node._gate.emitting)   # (due, plan) of this row
+        """Publish one row from the gate (its lock held); a chunk's first row records its
+        observation-to-action sample (ROS clock s, see ``latency.py``)."""
+        due, mark = self.node._gate.emitting   # (due, ChunkMark) of this row; no mark past a chunk's first
+        self.node._outputs.publish(values, due, None if mark is None else mark.plan)
+        if mark is not None and mark.obs_start_s is not None:
+            run = self.run
+            if run is not None:
+                run.obs_to_action.append(_ros_seconds(self.node) - mark.obs_start_s)
 
     def published(self, t: float, values: list, due: Optional[float]) -> None:
         """The gate published ``values`` at monotonic ``t`` (s; ``due`` unused): record it."""
@@ -461,6 +476,7 @@ class GoalExecution:
             fallback = run.last_good
             obs = fallback if fallback is not None else self.node.assembler.build(run.instruction, strict=False)
         self._observed_at = time.monotonic()
+        self._obs_marks.add(self._observed_at, observation_start_s(obs, _ros_seconds(self.node)))
         return obs
 
     def _on_chunk(self, chunk, first_action_index) -> None:
@@ -471,7 +487,8 @@ class GoalExecution:
             self.obs_to_chunk_s = time.monotonic() - self._observed_at
         if hz:
             self.node._gate.set_period(1.0 / float(hz))
-        self.node._gate.attach(self.node._outputs.plan(chunk, self.node.policy))   # chunk-native trajectories
+        plan = self.node._outputs.plan(chunk, self.node.policy)   # chunk-native trajectories
+        self.node._gate.attach(ChunkMark(plan, self._obs_marks.start_for(chunk_observed_at(self.node.policy, chunk))))
         run = self.run
         if run is not None:
             run.trace.seams.append(self.node._gate.accepted)  # this chunk's first row is the next one accepted

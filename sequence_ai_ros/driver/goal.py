@@ -24,6 +24,8 @@ from typing import Optional, Tuple
 from sequence_ai import StopToken
 from sequence_ai_msgs.action import Act
 
+from .latency import p50_p99
+
 __all__ = ["RunTrace", "GoalRun", "RunSlot", "fill_result", "fill_seams", "SUCCEED", "ABORT", "CANCELED",
            "TYPED_ENDINGS", "OPERATOR_MESSAGE"]
 
@@ -103,6 +105,8 @@ class GoalRun:
         stop_reason: why ``validate`` stopped the run (the stream or bound), else None.
         status: ``starting`` (waiting for sensors / the first chunk) or ``running``.
         task_done: the success service said the task is done (``until``).
+        obs_to_action: observation-to-action samples (s, ROS clock), one per chunk whose first
+            command was published (``latency.py``); the result's p50 / p99 come from it.
         stop_when: the goal's stop condition as asked ("" = the driver's success_service, if any);
         stop_client: the CheckSuccess client polled for this run, else None.
         end_request: ``(why, message)`` when something other than the client ended the run
@@ -130,6 +134,7 @@ class GoalRun:
         self.cancel_accepted = False     # this node's cancel callback accepted a cancel for it
         self.stop = StopToken()
         self.ended = threading.Event()   # set once the result is final
+        self.obs_to_action: list = []    # s per chunk played, camera stamp -> first command published
 
     # -- asked to end ------------------------------------------------------------------------
     def request_end(self, why: str, message: str) -> None:
@@ -169,7 +174,12 @@ class GoalRun:
         result.reason, result.message = reason, message
         result.seconds = time.monotonic() - self.t0
         result.actions = len(self.trace.commands)
+        self.fill_latency(result)
         return result, status
+
+    def fill_latency(self, result) -> None:
+        """Set the result's ``obs_to_action_p50_s`` / ``_p99_s`` (s) from this run's samples; 0.0 when none."""
+        result.obs_to_action_p50_s, result.obs_to_action_p99_s = p50_p99(self.obs_to_action)
 
     def finish(self, outcome, cancel_confirmed: bool):
         """``(Act.Result, status)`` from the core's ``RunOutcome``.
@@ -185,6 +195,7 @@ class GoalRun:
         result = Act.Result()
         fill_result(result, outcome)
         result.actions = len(self.trace.commands)   # published: a row queued at the hold was dropped
+        self.fill_latency(result)
         reason = str(outcome.reason)
         if self.end_request is not None and self.end_request[0] in TYPED_ENDINGS:
             result.reason, result.message = self.end_request

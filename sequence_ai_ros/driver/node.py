@@ -59,6 +59,7 @@ from . import params as _params
 from .execution import GoalExecution
 from .gate import CommandGate
 from .goal import OPERATOR_MESSAGE
+from .latency import p50_p99
 from .outputs import CommandOutputs
 from .services import PolicyServices
 
@@ -76,6 +77,16 @@ def _not_deployed(exc: Exception) -> bool:
     """The gateway answered that no deployment has the model's name (``not_found``): one may be
     deployed later (``seq deploy``), so configure waits for it as for an absent gateway."""
     return isinstance(exc, sequence_ai.InvalidRequest) and getattr(exc, "code", None) == "not_found"
+
+
+def _latency_values(run) -> dict:
+    """The diagnostics' observation-to-action figures (s) of ``run`` (the running or the last one):
+    p50 / p99 over its chunks so far, "" before its first command from a chunk."""
+    samples = list(run.obs_to_action) if run is not None else []
+    if not samples:
+        return {"obs_to_action_p50_s": "", "obs_to_action_p99_s": ""}
+    p50, p99 = p50_p99(samples)
+    return {"obs_to_action_p50_s": f"{p50:.4f}", "obs_to_action_p99_s": f"{p99:.4f}"}
 
 
 class PolicyDriver(LifecycleNodeMixin, Node):
@@ -498,6 +509,7 @@ class PolicyDriver(LifecycleNodeMixin, Node):
             "chunks": str(len(trace.seams)),
             "underruns": str(shown.underruns if shown is not None else 0),
             "observation_to_chunk_s": "" if goals.obs_to_chunk_s is None else f"{goals.obs_to_chunk_s:.4f}",
+            **_latency_values(shown),
             "instruction": (self.policy.instruction or "") if self.policy is not None else "",
             "last_reason": "" if last is None else str(last.reason),
             "last_message": (goals.last_run.stop_reason or "") if goals.last_run is not None else "",

@@ -221,3 +221,45 @@ def test_the_run_slot_gives_up_at_once_for_a_goal_stopped_while_it_waits():
     assert not slot.try_take("ready") and not slot.take(GoalRun(_Handle(), "x", 2.0), 0.0)
     slot.release("someone else")               # only the holder frees it
     assert slot.busy
+
+
+def test_observation_to_action_pieces():
+    from sequence_ai import ImageFrame, Observation, Proprioception
+    from sequence_ai_ros.driver.latency import ObservationMarks, observation_start_s, p50_p99
+
+    def obs(*stamps_ms):
+        return Observation(images=[ImageFrame(view=f"v{i}", data=b"", timestamp_ms=ms) for i, ms in enumerate(stamps_ms)],
+                           proprioception=Proprioception(joint_positions=[0.0]), instruction="x")
+
+    assert observation_start_s(obs(100_200, 100_050), 100.5) == pytest.approx(100.05)   # the oldest frame
+    assert observation_start_s(obs(0, None), 100.5) == 100.5        # unstamped: the observation's time
+    assert observation_start_s(obs(0, 100_300), 100.5) == pytest.approx(100.3)
+    assert observation_start_s(obs(900_000), 100.5) == 100.5        # stamped after it: another clock
+    marks = ObservationMarks(keep=3)
+    assert marks.start_for(5.0) is None                              # nothing observed yet
+    for built, start in ((1.0, 10.0), (2.0, 20.0), (3.0, 30.0)):
+        marks.add(built, start)
+    assert (marks.start_for(2.5), marks.start_for(3.0), marks.start_for(0.5), marks.start_for(None)) == (20.0, 30.0, None, None)
+    marks.clear()
+    assert marks.start_for(3.0) is None
+    from types import SimpleNamespace as NS
+    from sequence_ai_ros.driver.latency import chunk_observed_at
+    chunk = object()
+    engine = NS(_buffer=NS(current=NS(chunk=chunk, tag=(0, None, 7.5))))
+    assert chunk_observed_at(NS(_engine=engine), chunk) == 7.5                 # the core's tag on the entry
+    assert chunk_observed_at(NS(_engine=engine), object()) is None            # another chunk plays
+    assert chunk_observed_at(NS(_engine=NS(_buffer=NS(current=None))), chunk) is None
+    assert p50_p99([]) == (0.0, 0.0)
+    assert p50_p99([0.3]) == (0.3, 0.3)
+    p50, p99 = p50_p99([0.1 * i for i in range(101)])
+    assert (p50, p99) == (pytest.approx(5.0), pytest.approx(9.9))
+
+
+def test_goal_result_carries_the_latency_samples():
+    run = GoalRun(handle=None, instruction="x", max_seconds=1.0)
+    result, _ = run.early("error", "no chunk")
+    assert (result.obs_to_action_p50_s, result.obs_to_action_p99_s) == (0.0, 0.0)   # none played
+    run.obs_to_action.extend([0.3, 0.2, 0.4])
+    result, _ = run.finish(RunOutcome(reason="timeout", actions=3, chunks=3, seconds=1.0, underruns=0,
+                                      underrun_s=0.0), cancel_confirmed=False)
+    assert result.obs_to_action_p50_s == pytest.approx(0.3) and 0.39 < result.obs_to_action_p99_s <= 0.4

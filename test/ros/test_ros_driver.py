@@ -27,6 +27,8 @@ from _ros_driver_support import PERIOD_S, FakeRobot, Goal, driver_params, echo_s
 from sequence_ai_msgs.action import Act
 from sequence_ai_ros.driver_node import PolicyDriver, _CommandGate, outcome_message, set_thread_realtime
 
+CAMERA_LAG_S = 0.25   # the fake camera's stamps lag its publishing by this much in the first test (s)
+
 
 
 def test_commands_arrive_at_the_contract_rate_with_feedback_and_status(ros, echo_server):
@@ -35,6 +37,7 @@ def test_commands_arrive_at_the_contract_rate_with_feedback_and_status(ros, echo
     diags, standard = [], []
     client_node.create_subscription(DiagnosticArray, "policy_driver/status", diags.append, 10)
     client_node.create_subscription(DiagnosticArray, "/diagnostics", standard.append, 10)
+    robot.camera_lag_s = CAMERA_LAG_S
     goal = Goal(client, max_seconds=3.0)
     assert goal.handle.accepted
     wrapped = goal.wait_result()
@@ -76,6 +79,18 @@ def test_commands_arrive_at_the_contract_rate_with_feedback_and_status(ros, echo
     assert res.seam_min_playback_left_s >= 0.0
     msg = outcome_message(res)
     assert (msg.seams, msg.seam_jump_p99, msg.merge) == (res.seams, res.seam_jump_p99, "replace")
+    # observation-to-action latency: frames stamped CAMERA_LAG_S in the past are at least that old
+    # when their chunk's first command goes out, and at most that plus the sensor age bound (1 s)
+    # plus the run itself
+    assert CAMERA_LAG_S < res.obs_to_action_p50_s <= res.obs_to_action_p99_s <= CAMERA_LAG_S + 1.0 + res.seconds, res
+    assert (msg.obs_to_action_p50_s, msg.obs_to_action_p99_s) == (res.obs_to_action_p50_s, res.obs_to_action_p99_s)
+    def shown(arrays, key):
+        return float({kv.key: kv.value for kv in arrays[-1].status[0].values}[key] or 0)
+
+    for arrays in (diags, standard):   # the run's figures on ~/status and on /diagnostics
+        wait(lambda: (shown(arrays, "obs_to_action_p50_s"), shown(arrays, "obs_to_action_p99_s")) == (
+            pytest.approx(res.obs_to_action_p50_s, abs=1e-4), pytest.approx(res.obs_to_action_p99_s, abs=1e-4)),
+            5.0, "the run's latency on the diagnostics")
 
 
 @pytest.mark.parametrize("delay_ms", [2.0, 0.0], ids=["publisher_thread", "from_the_core_callback"])
