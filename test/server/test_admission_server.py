@@ -8,6 +8,7 @@ its own measured calls stays within their deadlines: the next connect is refused
 numbers (robots, requests/s, predicted worst round trip, deadline) although max_inputs allows more."""
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import httpx
@@ -33,8 +34,10 @@ def test_max_inputs_admits_that_many_robots_on_one_worker_then_refuses_with_the_
     gw = GatewayProcess.start(tmp_path)
     try:
         gw.deploy(_policy(tmp_path, max_inputs=3), "crowd")
-        for bad in (0, -2.5, 1e9, 1e-300, "fast", "5", True, 10 ** 400):      # a declared rate is checked, strictly
-            r = gw.client.post("/v1/connect", json={"model": "crowd", "request_hz": bad})
+        for bad in (0, -2.5, 1e9, 1e-300, "fast", "5", True, 10 ** 400, "NaN", "Infinity", "1e999"):  # checked, strictly
+            raw = bad if bad in ("NaN", "Infinity", "1e999") else json.dumps(bad)   # JSON's non-finite literals too
+            r = gw.client.post("/v1/connect", content='{"model": "crowd", "request_hz": %s}' % raw,
+                               headers={"content-type": "application/json"})
             assert r.status_code == 400 and r.json()["code"] == "invalid_request" and "request_hz" in r.text, r.text
         robot = sequence_ai.connect("crowd", api_key=gw.api_key, gateway_url=gw.url, request_hz=0.25)
         conns = [gw.connect_ready("crowd") for _ in range(2)]
