@@ -304,6 +304,8 @@ obs = sequence_ai.observation(images={"front": np.zeros((24, 32, 3), np.uint8)},
                               contract=%r, codec="raw").to_wire(raw=True)
 segment = ShmSegment()
 ws = connect(sys.argv[1], proxy=None, additional_headers={"Authorization": "Bearer " + sys.argv[2]})
+print("connected", flush=True)
+sys.stdin.readline()                       # the test has stopped the worker (SIGSTOP): it reads all at once
 ws.send(struct.pack(">IB", 1, 2) + shm_message(segment, encode_act_body({"observation": obs, "params": {}}, True)[0]))
 print(segment.name, flush=True)
 os.kill(os.getpid(), signal.SIGKILL)       # before the answer: the client never unlinks its segment
@@ -313,10 +315,22 @@ os.kill(os.getpid(), signal.SIGKILL)       # before the answer: the client never
 def test_a_client_killed_with_a_request_in_flight_leaves_no_segment_in_dev_shm(worker):
     """The worker unlinks a segment's name once it has opened and checked it: a client killed
     before its answer (which would have unlinked it) leaves no file in /dev/shm, memory no one frees."""
-    out = subprocess.run([sys.executable, "-c", _KILLED_CLIENT, f"ws://127.0.0.1:{worker.port}/act/ws", worker.secret],
-                         capture_output=True, text=True, timeout=60)
-    name = out.stdout.strip()
-    assert out.returncode == -signal.SIGKILL and name.startswith("seq-"), out.stderr
+    client = subprocess.Popen([sys.executable, "-c", _KILLED_CLIENT, f"ws://127.0.0.1:{worker.port}/act/ws",
+                               worker.secret], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert client.stdout.readline().strip() == "connected"
+        os.kill(worker.proc.pid, signal.SIGSTOP)   # the request and the close then reach the worker together
+        try:
+            client.stdin.write("go\n")
+            client.stdin.flush()
+            name = client.stdout.readline().strip()
+            assert client.wait(60) == -signal.SIGKILL and name.startswith("seq-"), name
+        finally:
+            os.kill(worker.proc.pid, signal.SIGCONT)
+    finally:
+        if client.poll() is None:
+            client.kill()
+        client.wait()
     path = os.path.join(SHM_DIR, name)
     try:
         eventually(lambda: not os.path.exists(path), 30, what="the killed client's segment unlinked by the worker")
