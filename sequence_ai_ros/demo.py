@@ -246,7 +246,8 @@ def drive(instruction: str, seed: int, max_seconds: float, out_dir: Path, *, can
         status = {4: "succeeded", 5: "canceled", 6: "aborted"}.get(wrapped.status, str(wrapped.status))
         outcome = {k: getattr(res, k) for k in (
             "reason", "actions", "chunks", "seconds", "underruns", "underrun_s", "max_seam_jump",
-            "instruction_swaps", "max_instruction_lag_s", "action_space", "message")}
+            "instruction_swaps", "max_instruction_lag_s", "action_space", "message", "obs_to_action_p50_s",
+            "obs_to_action_p99_s")}
         fut = check.call_async(CheckSuccess.Request(instruction=instruction))
         _wait(fut, 30.0)
         verdict = fut.result()

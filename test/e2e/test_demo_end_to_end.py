@@ -43,6 +43,9 @@ def test_act_goal_puts_the_red_cube_on_the_green_pad(served_policy, tmp_path):
     assert o["actions"] >= 0.8 * (o["seconds"] - o["underrun_s"]) * 15.0, o
     # max_seam_jump spans every dimension: the gripper's 0 -> 1 close can fall on a seam
     assert 0.0 <= o["max_seam_jump"] <= 1.0, o
+    # observation-to-action latency from the sim camera's stamps: positive, and no more than the run
+    # plus a frame's age when observed (1 s is far above it)
+    assert 0.0 < o["obs_to_action_p50_s"] <= o["obs_to_action_p99_s"] <= o["seconds"] + 1.0, o
     assert len(result.commands) == o["actions"]
     assert len(result.seams) == o["chunks"]
     # the picture exists: frames + plot, and the GIF beside it
