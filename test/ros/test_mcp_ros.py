@@ -52,6 +52,7 @@ def test_act_is_an_act_goal_and_a_cancelled_call_cancels_it_with_a_hold(ros, ech
     out = done.structured_content
     assert out["status"] == "SUCCEEDED" and out["outcome"]["reason"] == "timeout", out
     assert out["outcome"]["actions"] == n_done - 1 > 10          # every action + the hold
+    assert 0.0 < out["outcome"]["obs_to_action_p50_s"] <= out["outcome"]["obs_to_action_p99_s"], out   # the driver's
     assert not snap.is_error and snap.content[0].mime_type == "image/jpeg"
     wait(lambda: driver.trace.hold_time is not None and driver.trace.hold_time > t_cancel, 10.0, "the hold")
     time.sleep(1.0)                                               # anything after the hold would arrive now
