@@ -83,6 +83,7 @@ def test_a_robots_rate_comes_from_its_declaration_else_the_contract():
     spec = _spec()
     assert request_hz(spec, {}, None) == SLOW_HZ
     assert request_hz(spec, {"replan_steps": 5}, None) == 3.0
+    assert request_hz(spec, {"replan_steps": 10 ** 400}, None) == SLOW_HZ   # no float: the default rows, not a 500
     assert request_hz(spec, {}, 6.25) == 6.25
     assert request_hz({"contract": {"action": None}}, {}, None) is None      # no control rate: slot counting
     for bad in (0.0, -1.0, math.nan, math.inf, 2000.0, 10 ** 400):   # 10**400: no float

@@ -28,6 +28,7 @@ the deadline") says the same for users."""
 from __future__ import annotations
 
 import math
+import sys
 import threading
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -173,7 +174,7 @@ def request_hz(spec: Optional[dict], params: Optional[dict], declared: Optional[
     rows = DEFAULT_REPLAN_ROWS
     for name in ("replan_steps", "open_loop_horizon"):
         v = (params or {}).get(name)
-        if isinstance(v, int) and not isinstance(v, bool) and v >= 1:
+        if isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= sys.float_info.max:   # 10**400: no rate
             rows = v
             break
     return float(hz) / rows
