@@ -33,6 +33,9 @@ kernel has no netem); it needs root (``ip netns``).
 
 The machine's load average is printed before and after each table: on a shared machine compare
 the ratios of one run (the rounds interleave every client), not figures from different runs.
+
+The worker inherits this process's environment: ``SEQ_WORKER_INLINE=1`` runs it with inline serving
+(opt-in; docs/design.md).
 """
 from __future__ import annotations
 

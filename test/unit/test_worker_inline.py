@@ -54,8 +54,8 @@ def _body(tag: float, **extra) -> bytes:
 def started(tmp_path):
     hosts = []
 
-    def start(cls):
-        host = PolicyHost(cls)
+    def start(cls, inline=True):
+        host = PolicyHost(cls, inline=inline)
         host.start(str(tmp_path))
         hosts.append(host)
         return host
@@ -89,6 +89,29 @@ def test_a_cheap_policy_is_served_inline_once_its_window_is_measured(started, mo
     assert replica.inline == 1 and policy.threads[-1] == threading.current_thread().name
     decoded = host.prepare(_body(8.0))                          # the decoded form (openpi's) too
     assert host.submit(decoded).done() and replica.inline == 2
+
+
+def test_a_host_not_made_inline_hands_every_cheap_request_to_the_replica(started, monkeypatch):
+    # the default (a hang inline would hold the event loop, /ping with it): opt-in only
+    monkeypatch.setattr(host_module, "INLINE_MS", 1e9)
+    monkeypatch.setattr(host_module, "INLINE_MAX_MS", 1e9)
+    host = started(_Counter, inline=False)
+    _warm(host, INLINE_WINDOW + 4)
+    future, _ = host.submit_raw(_body(99.0), "application/json")
+    future.result(30)
+    assert host.replicas[0].inline == 0
+    assert set(host.replicas[0].instance.threads) == {"policy-0"}
+
+
+def test_the_worker_serves_inline_only_when_asked(monkeypatch):
+    from sequence_ai_server.worker.main import _parser
+    base = ["--file", "p.py", "--ready-file", "r"]
+    monkeypatch.delenv("SEQ_WORKER_INLINE", raising=False)
+    assert _parser().parse_args(base).inline is False
+    assert _parser().parse_args(base + ["--inline"]).inline is True
+    monkeypatch.setenv("SEQ_WORKER_INLINE", "1")
+    assert _parser().parse_args(base).inline is True
+    assert _parser().parse_args(base + ["--no-inline"]).inline is False
 
 
 def test_an_expensive_window_hands_off_to_the_replica(started, monkeypatch):

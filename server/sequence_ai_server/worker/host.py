@@ -46,7 +46,9 @@ EPISODE_IDLE_S = 300.0                        # an episode with no /act for this
 # A request is served on the caller's thread (the event loop) instead of its replica's when the
 # replica's last INLINE_WINDOW requests took under INLINE_MS at the median and none of them over
 # INLINE_MAX_MS, decode and infer together (``_Replica.run_inline``): a hand-off's two
-# cross-thread wake-ups cost about as much as such a request, and the loop is never held long.
+# cross-thread wake-ups cost about as much as such a request, and the loop is never held long
+# -- unless the call hangs: then it holds /ping and every other robot with it, so it is opt-in
+# (the worker's --inline / $SEQ_WORKER_INLINE; off by default).
 INLINE_MS = 0.5
 INLINE_MAX_MS = 5.0
 INLINE_WINDOW = 32
@@ -243,9 +245,12 @@ class _Replica:
         replica's thread (``run_lock``): the policy instance is still called by one thread at a
         time. An item the replica's thread took from the queue just before may run after this
         one (the window is the replica's wake-up; a robot has one request in flight). False:
-        queue it as usual."""
+        queue it as usual. Only on a host made with ``inline=True`` (the worker's ``--inline``):
+        a call that hangs inline holds the event loop, so /ping and every other robot wait with
+        it until the gateway's health check replaces the worker, where a hang on the replica's
+        thread is answered 504 and reported ``degraded``."""
         times = self.item_ms
-        if (self.host.spec.batching is not None or self.busy or self.queue.qsize() or len(times) < INLINE_WINDOW
+        if (not self.host.inline or self.host.spec.batching is not None or self.busy or self.queue.qsize() or len(times) < INLINE_WINDOW
                 or sorted(times)[INLINE_WINDOW // 2] >= INLINE_MS or max(times) >= INLINE_MAX_MS
                 or not self.run_lock.acquire(blocking=False)):
             return False
@@ -338,7 +343,7 @@ class PolicyHost:
     """
 
     def __init__(self, cls: type, name: Optional[str] = None, *, mode: str = "serve",
-                 episode_idle_s: float = EPISODE_IDLE_S):
+                 episode_idle_s: float = EPISODE_IDLE_S, inline: bool = False):
         if mode not in ("serve", "eval"):
             raise ValueError(f"mode must be 'serve' or 'eval', got {mode!r}")
         self.cls = cls
@@ -346,6 +351,7 @@ class PolicyHost:
         self.name = name or cls.__name__
         self.mode = mode
         self.episode_idle_s = float(episode_idle_s)
+        self.inline = bool(inline)               # cheap requests may run on the caller's thread (run_inline)
         self.replicas = [_Replica(self, i) for i in range(self.spec.slots())]
         self.episodes: dict[str, _Episode] = {}
         self.lock = threading.Lock()
