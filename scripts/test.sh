@@ -4,10 +4,12 @@
 # fetch from an index -- uv's cache for the image environments, build/wheelhouse/), then run every
 # test inside a loopback-only network namespace (servers on 127.0.0.1, DDS kept on this machine,
 # no index reachable).
-# Two pytest-xdist workers, one test file each at a time (--dist loadfile keeps a module's
+# Four pytest-xdist workers, one test file each at a time (--dist loadfile keeps a module's
 # servers in one process; test/conftest.py gives each worker its own ROS_DOMAIN_ID): most tests
-# wait on real-time sims and servers, so this halves the wall-clock on 2 cores (7 vs 15 min
-# measured here under the same load). SEQ_TEST_WORKERS=0 runs them serially.
+# wait on real-time sims and servers, so two workers left the 2 cores half idle. Measured from
+# clean clones on this 2-core machine, the same code: 2 workers 749 s (cores ~50 % busy), 4
+# workers 458 s (cores 96 % busy, so more would only add load). SEQ_TEST_WORKERS=N for another
+# count, 0 to run them serially.
 # The files go heaviest first (test/_schedule.py's table, applied in test/conftest.py; xdist's own
 # re-sort by number of tests is turned off so that order holds), so no heavy file starts last.
 # --fast: only the tests marked neither ros nor slow (test/_schedule.py says which those are).
@@ -26,7 +28,7 @@ bash scripts/bootstrap.sh test
 # without it every server, node and CLI process a test starts compiles the project's modules again
 # (0.2 s of CPU for a gateway's imports here) and each worker redoes pytest's assertion rewriting.
 unset PYTHONDONTWRITEBYTECODE
-workers=${SEQ_TEST_WORKERS:-2}
+workers=${SEQ_TEST_WORKERS:-4}
 if [ "$workers" = "0" ]; then
   exec scripts/in_loopback_ns.sh python -m pytest ${args[@]+"${args[@]}"}
 fi

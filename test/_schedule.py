@@ -1,6 +1,6 @@
 """The order the suite's files run in and the markers their tests carry (test/conftest.py applies both).
 
-Order. scripts/test.sh runs two pytest-xdist workers with ``--dist loadfile``: a worker takes the
+Order. scripts/test.sh runs four pytest-xdist workers with ``--dist loadfile``: a worker takes the
 next whole file from the queue when its current one is down to two tests. The queue is the
 collection order (given ``--no-loadscope-reorder``; by default xdist re-sorts it by number of
 tests, which put the 108 s ``test_ros_workspace.py`` with its 3 tests near the end). Files go
@@ -26,46 +26,47 @@ import sys
 from pathlib import Path
 
 # Seconds per file (setup + call + teardown of all its tests), from the JUnit report of a full
-# two-worker run from a clean clone (1,245 tests in 929 s wall while other work loaded the machine:
-# the figures are high, what matters here is their order), printed by `python test/_schedule.py
-# build/test-results.xml`.
+# four-worker run from a clean clone (1,299 tests in 458 s wall), scaled by 0.81 to the same code's
+# two-worker run (each file's time stretches with the load it runs under; what matters here is
+# their order, and SLOW_S keeps its meaning), printed by `python test/_schedule.py REPORT.xml`.
 FILE_SECONDS = {
-    "test_ray_backend.py": 88, "test_ros_workspace.py": 95, "test_platform_ops.py": 46,
-    "test_worker_fuzz.py": 62, "test_gateway.py": 50, "test_gateway_restart.py": 51,
-    "test_platform_versions.py": 37, "test_capture_recording.py": 42, "test_demo_end_to_end.py": 52,
-    "test_ros_launch.py": 43, "test_demo_cli.py": 27, "test_ros_driver.py": 42, "test_core_loop.py": 12,
-    "test_platform_access.py": 35, "test_ros_driver_lifecycle.py": 38, "test_core_delay.py": 5,
-    "test_mcp_server.py": 35, "test_platform_traffic.py": 34, "test_hardening.py": 29,
-    "test_health_frozen_processes.py": 19, "test_platform_params_slots.py": 31, "test_flywheel.py": 29,
-    "test_ops_hardening.py": 25, "test_wheel_install.py": 29, "test_fleet_workers.py": 23,
-    "test_core_properties.py": 14, "test_client_promises.py": 27, "test_worker.py": 26,
-    "test_ros_node_signals.py": 25, "test_delay_wire.py": 19, "test_core_lookahead.py": 1,
-    "test_capture_server.py": 22, "test_blocking_channel_faults.py": 21, "test_mcp_tasks.py": 21,
-    "test_eval_pick_place.py": 20, "test_bag_stamps.py": 20, "test_cards.py": 18,
-    "test_platform_images.py": 17, "test_eval_learned.py": 17, "test_client_queue.py": 17,
-    "test_recipes.py": 17, "test_core_client.py": 16, "test_ros_driver_controllers.py": 15,
-    "test_act_channel.py": 15, "test_platform_volumes.py": 15, "test_core_wire.py": 14,
-    "test_route_scopes.py": 14, "test_adapters.py": 14, "test_bag_export_paths.py": 13,
-    "test_worker_auth.py": 13, "test_act_channel_limits.py": 13, "test_layering.py": 11,
-    "test_header_timeout.py": 11, "test_ros_services.py": 10, "test_platform_secrets.py": 9,
-    "test_ros_trajectory_output.py": 9, "test_platform_logs.py": 9, "test_client_transports.py": 9,
-    "test_limits_seams.py": 13, "test_admission_server.py": 8, "test_core_interrupt.py": 8,
-    "test_launch.py": 8, "test_platform_health.py": 7, "test_pick_place_closed_loop.py": 7,
-    "test_mcp_ros.py": 7, "test_channel_hardening.py": 7, "test_export_paths.py": 6,
-    "test_ros_operator.py": 5, "test_refused_bodies.py": 5, "test_mcp_stop_when.py": 5,
-    "test_seq_cli_package.py": 4, "test_admission.py": 4, "test_health_frozen.py": 4,
-    "test_worker_deadlines.py": 4, "test_frame_size.py": 3, "test_chat_decide.py": 3,
-    "test_act_transports.py": 3, "test_openpi_compat.py": 3, "test_worker_body_limit.py": 3,
-    "test_node_executor.py": 3, "test_volume_eval_paths.py": 2, "test_core_stop_when.py": 2,
-    "test_sim.py": 2, "test_core_refill.py": 1, "test_docs.py": 2, "test_gateway_services.py": 2,
-    "test_capture_units.py": 2, "test_core_stop.py": 2, "test_openpi_hardening.py": 1,
-    "test_server_config.py": 1, "test_wait.py": 1, "test_recorder_post_roll.py": 1, "test_state_db.py": 1,
-    "test_authoring.py": 1, "test_gate_gil_lead.py": 1, "test_eval_benchmark.py": 1,
-    "test_recorder_label_paths.py": 1, "test_recorder_rates.py": 1, "test_recorder_prune_paths.py": 1,
-    "test_ros_launch_config.py": 1, "test_spin_destroy_race.py": 1, "test_interfaces.py": 1,
-    "test_driver_units.py": 1, "test_protocol.py": 1, "test_worker_schedule.py": 1, "test_core_units.py": 1,
-    "test_schedule.py": 1, "test_export_target_units.py": 1, "test_core_deadline.py": 1,
-    "test_slot_queue.py": 1, "test_core_loop_logic.py": 1, "test_core_clock.py": 1,
+    "test_ros_workspace.py": 98, "test_worker_fuzz.py": 79, "test_ray_backend.py": 64,
+    "test_platform_ops.py": 58, "test_demo_end_to_end.py": 49, "test_gateway_restart.py": 46,
+    "test_ros_launch.py": 36, "test_ros_driver.py": 33, "test_gateway.py": 32,
+    "test_capture_recording.py": 30, "test_wheel_install.py": 30, "test_demo_cli.py": 28,
+    "test_flywheel.py": 28, "test_ros_driver_lifecycle.py": 28, "test_mcp_server.py": 27,
+    "test_platform_access.py": 27, "test_worker.py": 25, "test_platform_versions.py": 24,
+    "test_hardening.py": 23, "test_client_promises.py": 22, "test_layering.py": 20,
+    "test_platform_params_slots.py": 20, "test_bag_stamps.py": 19, "test_blocking_channel_faults.py": 19,
+    "test_ros_node_signals.py": 19, "test_bag_export_paths.py": 18, "test_fleet_workers.py": 18,
+    "test_platform_traffic.py": 18, "test_platform_images.py": 17, "test_ros_services.py": 17,
+    "test_adapters.py": 16, "test_health_frozen_processes.py": 16, "test_ops_hardening.py": 16,
+    "test_act_channel.py": 15, "test_core_client.py": 15, "test_core_wire.py": 15,
+    "test_eval_pick_place.py": 15, "test_mcp_tasks.py": 15, "test_platform_volumes.py": 15,
+    "test_recipes.py": 15, "test_worker_auth.py": 15, "test_client_queue.py": 14, "test_core_loop.py": 14,
+    "test_route_scopes.py": 14, "test_delay_wire.py": 13, "test_act_channel_limits.py": 12,
+    "test_capture_server.py": 12, "test_client_transports.py": 12, "test_eval_learned.py": 12,
+    "test_ros_driver_controllers.py": 12, "test_header_timeout.py": 11, "test_core_properties.py": 9,
+    "test_limits_seams.py": 9, "test_cards.py": 8, "test_ros_trajectory_output.py": 8, "test_launch.py": 7,
+    "test_platform_health.py": 7, "test_platform_secrets.py": 7, "test_admission.py": 6,
+    "test_admission_server.py": 6, "test_channel_hardening.py": 6, "test_core_interrupt.py": 6,
+    "test_export_paths.py": 6, "test_mcp_ros.py": 6, "test_mcp_stop_when.py": 6,
+    "test_pick_place_closed_loop.py": 6, "test_platform_logs.py": 6, "test_ros_operator.py": 6,
+    "test_frame_size.py": 5, "test_chat_decide.py": 4, "test_health_frozen.py": 4,
+    "test_openpi_compat.py": 4, "test_refused_bodies.py": 4, "test_seq_cli_package.py": 3,
+    "test_worker_deadlines.py": 3, "test_act_same_host.py": 2, "test_act_transports.py": 2,
+    "test_authoring.py": 2, "test_capture_units.py": 2, "test_core_delay.py": 2, "test_core_stop.py": 2,
+    "test_docs.py": 2, "test_gateway_services.py": 2, "test_node_executor.py": 2,
+    "test_openpi_hardening.py": 2, "test_sim.py": 2, "test_state_db.py": 2, "test_volume_eval_paths.py": 2,
+    "test_worker_body_limit.py": 2, "test_core_clock.py": 1, "test_core_deadline.py": 1,
+    "test_core_lookahead.py": 1, "test_core_loop_logic.py": 1, "test_core_obs_to_action.py": 1,
+    "test_core_refill.py": 1, "test_core_stop_when.py": 1, "test_core_units.py": 1,
+    "test_driver_units.py": 1, "test_eval_benchmark.py": 1, "test_export_target_units.py": 1,
+    "test_gate_gil_lead.py": 1, "test_interfaces.py": 1, "test_protocol.py": 1,
+    "test_recorder_label_paths.py": 1, "test_recorder_post_roll.py": 1, "test_recorder_prune_paths.py": 1,
+    "test_recorder_rates.py": 1, "test_ros_launch_config.py": 1, "test_schedule.py": 1,
+    "test_server_config.py": 1, "test_slot_queue.py": 1, "test_spin_destroy_race.py": 1, "test_wait.py": 1,
+    "test_worker_inline.py": 1, "test_worker_schedule.py": 1,
 }
 DEFAULT_SECONDS = 10          # a new file: mid-queue until it is measured
 

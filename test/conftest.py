@@ -32,19 +32,22 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
-# Under pytest-xdist (scripts/test.sh runs two workers) each worker gets its own DDS domain, so two
+# Under pytest-xdist (scripts/test.sh runs four workers) each worker gets its own DDS domain, so two
 # test files that both start a sim robot and a driver never hear each other's topics. The base is
 # ROS_DOMAIN_ID, except that scripts/env.sh's default (the checkout's domain, the same in every
 # shell: what `ros2 launch` in another terminal uses) is swapped for one drawn per run (xdist's run
-# id, shared by its workers), offset so that no worker of up to 2 lands on it; domains stay 1..101.
+# id, shared by its workers). Worker k takes the base plus k steps of 100 // (number of workers),
+# and the draw stays under one step, so no worker lands on the checkout's domain; domains stay 1..101.
 _base = int(os.environ.get("ROS_DOMAIN_ID", "1"))
+_workers = max(1, min(100, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 1)))
+_step = 100 // _workers
 if os.environ.get("SEQAI_ROS_DOMAIN_DEFAULT") == str(_base):
-    _draw = int(os.environ.get("PYTEST_XDIST_TESTRUNUID") or uuid.uuid4().hex, 16) % 49 + 1   # 1..49
+    _draw = int(os.environ.get("PYTEST_XDIST_TESTRUNUID") or uuid.uuid4().hex, 16) % max(1, _step - 1) + 1
     _base = (_base - 1 + _draw) % 101 + 1
     os.environ["ROS_DOMAIN_ID"] = str(_base)
 _worker = os.environ.get("PYTEST_XDIST_WORKER", "")
 if _worker.startswith("gw") and _worker[2:].isdigit():
-    os.environ["ROS_DOMAIN_ID"] = str((_base + 50 * int(_worker[2:]) - 1) % 101 + 1)
+    os.environ["ROS_DOMAIN_ID"] = str((_base + _step * int(_worker[2:]) - 1) % 101 + 1)
 
 import _schedule  # noqa: E402
 from _servers import ECHO_POLICY, GatewayProcess, WorkerProcess  # noqa: E402
