@@ -12,11 +12,13 @@ import json
 from pathlib import Path
 
 import httpx
+import pytest
 
 import sequence_ai
 from _core_support import ECHO
 from _servers import GatewayProcess, echo_observation
 from _wait import eventually
+from sequence_ai_server.common.leases import period_floor_ms
 
 
 def _policy(tmp_path: Path, max_inputs: int, latency_ms: float = 0.0) -> str:
@@ -42,6 +44,16 @@ def test_max_inputs_admits_that_many_robots_on_one_worker_then_refuses_with_the_
         robot = sequence_ai.connect("crowd", api_key=gw.api_key, gateway_url=gw.url, request_hz=0.25)
         conns = [gw.connect_ready("crowd") for _ in range(2)]
         assert {c["worker_url"] for c in conns} == {robot._engine._wire.session.worker_url}   # one worker, three robots
+        # the lease carries the period each robot was admitted at, signed: the worker's floor for
+        # the period_ms its requests declare (a robot cannot buy the queue's front with a short one)
+        assert period_floor_ms(robot._engine._wire.session.direct_secret) == 4000.0
+        assert period_floor_ms(conns[0]["direct_secret"]) == pytest.approx(1000 * 8 / 15.0, abs=0.001)
+        token = conns[0]["direct_secret"]
+        head, period_us, sig = token.rsplit(".", 2)
+        for secret, status in ((token, 200), (f"{head}.{int(period_us) // 100}.{sig}", 401)):   # a shorter floor, unsigned
+            act = httpx.post(conns[0]["worker_url"] + "/act", json={"observation": echo_observation()},
+                             headers={"Authorization": f"Bearer {secret}"}, timeout=30)
+            assert act.status_code == status, act.text
         r = gw.connect("crowd")
         assert r.status_code == 503 and r.json()["code"] == "deployment_full", r.text
         assert "(3 of 3)" in r.json()["detail"] and r.json()["details"]["held"] == 3

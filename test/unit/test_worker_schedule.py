@@ -200,3 +200,34 @@ def test_a_replica_batches_the_earliest_deadlines_first_and_counts_the_late(tmp_
         assert host.cost.snapshot()["calls"] >= 4
     finally:
         host.stop()
+
+
+def test_a_session_is_never_ordered_by_a_shorter_period_than_its_lease_was_admitted_at():
+    from sequence_ai_server.common.errors import ApiError
+    from sequence_ai_server.common.leases import DirectAuth, period_floor_ms, sign_lease
+    from sequence_ai_server.worker.act import deadline_of
+
+    class Host:
+        clamp = DeadlineClamp()
+
+    expires = time.time() + 60
+    admitted = sign_lease("s3cret", "sess_a", 1, expires, period_ms=533.0)    # 15 Hz, 8 rows a chunk
+    unbound = sign_lease("s3cret", "sess_b", 1, expires)                       # an older gateway's token
+    auth = DirectAuth("s3cret")
+    auth.check(admitted), auth.check(unbound)
+    assert period_floor_ms(admitted) == 533.0 and period_floor_ms(unbound) is None
+    assert period_floor_ms("s3cret") is None
+    head, _, sig = admitted.rsplit(".", 2)
+    with pytest.raises(ApiError):                    # the floor is signed: a shorter one is refused
+        auth.check(f"{head}.10000.{sig}")
+
+    def order_gap(token, claimed_ms):
+        body = json.dumps({"deadline_ms": 5, "period_ms": claimed_ms, "observation": {}}).encode()
+        deadline_of(Host, body, "application/json", token)                 # the first: due as it comes
+        now = time.monotonic()
+        _, order = deadline_of(Host, body, "application/json", token)
+        return order - now
+
+    # declaring 10 ms does not put the admitted 533 ms robot half of 10 ms ahead: it keeps its own period
+    assert order_gap(admitted, 10.0) >= CLAMP_SHARE * 0.533 - 0.01
+    assert order_gap(unbound, 10.0) < 0.05               # without a signed floor the claim stands, as before

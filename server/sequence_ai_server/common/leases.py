@@ -4,6 +4,13 @@ off the /act path.
 A robot's ``direct_secret`` (from ``POST /v1/connect``) is a *lease token*:
 
     lease.<session_id>.<epoch>.<expires_at_ms>.<sig>     sig = hex HMAC-SHA256(worker secret, "<session_id>.<epoch>.<expires_at_ms>")
+    lease.<session_id>.<epoch>.<expires_at_ms>.<period_us>.<sig>   (the same, period_us signed too)
+
+``period_us`` (whole microseconds, present when the gateway knows it) is the request period the
+gateway admitted the robot at (1 / its request rate, ``admission.request_hz``). The worker orders
+a session's requests by the period it declares with them, never by one shorter than this signed
+floor (:func:`period_floor_ms`), so a robot cannot buy the front of the queue by declaring a
+shorter period than the rate it was admitted for.
 
 The worker verifies it with its own secret (no call to the gateway): a bad signature is 401
 ``unauthorized``, a token past ``expires_at`` is 401 ``lease_expired``. Either way the client
@@ -45,7 +52,7 @@ from typing import Any, Iterable, Mapping, Optional
 
 from sequence_ai_server.common.errors import ApiError
 
-__all__ = ["sign_lease", "session_of", "DirectAuth", "Revocations", "RevocationList", "RevocationPoller",
+__all__ = ["sign_lease", "session_of", "period_floor_ms", "DirectAuth", "Revocations", "RevocationList", "RevocationPoller",
            "push_revocations", "TOKEN_PREFIX", "REVOCATION_POLL_S"]
 
 log = logging.getLogger("sequence_ai_server.common.leases")
@@ -56,20 +63,39 @@ REVOCATION_SLACK_S = 5.0       # an entry outlives the lease it revokes by this 
 MAX_REVOCATIONS = 100_000      # entries a worker keeps (the soonest-expiring go first past this)
 
 
-def sign_lease(secret: str, session_id: str, epoch: int, expires_at: float) -> str:
-    """A lease token for ``session_id`` valid until ``expires_at`` (unix seconds), signed with ``secret``."""
+def sign_lease(secret: str, session_id: str, epoch: int, expires_at: float,
+               period_ms: Optional[float] = None) -> str:
+    """A lease token for ``session_id`` valid until ``expires_at`` (unix seconds), signed with
+    ``secret``; ``period_ms``: the request period the robot was admitted at (ms, finite > 0),
+    signed into the token as the floor of the periods its requests may declare (None: no floor)."""
     body = f"{session_id}.{int(epoch)}.{int(expires_at * 1000)}"
+    if period_ms is not None and math.isfinite(period_ms) and period_ms > 0:
+        body += f".{min(int(round(period_ms * 1000)), 10**12)}"
     sig = hmac.new(secret.encode(), body.encode(), hashlib.sha256).hexdigest()
     return f"{TOKEN_PREFIX}{body}.{sig}"
 
 
-def session_of(token: Optional[str]) -> Optional[str]:
-    """The session id a lease token names (unverified), or None for anything else."""
+def _lease_parts(token: Optional[str]) -> Optional[list[str]]:
     token = (token or "").strip()
     if not token.startswith(TOKEN_PREFIX):
         return None
     parts = token[len(TOKEN_PREFIX):].split(".")
-    return parts[0] if len(parts) == 4 else None
+    return parts if len(parts) in (4, 5) else None
+
+
+def session_of(token: Optional[str]) -> Optional[str]:
+    """The session id a lease token names (unverified), or None for anything else."""
+    parts = _lease_parts(token)
+    return parts[0] if parts else None
+
+
+def period_floor_ms(token: Optional[str]) -> Optional[float]:
+    """The admitted request period (ms) a lease token carries, or None (an older token, the raw
+    worker secret, anything else). Unverified: read it only from a token ``DirectAuth.check`` passed."""
+    parts = _lease_parts(token)
+    if not parts or len(parts) != 5 or not parts[3].isdigit():
+        return None
+    return int(parts[3]) / 1000.0
 
 
 def _unauthorized() -> ApiError:
@@ -128,10 +154,10 @@ class DirectAuth:
         secret = self.current_secret()
         if token.startswith(TOKEN_PREFIX):
             parts = token[len(TOKEN_PREFIX):].split(".")
-            if len(parts) != 4:
+            if len(parts) not in (4, 5) or (len(parts) == 5 and not parts[3].isdigit()):
                 raise _unauthorized()
-            session_id, epoch, expires_ms, sig = parts
-            want = hmac.new(secret.encode(), f"{session_id}.{epoch}.{expires_ms}".encode(), hashlib.sha256).hexdigest()
+            session_id, epoch, expires_ms, sig = parts[0], parts[1], parts[2], parts[-1]
+            want = hmac.new(secret.encode(), ".".join(parts[:-1]).encode(), hashlib.sha256).hexdigest()
             if not hmac.compare_digest(sig.encode(), want.encode()):
                 raise _unauthorized()
             try:

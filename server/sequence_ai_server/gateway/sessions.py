@@ -178,7 +178,8 @@ class SessionService:
 
     def _lease(self, row: DeploymentRow, sess: SessionRec) -> ConnectResponse:
         spec = row.spec if row.spec is not None else {"contract": {"action": None, "observation": None}}
-        token = sign_lease(row.secret, sess.id, sess.epoch, sess.expires_at)
+        period_ms = 1000.0 / sess.rate_hz if sess.rate_hz else None   # the worker's floor for its period_ms
+        token = sign_lease(row.secret, sess.id, sess.epoch, sess.expires_at, period_ms)
         return ConnectResponse(
             session_id=sess.id, worker_url=_worker_url(row), direct_secret=token,
             lease=Lease(ttl_s=self.lease_ttl_s, expires_at=sess.expires_at, epoch=sess.epoch),

@@ -38,7 +38,7 @@ from sequence_ai_server.common.body_limit import too_large
 from sequence_ai_server.common.credentials import bearer_token
 from sequence_ai_server.common.errors import ApiError, internal_error, new_request_id
 from sequence_ai_server.common.json_guard import check_strings
-from sequence_ai_server.common.leases import session_of
+from sequence_ai_server.common.leases import period_floor_ms, session_of
 from sequence_ai_server.worker.act_body import MAX_DEADLINE_MS, peek_deadline
 
 SOONEST_MS = 1.0      # a deadline_ms this short asks for the soonest answer: not counted late
@@ -193,7 +193,9 @@ def deadline_of(host: PolicyHost, raw: bytes, content_type: str, token: str = ""
     """An /act body's deadline -> (due, order), monotonic s, both None without ``deadline_ms``:
     ``due`` = now + deadline_ms (answered later, it counts late), ``order`` = what it is queued
     by: ``due`` clamped by its session's declared period (``schedule.DeadlineClamp``; the
-    session is the lease ``token``'s; the worker secret, the gateway's own, is not clamped).
+    session is the lease ``token``'s; the worker secret, the gateway's own, is not clamped), and
+    never by a shorter period than the one the gateway signed into the token (the rate the robot
+    was admitted at, ``leases.period_floor_ms``).
     A claim of at most :data:`SOONEST_MS` (the client's floor: its robot has nothing left to
     play, as at a run's first request) is ordered the same way but has no ``due``: no answer can
     meet it, so it is neither marked nor counted late. Raises ApiError 400 naming
@@ -204,6 +206,9 @@ def deadline_of(host: PolicyHost, raw: bytes, content_type: str, token: str = ""
     now = time.monotonic()
     due = now + deadline_ms / 1000.0
     session = session_of(token) if token else None
+    floor = period_floor_ms(token) if session is not None else None
+    if period_ms is not None and floor is not None:
+        period_ms = max(period_ms, floor)     # never ordered by a shorter period than it was admitted at
     order = due if session is None else host.clamp.order_due(session, due, period_ms, now)
     return (None if deadline_ms <= SOONEST_MS else due), order
 
