@@ -263,7 +263,7 @@ print(json.dumps({"models": names, "first": first, "second": second,
 
 def test_seq_serve_from_the_wheel_deploys_a_template_that_the_bare_client_drives_and_stops_on_ctrl_c(
         full_venv, client_venv, tmp_path):
-    env = _clean_env(full_venv)
+    env = dict(_clean_env(full_venv), SEQ_HEALTH_INTERVAL_S="0.3")   # pings while the robot runs
     out = _run(["seq", "init", "toy-policy", "toy-policy"], tmp_path, env)   # the template is package data
     assert out.returncode == 0 and (tmp_path / "toy-policy" / "policy.py").is_file(), out.stdout + out.stderr
     home = tmp_path / "home"
@@ -299,6 +299,7 @@ def test_seq_serve_from_the_wheel_deploys_a_template_that_the_bare_client_drives
             raise
     text = log.read_text()
     assert rc == 0 and "gateway stopped" in text and "Traceback" not in text, text[-3000:]
+    assert "HTTP Request:" not in text, text[-3000:]      # no line per health ping in `seq serve &`'s shell
     eventually(lambda: not _alive(worker["pid"]), 10, 0.05, what=f"worker {worker['pid']} to exit with its gateway")
 
 

@@ -40,6 +40,9 @@ def serve(host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, data_dir: Optional
     a log (a data dir this call created is removed again when the bind fails)."""
     import uvicorn
 
+    # one INFO line per health ping (httpx's request log) buried the shell of `seq serve &` and
+    # `python -m sequence_ai_server.gateway &` alike: both come through here
+    logging.getLogger("httpx").setLevel(logging.WARNING)
     try:
         config = ServerConfig.from_env(data_dir)
         if config.fake_gpus:            # the fake cards are read in full before anything is made
@@ -105,7 +108,6 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--ready-file", default=None)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s gateway %(levelname)s %(message)s")
-    logging.getLogger("httpx").setLevel(logging.WARNING)   # one INFO line per health ping buried `seq serve &`'s shell
     try:
         serve(args.host, args.port, Path(args.data_dir) if args.data_dir else None, args.ready_file,
               on_ready=lambda info: log.info("serving on %s (API key in %s)", info["url"], info["api_key_file"]))
