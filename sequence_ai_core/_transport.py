@@ -157,7 +157,9 @@ class Transports:
                 raise TransportError("the /act channel cannot be used: " + (
                     "the websockets package is not installed" if not _channel.available()
                     else f"the worker at {worker_url} has none"),
-                    hint="pip install websockets, or transport='auto' to fall back to HTTP")
+                    hint=("the same-host path (body_format='shm') needs the channel: pip install 'sequence-ai[fast]' "
+                          "(websockets) and a worker of this version" if self.shm else
+                          "pip install 'sequence-ai[fast]' (websockets), or transport='auto' to fall back to HTTP"))
             return False
         return True
 

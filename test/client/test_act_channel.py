@@ -294,6 +294,16 @@ def test_without_websockets_the_wire_falls_back_to_http(worker):
     assert done.stdout.split("\n")[:2] == ["OK 0 10", "SYNC 0 1.0"], done.stdout + done.stderr[-2000:]
 
 
+def test_the_same_host_path_without_websockets_names_the_extra_it_needs(monkeypatch):
+    from sequence_ai_core import TransportError, _transport
+    monkeypatch.setattr(_transport._channel, "available", lambda: False)
+    transports = _transport.Transports("auto", 5.0, lambda: None, shm=True)   # shm: the channel or nothing
+    with pytest.raises(TransportError) as caught:
+        transports.channel_ok("http://127.0.0.1:9")
+    assert "websockets" in str(caught.value) and "sequence-ai[fast]" in caught.value.hint
+    assert "transport='auto'" not in caught.value.hint          # auto cannot help: shm has no HTTP fallback
+
+
 def test_a_worker_without_the_channel_is_reached_over_http(worker):
     """An older worker answers the upgrade with 404: HTTP /act for that worker from then on."""
     async def go():
