@@ -109,6 +109,22 @@ def test_a_worker_crash_drops_its_sessions_and_raises_an_alert(env):
     assert _warming(gw).code == "warming" and len(launcher.started) == 2
 
 
+def test_a_renewal_after_a_crash_the_tick_has_not_seen_yet_is_refused(env):
+    """A robot whose channel was refused reconnects at once, often before the next control tick:
+    its renewal must not hand back the dead worker (the client would give up after a second
+    refused connection instead of meeting the cold start)."""
+    gw, clock, launcher, policy, events, _ = env
+    _deploy(gw, policy)
+    w = _serve(gw, clock, launcher, _spec())
+    conn = gw.sessions.connect(ConnectRequest(model="echo"))
+    w.crash(code=-9)
+    with pytest.raises(ApiError) as exc:
+        gw.sessions.renew(conn.session_id)                 # no tick in between
+    assert exc.value.code == "lease_expired"
+    assert [type(e) for e in events] == [WorkerCrashed] and gw.store.get("echo").status == "failed"
+    assert _warming(gw).code == "warming" and len(launcher.started) == 2
+
+
 def test_an_idle_worker_is_stopped_and_its_sessions_dropped(env):
     gw, clock, launcher, policy, events, _ = env
     _deploy(gw, policy)

@@ -440,7 +440,12 @@ class SessionService:
 
     def renew(self, session_id: str, key: Optional[KeyRecord] = None) -> ConnectResponse:
         """Extend a live lease by ttl_s (same session, same version). A lease that ran out, or one
-        from a worker that has since restarted, is 401 lease_expired: the client connects again."""
+        from a worker that has since restarted, is 401 lease_expired: the client connects again.
+        The session's worker is reconciled first (as a connect does): a robot renews right after
+        its connection was refused, usually before the control tick has seen the worker exit."""
+        held = self.table.get(session_id)
+        if held is not None:
+            self.supervisor.poll(held.side or held.model)
         with self._lock:
             sess = self.table.get(session_id)
             if sess is not None:
