@@ -28,7 +28,7 @@ bash scripts/bootstrap.sh test
 # without it every server, node and CLI process a test starts compiles the project's modules again
 # (0.2 s of CPU for a gateway's imports here) and each worker redoes pytest's assertion rewriting.
 unset PYTHONDONTWRITEBYTECODE
-workers=${SEQ_TEST_WORKERS:-2}
+workers=${SEQ_TEST_WORKERS:-4}
 if [ "$workers" = "0" ]; then
   exec scripts/in_loopback_ns.sh python -m pytest ${args[@]+"${args[@]}"}
 fi

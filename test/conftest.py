@@ -52,6 +52,8 @@ if _worker.startswith("gw") and _worker[2:].isdigit():
 import _schedule  # noqa: E402
 from _servers import ECHO_POLICY, GatewayProcess, WorkerProcess  # noqa: E402
 
+pytest_plugins = ["_cpu_report"]    # SEQ_TEST_CPU_REPORT=DIR: CPU seconds per file (test/_cpu_report.py)
+
 
 @pytest.hookimpl(tryfirst=True)          # before -m deselects by the markers added here
 def pytest_collection_modifyitems(config, items):
