@@ -9,7 +9,7 @@ from typing import Optional
 
 import httpx
 
-from sequence_ai_server.launchers.base import EventQueue, Exited, Phase, Ready, WorkerLaunchSpec
+from sequence_ai_server.launchers.base import EventQueue, Exited, Phase, Placed, Ready, WorkerLaunchSpec
 
 __all__ = ["Clock", "FakeWorker", "FakeLauncher", "play_pings"]
 
@@ -73,6 +73,10 @@ class FakeWorker:
         self.send_signal(signal.SIGKILL)
 
     # what the test makes it do
+    def placed(self, node: str) -> None:
+        """Its launcher put it on the cluster machine ``node`` (as the Ray launcher reports)."""
+        self._events.put(Placed(f"node {node}", node=node))
+
     def loading(self, spec: dict) -> None:
         self._events.put(Phase({"phase": "loading", "spec": spec}))
 

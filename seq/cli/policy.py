@@ -81,7 +81,8 @@ def policy_status(name: str, gateway: Optional[str] = GatewayOpt, api_key: Optio
             cards = ",".join(map(str, w.get("cards") or [])) or "cpu"
             slots = w.get("slots") or {}
             state = "ready" if w.get("ready") else "loading"
-            out.print(f"    {w['worker']}  pid {w.get('pid')}  {state}  card {cards}  slots "
+            node = f"  node {w['node'][:8]}" if w.get("node") else ""     # a Ray cluster's machine
+            out.print(f"    {w['worker']}  pid {w.get('pid')}  {state}{node}  card {cards}  slots "
                       f"{slots.get('used', 0)}/{slots.get('total', 1)}  robots {', '.join(w.get('robots') or []) or '-'}",
                       markup=False, highlight=False)
             line = _admission_line(w)

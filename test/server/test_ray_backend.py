@@ -8,6 +8,7 @@ direct: connect at the gateway, ``/act`` straight to the worker the actor runs (
 the fan-out front on rank 0's node)."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -139,7 +140,7 @@ def ray_cluster():
 def ray_gateway(ray_cluster, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("ray-gw")
     gw = GatewayProcess.start(tmp, env={"SEQ_BACKEND": "ray", "SEQ_RAY_ADDRESS": ray_cluster.address, **RAY_AUTH,
-                                        "SEQ_RAY_GPUS_PER_NODE": "1",
+                                        "SEQ_RAY_GPUS_PER_NODE": "1", "SEQ_CPU_WORKERS": "2",
                                         "GROUP_EPISODE_LOG": str(tmp / "group-episodes.log"),
                                         "EPISODE_LOG": str(tmp / "episodes.log")}, timeout=90)
     yield gw
@@ -351,9 +352,17 @@ def test_a_lost_group_member_stops_the_whole_group_and_the_next_connect_starts_a
 
 # ---------------------------------------------------------------- episodes on Ray
 
-def test_two_robots_with_episodes_each_stay_on_their_own_replica(ray_gateway):
+def test_two_robots_with_episodes_each_stay_on_their_own_replica(ray_gateway, tmp_path):
+    """Then a fleet on Ray: the policy may run two CPU workers (``max_gpus=2``), so a third robot
+    finds both slots of the first worker taken and a second worker starts as another Ray actor;
+    the status names each worker's Ray node; killing that actor takes only its own robot."""
     name = unique("ray-episodes")
-    dep = ray_gateway.deploy(EPISODES, name, wait=True, timeout=120)
+    src = Path(EPISODES).read_text()
+    assert src.count("@seq.policy(streaming=True)") == 1
+    fleet_file = tmp_path / "episode_fleet.py"
+    fleet_file.write_text(src.replace("@seq.policy(streaming=True)",
+                                      '@seq.policy(streaming=True, gpu="cpu", max_gpus=2, idle_timeout=600)'))
+    dep = ray_gateway.deploy(str(fleet_file), name, wait=True, timeout=120)
     assert dep["status"] == "ready", dep
     robots = {"a": ray_gateway.connect_ready(name, timeout=60), "b": ray_gateway.connect_ready(name, timeout=60)}
     assert robots["a"]["session_id"] != robots["b"]["session_id"]
@@ -368,7 +377,34 @@ def test_two_robots_with_episodes_each_stay_on_their_own_replica(ray_gateway):
         assert len({o["replica"] for o in outs}) == 1, (robot, outs)      # sticky: one replica per episode
         assert [o["steps"] for o in outs] == [1, 2, 3, 4], (robot, outs)
     assert seen["a"][0]["replica"] != seen["b"][0]["replica"]
-    ray_gateway.stop(name)                  # frees its actor's CPU for the tests after this one
+    _fleet_on_ray(ray_gateway, name, robots)
+    ray_gateway.stop(name)                  # frees its actors' CPUs for the tests after this one
+
+
+def _fleet_on_ray(gw, name: str, robots: dict) -> None:
+    """``name``'s first worker holds robots a and b (both its slots): robot c gets a second
+    worker, an actor of its own; each worker's status names the Ray node it landed on (a node
+    id, 56 hex digits); the actor killed, c's lease is gone and a and b renew on the first."""
+    first = robots["a"]["worker_url"]
+    assert robots["b"]["worker_url"] == first
+    c = gw.connect_ready(name, timeout=120)                 # warming while the second actor boots
+    assert c["worker_url"] != first
+    workers = gw.status(name)["workers"]
+    assert [(w["worker"], len(w["robots"])) for w in workers] == [(name, 2), (name + "#2", 1)], workers
+    assert all(len(w["node"] or "") == 56 and int(w["node"], 16) >= 0 for w in workers), workers
+    assert _act(c, {"observation": {"episode": "ep-c"}, "episode_id": "ep-c"}).status_code == 200
+    actor = _ray_actor_behind(gw, c["worker_url"])
+    second_pid = workers[1]["pid"]
+    os.kill(actor, signal.SIGKILL)                         # the actor dies; its worker follows it
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(second_pid, signal.SIGKILL)
+    eventually(lambda: [w["worker"] for w in gw.status(name)["workers"]] == [name], 60, 0.1,
+               what="the killed actor's worker gone from the fleet", detail=lambda: gw.log(name)[-2000:])
+    r = gw.client.post(f"/v1/sessions/{c['session_id']}/renew")
+    assert r.status_code == 401 and r.json()["code"] == "lease_expired", r.text
+    for robot in ("a", "b"):                               # the first worker's robots are untouched
+        r = gw.client.post(f"/v1/sessions/{robots[robot]['session_id']}/renew")
+        assert r.status_code == 200 and r.json()["worker_url"] == first, r.text
 
 
 # ---------------------------------------------------------------- the demo policy, versions and canary on Ray

@@ -320,6 +320,24 @@ def test_every_slot_taken_starts_another_worker_up_to_max_gpus_then_on_full(env,
     assert renewed.worker_url == "http://127.0.0.1:9001"
 
 
+def test_each_worker_of_a_fleet_shows_the_cluster_node_its_launcher_placed_it_on(env):
+    gw, clock, launcher, policy, _, _ = env
+    spec = _fleet_spec(idle_timeout=3600)
+    _deploy(gw, policy)
+    launcher.started[0].placed("node-a")                  # as a Ray launcher reports each actor's node
+    _serve(gw, clock, launcher, spec)
+    gw.sessions.connect(ConnectRequest(model="echo"))
+    n = len(launcher.started)
+    assert _warming(gw).code == "warming" and len(launcher.started) == n + 1
+    launcher.started[-1].placed("node-b")
+    launcher.started[-1].ready(spec, 9002)
+    gw.tick(clock.advance(0.1))
+    b = gw.sessions.connect(ConnectRequest(model="echo"))   # the robot lands on the worker with room
+    assert b.worker_url == "http://127.0.0.1:9002"
+    view = gw.deployments.status("echo").workers
+    assert [(w["worker"], w["node"], len(w["robots"])) for w in view] == [("echo", "node-a", 1), ("echo#2", "node-b", 1)]
+
+
 def test_min_workers_two_keeps_two_warm(env):
     gw, clock, launcher, policy, events, _ = env
     spec = _fleet_spec(min_workers=2, idle_timeout=10)

@@ -236,8 +236,9 @@ class DeploymentService:
 
     def _workers_view(self, row: DeploymentRow, on: dict[str, list]) -> list[dict]:
         """Each worker serving ``row``'s serving version: ``{"worker": key, "pid", "version",
-        "url", "ready", "cards": [index, ...] ([] for a CPU worker), "slots": {"used", "total"},
-        "robots": [session id, ...]}``, plus what admission knows of it (admission.py
+        "url", "ready", "cards": [index, ...] ([] for a CPU worker), "node": the cluster machine
+        its launcher placed it on (a Ray node id; None for a worker on this machine), "slots":
+        {"used", "total"}, "robots": [session id, ...]}``, plus what admission knows of it (admission.py
         ``Admission.view``: ``cost``, ``mean_batch``, ``act_p99_ms``, ``robot_p99_ms``, ``admission``), ``jammed``
         (when the health check last retired a jammed worker under this key), and ``"max_workers"``
         on the first (the fleet's cap; None: no cap of its own). ``on``: the sessions each
@@ -259,7 +260,7 @@ class DeploymentService:
             cards = sorted({i for c in claims if c.worker == key or (c.pid and c.pid == w.proc.pid) for i in c.cards})
             out.append({"worker": key, "pid": w.proc.pid, "version": w.version, "ready": ready,
                         "url": f"http://{host or '127.0.0.1'}:{port}" if ready and port else None,
-                        "cards": cards, "slots": {"used": len(robots), "total": _robot_slots(w.spec or row.spec, per)},
+                        "cards": cards, "node": w.node, "slots": {"used": len(robots), "total": _robot_slots(w.spec or row.spec, per)},
                         "robots": robots,
                         **self.sessions.admission.view(key, w.proc.pid, w.spec or row.spec,
                                                        [x.rate_hz for x in on.get(key, [])], robots),

@@ -16,7 +16,7 @@ from typing import Any, Optional
 from urllib.parse import urlsplit
 
 from sequence_ai_server.common.processes import EXIT_UNKNOWN, process_start, stop_process
-from sequence_ai_server.launchers.base import Exited, Failed, Log, Phase, Ready, Started
+from sequence_ai_server.launchers.base import Exited, Failed, Log, Phase, Placed, Ready, Started
 from sequence_ai_server.gateway.store import DeploymentRow
 
 __all__ = ["Role", "WorkerRecord", "worker_key", "STOP_GRACE_S", "JAMMED_GRACE_S", "KEEP_VERSIONS",
@@ -86,6 +86,7 @@ class WorkerRecord:
     retired_at: float = 0.0             # RETIRING: when it was told to stop (unix s)
     grace_s: float = STOP_GRACE_S       # RETIRING: how long it may drain before it is killed
     replacing_jammed: bool = False      # BUILD: started to replace a jammed serving worker (health.py)
+    node: Optional[str] = None          # the cluster machine its launcher placed it on (Placed.node); None: here
 
     # -- what the worker reports: its launcher's typed events (launch.py), consumed here so every
     # poller reads the same state
@@ -98,6 +99,8 @@ class WorkerRecord:
                 if self.log_handle is not None and ev.chunk:
                     with contextlib.suppress(ValueError, OSError):
                         self.log_handle.write(ev.chunk)
+            elif isinstance(ev, Placed):
+                self.node = ev.node
             elif isinstance(ev, Started):
                 if self.supervisor_file is not None and self.proc_start is None:
                     self.proc_start = process_start(ev.pid)     # started after its image environment was built

@@ -154,8 +154,11 @@ def platform_paths() -> list[str]:
 
 @dataclass(frozen=True)
 class Placed:
-    """The launcher found room for the worker (``where``: "local", or the Ray node / group)."""
+    """The launcher found room for the worker. ``where``: words for operators ("local", or the
+    Ray node / group); ``node``: which machine of a cluster runs it (an opaque id, the same for
+    every worker on that machine; rank 0's for a group), None on the gateway's own machine."""
     where: str
+    node: Optional[str] = None
 
 
 @dataclass(frozen=True)

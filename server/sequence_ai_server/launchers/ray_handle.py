@@ -138,7 +138,7 @@ class RayActorWorker:
         node = self._get([self.actors[0].node.remote()])[0]
         self.members[0].update(node_id=node["node_id"], node_ip=node["ip"], actor_pid=node["actor_pid"])
         self.actor_pid = node["actor_pid"]
-        self._queue.put(Placed(f"ray node {node['node_id'][:8]} ({node['ip']})"))
+        self._queue.put(Placed(f"ray node {node['node_id'][:8]} ({node['ip']})", node=node["node_id"]))
         self.actors[0].launch.remote(self.spec, self._base_env)
 
     def _watch(self) -> None:
@@ -270,7 +270,8 @@ class RayGroupWorker(RayActorWorker):
             group = {"RANK": rank, "WORLD_SIZE": world, "MASTER_ADDR": master, "MASTER_PORT": port, "LOCAL_RANK": 0}
             a.launch.remote(self.spec, self._base_env, group)
         self.actor_pid = nodes[0]["actor_pid"]
-        self._queue.put(Placed(f"ray group of {world} on nodes {', '.join(n['node_id'][:8] for n in nodes)}"))
+        self._queue.put(Placed(f"ray group of {world} on nodes {', '.join(n['node_id'][:8] for n in nodes)}",
+                               node=nodes[0]["node_id"]))
         self._log(0, f"group of {world}: rank 0 on {master} (MASTER_PORT {port}); nodes "
                      f"{', '.join(n['node_id'][:8] for n in nodes)}\n".encode())
 
