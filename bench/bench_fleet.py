@@ -4,6 +4,7 @@ and how many two workers on two (fake) cards serve.
     . scripts/env.sh && scripts/in_loopback_ns.sh python bench/bench_fleet.py \
         [--robots 1,2,4,8,16,32,64,96,128] [--seconds 20] [--procs 2] [--variants serial,fifo,edf] \
         [--mixed 24] [--two-cards 32,192] [--base-ms 40] [--item-ms 2] [--max-batch 16] [--max-inputs 256]
+    ... python bench/bench_fleet.py --backend ray [--ray-robots 128,256] [--seconds 20]
 
 The policy costs like a GPU model: one ``infer`` call sleeps ``--base-ms`` (40) + ``--item-ms``
 (2) per batch item, with the GIL released (``time.sleep``), so the worker's CPU is what the
@@ -48,7 +49,16 @@ workers' and the clients' CPU (CPU s per wall s, /proc/PID/stat; 1.0 = one core 
 
 ``--mixed N`` adds the mixed-rate case on one replica: N/2 robots needing a chunk every 540 ms
 (27 rows at 50 Hz, the 15 Hz rhythm) and N/2 every 160 ms (8 rows at 50 Hz), fifo against edf,
-reported per group. Prints figures; no pass/fail.
+reported per group.
+
+``--backend ray``: the same policy and default client (edf) on a Ray cluster of two nodes on
+127.0.0.1 (bench_ray.py's: a head with 4 CPUs and a second node with 2, one logical GPU each,
+so ``gpu="L4"`` workers go one per node); the gateway runs ``SEQ_BACKEND=ray``. One worker
+(``max_gpus=1``) is offered the first of ``--ray-robots``, then two workers (``max_gpus=2``:
+admission starts the second when the first is full, and Ray places it on the other node) the
+second. Per worker: its Ray node (from the deployment's status), robots, underruns and the
+worst robot's p99; per fleet: admitted, refused, req/s, batch, CPU, load; and the robots served
+with no underrun by two workers against one. Prints figures; no pass/fail.
 """
 from __future__ import annotations
 
@@ -64,6 +74,7 @@ from pathlib import Path
 from typing import Any, Dict, List
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "bench"))
 sys.path.insert(0, str(ROOT / "test"))
 sys.path.insert(0, str(ROOT / "server"))
 sys.path.insert(0, str(ROOT))
@@ -333,7 +344,12 @@ def main() -> int:
     ap.add_argument("--max-batch", type=int, default=16, help="@seq.batched(max_batch_size=...)")
     ap.add_argument("--max-inputs", type=int, default=256, help="@seq.concurrent(max_inputs=...): the robot cap")
     ap.add_argument("--serial-max", type=int, default=32, help="largest N the serial variant runs")
+    ap.add_argument("--backend", default="local", choices=("local", "ray"),
+                    help="ray: one worker, then two spread over a 2-node loopback Ray cluster (--ray-robots)")
+    ap.add_argument("--ray-robots", default="128,256", help="--backend ray: robots offered to one worker, then to two")
     opts = ap.parse_args()
+    if opts.backend == "ray":
+        return ray_main(opts)
     sizes = [int(x) for x in opts.robots.split(",") if x.strip()]
     two = [int(x) for x in opts.two_cards.split(",") if x.strip()]
     variants = [v.strip() for v in opts.variants.split(",") if v.strip()]
@@ -385,6 +401,78 @@ def main() -> int:
           " the worker marked past their deadline / answers to requests that claimed one; dl p50: the median"
           " deadline_ms claimed; CPU: CPU s per wall s, the workers and the clients summed; load1 at the end of"
           f" each fleet); load average at the end {os.getloadavg()[0]:.2f}")
+    return 0
+
+
+# ----------------------------------------------------------------- --backend ray
+
+def _per_worker(gw, model: str, r: Dict[str, Any]) -> List[Dict[str, Any]]:
+    """The admitted robots of ``r`` grouped by the worker they landed on: ``worker`` (its key),
+    ``node`` (the Ray node id its status names), ``robots``, ``underruns``, ``with_underruns``,
+    ``p99`` (the worst robot's p99 round trip, ms)."""
+    by_url = {w["url"]: w for w in _workers(gw, model)}
+    out = []
+    for url in sorted({x["worker"] for x in r["robots"]}):
+        mine = [x for x in r["robots"] if x["worker"] == url and "error" not in x]
+        w = by_url.get(url, {})
+        s = summarize(r, mine)
+        out.append({"worker": w.get("worker", url), "node": w.get("node"), "robots": len(mine),
+                    "underruns": s["underruns"], "with_underruns": s["with_underruns"], "p99": s["p99"]})
+    return out
+
+
+def ray_main(opts) -> int:
+    """The cost-model policy (edf: the default client) on a Ray head plus a second node, both on
+    127.0.0.1 with one logical GPU each, so a worker of ``gpu="L4"`` fits one per node: one
+    worker (max_gpus=1) offered the first of ``--ray-robots``, then two workers (max_gpus=2, the
+    second started by admission when the first is full, placed by Ray on the other node) offered
+    the second. Prints each worker's node, robots, underruns and p99, the refusals, and the ratio
+    of robots served with no underrun, two workers against one."""
+    import bench_ray
+
+    from _servers import GatewayProcess
+
+    one, two = [int(x) for x in opts.ray_robots.split(",")][:2]
+    print(f"Ray backend, 2-node loopback cluster (head: 4 CPUs, 1 GPU; node 2: 2 CPUs, 1 GPU; gpu=\"L4\" workers);"
+          f" infer {opts.base_ms:g} ms + {opts.item_ms:g} ms per item, max_batch {opts.max_batch}; 8 rows at 15 Hz;"
+          f" {opts.seconds:g} s per fleet; {os.cpu_count()} CPUs; load average at start {os.getloadavg()[0]:.2f}",
+          flush=True)
+    procs, address = bench_ray.start_cluster(group=True)
+    served = {}
+    with tempfile.TemporaryDirectory() as tmp_s:
+        tmp = Path(tmp_s)
+        gw = None
+        try:
+            gw = GatewayProcess.start(tmp, env={"SEQ_BACKEND": "ray", "SEQ_RAY_ADDRESS": address, **bench_ray.RAY_AUTH,
+                                                "SEQ_WORKER_MAX_CONNECTIONS": "512"}, timeout=90)
+            for cards, n in ((1, one), (2, two)):
+                name = f"fleet-ray-{cards}"
+                deploy(gw, tmp, name, True, 15.0, opts, cards=cards)
+                r = run_fleet(gw, name, [8] * n, True, opts)
+                s = summarize(r, r["robots"])
+                served[cards] = s["robots"] - s["with_underruns"]
+                print(f"{cards} worker(s), {n} robots offered: admitted {s['robots']}, refused {r['refused']},"
+                      f" underruns {s['underruns']} ({s['with_underruns']} robots), p50 {s['p50']:.1f} ms,"
+                      f" p99 {s['p99']:.1f} ms, {s['rps']:.1f} req/s, batch {s['batch']:.2f},"
+                      f" late {s['late']}/{s['claimed']}, worker CPU {r['worker_cpu']:.2f},"
+                      f" client CPU {r['clients_cpu']:.2f}, load1 {r['load1']:.2f}", flush=True)
+                for w in _per_worker(gw, name, r):
+                    print(f"    {w['worker']:>14}  node {str(w['node'])[:8]}  robots {w['robots']:>4}"
+                          f"  underruns {w['underruns']:>4} ({w['with_underruns']} robots)  p99 {w['p99']:.1f} ms",
+                          flush=True)
+                for e in r["errors"][:3]:
+                    print(f"     error: {e}")
+                if r["reasons"]:
+                    print(f"     refused ({len(r['reasons'])}), e.g.: {r['reasons'][0][:300]}")
+                gw.stop(name)
+        finally:
+            if gw is not None:
+                gw.close()
+            bench_ray.stop_cluster(procs)
+    if served.get(1):
+        print(f"robots served with no underrun: two workers {served[2]}, one {served[1]}:"
+              f" {served[2] / served[1]:.2f}x")
+    print(f"load average at the end {os.getloadavg()[0]:.2f}")
     return 0
 
 
