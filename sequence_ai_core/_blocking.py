@@ -24,8 +24,8 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from . import _channel, _shm
-from .protocol import ANSWER_BINARY, ANSWER_HEADER, MAX_BODY_BYTES
+from . import _channel, _local, _shm
+from .protocol import ANSWER_BINARY, ANSWER_HEADER, LOCAL_HEADER, MAX_BODY_BYTES
 
 __all__ = ["BlockingChannel", "available"]
 
@@ -58,7 +58,8 @@ class BlockingChannel:
         token: the direct secret / lease token it is opened with (``Authorization: Bearer``).
         timeout_s: how long a request may take, send and answer together (s).
         shm: send binary bodies' frames through a shared-memory segment (the same-host path,
-            ``_shm``; the worker must run on this machine as this user).
+            ``_shm``; the worker must run on this machine as this user); the messages then go
+            over the worker's same-host door (a Unix socket, ``_local``) when it names one.
     """
 
     def __init__(self, worker_url: str, token: str, timeout_s: float, shm: bool = False) -> None:
@@ -66,6 +67,7 @@ class BlockingChannel:
         self.segment = _shm.ShmSegment() if shm else None
         self._sock: Optional[socket.socket] = None
         self._proto: Any = None
+        self.local: Optional[_local.LocalSocket] = None   # the same-host door, once opened
         self._seq = 0
         self._partial: List[bytes] = []
         self.requests = 0
@@ -74,7 +76,7 @@ class BlockingChannel:
     @property
     def open(self) -> bool:
         """True while the websocket is open."""
-        return self._sock is not None
+        return self._sock is not None or self.local is not None
 
     def connect(self) -> Optional[httpx.Response]:
         """Open the websocket. -> None when open, or the worker's refusal (401/503 with our error
@@ -99,6 +101,8 @@ class BlockingChannel:
             request = proto.connect()
             request.headers["Authorization"] = f"Bearer {self.token}"
             request.headers[ANSWER_HEADER] = ANSWER_BINARY
+            if self.segment is not None:
+                request.headers[LOCAL_HEADER] = "1"
             proto.send_request(request)
             self._flush(deadline)
             response = None
@@ -113,13 +117,37 @@ class BlockingChannel:
             raise
         if proto.handshake_exc is None:
             self.binary_answers = response.headers.get(ANSWER_HEADER) == ANSWER_BINARY
-            return None
+            return self._enter_door(response.headers.get(LOCAL_HEADER), deadline)
         self.abort()
         body = bytes(response.body or b"")
         if response.status_code in (401, 503) and body.startswith(b"{"):
             return httpx.Response(response.status_code, content=body, headers={"content-type": "application/json"})
         raise _channel.ChannelUnsupported(f"{self.worker_url} answered the channel upgrade with "
                                           f"{response.status_code}")
+
+    def _enter_door(self, path: Optional[str], deadline: float) -> Optional[httpx.Response]:
+        """Move to the worker's same-host door at ``path`` (None: it named none) and close the
+        websocket. -> None, or the door's refusal of the token as an httpx.Response (401/503).
+        A door that cannot be opened or is not the worker's leaves the websocket in use."""
+        if not path:
+            return None
+        try:
+            self.local = _local.LocalSocket.open(path, self.token, deadline)
+        except _local.DoorRefused as exc:
+            self.abort()
+            return httpx.Response(exc.status, content=exc.body, headers={"content-type": "application/json"})
+        except OSError:
+            return None
+        self.binary_answers = True            # the door always answers 200s in the binary form
+        sock, self._sock = self._sock, None
+        try:
+            self._proto.send_close(1000)
+            for chunk in self._proto.data_to_send():
+                sock.sendall(chunk)
+        except OSError:
+            pass
+        sock.close()
+        return None
 
     def _dial(self, url: str, deadline: float) -> None:
         """Connect (TCP, then TLS for wss) and hold the socket in ``_sock`` from its creation on,
@@ -160,6 +188,8 @@ class BlockingChannel:
         deadline = time.monotonic() + self.timeout_s
         self._seq = (self._seq + 1) & 0xFFFFFFFF
         seq = self._seq
+        if self.local is not None:
+            return self._request_local(seq, content, binary, deadline)
         proto = self._proto
         sent = False
         try:
@@ -197,11 +227,44 @@ class BlockingChannel:
             self.abort()
             raise
 
+    def _request_local(self, seq: int, content: bytes, binary: bool, deadline: float) -> httpx.Response:
+        """``request`` over the same-host door: the same message, answer and errors (a closed
+        door is ChannelDropped; a message over the worker's limit closes it too)."""
+        local, sent = self.local, False
+        try:
+            local.take_pending()
+            local.send(_channel.request_message(seq, content, binary, self.segment))
+            sent = True
+            while True:
+                message = local.receive(deadline)
+                if len(message) >= _channel._ANSWER_HEAD.size:
+                    got, status = _channel._ANSWER_HEAD.unpack_from(message)
+                    if got == seq:
+                        self.requests += 1
+                        self.segment.answered()
+                        return _channel.answer_response(status, message[_channel._ANSWER_HEAD.size:], True)
+        except socket.timeout as exc:
+            self.abort()
+            raise TimeoutError(f"no /act answer within {self.timeout_s:g} s") from exc
+        except OSError as exc:
+            self.abort()
+            dropped = _channel.ChannelDropped(f"the same-host door of {self.worker_url} failed: {exc!r}")
+            dropped.sent = sent
+            raise dropped from exc
+        except BaseException:          # Ctrl-C mid-request: the channel's state is unknown
+            self.abort()
+            raise
+
     def refresh(self, token: str) -> None:
         """Hand the worker ``token`` (a renewed lease of this session) for the requests that follow
         (a ``{"token": ...}`` text message; not waited for: the worker reads it before the next
         request). Raises ChannelDropped when the websocket is closed or fails."""
         try:
+            if self.local is not None:
+                self.local.take_pending()
+                self.local.send(json.dumps({"token": token}).encode(), 1)
+                self.token = token
+                return
             self._take_pending()
             self._proto.send_text(json.dumps({"token": token}).encode())
             self._flush(time.monotonic() + min(_channel.OPEN_TIMEOUT_S, self.timeout_s))
@@ -289,6 +352,9 @@ class BlockingChannel:
     def abort(self) -> None:
         """Close the socket at once (no closing handshake). Idempotent."""
         sock, self._sock = self._sock, None
+        if self.local is not None:
+            self.local.close()
+            self.local = None
         if self.segment is not None:
             self.segment.close()        # the next channel makes its own
         if sock is not None:

@@ -31,6 +31,7 @@ import base64
 import binascii
 import json
 import sys
+import struct
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Tuple
 
@@ -41,7 +42,7 @@ __all__ = [
     "CameraSpec", "ObservationSpec", "ActionSpec", "Contract", "DELAY_MODES", "DELAY_FIELDS",
     "ACT_CHANNEL_PATH", "CHANNEL_FORMAT_JSON", "CHANNEL_FORMAT_BINARY", "CHANNEL_FORMAT_SHM", "RAW_ENCODING", "SHM_DIR", "shm_name", "valid_shm_name", "encode_shm_head", "decode_shm_head",
     "DEADLINE_FIELDS", "MAX_DEADLINE_MS",
-    "ANSWER_HEADER", "ANSWER_BINARY", "BINARY_ANSWER_CONTENT_TYPE", "encode_act_answer", "decode_act_answer",
+    "ANSWER_HEADER", "ANSWER_BINARY", "LOCAL_HEADER", "LOCAL_FRAME", "BINARY_ANSWER_CONTENT_TYPE", "encode_act_answer", "decode_act_answer",
 ]
 
 #: The delay modes a policy may declare (``seq.ActionContract(delay_modes=...)``).
@@ -85,6 +86,14 @@ _SHM_PREFIX, _SHM_HEX = "seq-", 32
 ANSWER_HEADER = "x-seq-answer"
 ANSWER_BINARY = "rows-f64"
 BINARY_ANSWER_CONTENT_TYPE = "application/vnd.sequence-ai.answer+bin"
+# The same-host door: a client of the shm path sends ``LOCAL_HEADER: 1`` on the channel's upgrade;
+# a worker that has one answers with the path of its Unix socket in the same header, and the
+# client may carry the channel's messages over it instead of the websocket. Each message there is
+# ``LOCAL_FRAME`` (kind u8: 0 binary, 1 text; length u32) then that many bytes; the first one the
+# client sends is its token as text, answered by one binary answer message (seq 0; status 200,
+# else the error body); the rest are the channel's messages as the websocket carries them.
+LOCAL_HEADER = "x-seq-local"
+LOCAL_FRAME = struct.Struct(">BI")
 
 
 # ---------------------------------------------------------------- the /act framing

@@ -10,6 +10,8 @@ import json
 import os
 import secrets
 import signal
+import socket
+import stat
 import struct
 import subprocess
 import sys
@@ -25,7 +27,7 @@ from _wait import eventually
 from sequence_ai_core._shm import ShmSegment, shm_message
 from sequence_ai_core._transport import Transports
 from sequence_ai_core._wire import Session, WorkerLink
-from sequence_ai_core.protocol import (ANSWER_BINARY, ANSWER_HEADER, SHM_DIR, FramingError, decode_act_answer,
+from sequence_ai_core.protocol import (ANSWER_BINARY, ANSWER_HEADER, LOCAL_HEADER, SHM_DIR, FramingError, decode_act_answer,
                                        encode_act_answer, encode_act_body, encode_shm_head, shm_name)
 
 PIXEL = str(Path(__file__).resolve().parents[1] / "policies" / "pixel_policy.py")
@@ -169,6 +171,8 @@ def test_the_same_host_path_carries_raw_frames_and_leaves_no_segment(worker, fac
             assert pred.action_chunk.actions == [_expected(frame)]
         channel = wire.transports.current
         assert channel.segment is not None and channel.requests == 3
+        # the blocking channel carries the messages over the worker's same-host door (a Unix socket)
+        assert (getattr(channel, "local", None) is not None) == (face == "blocking")
         assert wire.last_request_bytes > 24 * 32 * 3          # the body encoded; its frames went by the segment
         path = os.path.join(SHM_DIR, channel.segment.name)
         assert not channel.segment.linked and not os.path.exists(path)    # unlinked once the worker answered
@@ -176,6 +180,59 @@ def test_the_same_host_path_carries_raw_frames_and_leaves_no_segment(worker, fac
         loop.run_until_complete(wire.aclose())
         loop.close()
     assert channel.segment._map is None and not os.path.exists(path)   # unmapped with its channel
+
+
+def _door_frame(sock, kind: int, data: bytes) -> None:
+    sock.sendall(struct.pack(">BI", kind, len(data)) + data)
+
+
+def _door_answer(sock) -> tuple:
+    head = sock.recv(5, socket.MSG_WAITALL)
+    kind, size = struct.unpack(">BI", head)
+    data = sock.recv(size, socket.MSG_WAITALL)
+    return kind, struct.unpack_from(">IH", data), data[6:]
+
+
+def test_the_same_host_door_is_private_checks_every_token_and_follows_a_renewal(worker):
+    with _ws(worker, answer=True) as ws:
+        assert ws.response.headers.get(LOCAL_HEADER) is None          # not asked for: not named
+    headers = {"Authorization": f"Bearer {worker.secret}", LOCAL_HEADER: "1"}
+    with ws_connect(f"ws://127.0.0.1:{worker.port}/act/ws", proxy=None, additional_headers=headers) as ws:
+        path = ws.response.headers[LOCAL_HEADER]
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600 and stat.S_IMODE(os.stat(os.path.dirname(path)).st_mode) == 0o700
+    with socket.socket(socket.AF_UNIX) as sock:                      # a wrong token: 401, then closed
+        sock.settimeout(30)
+        sock.connect(path)
+        _door_frame(sock, 1, b"not-the-secret")
+        kind, (seq, status), body = _door_answer(sock)
+        assert (kind, seq, status) == (0, 0, 401) and json.loads(body)["code"] == "unauthorized"
+        assert sock.recv(1) == b""
+    with socket.socket(socket.AF_UNIX) as sock:                      # the secret, then a token that is not good
+        sock.settimeout(30)
+        sock.connect(path)
+        _door_frame(sock, 1, worker.secret.encode())
+        assert _door_answer(sock)[1] == (0, 200)
+        _door_frame(sock, 1, json.dumps({"token": "revoked-or-forged"}).encode())
+        content, _ = encode_act_body({"observation": _obs(_frame(30), "jpeg"), "params": {}}, True)
+        _door_frame(sock, 0, struct.pack(">IB", 7, 1) + content)
+        kind, (seq, status), body = _door_answer(sock)
+        assert (seq, status) == (7, 401), body                          # checked per request, as on the websocket
+        _door_frame(sock, 0, b"\0" * 3)
+        assert _door_answer(sock)[0] == 1                                # not a request: the text error message
+        _door_frame(sock, 0, struct.pack(">IB", 8, 1) + content)
+        assert _door_answer(sock)[1] == (8, 401)                         # the connection stays usable
+    wire = _link(worker, "shm")
+    loop = asyncio.new_event_loop()
+    try:
+        frame = _frame(31)
+        assert wire.act_blocking(_obs(frame), loop.run_until_complete).action_chunk.actions == [_expected(frame)]
+        channel = wire.transports.current
+        channel.refresh(worker.secret)                                  # a renewal goes over the door too
+        assert wire.act_blocking(_obs(frame), loop.run_until_complete).action_chunk.actions == [_expected(frame)]
+        assert channel.local is not None and channel.requests == 2
+    finally:
+        loop.run_until_complete(wire.aclose())
+        loop.close()
 
 
 def test_the_same_host_path_needs_the_channel():

@@ -62,11 +62,12 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from sequence_ai_core.protocol import (ACT_CHANNEL_PATH, ANSWER_BINARY, ANSWER_HEADER, BINARY_CONTENT_TYPE,
                                        CHANNEL_FORMAT_BINARY, CHANNEL_FORMAT_JSON, CHANNEL_FORMAT_SHM,
-                                       JSON_CONTENT_TYPE)
+                                       JSON_CONTENT_TYPE, LOCAL_HEADER)
 
 from sequence_ai_server.common.errors import ApiError, new_request_id
 from sequence_ai_server.worker.act import ActPipeline
 from sequence_ai_server.worker.connections import MAX_CONNECTIONS
+from sequence_ai_server.worker.local import LocalDoor
 from sequence_ai_server.worker.shm import ChannelSegments
 
 __all__ = ["add_act_channel", "ACT_CHANNEL_PATH", "MAX_CONNECTIONS", "MAX_CONTROL_CHARS", "MAX_IN_FLIGHT",
@@ -235,7 +236,10 @@ class _Channel:
 
 def add_act_channel(app: Any, act: ActPipeline) -> None:
     """Add the ``/act/ws`` websocket route to the worker ``app``; ``act``: the worker's
-    ``ActPipeline`` (its credentials, limits, capture, meter and connection budget)."""
+    ``ActPipeline`` (its credentials, limits, capture, meter and connection budget). A client
+    that asks with ``protocol.LOCAL_HEADER`` is told the same-host door's socket (``local.py``)."""
+    door = LocalDoor(act, lambda conn, token: _Channel(conn, token, act, True).serve(),
+                     channel_max_size(act.max_body_bytes))
 
     @app.websocket(ACT_CHANNEL_PATH)
     async def act_channel(websocket: WebSocket) -> None:
@@ -244,8 +248,13 @@ def add_act_channel(app: Any, act: ActPipeline) -> None:
         if token is None:
             return
         binary_answer = websocket.headers.get(ANSWER_HEADER, "") == ANSWER_BINARY
+        headers = [(ANSWER_HEADER.encode(), ANSWER_BINARY.encode())] if binary_answer else []
         try:
-            await websocket.accept(headers=[(ANSWER_HEADER.encode(), ANSWER_BINARY.encode())] if binary_answer else None)
+            if websocket.headers.get(LOCAL_HEADER) == "1":
+                path = await door.address()
+                if path is not None:
+                    headers.append((LOCAL_HEADER.encode(), path.encode()))
+            await websocket.accept(headers=headers or None)
             await _Channel(websocket, token, act, binary_answer).serve()
         finally:
             act.budget.release()

@@ -1,0 +1,121 @@
+"""The client's side of the same-host door: the /act channel over the worker's Unix socket.
+
+A blocking channel on the shared-memory path (``_blocking.BlockingChannel(shm=True)``) asks for
+the door on its upgrade (``protocol.LOCAL_HEADER``); when the worker names a socket, the channel
+opens it with :meth:`LocalSocket.open` and sends its messages there (framing: ``protocol`` and the
+worker's ``local.py``), closing the websocket. Before the token goes out the socket must be the
+worker's own: a socket file owned by this user, and a peer process of this user
+(``SO_PEERCRED``); otherwise, or on any failure to open, the channel stays on its websocket.
+"""
+from __future__ import annotations
+
+import os
+import select
+import socket
+import stat
+import struct
+import time
+from typing import Optional
+
+from .protocol import LOCAL_FRAME
+
+__all__ = ["LocalSocket", "DoorRefused"]
+
+_ANSWER_HEAD = struct.Struct(">IH")
+_PEER = struct.Struct("3i")
+_RECV_BYTES = 1 << 16
+
+
+class DoorRefused(ConnectionError):
+    """The door answered the token with an error: ``status`` and ``body`` (the JSON error body)."""
+
+    def __init__(self, status: int, body: bytes) -> None:
+        super().__init__(f"the worker's same-host door refused the token ({status})")
+        self.status, self.body = status, body
+
+
+class LocalSocket:
+    """One connection to a worker's door. Not thread-safe. ``send`` / ``receive`` raise OSError
+    (``socket.timeout`` past the deadline) and ConnectionError when the worker closed it."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self._buf = bytearray()
+
+    @classmethod
+    def open(cls, path: str, token: str, deadline: float) -> "LocalSocket":
+        """Connect to ``path``, check it is the worker's (this user's socket and peer), send
+        ``token`` and read the door's answer. Raises PermissionError (not this user's),
+        DoorRefused, OSError."""
+        info = os.lstat(path)
+        if not stat.S_ISSOCK(info.st_mode) or info.st_uid != os.geteuid():
+            raise PermissionError(f"{path} is not a socket of this user")
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.settimeout(max(0.001, deadline - time.monotonic()))
+            sock.connect(path)
+            _, uid, _ = _PEER.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEER.size))
+            if uid != os.geteuid():
+                raise PermissionError(f"the process behind {path} is not this user's")
+            door = cls(sock)
+            door.send(token.encode(), 1)
+            answer = door.receive(deadline)
+            _, status = _ANSWER_HEAD.unpack_from(answer)
+            if status != 200:
+                raise DoorRefused(status, bytes(answer[_ANSWER_HEAD.size:]))
+            return door
+        except BaseException:
+            sock.close()
+            raise
+
+    def send(self, message: bytes, kind: int = 0) -> None:
+        """Send one message (``kind`` 0 binary, 1 text) whole."""
+        self.sock.sendall(LOCAL_FRAME.pack(kind, len(message)) + message)
+
+    def receive(self, deadline: float) -> bytes:
+        """The next binary message (text ones, errors with no ``seq``, are skipped)."""
+        while True:
+            buf = self._buf
+            if len(buf) >= LOCAL_FRAME.size:
+                kind, size = LOCAL_FRAME.unpack_from(buf)
+                end = LOCAL_FRAME.size + size
+                if len(buf) >= end:
+                    message = bytes(buf[LOCAL_FRAME.size:end])
+                    del buf[:end]
+                    if kind == 0:
+                        return message
+                    continue
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise socket.timeout("timed out")
+            self.sock.settimeout(remaining)
+            data = self.sock.recv(_RECV_BYTES)
+            if not data:
+                raise ConnectionResetError("the worker closed the same-host door")
+            buf += data
+
+    def take_pending(self) -> None:
+        """Read what arrived while idle without waiting and drop its whole messages (no request
+        is outstanding: late answers). Raises ConnectionResetError when the worker closed it."""
+        while select.select([self.sock], [], [], 0)[0]:
+            self.sock.setblocking(False)
+            try:
+                data = self.sock.recv(_RECV_BYTES)
+            except BlockingIOError:
+                break
+            if not data:
+                raise ConnectionResetError("the worker closed the same-host door")
+            self._buf += data
+        buf = self._buf
+        while len(buf) >= LOCAL_FRAME.size and len(buf) >= LOCAL_FRAME.size + LOCAL_FRAME.unpack_from(buf)[1]:
+            del buf[:LOCAL_FRAME.size + LOCAL_FRAME.unpack_from(buf)[1]]
+
+    def close(self) -> None:
+        """Close the socket (idempotent)."""
+        sock: Optional[socket.socket] = self.sock
+        if sock is not None:
+            self.sock = None
+            try:
+                sock.close()
+            except OSError:
+                pass
