@@ -338,6 +338,25 @@ def test_each_worker_of_a_fleet_shows_the_cluster_node_its_launcher_placed_it_on
     assert [(w["worker"], w["node"], len(w["robots"])) for w in view] == [("echo", "node-a", 1), ("echo#2", "node-b", 1)]
 
 
+def test_a_launcher_that_refuses_another_worker_as_deployment_full_gets_on_full_not_an_error(env):
+    """The Ray launcher counts a deployment's side workers against max_gpus, as the local card pool
+    does; the gateway's fleet cap does not: its refusal then answers the robot per on_full."""
+    gw, clock, launcher, policy, _, _ = env
+    spec = _fleet_spec(on_full="reject", idle_timeout=3600)
+    _deploy(gw, policy)
+    _serve(gw, clock, launcher, spec)
+    gw.sessions.connect(ConnectRequest(model="echo"))
+    start = launcher.start
+
+    def full(spec, log_handle):
+        if spec.role == "extra":
+            raise ApiError("deployment_full", "'echo' already runs 2 worker(s)", details={"reason": "deployment_full"})
+        return start(spec, log_handle)
+    launcher.start = full
+    err = _warming(gw)
+    assert err.code == "deployment_full" and len(launcher.started) == 1, (err.code, err.detail)
+
+
 def test_min_workers_two_keeps_two_warm(env):
     gw, clock, launcher, policy, events, _ = env
     spec = _fleet_spec(min_workers=2, idle_timeout=10)

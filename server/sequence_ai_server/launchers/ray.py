@@ -183,9 +183,12 @@ class RayLauncher:
         """Place one worker actor for ``spec`` -- or, for ``gpu="TYPE:N"`` past one machine, a
         placement group of members -- and return its handle at once (placement and boot happen
         in the background; ``log_handle`` is unused: the output comes as Log events).
-        Raises ``ApiError("invalid_request")`` when the deployment already runs ``max_gpus``
-        worth of workers, its card count is not whole machines (see ``group_layout``), or it
-        declares an ``image=`` with build steps (built by the local launcher only)."""
+        Raises ``ApiError("deployment_full")`` (``details.reason`` too, as the local card pool
+        words it, so the gateway answers a connect per ``on_full``) when the deployment's
+        workers already hold its ``max_gpus`` -- a build is not counted and not refused: it
+        replaces the serving worker -- and ``ApiError("invalid_request")`` when its card count
+        is not whole machines (see ``group_layout``) or it declares an ``image=`` with build
+        steps (built by the local launcher only)."""
         from sequence_ai_server.common.errors import ApiError
         name, resources = spec.name, spec.resources
         if spec.image:
@@ -199,10 +202,11 @@ class RayLauncher:
         cap = max_workers(resources)
         with self._lock:
             live = self._live.setdefault(name, set())
-            if cap is not None and len(live) >= cap:
-                raise ApiError("invalid_request",
-                               f"{name} already runs {len(live)} worker(s), the most max_gpus={resources['max_gpus']} allows",
-                               hint="raise max_gpus in @seq.policy, or stop a worker first")
+            if cap is not None and spec.role != "build" and len(live) >= cap:
+                raise ApiError("deployment_full",
+                               f"{name!r} already runs {len(live)} worker(s), the most max_gpus={resources['max_gpus']} "
+                               "allows", hint="raise max_gpus in @seq.policy, or stop a worker first",
+                               details={"reason": "deployment_full", "max_gpus": resources["max_gpus"], "held": len(live)})
         base_env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
         handle = self._place(spec, members, opts, base_env, live)
         with self._lock:
