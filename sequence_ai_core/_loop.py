@@ -162,6 +162,7 @@ class ControlLoop:
         self.fetch_started = 0.0
         self.fetch_version = 0
         self.fetch_obs_at = 0.0          # when the request in flight's observation was taken (loop clock)
+        self.fetch_observation: Any = None   # the observation the request in flight carries (observe()'s own object)
         self.obs_to_action: list = []    # s from an observation to the first action played from its chunk
         self.fetch_k = 0                 # actions executed when the request in flight observed
         self.fetch_info: Dict[str, Any] = {}
@@ -458,6 +459,7 @@ class ControlLoop:
         self.fetch_started = self.now()
         observation = await _call(self.cfg.observe)
         obs_time, self.fetch_obs_at = time.time(), self.now()
+        self.fetch_observation = observation
         instruction, version = self.p._instruction_now()
         wire = self.p._check(observation_to_wire(observation, instruction))
         try:
@@ -515,7 +517,9 @@ class ControlLoop:
             self._print.note(f"worker warning: {warning}")
         info = dict(delay_steps=sent.get("delay_steps") or 0, arrival_left_s=self.buffer.seconds_left(
             self.pacer.period_s if self.pacer is not None else 1.0 / _DEFAULT_HZ))
-        tag = (self.fetch_version, prediction, self.fetch_obs_at)
+        # (instruction version, answer, when its observation was taken, that observation): a
+        # chunk carries the observation it was computed on (the ROS driver pairs its camera stamps)
+        tag = (self.fetch_version, prediction, self.fetch_obs_at, self.fetch_observation)
         if self.merge == "replace":
             self.buffer.push(chunk, tag=tag, consumed=consumed, **info)
             return True

@@ -45,7 +45,7 @@ from sequence_ai_msgs.srv import CheckSuccess
 from ..bag import events as _capture
 from ..observation import SensorError, StaleCameraError
 from . import params as _params
-from .latency import ChunkMark, ObservationMarks, chunk_observed_at, observation_start_s
+from .latency import ChunkMark, ObservationMarks, chunk_observation, observation_start_s
 from .goal import CANCELED, OPERATOR_MESSAGE, SUCCEED, TYPED_ENDINGS, GoalRun, RunSlot, RunTrace
 
 PREEMPT_WAIT_S = 10.0
@@ -82,7 +82,8 @@ class GoalExecution:
     Attributes:
         run: the running goal's GoalRun, else None; ``last_run``: the last one to end.
         last_outcome: the core's RunOutcome of the last run that reached the core, else None.
-        obs_to_chunk_s: seconds from the last observation to its chunk's arrival (s), else None.
+        obs_to_chunk_s: seconds from the observation the last chunk to start was computed on
+            (built by the driver) to that chunk's start (its first row handed to the gate), else None.
         slot: the RunSlot (one run at a time; the ready service holds it while it warms up).
     """
 
@@ -97,7 +98,6 @@ class GoalExecution:
         self.obs_to_chunk_s: Optional[float] = None
         self._goals: Dict[int, GoalRun] = {}        # accepted and not yet concluded, by id(goal handle)
         self._goals_lock = threading.Lock()
-        self._observed_at: Optional[float] = None
         self._obs_marks = ObservationMarks()       # the observations built, for the latency figure
         self._success_call = None
         self._success_call_t = 0.0
@@ -349,6 +349,7 @@ class GoalExecution:
             run = self.run
             if run is not None:
                 run.obs_to_action.append(_ros_seconds(self.node) - mark.obs_start_s)
+                run.trace.chunk_obs.append((mark.obs_built_s, mark.obs_start_s))
 
     def published(self, t: float, values: list, due: Optional[float]) -> None:
         """The gate published ``values`` at monotonic ``t`` (s; ``due`` unused): record it."""
@@ -475,20 +476,22 @@ class GoalExecution:
                                       throttle_duration_sec=2.0)
             fallback = run.last_good
             obs = fallback if fallback is not None else self.node.assembler.build(run.instruction, strict=False)
-        self._observed_at = time.monotonic()
-        self._obs_marks.add(self._observed_at, observation_start_s(obs, _ros_seconds(self.node)))
+        self._obs_marks.add(obs, time.monotonic(), observation_start_s(obs, _ros_seconds(self.node)))
         return obs
 
     def _on_chunk(self, chunk, first_action_index) -> None:
         hz = chunk.control_frequency_hz
         if hz and self.node.control_rate_hz and abs(hz - self.node.control_rate_hz) > 1e-6 * hz:
             raise ValueError(f"chunk at {hz} Hz contradicts the control rate {self.node.control_rate_hz} Hz")
-        if self._observed_at is not None:
-            self.obs_to_chunk_s = time.monotonic() - self._observed_at
+        # the chunk's own observation, carried by its request (prefetch built newer ones meanwhile)
+        found = self._obs_marks.find(chunk_observation(self.node.policy, chunk))
+        built, start = found if found is not None else (None, None)
+        if built is not None:
+            self.obs_to_chunk_s = time.monotonic() - built
         if hz:
             self.node._gate.set_period(1.0 / float(hz))
         plan = self.node._outputs.plan(chunk, self.node.policy)   # chunk-native trajectories
-        self.node._gate.attach(ChunkMark(plan, self._obs_marks.start_for(chunk_observed_at(self.node.policy, chunk))))
+        self.node._gate.attach(ChunkMark(plan, start, built))
         run = self.run
         if run is not None:
             run.trace.seams.append(self.node._gate.accepted)  # this chunk's first row is the next one accepted

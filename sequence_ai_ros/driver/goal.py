@@ -41,13 +41,16 @@ class RunTrace:
     """What one goal commanded: for plots and tests.
 
     ``commands``: (monotonic time s, values) per published command; ``seams``: index into
-    ``commands`` where each chunk started; ``hold_time``: monotonic time of the hold, if any.
+    ``commands`` where each chunk started; ``hold_time``: monotonic time of the hold, if any;
+    ``chunk_obs``: per chunk whose first command went out, ``(monotonic s the driver built its
+    observation, that observation's start on the ROS clock s)``, the pair its sample used.
     """
 
     commands: list = field(default_factory=list)
     seams: list = field(default_factory=list)
     hold_time: Optional[float] = None
     hold_command: Optional[list] = None
+    chunk_obs: list = field(default_factory=list)
 
 
 def fill_result(result, outcome) -> None:

@@ -13,10 +13,13 @@ The publish time is read where the command leaves the driver (the gate's publish
 sample holds the frame's transport, the request's turnaround, the chunk's wait in the buffer
 and the publish delay. A chunk whose first row never went out (a hold dropped it) gives none.
 
-Which observation a chunk came from: the core tags each buffered chunk with the time its
-observation was taken (its loop clock, ``time.monotonic()`` in the driver); :class:`ObservationMarks`
-keeps the last observations the driver built, by their monotonic time, and picks the newest one
-taken at or before that tag. Nothing here imports rclpy.
+Which observation a chunk came from is carried by the request, never guessed from order or
+time: the core tags each buffered chunk with the observation object its request was built from
+(``observe()``'s own return value, kept with the request); :class:`ObservationMarks` keeps the
+last observations the driver built with their start and build time, and finds a chunk's by that
+object's identity. With prefetch (or ``lookahead`` >= 2) the driver has usually built the NEXT
+request's observation before a chunk starts playing; pairing a chunk with "the last observation"
+would credit it with that newer one. Nothing here imports rclpy.
 """
 from __future__ import annotations
 
@@ -24,7 +27,7 @@ import math
 from collections import deque
 from typing import Iterable, List, Optional, Tuple
 
-__all__ = ["ChunkMark", "ObservationMarks", "chunk_observed_at", "observation_start_s", "p50_p99"]
+__all__ = ["ChunkMark", "ObservationMarks", "chunk_observation", "observation_start_s", "p50_p99"]
 
 
 def observation_start_s(observation, now_ros_s: float) -> float:
@@ -40,61 +43,63 @@ def observation_start_s(observation, now_ros_s: float) -> float:
     return start
 
 
-def chunk_observed_at(policy, chunk) -> Optional[float]:
-    """When the observation ``chunk`` was computed on was taken (the core's loop clock, monotonic s),
-    read from the core's tag on the buffer entry now playing ``chunk`` (``sequence_ai.Policy`` or
-    its engine); None when that entry is not ``chunk``'s or carries no such time."""
+def chunk_observation(policy, chunk):
+    """The observation ``chunk`` was computed on (the object ``observe()`` returned for its request),
+    read from the core's tag on the buffer entry now playing ``chunk`` (``sequence_ai.Policy`` or its
+    engine); None when that entry is not ``chunk``'s or its tag carries no observation."""
     engine = getattr(policy, "_engine", policy)
     entry = getattr(getattr(engine, "_buffer", None), "current", None)
     if entry is None or getattr(entry, "chunk", None) is not chunk:
         return None
     tag = getattr(entry, "tag", None)
-    return float(tag[2]) if isinstance(tag, tuple) and len(tag) > 2 else None
+    return tag[3] if isinstance(tag, tuple) and len(tag) > 3 else None
 
 
 class ChunkMark:
-    """What the gate carries with a chunk's first row: the output plan and its observation's start.
+    """What the gate carries with a chunk's first row: the output plan and its observation's times.
 
     Attributes:
         plan: the outputs' plan for the chunk (chunk-native trajectories), or None.
         obs_start_s: start of the chunk's observation (s, ROS clock), None when unknown.
+        obs_built_s: when the driver built that observation (``time.monotonic()`` s), None when unknown.
     """
 
-    __slots__ = ("plan", "obs_start_s")
+    __slots__ = ("plan", "obs_start_s", "obs_built_s")
 
-    def __init__(self, plan, obs_start_s: Optional[float]) -> None:
+    def __init__(self, plan, obs_start_s: Optional[float], obs_built_s: Optional[float] = None) -> None:
         self.plan = plan
         self.obs_start_s = obs_start_s
+        self.obs_built_s = obs_built_s
 
 
 class ObservationMarks:
-    """The last observations built, as ``(monotonic s when built, start s on the ROS clock)``.
+    """The last observations built: ``(observation, monotonic s when built, start s on the ROS clock)``.
 
     Args:
-        keep: how many to remember (one request is in flight at a time: a few are plenty).
+        keep: how many to remember: more than the requests that can be in flight or queued at
+            once (``lookahead`` <= 64, plus the one playing).
     """
 
-    def __init__(self, keep: int = 16) -> None:
+    def __init__(self, keep: int = 80) -> None:
         self._marks: deque = deque(maxlen=int(keep))
 
     def clear(self) -> None:
         """Forget every mark (a new run)."""
         self._marks.clear()
 
-    def add(self, built_mono_s: float, start_ros_s: float) -> None:
-        """One observation handed to the core at ``built_mono_s`` (monotonic s), starting at ``start_ros_s``."""
-        self._marks.append((float(built_mono_s), float(start_ros_s)))
+    def add(self, observation, built_mono_s: float, start_ros_s: float) -> None:
+        """``observation`` handed to the core at ``built_mono_s`` (monotonic s), starting at ``start_ros_s``."""
+        self._marks.append((observation, float(built_mono_s), float(start_ros_s)))
 
-    def start_for(self, taken_mono_s: Optional[float]) -> Optional[float]:
-        """The start (ROS s) of the newest observation built at or before ``taken_mono_s`` (the
-        core's tag on a chunk, monotonic s); None when it is unknown or none was built by then."""
-        if taken_mono_s is None:
+    def find(self, observation) -> Optional[Tuple[float, float]]:
+        """``(built monotonic s, start ROS s)`` of the newest mark of this very object (identity),
+        None when ``observation`` is None or no longer remembered."""
+        if observation is None:
             return None
-        found = None
-        for built, start in list(self._marks):
-            if built <= taken_mono_s + 1e-9:
-                found = start
-        return found
+        for obs, built, start in reversed(list(self._marks)):
+            if obs is observation:
+                return built, start
+        return None
 
 
 def p50_p99(values: Iterable[float]) -> Tuple[float, float]:

@@ -236,19 +236,24 @@ def test_observation_to_action_pieces():
     assert observation_start_s(obs(0, 100_300), 100.5) == pytest.approx(100.3)
     assert observation_start_s(obs(900_000), 100.5) == 100.5        # stamped after it: another clock
     marks = ObservationMarks(keep=3)
-    assert marks.start_for(5.0) is None                              # nothing observed yet
-    for built, start in ((1.0, 10.0), (2.0, 20.0), (3.0, 30.0)):
-        marks.add(built, start)
-    assert (marks.start_for(2.5), marks.start_for(3.0), marks.start_for(0.5), marks.start_for(None)) == (20.0, 30.0, None, None)
+    first, second, third, fourth = obs(1), obs(2), obs(3), obs(4)
+    assert marks.find(first) is None                                 # nothing observed yet
+    for o, built, start in ((first, 1.0, 10.0), (second, 2.0, 20.0), (third, 3.0, 30.0)):
+        marks.add(o, built, start)
+    # by identity, not by time: an equal but distinct observation is not the one a chunk carries
+    assert (marks.find(second), marks.find(obs(2)), marks.find(None)) == ((2.0, 20.0), None, None)
+    marks.add(fourth, 4.0, 40.0)
+    assert (marks.find(first), marks.find(fourth)) == (None, (4.0, 40.0))   # keep=3: the oldest forgotten
     marks.clear()
-    assert marks.start_for(3.0) is None
+    assert marks.find(fourth) is None
     from types import SimpleNamespace as NS
-    from sequence_ai_ros.driver.latency import chunk_observed_at
+    from sequence_ai_ros.driver.latency import chunk_observation
     chunk = object()
-    engine = NS(_buffer=NS(current=NS(chunk=chunk, tag=(0, None, 7.5))))
-    assert chunk_observed_at(NS(_engine=engine), chunk) == 7.5                 # the core's tag on the entry
-    assert chunk_observed_at(NS(_engine=engine), object()) is None            # another chunk plays
-    assert chunk_observed_at(NS(_engine=NS(_buffer=NS(current=None))), chunk) is None
+    engine = NS(_buffer=NS(current=NS(chunk=chunk, tag=(0, None, 7.5, second))))
+    assert chunk_observation(NS(_engine=engine), chunk) is second             # the core's tag on the entry
+    assert chunk_observation(NS(_engine=engine), object()) is None            # another chunk plays
+    assert chunk_observation(NS(_engine=NS(_buffer=NS(current=NS(chunk=chunk, tag=(0, None, 7.5))))), chunk) is None
+    assert chunk_observation(NS(_engine=NS(_buffer=NS(current=None))), chunk) is None
     assert p50_p99([]) == (0.0, 0.0)
     assert p50_p99([0.3]) == (0.3, 0.3)
     p50, p99 = p50_p99([0.1 * i for i in range(101)])

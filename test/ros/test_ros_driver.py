@@ -93,6 +93,40 @@ def test_commands_arrive_at_the_contract_rate_with_feedback_and_status(ros, echo
             5.0, "the run's latency on the diagnostics")
 
 
+def test_each_chunk_is_paired_with_the_observation_its_own_request_carried(ros, echo_server):
+    """lookahead 2: the next request (and its observation) goes out as soon as a chunk lands, so a
+    chunk usually starts after a NEWER observation was built; its observation-to-action sample and
+    observation_to_chunk_s must still use the observation its own request carried (the echo
+    policy's column 0 numbers the requests in the order the driver observed for them)."""
+    from sequence_ai_ros.driver.latency import observation_start_s
+
+    robot, driver, client, _ = setup_driver(ros, echo_server, lookahead=2)
+    built = []                           # (monotonic s, start ROS s) per observation, in request order
+    build = driver.assembler.build
+
+    def recording_build(*args, **kwargs):
+        obs = build(*args, **kwargs)
+        built.append((time.monotonic(), observation_start_s(obs, 1e12)))
+        return obs
+
+    driver.assembler.build = recording_build
+    res = Goal(client, max_seconds=2.0).wait_result().result
+    assert res.reason == "timeout" and res.chunks >= 2, res
+    trace = driver.trace
+    counters = [trace.commands[i][1][0] for i in trace.seams if i < len(trace.commands)]
+    assert len(trace.chunk_obs) == len(counters) >= 2, (trace.chunk_obs, counters)
+    newer_seen = 0
+    for counter, (obs_built, obs_start), seam in zip(counters, trace.chunk_obs, trace.seams):
+        n = int(counter - counters[0])                     # request n <- the n-th observation built
+        own, after = built[n], (built[n + 1][0] if n + 1 < len(built) else float("inf"))
+        # the driver stamps its mark just after build() returns: after this one, before the next
+        assert obs_start == own[1] and own[0] <= obs_built < after, (counter, obs_built, built)
+        newer_seen += sum(1 for t, _ in built if t > own[0] and t < trace.commands[seam][0])
+    assert newer_seen >= 1, built        # the case under test happened: "the last one" would be wrong
+    last_built = trace.chunk_obs[-1][0]
+    assert 0.0 < driver.goals.obs_to_chunk_s < trace.commands[trace.seams[-1]][0] - last_built + 1e-6
+
+
 @pytest.mark.parametrize("delay_ms", [2.0, 0.0], ids=["publisher_thread", "from_the_core_callback"])
 def test_cancel_publishes_the_hold_within_one_control_period_then_silence(ros, echo_server, delay_ms):
     robot, driver, client, _ = setup_driver(ros, echo_server, publish_delay_ms=delay_ms)
