@@ -337,6 +337,14 @@ PUBLISH_COMPARE = {
              ("node", "the gate now (grid slots; GIL lead default)", {})),
     # old vs new executor (MultiThreadedExecutor + spin_once slices vs NodeExecutor), gate as configured
     "executor": (("multi", "MultiThreadedExecutor", {}), ("node", "NodeExecutor", {})),
+    # the gate now, NodeExecutor both: the publisher waits for the GIL at the due time (lead 0)
+    # vs takes it back 1 ms early and sleeps to the due time holding it
+    "gil_lead": (("multi", "publish_gil_lead_ms 0", {"publish_gil_lead_ms": 0.0}),
+                 ("node", "publish_gil_lead_ms 1", {"publish_gil_lead_ms": 1.0})),
+    # the gate now, NodeExecutor both: the publisher thread at normal priority vs SCHED_FIFO 10
+    # (where the OS allows it; refused = the thread stays normal, as on a machine without the right)
+    "realtime": (("multi", "realtime_priority 0", {"realtime_priority": 0}),
+                 ("node", "realtime_priority 10", {"realtime_priority": 10})),
 }
 
 
@@ -414,7 +422,7 @@ def publish_cases(gw, key_env: str, seconds: float, warmup_s: float, runs: int, 
                         driver_module.CommandGate = new_gate
                     client_node = rclpy.create_node("bench_client", context=ctx)
                     stop = threading.Event()
-                    if kind == "node" or compare == "gate":
+                    if kind == "node" or compare != "executor":
                         ex = NodeExecutor(context=ctx)
                         target = lambda: ex.spin_until_set(stop)   # noqa: E731
                     else:
