@@ -4,6 +4,7 @@ runs in that window, and rows still leave in order, one period apart, never befo
 In-process, no ROS (the gate imports no rclpy)."""
 from __future__ import annotations
 
+import os
 import threading
 import time
 
@@ -63,3 +64,25 @@ def test_a_gil_lead_that_is_not_a_finite_number_of_seconds_is_refused():
     for bad in (-0.001, float("nan"), float("inf")):
         with pytest.raises(ValueError, match="GIL lead must be a finite number of seconds >= 0"):
             CommandGate(lambda v: None, 0.002, lambda *a: None, gil_lead_s=bad)
+
+
+def test_the_publisher_thread_runs_at_the_driver_default_fifo_priority_or_says_why_not():
+    from sequence_ai_ros.driver.params import REALTIME_PRIORITY, TABLE
+
+    assert TABLE["realtime_priority"].default == REALTIME_PRIORITY == 40     # below ros2_control's 50
+    refused, seen = [], {}
+    gate = CommandGate(lambda v: seen.setdefault("policy", os.sched_getscheduler(0)), 0.002, lambda *a: None,
+                       rt_priority=REALTIME_PRIORITY, on_rt_error=refused.append)
+    try:
+        gate.open(0.02)
+        assert gate.submit([0.0])
+        assert gate.drain(2.0)
+        tid = gate._thread.native_id
+        if refused:                      # no CAP_SYS_NICE / rtprio limit here: normal priority, said why
+            assert "CAP_SYS_NICE" in refused[0] and os.sched_getscheduler(tid) != os.SCHED_FIFO
+        else:
+            assert os.sched_getscheduler(tid) == os.SCHED_FIFO == seen["policy"]
+            assert os.sched_getparam(tid).sched_priority == REALTIME_PRIORITY
+    finally:
+        gate.stop()
+    assert os.sched_getscheduler(0) != os.SCHED_FIFO                        # the caller's thread untouched
