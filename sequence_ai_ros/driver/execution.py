@@ -468,6 +468,7 @@ class GoalExecution:
         stale = self._stale_camera(run)
         if stale is not None:
             raise stale   # no request goes out on a frozen picture; the core holds
+        run.instruction_now = self.node.policy.instruction or run.instruction   # what this request carries
         try:
             obs = self.node.assembler.build(run.instruction)
             run.last_good = obs
@@ -539,7 +540,7 @@ class GoalExecution:
         if run is None or self.node.policy is None:
             return
         try:
-            run.handle.publish_feedback(run.feedback(self.node.policy.instruction or ""))
+            run.handle.publish_feedback(run.feedback())
         except Exception:  # noqa: BLE001 - the goal ended between the check and the publish
             pass
 

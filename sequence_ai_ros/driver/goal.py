@@ -121,6 +121,10 @@ class GoalRun:
     def __init__(self, handle, instruction: str, max_seconds: float) -> None:
         self.handle = handle
         self.instruction = instruction
+        #: the instruction in force for this run, for its feedback: the goal's, then each swap on
+        #: ~/instruction, as the core sends it (read at each request). Never taken from the
+        #: policy after the run returned: act() restores the instruction it found by then.
+        self.instruction_now = instruction
         self.max_seconds = float(max_seconds)
         self.t0 = time.monotonic()
         self.trace = RunTrace()
@@ -158,15 +162,16 @@ class GoalRun:
         return self.stop.stopped
 
     # -- feedback ----------------------------------------------------------------------------
-    def feedback(self, instruction: str):
-        """An ``Act.Feedback`` for now: counts, elapsed time (s), progress (0..1)."""
+    def feedback(self):
+        """An ``Act.Feedback`` for now: counts, elapsed time (s), progress (0..1), the instruction
+        in force (``instruction_now``)."""
         fb = Act.Feedback()
         fb.actions = len(self.trace.commands)
         fb.chunks = len(self.trace.seams)
         fb.underruns = self.underruns
         fb.elapsed_s = time.monotonic() - self.t0
         fb.progress = float(min(1.0, fb.elapsed_s / self.max_seconds))
-        fb.instruction = instruction or self.instruction
+        fb.instruction = self.instruction_now or self.instruction
         fb.status = self.status
         return fb
 

@@ -472,6 +472,9 @@ class PolicyDriver(LifecycleNodeMixin, Node):
             self.get_logger().warning(f"ignored instruction {text!r}: the driver is not configured")
             return
         self.policy.set_instruction(text)  # thread-safe; takes effect on the next request
+        run = self.goals.run
+        if run is not None:
+            run.instruction_now = text     # the feedback says it at once (the next request re-reads it)
         self.get_logger().info(f"instruction now {text!r}")
 
     def _on_wait_until_ready(self, request, response):

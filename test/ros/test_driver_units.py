@@ -127,8 +127,10 @@ def test_an_early_ending_counts_what_was_published_and_the_first_end_request_win
     run.trace.commands = [(0.0, [0.0] * 8)] * 3
     result, status = run.early("error", "TransportError: gone")
     assert (result.reason, result.message, result.actions, status) == ("error", "TransportError: gone", 3, ABORT)
-    fb = run.feedback("pick")
-    assert fb.actions == 3 and 0.0 <= fb.progress <= 1.0 and fb.status == "starting"
+    fb = run.feedback()
+    assert fb.actions == 3 and 0.0 <= fb.progress <= 1.0 and fb.status == "starting" and fb.instruction == "pick"
+    run.instruction_now = "place"          # a swap on ~/instruction
+    assert run.feedback().instruction == "place"
 
 
 # ------------------------------------------------------------------ stop tokens and the run slot

@@ -158,9 +158,15 @@ def test_instruction_swap_via_topic_reaches_the_next_request(ros, echo_server):
     res = goal.wait_result().result
     assert res.instruction_swaps == 1, res
     assert 0.0 < res.max_instruction_lag_s < 2.0
-    # feedback and the result travel on separate DDS topics: the last feedback may land after the result
+    # feedback and the result travel on separate DDS topics: the last feedback may land after the
+    # result. Every feedback from the swap on says the new instruction, the run's last included
+    # (act() restores the instruction it found when it returns: the feedback must not say that)
     wait(lambda: goal.feedback and goal.feedback[-1][1].instruction == "put the blue cube on the red pad", 5.0,
          "feedback under the new instruction")
+    said = [f.instruction for _, f in goal.feedback]
+    first_new = said.index("put the blue cube on the red pad")
+    assert set(said[:first_new]) == {"put the red cube on the green pad"}, said
+    assert set(said[first_new:]) == {"put the blue cube on the red pad"}, said
 
 
 def test_stalled_camera_ends_the_goal_as_stale_camera_naming_it_with_a_hold(ros, echo_server):
