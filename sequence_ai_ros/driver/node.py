@@ -89,6 +89,14 @@ def _latency_values(run) -> dict:
     return {"obs_to_action_p50_s": f"{p50:.4f}", "obs_to_action_p99_s": f"{p99:.4f}"}
 
 
+def _realtime_refused(logger, priority: int):
+    """The gate's ``on_rt_error``: the publisher thread could not take SCHED_FIFO ``priority`` and
+    runs at normal priority. Expected at the default on a machine without the right (info); a
+    warning for a value the user set."""
+    say = logger.info if priority == _params.REALTIME_PRIORITY else logger.warning
+    return lambda why: say(f"publisher thread at normal priority: {why}")
+
+
 class PolicyDriver(LifecycleNodeMixin, Node):
     """Drives a robot from ``Act`` goals with a deployed policy (see the module docstring).
 
@@ -267,7 +275,7 @@ class PolicyDriver(LifecycleNodeMixin, Node):
         self._outputs = CommandOutputs(self, p, lambda: 1.0 / (self.control_rate_hz or 15.0),
                                        lambda: self.get_clock().now().to_msg())
         self._gate = CommandGate(self.goals.publish, p.publish_delay_ms / 1000.0, self.goals.published,
-                                 p.realtime_priority, self._realtime_refused,
+                                 p.realtime_priority, _realtime_refused(self.get_logger(), p.realtime_priority),
                                  gil_lead_s=p.publish_gil_lead_ms / 1000.0)
         # camera freshness at the control rate, also while the loop waits for a chunk (armed per run)
         self._freshness_timer = self.create_timer(1.0 / (self.control_rate_hz or 15.0), self.goals.watch_cameras,
@@ -279,14 +287,6 @@ class PolicyDriver(LifecycleNodeMixin, Node):
         # the stop conditions' poll (success_service, a goal's stop_when); asks only while a run has one
         self._config_entities.append(self.create_timer(1.0 / p.success_poll_hz, self.goals.poll_success,
                                                        callback_group=self._check_group))
-
-    def _realtime_refused(self, why: str) -> None:
-        """The publisher thread could not take its SCHED_FIFO priority: it runs at normal priority.
-        Expected at the default on a machine without the right (info); a warning for a value the
-        user set."""
-        at_default = self._params.realtime_priority == _params.REALTIME_PRIORITY
-        say = self.get_logger().info if at_default else self.get_logger().warning
-        say(f"publisher thread at normal priority: {why}")
 
     def check_success_client(self, service: str):
         """The ``CheckSuccess`` client of ``service``, made once per configure (released by cleanup)."""

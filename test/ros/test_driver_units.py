@@ -270,3 +270,21 @@ def test_goal_result_carries_the_latency_samples():
     result, _ = run.finish(RunOutcome(reason="timeout", actions=3, chunks=3, seconds=1.0, underruns=0,
                                       underrun_s=0.0), cancel_confirmed=False)
     assert result.obs_to_action_p50_s == pytest.approx(0.3) and 0.39 < result.obs_to_action_p99_s <= 0.4
+
+
+def test_a_refused_realtime_priority_is_info_at_the_default_and_a_warning_when_asked_for():
+    from sequence_ai_ros.driver.node import _realtime_refused
+
+    said = []
+
+    class Log:
+        def info(self, m):
+            said.append(("info", m))
+
+        def warning(self, m):
+            said.append(("warning", m))
+
+    _realtime_refused(Log(), P.REALTIME_PRIORITY)("no CAP_SYS_NICE")
+    _realtime_refused(Log(), 80)("no CAP_SYS_NICE")
+    assert said == [("info", "publisher thread at normal priority: no CAP_SYS_NICE"),
+                    ("warning", "publisher thread at normal priority: no CAP_SYS_NICE")]
