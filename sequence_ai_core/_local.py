@@ -3,9 +3,10 @@
 A blocking channel on the shared-memory path (``_blocking.BlockingChannel(shm=True)``) asks for
 the door on its upgrade (``protocol.LOCAL_HEADER``); when the worker names a socket, the channel
 opens it with :meth:`LocalSocket.open` and sends its messages there (framing: ``protocol`` and the
-worker's ``local.py``), closing the websocket. Before the token goes out the socket must be the
-worker's own: a socket file owned by this user, and a peer process of this user
-(``SO_PEERCRED``); otherwise, or on any failure to open, the channel stays on its websocket.
+worker's ``local.py``), closing the websocket. The name is an abstract-namespace socket
+(``@name``; a path on disk is accepted too, and must then be a socket file of this user). Before
+the token goes out the process behind it must be this user's (``SO_PEERCRED``); otherwise, or on
+any failure to open, the channel stays on its websocket.
 """
 from __future__ import annotations
 
@@ -44,16 +45,20 @@ class LocalSocket:
 
     @classmethod
     def open(cls, path: str, token: str, deadline: float) -> "LocalSocket":
-        """Connect to ``path``, check it is the worker's (this user's socket and peer), send
-        ``token`` and read the door's answer. Raises PermissionError (not this user's),
-        DoorRefused, OSError."""
-        info = os.lstat(path)
-        if not stat.S_ISSOCK(info.st_mode) or info.st_uid != os.geteuid():
-            raise PermissionError(f"{path} is not a socket of this user")
+        """Connect to ``path`` (``@name``: the abstract namespace), check it is the worker's (a
+        peer process of this user; a socket file of this user for a path on disk), send ``token``
+        and read the door's answer. Raises PermissionError (not this user's), DoorRefused, OSError."""
+        if path.startswith("@"):
+            address = "\0" + path[1:]
+        else:
+            info = os.lstat(path)
+            if not stat.S_ISSOCK(info.st_mode) or info.st_uid != os.geteuid():
+                raise PermissionError(f"{path} is not a socket of this user")
+            address = path
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             sock.settimeout(max(0.001, deadline - time.monotonic()))
-            sock.connect(path)
+            sock.connect(address)
             _, uid, _ = _PEER.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEER.size))
             if uid != os.geteuid():
                 raise PermissionError(f"the process behind {path} is not this user's")

@@ -11,7 +11,6 @@ import os
 import secrets
 import signal
 import socket
-import stat
 import struct
 import subprocess
 import sys
@@ -193,23 +192,54 @@ def _door_answer(sock) -> tuple:
     return kind, struct.unpack_from(">IH", data), data[6:]
 
 
+def _connect_as_nobody(address: str, token: bytes) -> bytes:
+    """In a forked child running as user nobody (65534): connect to the door at ``address``, send
+    ``token`` as its first message and read what comes back (b"": closed unanswered)."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:                                     # the child: only socket calls, then _exit
+        code = 1
+        try:
+            os.close(r)
+            os.setgid(65534)
+            os.setuid(65534)
+            with socket.socket(socket.AF_UNIX) as sock:
+                sock.settimeout(20)
+                sock.connect(address)
+                _door_frame(sock, 1, token)
+                os.write(w, b"<" + sock.recv(64) + b">")
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(w)
+    with os.fdopen(r, "rb") as f:
+        got = f.read()
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0 and got.startswith(b"<") and got.endswith(b">"), got
+    return got[1:-1]
+
+
 def test_the_same_host_door_is_private_checks_every_token_and_follows_a_renewal(worker):
     with _ws(worker, answer=True) as ws:
         assert ws.response.headers.get(LOCAL_HEADER) is None          # not asked for: not named
     headers = {"Authorization": f"Bearer {worker.secret}", LOCAL_HEADER: "1"}
     with ws_connect(f"ws://127.0.0.1:{worker.port}/act/ws", proxy=None, additional_headers=headers) as ws:
         path = ws.response.headers[LOCAL_HEADER]
-    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600 and stat.S_IMODE(os.stat(os.path.dirname(path)).st_mode) == 0o700
+    # an abstract-namespace socket: nothing on disk to leave behind when the worker is killed
+    assert path.startswith(f"@seq-door-{worker.proc.pid}-") and len(path) > 30
+    address = "\0" + path[1:]
+    if os.geteuid() == 0:                      # another user's process: closed before a byte is read
+        assert _connect_as_nobody(address, worker.secret.encode()) == b""
     with socket.socket(socket.AF_UNIX) as sock:                      # a wrong token: 401, then closed
         sock.settimeout(30)
-        sock.connect(path)
+        sock.connect(address)
         _door_frame(sock, 1, b"not-the-secret")
         kind, (seq, status), body = _door_answer(sock)
         assert (kind, seq, status) == (0, 0, 401) and json.loads(body)["code"] == "unauthorized"
         assert sock.recv(1) == b""
     with socket.socket(socket.AF_UNIX) as sock:                      # the secret, then a token that is not good
         sock.settimeout(30)
-        sock.connect(path)
+        sock.connect(address)
         _door_frame(sock, 1, worker.secret.encode())
         assert _door_answer(sock)[1] == (0, 200)
         _door_frame(sock, 1, json.dumps({"token": "revoked-or-forged"}).encode())

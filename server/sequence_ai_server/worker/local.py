@@ -13,21 +13,22 @@ The client's first message is its token (text), checked like the upgrade's ``Aut
 it) and answered with one binary answer message (seq 0, the status, the error body or ``{}``).
 Answers are always the binary answer (``protocol.encode_act_answer``).
 
-Who may come in: the socket lives in a directory of the worker's own, mode 0700, and is mode
-0600; the peer's user (``SO_PEERCRED``) must be the worker's, and its token a valid direct
-secret, checked again on every request as on the websocket. A message longer than the channel's
-message limit closes the connection; so does one whose token message does not come within
-``OPEN_TIMEOUT_S``. The directory is removed when the worker exits.
+Where: a socket in Linux's abstract namespace (named ``@seq-door-<pid>-<random>`` in the header,
+``\0`` instead of ``@`` on the wire): nothing on disk, so nothing is left behind when the worker
+is killed (a socket file in a directory of its own was, on every SIGKILL). Who may come in: the
+peer's user (``SO_PEERCRED``) must be the worker's -- another user's connection is closed before a
+byte is read -- and its token a valid direct secret, checked again on every request as on the
+websocket. The name is unguessable and the client checks, before its token goes out, that the
+process behind it is its own user's. A message longer than the channel's message limit closes the
+connection; so does one whose token message does not come within ``OPEN_TIMEOUT_S``.
 """
 from __future__ import annotations
 
 import asyncio
-import atexit
 import os
-import shutil
+import secrets
 import socket
 import struct
-import tempfile
 from typing import Any, Awaitable, Callable, Optional
 
 from sequence_ai_core.protocol import LOCAL_FRAME
@@ -80,22 +81,19 @@ class LocalDoor:
     def __init__(self, act: Any, serve: Callable[[Any, str], Awaitable[None]], max_size: int) -> None:
         self.act, self.serve, self.max_size = act, serve, max_size
         self.path: Optional[str] = None
-        self._dir: Optional[str] = None
         self._server: Any = None
         self._lock = asyncio.Lock()
 
     async def address(self) -> Optional[str]:
-        """The socket's path, the door opened on the first call; None where Unix sockets are
-        missing or the door cannot be made (the client then stays on the websocket)."""
+        """The socket's name (``@...``: abstract namespace), the door opened on the first call;
+        None where abstract Unix sockets and ``SO_PEERCRED`` are missing (not Linux) or the door
+        cannot be made (the client then stays on the websocket)."""
         async with self._lock:
             if self._server is None and hasattr(socket, "AF_UNIX") and hasattr(socket, "SO_PEERCRED"):
+                name = f"seq-door-{os.getpid()}-{secrets.token_hex(12)}"
                 try:
-                    self._dir = tempfile.mkdtemp(prefix="seq-door-")      # mode 0700
-                    path = os.path.join(self._dir, "act.sock")
-                    self._server = await asyncio.start_unix_server(self._connected, path)
-                    os.chmod(path, 0o600)
-                    self.path = path
-                    atexit.register(self.close)
+                    self._server = await asyncio.start_unix_server(self._connected, "\0" + name)
+                    self.path = "@" + name
                 except OSError:
                     self.close()
         return self.path
@@ -129,11 +127,8 @@ class LocalDoor:
             writer.close()
 
     def close(self) -> None:
-        """Stop listening and remove the socket's directory (idempotent)."""
+        """Stop listening (idempotent); the abstract name goes with the socket."""
         if self._server is not None:
             self._server.close()
             self._server = None
-        if self._dir is not None:
-            shutil.rmtree(self._dir, ignore_errors=True)
-            self._dir = None
         self.path = None
