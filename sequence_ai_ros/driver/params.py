@@ -240,11 +240,12 @@ TABLE: Dict[str, Spec] = {
     "publish_delay_ms": Spec(2.0, "Commands go out on the driver's own monotonic grid this long (ms) after the "
                                   "core's paced deadline, absorbing its wake-up jitter; must be below half a control "
                                   "period; 0 = publish from the core's callback directly.", lo=0.0, hi=1000.0),
-    "publish_gil_lead_ms": Spec(1.0, "The publisher thread (publish_delay_ms > 0) takes Python's GIL back this long "
+    "publish_gil_lead_ms": Spec(0.0, "The publisher thread (publish_delay_ms > 0) takes Python's GIL back this long "
                                      "(ms) before each command's due time and sleeps to it holding the GIL, so another "
                                      "thread's long C call (JPEG encode, JSON, the executor) cannot delay the publish; "
                                      "the driver's other Python threads pause at most this long per command (1 ms = "
-                                     "1.5 % of the time at 15 Hz, 10 % at 100 Hz). 0 = off.", lo=0.0, hi=100.0),
+                                     "1.5 % of the time at 15 Hz, 10 % at 100 Hz). 0 = off (the default: with the "
+                                     "thread at realtime_priority it measured better off).", lo=0.0, hi=100.0),
     "realtime_priority": Spec(REALTIME_PRIORITY, "SCHED_FIFO priority (1-99) of the publisher thread "
                                  "(publish_delay_ms > 0); 0 = normal scheduling. Needs CAP_SYS_NICE or an rtprio "
                                  "limit (ulimit -r); where the OS refuses, the thread runs at normal priority (logged "
