@@ -125,15 +125,19 @@ class BlockingChannel:
         raise _channel.ChannelUnsupported(f"{self.worker_url} answered the channel upgrade with "
                                           f"{response.status_code}")
 
-    def _enter_door(self, path: Optional[str], deadline: float) -> Optional[httpx.Response]:
-        """Move to the worker's same-host door at ``path`` (None: it named none) and close the
-        websocket. -> None, or the door's refusal of the token as an httpx.Response (401/503).
-        A door that cannot be opened or is not the worker's leaves the websocket in use."""
-        if not path:
+    def _enter_door(self, named: Optional[str], deadline: float) -> Optional[httpx.Response]:
+        """Move to the worker's same-host door (``named``: the accept's header, "PATH TICKET";
+        None: it named none) and close the websocket. -> None, or the door's refusal of the token
+        as an httpx.Response (401). A door that cannot be opened, is not the worker's, or is full
+        (503) leaves the websocket in use."""
+        if not named:
             return None
+        path, _, ticket = named.partition(" ")
         try:
-            self.local = _local.LocalSocket.open(path, self.token, deadline)
+            self.local = _local.LocalSocket.open(path, self.token, deadline, ticket)
         except _local.DoorRefused as exc:
+            if exc.status == 503:          # no place for the door: the websocket still has its own
+                return None
             self.abort()
             return httpx.Response(exc.status, content=exc.body, headers={"content-type": "application/json"})
         except OSError:
@@ -233,7 +237,8 @@ class BlockingChannel:
         local, sent = self.local, False
         try:
             local.take_pending()
-            local.send(_channel.request_message(seq, content, binary, self.segment))
+            local.send(_channel.request_message(seq, content, binary, self.segment), 0,
+                       max(0.001, deadline - time.monotonic()))
             sent = True
             while True:
                 message = local.receive(deadline)

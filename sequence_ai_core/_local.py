@@ -25,6 +25,7 @@ __all__ = ["LocalSocket", "DoorRefused"]
 _ANSWER_HEAD = struct.Struct(">IH")
 _PEER = struct.Struct("3i")
 _RECV_BYTES = 1 << 16
+SEND_TIMEOUT_S = 10.0        # a message the worker does not take within this long: the door failed
 
 
 class DoorRefused(ConnectionError):
@@ -44,9 +45,10 @@ class LocalSocket:
         self._buf = bytearray()
 
     @classmethod
-    def open(cls, path: str, token: str, deadline: float) -> "LocalSocket":
+    def open(cls, path: str, token: str, deadline: float, ticket: str = "") -> "LocalSocket":
         """Connect to ``path`` (``@name``: the abstract namespace), check it is the worker's (a
         peer process of this user; a socket file of this user for a path on disk), send ``token``
+        (and the accept's ``ticket``, which hands the websocket's connection place to the door)
         and read the door's answer. Raises PermissionError (not this user's), DoorRefused, OSError."""
         if path.startswith("@"):
             address = "\0" + path[1:]
@@ -63,7 +65,7 @@ class LocalSocket:
             if uid != os.geteuid():
                 raise PermissionError(f"the process behind {path} is not this user's")
             door = cls(sock)
-            door.send(token.encode(), 1)
+            door.send(f"{token}\n{ticket}".encode() if ticket else token.encode(), 1)
             answer = door.receive(deadline)
             _, status = _ANSWER_HEAD.unpack_from(answer)
             if status != 200:
@@ -73,8 +75,10 @@ class LocalSocket:
             sock.close()
             raise
 
-    def send(self, message: bytes, kind: int = 0) -> None:
-        """Send one message (``kind`` 0 binary, 1 text) whole."""
+    def send(self, message: bytes, kind: int = 0, timeout_s: float = SEND_TIMEOUT_S) -> None:
+        """Send one message (``kind`` 0 binary, 1 text) whole, within ``timeout_s`` (s;
+        ``socket.timeout`` past it)."""
+        self.sock.settimeout(timeout_s)
         self.sock.sendall(LOCAL_FRAME.pack(kind, len(message)) + message)
 
     def receive(self, deadline: float) -> bytes:
@@ -103,9 +107,8 @@ class LocalSocket:
         """Read what arrived while idle without waiting and drop its whole messages (no request
         is outstanding: late answers). Raises ConnectionResetError when the worker closed it."""
         while select.select([self.sock], [], [], 0)[0]:
-            self.sock.setblocking(False)
             try:
-                data = self.sock.recv(_RECV_BYTES)
+                data = self.sock.recv(_RECV_BYTES, socket.MSG_DONTWAIT)
             except BlockingIOError:
                 break
             if not data:

@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import base64
 import json
 import os
@@ -12,6 +13,7 @@ import secrets
 import signal
 import socket
 import struct
+import time
 import subprocess
 import sys
 from pathlib import Path
@@ -19,6 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import sequence_ai
+from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect as ws_connect
 
 from _servers import WorkerProcess
@@ -206,9 +209,15 @@ def _connect_as_nobody(address: str, token: bytes) -> bytes:
             with socket.socket(socket.AF_UNIX) as sock:
                 sock.settimeout(20)
                 sock.connect(address)
-                _door_frame(sock, 1, token)
-                os.write(w, b"<" + sock.recv(64) + b">")
+                try:
+                    _door_frame(sock, 1, token)
+                    got = sock.recv(64)
+                except (BrokenPipeError, ConnectionResetError):   # closed before the token went out
+                    got = b""
+                os.write(w, b"<" + got + b">")
             code = 0
+        except BaseException as exc:               # noqa: BLE001 - said to the parent, which fails
+            os.write(w, repr(exc).encode())
         finally:
             os._exit(code)
     os.close(w)
@@ -224,9 +233,9 @@ def test_the_same_host_door_is_private_checks_every_token_and_follows_a_renewal(
         assert ws.response.headers.get(LOCAL_HEADER) is None          # not asked for: not named
     headers = {"Authorization": f"Bearer {worker.secret}", LOCAL_HEADER: "1"}
     with ws_connect(f"ws://127.0.0.1:{worker.port}/act/ws", proxy=None, additional_headers=headers) as ws:
-        path = ws.response.headers[LOCAL_HEADER]
+        path, ticket = ws.response.headers[LOCAL_HEADER].split(" ")
     # an abstract-namespace socket: nothing on disk to leave behind when the worker is killed
-    assert path.startswith(f"@seq-door-{worker.proc.pid}-") and len(path) > 30
+    assert path.startswith(f"@seq-door-{worker.proc.pid}-") and len(path) > 30 and len(ticket) == 32
     address = "\0" + path[1:]
     if os.geteuid() == 0:                      # another user's process: closed before a byte is read
         assert _connect_as_nobody(address, worker.secret.encode()) == b""
@@ -263,6 +272,69 @@ def test_the_same_host_door_is_private_checks_every_token_and_follows_a_renewal(
     finally:
         loop.run_until_complete(wire.aclose())
         loop.close()
+
+
+def test_the_door_takes_over_its_websockets_connection_place_once(tmp_path):
+    """One client, one place: at --max-connections 1 the same-host client still gets its door
+    (its websocket's place is handed over by the accept's ticket, not taken twice), holds the one
+    place while it is open, and a replayed ticket buys nothing."""
+    w = WorkerProcess.start(PIXEL, tmp_path, name="pixel", env={"SEQ_WORKER_MAX_CONNECTIONS": "1"})
+    loop = asyncio.new_event_loop()
+    try:
+        wire = _link(w, "shm")
+        frame = _frame(40)
+        assert wire.act_blocking(_obs(frame), loop.run_until_complete).action_chunk.actions == [_expected(frame)]
+        channel = wire.transports.current
+        assert channel.local is not None and channel._sock is None      # on the door, its websocket closed
+        plain = {"Authorization": f"Bearer {w.secret}"}
+        assert _open_ws(w, plain) == 503                                 # the one place is the door's
+        loop.run_until_complete(wire.aclose())
+        with _ws_once_free(w, {**plain, LOCAL_HEADER: "1"}) as ws:       # the place the door's close freed
+            path, ticket = ws.response.headers[LOCAL_HEADER].split(" ")
+            with socket.socket(socket.AF_UNIX) as a, socket.socket(socket.AF_UNIX) as b:
+                a.settimeout(30)
+                b.settimeout(30)
+                a.connect("\0" + path[1:])
+                _door_frame(a, 1, f"{w.secret}\n{ticket}".encode())
+                assert _door_answer(a)[1] == (0, 200)                       # the websocket's place, handed over
+                b.connect("\0" + path[1:])
+                _door_frame(b, 1, f"{w.secret}\n{ticket}".encode())      # the same ticket again
+                kind, (seq, status), body = _door_answer(b)
+                assert status == 503 and json.loads(body)["code"] == "too_many_connections", body
+        with socket.socket(socket.AF_UNIX) as c:                            # a first message over 4 KiB: closed
+            c.settimeout(30)
+            c.connect("\0" + path[1:])
+            c.sendall(struct.pack(">BI", 1, 5000) + b"y" * 5000)
+            assert c.recv(1) == b""
+    finally:
+        loop.close()
+        w.stop()
+
+
+def _open_ws(w, headers: dict) -> int:
+    """Open and close the /act websocket: -> 101, or the refusal's status code."""
+    try:
+        with ws_connect(f"ws://127.0.0.1:{w.port}/act/ws", proxy=None, additional_headers=headers):
+            return 101
+    except InvalidStatus as exc:
+        return exc.response.status_code
+
+
+@contextlib.contextmanager
+def _ws_once_free(w, headers: dict, timeout_s: float = 10.0):
+    """The /act websocket, asked again while the worker answers 503 (a place freed by a close
+    is given back when the worker's handler ends, a moment after the client's close)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            ws = ws_connect(f"ws://127.0.0.1:{w.port}/act/ws", proxy=None, additional_headers=headers)
+        except InvalidStatus as exc:
+            assert exc.response.status_code == 503 and time.monotonic() < deadline, exc
+            time.sleep(0.05)
+            continue
+        with ws:
+            yield ws
+        return
 
 
 def test_the_same_host_path_needs_the_channel():

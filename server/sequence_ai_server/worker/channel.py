@@ -249,15 +249,18 @@ def add_act_channel(app: Any, act: ActPipeline) -> None:
             return
         binary_answer = websocket.headers.get(ANSWER_HEADER, "") == ANSWER_BINARY
         headers = [(ANSWER_HEADER.encode(), ANSWER_BINARY.encode())] if binary_answer else []
+        ticket = ""
         try:
             if websocket.headers.get(LOCAL_HEADER) == "1":
                 path = await door.address()
                 if path is not None:
-                    headers.append((LOCAL_HEADER.encode(), path.encode()))
+                    ticket = door.issue()       # the door takes this websocket's budget place over
+                    headers.append((LOCAL_HEADER.encode(), f"{path} {ticket}".encode()))
             await websocket.accept(headers=headers or None)
             await _Channel(websocket, token, act, binary_answer).serve()
         finally:
-            act.budget.release()
+            if door.settle(ticket):
+                act.budget.release()
 
 
 def channel_max_size(max_body_bytes: int) -> int:

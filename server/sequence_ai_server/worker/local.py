@@ -8,9 +8,13 @@ requests, answers, cancels, tokens, limits and segments) with none of the websoc
 masking and ASGI messages: on loopback those were about a third of a same-host round trip.
 
 Framing (``protocol.LOCAL_FRAME``): kind u8 (0 binary, 1 text) and length u32, then the message.
-The client's first message is its token (text), checked like the upgrade's ``Authorization``
-(401 when it is not good; the channel's connection budget, 503 ``too_many_connections`` past
-it) and answered with one binary answer message (seq 0, the status, the error body or ``{}``).
+The client's first message is its token (text; then a newline and the ticket the accept named
+beside the path), checked like the upgrade's ``Authorization`` (401 when it is not good) and
+answered with one binary answer message (seq 0, the status, the error body or ``{}``). The
+ticket hands the connection-budget place of the websocket it came from over to the door (the
+client closes that websocket next), so one client holds one place; without a valid ticket the
+door takes a place of its own (503 ``too_many_connections`` past the limit). A first message of
+more than ``FIRST_MESSAGE_BYTES`` closes the connection.
 Answers are always the binary answer (``protocol.encode_act_answer``).
 
 Where: a socket in Linux's abstract namespace (named ``@seq-door-<pid>-<random>`` in the header,
@@ -39,6 +43,7 @@ __all__ = ["LocalDoor", "LOCAL_PATH"]
 
 LOCAL_PATH = "/act/local"          # what the connection budget and logs call a door's connection
 OPEN_TIMEOUT_S = 10.0
+FIRST_MESSAGE_BYTES = 4096          # the first message is a token and a ticket: a bigger one closes the door
 _ANSWER_HEAD = struct.Struct(">IH")
 _PEER = struct.Struct("3i")         # SO_PEERCRED: pid, uid, gid
 
@@ -82,6 +87,9 @@ class LocalDoor:
         self.act, self.serve, self.max_size = act, serve, max_size
         self.path: Optional[str] = None
         self._server: Any = None
+        #: hand-over tickets: ticket -> "open" (issued to a websocket that holds a budget place),
+        #: "taken" (a door connection took that place over: the websocket must not release it)
+        self._tickets: dict = {}
         self._lock = asyncio.Lock()
 
     async def address(self) -> Optional[str]:
@@ -98,24 +106,43 @@ class LocalDoor:
                     self.close()
         return self.path
 
+    def issue(self) -> str:
+        """A one-time ticket for the websocket being accepted (it holds a budget place): named
+        beside the path in the accept's header, sent back with the token on the door, it hands
+        that place over, so one client is never counted twice (at the limit, the door would
+        otherwise refuse a client its own websocket had just been admitted for)."""
+        ticket = secrets.token_hex(16)
+        self._tickets[ticket] = "open"
+        return ticket
+
+    def settle(self, ticket: str) -> bool:
+        """The websocket of ``ticket`` ended -> True when it still owns its budget place (release
+        it), False when a door connection took the place over."""
+        return self._tickets.pop(ticket, "open") != "taken"
+
     async def _connected(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        conn = _Socket(reader, writer, self.max_size)
+        conn = _Socket(reader, writer, FIRST_MESSAGE_BYTES)   # the token (and ticket) first: small
         try:
             sock = writer.get_extra_info("socket")
             _, uid, _ = _PEER.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEER.size))
             if uid != os.geteuid():
                 return
             first = await asyncio.wait_for(conn.receive(), OPEN_TIMEOUT_S)
-            token = first.get("text")
-            if token is None:
+            text = first.get("text")
+            if text is None:
                 return
+            token, _, ticket = text.partition("\n")
             try:
                 self.act.check_token(token)
-                self.act.budget.take(LOCAL_PATH)
+                if self._tickets.get(ticket) == "open":
+                    self._tickets[ticket] = "taken"         # the websocket's place is now this one's
+                else:
+                    self.act.budget.take(LOCAL_PATH)
             except ApiError as exc:
                 exc.request_id = new_request_id()
                 await conn.send_bytes(_ANSWER_HEAD.pack(0, exc.status) + exc.json_bytes())
                 return
+            conn.max_size = self.max_size
             try:
                 await conn.send_bytes(_ANSWER_HEAD.pack(0, 200) + b"{}")
                 await self.serve(conn, token)
