@@ -342,7 +342,7 @@ PUBLISH_COMPARE = {
     # due time to wait for the GIL; now a row takes its slot on the grid if it arrives before it,
     # and the thread takes the GIL back publish_gil_lead_ms early, sleeping to the due time with it
     "gate": (("multi", "the gate before (grid: arrival + delay; no GIL lead)", {"publish_gil_lead_ms": 0.0}),
-             ("node", "the gate now (grid slots; GIL lead default)", {})),
+             ("node", "the gate now (grid slots; the GIL lead as configured, default 0)", {})),
     # old vs new executor (MultiThreadedExecutor + spin_once slices vs NodeExecutor), gate as configured
     "executor": (("multi", "MultiThreadedExecutor", {}), ("node", "NodeExecutor", {})),
     # the gate now, NodeExecutor both: the publisher waits for the GIL at the due time (lead 0)

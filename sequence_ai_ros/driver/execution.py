@@ -468,7 +468,8 @@ class GoalExecution:
         stale = self._stale_camera(run)
         if stale is not None:
             raise stale   # no request goes out on a frozen picture; the core holds
-        run.instruction_now = self.node.policy.instruction or run.instruction   # what this request carries
+        with run.instruction_lock:          # what this request carries
+            run.instruction_now = self.node.policy.instruction or run.instruction
         try:
             obs = self.node.assembler.build(run.instruction)
             run.last_good = obs

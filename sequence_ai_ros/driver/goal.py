@@ -125,6 +125,10 @@ class GoalRun:
         #: ~/instruction, as the core sends it (read at each request). Never taken from the
         #: policy after the run returned: act() restores the instruction it found by then.
         self.instruction_now = instruction
+        #: held while the policy's instruction is read or set and ``instruction_now`` written with
+        #: it (the run thread at each request, the ~/instruction callback), so a swap is never
+        #: overwritten by a read from just before it
+        self.instruction_lock = threading.Lock()
         self.max_seconds = float(max_seconds)
         self.t0 = time.monotonic()
         self.trace = RunTrace()

@@ -91,8 +91,8 @@ def _latency_values(run) -> dict:
 
 def _realtime_refused(logger, priority: int):
     """The gate's ``on_rt_error``: the publisher thread could not take SCHED_FIFO ``priority`` and
-    runs at normal priority. Expected at the default on a machine without the right (info); a
-    warning for a value the user set."""
+    runs at normal priority. Expected at the default 40 on a machine without the right (info); a
+    warning for any other value (asked for on purpose)."""
     say = logger.info if priority == _params.REALTIME_PRIORITY else logger.warning
     return lambda why: say(f"publisher thread at normal priority: {why}")
 
@@ -471,10 +471,13 @@ class PolicyDriver(LifecycleNodeMixin, Node):
         if self.policy is None:
             self.get_logger().warning(f"ignored instruction {text!r}: the driver is not configured")
             return
-        self.policy.set_instruction(text)  # thread-safe; takes effect on the next request
         run = self.goals.run
-        if run is not None:
-            run.instruction_now = text     # the feedback says it at once (the next request re-reads it)
+        if run is None:
+            self.policy.set_instruction(text)  # thread-safe; takes effect on the next request
+        else:
+            with run.instruction_lock:         # the feedback says it at once (each request re-reads it)
+                self.policy.set_instruction(text)
+                run.instruction_now = text
         self.get_logger().info(f"instruction now {text!r}")
 
     def _on_wait_until_ready(self, request, response):

@@ -249,7 +249,7 @@ TABLE: Dict[str, Spec] = {
     "realtime_priority": Spec(REALTIME_PRIORITY, "SCHED_FIFO priority (1-99) of the publisher thread "
                                  "(publish_delay_ms > 0); 0 = normal scheduling. Needs CAP_SYS_NICE or an rtprio "
                                  "limit (ulimit -r); where the OS refuses, the thread runs at normal priority (logged "
-                                 "once: info at the default 40, a warning for a value you set). Default 40: below "
+                                 "once: info at the default 40, a warning for any other value). Default 40: below "
                                  "ros2_control's controller_manager (50), so it never delays a controller's "
                                  "update.", lo=0, hi=99),
     "control_rate_hz": Spec(0.0, "Cross-check of the contract's control_frequency_hz (Hz); 0 = accept the "
