@@ -175,7 +175,8 @@ class RayLauncher:
         self.address = address
         from sequence_ai_server.launchers.ray_node import WorkerActor
         self._actor_cls = ray.remote(WorkerActor)
-        self._live: dict[str, set] = {}
+        self._live: dict[str, set] = {}         # per deployment: its serving workers (builds are not counted)
+        self._placing: dict[str, int] = {}       # per deployment: workers checked and being placed
         self._lock = threading.Lock()
         log.info("workers run as Ray actors (cluster %s)", address)
 
@@ -200,18 +201,28 @@ class RayLauncher:
             raise ApiError("invalid_request", f"{name}: {exc}",
                            hint="change gpu= in @seq.policy, or SEQ_RAY_GPUS_PER_NODE for this cluster") from None
         cap = max_workers(resources)
+        counted = spec.role != "build"
         with self._lock:
             live = self._live.setdefault(name, set())
-            if cap is not None and spec.role != "build" and len(live) >= cap:
+            held = len(live) + self._placing.get(name, 0)
+            if cap is not None and counted and held >= cap:
                 raise ApiError("deployment_full",
-                               f"{name!r} already runs {len(live)} worker(s), the most max_gpus={resources['max_gpus']} "
+                               f"{name!r} already runs {held} worker(s), the most max_gpus={resources['max_gpus']} "
                                "allows", hint="raise max_gpus in @seq.policy, or stop a worker first",
-                               details={"reason": "deployment_full", "max_gpus": resources["max_gpus"], "held": len(live)})
+                               details={"reason": "deployment_full", "max_gpus": resources["max_gpus"], "held": held})
+            if counted:       # reserved in the same lock section as the check: two starts at once cannot both pass
+                self._placing[name] = self._placing.get(name, 0) + 1
         base_env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
-        handle = self._place(spec, members, opts, base_env, live)
-        with self._lock:
-            if handle.returncode is None:
-                live.add(handle)
+        try:
+            handle = self._place(spec, members, opts, base_env, live if counted else set())
+        finally:
+            if counted:
+                with self._lock:
+                    self._placing[name] -= 1
+        if counted:
+            with self._lock:
+                if handle.returncode is None:
+                    live.add(handle)
         return handle
 
     @staticmethod
