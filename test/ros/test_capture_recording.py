@@ -32,6 +32,7 @@ from sequence_ai.cli import main as sequence_ai_main
 from sequence_ai_msgs.action import Act, RecordEpisode
 from sequence_ai_msgs.srv import CheckSuccess, LabelEpisode, ResetScene
 from sequence_ai_ros import demo
+from sequence_ai_ros._spin import spin
 from sequence_ai_ros.bag.frames import episode_timing, observations_from_bag
 from sequence_ai_ros.bag.events import assembly_settings
 from sequence_ai_ros.bag.reader import BagReadError, custom_data, iter_raw, read_episode
@@ -66,7 +67,10 @@ class Cell:
         self.executor = MultiThreadedExecutor(num_threads=6, context=self.ctx)
         for n in (self.driver, self.recorder, self.client):
             self.executor.add_node(n)
-        self.spin = threading.Thread(target=self.executor.spin, daemon=True)
+        # _spin.spin rides out an entity destroyed while the wait set is built (a test's own
+        # recorder removed and destroyed mid-spin): executor.spin() died of it, and every later
+        # service reply and result of the module's cell was never taken (a reset timed out at 30 s)
+        self.spin = threading.Thread(target=spin, args=(self.executor,), daemon=True)
         self.spin.start()
         self.act = ActionClient(self.client, Act, "policy_driver/act")
         self.record = ActionClient(self.client, RecordEpisode, "episode_recorder/record_episode")

@@ -19,6 +19,7 @@ from rclpy.executors import MultiThreadedExecutor
 from rclpy.parameter import Parameter
 
 from sequence_ai_msgs.srv import LabelEpisode
+from sequence_ai_ros._spin import spin
 from sequence_ai_ros.bag.reader import read_episode
 from sequence_ai_ros.recorder_node import EpisodeRecorder
 
@@ -41,7 +42,7 @@ class Rig:
         self.executor = MultiThreadedExecutor(num_threads=3, context=self.ctx)
         for n in (self.rec, self.other, self.client):
             self.executor.add_node(n)
-        self.thread = threading.Thread(target=self.executor.spin, daemon=True)
+        self.thread = threading.Thread(target=spin, args=(self.executor,), daemon=True)   # survives the destroy race
         self.thread.start()
         self.label_cli = self.client.create_client(LabelEpisode, "rec_a/label_episode")
         assert self.label_cli.wait_for_service(timeout_sec=20.0)
