@@ -4,16 +4,14 @@ A blocking channel on the shared-memory path (``_blocking.BlockingChannel(shm=Tr
 the door on its upgrade (``protocol.LOCAL_HEADER``); when the worker names a socket, the channel
 opens it with :meth:`LocalSocket.open` and sends its messages there (framing: ``protocol`` and the
 worker's ``local.py``), closing the websocket. The name is an abstract-namespace socket
-(``@name``; a path on disk is accepted too, and must then be a socket file of this user). Before
-the token goes out the process behind it must be this user's (``SO_PEERCRED``); otherwise, or on
-any failure to open, the channel stays on its websocket.
+(``@name``: nothing on disk). Before the token goes out the process behind it must be this user's
+(``SO_PEERCRED``); otherwise, or on any failure to open, the channel stays on its websocket.
 """
 from __future__ import annotations
 
 import os
 import select
 import socket
-import stat
 import struct
 import time
 from typing import Optional
@@ -46,17 +44,13 @@ class LocalSocket:
 
     @classmethod
     def open(cls, path: str, token: str, deadline: float, ticket: str = "") -> "LocalSocket":
-        """Connect to ``path`` (``@name``: the abstract namespace), check it is the worker's (a
-        peer process of this user; a socket file of this user for a path on disk), send ``token``
-        (and the accept's ``ticket``, which hands the websocket's connection place to the door)
-        and read the door's answer. Raises PermissionError (not this user's), DoorRefused, OSError."""
-        if path.startswith("@"):
-            address = "\0" + path[1:]
-        else:
-            info = os.lstat(path)
-            if not stat.S_ISSOCK(info.st_mode) or info.st_uid != os.geteuid():
-                raise PermissionError(f"{path} is not a socket of this user")
-            address = path
+        """Connect to ``path`` (``@name``: a socket in the abstract namespace), check it is the
+        worker's (a peer process of this user), send ``token`` (and the accept's ``ticket``, which
+        hands the websocket's connection place to the door) and read the door's answer. Raises
+        PermissionError (not this user's, or not an ``@name``), DoorRefused, OSError."""
+        if not path.startswith("@"):
+            raise PermissionError(f"{path!r} is not an abstract socket name (@...): not opened")
+        address = "\0" + path[1:]
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             sock.settimeout(max(0.001, deadline - time.monotonic()))

@@ -87,11 +87,13 @@ ANSWER_HEADER = "x-seq-answer"
 ANSWER_BINARY = "rows-f64"
 BINARY_ANSWER_CONTENT_TYPE = "application/vnd.sequence-ai.answer+bin"
 # The same-host door: a client of the shm path sends ``LOCAL_HEADER: 1`` on the channel's upgrade;
-# a worker that has one answers with the path of its Unix socket in the same header, and the
-# client may carry the channel's messages over it instead of the websocket. Each message there is
-# ``LOCAL_FRAME`` (kind u8: 0 binary, 1 text; length u32) then that many bytes; the first one the
-# client sends is its token as text, answered by one binary answer message (seq 0; status 200,
-# else the error body); the rest are the channel's messages as the websocket carries them.
+# a worker that has one answers in the same header with "NAME TICKET": NAME its Unix socket in the
+# abstract namespace ("@..."), TICKET a one-time ticket that hands the websocket's connection
+# place to the door. The client may then carry the channel's messages there instead of the
+# websocket. Each message is ``LOCAL_FRAME`` (kind u8: 0 binary, 1 text; length u32) then that many
+# bytes; the first one the client sends is "TOKEN\nTICKET" as text (at most 4 KiB), answered by one
+# binary answer message (seq 0; status 200, else the error body); the rest are the channel's
+# messages as the websocket carries them.
 LOCAL_HEADER = "x-seq-local"
 LOCAL_FRAME = struct.Struct(">BI")
 

@@ -496,3 +496,12 @@ def test_a_client_killed_with_a_request_in_flight_leaves_no_segment_in_dev_shm(w
     finally:
         if os.path.exists(path):
             os.unlink(path)
+
+
+def test_the_client_opens_only_an_abstract_socket_name():
+    """A header naming a path on disk (not what a worker names) is not connected to: the token
+    never goes to a file someone else could have put there; the channel stays on its websocket."""
+    from sequence_ai_core._local import LocalSocket
+
+    with pytest.raises(PermissionError, match="not an abstract socket name"):
+        LocalSocket.open("/tmp/seq-door-x/act.sock", "secret", time.monotonic() + 5)
