@@ -511,14 +511,18 @@ class GoalExecution:
         if client is None or run.task_done or self.node.policy is None:
             return
         pending = self._success_call
+        ready = client.service_is_ready()
         if pending is not None:
-            if time.monotonic() - self._success_call_t < STOP_SERVICE_WAIT_S:
+            if ready and time.monotonic() - self._success_call_t < STOP_SERVICE_WAIT_S:
                 return
-            client.remove_pending_request(pending)    # a service that hangs: ask again, and say so once
+            # a service that hangs, or went away with our request in flight (it will never answer:
+            # waiting out STOP_SERVICE_WAIT_S could outlast a short run): ask again, and say so once
+            client.remove_pending_request(pending)
             self._success_call = None
-            _stop_service_lapsed(self.node.get_logger(), run, client, f"no answer in {STOP_SERVICE_WAIT_S:g} s")
+            _stop_service_lapsed(self.node.get_logger(), run, client,
+                                 "the service is gone" if not ready else f"no answer in {STOP_SERVICE_WAIT_S:g} s")
             return
-        if not client.service_is_ready():
+        if not ready:
             _stop_service_lapsed(self.node.get_logger(), run, client, "the service is gone")
             return
         instruction = self.node.policy.instruction
