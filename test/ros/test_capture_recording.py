@@ -457,8 +457,15 @@ def test_sigkill_during_recording_leaves_a_bag_that_exports_all_but_its_last_chu
     # commands; with CI's two test files in parallel (MuJoCo rendering beside this recorder) the
     # killed process was once 2.8 s behind (15 of 57 recovered). The bound that matters here is
     # that a prefix survives and exports; the recorder's own lag is bench/bench_recorder.py's.
-    assert kill_at["n"] - len(recovered) <= int(4.0 * FPS), (kill_at["n"], len(recovered))
-    assert len(recovered) >= 1 and recovered == sent[:len(recovered)]
+    # What a fresh recorder process misses at the start: its reader can match the driver's
+    # command writer a moment after the writer matched it (DDS discovery runs both ways; the test
+    # can only see the writer's side), and a volatile reader gets nothing sent before its own
+    # match (CI once: the first 5 commands, 0.33 s, of a run started just after the match).
+    assert len(recovered) >= 1
+    skipped = next((k for k in range(FPS + 1) if sent[k:k + len(recovered)] == recovered), None)
+    assert skipped is not None, ("the recovered commands are not a run of those sent, from within 1 s of the start",
+                                 recovered[:3], sent[:FPS + 3])
+    assert kill_at["n"] - (skipped + len(recovered)) <= int(4.0 * FPS), (kill_at["n"], skipped, len(recovered))
     # export reads the cut bag directly, and after repair the bag is complete
     ds = tmp_path / "ds"
     assert _export([cut, "--out", ds]) == 0
