@@ -5,8 +5,12 @@ policy (a 16x8 chunk of zeros) behind each, one observation = 2 x 224x224 RGB fr
 an instruction:
 
 * ours, sync    -- ``sequence_ai.observation()`` (JPEG q95 encode, timed) + /act over the channel
-  (``WS /act/ws``) to a real worker process the way the sync ``Policy.predict`` sends it in a
-  session's steady state: a blocking websocket on the calling thread (``WorkerLink.act_blocking``);
+  to a real worker process the way the sync ``Policy.predict`` sends it in a session's steady
+  state: a blocking channel on the calling thread (``WorkerLink.act_blocking``), which for a
+  worker on a loopback address moves from its websocket to the worker's same-host door (a Unix
+  socket; over ``--link`` it stays on the websocket);
+* ours, ws      -- the same kept on the websocket (``WS /act/ws``; ``SEQ_CLIENT_DOOR=0``): a robot
+  on another machine, without the network;
 * ours, channel -- the same through the asyncio wire (``AsyncPolicy.predict``, and ``run()``);
 * ours, http    -- the same over ``POST /act`` (binary body; httptools + uvloop on the worker);
 * ours, shm     -- the same-host path: ``observation(codec="raw")`` (no codec: the raw pixels at
@@ -55,7 +59,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 SIDE_PY = ROOT / ".venv" / "sides" / "openpi-client" / "bin" / "python"
 OPENPI_DIR = ROOT.parent / "shared" / "peers" / "openpi"
-CLIENTS = ("ours-sync", "ours-channel", "ours-http", "ours-shm", "openpi-ours", "openpi", "naive")
+CLIENTS = ("ours-sync", "ours-ws", "ours-channel", "ours-http", "ours-shm", "openpi-ours", "openpi", "naive")
 
 POLICY = '''
 import numpy as np
@@ -124,7 +128,7 @@ if kind_of.startswith("ours"):
     def one(imgs):
         obs = sequence_ai.observation(images={"exterior": imgs[0], "wrist": imgs[1]}, joints=STATE, gripper=[0.5],
                                       instruction="put the red cube on the green pad", contract=contract, codec=codec)
-        if kind_of in ("ours-sync", "ours-shm"):
+        if kind_of in ("ours-sync", "ours-ws", "ours-shm"):
             pred = wire.act_blocking(obs.to_wire(raw=True), loop.run_until_complete)
         else:
             pred = loop.run_until_complete(wire.act(obs.to_wire(raw=True)))
@@ -254,7 +258,7 @@ class Bench:
                 raise RuntimeError("worker did not start: " + (self.tmp / "worker.log").read_text()[-2000:])
             time.sleep(0.1)
         info = json.loads(ready.read_text())
-        for name in ("ours-sync", "ours-channel", "ours-http", "ours-shm", "openpi-ours"):
+        for name in ("ours-sync", "ours-ws", "ours-channel", "ours-http", "ours-shm", "openpi-ours"):
             self.server_pid[name] = worker.pid if not self.ns_srv else info["pid"]
         op_port, nv_port = free_port(), free_port()
         openpi = self.spawn([str(SIDE_PY), "-c", OPENPI_SERVER, str(OPENPI_DIR), "127.0.0.1", str(op_port)], self.ns_srv,
@@ -271,6 +275,7 @@ class Bench:
     def start_agents(self, clients: tuple[str, ...] = CLIENTS) -> None:
         worker_url, secret, openpi, naive, contract = self.start_servers()
         plans = {"ours-sync": ([sys.executable], [worker_url, secret, json.dumps(contract)]),
+                 "ours-ws": ([sys.executable], [worker_url, secret, json.dumps(contract)]),
                  "ours-shm": ([sys.executable], [worker_url, secret, json.dumps(contract)]),
                  "ours-channel": ([sys.executable], [worker_url, secret, json.dumps(contract)]),
                  "ours-http": ([sys.executable], [worker_url, secret, json.dumps(contract)]),
@@ -279,9 +284,9 @@ class Bench:
         for name, (py, args) in plans.items():
             if name not in clients:
                 continue
+            env = {**os.environ, "PYTHONPATH": str(ROOT), **({"SEQ_CLIENT_DOOR": "0"} if name == "ours-ws" else {})}
             agent = self.spawn([*py, "-c", AGENT, name, *args], self.ns_cli, stdin=subprocess.PIPE,
-                               stdout=subprocess.PIPE, text=True, cwd=ROOT,
-                               env={**os.environ, "PYTHONPATH": str(ROOT)})
+                               stdout=subprocess.PIPE, text=True, cwd=ROOT, env=env)
             line = agent.stdout.readline().strip()
             if line != "ready":
                 raise RuntimeError(f"client {name} did not start")

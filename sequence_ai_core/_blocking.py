@@ -14,7 +14,9 @@ for those alone.
 """
 from __future__ import annotations
 
+import ipaddress
 import json
+import os
 import select
 import socket
 import ssl
@@ -40,6 +42,21 @@ except ImportError:  # pragma: no cover - exercised by the fallback test with a 
 _RECV_BYTES = 1 << 16
 
 
+def same_host(worker_url: str) -> bool:
+    """True when ``worker_url``'s host is a loopback address (``127.0.0.0/8``, ``::1``,
+    ``localhost``): the worker runs on this machine, so the channel asks for its door, unless
+    ``$SEQ_CLIENT_DOOR`` is ``0``."""
+    if os.environ.get("SEQ_CLIENT_DOOR", "1").strip() == "0":
+        return False
+    host = urlsplit(worker_url).hostname or ""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 def available() -> bool:
     """True when the ``websockets`` package (its sans-I/O protocol) can be imported."""
     return _ClientProtocol is not None
@@ -58,8 +75,13 @@ class BlockingChannel:
         token: the direct secret / lease token it is opened with (``Authorization: Bearer``).
         timeout_s: how long a request may take, send and answer together (s).
         shm: send binary bodies' frames through a shared-memory segment (the same-host path,
-            ``_shm``; the worker must run on this machine as this user); the messages then go
-            over the worker's same-host door (a Unix socket, ``_local``) when it names one.
+            ``_shm``; the worker must run on this machine as this user).
+
+    The messages go over the worker's same-host door (a Unix socket, ``_local``) instead of the
+    websocket when the worker names one, which it does when asked: on the shared-memory path,
+    and for any worker whose URL is a loopback address (:func:`same_host`; a worker on this
+    machine: ``$SEQ_CLIENT_DOOR=0`` keeps such a client on its websocket). A door that cannot be
+    opened (another network namespace, another user) leaves the channel on its websocket.
     """
 
     def __init__(self, worker_url: str, token: str, timeout_s: float, shm: bool = False) -> None:
@@ -101,7 +123,7 @@ class BlockingChannel:
             request = proto.connect()
             request.headers["Authorization"] = f"Bearer {self.token}"
             request.headers[ANSWER_HEADER] = ANSWER_BINARY
-            if self.segment is not None:
+            if self.segment is not None or same_host(self.worker_url):
                 request.headers[LOCAL_HEADER] = "1"
             proto.send_request(request)
             self._flush(deadline)
@@ -246,19 +268,36 @@ class BlockingChannel:
                     got, status = _channel._ANSWER_HEAD.unpack_from(message)
                     if got == seq:
                         self.requests += 1
-                        self.segment.answered()
+                        if self.segment is not None:
+                            self.segment.answered()
                         return _channel.answer_response(status, message[_channel._ANSWER_HEAD.size:], True)
         except socket.timeout as exc:
             self.abort()
             raise TimeoutError(f"no /act answer within {self.timeout_s:g} s") from exc
         except OSError as exc:
+            refused = self._last_word(local, seq)
             self.abort()
+            if refused is not None:
+                return refused
             dropped = _channel.ChannelDropped(f"the same-host door of {self.worker_url} failed: {exc!r}")
             dropped.sent = sent
             raise dropped from exc
         except BaseException:          # Ctrl-C mid-request: the channel's state is unknown
             self.abort()
             raise
+
+    @staticmethod
+    def _last_word(local: _local.LocalSocket, seq: int) -> Optional[httpx.Response]:
+        """The answer to ``seq`` the door sent before it closed (its 413 for a message over its
+        limit: it reads none of it, answers and closes, so the send fails midway), else None."""
+        try:
+            message = local.receive(time.monotonic() + 1.0)
+        except OSError:
+            return None
+        if len(message) >= _channel._ANSWER_HEAD.size and _channel._ANSWER_HEAD.unpack_from(message)[0] == seq:
+            status = _channel._ANSWER_HEAD.unpack_from(message)[1]
+            return _channel.answer_response(status, message[_channel._ANSWER_HEAD.size:], True)
+        return None
 
     def refresh(self, token: str) -> None:
         """Hand the worker ``token`` (a renewed lease of this session) for the requests that follow

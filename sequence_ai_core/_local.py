@@ -14,16 +14,14 @@ import select
 import socket
 import struct
 import time
-from typing import Optional
 
-from .protocol import LOCAL_FRAME
+from .protocol import LOCAL_FRAME, FramedSocket, MessageTooLarge
 
-__all__ = ["LocalSocket", "DoorRefused"]
+__all__ = ["LocalSocket", "DoorRefused", "MessageTooLarge"]
 
 _ANSWER_HEAD = struct.Struct(">IH")
 _PEER = struct.Struct("3i")
 _RECV_BYTES = 1 << 16
-SEND_TIMEOUT_S = 10.0        # a message the worker does not take within this long: the door failed
 
 
 class DoorRefused(ConnectionError):
@@ -34,13 +32,11 @@ class DoorRefused(ConnectionError):
         self.status, self.body = status, body
 
 
-class LocalSocket:
-    """One connection to a worker's door. Not thread-safe. ``send`` / ``receive`` raise OSError
-    (``socket.timeout`` past the deadline) and ConnectionError when the worker closed it."""
-
-    def __init__(self, sock: socket.socket) -> None:
-        self.sock = sock
-        self._buf = bytearray()
+class LocalSocket(FramedSocket):
+    """One connection to a worker's door: ``protocol.FramedSocket`` (``send``,
+    ``receive_message``, ``close``) with the client's opening and reads. Not thread-safe.
+    ``send`` / ``receive`` raise OSError (``socket.timeout`` past the deadline) and
+    ConnectionError when the worker closed it."""
 
     @classmethod
     def open(cls, path: str, token: str, deadline: float, ticket: str = "") -> "LocalSocket":
@@ -69,33 +65,12 @@ class LocalSocket:
             sock.close()
             raise
 
-    def send(self, message: bytes, kind: int = 0, timeout_s: float = SEND_TIMEOUT_S) -> None:
-        """Send one message (``kind`` 0 binary, 1 text) whole, within ``timeout_s`` (s;
-        ``socket.timeout`` past it)."""
-        self.sock.settimeout(timeout_s)
-        self.sock.sendall(LOCAL_FRAME.pack(kind, len(message)) + message)
-
     def receive(self, deadline: float) -> bytes:
         """The next binary message (text ones, errors with no ``seq``, are skipped)."""
         while True:
-            buf = self._buf
-            if len(buf) >= LOCAL_FRAME.size:
-                kind, size = LOCAL_FRAME.unpack_from(buf)
-                end = LOCAL_FRAME.size + size
-                if len(buf) >= end:
-                    message = bytes(buf[LOCAL_FRAME.size:end])
-                    del buf[:end]
-                    if kind == 0:
-                        return message
-                    continue
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise socket.timeout("timed out")
-            self.sock.settimeout(remaining)
-            data = self.sock.recv(_RECV_BYTES)
-            if not data:
-                raise ConnectionResetError("the worker closed the same-host door")
-            buf += data
+            kind, message = self.receive_message(deadline)
+            if kind == 0:
+                return message
 
     def take_pending(self) -> None:
         """Read what arrived while idle without waiting and drop its whole messages (no request
@@ -112,12 +87,3 @@ class LocalSocket:
         while len(buf) >= LOCAL_FRAME.size and len(buf) >= LOCAL_FRAME.size + LOCAL_FRAME.unpack_from(buf)[1]:
             del buf[:LOCAL_FRAME.size + LOCAL_FRAME.unpack_from(buf)[1]]
 
-    def close(self) -> None:
-        """Close the socket (idempotent)."""
-        sock: Optional[socket.socket] = self.sock
-        if sock is not None:
-            self.sock = None
-            try:
-                sock.close()
-            except OSError:
-                pass

@@ -30,8 +30,10 @@ import array
 import base64
 import binascii
 import json
+import socket
 import sys
 import struct
+import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Tuple
 
@@ -42,7 +44,7 @@ __all__ = [
     "CameraSpec", "ObservationSpec", "ActionSpec", "Contract", "DELAY_MODES", "DELAY_FIELDS",
     "ACT_CHANNEL_PATH", "CHANNEL_FORMAT_JSON", "CHANNEL_FORMAT_BINARY", "CHANNEL_FORMAT_SHM", "RAW_ENCODING", "SHM_DIR", "shm_name", "valid_shm_name", "encode_shm_head", "decode_shm_head",
     "DEADLINE_FIELDS", "MAX_DEADLINE_MS",
-    "ANSWER_HEADER", "ANSWER_BINARY", "LOCAL_HEADER", "LOCAL_FRAME", "BINARY_ANSWER_CONTENT_TYPE", "encode_act_answer", "decode_act_answer",
+    "ANSWER_HEADER", "ANSWER_BINARY", "LOCAL_HEADER", "LOCAL_FRAME", "FramedSocket", "MessageTooLarge", "BINARY_ANSWER_CONTENT_TYPE", "encode_act_answer", "decode_act_answer",
 ]
 
 #: The delay modes a policy may declare (``seq.ActionContract(delay_modes=...)``).
@@ -96,6 +98,71 @@ BINARY_ANSWER_CONTENT_TYPE = "application/vnd.sequence-ai.answer+bin"
 # messages as the websocket carries them.
 LOCAL_HEADER = "x-seq-local"
 LOCAL_FRAME = struct.Struct(">BI")
+LOCAL_SEND_TIMEOUT_S = 10.0    # a door message the other end does not take within this long: the door failed
+_LOCAL_RECV_BYTES = 1 << 16
+
+
+class MessageTooLarge(OSError):
+    """A message on the door longer than the reader's limit (the reader then closes it):
+    ``kind``, ``size`` (bytes, from its head) and ``head``, its first bytes already read (up to 5:
+    a request's ``seq`` and format)."""
+
+    def __init__(self, kind: int, size: int, limit: int, head: bytes) -> None:
+        super().__init__(f"a {size}-byte message (the limit is {limit})")
+        self.kind, self.size, self.head = kind, size, head
+
+
+class FramedSocket:
+    """The door's framing (``LOCAL_FRAME``) over a blocking stream socket, for both ends: the
+    client's ``_local.LocalSocket`` and the worker's door connections. Not thread-safe."""
+
+    def __init__(self, sock: Any) -> None:
+        self.sock = sock
+        self._buf = bytearray()
+
+    def send(self, message: bytes, kind: int = 0, timeout_s: float = LOCAL_SEND_TIMEOUT_S) -> None:
+        """Send one message (``kind`` 0 binary, 1 text) whole, within ``timeout_s`` (s;
+        ``socket.timeout`` past it)."""
+        self.sock.settimeout(timeout_s)
+        self.sock.sendall(LOCAL_FRAME.pack(kind, len(message)) + message)
+
+    def receive_message(self, deadline: Optional[float] = None, max_size: Optional[int] = None) -> Tuple[int, bytes]:
+        """The next message -> ``(kind, bytes)`` (kind 0 binary, 1 text), waiting up to
+        ``deadline`` (``time.monotonic()`` s; None: as long as it takes). Raises
+        ``socket.timeout`` past the deadline, ConnectionResetError when the other end closed,
+        MessageTooLarge for a message whose head says more than ``max_size`` bytes (none of it is
+        read: the reader closes the connection)."""
+        buf = self._buf
+        while True:
+            if len(buf) >= LOCAL_FRAME.size:
+                kind, size = LOCAL_FRAME.unpack_from(buf)
+                if max_size is not None and size > max_size:
+                    raise MessageTooLarge(kind, size, max_size, bytes(buf[LOCAL_FRAME.size:LOCAL_FRAME.size + 5]))
+                end = LOCAL_FRAME.size + size
+                if len(buf) >= end:
+                    message = bytes(buf[LOCAL_FRAME.size:end])
+                    del buf[:end]
+                    return kind, message
+            if deadline is None:
+                self.sock.settimeout(None)
+            else:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise socket.timeout("timed out")
+                self.sock.settimeout(remaining)
+            data = self.sock.recv(_LOCAL_RECV_BYTES)
+            if not data:
+                raise ConnectionResetError("the other end closed the same-host door")
+            buf += data
+
+    def close(self) -> None:
+        """Close the socket (idempotent)."""
+        sock, self.sock = self.sock, None
+        if sock is not None:
+            try:
+                sock.close()
+            except OSError:
+                pass
 
 
 # ---------------------------------------------------------------- the /act framing

@@ -223,7 +223,8 @@ def test_sync_predict_after_a_dropped_or_refused_blocking_channel_reconnects_onc
         link = policy._engine._wire
         a = policy.predict(observation()).action_chunk.actions[0][0]
         b = policy.predict(observation()).action_chunk.actions[0][0]
-        link.transports.current._sock.shutdown(socket.SHUT_RDWR)     # the connection goes away
+        channel = link.transports.current            # a loopback worker: its same-host door
+        (channel.local.sock if channel.local is not None else channel._sock).shutdown(socket.SHUT_RDWR)   # it goes away
         c = policy.predict(observation()).action_chunk.actions[0][0]
         assert (b, c) == (a + 1, a + 2) and policy.reconnects == 1 and link.transports.opens == 2
         link.session.direct_secret = "rotated-away"     # handed to the channel; its next request is 401

@@ -337,6 +337,38 @@ def _ws_once_free(w, headers: dict, timeout_s: float = 10.0):
         return
 
 
+def test_a_loopback_client_takes_the_door_whatever_its_body_and_a_far_too_big_body_is_still_413(worker, monkeypatch):
+    """A blocking channel to a worker on a loopback address goes over the door for JPEG bodies
+    too (no websocket framing or event loop on the path); ``SEQ_CLIENT_DOOR=0`` keeps it on the
+    websocket. A body far over the worker's limit on the door is answered 413 before the door
+    closes (none of it is read), so the robot sees the same payload_too_large as on HTTP and the
+    websocket, and the next request opens a new channel."""
+    from sequence_ai_core import InvalidRequest
+    loop = asyncio.new_event_loop()
+    try:
+        frame = _frame(50)
+        wire = _link(worker, "binary")
+        assert wire.act_blocking(_obs(frame), loop.run_until_complete).action_chunk.actions == [_expected(frame)]
+        channel = wire.transports.current
+        assert channel.local is not None and channel._sock is None and channel.segment is None
+        huge = _obs(frame)
+        huge["images"][0]["data"] = b"\0" * 600_000       # over twice the 200 kB limit: the door reads none of it
+        with pytest.raises(InvalidRequest) as refused:
+            wire.act_blocking(huge, loop.run_until_complete)
+        assert (refused.value.code, refused.value.status_code) == ("payload_too_large", 413)
+        assert refused.value.details["limit_bytes"] == 200000, refused.value.details
+        assert wire.act_blocking(_obs(frame), loop.run_until_complete).action_chunk.actions == [_expected(frame)]
+        assert wire.transports.current.local is not None
+        loop.run_until_complete(wire.aclose())
+        monkeypatch.setenv("SEQ_CLIENT_DOOR", "0")
+        wire = _link(worker, "binary")
+        assert wire.act_blocking(_obs(frame), loop.run_until_complete).action_chunk.actions == [_expected(frame)]
+        assert wire.transports.current.local is None and wire.transports.current._sock is not None
+        loop.run_until_complete(wire.aclose())
+    finally:
+        loop.close()
+
+
 def test_the_same_host_path_needs_the_channel():
     with pytest.raises(ValueError, match='cannot go with transport="http"'):
         Transports("http", 5.0, lambda: None, shm=True)

@@ -26,8 +26,10 @@ from sequence_ai_core._wire import Session, WorkerLink
 pytestmark = pytest.mark.filterwarnings("ignore:run\\(\\)/act\\(\\) called with validate=None")
 
 
-def _cut(sock) -> None:
-    """Cut a TCP connection from another thread (a dup of its descriptor, shut down both ways)."""
+def _cut(channel) -> None:
+    """Cut a blocking channel's connection from another thread (a dup of its descriptor, shut
+    down both ways): its same-host door's Unix socket (a loopback worker's), else its websocket."""
+    sock = channel.local.sock if channel.local is not None else channel._sock
     dup = socket.socket(fileno=os.dup(sock.fileno()))
     try:
         dup.shutdown(socket.SHUT_RDWR)
@@ -63,14 +65,14 @@ def test_a_request_cut_after_it_went_out_is_played_at_most_twice(shared_module_g
         def cutter():
             t0 = time.monotonic()
             time.sleep(0.3)                               # the first run (1 s) is under way
-            _cut(first._sock)
+            _cut(first)
             cut.append("blocking")
             deadline = time.monotonic() + 10
             while transports.current in (None, first) and time.monotonic() < deadline:
                 time.sleep(0.005)
             # the replay waits in the worker's queue behind the first run, then runs 1 s
             time.sleep(max(0.0, t0 + 1.5 - time.monotonic()))
-            _cut(transports.current._sock)
+            _cut(transports.current)
             cut.append("replay")
         thread = threading.Thread(target=cutter, daemon=True)
         thread.start()
@@ -124,10 +126,15 @@ def _link(worker):
 
 
 @pytest.mark.parametrize("size", [5_000_000, 40_000_000])
-def test_a_body_far_over_the_limit_is_payload_too_large_on_the_blocking_path(small_body_worker, size):
-    """Far over the limit the worker closes with 1009 while the body is still going out, and the
-    connection resets under the send: the blocking channel reads the 1009 close and answers the
-    same 413 as HTTP, which the link raises rather than uploading the body again."""
+@pytest.mark.parametrize("door", [True, False], ids=["door", "websocket"])
+def test_a_body_far_over_the_limit_is_payload_too_large_on_the_blocking_path(small_body_worker, size, door,
+                                                                            monkeypatch):
+    """Far over the limit the worker stops reading while the body is still going out, and the
+    connection resets under the send: on the websocket (``SEQ_CLIENT_DOOR=0``) it closes with
+    1009, which the blocking channel reads; on the same-host door it answers 413 first, naming
+    the limit. Either way the robot gets the same 413 as HTTP, which the link raises rather than
+    uploading the body again."""
+    monkeypatch.setenv("SEQ_CLIENT_DOOR", "1" if door else "0")
     link, loop = _link(small_body_worker), asyncio.new_event_loop()
     try:
         obs = observation().to_wire()
@@ -135,7 +142,8 @@ def test_a_body_far_over_the_limit_is_payload_too_large_on_the_blocking_path(sma
         with pytest.raises(InvalidRequest) as refused:
             link.act_blocking(obs, loop.run_until_complete)
         assert (refused.value.code, refused.value.status_code) == ("payload_too_large", 413)
-        assert "1009" in str(refused.value) and link.reconnects == 0
+        said = "takes at most 200000 bytes" if door else "1009"
+        assert said in str(refused.value) and link.reconnects == 0, refused.value
         before = _first(link.act_blocking(observation().to_wire(), loop.run_until_complete))  # a new channel
         assert _first(link.act_blocking(observation().to_wire(), loop.run_until_complete)) == before + 1
         assert link.transports.current.requests == 2 and link.transports.opens == 2

@@ -121,8 +121,9 @@ def _client_ports_of(worker_port: int) -> list:
 @pytest.mark.parametrize("face", ["sync", "async"])
 def test_a_session_keeps_one_websocket_across_lease_renewals(module_gateway, face):
     """Three lease renewals through the gateway, each beside the session's requests: every request
-    rides the one websocket the session opened first (the same TCP connection, seen from the
-    worker's port), each renewal's token handed to it; no second socket, no reconnect."""
+    rides the one channel the session opened first (the same TCP connection, seen from the
+    worker's port; for the sync face, the same-host door's one socket), each renewal's token
+    handed to it; no second socket, no reconnect."""
     name = unique(f"echo-renew-{face}")
     module_gateway.deploy(ECHO, name, wait=True)
     if face == "sync":
@@ -151,13 +152,23 @@ def test_a_session_keeps_one_websocket_across_lease_renewals(module_gateway, fac
     assert len(ports[0]) == 1 and all(p == ports[0] for p in ports), ports    # one socket, never reopened
 
 
+def _connections_of(link, worker_port: int) -> list:
+    """The session's connections to its worker: its same-host door's Unix socket (the inode: the
+    sync face on a loopback worker moves its channel there), else :func:`_client_ports_of`."""
+    local = getattr(link.transports.current, "local", None)
+    if local is not None:
+        assert _client_ports_of(worker_port) == []      # the websocket it came through is closed
+        return [("door", os.fstat(local.sock.fileno()).st_ino)]
+    return _client_ports_of(worker_port)
+
+
 def _renew_three_times(link, predict):
     """Predict, then force three renewals (each beside the requests), predicting until each lands.
-    -> (the client ports connected to the worker after each step, websockets opened, tokens
-    handed to an open channel, renewals, the session's tokens)."""
+    -> (the client's connections to the worker after each step, channels opened, tokens handed
+    to an open channel, renewals, the session's tokens)."""
     predict()
     worker_port = int(link.session.worker_url.rsplit(":", 1)[1])
-    ports, tokens = [_client_ports_of(worker_port)], [link.session.direct_secret]
+    ports, tokens = [_connections_of(link, worker_port)], [link.session.direct_secret]
     for renewal in (1, 2, 3):
         link.session.renew_at = 0.0               # due now: renewed beside the next requests
         deadline = time.monotonic() + 30
@@ -166,7 +177,7 @@ def _renew_three_times(link, predict):
             predict()
             time.sleep(0.02)
         predict()                                 # carries the renewed token
-        ports.append(_client_ports_of(worker_port))
+        ports.append(_connections_of(link, worker_port))
         tokens.append(link.session.direct_secret)
     transports = link.transports
     assert transports.current.token == link.session.direct_secret

@@ -23,11 +23,12 @@ a websocket sends its body (:meth:`ActPipeline.settle`), HTTP answers it with th
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import json
 import logging
 import secrets
 import time
-from typing import Any, Awaitable, Optional
+from typing import Any, Awaitable, Callable, Optional
 
 import anyio
 from pydantic import BaseModel, Field
@@ -47,7 +48,8 @@ from sequence_ai_server.worker.connections import ConnectionBudget, refuse_upgra
 from sequence_ai_server.worker.host import PolicyError, PolicyHost, Prepared
 
 __all__ = ["ActPipeline", "ActRequest", "ActResponse", "ActionChunkOut", "WorkerState", "await_result",
-           "check_control_token", "check_token", "missing_credentials", "queue_act", "run_act", "run_prepared"]
+           "check_control_token", "check_token", "missing_credentials", "queue_act", "run_act", "run_act_blocking",
+           "request_timed_out", "run_prepared", "wait_result"]
 
 log = logging.getLogger("sequence_ai_server.worker")
 
@@ -165,12 +167,26 @@ async def await_result(host: PolicyHost, future: Any, rid: str) -> tuple[Any, fl
     finally:
         timer.cancel()
     if timed_out:
-        log.warning("%s ran past the request timeout (%g s); the worker finishes it", rid, timeout)
-        raise ApiError("request_timeout", f"inference ran past the request timeout of {timeout:g} s; "
-                       "the worker finishes it before serving again", retry_after_s=1.0,
-                       details={"timeout_s": timeout},
-                       hint="raise timeouts=seq.Timeouts(request=...) or make infer faster")
+        raise request_timed_out(rid, timeout)
     return _outcome(future, rid)
+
+
+def wait_result(host: PolicyHost, future: Any, rid: str) -> tuple[Any, float, int]:
+    """:func:`await_result` for a thread that may block (a same-host door connection's): the
+    same answers, the same 504 past ``timeouts.request``."""
+    timeout = host.spec.timeouts.request
+    if not future.done() and not concurrent.futures.wait([future], timeout).done:
+        raise request_timed_out(rid, timeout)
+    return _outcome(future, rid)
+
+
+def request_timed_out(rid: str, timeout: float) -> ApiError:
+    """The 504 ``request_timeout`` for request ``rid`` past ``timeout`` (s), logged."""
+    log.warning("%s ran past the request timeout (%g s); the worker finishes it", rid, timeout)
+    return ApiError("request_timeout", f"inference ran past the request timeout of {timeout:g} s; "
+                    "the worker finishes it before serving again", retry_after_s=1.0,
+                    details={"timeout_s": timeout},
+                    hint="raise timeouts=seq.Timeouts(request=...) or make infer faster")
 
 
 def _outcome(future: Any, rid: str) -> tuple[Any, float, int]:
@@ -249,8 +265,35 @@ async def run_act(host: PolicyHost, raw: bytes, content_type: str, rid: str, cap
     future, holder, due = await queue_act(host, raw, content_type, token)
     if on_queued is not None:
         on_queued(future)
-    result, seconds, batch = await await_result(host, future, rid)
-    prepared = holder.prepared
+    result = await await_result(host, future, rid)
+    return _answer(host, result, holder.prepared, rid, queued, due, token, binary_answer, capture, raw, content_type)
+
+
+def run_act_blocking(host: PolicyHost, raw: bytes, content_type: str, rid: str, capture: Any = None,
+                     token: str = "", binary_answer: bool = False) -> bytes:
+    """:func:`run_act` on a thread that may block (a same-host door connection's, ``local.py``)
+    -> the same answer. The body is queued as ``queue_act`` queues it, but a cheap request to an
+    idle replica runs on this thread (``_Replica.run_inline`` with ``caller_blocks``: no hand-off
+    and no event loop on its path; a call that hangs then holds this connection and the replica,
+    never the loop), and the result is waited for here (:func:`wait_result`). Raises ApiError."""
+    queued = time.monotonic()
+    due, order = deadline_of(host, raw, content_type, token)
+    if host.decodes_on_replica:
+        future, holder = host.submit_raw(raw, content_type, due, order, caller_blocks=True)
+    else:
+        holder = _Decoded(host.prepare(raw, content_type))
+        future = host.submit(holder.prepared, due=due, order=order, caller_blocks=True)
+    result = wait_result(host, future, rid)
+    return _answer(host, result, holder.prepared, rid, queued, due, token, binary_answer, capture, raw, content_type)
+
+
+def _answer(host: PolicyHost, result: tuple[Any, float, int], prepared: Prepared, rid: str, queued: float,
+            due: Optional[float], token: str, binary_answer: bool, capture: Any, raw: bytes,
+            content_type: str) -> bytes:
+    """The answer to one request whose ``result`` (result, seconds, batch size) came (step 4's
+    end): the chunk checked, the payload timed from ``queued`` (monotonic s), the bytes, the
+    capture hand-off."""
+    result, seconds, batch = result
     chunk, more, outputs = check_chunk(result, host.spec, as_array=True)
     if more:
         log.info("%s clipped: %s", rid, more[0])
@@ -366,15 +409,26 @@ class ActPipeline:
         stays usable. Cancellation goes on."""
         try:
             return 200, await work
-        except ApiError as exc:
-            exc.request_id = exc.request_id or rid
-            return exc.status, exc.json_bytes()
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - a bug in the server: a typed 500 answer
-            log.exception("unhandled error on %s", where)
-            err = internal_error(exc, rid)
-            return err.status, err.json_bytes()
+        except Exception as exc:  # noqa: BLE001 - ApiError, or a bug: a typed answer (cancellation goes on)
+            return _failed(exc, rid, where)
+
+    def run_blocking(self, raw: bytes, content_type: str, rid: str, token: str = "",
+                     binary_answer: bool = False) -> bytes:
+        """:meth:`run` on a thread that may block (:func:`run_act_blocking`)."""
+        return run_act_blocking(self.state.ready_host(), raw, content_type, rid, self.capture, token=token,
+                                binary_answer=binary_answer)
+
+    def request_timeout_s(self) -> Optional[float]:
+        """The host's ``timeouts.request`` (s), None before it is ready."""
+        host = self.state.host
+        return None if host is None else host.spec.timeouts.request
+
+    def settle_blocking(self, rid: str, work: Callable[[], bytes], where: str) -> tuple[int, bytes]:
+        """:meth:`settle` for ``work`` called on this thread."""
+        try:
+            return 200, work()
+        except Exception as exc:  # noqa: BLE001 - ApiError, or a bug: a typed answer
+            return _failed(exc, rid, where)
 
     def count(self, started: float, status: int, size_in: int, size_out: int) -> None:
         """Step 5: meter one request answered on a websocket like an HTTP /act (``started``:
@@ -382,3 +436,14 @@ class ActPipeline:
         client, counted as an error with no bytes out)."""
         if self.meter is not None:
             self.meter.count((time.perf_counter() - started) * 1000.0, status, size_in, size_out if status else 0)
+
+
+def _failed(exc: Exception, rid: str, where: str) -> tuple[int, bytes]:
+    """An exception from one request's work -> ``(status, error body)``: an ApiError as it is
+    (``rid`` its request id), any other a bug, logged, answered 500 ``internal``."""
+    if isinstance(exc, ApiError):
+        exc.request_id = exc.request_id or rid
+        return exc.status, exc.json_bytes()
+    log.error("unhandled error on %s", where, exc_info=exc)
+    err = internal_error(exc, rid)
+    return err.status, err.json_bytes()

@@ -55,17 +55,19 @@ import asyncio
 import json
 import logging
 import struct
+import threading
 import time
-from typing import Any
+from typing import Any, Optional
 
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from sequence_ai_core.protocol import (ACT_CHANNEL_PATH, ANSWER_BINARY, ANSWER_HEADER, BINARY_CONTENT_TYPE,
                                        CHANNEL_FORMAT_BINARY, CHANNEL_FORMAT_JSON, CHANNEL_FORMAT_SHM,
-                                       JSON_CONTENT_TYPE, LOCAL_HEADER)
+                                       JSON_CONTENT_TYPE, LOCAL_HEADER, MessageTooLarge)
 
+from sequence_ai_server.common.body_limit import too_large
 from sequence_ai_server.common.errors import ApiError, new_request_id
-from sequence_ai_server.worker.act import ActPipeline
+from sequence_ai_server.worker.act import ActPipeline, request_timed_out
 from sequence_ai_server.worker.connections import MAX_CONNECTIONS
 from sequence_ai_server.worker.local import LocalDoor
 from sequence_ai_server.worker.shm import ChannelSegments
@@ -81,6 +83,7 @@ _ANSWER_HEAD = struct.Struct(">IH")
 # sends one at a time, so this only bounds what a misbehaving peer can make the worker hold.
 MAX_IN_FLIGHT = 32
 MAX_CONTROL_CHARS = 4096    # a text (control) message: {"cancel": seq} is ~20 characters
+WATCH_SEND_S = 1.0          # how long the door's watch waits to hand a 504 to a client not reading (s)
 _CONTENT_TYPES = {CHANNEL_FORMAT_JSON: JSON_CONTENT_TYPE, CHANNEL_FORMAT_BINARY: BINARY_CONTENT_TYPE,
                   CHANNEL_FORMAT_SHM: BINARY_CONTENT_TYPE}
 _WHERE = "the /act channel"
@@ -129,11 +132,7 @@ class _Channel:
     async def refuse_short(self, data: bytes) -> None:
         """Answer a binary message shorter than the request head with 400 ``invalid_request``:
         tagged with its ``seq`` when it holds one (4 bytes), else as a text message."""
-        seq = struct.unpack_from(">I", data)[0] if len(data) >= 4 else None
-        await self.send_error(ApiError(
-            "invalid_request", f"a channel request is seq (u32) and format (u8), then the /act body; "
-            f"this binary message has {len(data)} bytes", details={"reason": "short_request"},
-            hint="see docs/design.md: The /act channel"), seq)
+        await self.send_error(*_short_request(data))
 
     async def refuse_busy(self, data: bytes) -> None:
         """Answer a request over ``MAX_IN_FLIGHT`` at once with 503 ``unavailable`` (not queued)."""
@@ -159,27 +158,14 @@ class _Channel:
             pass
 
     async def control(self, text: str) -> None:
-        seq = None
-        if len(text) <= MAX_CONTROL_CHARS:
-            try:
-                message = json.loads(text)
-                if isinstance(message, dict) and set(message) == {"cancel"}:   # exactly one key: no mixtures
-                    seq = message["cancel"]
-            except (ValueError, RecursionError):   # RecursionError: absurdly nested JSON
-                message = None
-            if isinstance(message, dict) and set(message) == {"token"} and isinstance(message["token"], str):
-                # {"token": t}: the client's renewed lease, so a renewal keeps the socket. Not checked
-                # here: every request checks the channel's token (401 when it is not good).
-                self.token = message["token"]
-                return
-        if not isinstance(seq, int) or isinstance(seq, bool):
-            log.info("/act channel: a text message that is neither a cancel nor a token (%d characters); answered 400",
-                     len(text))
-            await self.send_error(ApiError(
-                "invalid_request", 'a text message on the /act channel is only {"cancel": seq} or '
-                f'{{"token": t}} (at most {MAX_CONTROL_CHARS} characters); requests are binary messages',
-                details={"reason": "bad_control"}, hint="see docs/design.md: The /act channel"))
+        word, value = _control(text)
+        if word == "token":
+            self.token = value
             return
+        if word is None:
+            await self.send_error(_bad_control(text))
+            return
+        seq = value
         future = self.queued.get(seq)
         if future is None:
             if seq in self.pending:         # read, not queued yet: dropped when it would be queued
@@ -215,15 +201,9 @@ class _Channel:
 
     async def run(self, seq: int, fmt: int, body: memoryview, rid: str) -> bytes:
         """One request through the act pipeline: credentials (expiry and revocation, per
-        request), the format byte, size and strings, then the pipeline's run."""
-        self.act.check_token(self.token)
-        content_type = _CONTENT_TYPES.get(fmt)
-        if content_type is None:
-            raise ApiError("invalid_request", f"channel request format {fmt} is not 0 (JSON), 1 (binary) or 2 "
-                           "(binary, frames in shared memory)", hint="see docs/design.md: The /act channel")
-        if fmt == CHANNEL_FORMAT_SHM:
-            body = self.segments.body(body)              # the JSON here, the frames from the client's segment
-        raw = self.act.check_body(body, content_type)    # 413 and bad_string as HTTP /act words them
+        request), the format byte, size and strings (:func:`_checked`), then the pipeline's run."""
+        raw = _checked(self.act, self.token, fmt, body, self.segments)
+        content_type = _CONTENT_TYPES[fmt]
 
         def on_queued(future: Any) -> None:
             if seq in self.cancelled:       # cancelled while it was being decoded: never runs
@@ -234,12 +214,161 @@ class _Channel:
                                   binary_answer=self.binary_answer)
 
 
+def _short_request(data: bytes) -> tuple[ApiError, Any]:
+    """A binary message shorter than the request head -> (its 400, its ``seq`` or None)."""
+    seq = struct.unpack_from(">I", data)[0] if len(data) >= 4 else None
+    return ApiError("invalid_request", f"a channel request is seq (u32) and format (u8), then the /act body; "
+                    f"this binary message has {len(data)} bytes", details={"reason": "short_request"},
+                    hint="see docs/design.md: The /act channel"), seq
+
+
+def _control(text: str) -> tuple[Optional[str], Any]:
+    """A text message -> ``("cancel", seq)``, ``("token", t)`` (the client's renewed lease, so a
+    renewal keeps the socket; not checked here: every request checks the channel's token), or
+    ``(None, None)`` for anything else."""
+    if len(text) > MAX_CONTROL_CHARS:
+        return None, None
+    try:
+        message = json.loads(text)
+    except (ValueError, RecursionError):   # RecursionError: absurdly nested JSON
+        return None, None
+    if isinstance(message, dict) and set(message) == {"token"} and isinstance(message["token"], str):
+        return "token", message["token"]
+    if isinstance(message, dict) and set(message) == {"cancel"}:      # exactly one key: no mixtures
+        seq = message["cancel"]
+        if isinstance(seq, int) and not isinstance(seq, bool):
+            return "cancel", seq
+    return None, None
+
+
+def _bad_control(text: str) -> ApiError:
+    log.info("/act channel: a text message that is neither a cancel nor a token (%d characters); answered 400",
+             len(text))
+    return ApiError("invalid_request", 'a text message on the /act channel is only {"cancel": seq} or '
+                    f'{{"token": t}} (at most {MAX_CONTROL_CHARS} characters); requests are binary messages',
+                    details={"reason": "bad_control"}, hint="see docs/design.md: The /act channel")
+
+
+class _DoorChannel:
+    """The channel's messages on one same-host door connection (``local.py``), served on that
+    connection's own thread, one request at a time: read, checked and run through the act
+    pipeline's blocking form (``ActPipeline.run_blocking``: a cheap policy runs right here), then
+    answered, with no event loop or task between the socket and the policy. The messages,
+    answers, errors, limits and metering are the websocket's (:class:`_Channel`); since nothing
+    is in flight while the door reads, a cancel always names a request answered already and is
+    ignored, and there is no in-flight limit to meet. A request still running past
+    ``timeouts.request`` (one that hangs on this thread) is answered 504 ``request_timeout`` by
+    the door's watch (:meth:`overdue`), as the event loop's timer answers it on the websocket; its
+    late result is dropped. ``conn``: a ``protocol.FramedSocket``."""
+
+    def __init__(self, conn: Any, token: str, act: ActPipeline, max_size: int) -> None:
+        self.conn, self.token, self.act, self.max_size = conn, token, act, max_size
+        self.segments = ChannelSegments(act.max_body_bytes)
+        self._send_lock = threading.Lock()     # this thread's answers and the watch's 504s
+        self._running: Optional[tuple[int, float, str]] = None    # (seq, started perf_counter s, request id)
+
+    def serve(self) -> None:
+        """Until the client closes the connection or sends a message over ``max_size``."""
+        try:
+            while True:
+                kind, data = self.conn.receive_message(None, self.max_size)
+                if kind != 0:
+                    word, value = _control(data.decode("utf-8", "replace"))
+                    if word == "token":
+                        self.token = value
+                    elif word is None:
+                        self.send_error(_bad_control(data.decode("utf-8", "replace")))
+                elif len(data) < _REQUEST_HEAD.size:
+                    self.send_error(*_short_request(data))
+                else:
+                    self.answer(data)
+        except MessageTooLarge as exc:   # none of it read: answer 413 when it names its seq, then close
+            if exc.kind == 0 and len(exc.head) >= 4:
+                try:
+                    self.send_error(too_large(self.act.max_body_bytes, exc.size - _REQUEST_HEAD.size),
+                                    struct.unpack_from(">I", exc.head)[0])
+                except OSError:
+                    pass
+        except OSError:           # closed or reset
+            pass
+        finally:
+            self.segments.close()
+
+    def send_error(self, exc: ApiError, seq: Any = None) -> None:
+        exc.request_id = exc.request_id or new_request_id()
+        if seq is None:
+            self.conn.send(exc.json_bytes(), 1)
+        else:
+            self.conn.send(_ANSWER_HEAD.pack(seq, exc.status) + exc.json_bytes())
+
+    def answer(self, data: bytes) -> None:
+        t0 = time.perf_counter()
+        seq, fmt = _REQUEST_HEAD.unpack_from(data)
+        rid = new_request_id()
+        self._running = (seq, t0, rid)
+        status, content = self.act.settle_blocking(
+            rid, lambda: self.run(fmt, memoryview(data)[_REQUEST_HEAD.size:], rid), "the same-host door")
+        with self._send_lock:
+            if self._running is None:  # the watch answered it 504 already: a late result is dropped
+                return
+            self._running = None
+            try:
+                self.conn.send(_ANSWER_HEAD.pack(seq, status) + content)
+            except OSError:
+                status = 0            # the client went away
+                raise
+            finally:
+                self.act.count(t0, status, len(data) - _REQUEST_HEAD.size, len(content))
+
+    def overdue(self, now: float) -> None:
+        """Called by the door's watch thread (``now``: ``time.perf_counter()``): answer the running
+        request 504 ``request_timeout`` once it has run the host's ``timeouts.request``; the
+        inference goes on (and holds this connection's thread if it runs here)."""
+        running = self._running
+        if running is None:
+            return
+        timeout_s = self.act.request_timeout_s()
+        if timeout_s is None or now - running[1] <= timeout_s:
+            return
+        with self._send_lock:
+            if self._running is not running:
+                return
+            self._running = None
+            seq, t0, rid = running
+            exc = request_timed_out(rid, timeout_s)
+            exc.request_id = rid
+            try:
+                self.conn.send(_ANSWER_HEAD.pack(seq, exc.status) + exc.json_bytes(), 0, WATCH_SEND_S)
+            except OSError:
+                pass                  # the client went away; its thread ends when the socket does
+            self.act.count(t0, exc.status, 0, len(exc.json_bytes()))
+
+    def run(self, fmt: int, body: memoryview, rid: str) -> bytes:
+        """:meth:`_Channel.run`'s checks, then the pipeline on this thread."""
+        raw = _checked(self.act, self.token, fmt, body, self.segments)
+        return self.act.run_blocking(raw, _CONTENT_TYPES[fmt], rid, token=self.token, binary_answer=True)
+
+
+def _checked(act: ActPipeline, token: str, fmt: int, body: memoryview, segments: ChannelSegments) -> Any:
+    """One channel request's checks -> its /act body: credentials (expiry and revocation, per
+    request), the format byte (a shared-memory request's frames read from its segment), size
+    and strings. Raises ApiError."""
+    act.check_token(token)
+    content_type = _CONTENT_TYPES.get(fmt)
+    if content_type is None:
+        raise ApiError("invalid_request", f"channel request format {fmt} is not 0 (JSON), 1 (binary) or 2 "
+                       "(binary, frames in shared memory)", hint="see docs/design.md: The /act channel")
+    if fmt == CHANNEL_FORMAT_SHM:
+        body = segments.body(body)              # the JSON here, the frames from the client's segment
+    return act.check_body(body, content_type)   # 413 and bad_string as HTTP /act words them
+
+
 def add_act_channel(app: Any, act: ActPipeline) -> None:
     """Add the ``/act/ws`` websocket route to the worker ``app``; ``act``: the worker's
     ``ActPipeline`` (its credentials, limits, capture, meter and connection budget). A client
     that asks with ``protocol.LOCAL_HEADER`` is told the same-host door's socket (``local.py``)."""
-    door = LocalDoor(act, lambda conn, token: _Channel(conn, token, act, True).serve(),
-                     channel_max_size(act.max_body_bytes))
+    max_size = channel_max_size(act.max_body_bytes)
+    door = LocalDoor(act, lambda conn, token: _DoorChannel(conn, token, act, max_size))
 
     @app.websocket(ACT_CHANNEL_PATH)
     async def act_channel(websocket: WebSocket) -> None:

@@ -236,7 +236,7 @@ class _Replica:
         finally:
             self.busy = False
 
-    def run_inline(self, item: _Item) -> bool:
+    def run_inline(self, item: _Item, caller_blocks: bool = False) -> bool:
         """Serve ``item`` on the caller's thread -> True, when that costs less than handing it to
         this replica's thread: no batching, the replica idle with nothing queued, and its last
         ``INLINE_WINDOW`` requests (decode and infer) done in under ``INLINE_MS`` at the median,
@@ -245,12 +245,14 @@ class _Replica:
         replica's thread (``run_lock``): the policy instance is still called by one thread at a
         time. An item the replica's thread took from the queue just before may run after this
         one (the window is the replica's wake-up; a robot has one request in flight). False:
-        queue it as usual. Only on a host made with ``inline=True`` (the worker's ``--inline``):
-        a call that hangs inline holds the event loop, so /ping and every other robot wait with
-        it until the gateway's health check replaces the worker, where a hang on the replica's
-        thread is answered 504 and reported ``degraded``."""
+        queue it as usual. Only on a host made with ``inline=True`` (the worker's ``--inline``),
+        or for a caller whose thread may block (``caller_blocks``: a same-host door connection's
+        own thread, ``local.py``): a call that hangs inline on the event loop holds /ping and
+        every other robot with it until the gateway's health check replaces the worker, where a
+        hang on the replica's thread (or on a door's) is answered 504 to the others and reported
+        ``degraded`` (``busy_since``)."""
         times = self.item_ms
-        if (not self.host.inline or self.host.spec.batching is not None or self.busy or self.queue.qsize() or len(times) < INLINE_WINDOW
+        if (not (self.host.inline or caller_blocks) or self.host.spec.batching is not None or self.busy or self.queue.qsize() or len(times) < INLINE_WINDOW
                 or sorted(times)[INLINE_WINDOW // 2] >= INLINE_MS or max(times) >= INLINE_MAX_MS
                 or not self.run_lock.acquire(blocking=False)):
             return False
@@ -484,15 +486,16 @@ class PolicyHost:
         return max(ages, default=0.0)
 
     def submit(self, prepared: Prepared, replica: Optional[int] = None, due: Optional[float] = None,
-               order: Optional[float] = None) -> concurrent.futures.Future:
+               order: Optional[float] = None, caller_blocks: bool = False) -> concurrent.futures.Future:
         """Queue a prepared request on its replica. -> Future of (result, seconds, batch size);
         the future raises PolicyError or ApiError(policy_error). ``due``: its deadline (monotonic
         s; answered later it is counted late), ``order``: the deadline it is queued by (the
-        clamped ``due``, ``DeadlineClamp``); both None: first-come first-served."""
+        clamped ``due``, ``DeadlineClamp``); both None: first-come first-served.
+        ``caller_blocks``: the caller's thread may run it (``_Replica.run_inline``)."""
         target = self.replicas[replica] if replica is not None else self.replica_for(prepared.episode_id)
         fut: concurrent.futures.Future = concurrent.futures.Future()
         item = _Item(prepared, fut, due=due)
-        if not target.run_inline(item):
+        if not target.run_inline(item, caller_blocks):
             target.queue.put(item, due if order is None else order)
         if prepared.end_episode and prepared.episode_id is not None:
             self.end_episode(prepared.episode_id)
@@ -504,16 +507,16 @@ class PolicyHost:
         return len(self.replicas) == 1
 
     def submit_raw(self, raw: bytes, content_type: str, due: Optional[float] = None,
-                   order: Optional[float] = None) -> tuple[concurrent.futures.Future, _Item]:
+                   order: Optional[float] = None, caller_blocks: bool = False) -> tuple[concurrent.futures.Future, _Item]:
         """Queue an undecoded /act body on the only replica: it is parsed, checked and decoded on
         the replica's thread just before inference (one thread hop in all). -> (Future of
         (result, seconds, batch size), the item: ``item.prepared`` is set once decoded). The
         future raises ApiError(invalid_request) for a refused body, else as ``submit``. Only
         when ``decodes_on_replica``; with several replicas use ``prepare`` + ``submit``.
-        ``due`` / ``order``: as ``submit``."""
+        ``due`` / ``order`` / ``caller_blocks``: as ``submit``."""
         fut: concurrent.futures.Future = concurrent.futures.Future()
         item = _Item(None, fut, raw=(raw, content_type), due=due)
-        if not self.replicas[0].run_inline(item):
+        if not self.replicas[0].run_inline(item, caller_blocks):
             self.replicas[0].queue.put(item, due if order is None else order)
         return fut, item
 

@@ -3,9 +3,17 @@
 A client on the shared-memory path (``body_format="shm"``) asks for it on the channel's upgrade
 (``protocol.LOCAL_HEADER: 1``); the worker then opens its door (once, on the first ask: a worker
 no same-host client talks to has none) and names the socket's path in the accept's header. The
-client connects there and the channel goes on as before (``channel._Channel``: the same
-requests, answers, cancels, tokens, limits and segments) with none of the websocket's framing,
-masking and ASGI messages: on loopback those were about a third of a same-host round trip.
+client connects there and the channel goes on as before (``channel._DoorChannel``: the same
+requests, answers, tokens, limits and segments) with none of the websocket's framing, masking
+and ASGI messages: on loopback those were about a third of a same-host round trip.
+
+Threads: each door connection is served on a thread of its own, blocking on its socket and
+calling the act pipeline directly (no event loop, task or future wake-up on the path); a cheap
+policy's request runs right on that thread when its replica is idle (``_Replica.run_inline``),
+so a call that hangs holds that robot's connection (and the replica, as it would on the
+replica's own thread), never the event loop that serves /ping and the other robots. Listening is
+a thread too. What the event loop owns stays there: the connection budget's place is taken on
+the loop (``run_coroutine_threadsafe``) and given back there.
 
 Framing (``protocol.LOCAL_FRAME``): kind u8 (0 binary, 1 text) and length u32, then the message.
 The client's first message is its token (text; then a newline and the ticket the accept named
@@ -29,81 +37,68 @@ connection; so does one whose token message does not come within ``OPEN_TIMEOUT_
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import secrets
 import socket
 import struct
-from typing import Any, Awaitable, Callable, Optional
+import threading
+import time
+from typing import Any, Callable, Optional
 
-from sequence_ai_core.protocol import LOCAL_FRAME
+from sequence_ai_core.protocol import FramedSocket
 
 from sequence_ai_server.common.errors import ApiError, new_request_id
 
 __all__ = ["LocalDoor", "LOCAL_PATH"]
 
+log = logging.getLogger("sequence_ai_server.worker")
+
 LOCAL_PATH = "/act/local"          # what the connection budget and logs call a door's connection
 OPEN_TIMEOUT_S = 10.0
 FIRST_MESSAGE_BYTES = 4096          # the first message is a token and a ticket: a bigger one closes the door
+BACKLOG = 64
+WATCH_S = 0.1                       # how often the watch looks for a request run past its timeout (s)
 _ANSWER_HEAD = struct.Struct(">IH")
 _PEER = struct.Struct("3i")         # SO_PEERCRED: pid, uid, gid
 
 
-class _Socket:
-    """One door connection as the channel sees a websocket: ``receive()`` -> an ASGI-like
-    message dict, ``send_bytes`` / ``send_text``."""
-
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, max_size: int) -> None:
-        self.reader, self.writer, self.max_size = reader, writer, max_size
-
-    async def receive(self) -> dict:
-        try:
-            kind, size = LOCAL_FRAME.unpack(await self.reader.readexactly(LOCAL_FRAME.size))
-            if size > self.max_size:
-                return {"type": "websocket.disconnect", "code": 1009}
-            data = await self.reader.readexactly(size)
-        except (asyncio.IncompleteReadError, ConnectionError):
-            return {"type": "websocket.disconnect", "code": 1006}
-        if kind == 1:
-            return {"type": "websocket.receive", "text": data.decode("utf-8", "replace")}
-        return {"type": "websocket.receive", "bytes": data}
-
-    async def send_bytes(self, data: bytes, kind: int = 0) -> None:
-        if self.writer.is_closing():
-            raise ConnectionResetError("the same-host client went away")
-        self.writer.write(LOCAL_FRAME.pack(kind, len(data)) + data)
-        if self.writer.transport.get_write_buffer_size() > 1 << 16:
-            await self.writer.drain()
-
-    async def send_text(self, text: str) -> None:
-        await self.send_bytes(text.encode(), 1)
-
-
 class LocalDoor:
-    """One worker's door. ``act``: its ``ActPipeline`` (credentials, budget); ``serve(socket,
-    token)``: runs the channel over an admitted connection; ``max_size``: the channel's message
-    limit (bytes)."""
+    """One worker's door. ``act``: its ``ActPipeline`` (credentials, budget); ``channel(conn,
+    token)``: the channel of an admitted connection (a ``FramedSocket``), whose ``serve()`` runs
+    on the connection's thread until it ends and whose ``overdue(now)`` the door's watch thread
+    calls every ``WATCH_S`` while it is open (``channel._DoorChannel``: a request run past its
+    timeout is answered 504 there)."""
 
-    def __init__(self, act: Any, serve: Callable[[Any, str], Awaitable[None]], max_size: int) -> None:
-        self.act, self.serve, self.max_size = act, serve, max_size
+    def __init__(self, act: Any, channel: Callable[[FramedSocket, str], Any]) -> None:
+        self.act, self.channel = act, channel
+        self._open: set = set()             # the channels being served
         self.path: Optional[str] = None
-        self._server: Any = None
+        self._listener: Optional[socket.socket] = None
+        self._loop: Optional[asyncio.AbstractEventLoop] = None
         #: hand-over tickets: ticket -> "open" (issued to a websocket that holds a budget place),
         #: "taken" (a door connection took that place over: the websocket must not release it)
         self._tickets: dict = {}
-        self._lock = asyncio.Lock()
+        self._lock = threading.Lock()       # the listener and the tickets (the loop's and the doors' threads)
 
     async def address(self) -> Optional[str]:
-        """The socket's name (``@...``: abstract namespace), the door opened on the first call;
-        None where abstract Unix sockets and ``SO_PEERCRED`` are missing (not Linux) or the door
-        cannot be made (the client then stays on the websocket)."""
-        async with self._lock:
-            if self._server is None and hasattr(socket, "AF_UNIX") and hasattr(socket, "SO_PEERCRED"):
+        """The socket's name (``@...``: abstract namespace), the door opened on the first call
+        (on the event loop, which keeps the connection budget); None where abstract Unix sockets
+        and ``SO_PEERCRED`` are missing (not Linux) or the door cannot be made (the client then
+        stays on the websocket)."""
+        with self._lock:
+            if self._listener is None and hasattr(socket, "AF_UNIX") and hasattr(socket, "SO_PEERCRED"):
                 name = f"seq-door-{os.getpid()}-{secrets.token_hex(12)}"
+                listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
                 try:
-                    self._server = await asyncio.start_unix_server(self._connected, "\0" + name)
-                    self.path = "@" + name
+                    listener.bind("\0" + name)
+                    listener.listen(BACKLOG)
                 except OSError:
-                    self.close()
+                    listener.close()
+                    return None
+                self._listener, self.path, self._loop = listener, "@" + name, asyncio.get_running_loop()
+                threading.Thread(target=self._accept, args=(listener,), name="seq-door", daemon=True).start()
+                threading.Thread(target=self._watch, args=(listener,), name="seq-door-watch", daemon=True).start()
         return self.path
 
     def issue(self) -> str:
@@ -112,50 +107,106 @@ class LocalDoor:
         that place over, so one client is never counted twice (at the limit, the door would
         otherwise refuse a client its own websocket had just been admitted for)."""
         ticket = secrets.token_hex(16)
-        self._tickets[ticket] = "open"
+        with self._lock:
+            self._tickets[ticket] = "open"
         return ticket
 
     def settle(self, ticket: str) -> bool:
         """The websocket of ``ticket`` ended -> True when it still owns its budget place (release
         it), False when a door connection took the place over."""
-        return self._tickets.pop(ticket, "open") != "taken"
+        with self._lock:
+            return self._tickets.pop(ticket, "open") != "taken"
 
-    async def _connected(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        conn = _Socket(reader, writer, FIRST_MESSAGE_BYTES)   # the token (and ticket) first: small
+    def _accept(self, listener: socket.socket) -> None:
+        while True:
+            try:
+                sock, _ = listener.accept()
+            except OSError:            # closed (close()), or out of descriptors: the door is done
+                return
+            threading.Thread(target=self._connected, args=(sock,), name="seq-door-conn", daemon=True).start()
+
+    def _connected(self, sock: socket.socket) -> None:
+        """One connection, on its own thread: the peer's user, then the token (and ticket) within
+        ``OPEN_TIMEOUT_S``, a budget place, the answer, then the channel until it ends."""
+        conn, admitted = FramedSocket(sock), False
         try:
-            sock = writer.get_extra_info("socket")
             _, uid, _ = _PEER.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEER.size))
             if uid != os.geteuid():
                 return
-            first = await asyncio.wait_for(conn.receive(), OPEN_TIMEOUT_S)
-            text = first.get("text")
-            if text is None:
+            kind, first = conn.receive_message(time.monotonic() + OPEN_TIMEOUT_S, FIRST_MESSAGE_BYTES)
+            if kind != 1:
                 return
-            token, _, ticket = text.partition("\n")
+            token, _, ticket = first.decode("utf-8", "replace").partition("\n")
             try:
                 self.act.check_token(token)
-                if self._tickets.get(ticket) == "open":
-                    self._tickets[ticket] = "taken"         # the websocket's place is now this one's
-                else:
-                    self.act.budget.take(LOCAL_PATH)
+                self._take_place(ticket)
             except ApiError as exc:
                 exc.request_id = new_request_id()
-                await conn.send_bytes(_ANSWER_HEAD.pack(0, exc.status) + exc.json_bytes())
+                conn.send(_ANSWER_HEAD.pack(0, exc.status) + exc.json_bytes())
                 return
-            conn.max_size = self.max_size
+            admitted = True
+            conn.send(_ANSWER_HEAD.pack(0, 200) + b"{}")
+            channel = self.channel(conn, token)
+            with self._lock:
+                self._open.add(channel)
             try:
-                await conn.send_bytes(_ANSWER_HEAD.pack(0, 200) + b"{}")
-                await self.serve(conn, token)
+                channel.serve()
             finally:
-                self.act.budget.release()
-        except (asyncio.TimeoutError, OSError):
+                with self._lock:
+                    self._open.discard(channel)
+        except OSError:               # the client went away, a timeout, a first message over the cap
             pass
         finally:
-            writer.close()
+            if admitted:
+                self._on_loop(self.act.budget.release)
+            conn.close()
+
+    def _watch(self, listener: socket.socket) -> None:
+        """Every ``WATCH_S`` while the door is open: each open channel's ``overdue(now)``."""
+        while self._listener is listener:
+            time.sleep(WATCH_S)
+            with self._lock:
+                channels = list(self._open)
+            now = time.perf_counter()
+            for channel in channels:
+                try:
+                    channel.overdue(now)
+                except Exception:  # noqa: BLE001 - one channel's failure must not end the watch
+                    log.exception("the same-host door's watch failed on a connection")
+
+    def _take_place(self, ticket: str) -> None:
+        """The connection's budget place: the one its websocket's ``ticket`` hands over, else a
+        place of its own, taken on the event loop. Raises ApiError (503 too_many_connections)."""
+        with self._lock:
+            if self._tickets.get(ticket) == "open":
+                self._tickets[ticket] = "taken"         # the websocket's place is now this one's
+                return
+
+        async def take() -> None:
+            self.act.budget.take(LOCAL_PATH)
+        try:
+            asyncio.run_coroutine_threadsafe(take(), self._loop).result(OPEN_TIMEOUT_S)
+        except ApiError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - the loop closed or stalled: the worker is going away
+            raise OSError(f"the worker's event loop did not answer ({exc!r})") from None
+
+    def _on_loop(self, fn: Callable[[], None]) -> None:
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            try:
+                loop.call_soon_threadsafe(fn)
+            except RuntimeError:      # closed in between: the worker is going away
+                pass
 
     def close(self) -> None:
-        """Stop listening (idempotent); the abstract name goes with the socket."""
-        if self._server is not None:
-            self._server.close()
-            self._server = None
-        self.path = None
+        """Stop listening (idempotent); the abstract name goes with the socket. Connections
+        already open go on until their clients close them."""
+        with self._lock:
+            listener, self._listener, self.path = self._listener, None, None
+        if listener is not None:
+            try:
+                listener.shutdown(socket.SHUT_RDWR)   # wakes the accept thread
+            except OSError:
+                pass
+            listener.close()
