@@ -27,7 +27,7 @@ from urllib.parse import urlsplit
 import httpx
 
 from . import _channel, _local, _shm
-from .protocol import ANSWER_BINARY, ANSWER_HEADER, LOCAL_HEADER, MAX_BODY_BYTES
+from .protocol import ANSWER_BINARY, ANSWER_HEADER, LOCAL_HEADER, LOCAL_VERSION_HEADER, MAX_BODY_BYTES
 
 __all__ = ["BlockingChannel", "available"]
 
@@ -44,7 +44,7 @@ _RECV_BYTES = 1 << 16
 
 def same_host(worker_url: str) -> bool:
     """True when ``worker_url``'s host is a loopback address (``127.0.0.0/8``, ``::1``,
-    ``localhost``): the worker runs on this machine, so the channel asks for its door, unless
+    ``::ffff:127.x``, ``localhost``): the worker runs on this machine, so the channel asks for its door, unless
     ``$SEQ_CLIENT_DOOR`` is ``0``."""
     if os.environ.get("SEQ_CLIENT_DOOR", "1").strip() == "0":
         return False
@@ -52,9 +52,18 @@ def same_host(worker_url: str) -> bool:
     if host == "localhost":
         return True
     try:
-        return ipaddress.ip_address(host).is_loopback
+        address = ipaddress.ip_address(host)
     except ValueError:
         return False
+    mapped = getattr(address, "ipv4_mapped", None)      # ::ffff:127.0.0.1
+    return address.is_loopback or (mapped is not None and mapped.is_loopback)
+
+
+def _door_version(value: Optional[str]) -> int:
+    try:
+        return int(value or 1)
+    except ValueError:
+        return 1
 
 
 def available() -> bool:
@@ -139,7 +148,10 @@ class BlockingChannel:
             raise
         if proto.handshake_exc is None:
             self.binary_answers = response.headers.get(ANSWER_HEADER) == ANSWER_BINARY
-            return self._enter_door(response.headers.get(LOCAL_HEADER), deadline)
+            named = response.headers.get(LOCAL_HEADER)
+            if self.segment is None and _door_version(response.headers.get(LOCAL_VERSION_HEADER)) < 2:
+                named = None         # an older door closes on a body over its limit without the 413
+            return self._enter_door(named, deadline)
         self.abort()
         body = bytes(response.body or b"")
         if response.status_code in (401, 503) and body.startswith(b"{"):

@@ -44,7 +44,7 @@ __all__ = [
     "CameraSpec", "ObservationSpec", "ActionSpec", "Contract", "DELAY_MODES", "DELAY_FIELDS",
     "ACT_CHANNEL_PATH", "CHANNEL_FORMAT_JSON", "CHANNEL_FORMAT_BINARY", "CHANNEL_FORMAT_SHM", "RAW_ENCODING", "SHM_DIR", "shm_name", "valid_shm_name", "encode_shm_head", "decode_shm_head",
     "DEADLINE_FIELDS", "MAX_DEADLINE_MS",
-    "ANSWER_HEADER", "ANSWER_BINARY", "LOCAL_HEADER", "LOCAL_FRAME", "FramedSocket", "MessageTooLarge", "BINARY_ANSWER_CONTENT_TYPE", "encode_act_answer", "decode_act_answer",
+    "ANSWER_HEADER", "ANSWER_BINARY", "LOCAL_HEADER", "LOCAL_VERSION_HEADER", "LOCAL_VERSION", "LOCAL_FRAME", "FramedSocket", "MessageTooLarge", "BINARY_ANSWER_CONTENT_TYPE", "encode_act_answer", "decode_act_answer",
 ]
 
 #: The delay modes a policy may declare (``seq.ActionContract(delay_modes=...)``).
@@ -97,6 +97,11 @@ BINARY_ANSWER_CONTENT_TYPE = "application/vnd.sequence-ai.answer+bin"
 # binary answer message (seq 0; status 200, else the error body); the rest are the channel's
 # messages as the websocket carries them.
 LOCAL_HEADER = "x-seq-local"
+# What the worker's door does, named beside it on the accept (absent: 1). 2: a message over its
+# limit is answered 413 before it closes (1 closed without a word), so a client whose bodies are
+# not on the shared-memory path takes only a door of version 2 or later.
+LOCAL_VERSION_HEADER = "x-seq-local-version"
+LOCAL_VERSION = 2
 LOCAL_FRAME = struct.Struct(">BI")
 LOCAL_SEND_TIMEOUT_S = 10.0    # a door message the other end does not take within this long: the door failed
 _LOCAL_RECV_BYTES = 1 << 16
@@ -154,6 +159,16 @@ class FramedSocket:
             if not data:
                 raise ConnectionResetError("the other end closed the same-host door")
             buf += data
+
+    def shut(self) -> None:
+        """Shut the connection both ways from any thread (the other end reads its end; a thread
+        of ours blocked on it wakes with an error); ``close`` still frees it."""
+        sock = self.sock
+        if sock is not None:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
 
     def close(self) -> None:
         """Close the socket (idempotent)."""

@@ -29,7 +29,7 @@ from _wait import eventually
 from sequence_ai_core._shm import ShmSegment, shm_message
 from sequence_ai_core._transport import Transports
 from sequence_ai_core._wire import Session, WorkerLink
-from sequence_ai_core.protocol import (ANSWER_BINARY, ANSWER_HEADER, LOCAL_HEADER, SHM_DIR, FramingError, decode_act_answer,
+from sequence_ai_core.protocol import (ANSWER_BINARY, ANSWER_HEADER, LOCAL_HEADER, LOCAL_VERSION_HEADER, SHM_DIR, FramingError, decode_act_answer,
                                        encode_act_answer, encode_act_body, encode_shm_head, shm_name)
 
 PIXEL = str(Path(__file__).resolve().parents[1] / "policies" / "pixel_policy.py")
@@ -236,6 +236,7 @@ def test_the_same_host_door_is_private_checks_every_token_and_follows_a_renewal(
         path, ticket = ws.response.headers[LOCAL_HEADER].split(" ")
     # an abstract-namespace socket: nothing on disk to leave behind when the worker is killed
     assert path.startswith(f"@seq-door-{worker.proc.pid}-") and len(path) > 30 and len(ticket) == 32
+    assert ws.response.headers[LOCAL_VERSION_HEADER] == "2"           # it answers an oversized message 413
     address = "\0" + path[1:]
     if os.geteuid() == 0:                      # another user's process: closed before a byte is read
         assert _connect_as_nobody(address, worker.secret.encode()) == b""

@@ -22,6 +22,7 @@ from sequence_ai_core._local import LocalSocket
 from sequence_ai_core.protocol import decode_act_answer
 from sequence_ai_server.common.leases import DirectAuth
 from sequence_ai_server.worker import host as host_module
+from sequence_ai_server.worker import local as local_module
 from sequence_ai_server.worker.act import ActPipeline, WorkerState
 from sequence_ai_server.worker.channel import _DoorChannel, channel_max_size
 from sequence_ai_server.worker.host import INLINE_WINDOW, PolicyHost
@@ -45,7 +46,12 @@ class _Tagged(seq.Policy):
         self.threads.append(threading.current_thread().name)
         if hold:
             self.release.wait(30)
+            self.threads.append("released")
         return seq.ActionChunk([[tag]])
+
+    @seq.shutdown
+    def shutdown(self):
+        self.threads.append("shutdown")
 
 
 @pytest.fixture
@@ -74,7 +80,7 @@ def door(tmp_path, monkeypatch):
     thread.start()
     beat_done = asyncio.run_coroutine_threadsafe(beat(), loop)
     name = asyncio.run_coroutine_threadsafe(made.address(), loop).result(10)
-    yield name, host, ticks, act
+    yield name, host, ticks, act, made, loop
     host.replicas[0].instance.release.set()
     made.close()
     beating.clear()
@@ -93,7 +99,7 @@ def _ask(conn: LocalSocket, seq_: int, **params) -> tuple[int, int, dict]:
 
 
 def test_a_door_connection_runs_a_cheap_policy_on_its_own_thread_and_a_hang_is_answered_504(door):
-    name, host, ticks, act = door
+    name, host, ticks, act, _, _ = door
     replica, policy = host.replicas[0], host.replicas[0].instance
     conn = LocalSocket.open(name, SECRET, time.monotonic() + 10)
     try:
@@ -111,9 +117,84 @@ def test_a_door_connection_runs_a_cheap_policy_on_its_own_thread_and_a_hang_is_a
         assert host.oldest_request_s() > 0                    # /ping's figure: the worker reads degraded
         beat = ticks[-1]
         assert eventually(lambda: ticks[-1] > beat, what="the event loop ran on meanwhile")
-        policy.release.set()                                  # the hung call returns: its result is dropped
-        got, status, body = _ask(conn, 101, tag=6.0)
-        assert (got, status) == (101, 200) and body["action_chunk"]["actions"] == [[6.0]], body
+        # the connection is given up (its thread is held by the call): shut, its place back at once
+        with pytest.raises(OSError):
+            _ask(conn, 101, tag=6.0)
+        assert eventually(lambda: act.budget.open == 0, what="the given-up connection's place back")
+        again = LocalSocket.open(name, SECRET, time.monotonic() + 10)   # a new one is answered 504 while held
+        try:
+            got, status, body = _ask(again, 102, tag=7.0)
+            assert (got, status, body["code"]) == (102, 504, "request_timeout"), body
+            assert policy.threads[-1].startswith("seq-door-conn")        # the held call's: 102 never ran
+            policy.release.set()                              # the hung call returns: its result is dropped
+            got, status, body = _ask(again, 103, tag=8.0)
+            assert (got, status) == (103, 200) and body["action_chunk"]["actions"] == [[8.0]], body
+        finally:
+            again.close()
     finally:
         conn.close()
     assert eventually(lambda: act.budget.open == 0, what="the door's place given back on the loop")
+
+
+def _on(loop, fn):
+    return asyncio.run_coroutine_threadsafe(_call(fn), loop).result(10)
+
+
+async def _call(fn):
+    return fn()
+
+
+def test_a_ticket_place_is_the_clients_until_both_its_websocket_and_its_door_are_gone(door):
+    name, _, _, act, made, loop = door
+    for door_first in (True, False):
+        _on(loop, lambda: act.budget.take("/act/ws"))           # the websocket's place, as its upgrade takes it
+        ticket = made.issue()
+        conn = LocalSocket.open(name, SECRET, time.monotonic() + 10, ticket)
+        assert act.budget.open == 1                             # handed over, not taken twice
+        if door_first:
+            conn.close()
+            assert eventually(lambda: not made._open, what="the door connection ended")
+            assert act.budget.open == 1                          # the websocket still holds it
+            assert made.settle(ticket) is True                   # the last one out gives it back
+            _on(loop, act.budget.release)
+        else:
+            assert made.settle(ticket) is False                  # the door still holds it
+            conn.close()
+        assert eventually(lambda: act.budget.open == 0, what="the place given back once")
+        replayed = LocalSocket.open(name, SECRET, time.monotonic() + 10, ticket)   # a spent ticket buys nothing:
+        try:
+            assert act.budget.open == 1                          # a place of its own
+        finally:
+            replayed.close()
+        assert eventually(lambda: act.budget.open == 0, what="its own place back")
+
+
+def test_a_place_taken_after_the_door_gave_up_on_a_stalled_loop_is_given_back(door, monkeypatch):
+    name, _, _, act, _, loop = door
+    monkeypatch.setattr(local_module, "OPEN_TIMEOUT_S", 0.5)
+    loop.call_soon_threadsafe(time.sleep, 1.5)                  # the event loop stalls (a hang under --inline)
+    with pytest.raises(OSError):
+        LocalSocket.open(name, SECRET, time.monotonic() + 10)   # the door waits 0.5 s for its place, then closes
+    assert eventually(lambda: _on(loop, lambda: (act.budget.open, act.budget.refused)) == (0, 0),
+                      what="the place the loop took late, given back")
+
+
+def test_shutdown_waits_for_a_call_running_on_a_door_thread(door):
+    name, host, _, _, _, _ = door
+    policy = host.replicas[0].instance
+    conn = LocalSocket.open(name, SECRET, time.monotonic() + 10)
+    try:
+        for i in range(INLINE_WINDOW + 1):
+            assert _ask(conn, i + 1)[1] == 200
+            assert eventually(lambda: not host.replicas[0].run_lock.locked(), what="the replica let go")
+        conn.send(struct.pack(">IB", 99, 0) + json.dumps({"observation": {}, "params": {"hold": True}}).encode())
+        assert eventually(lambda: policy.threads[-1].startswith("seq-door-conn"), what="the held call on the door")
+        stopping = threading.Thread(target=host.stop, daemon=True)
+        stopping.start()
+        time.sleep(0.3)
+        assert "shutdown" not in policy.threads                  # not while infer runs on the door's thread
+        policy.release.set()
+        stopping.join(10)
+        assert policy.threads[-2:] == ["released", "shutdown"], policy.threads[-3:]
+    finally:
+        conn.close()

@@ -63,7 +63,8 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from sequence_ai_core.protocol import (ACT_CHANNEL_PATH, ANSWER_BINARY, ANSWER_HEADER, BINARY_CONTENT_TYPE,
                                        CHANNEL_FORMAT_BINARY, CHANNEL_FORMAT_JSON, CHANNEL_FORMAT_SHM,
-                                       JSON_CONTENT_TYPE, LOCAL_HEADER, MessageTooLarge)
+                                       JSON_CONTENT_TYPE, LOCAL_HEADER, LOCAL_VERSION, LOCAL_VERSION_HEADER,
+                                       MessageTooLarge)
 
 from sequence_ai_server.common.body_limit import too_large
 from sequence_ai_server.common.errors import ApiError, new_request_id
@@ -258,14 +259,15 @@ class _DoorChannel:
     is in flight while the door reads, a cancel always names a request answered already and is
     ignored, and there is no in-flight limit to meet. A request still running past
     ``timeouts.request`` (one that hangs on this thread) is answered 504 ``request_timeout`` by
-    the door's watch (:meth:`overdue`), as the event loop's timer answers it on the websocket; its
-    late result is dropped. ``conn``: a ``protocol.FramedSocket``."""
+    the door's watch (:meth:`overdue`), as the event loop's timer answers it on the websocket, and
+    the door shuts the connection (its late result is dropped; the client's next request comes on
+    a new connection). ``conn``: a ``protocol.FramedSocket``."""
 
     def __init__(self, conn: Any, token: str, act: ActPipeline, max_size: int) -> None:
         self.conn, self.token, self.act, self.max_size = conn, token, act, max_size
         self.segments = ChannelSegments(act.max_body_bytes)
         self._send_lock = threading.Lock()     # this thread's answers and the watch's 504s
-        self._running: Optional[tuple[int, float, str]] = None    # (seq, started perf_counter s, request id)
+        self._running: Optional[tuple] = None    # (seq, started perf_counter s, request id, bytes in)
 
     def serve(self) -> None:
         """Until the client closes the connection or sends a message over ``max_size``."""
@@ -305,7 +307,7 @@ class _DoorChannel:
         t0 = time.perf_counter()
         seq, fmt = _REQUEST_HEAD.unpack_from(data)
         rid = new_request_id()
-        self._running = (seq, t0, rid)
+        self._running = (seq, t0, rid, len(data) - _REQUEST_HEAD.size)
         status, content = self.act.settle_blocking(
             rid, lambda: self.run(fmt, memoryview(data)[_REQUEST_HEAD.size:], rid), "the same-host door")
         with self._send_lock:
@@ -320,28 +322,30 @@ class _DoorChannel:
             finally:
                 self.act.count(t0, status, len(data) - _REQUEST_HEAD.size, len(content))
 
-    def overdue(self, now: float) -> None:
+    def overdue(self, now: float) -> bool:
         """Called by the door's watch thread (``now``: ``time.perf_counter()``): answer the running
-        request 504 ``request_timeout`` once it has run the host's ``timeouts.request``; the
-        inference goes on (and holds this connection's thread if it runs here)."""
+        request 504 ``request_timeout`` once it has run the host's ``timeouts.request`` -> True
+        (the door then gives this connection up: its thread is held by the call, which goes on).
+        False while nothing is overdue."""
         running = self._running
         if running is None:
-            return
+            return False
         timeout_s = self.act.request_timeout_s()
         if timeout_s is None or now - running[1] <= timeout_s:
-            return
+            return False
         with self._send_lock:
             if self._running is not running:
-                return
+                return False
             self._running = None
-            seq, t0, rid = running
+            seq, t0, rid, size_in = running
             exc = request_timed_out(rid, timeout_s)
             exc.request_id = rid
             try:
                 self.conn.send(_ANSWER_HEAD.pack(seq, exc.status) + exc.json_bytes(), 0, WATCH_SEND_S)
             except OSError:
-                pass                  # the client went away; its thread ends when the socket does
-            self.act.count(t0, exc.status, 0, len(exc.json_bytes()))
+                pass                  # the client went away, or is not reading: the door shuts it
+            self.act.count(t0, exc.status, size_in, len(exc.json_bytes()))
+            return True
 
     def run(self, fmt: int, body: memoryview, rid: str) -> bytes:
         """:meth:`_Channel.run`'s checks, then the pipeline on this thread."""
@@ -385,6 +389,7 @@ def add_act_channel(app: Any, act: ActPipeline) -> None:
                 if path is not None:
                     ticket = door.issue()       # the door takes this websocket's budget place over
                     headers.append((LOCAL_HEADER.encode(), f"{path} {ticket}".encode()))
+                    headers.append((LOCAL_VERSION_HEADER.encode(), str(LOCAL_VERSION).encode()))
             await websocket.accept(headers=headers or None)
             await _Channel(websocket, token, act, binary_answer).serve()
         finally:

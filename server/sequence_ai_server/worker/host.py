@@ -245,7 +245,8 @@ class _Replica:
         replica's thread (``run_lock``): the policy instance is still called by one thread at a
         time. An item the replica's thread took from the queue just before may run after this
         one (the window is the replica's wake-up; a robot has one request in flight). False:
-        queue it as usual. Only on a host made with ``inline=True`` (the worker's ``--inline``),
+        queue it as usual (so ``infer`` may run on this replica's thread or the caller's, one at
+        a time). Only on a host made with ``inline=True`` (the worker's ``--inline``),
         or for a caller whose thread may block (``caller_blocks``: a same-host door connection's
         own thread, ``local.py``): a call that hangs inline on the event loop holds /ping and
         every other robot with it until the gateway's health check replaces the worker, where a
@@ -422,11 +423,18 @@ class PolicyHost:
             if r.thread is not None:
                 r.queue.put_last(None)
                 r.thread.join(timeout=timeout)
-            if r.instance is not None and "shutdown" in self.spec.methods:
-                try:
-                    r.call("shutdown")
-                except Exception:
-                    log.exception("@seq.shutdown raised")
+            # a call still running on another thread (a same-host door connection's, or the event
+            # loop's under --inline) holds run_lock: shutdown waits for it as for the replica's own
+            ran = r.run_lock.acquire(timeout=timeout)
+            try:
+                if r.instance is not None and "shutdown" in self.spec.methods:
+                    try:
+                        r.call("shutdown")
+                    except Exception:
+                        log.exception("@seq.shutdown raised")
+            finally:
+                if ran:
+                    r.run_lock.release()
 
     # -- requests
     def prepare(self, raw: bytes, content_type: str = "application/json") -> Prepared:

@@ -30,7 +30,8 @@ Where: a socket in Linux's abstract namespace (named ``@seq-door-<pid>-<random>`
 is killed (a socket file in a directory of its own was, on every SIGKILL). Who may come in: the
 peer's user (``SO_PEERCRED``) must be the worker's -- another user's connection is closed before a
 byte is read -- and its token a valid direct secret, checked again on every request as on the
-websocket. The name is unguessable and the client checks, before its token goes out, that the
+websocket (the name is random, but ``/proc/net/unix`` lists it in the network namespace: these
+checks are the guard). The client checks, before its token goes out, that the
 process behind it is its own user's. A message longer than the channel's message limit closes the
 connection; so does one whose token message does not come within ``OPEN_TIMEOUT_S``.
 """
@@ -76,8 +77,7 @@ class LocalDoor:
         self.path: Optional[str] = None
         self._listener: Optional[socket.socket] = None
         self._loop: Optional[asyncio.AbstractEventLoop] = None
-        #: hand-over tickets: ticket -> "open" (issued to a websocket that holds a budget place),
-        #: "taken" (a door connection took that place over: the websocket must not release it)
+        #: hand-over tickets: ticket -> the _Hold of the websocket it was issued to (its budget place)
         self._tickets: dict = {}
         self._lock = threading.Lock()       # the listener and the tickets (the loop's and the doors' threads)
 
@@ -108,14 +108,36 @@ class LocalDoor:
         otherwise refuse a client its own websocket had just been admitted for)."""
         ticket = secrets.token_hex(16)
         with self._lock:
-            self._tickets[ticket] = "open"
+            self._tickets[ticket] = _Hold()
         return ticket
 
     def settle(self, ticket: str) -> bool:
-        """The websocket of ``ticket`` ended -> True when it still owns its budget place (release
-        it), False when a door connection took the place over."""
+        """The websocket of ``ticket`` ended -> True when its budget place is free now (release
+        it): False while the door connection its ticket admitted is still open (that one gives the
+        place back when it ends). The place is one client's until both are gone."""
         with self._lock:
-            return self._tickets.pop(ticket, "open") != "taken"
+            hold = self._tickets.get(ticket)
+            if hold is None:
+                return True
+            hold.holders -= 1
+            if hold.holders:
+                return False
+            del self._tickets[ticket]
+            return True
+
+    def _let_go(self, hold: "_Hold", ticket: str) -> None:
+        """A door connection is done with its place (once: its thread's end, or the watch giving
+        up on it): given back on the event loop when no websocket holds it any more."""
+        with self._lock:
+            if hold.door_gone:
+                return
+            hold.door_gone = True
+            hold.holders -= 1
+            if hold.holders:
+                return
+            if self._tickets.get(ticket) is hold:
+                del self._tickets[ticket]
+        self._on_loop(self.act.budget.release)
 
     def _accept(self, listener: socket.socket) -> None:
         while True:
@@ -128,7 +150,7 @@ class LocalDoor:
     def _connected(self, sock: socket.socket) -> None:
         """One connection, on its own thread: the peer's user, then the token (and ticket) within
         ``OPEN_TIMEOUT_S``, a budget place, the answer, then the channel until it ends."""
-        conn, admitted = FramedSocket(sock), False
+        conn, hold, ticket = FramedSocket(sock), None, ""
         try:
             _, uid, _ = _PEER.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEER.size))
             if uid != os.geteuid():
@@ -139,57 +161,82 @@ class LocalDoor:
             token, _, ticket = first.decode("utf-8", "replace").partition("\n")
             try:
                 self.act.check_token(token)
-                self._take_place(ticket)
+                hold = self._take_place(ticket)
             except ApiError as exc:
                 exc.request_id = new_request_id()
                 conn.send(_ANSWER_HEAD.pack(0, exc.status) + exc.json_bytes())
                 return
-            admitted = True
             conn.send(_ANSWER_HEAD.pack(0, 200) + b"{}")
             channel = self.channel(conn, token)
+            entry = (channel, conn, hold, ticket)
             with self._lock:
-                self._open.add(channel)
+                self._open.add(entry)
             try:
                 channel.serve()
             finally:
                 with self._lock:
-                    self._open.discard(channel)
+                    self._open.discard(entry)
         except OSError:               # the client went away, a timeout, a first message over the cap
             pass
         finally:
-            if admitted:
-                self._on_loop(self.act.budget.release)
+            if hold is not None:
+                self._let_go(hold, ticket)
             conn.close()
 
     def _watch(self, listener: socket.socket) -> None:
-        """Every ``WATCH_S`` while the door is open: each open channel's ``overdue(now)``."""
+        """Every ``WATCH_S`` while the door is open: each open channel's ``overdue(now)``. A
+        channel that answered its running request 504 there is given up: its thread is held by
+        the call that ran past its time, so nothing would read the client's next request; the
+        connection is shut (the client's next request opens a new one, answered 504 while the
+        replica is held, as on the websocket) and its budget place given back at once."""
         while self._listener is listener:
             time.sleep(WATCH_S)
             with self._lock:
-                channels = list(self._open)
+                entries = list(self._open)
             now = time.perf_counter()
-            for channel in channels:
+            for channel, conn, hold, ticket in entries:
                 try:
-                    channel.overdue(now)
+                    if channel.overdue(now):
+                        with self._lock:
+                            self._open.discard((channel, conn, hold, ticket))
+                        conn.shut()
+                        self._let_go(hold, ticket)
                 except Exception:  # noqa: BLE001 - one channel's failure must not end the watch
                     log.exception("the same-host door's watch failed on a connection")
 
-    def _take_place(self, ticket: str) -> None:
-        """The connection's budget place: the one its websocket's ``ticket`` hands over, else a
-        place of its own, taken on the event loop. Raises ApiError (503 too_many_connections)."""
+    def _take_place(self, ticket: str) -> "_Hold":
+        """The connection's budget place -> its _Hold: the place of the websocket ``ticket`` was
+        issued to (once), else a place of its own, taken on the event loop. Raises ApiError (503
+        too_many_connections); OSError when the loop does not answer within OPEN_TIMEOUT_S (a
+        place it takes after that is given back)."""
         with self._lock:
-            if self._tickets.get(ticket) == "open":
-                self._tickets[ticket] = "taken"         # the websocket's place is now this one's
-                return
+            hold = self._tickets.get(ticket)
+            if hold is not None and not hold.used:
+                hold.used, hold.holders = True, hold.holders + 1
+                return hold
+
+        state, guard = {"taken": False, "given_up": False}, threading.Lock()
 
         async def take() -> None:
-            self.act.budget.take(LOCAL_PATH)
+            with guard:
+                if not state["given_up"]:
+                    self.act.budget.take(LOCAL_PATH)
+                    state["taken"] = True
         try:
             asyncio.run_coroutine_threadsafe(take(), self._loop).result(OPEN_TIMEOUT_S)
         except ApiError:
             raise
         except Exception as exc:  # noqa: BLE001 - the loop closed or stalled: the worker is going away
+            # a cancel cannot stop a step already scheduled: the place is taken late, or never
+            with guard:
+                state["given_up"] = True
+                taken = state["taken"]
+            if taken:
+                self._on_loop(self.act.budget.release)
             raise OSError(f"the worker's event loop did not answer ({exc!r})") from None
+        hold = _Hold()
+        hold.used = True
+        return hold
 
     def _on_loop(self, fn: Callable[[], None]) -> None:
         loop = self._loop
@@ -210,3 +257,13 @@ class LocalDoor:
             except OSError:
                 pass
             listener.close()
+
+
+class _Hold:
+    """One client's place in the connection budget, held by its websocket (from ``issue``) and/or
+    its door connection; given back when the last holder lets go. ``used``: a door connection
+    took it (a ticket admits one)."""
+    __slots__ = ("holders", "used", "door_gone")
+
+    def __init__(self) -> None:
+        self.holders, self.used, self.door_gone = 1, False, False
