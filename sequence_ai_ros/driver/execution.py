@@ -50,8 +50,6 @@ from .goal import CANCELED, OPERATOR_MESSAGE, SUCCEED, TYPED_ENDINGS, GoalRun, R
 
 PREEMPT_WAIT_S = 10.0
 """How long a new goal waits for the goal it preempted to unwind (s); then it aborts."""
-EPISODE_MATCH_WAIT_S = 2.0
-"""How long a run waits for its episode-marker publisher to match the recorders in the graph (s)."""
 STOP_SERVICE_WAIT_S = 5.0
 """How long a goal waits for the CheckSuccess service its stop_when names (s); then it ends error."""
 
@@ -64,28 +62,6 @@ def _stop_service_lapsed(logger, run: GoalRun, client, why: str) -> None:
     run.stop_lapse_warned = True
     logger.warning(f"stop condition {client.srv_name} is not answering ({why}): the run goes on until its "
                    f"{run.max_seconds:g} s bound or a cancel; check the node that serves it")
-
-
-def _await_episode_readers(node, run: GoalRun, unmatched: Optional[int]) -> Optional[int]:
-    """Before a start marker goes out: wait (at most EPISODE_MATCH_WAIT_S) until the driver's
-    marker publisher has matched every subscription the ROS graph shows on its topic. A recorder
-    started just before the goal is in the graph a moment before its reader is matched, and a
-    marker published in between never reaches it: that episode would have no bag. Returns at once
-    when they agree (the usual case) or the run is stopped. -> the graph count it waited for in
-    vain, else None: passed back as ``unmatched``, a graph still at that count is not waited for
-    again (a subscription whose QoS never matches must not cost every goal the wait)."""
-    pub = node._episode_pub
-    in_graph = node.count_subscribers(pub.topic_name)
-    if in_graph == unmatched:
-        return unmatched
-    deadline = time.monotonic() + EPISODE_MATCH_WAIT_S
-    while pub.get_subscription_count() < in_graph:
-        if time.monotonic() > deadline:
-            return in_graph
-        if run.stop.wait(0.02):
-            return None
-        in_graph = node.count_subscribers(pub.topic_name)
-    return None
 
 
 def _ros_seconds(node) -> float:
@@ -125,7 +101,6 @@ class GoalExecution:
         self._obs_marks = ObservationMarks()       # the observations built, for the latency figure
         self._success_call = None
         self._success_call_t = 0.0
-        self._episode_unmatched: Optional[int] = None   # a graph count the marker publisher never matched
 
     @property
     def trace(self) -> RunTrace:
@@ -294,7 +269,6 @@ class GoalExecution:
             return stopped
         self.node._gate.open(1.0 / self.node.control_rate_hz if self.node.control_rate_hz else None)
         until = (lambda: run.task_done) if run.stop_client is not None else None
-        self._episode_unmatched = _await_episode_readers(self.node, run, self._episode_unmatched)
         self.node._episode_pub.publish(String(data=_capture.start_event(
             self.node, p, goal, getattr(run.handle, "goal_id", None), self.node.control_rate_hz)))
         run.episode_started = True
