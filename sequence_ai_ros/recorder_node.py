@@ -335,6 +335,8 @@ class EpisodeRecorder(Node):
             if self.recording:
                 if self._episode.get("source") != "act":
                     return  # a RecordEpisode goal owns the recorder
+                if _same_marker(self._episode, event):
+                    return  # the driver's repeat of the marker this bag started on
                 self.stop_episode({"outcome": None, "note": "a new Act goal started before this one's end marker"})
             self.start_episode(event)
         elif event.get("event") == "end" and self.recording and self._episode.get("source") == "act":
@@ -586,5 +588,13 @@ def main(args=None) -> int:
     return spin_node(EpisodeRecorder, args=args)
 
 
+def _same_marker(episode: dict, event: dict) -> bool:
+    """True when start marker ``event`` is the one ``episode`` (the open bag's start) began on:
+    the driver publishes each run's start marker again a moment later (``driver/execution.py``,
+    ``START_MARKER_REPEAT_S``) for a recorder that missed the first."""
+    return all(episode.get(k) == event.get(k) for k in ("goal_id", "t_ns", "task"))
+
+
 if __name__ == "__main__":
     sys.exit(main(sys.argv))
+

@@ -50,6 +50,13 @@ from .goal import CANCELED, OPERATOR_MESSAGE, SUCCEED, TYPED_ENDINGS, GoalRun, R
 
 PREEMPT_WAIT_S = 10.0
 """How long a new goal waits for the goal it preempted to unwind (s); then it aborts."""
+START_MARKER_REPEAT_S = (1.0, 3.0)
+"""When a run's start marker is published again, unchanged (s after the first). A recorder whose
+reader matched the driver's marker publisher a moment too late (discovery runs both ways; a
+volatile reader gets nothing sent before its own match: a recorder started just before the goal)
+misses the first one and would record no episode; a repeat starts its bag then (its pre-roll and
+its command backlog since the marker's ``t_ns`` fill the start), and a recorder that has the
+episode already ignores it (same ``goal_id`` and ``t_ns``)."""
 STOP_SERVICE_WAIT_S = 5.0
 """How long a goal waits for the CheckSuccess service its stop_when names (s); then it ends error."""
 
@@ -269,8 +276,10 @@ class GoalExecution:
             return stopped
         self.node._gate.open(1.0 / self.node.control_rate_hz if self.node.control_rate_hz else None)
         until = (lambda: run.task_done) if run.stop_client is not None else None
-        self.node._episode_pub.publish(String(data=_capture.start_event(
-            self.node, p, goal, getattr(run.handle, "goal_id", None), self.node.control_rate_hz)))
+        run.start_marker = _capture.start_event(self.node, p, goal, getattr(run.handle, "goal_id", None),
+                                                self.node.control_rate_hz)
+        self.node._episode_pub.publish(String(data=run.start_marker))
+        run.start_marker_t, run.start_marker_sent = time.monotonic(), 1
         run.episode_started = True
         self._arm_freshness(True)
         self._obs_marks.clear()
@@ -541,9 +550,16 @@ class GoalExecution:
         call.add_done_callback(done)
 
     def publish_feedback(self) -> None:
+        """The running goal's feedback; and its start marker again at each of
+        START_MARKER_REPEAT_S into the run (see there)."""
         run = self.run
         if run is None or self.node.policy is None:
             return
+        sent = run.start_marker_sent
+        if (run.episode_started and 0 < sent <= len(START_MARKER_REPEAT_S)
+                and time.monotonic() - run.start_marker_t >= START_MARKER_REPEAT_S[sent - 1]):
+            run.start_marker_sent = sent + 1
+            self.node._episode_pub.publish(String(data=run.start_marker))
         try:
             run.handle.publish_feedback(run.feedback())
         except Exception:  # noqa: BLE001 - the goal ended between the check and the publish

@@ -141,6 +141,10 @@ class GoalRun:
         self.stop_client = None
         self.stop_lapse_warned = False   # a stop-condition service stopped answering: warned once
         self.episode_started = False
+        #: the start marker as published and when (monotonic s): re-sent at START_MARKER_REPEAT_S
+        self.start_marker: Optional[str] = None
+        self.start_marker_t = 0.0
+        self.start_marker_sent = 0
         self.end_request: Optional[Tuple[str, str]] = None
         self.cancel_accepted = False     # this node's cancel callback accepted a cancel for it
         self.stop = StopToken()

@@ -492,6 +492,39 @@ def test_sigkill_during_recording_leaves_a_bag_that_exports_all_but_its_last_chu
     assert sum(1 for m in iter_raw(cut) if m.topic == "/joint_commands") == len(recovered)
 
 
+def test_a_recorder_that_missed_the_start_marker_records_the_episode_from_its_repeat(cell, tmp_path):
+    """A recorder whose reader matched the driver's marker publisher only after the run's start
+    marker went out (here: made once the module's recorder has started its bag) still records the
+    episode: the driver publishes the start marker again at 1 s and 3 s (START_MARKER_REPEAT_S),
+    and a recorder that has the episode already ignores the repeats (one bag each, not three)."""
+    late_dir, made = tmp_path / "late", {}
+    bags_before = {p for p in (cell.out / "bags").iterdir() if p.is_dir()}
+
+    def late():
+        eventually(lambda: cell.recorder.recording, 20, what="the module's recorder started on the first marker")
+        rec = made["rec"] = EpisodeRecorder(node_name="late_recorder", context=cell.ctx, parameter_overrides=[
+            Parameter("auto_record", value=True), Parameter("output_dir", value=str(late_dir))])
+        cell.executor.add_node(rec)
+        eventually(lambda: rec.recording, 20, what="the late recorder started a bag from a repeated marker")
+        time.sleep(3.0)                                       # past the second repeat
+
+    try:
+        cell.run("put the blue cube on the red pad", cancel_after_s=0.0, during=late)
+        rec = made["rec"]
+        eventually(lambda: rec.last_bag is not None, 30, what="the late recorder closed its bag")
+        late_bags = [p for p in late_dir.iterdir() if p.is_dir()]
+        assert len(late_bags) == 1, late_bags
+        episode = read_episode(late_bags[0])
+        assert episode.end is not None and len(episode.commands) >= FPS, len(episode.commands)
+        new = {p for p in (cell.out / "bags").iterdir() if p.is_dir()} - bags_before
+        assert len(new) == 1, new                             # the module's recorder: the repeats changed nothing
+        assert read_episode(next(iter(new))).start["goal_id"] == episode.start["goal_id"]
+    finally:
+        if "rec" in made:
+            cell.executor.remove_node(made["rec"])
+            made["rec"].destroy_node()
+
+
 def test_disk_bound_prunes_the_oldest_bags_and_drops_instead_of_growing(cell, tmp_path):
     from rclpy.serialization import serialize_message
 
