@@ -45,6 +45,7 @@ class _Tagged(seq.Policy):
     def infer(self, obs, *, tag: float = 0.0, hold: bool = False):
         self.threads.append(threading.current_thread().name)
         if hold:
+            self.threads.append("holding")
             self.release.wait(30)
             self.threads.append("released")
         return seq.ActionChunk([[tag]])
@@ -125,7 +126,7 @@ def test_a_door_connection_runs_a_cheap_policy_on_its_own_thread_and_a_hang_is_a
         try:
             got, status, body = _ask(again, 102, tag=7.0)
             assert (got, status, body["code"]) == (102, 504, "request_timeout"), body
-            assert policy.threads[-1].startswith("seq-door-conn")        # the held call's: 102 never ran
+            assert policy.threads[-1] == "holding"                       # the held call's: 102 never ran
             policy.release.set()                              # the hung call returns: its result is dropped
             got, status, body = _ask(again, 103, tag=8.0)
             assert (got, status) == (103, 200) and body["action_chunk"]["actions"] == [[8.0]], body
@@ -153,7 +154,7 @@ def test_a_ticket_place_is_the_clients_until_both_its_websocket_and_its_door_are
         assert act.budget.open == 1                             # handed over, not taken twice
         if door_first:
             conn.close()
-            assert eventually(lambda: not made._open, what="the door connection ended")
+            assert eventually(lambda: made._tickets[ticket].door_gone, what="the door connection let go of its place")
             assert act.budget.open == 1                          # the websocket still holds it
             assert made.settle(ticket) is True                   # the last one out gives it back
             _on(loop, act.budget.release)
@@ -188,7 +189,8 @@ def test_shutdown_waits_for_a_call_running_on_a_door_thread(door):
             assert _ask(conn, i + 1)[1] == 200
             assert eventually(lambda: not host.replicas[0].run_lock.locked(), what="the replica let go")
         conn.send(struct.pack(">IB", 99, 0) + json.dumps({"observation": {}, "params": {"hold": True}}).encode())
-        assert eventually(lambda: policy.threads[-1].startswith("seq-door-conn"), what="the held call on the door")
+        assert eventually(lambda: policy.threads[-1] == "holding", what="the held call under way")
+        assert policy.threads[-2].startswith("seq-door-conn"), policy.threads[-3:]    # on the door's thread
         stopping = threading.Thread(target=host.stop, daemon=True)
         stopping.start()
         time.sleep(0.3)
