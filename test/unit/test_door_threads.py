@@ -200,3 +200,28 @@ def test_shutdown_waits_for_a_call_running_on_a_door_thread(door):
         assert policy.threads[-2:] == ["released", "shutdown"], policy.threads[-3:]
     finally:
         conn.close()
+
+
+# ---------------------------------------------------------------- the inline rule's window
+
+def test_the_inline_windows_median_and_max_are_kept_as_the_times_come():
+    """``RecentTimes`` (``_Replica.item_ms``) keeps the last ``size`` times' median (the upper
+    one, ``sorted(window)[size // 2]``, as the rule always read it) and maximum as each comes in,
+    so ``run_inline`` reads them instead of sorting the window on every request; None until
+    the window is full."""
+    import collections
+    import random
+
+    from sequence_ai_server.worker.host import RecentTimes
+
+    rng = random.Random(7)
+    times, window = RecentTimes(INLINE_WINDOW), collections.deque(maxlen=INLINE_WINDOW)
+    for i in range(5 * INLINE_WINDOW):
+        ms = rng.choice([0.1, 0.25, 0.25, 3.0, rng.random() * 6])    # repeats too
+        times.append(ms)
+        window.append(ms)
+        assert len(times) == len(window)
+        if len(window) < INLINE_WINDOW:
+            assert times.summary is None
+        else:
+            assert times.summary == (sorted(window)[INLINE_WINDOW // 2], max(window)), i

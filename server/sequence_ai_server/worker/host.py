@@ -14,6 +14,7 @@ that replica's own thread, never on the caller's event loop.
 """
 from __future__ import annotations
 
+import bisect
 import collections
 import concurrent.futures
 import json
@@ -123,6 +124,37 @@ class _Item:
     due: Optional[float] = None                # the deadline it claimed (monotonic s): late past it
 
 
+class RecentTimes:
+    """A replica's last ``size`` request times (ms), with their median and maximum kept as they
+    come in, for ``_Replica.run_inline``'s rule (it reads them on every request, so they are not
+    recomputed there: a running sorted copy of the window, updated by ``bisect``, O(size) memmove
+    a request instead of a sort).
+
+    ``append(ms)``: a request's time; the oldest leaves once ``size`` are held. ``len()``: how
+    many are held. ``summary``: ``(median, max)`` of a full window (the median is the upper one,
+    ``sorted(window)[size // 2]``: the rule's as it was before), None while fewer than ``size``
+    are held. Appends come from one thread at a time (under the replica's ``run_lock``); a reader
+    on another thread gets one whole summary (one attribute, replaced, never changed in place)."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._times: collections.deque = collections.deque()
+        self._sorted: list[float] = []
+        self.summary: Optional[tuple[float, float]] = None
+
+    def append(self, ms: float) -> None:
+        times, ordered = self._times, self._sorted
+        if len(times) == self.size:
+            del ordered[bisect.bisect_left(ordered, times.popleft())]
+        times.append(ms)
+        bisect.insort(ordered, ms)
+        if len(times) == self.size:
+            self.summary = (ordered[self.size // 2], ordered[-1])
+
+    def __len__(self) -> int:
+        return len(self._times)
+
+
 @dataclass
 class _Episode:
     replica: int
@@ -141,7 +173,7 @@ class _Replica:
         self.busy_since = 0.0      # time.monotonic() when the current item started (valid while busy)
         self.thread: Optional[threading.Thread] = None
         self.run_lock = threading.Lock()           # held while an item is served, by either thread
-        self.item_ms: collections.deque = collections.deque(maxlen=INLINE_WINDOW)   # recent requests' ms
+        self.item_ms = RecentTimes(INLINE_WINDOW)  # recent requests' ms, their median and max
         self.inline = 0                            # requests served on the caller's thread
 
     def load_instance(self) -> None:
@@ -240,7 +272,8 @@ class _Replica:
         """Serve ``item`` on the caller's thread -> True, when that costs less than handing it to
         this replica's thread: no batching, the replica idle with nothing queued, and its last
         ``INLINE_WINDOW`` requests (decode and infer) done in under ``INLINE_MS`` at the median,
-        none over ``INLINE_MAX_MS``. The two cross-thread wake-ups of a hand-off cost 0.1-0.3 ms;
+        none over ``INLINE_MAX_MS`` (both kept as the times come in: :class:`RecentTimes`). The
+        two cross-thread wake-ups of a hand-off cost 0.1-0.3 ms;
         a trivially cheap policy's whole request costs about that. Never at once with the
         replica's thread (``run_lock``): the policy instance is still called by one thread at a
         time. An item the replica's thread took from the queue just before may run after this
@@ -252,9 +285,9 @@ class _Replica:
         every other robot with it until the gateway's health check replaces the worker, where a
         hang on the replica's thread (or on a door's) is answered 504 to the others and reported
         ``degraded`` (``busy_since``)."""
-        times = self.item_ms
-        if (not (self.host.inline or caller_blocks) or self.host.spec.batching is not None or self.busy or self.queue.qsize() or len(times) < INLINE_WINDOW
-                or sorted(times)[INLINE_WINDOW // 2] >= INLINE_MS or max(times) >= INLINE_MAX_MS
+        summary = self.item_ms.summary        # (median, max) of the last INLINE_WINDOW, kept as they come
+        if (not (self.host.inline or caller_blocks) or self.host.spec.batching is not None or self.busy or self.queue.qsize()
+                or summary is None or summary[0] >= INLINE_MS or summary[1] >= INLINE_MAX_MS
                 or not self.run_lock.acquire(blocking=False)):
             return False
         try:
