@@ -202,6 +202,64 @@ def test_shutdown_waits_for_a_call_running_on_a_door_thread(door):
         conn.close()
 
 
+# ---------------------------------------------------------------- the door's framing, per message
+
+class _Counted:
+    """A socket that counts the calls that change its timeout (each an ``ioctl``)."""
+
+    def __init__(self, sock) -> None:
+        self.sock, self.settimeouts = sock, 0
+
+    def settimeout(self, value) -> None:
+        self.settimeouts += 1
+        self.sock.settimeout(value)
+
+    def __getattr__(self, name):
+        return getattr(self.sock, name)
+
+
+def test_a_door_message_changes_no_socket_timeout_and_a_deadline_still_holds():
+    """``FramedSocket`` keeps its socket blocking (set once when made) and waits with ``poll``: a
+    message each way, with and without a deadline, costs no ``settimeout`` on either end (it
+    set one on every read and every send); a read past its deadline, a message bigger than
+    the socket's buffer and a send the other end never reads keep their meaning."""
+    from sequence_ai_core.protocol import FramedSocket
+    import socket as socket_module
+
+    a, b = socket_module.socketpair()
+    a.settimeout(3.0)                                     # made with a timeout: cleared once, here
+    client, worker = _Counted(a), _Counted(b)
+    ends = FramedSocket(client), FramedSocket(worker)
+    try:
+        assert a.gettimeout() is None and b.gettimeout() is None
+        made = (client.settimeouts, worker.settimeouts)
+        for i in range(5):
+            ends[0].send(b"request %d" % i, 0, 5.0)
+            assert ends[1].receive_message(None, 1 << 20) == (0, b"request %d" % i)
+            ends[1].send(b"answer %d" % i)
+            assert ends[0].receive_message(time.monotonic() + 5) == (0, b"answer %d" % i)
+        assert (client.settimeouts, worker.settimeouts) == made
+        started = time.monotonic()
+        with pytest.raises(socket_module.timeout):
+            ends[0].receive_message(time.monotonic() + 0.2)
+        assert 0.2 <= time.monotonic() - started < 5
+        big = bytes(range(256)) * (8 << 12)               # 8 MiB: far over a socket buffer, sent as it drains
+        got = []
+        reader = threading.Thread(target=lambda: got.append(ends[1].receive_message(time.monotonic() + 30)))
+        reader.start()
+        ends[0].send(big, 0, 30.0)
+        reader.join(30)
+        assert got == [(0, big)]
+        started = time.monotonic()
+        with pytest.raises(socket_module.timeout):         # nobody reads: the send gives up at its time
+            ends[0].send(big, 0, 0.3)
+        assert 0.3 <= time.monotonic() - started < 5
+        assert (client.settimeouts, worker.settimeouts) == made
+    finally:
+        a.close()
+        b.close()
+
+
 # ---------------------------------------------------------------- the inline rule's window
 
 def test_the_inline_windows_median_and_max_are_kept_as_the_times_come():
