@@ -69,12 +69,13 @@ def answer_response(status: int, body: bytes, binary_answers: bool) -> Any:
     return httpx.Response(status, content=body, headers=_JSON_HEADERS)
 
 
-def request_message(seq: int, content: bytes, binary: bool, segment: Any) -> bytes:
-    """One request message: the 5-byte head then the body; with a same-host ``segment``
-    (``_shm.ShmSegment``) a binary body's frames go into it (``CHANNEL_FORMAT_SHM``)."""
+def request_message(seq: int, content: Any, binary: bool, segment: Any) -> bytes:
+    """One request message: the 5-byte head then the body (bytes, or a ``protocol.BinaryBody``);
+    with a same-host ``segment`` (``_shm.ShmSegment``) a binary body's frames go into it
+    (``CHANNEL_FORMAT_SHM``)."""
     if segment is not None and binary:
         return _REQUEST_HEAD.pack(seq, CHANNEL_FORMAT_SHM) + _shm.shm_message(segment, content)
-    return _REQUEST_HEAD.pack(seq, CHANNEL_FORMAT_BINARY if binary else CHANNEL_FORMAT_JSON) + content
+    return _REQUEST_HEAD.pack(seq, CHANNEL_FORMAT_BINARY if binary else CHANNEL_FORMAT_JSON) + bytes(content)
 
 
 def answer_data(response: httpx.Response) -> Any:

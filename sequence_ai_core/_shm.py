@@ -24,9 +24,9 @@ import mmap
 import os
 import secrets
 import weakref
-from typing import Optional, Tuple
+from typing import Any, Optional, Sequence, Tuple
 
-from .protocol import SHM_DIR, encode_shm_head, shm_name
+from .protocol import SHM_DIR, BinaryBody, encode_shm_head, shm_name
 
 __all__ = ["ShmSegment", "available", "shm_message"]
 
@@ -49,7 +49,8 @@ class ShmSegment:
     """The client's segment for one channel: written before each request, read by the worker.
 
     Not thread-safe (one channel, one request at a time). ``write(blobs)`` copies the request's
-    blob bytes in (growing the segment -- a new one, new name -- when they do not fit);
+    blob bytes in, ``write_parts(frames)`` each frame's bytes in turn straight from its own
+    buffer (growing the segment -- a new one, new name -- when they do not fit);
     ``answered()`` after the worker answered a request naming it unlinks the name;
     ``close()`` unmaps and unlinks (also run when the object is collected or the process exits).
 
@@ -87,6 +88,20 @@ class ShmSegment:
         self._map[:used] = blobs
         return self.name, used
 
+    def write_parts(self, parts: Sequence[Any]) -> Tuple[str, int]:
+        """Copy ``parts`` (bytes-like: a binary body's frames, ``protocol.BinaryBody.blobs``) one
+        after another to the segment's start, each straight from its own buffer (one copy a
+        frame) -> (its name, the bytes used)."""
+        used = sum(len(part) for part in parts)
+        if self._map is None or used > len(self._map):
+            self._make(max(_MIN_BYTES, 1 << max(0, used - 1).bit_length()))
+        segment, at = self._map, 0
+        for part in parts:
+            end = at + len(part)
+            segment[at:end] = part
+            at = end
+        return self.name, used
+
     def answered(self) -> None:
         """The worker answered a request naming this segment (it maps it now, or refused it):
         unlink the name, so that no other process can open the segment from now on."""
@@ -105,11 +120,15 @@ class ShmSegment:
         self.linked = False
 
 
-def shm_message(segment: ShmSegment, content: bytes) -> bytes:
+def shm_message(segment: ShmSegment, content: Any) -> bytes:
     """The part of a ``CHANNEL_FORMAT_SHM`` message after its 5-byte head, for a binary /act
-    body ``content`` (``protocol.encode_act_body``): its blobs written into ``segment``, then
-    the segment's name, the bytes used and the body's length-prefixed JSON. Raises ValueError
-    for a body that is not the binary framing."""
+    body ``content`` (``protocol.encode_act_body``: bytes, or a ``protocol.BinaryBody``, whose
+    frames are written from their own bytes): its blobs written into ``segment``, then the
+    segment's name, the bytes used and the body's length-prefixed JSON. Raises ValueError for a
+    body that is not the binary framing."""
+    if isinstance(content, BinaryBody):
+        name, used = segment.write_parts(content.blobs)
+        return b"".join((encode_shm_head(name, used), content.head))
     if len(content) < 4:
         raise ValueError("the same-host path carries the binary /act body")
     n = int.from_bytes(content[:4], "big")

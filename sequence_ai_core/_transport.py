@@ -90,12 +90,13 @@ class HttpTransport:
     def __init__(self, client: Callable[[], httpx.AsyncClient], worker_url: str, token: str) -> None:
         self._client, self.worker_url, self.token = client, worker_url, token
 
-    async def request(self, content: bytes, binary: bool) -> httpx.Response:
-        """Raises httpx's connection errors (``_DROPPED``) as they are, TimeoutError past the
-        client's timeout, TransportError for any other HTTP failure."""
+    async def request(self, content: Any, binary: bool) -> httpx.Response:
+        """``content``: bytes, or a ``protocol.BinaryBody`` (joined here). Raises httpx's
+        connection errors (``_DROPPED``) as they are, TimeoutError past the client's timeout,
+        TransportError for any other HTTP failure."""
         url = f"{self.worker_url}/act"
         try:
-            return await self._client().post(url, content=content, headers={
+            return await self._client().post(url, content=bytes(content), headers={
                 "Authorization": f"Bearer {self.token}",
                 "Content-Type": BINARY_CONTENT_TYPE if binary else JSON_CONTENT_TYPE})
         except _DROPPED:

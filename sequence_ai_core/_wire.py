@@ -425,7 +425,8 @@ class WorkerLink(LeaseRenewal):
         while True:
             session = await self._current_session()
             binary = self.body_format != "json"
-            content, content_type = encoded.get(binary) or encoded.setdefault(binary, encode_act_body(body, binary))
+            content, content_type = encoded.get(binary) or encoded.setdefault(
+                binary, encode_act_body(body, binary, split=self.body_format == "shm"))
             binary = content_type != JSON_CONTENT_TYPE
             self.last_request_bytes = len(content)
             response: Optional[httpx.Response] = None
@@ -462,7 +463,8 @@ class WorkerLink(LeaseRenewal):
             session = self.session
             if session is None or session.renew_refused or self.lease_due(session):
                 session = run(self._current_session())
-            content, content_type = encode_act_body(body, self.body_format != "json")
+            content, content_type = encode_act_body(body, self.body_format != "json",
+                                                    split=self.body_format == "shm")   # frames from their own bytes into the segment
             binary = content_type != JSON_CONTENT_TYPE
             self.last_request_bytes = len(content)
             response: Optional[httpx.Response] = None

@@ -41,7 +41,7 @@ from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Tuple
 
 __all__ = [
     "JSON_CONTENT_TYPE", "BINARY_CONTENT_TYPE", "MAX_BODY_BYTES",
-    "FramingError", "encode_act_body", "decode_act_body", "frame_bytes",
+    "FramingError", "BinaryBody", "encode_act_body", "decode_act_body", "frame_bytes",
     "ErrorCode", "ERROR_CODES",
     "CameraSpec", "ObservationSpec", "ActionSpec", "Contract", "DELAY_MODES", "DELAY_FIELDS",
     "ACT_CHANNEL_PATH", "CHANNEL_FORMAT_JSON", "CHANNEL_FORMAT_BINARY", "CHANNEL_FORMAT_SHM", "RAW_ENCODING", "SHM_DIR", "shm_name", "valid_shm_name", "encode_shm_head", "decode_shm_head",
@@ -265,14 +265,41 @@ def _dumps(obj: Any) -> bytes:
     return json.dumps(obj, separators=(",", ":"), allow_nan=False).encode("utf-8")
 
 
-def encode_act_body(body: Dict[str, Any], binary: bool) -> Tuple[bytes, str]:
+class BinaryBody:
+    """A binary /act body kept in its parts (``encode_act_body(..., split=True)``), so that the
+    same-host path writes each frame into its segment straight from the frame's own bytes
+    (``_shm.ShmSegment.write_parts``) instead of from a joined copy of the whole body.
+
+    ``head``: the 4-byte big-endian JSON length and the JSON; ``blobs``: the frames' bytes in
+    the order of their offsets. ``len(body)`` is the body's size (bytes); ``bytes(body)`` the body
+    as ``encode_act_body`` joins it (joined on first use, then kept), for any other transport."""
+
+    __slots__ = ("head", "blobs", "size", "_joined")
+
+    def __init__(self, head: bytes, blobs: List[bytes]) -> None:
+        self.head, self.blobs = head, tuple(blobs)
+        self.size = len(head) + sum(len(b) for b in self.blobs)
+        self._joined: Optional[bytes] = None
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __bytes__(self) -> bytes:
+        if self._joined is None:
+            self._joined = b"".join((self.head, *self.blobs))
+        return self._joined
+
+
+def encode_act_body(body: Dict[str, Any], binary: bool, split: bool = False) -> Tuple[Any, str]:
     """Serialise an /act body; returns ``(bytes, content_type)``.
 
     ``body["observation"]["images"][i]["data"]`` (and ``["depth"][i]["data"]``) may be raw
     encoded bytes or base64 text; bytes with a ``pixel_shape`` (``sequence_ai.RawFrame``: H x W x 3
     uint8 pixels, no codec) are sent as they are with ``"encoding": "rgb8"`` and ``"shape"``. JSON: every frame becomes base64 text. Binary: every camera
     frame becomes a blob after the JSON header; depth frames stay base64 in the header. A body
-    without camera frames is always JSON. Raises ValueError for NaN/inf in the body.
+    without camera frames is always JSON. ``split``: a binary body comes back as a
+    :class:`BinaryBody` (its parts, not joined: the same-host path writes the frames into its
+    segment from them); a JSON one is bytes either way. Raises ValueError for NaN/inf in the body.
     """
     obs = body.get("observation")
     images = obs.get("images") if isinstance(obs, dict) else None
@@ -300,6 +327,8 @@ def encode_act_body(body: Dict[str, Any], binary: bool) -> Tuple[bytes, str]:
         blobs.append(raw)
         frames.append(frame)
     head = _dumps(dict(body, observation=dict(obs, images=frames)))
+    if split:
+        return BinaryBody(len(head).to_bytes(4, "big") + head, blobs), BINARY_CONTENT_TYPE
     return b"".join([len(head).to_bytes(4, "big"), head, *blobs]), BINARY_CONTENT_TYPE
 
 

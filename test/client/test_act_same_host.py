@@ -29,8 +29,9 @@ from _wait import eventually
 from sequence_ai_core._shm import ShmSegment, shm_message
 from sequence_ai_core._transport import Transports
 from sequence_ai_core._wire import Session, WorkerLink
-from sequence_ai_core.protocol import (ANSWER_BINARY, ANSWER_HEADER, LOCAL_HEADER, LOCAL_VERSION_HEADER, SHM_DIR, FramingError, decode_act_answer,
-                                       encode_act_answer, encode_act_body, encode_shm_head, shm_name)
+from sequence_ai_core.protocol import (ANSWER_BINARY, ANSWER_HEADER, LOCAL_HEADER, LOCAL_VERSION_HEADER, SHM_DIR, BinaryBody, FramingError,
+                                       decode_act_answer, encode_act_answer, encode_act_body, encode_shm_head, shm_name)
+from sequence_ai_server.worker.shm import ChannelSegments
 
 PIXEL = str(Path(__file__).resolve().parents[1] / "policies" / "pixel_policy.py")
 CONTRACT = {"observation": {"cameras": {"front": {"width": 32, "height": 24}}, "proprio": {"joint_positions": 7}}}
@@ -444,6 +445,64 @@ def test_shm_message_carries_the_json_and_writes_the_blobs():
     finally:
         segment.close()
     assert not os.path.exists(os.path.join(SHM_DIR, segment.name or "x"))
+
+
+def test_the_same_host_path_writes_each_frame_into_the_segment_from_its_own_bytes(worker, monkeypatch):
+    """On the same-host path the body is encoded in its parts (``BinaryBody``) and each raw frame
+    goes into the segment straight from the frame's own bytes: the segment and the message are
+    the joined body's, and the whole body is never joined (a copy of every frame less), on
+    either face."""
+    frames = [_frame(60), _frame(61)]
+    body = {"observation": dict(_obs(frames[0]), images=[{"view": "front", "data": _obs(f)["images"][0]["data"]}
+                                                          for f in frames]), "params": {}}
+    split, kind = encode_act_body(body, True, split=True)
+    joined, joined_kind = encode_act_body(body, True)
+    assert isinstance(split, BinaryBody) and kind == joined_kind and len(split) == len(joined)
+    n = int.from_bytes(joined[:4], "big")
+    segment = ShmSegment()
+    try:
+        message = shm_message(segment, split)
+        assert message == encode_shm_head(segment.name, len(joined) - 4 - n) + joined[:4 + n]
+        with open(os.path.join(SHM_DIR, segment.name), "rb") as f:
+            assert f.read(len(joined) - 4 - n) == joined[4 + n:] == frames[0].tobytes() + frames[1].tobytes()
+        assert split._joined is None                                  # written from the frames themselves
+    finally:
+        segment.close()
+    assert bytes(split) == joined                                     # any other transport gets the same body
+
+    def joining(self):
+        raise AssertionError("the same-host path joined the body")
+    monkeypatch.setattr(BinaryBody, "__bytes__", joining)
+    for face in ("blocking", "asyncio"):
+        wire = _link(worker, "shm")
+        loop = asyncio.new_event_loop()
+        try:
+            frame = _frame(62)
+            pred = wire.act_blocking(_obs(frame), loop.run_until_complete) if face == "blocking" else \
+                loop.run_until_complete(wire.act(_obs(frame)))
+            assert pred.action_chunk.actions == [_expected(frame)], face
+        finally:
+            loop.run_until_complete(wire.aclose())
+            loop.close()
+
+
+def test_the_worker_reads_a_segment_once_into_frames_of_its_own(worker):
+    """The worker copies a request's frames out of the segment once, into the body it hands on
+    (the policy's arrays are views of that copy): a client that scribbles on its segment after
+    the read (or a same-user process that does, during it, which at worst garbles that
+    request's pixels) cannot change the frames a policy holds."""
+    frame = _frame(70)
+    segment, segments = ShmSegment(), ChannelSegments(1 << 20)
+    try:
+        content, _ = encode_act_body({"observation": _obs(frame), "params": {}}, True)
+        message = shm_message(segment, content)
+        body = segments.body(memoryview(message))
+        assert isinstance(body, bytearray) and bytes(body) == content
+        segment.write(memoryview(bytes(len(frame.tobytes()))))          # scribbled: zeros now
+        assert bytes(body) == content                                  # the worker's copy is its own
+    finally:
+        segments.close()
+        segment.close()
 
 
 def test_a_same_host_body_gets_every_check_of_a_binary_body(worker):
