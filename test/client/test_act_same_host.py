@@ -154,6 +154,23 @@ def test_a_bad_raw_frame_is_refused_with_a_typed_error(worker, frame, words):
     assert __import__("re").search(words, r.json()["detail"]), r.json()["detail"]
 
 
+def test_observation_reads_a_contract_once_and_again_when_it_changed_in_place():
+    """observation() keeps the typed view of the last contract dict it read (a robot loop builds
+    every observation against the same one): an equal dict gets that view, one changed in place
+    since is read again."""
+    from sequence_ai._image import _contract_of
+
+    contract = json.loads(json.dumps(CONTRACT))
+    first = _contract_of(contract)
+    assert _contract_of(json.loads(json.dumps(CONTRACT))) is first          # equal: not read again
+    frame = sequence_ai.observation(images={"front": _frame(3)}, joints=JOINTS, contract=contract, codec="raw").images[0]
+    assert frame.data.pixel_shape == (24, 32, 3)
+    contract["observation"]["cameras"]["front"].update(width=16, height=12)  # changed in place
+    assert _contract_of(contract) is not first
+    frame = sequence_ai.observation(images={"front": _frame(3)}, joints=JOINTS, contract=contract, codec="raw").images[0]
+    assert frame.data.pixel_shape == (12, 16, 3)                            # resampled to the size it declares now
+
+
 def test_observation_refuses_an_unknown_codec():
     with pytest.raises(ValueError, match='codec must be "jpeg" or "raw"'):
         sequence_ai.observation(images={"front": _frame()}, joints=JOINTS, codec="png")
