@@ -15,7 +15,7 @@ import socket
 import struct
 import time
 
-from .protocol import LOCAL_FRAME, FramedSocket, MessageTooLarge
+from .framing import LOCAL_FRAME, FramedSocket, MessageTooLarge
 
 __all__ = ["LocalSocket", "DoorRefused", "MessageTooLarge"]
 
@@ -33,7 +33,7 @@ class DoorRefused(ConnectionError):
 
 
 class LocalSocket(FramedSocket):
-    """One connection to a worker's door: ``protocol.FramedSocket`` (``send``,
+    """One connection to a worker's door: ``framing.FramedSocket`` (``send``,
     ``receive_message``, ``close``) with the client's opening and reads. Not thread-safe.
     ``send`` / ``receive`` raise OSError (``socket.timeout`` past the deadline) and
     ConnectionError when the worker closed it."""

@@ -223,7 +223,7 @@ def test_a_door_message_changes_no_socket_timeout_and_a_deadline_still_holds():
     message each way, with and without a deadline, costs no ``settimeout`` on either end (it
     set one on every read and every send); a read past its deadline, a message bigger than
     the socket's buffer and a send the other end never reads keep their meaning."""
-    from sequence_ai_core.protocol import FramedSocket
+    from sequence_ai_core.framing import FramedSocket
     import socket as socket_module
 
     a, b = socket_module.socketpair()

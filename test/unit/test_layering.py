@@ -56,7 +56,7 @@ RULES = {
     "sequence_ai": {"sequence_ai_core"},
     "seq": {"sequence_ai_core"},
     "seq.cli": {"seq", "sequence_ai", "sequence_ai_core", "sequence_ai_server", "sequence_ai_eval", "sequence_ai_data"},
-    "sequence_ai_server": {"sequence_ai_core.protocol", "seq", "seq.spec", "sequence_ai_data"},
+    "sequence_ai_server": {"sequence_ai_core.protocol", "sequence_ai_core.framing", "seq", "seq.spec", "sequence_ai_data"},
     "sequence_ai_data": set(),
     "sequence_ai_sim": {"seq"},
     "sequence_ai_eval": {"sequence_ai", "seq.spec", "sequence_ai_sim", "sequence_ai_data"},

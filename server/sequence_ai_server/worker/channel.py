@@ -63,8 +63,8 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from sequence_ai_core.protocol import (ACT_CHANNEL_PATH, ANSWER_BINARY, ANSWER_HEADER, BINARY_CONTENT_TYPE,
                                        CHANNEL_FORMAT_BINARY, CHANNEL_FORMAT_JSON, CHANNEL_FORMAT_SHM,
-                                       JSON_CONTENT_TYPE, LOCAL_HEADER, LOCAL_VERSION, LOCAL_VERSION_HEADER,
-                                       MessageTooLarge)
+                                       JSON_CONTENT_TYPE, LOCAL_HEADER, LOCAL_VERSION, LOCAL_VERSION_HEADER)
+from sequence_ai_core.framing import MessageTooLarge
 
 from sequence_ai_server.common.body_limit import too_large
 from sequence_ai_server.common.errors import ApiError, new_request_id
@@ -261,7 +261,7 @@ class _DoorChannel:
     ``timeouts.request`` (one that hangs on this thread) is answered 504 ``request_timeout`` by
     the door's watch (:meth:`overdue`), as the event loop's timer answers it on the websocket, and
     the door shuts the connection (its late result is dropped; the client's next request comes on
-    a new connection). ``conn``: a ``protocol.FramedSocket``."""
+    a new connection). ``conn``: a ``framing.FramedSocket``."""
 
     def __init__(self, conn: Any, token: str, act: ActPipeline, max_size: int) -> None:
         self.conn, self.token, self.act, self.max_size = conn, token, act, max_size

@@ -15,7 +15,7 @@ replica's own thread), never the event loop that serves /ping and the other robo
 a thread too. What the event loop owns stays there: the connection budget's place is taken on
 the loop (``run_coroutine_threadsafe``) and given back there.
 
-Framing (``protocol.LOCAL_FRAME``): kind u8 (0 binary, 1 text) and length u32, then the message.
+Framing (``sequence_ai_core.framing.LOCAL_FRAME``): kind u8 (0 binary, 1 text) and length u32, then the message.
 The client's first message is its token (text; then a newline and the ticket the accept named
 beside the path), checked like the upgrade's ``Authorization`` (401 when it is not good) and
 answered with one binary answer message (seq 0, the status, the error body or ``{}``). The
@@ -47,7 +47,7 @@ import threading
 import time
 from typing import Any, Callable, Optional
 
-from sequence_ai_core.protocol import FramedSocket
+from sequence_ai_core.framing import FramedSocket
 
 from sequence_ai_server.common.errors import ApiError, new_request_id
 
