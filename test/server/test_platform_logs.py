@@ -40,11 +40,17 @@ def _failing_act_via_gateway(gw) -> dict:
     return r.json()
 
 
+def _access_line(lines: list[dict], component: str) -> bool:
+    return any(x["component"] == component and " -> " in x["message"] for x in lines)
+
+
 def _wait_for(gw, rid: str, timeout: float = 10.0) -> list[dict]:
-    """The JSON lines of request ``rid`` once the worker's have reached the file too."""
+    """The JSON lines of request ``rid`` once its last ones are in the files: the access lines of
+    the worker and of the gateway, each written after its answer went out (the worker's can come
+    after the gateway's, so the error line alone says nothing about it)."""
     def from_both():
         lines = gw.client.get("/v1/deployments/logged/logs", params={"request_id": rid}).json()["lines"]
-        return lines if {"gateway", "worker"} <= {x["component"] for x in lines} else None
+        return lines if _access_line(lines, "gateway") and _access_line(lines, "worker") else None
 
     return eventually(from_both, timeout, 0.1, what=f"log lines of {rid} from both the gateway and the worker")
 
