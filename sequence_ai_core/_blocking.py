@@ -14,9 +14,7 @@ for those alone.
 """
 from __future__ import annotations
 
-import ipaddress
 import json
-import os
 import select
 import socket
 import ssl
@@ -42,28 +40,7 @@ except ImportError:  # pragma: no cover - exercised by the fallback test with a 
 _RECV_BYTES = 1 << 16
 
 
-def same_host(worker_url: str) -> bool:
-    """True when ``worker_url``'s host is a loopback address (``127.0.0.0/8``, ``::1``,
-    ``::ffff:127.x``, ``localhost``): the worker runs on this machine, so the channel asks for its door, unless
-    ``$SEQ_CLIENT_DOOR`` is ``0``."""
-    if os.environ.get("SEQ_CLIENT_DOOR", "1").strip() == "0":
-        return False
-    host = urlsplit(worker_url).hostname or ""
-    if host == "localhost":
-        return True
-    try:
-        address = ipaddress.ip_address(host)
-    except ValueError:
-        return False
-    mapped = getattr(address, "ipv4_mapped", None)      # ::ffff:127.0.0.1
-    return address.is_loopback or (mapped is not None and mapped.is_loopback)
-
-
-def _door_version(value: Optional[str]) -> int:
-    try:
-        return int(value or 1)
-    except ValueError:
-        return 1
+same_host = _local.same_host      # the worker is on this machine: ask for its door (``$SEQ_CLIENT_DOOR=0``: don't)
 
 
 def available() -> bool:
@@ -149,7 +126,7 @@ class BlockingChannel:
         if proto.handshake_exc is None:
             self.binary_answers = response.headers.get(ANSWER_HEADER) == ANSWER_BINARY
             named = response.headers.get(LOCAL_HEADER)
-            if self.segment is None and _door_version(response.headers.get(LOCAL_VERSION_HEADER)) < 2:
+            if self.segment is None and _local.door_version(response.headers.get(LOCAL_VERSION_HEADER)) < 2:
                 named = None         # an older door closes on a body over its limit without the 413
             return self._enter_door(named, deadline)
         self.abort()

@@ -8,6 +8,13 @@ an ``httpx.Response`` (an ``_transport.AsyncActTransport``) so the session clien
 (401 -> reconnect, 415, the error table) applies unchanged. A text message ``{"token": ...}``
 hands the worker a renewed lease, so a renewal keeps the socket.
 
+To a worker on this machine (a loopback address, ``_local.same_host``; or on the shared-memory
+path) the channel asks for the worker's same-host door on its upgrade and, when it is named,
+moves there as the blocking channel does (``_local.AsyncDoor``: the same messages over a Unix
+socket, without the websocket's framing, masking and ASGI hops) and closes the websocket;
+``$SEQ_CLIENT_DOOR=0`` keeps it on the websocket, and so does a door that cannot be opened or
+has no place (503).
+
 The websocket client is the ``websockets`` package (asyncio API). It is optional: when it is not
 installed (``available()`` is False) the wire uses HTTP /act, and so it does when a worker has no
 channel (an older worker: the upgrade is answered 403/404) -- ``ChannelUnsupported``.
@@ -25,10 +32,11 @@ from typing import Any, Optional
 
 import httpx
 
-from . import _shm
+from . import _local, _shm
 from ._errors import TransportError
 from .protocol import (ACT_CHANNEL_PATH, ANSWER_BINARY, ANSWER_HEADER, BINARY_ANSWER_CONTENT_TYPE, CHANNEL_FORMAT_BINARY,
-                       CHANNEL_FORMAT_JSON, CHANNEL_FORMAT_SHM, MAX_BODY_BYTES, FramingError, decode_act_answer)
+                       CHANNEL_FORMAT_JSON, CHANNEL_FORMAT_SHM, LOCAL_HEADER, LOCAL_VERSION_HEADER, MAX_BODY_BYTES,
+                       FramingError, decode_act_answer)
 
 __all__ = ["ActChannel", "ChannelDropped", "ChannelUnsupported", "available", "channel_url"]
 
@@ -165,7 +173,8 @@ def _too_large(size: int) -> httpx.Response:
 
 
 class ActChannel:
-    """One open websocket to one worker, bound to the token it was opened with.
+    """One open websocket to one worker, bound to the token it was opened with; or, to a worker
+    on this machine, its same-host door (``local``), which the websocket handed over to.
 
     Not thread-safe: one event loop, one request at a time (the wire's ``act`` is sequential).
     A request cancelled while it waits (interrupt) sends a cancel message: the worker drops it
@@ -177,6 +186,12 @@ class ActChannel:
         timeout_s: how long a request may wait for its answer (s; the wire's ``timeout_s``).
         shm: send binary bodies' frames through a shared-memory segment (the same-host path,
             ``_shm``; the worker must run on this machine as this user).
+
+    The door is asked for, taken and left as by ``_blocking.BlockingChannel``: on the
+    shared-memory path and to any worker on a loopback address (``$SEQ_CLIENT_DOOR=0``: never);
+    a client without a segment takes only a door of ``LOCAL_VERSION_HEADER`` 2 or later (one that
+    answers an oversized message 413); a door that cannot be opened or answers 503 leaves the
+    channel on its websocket, and its 401 is returned as the websocket's refusal would be.
     """
 
     def __init__(self, worker_url: str, token: str, timeout_s: float, shm: bool = False) -> None:
@@ -189,8 +204,14 @@ class ActChannel:
 
     @property
     def open(self) -> bool:
-        """True while the websocket is open."""
+        """True while the websocket (or the door) is open."""
         return self._ws is not None
+
+    @property
+    def local(self) -> Optional[_local.AsyncDoor]:
+        """The same-host door while the channel is on it, else None."""
+        ws = self._ws
+        return ws if isinstance(ws, _local.AsyncDoor) else None
 
     async def connect(self) -> Optional[httpx.Response]:
         """Open the websocket. -> None when open, or the worker's refusal as an httpx.Response
@@ -200,10 +221,12 @@ class ActChannel:
             ChannelUnsupported: the worker has no channel (403/404/426 without our error body).
             ChannelDropped: the worker could not be reached or the upgrade failed midway.
         """
+        headers = {"Authorization": f"Bearer {self.token}", ANSWER_HEADER: ANSWER_BINARY}
+        if self.segment is not None or _local.same_host(self.worker_url):
+            headers[LOCAL_HEADER] = "1"
         try:
             self._ws = await _ws_connect(
-                channel_url(self.worker_url),
-                additional_headers={"Authorization": f"Bearer {self.token}", ANSWER_HEADER: ANSWER_BINARY},
+                channel_url(self.worker_url), additional_headers=headers,
                 max_size=MAX_BODY_BYTES + 1024, compression=None, open_timeout=min(OPEN_TIMEOUT_S, self.timeout_s),
                 ping_interval=PING_INTERVAL_S, ping_timeout=PING_INTERVAL_S, proxy=None, user_agent_header=None)
         except _InvalidStatus as exc:
@@ -216,14 +239,50 @@ class ActChannel:
                                      f"{response.status_code}") from None
         except (OSError, asyncio.TimeoutError, _WsError) as exc:
             raise ChannelDropped(f"could not open the /act channel to {self.worker_url}: {exc!r}") from exc
-        self.binary_answers = self._ws.response.headers.get(ANSWER_HEADER) == ANSWER_BINARY
+        accept = self._ws.response.headers
+        self.binary_answers = accept.get(ANSWER_HEADER) == ANSWER_BINARY
+        named = accept.get(LOCAL_HEADER)
+        if not named or (self.segment is None and _local.door_version(accept.get(LOCAL_VERSION_HEADER)) < 2):
+            return None         # no door, or an older one: it closes on a body over its limit without the 413
+        try:
+            return await self._enter_door(named)
+        except BaseException:           # cancelled midway: nothing is left open
+            self._drop(self._ws)
+            raise
+
+    async def _enter_door(self, named: str) -> Optional[httpx.Response]:
+        """Move to the worker's same-host door (``named``: the accept's header, "PATH TICKET") and
+        close the websocket. -> None, or the door's refusal of the token as an httpx.Response
+        (401). A door that cannot be opened, is not the worker's, or is full (503) leaves the
+        websocket in use."""
+        path, _, ticket = named.partition(" ")
+        try:
+            door = await asyncio.wait_for(_local.AsyncDoor.open(path, self.token, ticket, MAX_BODY_BYTES + 1024),
+                                          min(OPEN_TIMEOUT_S, self.timeout_s))
+        except _local.DoorRefused as exc:
+            if exc.status == 503:          # no place for the door: the websocket still has its own
+                return None
+            await self.aclose()
+            return httpx.Response(exc.status, content=exc.body, headers={"content-type": "application/json"})
+        except (OSError, asyncio.TimeoutError):
+            return None
+        ws, self._ws = self._ws, door
+        self.binary_answers = True            # the door always answers 200s in the binary form
+        try:
+            await asyncio.wait_for(ws.close(), 2.0)
+        except Exception:  # noqa: BLE001 - the door has the channel now
+            pass
+        finally:
+            self._drop(ws)
         return None
 
     async def request(self, content: bytes, binary: bool) -> httpx.Response:
         """Send one /act body (``binary``: the binary framing, else JSON) and wait for its answer.
 
         Returns the answer as an ``httpx.Response`` (status and JSON body as HTTP /act). Raises
-        ChannelDropped when the websocket closes or fails; asyncio.TimeoutError past ``timeout_s``.
+        ChannelDropped when the websocket (or the door) closes or fails; asyncio.TimeoutError past
+        ``timeout_s``. On the door a message over the worker's limit is answered 413 before it
+        closes (``_local.AsyncDoor.recv`` hands that answer over first).
         """
         self._seq = (self._seq + 1) & 0xFFFFFFFF
         seq = self._seq
@@ -257,6 +316,8 @@ class ActChannel:
         self.requests += 1
         if self.segment is not None:
             self.segment.answered()    # the worker holds it open now: no other process may open it
+        if ws.__class__ is _local.AsyncDoor and (status == 413 or ws.closed):
+            self._drop(ws)             # the door answers a message over its limit 413, then closes: open anew
         return answer_response(status, answer[_ANSWER_HEAD.size:], self.binary_answers)
 
     async def refresh(self, token: str) -> None:

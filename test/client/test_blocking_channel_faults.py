@@ -296,10 +296,12 @@ def _connections_to(port: int) -> int:
     return len(out.strip().splitlines())
 
 
-def test_closing_the_asyncio_channel_to_a_hung_worker_closes_its_socket(tmp_path):
+def test_closing_the_asyncio_channel_to_a_hung_worker_closes_its_socket(tmp_path, monkeypatch):
     """The link closes an asyncio channel before a blocking one opens (one websocket at a time).
     To a worker that stopped answering, the closing handshake gives up after 2 s and the
-    connection is closed then, not left open until garbage collection."""
+    connection is closed then, not left open until garbage collection. (On its websocket:
+    ``SEQ_CLIENT_DOOR=0``; the same-host door has no closing handshake to wait for.)"""
+    monkeypatch.setenv("SEQ_CLIENT_DOOR", "0")
     worker = WorkerProcess.start(ECHO, tmp_path, name="hung")
     try:
         async def go():

@@ -1,8 +1,10 @@
 """The same-host door: the /act channel's messages over a Unix socket instead of the websocket.
 
-A client on the shared-memory path (``body_format="shm"``) asks for it on the channel's upgrade
-(``protocol.LOCAL_HEADER: 1``); the worker then opens its door (once, on the first ask: a worker
-no same-host client talks to has none) and names the socket's path in the accept's header. The
+A client on the shared-memory path (``body_format="shm"``), or of a worker on a loopback
+address (either client channel: the sync face's blocking one and the asyncio one,
+``sequence_ai_core._local``), asks for it on the channel's upgrade (``protocol.LOCAL_HEADER:
+1``); the worker then opens its door (once, on the first ask: a worker no same-host client
+talks to has none) and names the socket's path in the accept's header. The
 client connects there and the channel goes on as before (``channel._DoorChannel``: the same
 requests, answers, tokens, limits and segments) with none of the websocket's framing, masking
 and ASGI messages: on loopback those were about a third of a same-host round trip.
