@@ -34,6 +34,8 @@ longer lists the destroyed entity. A timer cancelled by another thread after the
 ready (the driver cancels its camera watch when a run ends) makes rclpy's take raise "timer is
 canceled" and leaves the timer and its callback group marked busy; ``NodeExecutor`` skips that
 callback and clears both marks, so the timer fires again once reset and its group is not stuck.
+An executor shut down by another thread while the spinning thread builds a wait set (a test's
+teardown, ``stop_executor``) ends the spin quietly rather than with rclpy's AttributeError.
 """
 from __future__ import annotations
 
@@ -85,6 +87,15 @@ def spin_once(executor: Executor, timeout_sec: float) -> None:
         pass   # an entity being destroyed: the next wait set leaves it out
 
 
+def _shut_down_meanwhile(executor: Executor) -> bool:
+    """True when ``executor`` was shut down by another thread: ``Executor.shutdown`` sets its
+    guard conditions to None, and a wait set being built on the spinning thread at that moment
+    meets the None (``AttributeError: 'NoneType' object has no attribute 'handle'``). The
+    spinning thread then ends as it would have at its next check, instead of dying with the
+    error; an AttributeError of a running executor (a callback's) is raised."""
+    return bool(executor._is_shutdown)
+
+
 def spin(executor: Executor, until: Optional[threading.Event] = None) -> None:
     """``executor.spin()`` for a spinning thread, through :func:`spin_once`: returns once the
     executor is shut down or its context is, or ``until`` is set (seen within ``SPIN_WAKE_S``).
@@ -96,6 +107,10 @@ def spin(executor: Executor, until: Optional[threading.Event] = None) -> None:
             spin_once(executor, SPIN_WAKE_S)
         except ExternalShutdownException:
             return
+        except AttributeError:
+            if _shut_down_meanwhile(executor):
+                return
+            raise
 
 
 class NodeExecutor(SingleThreadedExecutor):
@@ -221,6 +236,10 @@ class NodeExecutor(SingleThreadedExecutor):
                 pass
             except ExternalShutdownException:
                 return
+            except AttributeError:
+                if _shut_down_meanwhile(self):
+                    return
+                raise
 
     def join_threads(self, timeout_s: float) -> bool:
         """Wait (at most ``timeout_s`` s in all) for the callbacks running on threads; True when none is left."""

@@ -12,11 +12,12 @@ import time
 import pytest
 import rclpy
 from rclpy.exceptions import InvalidHandle
+from rclpy.callback_groups import ReentrantCallbackGroup
 from rclpy.executors import SingleThreadedExecutor
 from rclpy.waitable import NumberOfEntities, Waitable
 from std_msgs.msg import String
 
-from sequence_ai_ros._spin import NodeExecutor, spin_once
+from sequence_ai_ros._spin import NodeExecutor, spin, spin_once
 
 
 class _DestroyOnEnter(Waitable):
@@ -167,5 +168,61 @@ def test_a_timer_cancelled_between_the_wait_and_its_call_does_not_end_the_spin_a
         assert len(fired) >= 3 and len(other) >= 3, (fired, other)
         executor.remove_node(node)
         executor.shutdown()
+    finally:
+        node.destroy_node()
+
+
+class _ShutDownWhenGathered(ReentrantCallbackGroup):
+    """Shuts ``executor`` down (as another thread's ``shutdown()`` would) the first time the
+    executor asks this group about one of its entities: while it gathers the wait set's entities,
+    before it lists its own guard conditions, which the shutdown sets to None."""
+
+    def __init__(self):
+        super().__init__()
+        self.executor = None
+
+    def can_execute(self, entity):
+        if self.executor is not None:
+            executor, self.executor = self.executor, None
+            executor.shutdown(timeout_sec=0)
+        return super().can_execute(entity)
+
+
+def _shut_down_while_gathering(ctx, name, executor):
+    node = rclpy.create_node(name, context=ctx)
+    group = _ShutDownWhenGathered()
+    node.create_timer(10.0, lambda: None, callback_group=group)
+    group.executor = executor
+    executor.add_node(node)
+    return node
+
+
+@pytest.mark.parametrize("kind", ["spin", "spin_until_set"])
+def test_an_executor_shut_down_while_its_wait_set_is_built_ends_the_spin_without_an_error(ctx, kind):
+    ex = NodeExecutor(context=ctx) if kind == "spin_until_set" else SingleThreadedExecutor(context=ctx)
+    node = _shut_down_while_gathering(ctx, "spin_shutdown_race", ex)
+    errors = []
+
+    def run():
+        try:
+            if kind == "spin":
+                spin(ex)
+            else:
+                ex.spin_until_set(threading.Event())
+        except BaseException as exc:  # noqa: BLE001 - what the thread would die of
+            errors.append(exc)
+
+    try:
+        with pytest.raises(AttributeError, match="'NoneType' object has no attribute 'handle'"):
+            bare = SingleThreadedExecutor(context=ctx)            # rclpy itself meets the None
+            probe = _shut_down_while_gathering(ctx, "spin_shutdown_probe", bare)
+            try:
+                bare.spin_once(timeout_sec=0.5)
+            finally:
+                probe.destroy_node()
+        thread = threading.Thread(target=run, daemon=True)
+        thread.start()
+        thread.join(10.0)
+        assert not thread.is_alive() and errors == [], errors
     finally:
         node.destroy_node()
