@@ -11,7 +11,9 @@ an instruction:
   socket; over ``--link`` it stays on the websocket);
 * ours, ws      -- the same kept on the websocket (``WS /act/ws``; ``SEQ_CLIENT_DOOR=0``): a robot
   on another machine, without the network;
-* ours, channel -- the same through the asyncio wire (``AsyncPolicy.predict``, and ``run()``);
+* ours, channel -- the same through the asyncio wire (``AsyncPolicy.predict``, and ``run()``),
+  which for a worker on a loopback address moves to the same-host door too;
+* ours, channel-ws -- the same kept on its websocket (``SEQ_CLIENT_DOOR=0``);
 * ours, http    -- the same over ``POST /act`` (binary body; httptools + uvloop on the worker);
 * ours, shm     -- the same-host path: ``observation(codec="raw")`` (no codec: the raw pixels at
   the declared size) over the blocking channel with ``body_format="shm"`` (the frames through a
@@ -59,7 +61,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 SIDE_PY = ROOT / ".venv" / "sides" / "openpi-client" / "bin" / "python"
 OPENPI_DIR = ROOT.parent / "shared" / "peers" / "openpi"
-CLIENTS = ("ours-sync", "ours-ws", "ours-channel", "ours-http", "ours-shm", "openpi-ours", "openpi", "naive")
+CLIENTS = ("ours-sync", "ours-ws", "ours-channel", "ours-channel-ws", "ours-http", "ours-shm", "openpi-ours", "openpi", "naive")
 
 POLICY = '''
 import numpy as np
@@ -258,7 +260,7 @@ class Bench:
                 raise RuntimeError("worker did not start: " + (self.tmp / "worker.log").read_text()[-2000:])
             time.sleep(0.1)
         info = json.loads(ready.read_text())
-        for name in ("ours-sync", "ours-ws", "ours-channel", "ours-http", "ours-shm", "openpi-ours"):
+        for name in ("ours-sync", "ours-ws", "ours-channel", "ours-channel-ws", "ours-http", "ours-shm", "openpi-ours"):
             self.server_pid[name] = worker.pid if not self.ns_srv else info["pid"]
         op_port, nv_port = free_port(), free_port()
         openpi = self.spawn([str(SIDE_PY), "-c", OPENPI_SERVER, str(OPENPI_DIR), "127.0.0.1", str(op_port)], self.ns_srv,
@@ -278,13 +280,14 @@ class Bench:
                  "ours-ws": ([sys.executable], [worker_url, secret, json.dumps(contract)]),
                  "ours-shm": ([sys.executable], [worker_url, secret, json.dumps(contract)]),
                  "ours-channel": ([sys.executable], [worker_url, secret, json.dumps(contract)]),
+                 "ours-channel-ws": ([sys.executable], [worker_url, secret, json.dumps(contract)]),
                  "ours-http": ([sys.executable], [worker_url, secret, json.dumps(contract)]),
                  "openpi-ours": ([str(SIDE_PY)], [worker_url.split("//", 1)[1], secret]),
                  "openpi": ([str(SIDE_PY)], [openpi]), "naive": ([sys.executable], [naive])}
         for name, (py, args) in plans.items():
             if name not in clients:
                 continue
-            env = {**os.environ, "PYTHONPATH": str(ROOT), **({"SEQ_CLIENT_DOOR": "0"} if name == "ours-ws" else {})}
+            env = {**os.environ, "PYTHONPATH": str(ROOT), **({"SEQ_CLIENT_DOOR": "0"} if name in ("ours-ws", "ours-channel-ws") else {})}
             agent = self.spawn([*py, "-c", AGENT, name, *args], self.ns_cli, stdin=subprocess.PIPE,
                                stdout=subprocess.PIPE, text=True, cwd=ROOT, env=env)
             line = agent.stdout.readline().strip()
@@ -337,7 +340,7 @@ def measure(bench: Bench, rounds: int, per_round: int, kinds: tuple[str, ...],
 
 def report(title: str, results: dict, kinds: tuple[str, ...], clients: tuple[str, ...] = CLIENTS) -> None:
     print(f"\n{title}")
-    print(f"{'frames':7} {'client':13} {'p50 ms':>7} {'p99 ms':>7} {'bytes up':>9} {'cli CPU ms':>10} "
+    print(f"{'frames':7} {'client':15} {'p50 ms':>7} {'p99 ms':>7} {'bytes up':>9} {'cli CPU ms':>10} "
           f"{'srv CPU ms':>10} {'p50/openpi':>10} {'bytes/openpi':>12}")
     for kind in kinds:
         ref = results[(kind, "openpi")]
@@ -346,7 +349,7 @@ def report(title: str, results: dict, kinds: tuple[str, ...], clients: tuple[str
             acc = results[(kind, name)]
             lat = sorted(acc["lat"])
             p50, p99 = statistics.median(lat), lat[min(len(lat) - 1, int(0.99 * len(lat)))]
-            print(f"{kind:7} {name:13} {p50 * 1e3:7.2f} {p99 * 1e3:7.2f} {acc['bytes'] / 1e3:8.1f}k "
+            print(f"{kind:7} {name:15} {p50 * 1e3:7.2f} {p99 * 1e3:7.2f} {acc['bytes'] / 1e3:8.1f}k "
                   f"{acc['cpu'] / acc['n'] * 1e3:10.2f} {acc['server_cpu'] / acc['n'] * 1e3:10.2f} "
                   f"{p50 / ref_p50:10.2f} {acc['bytes'] / ref['bytes']:12.3f}")
 
