@@ -50,9 +50,11 @@ ENV_VARS = {
                        "volumes, captured episodes) and the key `sequence-ai bag export` signs its "
                        "exports with. `seq serve --data-dir` wins on the server side."),
     "SEQ_CLIENT_DOOR": ("client", "1",
-                        "`0` keeps the sync client's channel to a worker on a loopback address on its websocket; "
-                        "by default it moves to the worker's same-host door (a Unix socket: no websocket framing "
-                        "or event loop between the robot and the policy; docs/design.md, the same-host door)."),
+                        "`0` keeps a client's channel to a worker on a loopback address on its websocket; by "
+                        "default both channels move to the worker's same-host door (a Unix socket: no websocket "
+                        "framing between the robot and the policy; docs/design.md, the same-host door): the sync "
+                        "`predict()`'s blocking channel and the asyncio channel of `AsyncPolicy` and `run()` / "
+                        "`act()` (the ROS driver's control loop)."),
     "SEQUENCE_AI_TRANSPORT": ("client", "auto",
                               "How `/act` travels when `connect(transport=...)` is not given: `auto` (the "
                               "websocket channel when the `websockets` package is installed and the "
