@@ -85,7 +85,8 @@ _SHM_PREFIX, _SHM_HEX = "seq-", 32
 ANSWER_HEADER = "x-seq-answer"
 ANSWER_BINARY = "rows-f64"
 BINARY_ANSWER_CONTENT_TYPE = "application/vnd.sequence-ai.answer+bin"
-# The same-host door: a client of the shm path sends ``LOCAL_HEADER: 1`` on the channel's upgrade;
+# The same-host door: a client on this machine (a loopback worker URL, or the shm path) sends
+# ``LOCAL_HEADER: 1`` on the channel's upgrade (both the blocking and the asyncio channel);
 # a worker that has one answers in the same header with "NAME TICKET": NAME its Unix socket in the
 # abstract namespace ("@..."), TICKET a one-time ticket that hands the websocket's connection
 # place to the door. The client may then carry the channel's messages there instead of the
