@@ -224,6 +224,7 @@ class ActChannel:
         headers = {"Authorization": f"Bearer {self.token}", ANSWER_HEADER: ANSWER_BINARY}
         if self.segment is not None or _local.same_host(self.worker_url):
             headers[LOCAL_HEADER] = "1"
+        deadline = asyncio.get_running_loop().time() + min(OPEN_TIMEOUT_S, self.timeout_s)
         try:
             self._ws = await _ws_connect(
                 channel_url(self.worker_url), additional_headers=headers,
@@ -245,20 +246,21 @@ class ActChannel:
         if not named or (self.segment is None and _local.door_version(accept.get(LOCAL_VERSION_HEADER)) < 2):
             return None         # no door, or an older one: it closes on a body over its limit without the 413
         try:
-            return await self._enter_door(named)
+            return await self._enter_door(named, deadline)
         except BaseException:           # cancelled midway: nothing is left open
             self._drop(self._ws)
             raise
 
-    async def _enter_door(self, named: str) -> Optional[httpx.Response]:
+    async def _enter_door(self, named: str, deadline: float) -> Optional[httpx.Response]:
         """Move to the worker's same-host door (``named``: the accept's header, "PATH TICKET") and
         close the websocket. -> None, or the door's refusal of the token as an httpx.Response
         (401). A door that cannot be opened, is not the worker's, or is full (503) leaves the
-        websocket in use."""
+        websocket in use. ``deadline``: the open's (loop time), shared with the upgrade as on the
+        blocking channel."""
         path, _, ticket = named.partition(" ")
         try:
             door = await asyncio.wait_for(_local.AsyncDoor.open(path, self.token, ticket, MAX_BODY_BYTES + 1024),
-                                          min(OPEN_TIMEOUT_S, self.timeout_s))
+                                          max(0.001, deadline - asyncio.get_running_loop().time()))
         except _local.DoorRefused as exc:
             if exc.status == 503:          # no place for the door: the websocket still has its own
                 return None

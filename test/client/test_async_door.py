@@ -244,3 +244,31 @@ def test_a_body_far_over_the_limit_on_the_door_is_still_413(worker):
         finally:
             await wire.aclose()
     _run(go())
+
+
+def test_the_door_open_shares_the_channel_open_deadline(delay_worker, monkeypatch):
+    """The upgrade and the door open share one deadline, min(OPEN_TIMEOUT_S, timeout_s), as on
+    the blocking channel: a worker stopped (SIGSTOP) right after its upgrade answered must not
+    hold connect() for the upgrade's time and then a whole timeout_s more on the door."""
+    real_ws, real_open = _channel._ws_connect, _local.AsyncDoor.open.__func__
+
+    async def slow_upgrade(*args, **kwargs):
+        await asyncio.sleep(1.2)                 # the upgrade took most of the deadline
+        return await real_ws(*args, **kwargs)
+
+    async def stopped_door(cls, *args):
+        os.kill(delay_worker.proc.pid, signal.SIGSTOP)
+        return await real_open(cls, *args)
+    monkeypatch.setattr(_channel, "_ws_connect", slow_upgrade)
+    monkeypatch.setattr(_local.AsyncDoor, "open", classmethod(stopped_door))
+
+    async def go():
+        channel = ActChannel(delay_worker.url, delay_worker.secret, timeout_s=2.0)
+        t0 = time.monotonic()
+        try:
+            assert await channel.connect() is None and channel.local is None     # on its websocket
+            assert time.monotonic() - t0 < 2.0 + 0.5, time.monotonic() - t0
+        finally:
+            os.kill(delay_worker.proc.pid, signal.SIGCONT)
+            await channel.aclose()
+    _run(go(), 30)
