@@ -270,8 +270,8 @@ class ActChannel:
             return None
         ws, self._ws = self._ws, door
         self.binary_answers = True            # the door always answers 200s in the binary form
-        try:
-            await asyncio.wait_for(ws.close(), 2.0)
+        try:           # the closing handshake within what is left of the open's deadline, else aborted
+            await asyncio.wait_for(ws.close(), min(2.0, max(0.001, deadline - asyncio.get_running_loop().time())))
         except Exception:  # noqa: BLE001 - the door has the channel now
             pass
         finally:

@@ -272,3 +272,32 @@ def test_the_door_open_shares_the_channel_open_deadline(delay_worker, monkeypatc
             os.kill(delay_worker.proc.pid, signal.SIGCONT)
             await channel.aclose()
     _run(go(), 30)
+
+
+def test_the_websockets_close_after_the_door_opened_keeps_to_the_open_deadline(delay_worker, monkeypatch):
+    """A worker stopped right after its door answered 200 never answers the websocket's closing
+    handshake: connect() waits for it only until the open's deadline, then aborts the websocket
+    (it had a 2 s wait of its own past the deadline)."""
+    real_ws, real_open = _channel._ws_connect, _local.AsyncDoor.open.__func__
+
+    async def slow_upgrade(*args, **kwargs):
+        await asyncio.sleep(1.2)                 # the upgrade took most of the deadline
+        return await real_ws(*args, **kwargs)
+
+    async def door_then_stop(cls, *args):
+        door = await real_open(cls, *args)
+        os.kill(delay_worker.proc.pid, signal.SIGSTOP)
+        return door
+    monkeypatch.setattr(_channel, "_ws_connect", slow_upgrade)
+    monkeypatch.setattr(_local.AsyncDoor, "open", classmethod(door_then_stop))
+
+    async def go():
+        channel = ActChannel(delay_worker.url, delay_worker.secret, timeout_s=2.0)
+        t0 = time.monotonic()
+        try:
+            assert await channel.connect() is None and channel.local is not None     # on the door
+            assert time.monotonic() - t0 < 2.0 + 0.5, time.monotonic() - t0
+        finally:
+            os.kill(delay_worker.proc.pid, signal.SIGCONT)
+            await channel.aclose()
+    _run(go(), 30)
