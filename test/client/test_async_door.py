@@ -246,56 +246,36 @@ def test_a_body_far_over_the_limit_on_the_door_is_still_413(worker):
     _run(go())
 
 
-def test_the_door_open_shares_the_channel_open_deadline(delay_worker, monkeypatch):
-    """The upgrade and the door open share one deadline, min(OPEN_TIMEOUT_S, timeout_s), as on
-    the blocking channel: a worker stopped (SIGSTOP) right after its upgrade answered must not
-    hold connect() for the upgrade's time and then a whole timeout_s more on the door."""
+@pytest.mark.parametrize("stopped", ["at_the_door_open", "after_the_door_answered"])
+def test_the_door_open_and_the_websockets_close_keep_to_the_channel_open_deadline(delay_worker, monkeypatch, stopped):
+    """The upgrade, the door open and the websocket's closing handshake share one deadline,
+    min(OPEN_TIMEOUT_S, timeout_s), as on the blocking channel. A worker stopped (SIGSTOP) at the
+    door open leaves the channel on its websocket, one stopped right after its door answered 200
+    (it never answers the websocket's close) leaves it on the door, the websocket aborted: either
+    way connect() is back by the deadline (the door open had a whole timeout_s of its own after
+    the upgrade's time, and the close 2 s more)."""
     real_ws, real_open = _channel._ws_connect, _local.AsyncDoor.open.__func__
 
     async def slow_upgrade(*args, **kwargs):
         await asyncio.sleep(1.2)                 # the upgrade took most of the deadline
         return await real_ws(*args, **kwargs)
 
-    async def stopped_door(cls, *args):
-        os.kill(delay_worker.proc.pid, signal.SIGSTOP)
-        return await real_open(cls, *args)
-    monkeypatch.setattr(_channel, "_ws_connect", slow_upgrade)
-    monkeypatch.setattr(_local.AsyncDoor, "open", classmethod(stopped_door))
-
-    async def go():
-        channel = ActChannel(delay_worker.url, delay_worker.secret, timeout_s=2.0)
-        t0 = time.monotonic()
-        try:
-            assert await channel.connect() is None and channel.local is None     # on its websocket
-            assert time.monotonic() - t0 < 2.0 + 0.5, time.monotonic() - t0
-        finally:
-            os.kill(delay_worker.proc.pid, signal.SIGCONT)
-            await channel.aclose()
-    _run(go(), 30)
-
-
-def test_the_websockets_close_after_the_door_opened_keeps_to_the_open_deadline(delay_worker, monkeypatch):
-    """A worker stopped right after its door answered 200 never answers the websocket's closing
-    handshake: connect() waits for it only until the open's deadline, then aborts the websocket
-    (it had a 2 s wait of its own past the deadline)."""
-    real_ws, real_open = _channel._ws_connect, _local.AsyncDoor.open.__func__
-
-    async def slow_upgrade(*args, **kwargs):
-        await asyncio.sleep(1.2)                 # the upgrade took most of the deadline
-        return await real_ws(*args, **kwargs)
-
-    async def door_then_stop(cls, *args):
+    async def open_with_a_stop(cls, *args):
+        if stopped == "at_the_door_open":
+            os.kill(delay_worker.proc.pid, signal.SIGSTOP)
+            return await real_open(cls, *args)
         door = await real_open(cls, *args)
         os.kill(delay_worker.proc.pid, signal.SIGSTOP)
         return door
     monkeypatch.setattr(_channel, "_ws_connect", slow_upgrade)
-    monkeypatch.setattr(_local.AsyncDoor, "open", classmethod(door_then_stop))
+    monkeypatch.setattr(_local.AsyncDoor, "open", classmethod(open_with_a_stop))
 
     async def go():
         channel = ActChannel(delay_worker.url, delay_worker.secret, timeout_s=2.0)
         t0 = time.monotonic()
         try:
-            assert await channel.connect() is None and channel.local is not None     # on the door
+            assert await channel.connect() is None
+            assert (channel.local is not None) == (stopped == "after_the_door_answered")
             assert time.monotonic() - t0 < 2.0 + 0.5, time.monotonic() - t0
         finally:
             os.kill(delay_worker.proc.pid, signal.SIGCONT)
