@@ -54,15 +54,19 @@ class SimRobot:
 
     # -------------------------------------------------------------- the robot interface
 
-    def observe(self):
-        """The cameras and joints now, as a ``sequence_ai.Observation`` (frames JPEG q95)."""
+    def observe(self, instruction: str = ""):
+        """The cameras and joints now, as a ``sequence_ai.Observation`` (frames JPEG q95).
+
+        ``instruction``: the task text the policy reads, for ``policy.predict(robot.observe(
+        instruction="put the red cube on the green pad"))`` and ``run()``; ``act()`` fills it in
+        from its own instruction, so ``observe=robot.observe`` needs none there."""
         import sequence_ai
 
         def read():
             return ({v: self.sim.render(v) for v in self.views}, self.sim.joint_positions().tolist(),
                     [self.sim.gripper()])
         images, joints, gripper = self._on_sim(read)
-        return sequence_ai.observation(images=images, joints=joints, gripper=gripper)
+        return sequence_ai.observation(images=images, joints=joints, gripper=gripper, instruction=instruction)
 
     def apply(self, row: List[float]) -> None:
         """Command one row (7 joint targets in rad + gripper 0 open .. 1 closed) and advance

@@ -25,6 +25,7 @@ from PIL import Image as PILImage  # noqa: E402
 
 from _servers import _env  # noqa: E402
 from _llm import CHAT_MODEL, llm  # noqa: E402,F401  (the llama.cpp server fixture)
+import sequence_ai  # noqa: E402
 from sequence_ai_mcp import McpSettings, build_server  # noqa: E402
 from sequence_ai_mcp.server import serve_http  # noqa: E402
 from _mcp_support import CAP_S, ROOT, TASK, TOOLS, Served, cell, journal_since, run, wait_for_actions  # noqa: E402,F401  (the cell fixture)
@@ -183,6 +184,20 @@ def test_snapshot_is_the_current_camera_frame_and_models_lists_the_deployment(ce
     assert bad.is_error and bad.structured_content["code"] == "invalid_request" and "exterior_1" in bad.content[0].text
     rows = models.structured_content["models"]
     assert [r["name"] for r in rows] == ["pick-place"] and rows[0]["control_frequency_hz"] == 15.0
+
+
+def test_the_sim_robot_observes_with_the_instruction_a_predict_needs(cell):
+    """``SimRobot.observe(instruction=...)``: what the Python guide's predict() on the sim uses
+    (without it the observation's instruction is empty and the pick-place policy refuses it)."""
+    _, backend, _ = cell
+    task = "put the red cube on the green pad"
+    assert backend.robot.observe().instruction == ""
+    with pytest.raises(sequence_ai.InvalidRequest, match="instruction is empty"):
+        backend.policy.predict(backend.robot.observe())
+    obs = backend.robot.observe(instruction=task)
+    assert obs.instruction == task and sorted(f.view for f in obs.images) == ["exterior_1", "wrist_left"]
+    chunk = backend.policy.predict(obs).action_chunk
+    assert len(chunk.actions) > 0 and all(len(row) == 8 for row in chunk.actions)
 
 
 def test_bearer_token_is_checked_and_required_off_loopback(cell):
