@@ -411,6 +411,8 @@ def main(argv=None) -> int:
     from sequence_ai.extras import unavailable
     missing = args.policy == "learned" and unavailable("torch", "sequence-ai-demo --policy learned", "train")
     if missing:     # the learned policy's worker imports torch (the train extra): say so before deploying it
+        if (REPO / "scripts" / "env.sh").is_file():     # run from a checkout: into its own venv
+            missing += f" (in this checkout: cd {REPO} && . scripts/env.sh && pip install -e '.[train]')"
         print(missing, file=sys.stderr)
         return 1
     run_dir = args.out / time.strftime("%Y%m%d-%H%M%S")

@@ -136,7 +136,8 @@ def test_policy_learned_without_torch_names_the_extra_before_deploying(tmp_path)
                          env=_env({}), cwd=str(ROOT))
     assert out.returncode == 1, out.stdout + out.stderr
     assert out.stderr.splitlines() == ["sequence-ai-demo --policy learned: needs the train extra (torch is not "
-                                       "installed): pip install 'sequence-ai[train]'"], out.stderr
+                                       "installed): pip install 'sequence-ai[train]' (in this checkout: "
+                                       f"cd {ROOT} && . scripts/env.sh && pip install -e '.[train]')"], out.stderr
     assert out.stdout == "" and not any(tmp_path.iterdir()), out.stdout     # no gateway, no run folder
 
 
