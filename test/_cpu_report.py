@@ -8,7 +8,9 @@ descendants it reaped itself), counted to that file whenever the child is reaped
 wait and poll are routed through ``os.wait4``, which gives each child's own usage. A child this
 process reaps that no ``subprocess.Popen`` started (multiprocessing's, asyncio's) counts to the
 test running when it is reaped. Not counted: processes that outlive their parent and are reaped by
-init (a Ray node's daemons, a SIGKILLed server's workers). Sum the files with
+init (a Ray node's daemons, a SIGKILLed server's workers), and processes started before any test
+ran in that process (pytest-xdist's workers themselves: their own rows hold their time). Sum the
+files with
 
     python test/_cpu_report.py DIR
 """
@@ -49,7 +51,9 @@ def _wait4(pid: int, flags: int) -> tuple:
     if got:
         cpu = usage.ru_utime + usage.ru_stime
         _recorded[0] += cpu
-        _spent[_owner.pop(got, _current[0])][0] += cpu
+        owner = _owner.pop(got, _current[0])
+        if owner:      # "": started before any test here (xdist's controller starting its workers)
+            _spent[owner][0] += cpu
     return got, status
 
 
