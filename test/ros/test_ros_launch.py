@@ -217,6 +217,15 @@ def _ros2_launch(log_path, *args):
                                 start_new_session=True)
 
 
+def _running(p: psutil.Process) -> bool:
+    """True while ``p`` runs (not exited, not a zombie); a process that exits between the two
+    checks is gone, not an error."""
+    try:
+        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
 def _all_gone_after(proc, sig, kids) -> float:
     """Send ``sig`` to the launch process alone; seconds until it and every node it started have exited."""
     procs = [psutil.Process(proc.pid)] + kids
@@ -225,7 +234,7 @@ def _all_gone_after(proc, sig, kids) -> float:
     deadline = t0 + 60.0
     while True:
         proc.poll()
-        alive = [p for p in procs if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+        alive = [p for p in procs if _running(p)]
         if not alive:
             return time.monotonic() - t0
         assert time.monotonic() < deadline, f"still running 60 s after {sig!r}: {[p.pid for p in alive]}"
