@@ -82,11 +82,7 @@ class ShmSegment:
     def write(self, blobs: memoryview) -> Tuple[str, int]:
         """Copy ``blobs`` (the binary body's blob region) to the segment's start -> (its name,
         the bytes used)."""
-        used = len(blobs)
-        if self._map is None or used > len(self._map):
-            self._make(max(_MIN_BYTES, 1 << max(0, used - 1).bit_length()))
-        self._map[:used] = blobs
-        return self.name, used
+        return self.write_parts((blobs,))
 
     def write_parts(self, parts: Sequence[Any]) -> Tuple[str, int]:
         """Copy ``parts`` (bytes-like: a binary body's frames, ``protocol.BinaryBody.blobs``) one
