@@ -281,3 +281,9 @@ def test_the_door_open_and_the_websockets_close_keep_to_the_channel_open_deadlin
             os.kill(delay_worker.proc.pid, signal.SIGCONT)
             await channel.aclose()
     _run(go(), 30)
+
+
+def test_the_door_version_header_reads_absent_or_unreadable_as_version_1():
+    """A worker that names no version, or one the client cannot read, is taken as a version-1
+    door (it closes on an oversized message without the 413), so a JPEG client does not take it."""
+    assert [_local.door_version(v) for v in (None, "", "2", "3", "two", "2.0")] == [1, 1, 2, 3, 1, 1]
