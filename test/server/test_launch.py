@@ -110,3 +110,15 @@ def test_a_half_built_environment_of_a_dead_builder_is_removed_and_a_live_ones_k
     finally:
         live.kill()
         live.wait()
+
+
+def test_the_platform_paths_are_the_folders_holding_the_packages_not_a_package_itself():
+    # a package's own folder on a worker's path makes its subpackages (common, worker, ops...)
+    # importable as top-level names, over a policy's own modules of those names
+    import sequence_ai_server
+    import seq
+    from sequence_ai_server.launchers.base import platform_paths
+    paths = platform_paths()
+    assert paths[0] == str(Path(sequence_ai_server.__file__).resolve().parent.parent), paths
+    assert str(Path(seq.__file__).resolve().parent.parent) in paths
+    assert not any(Path(p, "__init__.py").exists() for p in paths), paths

@@ -145,7 +145,7 @@ class WorkerLaunchSpec:
 def platform_paths() -> list[str]:
     """The folders holding this platform's worker code: ``server/`` (sequence_ai_server) and the
     one holding ``seq`` (and the client and core packages beside it)."""
-    here = Path(__file__).resolve().parent.parent
+    here = Path(__file__).resolve().parents[2]          # server/ (or site-packages), not the package itself
     seq_root = Path(__import__("seq").__file__).resolve().parent.parent
     return [str(here)] + ([str(seq_root)] if seq_root != here else [])
 
