@@ -10,6 +10,10 @@ A deployment with an ``image=`` first gets its Python environment (envs.py: buil
 image spec and shared); the build runs on a thread of the handle, its output goes to the
 deployment's build log, and the worker starts with the environment's interpreter once it is
 there (a failed build reads as ``Failed`` then ``Exited(1)``).
+
+A worker on the gateway's own interpreter is forked from the gateway's fork server (forked.py,
+started with the first such worker) unless its environment or ``SEQ_WORKER_FORK=0`` rules that
+out; it is then started as a process of its own, as an image worker always is.
 """
 from __future__ import annotations
 
@@ -25,6 +29,7 @@ from typing import Any, Callable, Optional
 
 from sequence_ai_server.common.processes import AdoptedProcess, process_start
 from sequence_ai_server.launchers.base import EventQueue, Exited, Failed, Phase, Placed, Ready, Started, WorkerLaunchSpec
+from sequence_ai_server.launchers.forked import ForkServer, fork_enabled
 
 __all__ = ["LocalLauncher", "LocalWorker", "write_secret"]
 
@@ -140,16 +145,25 @@ class LocalWorker:
         return self._queue.drain()
 
     # -- start (in the background when an environment must be built first)
-    def _popen(self, python: Optional[str], log_handle: Any, extra_paths: tuple = (), image_env: Optional[dict] = None) -> None:
+    def _popen(self, python: Optional[str], log_handle: Any, extra_paths: tuple = (), image_env: Optional[dict] = None,
+               forks: Optional[ForkServer] = None) -> None:
+        """Start the worker: forked from ``forks`` when it can be (forked.py), else a process."""
         spec = self.spec
+        with self._lock:
+            if self._cancelled and self.proc is None and forks is not None:
+                return                                  # stopped while the fork server started
         env = spec.environment(extra_paths=extra_paths)
         env.update(image_env or {})
         pinned = spec.card_environment()         # its cards (ops/cards.py), applied last: nothing overrides them
         env.update(pinned)
         if pinned:
             log_handle.write(f"cards: CUDA_VISIBLE_DEVICES={pinned['CUDA_VISIBLE_DEVICES']!r}\n".encode())
-        proc = subprocess.Popen(spec.command(python), stdout=log_handle, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, env=env, cwd=spec.cwd, start_new_session=True)
+        proc: Any = None
+        if forks is not None and python is None:
+            proc = forks.spawn(spec.command(None), env, spec.cwd, log_handle)
+        if proc is None:
+            proc = subprocess.Popen(spec.command(python), stdout=log_handle, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, env=env, cwd=spec.cwd, start_new_session=True)
         with self._lock:
             self.proc = proc
             cancelled = self._cancelled
@@ -185,8 +199,17 @@ class LocalLauncher:
     adopts = True
     places_cards = False    # gpu= is checked against this machine's cards
 
-    def __init__(self, envs: Any = None):
+    def __init__(self, envs: Any = None, fork: Optional[bool] = None):
         self.envs = envs
+        self.fork = fork_enabled() if fork is None else fork
+        self._forks: Optional[ForkServer] = None
+
+    def _fork_server(self, spec: WorkerLaunchSpec) -> Optional[ForkServer]:
+        if not self.fork:
+            return None
+        if self._forks is None:
+            self._forks = ForkServer(spec.run_dir / "forkserver.log")
+        return self._forks
 
     def start(self, spec: WorkerLaunchSpec, log_handle: Any) -> LocalWorker:
         """Start ``spec``'s worker (see launch.Launcher.start); its old run files are removed
@@ -205,7 +228,12 @@ class LocalLauncher:
             threading.Thread(target=w._build_then_start, args=(build, log_handle), daemon=True,
                              name=f"image-{spec.name}").start()
         else:
-            w._popen(None, log_handle)
+            forks = self._fork_server(spec)
+            if forks is None or forks.ready:
+                w._popen(None, log_handle, forks=forks)
+            else:        # the fork server's own start (its import) on a thread; pid 0 until then
+                threading.Thread(target=w._popen, args=(None, log_handle), kwargs={"forks": forks}, daemon=True,
+                                 name=f"fork-{spec.name}").start()
         return w
 
     def check_image(self, image: dict) -> None:
@@ -223,4 +251,6 @@ class LocalLauncher:
         return process_start(handle.pid) if handle.pid else None
 
     def close(self) -> None:
-        """Nothing to let go of (workers outlive the gateway on purpose)."""
+        """End the fork server, if one started (workers outlive the gateway on purpose)."""
+        if self._forks is not None:
+            self._forks.close()

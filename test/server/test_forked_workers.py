@@ -1,0 +1,173 @@
+"""Local workers forked from the gateway's fork server (launchers/forked.py, worker/forkserver.py)
+are the processes ``python -m sequence_ai_server.worker`` would have been, and a worker the fork
+server cannot give that process to is started as one.
+
+The comparison is made by the worker itself: test/policies/process_report_policy.py writes what
+its process looks like from inside (argv, sys.path, cwd, environment as Python and as the C
+library see it, session, signal dispositions and masks, open fds, umask, its command line) when
+it loads, once forked and once started, from the same launch spec.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+from pathlib import Path
+
+import httpx
+import pytest
+
+import sequence_ai
+import sequence_ai_server
+
+from _core_support import observation
+from _servers import POLICIES, echo_observation, gateway_on_data_dir
+from _wait import eventually
+from sequence_ai_server.common.processes import process_alive, process_cmdline
+from sequence_ai_server.launchers.base import Exited, Ready, WorkerLaunchSpec
+from sequence_ai_server.launchers.local import LocalLauncher
+
+REPORT_POLICY = str(POLICIES / "process_report_policy.py")
+FORK_SERVER = "sequence_ai_server.worker.forkserver"
+
+
+def _spec(tmp: Path, name: str, file: str, env: dict, long_paths: bool = False) -> WorkerLaunchSpec:
+    # long_paths: run files and weights ~3,800 bytes deep, 3 such paths on the command line
+    run_dir = tmp.joinpath(*(["d" * 200] * 19)) if long_paths else tmp / "run"
+    for d in (run_dir, tmp / "logs", tmp / "weights"):
+        d.mkdir(parents=True, exist_ok=True)
+    return WorkerLaunchSpec(name=name, role="serving", version=1, policy_file=file, class_name=None,
+                            cwd=str(Path(file).parent), secret="s3cret-" + name, run_dir=run_dir, run_key=f"{name}.x",
+                            weights_dir=(run_dir if long_paths else tmp / "weights") / name, log_path=tmp / "logs" / f"{name}.log", env=env,
+                            adoptable=True)
+
+
+def _ready(handle, timeout: float = 60.0) -> list:
+    seen: list = []
+
+    def arrived():
+        seen.extend(handle.events())
+        return any(isinstance(e, (Ready, Exited)) for e in seen)
+
+    eventually(arrived, timeout, 0.02, what="the worker to be ready", detail=lambda: f"events: {seen}")
+    assert any(isinstance(e, Ready) for e in seen), seen
+    return seen
+
+
+def _stop(handle) -> int:
+    handle.send_signal(signal.SIGTERM)
+    return handle.wait(30)
+
+
+def _run(launcher: LocalLauncher, spec: WorkerLaunchSpec) -> dict:
+    """Start ``spec``'s worker, wait until it serves, read its report, stop it (exit 0)."""
+    report = Path(spec.env["SEQ_TEST_PROCESS_REPORT"])
+    report.unlink(missing_ok=True)
+    with open(spec.log_path, "ab") as log:
+        h = launcher.start(spec, log)
+        try:
+            _ready(h)
+            r = httpx.post(f"http://127.0.0.1:{json.loads(spec.ready_file.read_text())['port']}/act", timeout=30,
+                           json={"observation": echo_observation()}, headers={"Authorization": f"Bearer {spec.secret}"})
+            assert r.status_code == 200, r.text
+        finally:
+            assert _stop(h) == 0
+    return json.loads(report.read_text())
+
+
+def test_a_forked_worker_is_the_process_a_started_worker_would_be(tmp_path):
+    spec = _spec(tmp_path, "report", REPORT_POLICY, {"SEQ_TEST_PROCESS_REPORT": str(tmp_path / "report.json")})
+    forking, starting = LocalLauncher(fork=True), LocalLauncher(fork=False)
+    try:
+        forked = _run(forking, spec)
+        started = _run(starting, spec)
+    finally:
+        forking.close()
+    # who the parent is tells them apart: the fork server (a process of its own) or this process
+    assert started["ppid"] == os.getpid()
+    assert forked["ppid"] != os.getpid() and process_cmdline(forked["ppid"]) == [], \
+        "the fork server still runs after close()"
+    for key in sorted(set(started) - {"pid", "ppid"}):
+        assert forked[key] == started[key], f"{key}: forked {forked[key]!r}\n  started {started[key]!r}"
+    # and what they share is what a worker is
+    assert started["cmdline"] == spec.command() and started["argv"][1:] == spec.command()[3:]
+    assert started["c_environ"] == started["environ"] and started["environ"]["SEQ_WORKER_SECRET"] == spec.secret
+    assert started["path"][0] == spec.cwd and started["session_leader"] and started["stdin"] == "/dev/null"
+    # the folder holding sequence_ai_server is on the path, never the package's own folder (its
+    # planes would import as top-level `common`, `worker`, `ops`... over a policy's own modules)
+    package = Path(sequence_ai_server.__file__).resolve().parent
+    assert str(package.parent) in started["path"] and str(package) not in started["path"], started["path"]
+    assert started["stdout"] == started["stderr"] == str(spec.log_path)
+    assert started["signals"]["SIGPIPE"] == "ignore" and started["signals"]["SIGCHLD"] == "default"
+
+
+def test_the_fork_server_reports_exit_codes_and_ends_with_its_launcher(tmp_path):
+    env = {"SEQ_TEST_PROCESS_REPORT": str(tmp_path / "report.json")}
+    launcher = LocalLauncher(fork=True)
+    try:
+        killed = _spec(tmp_path, "killed", REPORT_POLICY, env)
+        with open(killed.log_path, "ab") as log:
+            h = launcher.start(killed, log)
+            _ready(h)
+            server = json.loads(Path(env["SEQ_TEST_PROCESS_REPORT"]).read_text())["ppid"]
+            assert FORK_SERVER in process_cmdline(server), process_cmdline(server)
+            os.kill(h.pid, signal.SIGKILL)
+            assert h.wait(10) == -signal.SIGKILL
+            assert [e.code for e in h.events() if isinstance(e, Exited)] == [-signal.SIGKILL]
+        broken = _spec(tmp_path, "broken", str(POLICIES / "broken_load_policy.py"), env)
+        with open(broken.log_path, "ab") as log:
+            h = launcher.start(broken, log)
+            assert h.wait(60) == 3                  # the policy failed to start: the worker's own code
+        assert "started as a process of its own" not in broken.log_path.read_text()
+    finally:
+        launcher.close()
+    assert not process_alive(server), "the fork server outlived its launcher's close()"
+
+
+@pytest.mark.parametrize("why", ["PYTHONHASHSEED", "LD_LIBRARY_PATH", "long command line", "SEQ_WORKER_FORK=0"])
+def test_a_worker_forking_cannot_give_its_process_is_started_as_one(tmp_path, monkeypatch, why):
+    env = {"SEQ_TEST_PROCESS_REPORT": str(tmp_path / "report.json")}
+    if why in ("PYTHONHASHSEED", "LD_LIBRARY_PATH"):
+        env[why] = "7" if why == "PYTHONHASHSEED" else str(tmp_path)
+    elif why != "long command line":
+        monkeypatch.setenv("SEQ_WORKER_FORK", "0")
+    spec = _spec(tmp_path, "own", REPORT_POLICY, env, long_paths=why == "long command line")
+    if why == "long command line":                        # past the 8 KiB of room
+        assert len("\0".join(spec.command())) > 8192
+    launcher = LocalLauncher()
+    try:
+        report = _run(launcher, spec)
+    finally:
+        launcher.close()
+    assert report["ppid"] == os.getpid(), why
+    log = spec.log_path.read_text()
+    if why == "SEQ_WORKER_FORK=0":
+        assert "process of its own" not in log and not (tmp_path / "run" / "forkserver.log").exists()
+    else:
+        reason = "its command line is longer" if why == "long command line" else f"its environment sets {why}"
+        assert f"started as a process of its own: {reason}" in log, log[-2000:]
+    if why == "PYTHONHASHSEED":
+        assert report["environ"]["PYTHONHASHSEED"] == "7"
+
+
+def test_a_gateways_workers_are_forked_and_outlive_it_with_their_fork_server_gone(tmp_path):
+    gw = gateway_on_data_dir(tmp_path)
+    try:
+        pid = gw.deploy(str(POLICIES / "echo_policy.py"), "echo")["pid"]
+        server = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        assert FORK_SERVER in process_cmdline(server)
+        assert process_cmdline(pid)[1:3] == ["-m", "sequence_ai_server.worker"]
+        gw.proc.send_signal(signal.SIGKILL)           # a crashed gateway: its fork server goes, the worker stays
+        gw.proc.wait(10)
+        eventually(lambda: not process_alive(server), 10, 0.05, what="the fork server to end with its gateway")
+        assert process_alive(pid)
+        again = gateway_on_data_dir(tmp_path)         # the next gateway on the data dir adopts it
+        try:
+            d = again.wait_until("echo", ("ready",), 30)
+            assert d["pid"] == pid, d
+            with sequence_ai.connect("echo", api_key=again.api_key, gateway_url=again.url) as policy:
+                assert len(policy.predict(observation()).action_chunk.actions[0]) == 8
+        finally:
+            again.close()
+    finally:
+        gw.close()
