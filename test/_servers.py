@@ -11,6 +11,8 @@ worker process. No mocks; everything is torn down (workers included) when the te
 
     w = WorkerProcess.start(file, tmp_path)      # python -m sequence_ai_server.worker directly
     w.url, w.secret, w.act(body), w.stop()
+
+    freeze(pid)                                  # SIGSTOP, back once every thread has stopped
 """
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ import itertools
 import json
 import os
 import secrets
+import signal
 import subprocess
 import sys
 import time
@@ -28,6 +31,8 @@ from typing import Any, Optional
 
 import httpx
 from sequence_ai_server.common.processes import stop_process
+
+from _wait import eventually
 
 ROOT = Path(__file__).resolve().parent.parent
 POLICIES = Path(__file__).resolve().parent / "policies"
@@ -61,6 +66,36 @@ def _wait_file(path: Path, proc: subprocess.Popen, timeout: float, log: Path) ->
 
 def _stop(proc: subprocess.Popen, timeout: float = 15.0) -> int:
     return stop_process(proc, grace_s=timeout)
+
+
+def _thread_states(pid: int) -> dict:
+    """``{tid: state letter}`` of each thread of ``pid`` (``/proc/PID/task/TID/stat``)."""
+    states = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                states[tid] = f.read().rsplit(")", 1)[1].split()[0]
+        except FileNotFoundError:       # a thread that has just exited
+            pass
+    return states
+
+
+def freeze(pid: int, timeout: float = 30.0) -> None:
+    """SIGSTOP ``pid`` and return once every one of its threads is stopped (state ``T``).
+
+    ``kill()`` returns before the stop lands: the kernel wakes one thread of the process (the main
+    one) to take the signal, and only once that thread runs are the others stopped; a thread that
+    runs first goes on meanwhile. A worker's same-host door thread, woken by a request sent right
+    after the kill, read it, ran it (the echo policy runs inline there) and answered it: 2-5 of
+    80 tries idle, 8 of 80 on a loaded 2-core machine (0 of 80 on the websocket, which the main
+    thread serves; 0 of 80 after this wait). A test that expects a frozen worker waits here."""
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        eventually(lambda: all(state == "T" for state in _thread_states(pid).values()), timeout, 0.001,
+                   what=f"every thread of {pid} stopped", detail=lambda: repr(_thread_states(pid)))
+    except BaseException:
+        os.kill(pid, signal.SIGCONT)    # the caller's finally does not cover a stop that never landed
+        raise
 
 
 def png_b64(width: int = 64, height: int = 64, color=(0, 0, 0), fmt: str = "PNG") -> str:

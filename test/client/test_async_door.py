@@ -18,7 +18,7 @@ import pytest
 import sequence_ai
 from websockets.protocol import State
 
-from _servers import WorkerProcess
+from _servers import WorkerProcess, freeze
 from sequence_ai_core import _channel, _local
 from sequence_ai_core._channel import ActChannel, ChannelDropped, answer_data
 from sequence_ai_core._wire import Session, WorkerLink
@@ -262,10 +262,10 @@ def test_the_door_open_and_the_websockets_close_keep_to_the_channel_open_deadlin
 
     async def open_with_a_stop(cls, *args):
         if stopped == "at_the_door_open":
-            os.kill(delay_worker.proc.pid, signal.SIGSTOP)
+            freeze(delay_worker.proc.pid)     # all of it: a door thread still running would answer the open
             return await real_open(cls, *args)
         door = await real_open(cls, *args)
-        os.kill(delay_worker.proc.pid, signal.SIGSTOP)
+        freeze(delay_worker.proc.pid)
         return door
     monkeypatch.setattr(_channel, "_ws_connect", slow_upgrade)
     monkeypatch.setattr(_local.AsyncDoor, "open", classmethod(open_with_a_stop))

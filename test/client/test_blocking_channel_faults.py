@@ -18,7 +18,7 @@ import time
 import pytest
 
 from _core_support import ECHO, connect, observation, unique
-from _servers import GatewayProcess, WorkerProcess
+from _servers import GatewayProcess, WorkerProcess, freeze
 from sequence_ai_core import ConnectionLost, InvalidRequest, TransportError
 from sequence_ai_core._blocking import BlockingChannel
 from sequence_ai_core._wire import Session, WorkerLink
@@ -93,7 +93,7 @@ def test_a_worker_that_stops_answering_costs_what_it_costs_the_asyncio_wire(shar
     with connect(shared_module_gateway, name, timeout_s=2.0) as policy:
         a = _first(policy.predict(observation()))
         pid = _worker_pid(policy)
-        os.kill(pid, signal.SIGSTOP)
+        freeze(pid)           # not just kill(): the door's thread, woken by the request, could still answer it
         try:
             t0 = time.monotonic()
             with pytest.raises(TransportError, match="timed out after 2s") as timed_out:
@@ -310,7 +310,7 @@ def test_closing_the_asyncio_channel_to_a_hung_worker_closes_its_socket(tmp_path
             try:
                 await wire.act(observation().to_wire())
                 opened = _connections_to(worker.port)
-                os.kill(worker.proc.pid, signal.SIGSTOP)
+                freeze(worker.proc.pid)
                 try:
                     t0 = time.monotonic()
                     await wire.transports.aclose()

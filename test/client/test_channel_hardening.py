@@ -17,7 +17,7 @@ import pytest
 from websockets.sync.client import connect as ws_connect
 
 from _core_support import ECHO
-from _servers import WorkerProcess, echo_observation
+from _servers import WorkerProcess, echo_observation, freeze
 from sequence_ai_core._channel import ActChannel, ChannelDropped
 from sequence_ai_core.protocol import encode_act_body
 from sequence_ai_server.worker.channel import MAX_CONTROL_CHARS, MAX_IN_FLIGHT
@@ -127,7 +127,7 @@ def test_a_worker_that_stops_reading_or_dies_gives_a_typed_error_within_the_time
         async def stalled():
             ch = ActChannel(w.url, w.secret, timeout_s=2.0)
             assert await ch.connect() is None
-            os.kill(w.proc.pid, signal.SIGSTOP)
+            freeze(w.proc.pid)      # all of it: a door thread still running would answer the 48 MiB 413
             t0 = time.monotonic()
             try:
                 # far more than the loopback socket buffers hold: the send itself blocks
