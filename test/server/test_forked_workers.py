@@ -12,6 +12,9 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
+import threading
+import time
 from pathlib import Path
 
 import httpx
@@ -23,8 +26,10 @@ import sequence_ai_server
 from _core_support import observation
 from _servers import POLICIES, echo_observation, gateway_on_data_dir
 from _wait import eventually
-from sequence_ai_server.common.processes import process_alive, process_cmdline
+from sequence_ai_server.common.processes import EXIT_UNKNOWN, process_alive, process_cmdline
+from sequence_ai_server.launchers import local
 from sequence_ai_server.launchers.base import Exited, Ready, WorkerLaunchSpec
+from sequence_ai_server.launchers.forked import ForkedProcess, ForkServer
 from sequence_ai_server.launchers.local import LocalLauncher
 
 REPORT_POLICY = str(POLICIES / "process_report_policy.py")
@@ -171,3 +176,43 @@ def test_a_gateways_workers_are_forked_and_outlive_it_with_their_fork_server_gon
             again.close()
     finally:
         gw.close()
+
+
+def _parent(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+def test_workers_started_at_once_share_one_fork_server(tmp_path, monkeypatch):
+    # the supervisor starts workers from several threads: the first starts of a launcher must not
+    # each make a fork server (the others would run, unclosed, for as long as the gateway does)
+    made: list = []
+
+    class SlowToMake(ForkServer):          # a thread switch between "none yet" and keeping the new one
+        def __init__(self, *args, **kwargs):
+            time.sleep(0.3)
+            super().__init__(*args, **kwargs)
+            made.append(self)
+
+    monkeypatch.setattr(local, "ForkServer", SlowToMake)
+    launcher = LocalLauncher(fork=True)
+    specs = [_spec(tmp_path, f"w{i}", str(POLICIES / "echo_policy.py"), {}) for i in range(2)]
+    handles: dict = {}
+    logs = [open(s.log_path, "ab") for s in specs]
+    try:
+        threads = [threading.Thread(target=lambda i=i: handles.__setitem__(i, launcher.start(specs[i], logs[i])))
+                   for i in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        for h in handles.values():
+            _ready(h)
+        servers = {_parent(h.pid) for h in handles.values()}
+        assert len(made) == 1 and len(servers) == 1, f"{len(made)} fork servers made, workers forked by {servers}"
+    finally:
+        assert [_stop(h) for h in handles.values()] == [0] * len(handles)
+        launcher.close()
+        for f in logs:
+            f.close()
+    for fs in made:
+        assert fs._proc is None or fs._proc.poll() is not None, "a fork server outlived its launcher's close()"

@@ -203,13 +203,15 @@ class LocalLauncher:
         self.envs = envs
         self.fork = fork_enabled() if fork is None else fork
         self._forks: Optional[ForkServer] = None
+        self._forks_lock = threading.Lock()     # the supervisor starts workers from several threads
 
     def _fork_server(self, spec: WorkerLaunchSpec) -> Optional[ForkServer]:
         if not self.fork:
             return None
-        if self._forks is None:
-            self._forks = ForkServer(spec.run_dir / "forkserver.log")
-        return self._forks
+        with self._forks_lock:
+            if self._forks is None:
+                self._forks = ForkServer(spec.run_dir / "forkserver.log")
+            return self._forks
 
     def start(self, spec: WorkerLaunchSpec, log_handle: Any) -> LocalWorker:
         """Start ``spec``'s worker (see launch.Launcher.start); its old run files are removed
@@ -252,5 +254,7 @@ class LocalLauncher:
 
     def close(self) -> None:
         """End the fork server, if one started (workers outlive the gateway on purpose)."""
-        if self._forks is not None:
-            self._forks.close()
+        with self._forks_lock:
+            forks = self._forks
+        if forks is not None:
+            forks.close()
