@@ -216,3 +216,20 @@ def test_workers_started_at_once_share_one_fork_server(tmp_path, monkeypatch):
             f.close()
     for fs in made:
         assert fs._proc is None or fs._proc.poll() is not None, "a fork server outlived its launcher's close()"
+
+
+def test_a_worker_whose_command_line_the_fork_server_cannot_write_is_started_as_one(tmp_path, monkeypatch):
+    # the fork server itself refuses what it cannot title (whatever the gateway's own check said, e.g.
+    # where /proc gives it no argument area to measure): forked, the worker would show the fork
+    # server's command line, and neither adoption nor the stray sweep would know it
+    env = {"SEQ_TEST_PROCESS_REPORT": str(tmp_path / "report.json")}
+    spec = _spec(tmp_path, "own", REPORT_POLICY, env, long_paths=True)
+    monkeypatch.setattr(ForkServer, "refusal", lambda self, env, command: None)
+    launcher = LocalLauncher(fork=True)
+    try:
+        report = _run(launcher, spec)
+    finally:
+        launcher.close()
+    assert report["cmdline"] == spec.command(), report["cmdline"][:6]
+    assert report["ppid"] == os.getpid()
+    assert "started as a process of its own: its command line does not fit" in spec.log_path.read_text()

@@ -115,7 +115,7 @@ class ForkServer:
                         if _startup_key(k))
         if differ:
             return f"its environment sets {', '.join(differ)}, read only when a process starts"
-        if self.title_bytes and len(b"\0".join(a.encode() for a in command)) + 1 > self.title_bytes:
+        if len(b"\0".join(a.encode() for a in command)) + 1 > self.title_bytes:     # 0: no room at all
             return "its command line is longer than the fork server has room for"
         return None
 

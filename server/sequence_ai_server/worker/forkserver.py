@@ -72,6 +72,13 @@ def _argument_area() -> Optional[tuple[int, int]]:
     return (start, end) if 0 < start < end else None
 
 
+def _cmdline_fits(argv: Any) -> bool:
+    """True when ``argv`` (a list of strings) fits this process's argument area."""
+    area = _argument_area()
+    return (isinstance(argv, list) and bool(argv) and all(isinstance(a, str) for a in argv) and area is not None
+            and len(b"\0".join(a.encode() for a in argv)) + 1 <= area[1] - area[0])
+
+
 def _set_cmdline(argv: list[str]) -> bool:
     """Rewrite ``/proc/self/cmdline`` to ``argv`` (NUL-separated, the rest of the area zeroed:
     the kernel then reads the area as plain arguments). False when it does not fit."""
@@ -167,6 +174,13 @@ class _Server:
                 os.close(fd)
             self.send({"id": rid, "error": "a spawn request is argv, env, cwd and one log fd"})
             return
+        if not _cmdline_fits(request.get("title")):
+            # forked, it would show this process's command line: invisible to ps, adoption and
+            # the stray-worker sweep of a restarted gateway
+            for fd in fds:
+                os.close(fd)
+            self.send({"id": rid, "error": "its command line does not fit the fork server's argument area"})
+            return
         sys.stdout.flush()
         sys.stderr.flush()
         try:
@@ -184,9 +198,7 @@ class _Server:
                 self.sel.close()
                 for fd in (self.sock.fileno(), self.wake_r, self.wake_w):
                     os.close(fd)
-                title = request.get("title")
-                if title:
-                    _set_cmdline(title)
+                _set_cmdline(request["title"])          # fits: checked above
                 code = _run_worker(request, fds[0], self.base_path)
             except BaseException:  # noqa: BLE001 - the child never returns into the server loop
                 traceback.print_exc()
