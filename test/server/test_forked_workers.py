@@ -233,3 +233,22 @@ def test_a_worker_whose_command_line_the_fork_server_cannot_write_is_started_as_
     assert report["cmdline"] == spec.command(), report["cmdline"][:6]
     assert report["ppid"] == os.getpid()
     assert "started as a process of its own: its command line does not fit" in spec.log_path.read_text()
+
+
+def test_an_exit_reported_for_a_pid_is_not_read_as_a_later_workers(tmp_path):
+    # the fork server reports every exit; one no handle takes (a worker whose spawn had timed out,
+    # killed when its answer came late) must not be read as the exit of a later worker the kernel
+    # gave the same pid (pid_max is 32768 on many machines)
+    forks = ForkServer(tmp_path / "forkserver.log")
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+        threading.Thread(target=forks._read, args=(ours,), daemon=True).start()
+        theirs.send(json.dumps({"exit": 4242, "code": -9}).encode())
+        theirs.send(json.dumps({"id": 7, "pid": 4242}).encode())        # a later spawn, the same pid
+        eventually(lambda: 7 in forks._replies, 10, 0.01, what="the spawn's answer")
+        assert ForkedProcess(forks, 4242, None).poll() is None
+        theirs.send(json.dumps({"exit": 4242, "code": 0}).encode())     # and its own exit is its own
+        eventually(lambda: ForkedProcess(forks, 4242, None).poll() == 0, 10, 0.01, what="its exit")
+    finally:
+        theirs.close()
+        ours.close()

@@ -164,6 +164,8 @@ class ForkServer:
                     self._cond.notify_all()
                 return
             with self._cond:
+                if msg.get("pid"):      # a new process has this pid: an exit kept for it was an earlier one's
+                    self._exits.pop(int(msg["pid"]), None)
                 if "exit" in msg:
                     self._exits[int(msg["exit"])] = int(msg["code"])
                 elif msg.get("id") in self._abandoned:      # answered after its spawn gave up
