@@ -252,3 +252,32 @@ def test_an_exit_reported_for_a_pid_is_not_read_as_a_later_workers(tmp_path):
     finally:
         theirs.close()
         ours.close()
+
+
+def test_a_killed_fork_server_is_reaped_and_its_workers_and_later_ones_go_on(tmp_path):
+    launcher = LocalLauncher(fork=True)
+    echo = str(POLICIES / "echo_policy.py")
+    h = None
+    try:
+        first = _spec(tmp_path, "first", echo, {})
+        with open(first.log_path, "ab") as log:
+            h = launcher.start(first, log)
+            _ready(h)
+        server = _parent(h.pid)
+        assert FORK_SERVER in process_cmdline(server)
+        os.kill(server, signal.SIGKILL)
+        # the launcher's child: reaped, not left a zombie for the rest of the gateway's run
+        eventually(lambda: not Path(f"/proc/{server}").exists(), 10, 0.05, what="the killed fork server to be reaped")
+        assert h.poll() is None                              # its worker runs on, watched by pid and start time
+        later = _spec(tmp_path, "later", echo, {})
+        with open(later.log_path, "ab") as log:
+            h2 = launcher.start(later, log)
+            _ready(h2)
+            assert _parent(h2.pid) == os.getpid()            # started as a process of its own
+            assert _stop(h2) == 0
+        assert "started as a process of its own: the fork server exited" in later.log_path.read_text()
+        assert _stop(h) == EXIT_UNKNOWN                      # it went, its exit status with the fork server
+    finally:
+        if h is not None and h.poll() is None:
+            _stop(h)
+        launcher.close()

@@ -162,6 +162,9 @@ class ForkServer:
                 with self._cond:
                     self.lost = True
                     self._cond.notify_all()
+                if self._proc is not None:          # reap it: no zombie for the rest of the gateway's run
+                    with contextlib.suppress(subprocess.TimeoutExpired):
+                        self._proc.wait(5)
                 return
             with self._cond:
                 if msg.get("pid"):      # a new process has this pid: an exit kept for it was an earlier one's
