@@ -12,7 +12,11 @@ Rows, each the median of ``--runs`` starts:
     its ready file is written; CPU read from /proc/PID/stat at that moment;
   - worker to ready: ``python -m sequence_ai_server.worker`` hosting test/policies/echo_policy.py
     until its ready file is written (imports, load, warm-up, the synthetic check);
-  - ``python -c pass``: the interpreter alone, the floor under every row.
+  - ``python -c pass``: the interpreter alone, the floor under every row;
+  - launcher, forked / own process: what a gateway does, ``LocalLauncher.start`` of the same
+    worker until its Ready event, forked from the fork server (launchers/forked.py; its own
+    start is the unreported first) or started as a process of its own (``fork=False``); a
+    baseline without the fork server starts both rows as processes of their own.
 
 ``--baseline DIR``: another checkout of this repository (e.g. ``git worktree add /tmp/base
 <commit>``) measured the same way, its processes with DIR first on PYTHONPATH; the two alternate
@@ -102,6 +106,51 @@ def _command(root: Path, args: list, env: dict | None = None) -> tuple[float, fl
     return after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime, wall
 
 
+_LAUNCHER_ROWS = r"""
+import json, os, signal, sys, time
+from pathlib import Path
+from sequence_ai_server.launchers.base import Ready, WorkerLaunchSpec
+from sequence_ai_server.launchers.local import LocalLauncher
+tmp, file, runs, fork = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3]), sys.argv[4] == "1"
+try:
+    launcher = LocalLauncher(fork=fork)
+except TypeError:                                   # a checkout from before the fork server
+    launcher = LocalLauncher()
+tick, out = os.sysconf("SC_CLK_TCK"), []
+for i in range(runs + 1):
+    d = tmp / f"{int(fork)}-{i}"
+    d.mkdir()
+    spec = WorkerLaunchSpec(name="w", role="serving", version=1, policy_file=file, class_name=None, cwd=str(d),
+                            secret="s" * 20, run_dir=d, run_key="w", weights_dir=d / "weights", log_path=d / "log")
+    with open(spec.log_path, "ab") as log:
+        t0 = time.monotonic()
+        h = launcher.start(spec, log)
+        while not any(isinstance(e, Ready) for e in h.events()):
+            if h.poll() is not None:
+                sys.exit(f"the worker exited with {h.poll()}: {spec.log_path.read_text()[-2000:]}")
+            time.sleep(0.002)
+        wall = time.monotonic() - t0
+        f = Path(f"/proc/{h.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        if i:
+            out.append(((int(f[11]) + int(f[12])) / tick, wall))
+        h.send_signal(signal.SIGTERM)
+        h.wait(15)
+launcher.close()
+print(json.dumps(out))
+"""
+
+
+def _launcher_rows(root: Path, tmp: Path, runs: int) -> dict:
+    rows = {}
+    for fork, row in ((True, "launcher, forked"), (False, "launcher, own process")):
+        r = subprocess.run([sys.executable, "-c", _LAUNCHER_ROWS, str(tmp), str(ECHO_POLICY), str(runs), str(int(fork))],
+                           env=_env(root), capture_output=True, text=True, cwd=str(tmp))
+        if r.returncode != 0:
+            raise RuntimeError(f"the launcher rows failed: {r.stderr[-1000:]}")
+        rows[row] = [tuple(x) for x in json.loads(r.stdout.strip().splitlines()[-1])]
+    return rows
+
+
 def measure(root: Path, runs: int) -> dict:
     """{row: [(cpu_s, wall_s), ...]} for the checkout at ``root``; the first start of each is unreported."""
     rows: dict = {}
@@ -115,6 +164,7 @@ def measure(root: Path, runs: int) -> dict:
                     rows.setdefault(f"{kind} to ready", []).append((cpu, wall))
                 if kind == "worker" or i < runs:
                     _stop(proc)
+        rows.update(_launcher_rows(root, tmp, runs))
         gateway = proc                              # the last gateway stays up for the CLI rows
         try:
             key = Path(info["api_key_file"]).read_text().strip()
