@@ -27,7 +27,7 @@ from _core_support import observation
 from _servers import POLICIES, echo_observation, gateway_on_data_dir
 from _wait import eventually
 from sequence_ai_server.common.processes import EXIT_UNKNOWN, process_alive, process_cmdline
-from sequence_ai_server.launchers import local
+from sequence_ai_server.launchers import forked, local
 from sequence_ai_server.launchers.base import Exited, Ready, WorkerLaunchSpec
 from sequence_ai_server.launchers.forked import ForkedProcess, ForkServer
 from sequence_ai_server.launchers.local import LocalLauncher
@@ -280,4 +280,42 @@ def test_a_killed_fork_server_is_reaped_and_its_workers_and_later_ones_go_on(tmp
     finally:
         if h is not None and h.poll() is None:
             _stop(h)
+        launcher.close()
+
+
+def test_a_fork_server_that_stops_answering_is_not_waited_on_again(tmp_path, monkeypatch):
+    # stopped (SIGSTOP, a frozen cgroup) or stuck, it neither answers nor closes its end: one start
+    # waits SPAWN_TIMEOUT_S for it, the later ones start as processes at once (before, each waited,
+    # and from about the 14th request on the pair was full and a start blocked for good, with
+    # every other start behind it)
+    monkeypatch.setattr(forked, "SPAWN_TIMEOUT_S", 1.0)
+    launcher = LocalLauncher(fork=True)
+    echo = str(POLICIES / "echo_policy.py")
+    handles: list = []
+    server = 0
+    try:
+        first = _spec(tmp_path, "first", echo, {})
+        with open(first.log_path, "ab") as log:
+            handles.append(launcher.start(first, log))
+            _ready(handles[-1])
+        server = _parent(handles[0].pid)
+        os.kill(server, signal.SIGSTOP)
+        specs = [_spec(tmp_path, name, echo, {}) for name in ("waited", "after")]
+        for spec in specs:
+            with open(spec.log_path, "ab") as log:
+                handles.append(launcher.start(spec, log))
+        assert "started as a process of its own: no answer from the fork server" in specs[0].log_path.read_text()
+        assert "started as a process of its own: the fork server did not answer a spawn within 1 s" \
+            in specs[1].log_path.read_text()
+        os.kill(server, signal.SIGCONT)          # it forks the request it had; that late worker is killed
+        for spec, h in zip(specs, handles[1:]):
+            _ready(h)
+            assert _parent(h.pid) == os.getpid()
+            eventually(lambda: [p for p in map(int, filter(str.isdigit, os.listdir("/proc")))
+                                if str(spec.ready_file) in process_cmdline(p)] == [h.pid], 10, 0.05,
+                       what=f"{spec.name}'s one worker process")
+    finally:
+        if server:
+            os.kill(server, signal.SIGCONT)
+        assert [_stop(h) for h in handles] == [0] * len(handles)
         launcher.close()

@@ -20,6 +20,7 @@ import contextlib
 import itertools
 import json
 import os
+import select
 import socket
 import subprocess
 import sys
@@ -204,8 +205,13 @@ class ForkServer:
             rid = next(self._ids)
             request = {"id": rid, "argv": command[3:], "env": env, "cwd": cwd, "title": command}
             try:
+                # a fork server that stopped reading fills the pair after a dozen requests: never
+                # wait on it for ever here, with every other start queued behind this lock
+                if not select.select([], [self._sock], [], SPAWN_TIMEOUT_S)[1]:
+                    self.failed = f"the fork server took no request for {SPAWN_TIMEOUT_S:g} s"
+                    raise TimeoutError(self.failed)
                 socket.send_fds(self._sock, [json.dumps(request).encode()], [log_fd])   # type: ignore[arg-type]
-            except OSError as exc:
+            except (OSError, ValueError) as exc:
                 log_handle.write(f"started as a process of its own: the fork server did not take it ({exc})\n".encode())
                 return None
         deadline = time.monotonic() + SPAWN_TIMEOUT_S
@@ -215,6 +221,8 @@ class ForkServer:
             reply = self._replies.pop(rid, None)
             if reply is None:
                 self._abandoned.add(rid)
+                if not self.lost and self.failed is None:   # hung: later workers do not wait on it too
+                    self.failed = f"the fork server did not answer a spawn within {SPAWN_TIMEOUT_S:g} s"
         if reply is None or not reply.get("pid"):
             why = (reply or {}).get("error") or "no answer from the fork server"
             log_handle.write(f"started as a process of its own: {why}\n".encode())
