@@ -129,11 +129,13 @@ def test_the_fork_server_reports_exit_codes_and_ends_with_its_launcher(tmp_path)
     assert not process_alive(server), "the fork server outlived its launcher's close()"
 
 
-@pytest.mark.parametrize("why", ["PYTHONHASHSEED", "LD_LIBRARY_PATH", "long command line", "SEQ_WORKER_FORK=0"])
+@pytest.mark.parametrize("why", ["PYTHONHASHSEED", "LD_LIBRARY_PATH", "OTEL_PROPAGATORS", "long command line",
+                                 "SEQ_WORKER_FORK=0"])
 def test_a_worker_forking_cannot_give_its_process_is_started_as_one(tmp_path, monkeypatch, why):
+    # OTEL_PROPAGATORS: read when the fork server imports FastAPI (fastapi.telemetry -> opentelemetry.propagate)
     env = {"SEQ_TEST_PROCESS_REPORT": str(tmp_path / "report.json")}
-    if why in ("PYTHONHASHSEED", "LD_LIBRARY_PATH"):
-        env[why] = "7" if why == "PYTHONHASHSEED" else str(tmp_path)
+    if why in ("PYTHONHASHSEED", "LD_LIBRARY_PATH", "OTEL_PROPAGATORS"):
+        env[why] = {"PYTHONHASHSEED": "7", "OTEL_PROPAGATORS": "tracecontext"}.get(why, str(tmp_path))
     elif why != "long command line":
         monkeypatch.setenv("SEQ_WORKER_FORK", "0")
     spec = _spec(tmp_path, "own", REPORT_POLICY, env, long_paths=why == "long command line")

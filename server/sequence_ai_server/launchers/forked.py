@@ -34,9 +34,12 @@ from sequence_ai_server.launchers.base import platform_paths
 
 __all__ = ["ForkServer", "ForkedProcess", "fork_enabled", "STARTUP_VARIABLES"]
 
-# Read at exec by the dynamic loader, the C library or the interpreter (a fork keeps the fork
-# server's): a worker whose environment differs here from the fork server's gets its own process.
-STARTUP_VARIABLES = ("LD_", "PYTHON", "GLIBC_TUNABLES", "MALLOC_", "LC_", "LANG", "LANGUAGE", "TZ", "PYDANTIC_")
+# Read at exec by the dynamic loader, the C library or the interpreter, or at import by what the
+# fork server preloads (pydantic; FastAPI's telemetry imports OpenTelemetry, whose context and
+# propagators are chosen from OTEL_* then): a fork keeps the fork server's, so a worker whose
+# environment differs here from the fork server's gets its own process.
+STARTUP_VARIABLES = ("LD_", "PYTHON", "GLIBC_TUNABLES", "MALLOC_", "LC_", "LANG", "LANGUAGE", "TZ", "PYDANTIC_",
+                     "OTEL_")
 # PYTHONPATH is rebuilt into the forked worker's sys.path; PYTHONUNBUFFERED is set for both.
 _REBUILT = ("PYTHONPATH", "PYTHONUNBUFFERED")
 READY_TIMEOUT_S = 60.0      # its import, on a loaded machine
