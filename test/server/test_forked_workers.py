@@ -9,6 +9,7 @@ it loads, once forked and once started, from the same launch spec.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -320,4 +321,23 @@ def test_a_fork_server_that_stops_answering_is_not_waited_on_again(tmp_path, mon
         if server:
             os.kill(server, signal.SIGCONT)
         assert [_stop(h) for h in handles] == [0] * len(handles)
+        launcher.close()
+
+
+def test_a_worker_that_cannot_be_made_while_the_fork_server_starts_exits(tmp_path):
+    # the first start runs on a thread while the fork server imports: when no process can be made
+    # there (here its cwd is gone and its environment rules out a fork; a pids limit, ENOMEM), the
+    # start must end as an exit, as the same error ends a start made on the caller's thread
+    env = {"PYTHONHASHSEED": "7"}
+    spec = dataclasses.replace(_spec(tmp_path, "gone", str(POLICIES / "echo_policy.py"), env),
+                               cwd=str(tmp_path / "no-such-folder"))
+    launcher = LocalLauncher(fork=True)
+    try:
+        with open(spec.log_path, "ab") as log:
+            h = launcher.start(spec, log)
+            assert h.pid == 0                          # on the thread: the fork server is starting
+            assert h.wait(30) == 1
+            assert [e.code for e in h.events() if isinstance(e, Exited)] == [1]
+        assert "the worker did not start: FileNotFoundError" in spec.log_path.read_text()
+    finally:
         launcher.close()

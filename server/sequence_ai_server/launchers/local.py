@@ -172,6 +172,20 @@ class LocalWorker:
                 proc.send_signal(signal.SIGTERM)
         self._queue.put(Started(proc.pid))
 
+    def _popen_on_thread(self, python: Optional[str], log_handle: Any, *args: Any, **kwargs: Any) -> None:
+        """``_popen`` on a launcher thread (after an image build, or while the fork server starts):
+        an error making the process (a gone cwd, EAGAIN at a pids limit, ENOMEM), which the
+        caller's thread would have raised, ends the start as exit code 1 with the error in the
+        log, never as a start that runs on with pid 0."""
+        try:
+            self._popen(python, log_handle, *args, **kwargs)
+        except Exception as exc:  # noqa: BLE001 - whatever it was, no worker runs
+            with contextlib.suppress(OSError, ValueError):
+                log_handle.write(f"the worker did not start: {type(exc).__name__}: {exc}\n".encode())
+            with self._lock:
+                if self.proc is None and self._build_code is None:
+                    self._build_code = 1
+
     def _build_then_start(self, build: Callable, log_handle: Any) -> None:
         self._queue.put(Phase({"phase": "building_image", "t": time.time()}))
         try:
@@ -188,7 +202,7 @@ class LocalWorker:
             if self._cancelled:
                 return
         log_handle.write(f"image environment: {env.python}\n".encode())
-        self._popen(env.python, log_handle, env.extra_paths, env.env)
+        self._popen_on_thread(env.python, log_handle, env.extra_paths, env.env)
 
 
 class LocalLauncher:
@@ -234,7 +248,7 @@ class LocalLauncher:
             if forks is None or forks.ready:
                 w._popen(None, log_handle, forks=forks)
             else:        # the fork server's own start (its import) on a thread; pid 0 until then
-                threading.Thread(target=w._popen, args=(None, log_handle), kwargs={"forks": forks}, daemon=True,
+                threading.Thread(target=w._popen_on_thread, args=(None, log_handle), kwargs={"forks": forks}, daemon=True,
                                  name=f"fork-{spec.name}").start()
         return w
 
