@@ -1,8 +1,8 @@
 """A test policy that describes its own process when it loads: writes a JSON report to
 ``$SEQ_TEST_PROCESS_REPORT`` (argv, sys.path, cwd, the environment as Python and as the C library
 see it, session, signal dispositions and masks, open file descriptors by kind, umask, the import
-of a module beside this file), so a test can compare a forked worker with a started one
-(test/server/test_forked_workers.py). Serves the echo policy's contract with a constant chunk."""
+of a module beside this file, its ``__main__`` module, ``sys.orig_argv``), so a test can compare a
+forked worker with a started one (test/server/test_forked_workers.py). Serves the echo policy's contract with a constant chunk."""
 import ctypes
 import json
 import os
@@ -71,6 +71,10 @@ class ProcessReportPolicy(seq.Policy):
             "sig_ignored": _status("SigIgn"), "sig_blocked": _status("SigBlk"), "fds": _fd_kinds(), "umask": mask,
             "cmdline": [a.decode() for a in open("/proc/self/cmdline", "rb").read().split(b"\0") if a],
             "beside": echo_policy.__file__, "pid": os.getpid(), "ppid": os.getppid(),
+            # what multiprocessing's spawn and forkserver children re-import, and what tools read
+            "main": [getattr(sys.modules["__main__"], "__file__", None),
+                     getattr(getattr(sys.modules["__main__"], "__spec__", None), "name", None)],
+            "orig_argv": sys.orig_argv,
         }
         path = os.environ["SEQ_TEST_PROCESS_REPORT"]
         with open(path + ".tmp", "w") as f:

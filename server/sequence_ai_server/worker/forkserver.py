@@ -124,11 +124,15 @@ def _run_worker(request: dict, log_fd: int, base_path: list[str]) -> int:
     sys.path[:] = _search_path(request["env"], os.getcwd(), base_path)
     import importlib
     importlib.invalidate_caches()
-    argv = list(request["argv"])
-    from sequence_ai_server.worker import main as worker_main
-    sys.argv = [os.path.join(os.path.dirname(worker_main.__file__), "__main__.py")] + argv
+    # run as `python -m` runs it: sequence_ai_server/worker/__main__.py as the __main__ module
+    # (what multiprocessing's spawn and forkserver children re-import, what tools read), with
+    # sys.argv[0] its path and sys.orig_argv the command line
+    import runpy
+    sys.argv = ["-m"] + list(request["argv"])
+    sys.orig_argv = list(request.get("title") or sys.orig_argv)
     try:
-        code: Any = worker_main.main(argv)
+        runpy.run_module("sequence_ai_server.worker", run_name="__main__", alter_sys=True)
+        code: Any = 0
     except SystemExit as exc:
         code = exc.code
     except BaseException:  # noqa: BLE001 - what the interpreter prints for an uncaught error
