@@ -47,7 +47,7 @@ FILE_SECONDS = {
     "test_route_scopes.py": 14, "test_delay_wire.py": 13, "test_act_channel_limits.py": 12,
     "test_capture_server.py": 12, "test_client_transports.py": 12, "test_eval_learned.py": 12,
     "test_ros_driver_controllers.py": 12, "test_header_timeout.py": 11, "test_core_properties.py": 9,
-    "test_limits_seams.py": 9, "test_forked_workers.py": 9, "test_cards.py": 8, "test_ros_trajectory_output.py": 8, "test_launch.py": 7,
+    "test_limits_seams.py": 9, "test_forked_workers.py": 22, "test_cards.py": 8, "test_ros_trajectory_output.py": 8, "test_launch.py": 7,
     "test_platform_health.py": 7, "test_platform_secrets.py": 7, "test_admission.py": 6,
     "test_admission_server.py": 6, "test_channel_hardening.py": 6, "test_core_interrupt.py": 6,
     "test_export_paths.py": 6, "test_mcp_ros.py": 6, "test_mcp_stop_when.py": 6,
