@@ -77,6 +77,10 @@ def test_lifecycle_services_configure_activate_deactivate_cleanup(ros, echo_serv
     assert change_state(node, Transition.TRANSITION_ACTIVATE)
     assert get_state(node) == "active"
 
+    # the sensor subscriptions are made at configure: under load their first frames came 1.3 s
+    # later (clean-clone CI), and a goal sent before them rightly ended stale_camera ("no frame
+    # received"); a robot program starts a run once its sensors flow, as the other tests do
+    wait(driver.assembler.ready, 20.0, "sensors")
     goal = Goal(client, max_seconds=20.0)
     assert goal.handle.accepted
     wait(lambda: len(robot.commands) >= 10, 15.0, "commands")
