@@ -56,7 +56,7 @@ from trajectory_msgs.msg import JointTrajectory, JointTrajectoryPoint
 
 from .. import codecs
 
-__all__ = ["CommandOutputs", "Plan", "trajectory_message", "forward_message", "chunk_trajectory_message",
+__all__ = ["CommandOutputs", "Plan", "trajectory_message", "forward_message", "chunk_trajectory_message", "monotonic_to_ros",
            "row_velocities", "planned_rows"]
 
 
@@ -157,6 +157,29 @@ def _step_limit(max_delta, i: int) -> Optional[float]:
     if isinstance(max_delta, (list, tuple)):
         return abs(float(max_delta[i])) if i < len(max_delta) else None
     return abs(float(max_delta))
+
+
+CLOCK_PAIR_WINDOW_S = 5e-5     # a ROS clock read bracketed by monotonic reads closer than this is taken
+CLOCK_PAIR_TRIES = 5
+
+
+def monotonic_to_ros(now_ros: Callable[[], float], t_monotonic: float) -> float:
+    """``t_monotonic`` (``time.monotonic()`` s) on the ROS clock ``now_ros()`` reads (s).
+
+    The two clocks are read as a pair: ``now_ros()`` between two monotonic reads, taken at their
+    midpoint. A thread preempted between the reads would shift the result by the time it lost
+    (5 ms and more on a loaded machine), so a pair wider than 50 us is read again, up to 5 times,
+    and the narrowest one is used: the error is at most half its width."""
+    best = None
+    for _ in range(CLOCK_PAIR_TRIES):
+        m0 = time.monotonic()
+        ros = now_ros()
+        m1 = time.monotonic()
+        if best is None or m1 - m0 < best[0]:
+            best = (m1 - m0, ros - (m0 + m1) / 2)
+        if m1 - m0 <= CLOCK_PAIR_WINDOW_S:
+            break
+    return t_monotonic + best[1]
 
 
 def forward_message(values: Sequence[float]) -> Float64MultiArray:
@@ -348,8 +371,7 @@ class CommandOutputs:
 
     def _ros_seconds(self, due: float) -> float:
         """``due`` (``time.monotonic()`` s) on the node's ROS clock (s)."""
-        now_ros = self._node.get_clock().now().nanoseconds * 1e-9
-        return now_ros - (time.monotonic() - due)
+        return monotonic_to_ros(lambda: self._node.get_clock().now().nanoseconds * 1e-9, due)
 
     def end(self) -> None:
         """A run ended normally (chunk mode): a playing trajectory that carries rows the core did

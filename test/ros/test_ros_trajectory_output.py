@@ -29,7 +29,7 @@ from trajectory_msgs.msg import JointTrajectory
 import sequence_ai
 from sequence_ai_msgs.action import Act
 from sequence_ai_ros.driver.gate import CommandGate
-from sequence_ai_ros.driver.outputs import CommandOutputs
+from sequence_ai_ros.driver.outputs import CommandOutputs, monotonic_to_ros
 from sequence_ai_ros.driver.params import FR3_ARM_JOINTS, TABLE, Params
 from _ros_driver_support import (FakeRobot, Goal, driver_params, duration_s, echo_server, jtc_refusal,  # noqa: F401
                                  jtc_timeline, ros, wait)
@@ -129,6 +129,24 @@ def ctx():
 
 def _timeline(received):
     return jtc_timeline([(r, m) for r, m, _ in received])
+
+
+def test_a_chunk_stamp_stays_on_the_grid_when_its_clock_read_is_preempted():
+    # A trajectory is stamped with its first row's due time converted to the ROS clock; the
+    # conversion reads both clocks. A read preempted between them (a loaded machine: clean-clone
+    # CI lost one row of 40 at a seam to it) moved the stamp by the time lost: here a ROS clock
+    # whose first read stalls 5 ms. Within 0.1 ms the seam rule below counts as on time.
+    offset, stalls = 1000.0, [0.005]
+
+    def now_ros():
+        value = time.monotonic() + offset
+        if stalls:
+            time.sleep(stalls.pop())
+        return value
+
+    due = time.monotonic() + 0.5
+    assert monotonic_to_ros(now_ros, due) == pytest.approx(due + offset, abs=1e-4)
+    assert not stalls
 
 
 def test_each_chunk_is_one_trajectory_and_every_row_is_reached_once_a_period_apart(ctx):
