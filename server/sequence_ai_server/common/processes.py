@@ -14,7 +14,7 @@ import subprocess
 import time
 from typing import Optional
 
-__all__ = ["stop_process", "AdoptedProcess", "process_start", "process_cmdline", "process_alive",
+__all__ = ["stop_process", "AdoptedProcess", "process_start", "process_cmdline", "process_alive", "stat_fields",
            "EXIT_UNKNOWN"]
 
 # The exit status of a process that is not our child cannot be read (its parent reaps it): poll()
@@ -40,8 +40,9 @@ def stop_process(proc: subprocess.Popen, sig: int = signal.SIGTERM, grace_s: flo
     return proc.returncode
 
 
-def _stat_fields(pid: int) -> Optional[list[str]]:
-    """``/proc/<pid>/stat`` split after the command name (which may hold spaces); None if gone."""
+def stat_fields(pid) -> Optional[list[str]]:
+    """``/proc/<pid>/stat`` (``pid`` a number or ``"self"``) split after the command name (which may
+    hold spaces), so field N of proc(5) is index N - 3; None if gone."""
     try:
         raw = open(f"/proc/{pid}/stat", "rb").read().decode(errors="replace")
     except OSError:
@@ -52,7 +53,7 @@ def _stat_fields(pid: int) -> Optional[list[str]]:
 def process_start(pid: int) -> Optional[int]:
     """The start time of ``pid`` in clock ticks after boot (its identity with the pid); None when
     there is no such process."""
-    fields = _stat_fields(pid)
+    fields = stat_fields(pid)
     return int(fields[19]) if fields and len(fields) > 19 else None
 
 
@@ -68,7 +69,7 @@ def process_cmdline(pid: int) -> list[str]:
 def process_alive(pid: int, start: Optional[int] = None) -> bool:
     """True while ``pid`` runs (not a zombie) and, when ``start`` is given, is still the process
     that started then (not a later one that reused the pid)."""
-    fields = _stat_fields(pid)
+    fields = stat_fields(pid)
     if not fields or fields[0] in ("Z", "X"):
         return False
     return start is None or (len(fields) > 19 and int(fields[19]) == int(start))

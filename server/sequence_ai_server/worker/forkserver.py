@@ -63,11 +63,11 @@ def _preload() -> None:
 def _argument_area() -> Optional[tuple[int, int]]:
     """``(start, end)`` addresses of this process's argument strings (``/proc/self/stat`` fields
     48-49, Linux >= 3.5), None where they cannot be read."""
+    from sequence_ai_server.common.processes import stat_fields
     try:
-        raw = open("/proc/self/stat", "rb").read().decode()
-        fields = raw[raw.rfind(")") + 2:].split()
+        fields = stat_fields("self") or []
         start, end = int(fields[45]), int(fields[46])
-    except (OSError, ValueError, IndexError):
+    except (ValueError, IndexError):
         return None
     return (start, end) if 0 < start < end else None
 
