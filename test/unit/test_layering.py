@@ -30,6 +30,7 @@ split elsewhere; it only shrinks, as ALLOWED does.
 from __future__ import annotations
 
 import ast
+import functools
 import re
 from pathlib import Path
 
@@ -87,6 +88,15 @@ def _module_name(package: str, root: Path, path: Path) -> str:
     return ".".join((package, *rel))
 
 
+@functools.lru_cache(maxsize=None)
+def _source(path: Path) -> tuple:
+    """``(text, syntax tree)`` of ``path``, read and parsed once per run: every check walks the
+    same files, and parsing them all took most of this module's ~7 s."""
+    text = path.read_text(encoding="utf-8")
+    return text, ast.parse(text, str(path))
+
+
+@functools.lru_cache(maxsize=None)
 def _is_module(name: str) -> bool:
     parts = name.split(".")
     root = PACKAGES.get(parts[0])
@@ -108,7 +118,7 @@ def _type_checking_nodes(tree: ast.AST) -> set:
 def imports_of(path: Path, module: str, is_package: bool):
     """``(lineno, target)`` for each import in ``path``: ``target`` is the imported module, or
     ``module.name`` for ``from module import name`` where ``name`` is not a module of ours."""
-    tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+    tree = _source(path)[1]
     skip = _type_checking_nodes(tree)
     for node in ast.walk(tree):
         if id(node) in skip:
@@ -129,7 +139,8 @@ def imports_of(path: Path, module: str, is_package: bool):
                     else source
 
 
-def _all_imports():
+@functools.lru_cache(maxsize=None)
+def _all_imports() -> tuple:
     """Every import of ours that crosses a unit: ``(file, lineno, importer unit, target)``."""
     found = []
     for package, root in PACKAGES.items():
@@ -142,7 +153,7 @@ def _all_imports():
                 if target.split(".")[0] not in PACKAGES or unit_of(target) == src_unit:
                     continue
                 found.append((path.relative_to(REPO).as_posix(), lineno, src_unit, target))
-    return found
+    return tuple(found)
 
 
 def _allowed_by_rules(src_unit: str, target: str) -> bool:
@@ -339,11 +350,11 @@ def oversize() -> dict:
             if "templates" in path.relative_to(root).parts:
                 continue
             file = path.relative_to(REPO).as_posix()
-            text = path.read_text(encoding="utf-8")
+            text, tree = _source(path)
             lines = len(text.splitlines())
             if lines > MAX_MODULE_LINES:
                 found[file] = lines
-            for name, first, last in _functions(ast.parse(text, file)):
+            for name, first, last in _functions(tree):
                 if last - first + 1 > MAX_FUNCTION_LINES:
                     found[f"{file}::{name}"] = last - first + 1
     return found
@@ -439,8 +450,7 @@ def _classes():
         for path in sorted(root.rglob("*.py")):
             if "templates" in path.relative_to(root).parts:
                 continue
-            tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
-            for node in ast.walk(tree):
+            for node in ast.walk(_source(path)[1]):
                 if isinstance(node, ast.ClassDef):
                     found.setdefault(node.name, []).append((path.relative_to(REPO).as_posix(), node))
     return found
