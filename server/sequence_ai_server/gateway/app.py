@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import threading
 import time
 from pathlib import Path
 from typing import Any, Optional
@@ -33,29 +34,31 @@ log = logging.getLogger("sequence_ai_server.gateway")
 TICK_S = 0.1     # the control tick's period (s)
 
 
-async def _control_loop(gw: Gateway) -> None:
-    """``gw.tick(now)`` every TICK_S, forever (cancel to stop), on a worker thread; a failed tick
-    is logged, not fatal."""
+def _control_loop(gw: Gateway, stop: threading.Event) -> None:
+    """``gw.tick(now)`` now and then TICK_S after each tick ends, until ``stop`` is set; a failed
+    tick is logged, not fatal. It runs on a thread of its own: a tick may block (a process
+    exiting, the store), and handing each tick to the event loop's thread pool cost the idle
+    gateway two loop wake-ups and a pool hand-off ten times a second."""
     while True:
         try:
-            await asyncio.to_thread(gw.tick, time.time())
+            gw.tick(time.time())
         except Exception:
             log.exception("control tick failed")
-        await asyncio.sleep(TICK_S)
+        if stop.wait(TICK_S):
+            return
 
 
 def _lifespan(gw: Gateway, proxy: httpx.AsyncClient) -> Any:
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
-        tasks = [asyncio.create_task(_control_loop(gw))]
+        stop = threading.Event()
+        control = threading.Thread(target=_control_loop, args=(gw, stop), name="control tick", daemon=True)
+        control.start()
         try:
             yield
         finally:
-            for t in tasks:
-                t.cancel()
-            for t in tasks:
-                with contextlib.suppress(asyncio.CancelledError):
-                    await t
+            stop.set()
+            await asyncio.to_thread(control.join)     # the tick under way ends before the workers stop
             log.info("stopping all workers")
             await proxy.aclose()
             await asyncio.to_thread(gw.close)
