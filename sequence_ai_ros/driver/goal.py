@@ -42,6 +42,8 @@ class RunTrace:
 
     ``commands``: (monotonic time s, values) per published command; ``seams``: index into
     ``commands`` where each chunk started; ``hold_time``: monotonic time of the hold, if any;
+    ``stop_time``: monotonic time the run was first asked to stop (a cancel accepted or an end
+    request: preempted, deactivated, a stop service), if it was;
     ``chunk_obs``: per chunk whose first command went out, ``(monotonic s the driver built its
     observation, that observation's start on the ROS clock s)``, the pair its sample used.
     """
@@ -49,6 +51,7 @@ class RunTrace:
     commands: list = field(default_factory=list)
     seams: list = field(default_factory=list)
     hold_time: Optional[float] = None
+    stop_time: Optional[float] = None
     hold_command: Optional[list] = None
     chunk_obs: list = field(default_factory=list)
 
@@ -157,11 +160,16 @@ class GoalRun:
         token, so the run holds within one control period, or never starts."""
         if self.end_request is None:
             self.end_request = (why, message)
-        self.stop.stop()
+        self._stopping()
 
     def cancel(self) -> None:
         """The client's cancel was accepted: stop the run (it holds; the result says canceled)."""
         self.cancel_accepted = True
+        self._stopping()
+
+    def _stopping(self) -> None:
+        if self.trace.stop_time is None:
+            self.trace.stop_time = time.monotonic()
         self.stop.stop()
 
     @property

@@ -58,5 +58,9 @@ def test_act_is_an_act_goal_and_a_cancelled_call_cancels_it_with_a_hold(ros, ech
     time.sleep(1.0)                                               # anything after the hold would arrive now
     hold_t, hold = robot.commands[-1]
     assert hold == pytest.approx(robot.commands[-2][1])           # the last command, repeated
-    assert driver.trace.hold_time - t_cancel <= PERIOD_S + 0.1    # the cancel crosses DDS first
+    # the driver's promise: the hold within one control period of the cancel reaching it; the
+    # cancel's way there (the MCP session, the backend's action client, DDS, all in this loaded
+    # test process) took 0.42 s once in a clean-clone CI run, so it only has to beat the 20 s run
+    assert driver.trace.hold_time - driver.trace.stop_time <= PERIOD_S, driver.trace
+    assert t_cancel <= driver.trace.stop_time < t_cancel + 5.0, (t_cancel, driver.trace.stop_time)
     assert all(t <= hold_t for t, _ in robot.commands)
