@@ -58,10 +58,13 @@ def test_the_operator_mid_run_holds_within_one_control_period_and_ends_the_goal(
     settled = len(robot.commands)
     wait(lambda: driver.goals.run is None, 10.0, "the run slot free")
     assert wrapped.status == GoalStatus.STATUS_ABORTED and wrapped.result.reason == "operator"
-    hold_after = driver.trace.hold_time - t_taken
-    print(f"hold {hold_after * 1000:.1f} ms after the operator topic said true (period {PERIOD_S * 1000:.0f} ms)")
-    # the Bool's delivery to the driver is in it; a loaded machine delays that delivery, not the hold
-    assert hold_after <= PERIOD_S + 0.15, hold_after
+    hold_after = driver.trace.hold_time - driver.trace.stop_time
+    print(f"hold {hold_after * 1000:.1f} ms after the operator's true reached the driver, "
+          f"{(driver.trace.stop_time - t_taken) * 1000:.1f} ms after it was published (period {PERIOD_S * 1000:.0f} ms)")
+    # the driver's promise runs from the Bool's arrival; its delivery across DDS in this loaded test
+    # process is bounded only well under the 20 s run
+    assert hold_after <= PERIOD_S, hold_after
+    assert t_taken <= driver.trace.stop_time < t_taken + 5.0, (t_taken, driver.trace.stop_time)
     hold_t, hold = robot.commands[-1]
     assert hold == pytest.approx(robot.commands[-2][1])        # the last command, repeated
     wait(lambda: time.monotonic() - hold_t > 0.5, 5.0, "half a second of silence")
