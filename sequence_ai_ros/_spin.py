@@ -39,6 +39,7 @@ teardown, ``stop_executor``) ends the spin quietly rather than with rclpy's Attr
 """
 from __future__ import annotations
 
+import faulthandler
 import signal
 import sys
 import threading
@@ -54,6 +55,15 @@ from rclpy.node import Node
 from rclpy.signals import SignalHandlerOptions
 from rclpy.task import Task
 
+
+TEARDOWN_LIMIT_S = 15.0
+"""How long :func:`spin_node` gives the teardown after ``on_stop`` (executor stopped, node destroyed,
+rclpy shut down; about 0.1 s normally) before the process prints every thread's stack and exits 1.
+Fast DDS 2.14 (the Jazzy wheels) can spin forever at 100 % of a core while it destroys a participant:
+``DomainParticipant::set_listener(nullptr)`` waits, without releasing its mutex, for a discovery
+callback that needs that mutex (eProsima/Fast-DDS#6513). It struck the suite's own process once in
+about twenty runs; a node stopped by Ctrl-C must not hang there. faulthandler's watchdog is a C thread,
+so it fires while that spin holds the GIL."""
 
 SPIN_WAKE_S = 0.2
 """The longest one executor slice of :func:`spin` waits (s): how soon a spinning thread sees
@@ -322,7 +332,9 @@ def spin_node(make_node: Callable[[], Node], *, args=None,
             while the executor still spins on its thread.
     Returns:
         the process exit code: 0; 2 when ``make_node`` refused a parameter (``ValueError``,
-        printed as one ``error:`` line); 1 when a callback raised (its traceback printed).
+        printed as one ``error:`` line); 1 when a callback raised (its traceback printed). A
+        teardown that takes over ``TEARDOWN_LIMIT_S`` ends the process with exit code 1 and
+        every thread's stack on stderr instead.
     """
     rclpy.init(args=args, signal_handler_options=SignalHandlerOptions.NO)
     stop = _Stop()
@@ -361,6 +373,7 @@ def spin_node(make_node: Callable[[], Node], *, args=None,
             if node is not None and on_stop is not None:
                 on_stop(node)
         finally:
+            faulthandler.dump_traceback_later(TEARDOWN_LIMIT_S, exit=True)   # see TEARDOWN_LIMIT_S
             release.set()
             if spinner is not None:
                 executor.wake()
@@ -372,6 +385,7 @@ def spin_node(make_node: Callable[[], Node], *, args=None,
                 # uninstall_handlers=False: rclpy's uninstall (it installed none: NO) set SIGINT
                 # back to the OS default, and a Ctrl-C after it killed the process (exit -2)
                 rclpy.shutdown(uninstall_handlers=False)
+            faulthandler.cancel_dump_traceback_later()
             # Python's finalization sets every signal with a Python handler back to the OS default
             # (not one set to SIG_IGN), and a repeated Ctrl-C / SIGTERM landing there killed the
             # process as it exited (exit -2 / -15, "process has died"): it is done, ignore them

@@ -145,3 +145,49 @@ def test_a_bad_parameter_stops_the_node_with_one_error_line_not_a_traceback(valu
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert f"error: {says}" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+
+
+# A node process whose teardown never ends (as Fast DDS's participant teardown can spin, see
+# _spin.TEARDOWN_LIMIT_S): destroy_node blocks; the limit is 1 s here.
+_HANGING_TEARDOWN = """
+import sys, time
+from rclpy.node import Node
+from sequence_ai_ros import _spin
+
+_spin.TEARDOWN_LIMIT_S = 1.0
+
+class Stuck(Node):
+    def __init__(self):
+        super().__init__("stuck_teardown")
+        self.said = False
+        self.create_timer(0.05, self.say)      # from the executor: the node is built and spinning
+
+    def say(self):
+        if not self.said:
+            self.said = True
+            print("spinning", flush=True)
+
+    def destroy_node(self):
+        time.sleep(600)
+
+sys.exit(_spin.spin_node(Stuck))
+"""
+
+
+def test_a_teardown_that_hangs_ends_the_process_with_its_stacks_after_the_limit(tmp_path):
+    proc = subprocess.Popen([sys.executable, "-c", _HANGING_TEARDOWN], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+    try:
+        assert proc.stdout.readline() == "spinning\n"
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+        took = time.monotonic() - t0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    print(f"teardown cut after {took:.2f} s (limit 1 s)")
+    assert proc.returncode == 1, err
+    assert "Timeout (0:00:01)!" in err and "in destroy_node" in err, err    # every thread's stack
+    assert 1.0 <= took < 30.0
