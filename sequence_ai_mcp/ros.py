@@ -181,5 +181,8 @@ class RosBackend(Backend):
         self._executor.shutdown(timeout_sec=5.0)
         self._spin.join(timeout=5.0)
         self.node.destroy_node()
+        # rclpy's destroy_node leaves action clients alive, and this one kept the node and its
+        # DDS participant alive until some later garbage collection (sequence_ai_ros._spin.destroy_node)
+        self.client.destroy()
         if self._own_context and rclpy.ok():
             rclpy.shutdown()

@@ -265,6 +265,24 @@ class NodeExecutor(SingleThreadedExecutor):
             threads[0].join(left)
 
 
+def destroy_node(node: Node) -> None:
+    """``node.destroy_node()``, then destroy the node's action servers and clients it left.
+
+    rclpy's ``destroy_node`` destroys publishers, subscriptions, services, clients, timers and
+    guard conditions, but not the action servers and clients (waitables): each keeps the rcl node
+    alive, so the node -- and with the last node of a context, its DDS participant -- was
+    finalized by whichever garbage collection later freed them, in the middle of unrelated code.
+    That moved Fast DDS's participant teardown (see ``TEARDOWN_LIMIT_S``) to a random point: a
+    suite's pytest worker hung there, inside an HTTP request of a later test. Raises nothing that
+    ``destroy_node`` does not.
+    """
+    from rclpy.action import ActionClient, ActionServer
+    node.destroy_node()        # first: a node's own destroy_node may still use them (the driver's result)
+    for waitable in list(node.waitables):
+        if isinstance(waitable, (ActionClient, ActionServer)):
+            waitable.destroy()
+
+
 def stop_executor(executor: Executor, timeout_s: float = 5.0) -> None:
     """Stop ``executor`` and let the callbacks it already handed to its threads finish (a
     ``MultiThreadedExecutor``'s pool, a :class:`NodeExecutor`'s callback threads), *before* the
@@ -380,7 +398,7 @@ def spin_node(make_node: Callable[[], Node], *, args=None,
                 spinner.join(5.0)
             stop_executor(executor)
             if node is not None:
-                node.destroy_node()
+                destroy_node(node)
             if rclpy.ok():
                 # uninstall_handlers=False: rclpy's uninstall (it installed none: NO) set SIGINT
                 # back to the OS default, and a Ctrl-C after it killed the process (exit -2)

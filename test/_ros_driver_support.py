@@ -29,7 +29,7 @@ from std_msgs.msg import Float64MultiArray
 from _servers import ECHO_POLICY
 from _wait import eventually
 from sequence_ai_msgs.action import Act
-from sequence_ai_ros._spin import spin
+from sequence_ai_ros._spin import destroy_node, spin
 from sequence_ai_ros.driver_node import PolicyDriver
 
 PERIOD_S = 1.0 / 15.0
@@ -128,7 +128,7 @@ class Harness:
         if self.thread is not None:
             self.thread.join(timeout=10.0)
         for n in self.nodes:
-            n.destroy_node()
+            destroy_node(n)        # with its action clients: none is left for a later GC to finalize
         rclpy.shutdown(context=self.ctx)
 
 

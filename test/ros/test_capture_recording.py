@@ -32,7 +32,7 @@ from sequence_ai.cli import main as sequence_ai_main
 from sequence_ai_msgs.action import Act, RecordEpisode
 from sequence_ai_msgs.srv import CheckSuccess, LabelEpisode, ResetScene
 from sequence_ai_ros import demo
-from sequence_ai_ros._spin import spin
+from sequence_ai_ros._spin import destroy_node, spin
 from sequence_ai_ros.bag.frames import episode_timing, observations_from_bag
 from sequence_ai_ros.bag.events import assembly_settings
 from sequence_ai_ros.bag.reader import BagReadError, custom_data, iter_raw, read_episode
@@ -126,7 +126,7 @@ class Cell:
         self.executor.shutdown(timeout_sec=5.0)
         self.spin.join(timeout=10)
         for n in (self.client, self.recorder, self.driver):
-            n.destroy_node()
+            destroy_node(n)
         rclpy.shutdown(context=self.ctx)
 
 

@@ -12,6 +12,7 @@ from rclpy.action import ActionClient, ActionServer  # noqa: E402
 from rclpy.executors import MultiThreadedExecutor  # noqa: E402
 
 from sequence_ai_msgs.action import Act  # noqa: E402
+from sequence_ai_ros._spin import destroy_node
 
 RESULT_FIELDS = dict(
     reason="timeout",
@@ -107,8 +108,8 @@ def test_action_round_trip(ros_context):
         spinner.join(timeout=10.0)
         client.destroy()
         server.destroy()
-        client_node.destroy_node()
-        server_node.destroy_node()
+        destroy_node(client_node)
+        destroy_node(server_node)
     assert not spinner.is_alive()
 
     from action_msgs.msg import GoalStatus

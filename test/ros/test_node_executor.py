@@ -22,7 +22,7 @@ from std_srvs.srv import Trigger
 
 from sequence_ai_msgs.action import Act
 from _wait import eventually
-from sequence_ai_ros._spin import NodeExecutor, stop_executor
+from sequence_ai_ros._spin import destroy_node, NodeExecutor, stop_executor
 
 
 class Spinning:
@@ -161,8 +161,8 @@ def test_a_blocking_goal_and_service_run_on_threads_while_everything_else_is_ser
         stop_executor(spinning.ex)
         stop_executor(client_ex)
         server.destroy()
-        server_node.destroy_node()
-        client_node.destroy_node()
+        destroy_node(server_node)
+        destroy_node(client_node)
     assert spinning.error is None, spinning.error
 
 

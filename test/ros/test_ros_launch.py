@@ -36,6 +36,7 @@ from launch_pytest.tools import process as process_tools
 
 from _servers import GatewayProcess
 from _wait import eventually
+from sequence_ai_ros._spin import destroy_node
 
 ROOT = Path(__file__).resolve().parents[2]
 PICK_PLACE = ROOT / "examples" / "pick_place" / "policy.py"
@@ -94,7 +95,7 @@ class _Ros:
         return future.result()
 
     def close(self):
-        self.node.destroy_node()
+        destroy_node(self.node)
         self.rclpy.shutdown(context=self.ctx)
 
 

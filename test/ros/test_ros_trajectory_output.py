@@ -34,6 +34,7 @@ from sequence_ai_ros.driver.params import FR3_ARM_JOINTS, TABLE, Params
 from _ros_driver_support import (FakeRobot, Goal, driver_params, duration_s, echo_server, jtc_refusal,  # noqa: F401
                                  jtc_timeline, ros, wait)
 from sequence_ai_ros.driver_node import PolicyDriver
+from sequence_ai_ros._spin import destroy_node
 
 PERIOD = 0.02          # 50 Hz: short tests
 ROWS = 10              # rows per chunk
@@ -116,7 +117,7 @@ class Cell:
         self._stop.set()
         self.spinner.join(5)
         self.outputs.destroy()
-        self.node.destroy_node()
+        destroy_node(self.node)
 
 
 @pytest.fixture
