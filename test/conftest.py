@@ -13,6 +13,7 @@ files run in (heaviest first). Waiting for something in a test: test/_wait.py's 
 from __future__ import annotations
 
 import contextlib
+import faulthandler
 import os
 import signal
 import sys
@@ -53,6 +54,32 @@ import _schedule  # noqa: E402
 from _servers import ECHO_POLICY, GatewayProcess, WorkerProcess  # noqa: E402
 
 pytest_plugins = ["_cpu_report"]    # SEQ_TEST_CPU_REPORT=DIR: CPU seconds per file (test/_cpu_report.py)
+
+
+#: pytest-timeout (pytest.ini: 600 s) stops a test from a Python signal handler, which cannot run while
+#: C code holds the GIL: Fast DDS 2.14 destroying a participant can spin there for good
+#: (sequence_ai_ros._spin.TEARDOWN_LIMIT_S). faulthandler's watchdog is a C thread: past this limit it
+#: prints every thread's stack and ends the worker (xdist reports the test as crashed and goes on), so
+#: such a hang costs one run 11 minutes, not the 90 of CI's own limit.
+GIL_HANG_LIMIT_S = 660
+
+
+_STDERR: list = []      # fd 2 as the run has it, not a test's captured one (see pytest_configure)
+
+
+def pytest_configure(config):
+    # pytest's output capture is suspended while plugins configure (pytest's own faulthandler plugin
+    # takes its copy of stderr here too): the stacks must reach the run's log, not a test's capture
+    _STDERR.append(os.dup(2))
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    faulthandler.dump_traceback_later(GIL_HANG_LIMIT_S, exit=True, file=_STDERR[0] if _STDERR else 2)
+    try:
+        yield
+    finally:
+        faulthandler.cancel_dump_traceback_later()
 
 
 @pytest.hookimpl(tryfirst=True)          # before -m deselects by the markers added here
