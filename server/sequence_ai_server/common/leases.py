@@ -341,7 +341,8 @@ class RevocationPoller:
 
     def _run(self) -> None:
         import httpx
-        with httpx.Client(timeout=httpx.Timeout(2.0, connect=1.0)) as client:
+        from sequence_ai_server.common.plain_http import tls_verify
+        with httpx.Client(timeout=httpx.Timeout(2.0, connect=1.0), verify=tls_verify(self.url)) as client:
             while not self._stop.wait(self.interval_s):
                 self.poll_once(client)
 

@@ -33,6 +33,7 @@ import httpx
 
 from sequence_ai_server.common.config import PING_TIMEOUT_S
 from sequence_ai_server.common.errors import ApiError
+from sequence_ai_server.common.plain_http import tls_verify
 from sequence_ai_server.gateway.events import WorkerTookOver
 from sequence_ai_server.gateway.store import DeploymentRow, Store
 from sequence_ai_server.gateway.supervisor import Supervisor
@@ -130,7 +131,7 @@ class HealthCheck:
     def _http(self) -> httpx.Client:
         with self._lock:
             if self._client is None:
-                self._client = httpx.Client(timeout=httpx.Timeout(self.ping_timeout_s), trust_env=False,
+                self._client = httpx.Client(timeout=httpx.Timeout(self.ping_timeout_s), trust_env=False, verify=tls_verify(),
                                             limits=httpx.Limits(max_connections=None, max_keepalive_connections=32))
             return self._client
 

@@ -1,0 +1,19 @@
+"""common/plain_http.tls_verify: the gateway-worker hops skip certifi's CA bundle (about 20 ms of CPU
+per client) without ever accepting a TLS peer unverified."""
+from __future__ import annotations
+
+import ssl
+
+from sequence_ai_server.common.plain_http import tls_verify
+
+
+def test_plain_http_hops_get_a_context_that_loads_no_ca_and_still_verifies():
+    ctx = tls_verify("http://127.0.0.1:8000")
+    assert isinstance(ctx, ssl.SSLContext) and ctx is tls_verify()            # one shared context
+    assert ctx.verify_mode == ssl.CERT_REQUIRED and ctx.check_hostname         # fails closed on TLS
+    assert ctx.cert_store_stats()["x509_ca"] == 0                              # nothing trusted
+
+
+def test_an_https_url_keeps_httpx_default_verification():
+    assert tls_verify("https://gateway.example:8443") is True
+    assert tls_verify(" HTTPS://gateway.example") is True
