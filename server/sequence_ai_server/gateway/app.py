@@ -35,11 +35,14 @@ log = logging.getLogger("sequence_ai_server.gateway")
 TICK_S = 0.1     # the control tick's period (s)
 
 
+TICK_JOIN_S = 10.0   # how long shutdown waits for the tick under way (s) before it stops the workers anyway
+
+
 def _control_loop(gw: Gateway, stop: threading.Event) -> None:
     """``gw.tick(now)`` now and then TICK_S after each tick ends, until ``stop`` is set; a failed
-    tick is logged, not fatal. It runs on a thread of its own: a tick may block (a process
-    exiting, the store), and handing each tick to the event loop's thread pool cost the idle
-    gateway two loop wake-ups and a pool hand-off ten times a second."""
+    tick is logged, not fatal. It runs on a thread of its own (a tick may block: a process
+    exiting, the store), which shutdown joins before ``gw.close()``: a cancelled asyncio task
+    left the tick it had handed to a pool thread running beside the close."""
     while True:
         try:
             gw.tick(time.time())
@@ -59,7 +62,9 @@ def _lifespan(gw: Gateway, proxy: httpx.AsyncClient) -> Any:
             yield
         finally:
             stop.set()
-            await asyncio.to_thread(control.join)     # the tick under way ends before the workers stop
+            await asyncio.to_thread(control.join, TICK_JOIN_S)   # the tick under way ends before the workers stop
+            if control.is_alive():
+                log.warning("the control tick has not ended after %.0f s; stopping the workers anyway", TICK_JOIN_S)
             log.info("stopping all workers")
             await proxy.aclose()
             await asyncio.to_thread(gw.close)
