@@ -56,9 +56,11 @@ from rclpy.signals import SignalHandlerOptions
 from rclpy.task import Task
 
 
-TEARDOWN_LIMIT_S = 15.0
+TEARDOWN_LIMIT_S = 30.0
 """How long :func:`spin_node` gives the teardown after ``on_stop`` (executor stopped, node destroyed,
 rclpy shut down; about 0.1 s normally) before the process prints every thread's stack and exits 1.
+Above the bounded waits inside it: the spinning thread's join (5 s) and :func:`stop_executor`
+(about 10 s at most), so only a teardown stuck for good reaches it.
 Fast DDS 2.14 (the Jazzy wheels) can spin forever at 100 % of a core while it destroys a participant:
 ``DomainParticipant::set_listener(nullptr)`` waits, without releasing its mutex, for a discovery
 callback that needs that mutex (eProsima/Fast-DDS#6513). It struck the suite's own process once in
