@@ -23,11 +23,13 @@ from sequence_ai_ros.recorder_node import EpisodeRecorder
 
 
 @pytest.fixture
-def recorder(tmp_path):
+def recorder(tmp_path, request):
+    """A recorder with ``post_roll_s`` 0.6 s, or the value an indirect parameter gives."""
     ctx = rclpy.context.Context()
     rclpy.init(context=ctx)
+    post_roll_s = getattr(request, "param", 0.6)
     node = EpisodeRecorder(node_name="post_roll_recorder", context=ctx, parameter_overrides=[
-        Parameter("output_dir", value=str(tmp_path / "bags")), Parameter("post_roll_s", value=0.6)])
+        Parameter("output_dir", value=str(tmp_path / "bags")), Parameter("post_roll_s", value=post_roll_s)])
     try:
         yield node
     finally:
@@ -67,6 +69,9 @@ def _episode(node, late_samples):
     return read_episode(node.last_bag), time.monotonic() - t0
 
 
+# post_roll_s 5 s: "closed once the streams caught up, not at post_roll_s" is then far apart from
+# the loaded machine's scheduling (with 0.6 s the close took 0.81 s once in clean-clone CI)
+@pytest.mark.parametrize("recorder", [5.0], indirect=True)
 def test_samples_taken_before_the_last_command_and_received_after_the_end_marker_are_in_the_bag(recorder):
     def late(taken):
         _stamped(recorder, taken, 2.0)                   # in force at the last step
@@ -79,7 +84,7 @@ def test_samples_taken_before_the_last_command_and_received_after_the_end_marker
     assert [list(m.position) for _, m in rec.joints] == [[1.0], [2.0], [3.0]]
     assert all(len(msgs) == 3 for msgs in rec.images.values())
     assert [c[0] for _, c in rec.commands] == [1.0, 2.0, 2.0]          # two actions and the hold only
-    assert took < 0.5                                                  # closed once caught up, not at post_roll_s
+    assert took < 2.5                                                  # closed once caught up, not at post_roll_s (5 s)
 
 
 def test_a_stream_that_never_catches_up_closes_the_bag_at_post_roll_s(recorder):
