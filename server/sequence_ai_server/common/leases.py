@@ -51,6 +51,7 @@ import time
 from typing import Any, Iterable, Mapping, Optional
 
 from sequence_ai_server.common.errors import ApiError
+from sequence_ai_server.common.plain_http import client_options
 
 __all__ = ["sign_lease", "session_of", "period_floor_ms", "DirectAuth", "Revocations", "RevocationList", "RevocationPoller",
            "push_revocations", "TOKEN_PREFIX", "REVOCATION_POLL_S"]
@@ -287,7 +288,7 @@ def push_revocations(targets: Iterable[tuple[str, str]], entries: Mapping[str, f
     def one(url: str, secret: str) -> bool:
         try:
             r = httpx.post(f"{url}/control/revoke", json={"sessions": dict(entries)},
-                           headers={"Authorization": f"Bearer {secret}"}, timeout=timeout_s)
+                           headers={"Authorization": f"Bearer {secret}"}, timeout=timeout_s, **client_options(url))
             return r.status_code == 200
         except Exception:  # noqa: BLE001 - a worker that is gone or slow polls instead
             return False
@@ -341,8 +342,7 @@ class RevocationPoller:
 
     def _run(self) -> None:
         import httpx
-        from sequence_ai_server.common.plain_http import tls_verify
-        with httpx.Client(timeout=httpx.Timeout(2.0, connect=1.0), verify=tls_verify(self.url)) as client:
+        with httpx.Client(timeout=httpx.Timeout(2.0, connect=1.0), **client_options(self.url)) as client:
             while not self._stop.wait(self.interval_s):
                 self.poll_once(client)
 

@@ -1,5 +1,13 @@
-"""The ``verify`` setting of the httpx clients that make the plain-http hops between a gateway and
-its workers (the act proxy, health pings, a worker's revocation poll, ``seq doctor``'s ping).
+"""The settings of the httpx clients that make the plain-http hops between a gateway and its
+workers (the act proxy, health pings, revocation pushes and a worker's revocation poll, a worker's
+secrets fetch, a Ray node's proxy to its worker, ``seq doctor``'s ping): ``client_options()``.
+
+No proxy from the environment. httpx reads ``HTTP_PROXY`` / ``HTTPS_PROXY`` / ``ALL_PROXY`` by
+default and sends even a request for 127.0.0.1 through that proxy unless ``NO_PROXY`` names it. On
+a robot or workstation behind a site proxy that would send these hops, and the worker secrets and
+lease tokens they carry, to the proxy: the act proxy and a worker's secrets fetch would fail, and
+a revoked session would be refused at its worker only once its lease ran out (both the push and
+the poll lost). These hops are between processes of one deployment, so they never use one.
 
 httpx loads certifi's CA bundle into a new TLS context for every client it creates: about 20 ms of
 CPU each on a 2-core x86 VM, paid by every worker start (its revocation poller) and twice by every
@@ -14,7 +22,7 @@ import functools
 import ssl
 from typing import Optional, Union
 
-__all__ = ["tls_verify"]
+__all__ = ["client_options", "tls_verify"]
 
 
 @functools.lru_cache(maxsize=None)
@@ -28,3 +36,10 @@ def tls_verify(url: Optional[str] = None) -> Union[bool, ssl.SSLContext]:
     if url is not None and url.strip().lower().startswith("https://"):
         return True
     return _no_ca_context()
+
+
+def client_options(url: Optional[str] = None) -> dict:
+    """Keyword arguments for an ``httpx.Client`` / ``AsyncClient`` (or ``httpx.get`` / ``post``)
+    making a plain-http hop to ``url``: ``verify`` from :func:`tls_verify` and ``trust_env=False``
+    (no proxy or ``SSL_CERT_FILE`` from the environment; module docstring)."""
+    return {"verify": tls_verify(url), "trust_env": False}

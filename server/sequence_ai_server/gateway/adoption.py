@@ -20,6 +20,7 @@ from typing import Any, Callable, Optional
 
 import httpx
 
+from sequence_ai_server.common.plain_http import client_options
 from sequence_ai_server.common.processes import AdoptedProcess, process_alive, process_cmdline, process_start, stop_process
 from sequence_ai_server.gateway.store import Store
 from sequence_ai_server.gateway.worker_record import (STOP_GRACE_S, Role, WorkerRecord, _read_json, _worker_url,
@@ -79,7 +80,7 @@ class Adoption:
         """True when ``url``'s ``/ping`` answers as worker ``name`` with process id ``pid``."""
         for _ in range(3):
             try:
-                r = httpx.get(f"{url}/ping", timeout=3.0, trust_env=False)
+                r = httpx.get(f"{url}/ping", timeout=3.0, **client_options(url))
                 body = r.json() if r.status_code == 200 else {}
                 return body.get("name") == name and body.get("pid") == pid
             except (httpx.HTTPError, ValueError):

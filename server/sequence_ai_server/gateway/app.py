@@ -18,7 +18,7 @@ from fastapi.responses import Response as RawResponse
 
 from sequence_ai_server.common.body_limit import CloseUnread
 from sequence_ai_server.common.known_routes import KnownRoutesFirst
-from sequence_ai_server.common.plain_http import tls_verify
+from sequence_ai_server.common.plain_http import client_options
 from sequence_ai_server.common.config import ServerConfig
 from sequence_ai_server.common.errors import install_error_handlers
 from sequence_ai_server.gateway.controller import MAX_BODY_BYTES, Gateway
@@ -76,7 +76,7 @@ def create_app(data_dir: Optional[Path] = None, config: Optional[ServerConfig] =
     ``data_dir`` overrides its data dir). Raises DataDirInUse as Gateway does."""
     gw = Gateway(data_dir, config)
     dep, ses = gw.deployments, gw.sessions
-    proxy = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=5.0), verify=tls_verify())   # plain http to workers
+    proxy = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=5.0), **client_options())   # plain http to workers
     app = FastAPI(title="sequence-ai gateway", lifespan=_lifespan(gw, proxy))
     app.state.gateway = gw
     metrics = GatewayMetrics(gw.store, ses, gw.supervisor)   # Prometheus /metrics (metrics.py)

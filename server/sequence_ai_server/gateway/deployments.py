@@ -23,7 +23,7 @@ from seq.spec import InferParam, ParamError, cast_params
 
 from sequence_ai_server.common.errors import ApiError
 from sequence_ai_server.common.logs import read_logs
-from sequence_ai_server.common.plain_http import tls_verify
+from sequence_ai_server.common.plain_http import client_options
 from sequence_ai_server.gateway.admission import UNCOUNTED, robot_cap
 from sequence_ai_server.gateway.health import HealthCheck
 from sequence_ai_server.gateway.keys import KeyRecord
@@ -338,7 +338,7 @@ class DeploymentService:
             return out
         url = _worker_url(row)
         worker: dict[str, Any] = {"url": url, "pid": row.worker_pid}
-        with httpx.Client(timeout=30.0, trust_env=False, verify=tls_verify(url)) as http:
+        with httpx.Client(timeout=30.0, **client_options(url)) as http:
             t0 = time.perf_counter()
             try:   # a healthy worker answers /ping in ms; a frozen one must not hold doctor up
                 r = http.get(f"{url}/ping", timeout=_DOCTOR_PING_S)

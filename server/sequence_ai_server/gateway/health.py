@@ -33,7 +33,7 @@ import httpx
 
 from sequence_ai_server.common.config import PING_TIMEOUT_S
 from sequence_ai_server.common.errors import ApiError
-from sequence_ai_server.common.plain_http import tls_verify
+from sequence_ai_server.common.plain_http import client_options
 from sequence_ai_server.gateway.events import WorkerTookOver
 from sequence_ai_server.gateway.store import DeploymentRow, Store
 from sequence_ai_server.gateway.supervisor import Supervisor
@@ -131,7 +131,7 @@ class HealthCheck:
     def _http(self) -> httpx.Client:
         with self._lock:
             if self._client is None:
-                self._client = httpx.Client(timeout=httpx.Timeout(self.ping_timeout_s), trust_env=False, verify=tls_verify(),
+                self._client = httpx.Client(timeout=httpx.Timeout(self.ping_timeout_s), **client_options(),
                                             limits=httpx.Limits(max_connections=None, max_keepalive_connections=32))
             return self._client
 

@@ -87,7 +87,8 @@ class GroupFront:
 
         import httpx
         self.lock = asyncio.Lock()
-        async with httpx.AsyncClient(timeout=httpx.Timeout(3600.0, connect=5.0),
+        from sequence_ai_server.common.plain_http import client_options
+        async with httpx.AsyncClient(timeout=httpx.Timeout(3600.0, connect=5.0), **client_options(),
                                      limits=httpx.Limits(max_connections=64, max_keepalive_connections=16)) as client:
             self.client = client
             yield

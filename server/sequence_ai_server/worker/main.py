@@ -66,6 +66,7 @@ from sequence_ai_core.protocol import MAX_BODY_BYTES
 
 from sequence_ai_server.worker.host import EPISODE_IDLE_S, PolicyError, PolicyHost, export_compile_caches, load_policy_class
 from sequence_ai_server.common.config import ServerConfig
+from sequence_ai_server.common.plain_http import client_options
 from sequence_ai_server.common.logs import install_json_log
 from sequence_ai_server.worker.asgi import WorkerState, create_app
 
@@ -129,7 +130,7 @@ def _inject_secrets(names: list, worker_secret: str) -> None:
     if not url:
         raise RuntimeError(f"the policy declares secrets {names} but this worker was not started by a gateway")
     r = httpx.post(f"{url}/v1/internal/worker-secrets", json={"names": list(names)},
-                   headers={"Authorization": f"Bearer {worker_secret}"}, timeout=30.0)
+                   headers={"Authorization": f"Bearer {worker_secret}"}, timeout=30.0, **client_options(url))
     if r.status_code != 200:
         body = r.json() if r.headers.get("content-type", "").startswith("application/json") else {}
         raise RuntimeError(f"could not fetch secrets {names}: {body.get('detail') or r.status_code}"
