@@ -18,7 +18,8 @@ ENV_GROUPS = (
     ("server", "Gateway (`seq serve`)",
      "Read once when the gateway starts (`sequence_ai_server.common.config.ServerConfig`, unless noted); the "
      "gateway hands its environment on to the workers it starts, so a worker setting set here "
-     "reaches every worker."),
+     "reaches every worker. A site proxy (`HTTP_PROXY`, `HTTPS_PROXY`, `ALL_PROXY`) is never used "
+     "between the gateway and its workers (`common/plain_http.py`), whatever `NO_PROXY` says."),
     ("worker", "Worker",
      "Read by a worker process (`python -m sequence_ai_server.worker`). A gateway sets the ones "
      "marked *set by the gateway* itself for each worker it starts; set the others in the "
