@@ -71,7 +71,8 @@ class GatewayClient:
                 raise GatewayError("unauthorized", "no API key: none given and none found",
                                hint=f"pass --api-key, set SEQUENCES_API_KEY, or start the gateway with `seq serve` "
                                     f"(it writes {key_file})") from None
-        self.client = httpx.Client(base_url=self.url, headers={"Authorization": f"Bearer {key}"}, timeout=30.0)
+        self.client = httpx.Client(base_url=self.url, headers={"Authorization": f"Bearer {key}"}, timeout=30.0,
+                                   trust_env=False)     # as the robot client: its gateway, never via a site proxy
 
     @property
     def api_key(self) -> str:

@@ -250,7 +250,7 @@ def env_main(index: int, config: dict, jobs_q, results_q) -> None:
         if get_adapter_spec(adapter_cls).policy_io == "own":
             import httpx
             own = {"http": httpx.Client(base_url=config["gateway_url"], timeout=httpx.Timeout(600.0, connect=10.0),
-                                        headers={"Authorization": f"Bearer {config['api_key']}"})}
+                                        headers={"Authorization": f"Bearer {config['api_key']}"}, trust_env=False)}
     videos_dir = Path(config["videos_dir"]) if config["videos_dir"] else None
     try:
         while True:

@@ -102,7 +102,7 @@ def local_server(data_dir: Path, startup_timeout_s: float = 60.0):
             if proc.poll() is not None:
                 raise RuntimeError(f"seq serve exited with {proc.returncode}; see {data_dir / 'gateway.log'}")
             try:
-                if httpx.get(f"{url}/v1/models", timeout=1.0).status_code == 200:
+                if httpx.get(f"{url}/v1/models", timeout=1.0, trust_env=False).status_code == 200:
                     break
             except httpx.TransportError:
                 pass

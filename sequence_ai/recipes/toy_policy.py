@@ -28,7 +28,7 @@ def loop(model: str = TEMPLATE, *, x: float = 0.0, target: float = 0.5, steps: i
     url = resolve_gateway_url(gateway_url)
     key = resolve_api_key(api_key)
     xs = [x]
-    with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {key}"}, timeout=30.0) as http:
+    with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {key}"}, timeout=30.0, trust_env=False) as http:
         for _ in range(steps):
             r = http.post("/v1/act", json={"model": model, "observation": {"state": [x], "target": [target]}})
             if r.status_code != 200:
