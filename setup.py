@@ -90,13 +90,13 @@ setup(
         # the persistent /act channel (a websocket; without it the client uses HTTP /act):
         # ~1.3 ms less client CPU and ~0.4 ms less worker CPU per request than httpx + POST /act
         # (bench/bench_wire.py)
-        "fast": ["websockets>=13"],
+        "fast": ["websockets>=15"],    # 15: connect(proxy=None)
         "server": [
             "fastapi>=0.110",
             "uvicorn>=0.29",
             "uvloop>=0.19; sys_platform != 'win32'",   # worker: the /act event loop (bench_client.py)
             "httptools>=0.6",     # worker: uvicorn's C HTTP parser (h11 costs ~0.3 ms more per /act)
-            "websockets>=13",     # worker: the /act channel and the openpi-compatible endpoint
+            "websockets>=15",     # worker: the /act channel and the openpi-compatible endpoint
             "msgpack>=1.0",       # worker: the openpi-compatible endpoint's codec
             "uv>=0.13",               # gateway: builds image= environments (envs.py)
             "pydantic>=2.5",

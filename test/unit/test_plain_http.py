@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import ssl
 
-from sequence_ai_server.common.plain_http import tls_verify
+from sequence_ai_server.common.plain_http import client_options, tls_verify
 
 
 def test_plain_http_hops_get_a_context_that_loads_no_ca_and_still_verifies():
@@ -17,3 +17,12 @@ def test_plain_http_hops_get_a_context_that_loads_no_ca_and_still_verifies():
 def test_an_https_url_keeps_httpx_default_verification():
     assert tls_verify("https://gateway.example:8443") is True
     assert tls_verify(" HTTPS://gateway.example") is True
+
+
+def test_plain_http_hops_ignore_the_environment_and_an_https_gateway_keeps_it():
+    # trust_env=False: no HTTP_PROXY / ALL_PROXY for a hop between a gateway and its workers
+    # (test/server/test_proxy_env.py runs them behind one); an https URL gets httpx's defaults,
+    # so SSL_CERT_FILE can still name a private CA for it
+    assert client_options("http://127.0.0.1:8000") == {"verify": tls_verify(), "trust_env": False}
+    assert client_options() == {"verify": tls_verify(), "trust_env": False}
+    assert client_options("https://gateway.example:8443") == {}

@@ -7,7 +7,8 @@ default and sends even a request for 127.0.0.1 through that proxy unless ``NO_PR
 a robot or workstation behind a site proxy that would send these hops, and the worker secrets and
 lease tokens they carry, to the proxy: the act proxy and a worker's secrets fetch would fail, and
 a revoked session would be refused at its worker only once its lease ran out (both the push and
-the poll lost). These hops are between processes of one deployment, so they never use one.
+the poll lost). These hops are between processes of one deployment, so they never use one (an
+https gateway URL, which none of ours is, keeps httpx's defaults and the environment).
 
 httpx loads certifi's CA bundle into a new TLS context for every client it creates: about 20 ms of
 CPU each on a 2-core x86 VM, paid by every worker start (its revocation poller) and twice by every
@@ -40,6 +41,10 @@ def tls_verify(url: Optional[str] = None) -> Union[bool, ssl.SSLContext]:
 
 def client_options(url: Optional[str] = None) -> dict:
     """Keyword arguments for an ``httpx.Client`` / ``AsyncClient`` (or ``httpx.get`` / ``post``)
-    making a plain-http hop to ``url``: ``verify`` from :func:`tls_verify` and ``trust_env=False``
-    (no proxy or ``SSL_CERT_FILE`` from the environment; module docstring)."""
+    making a plain-http hop to ``url``: the no-CA ``verify`` of :func:`tls_verify` and
+    ``trust_env=False`` (no proxy from the environment; module docstring). An ``https://`` URL
+    (a gateway behind TLS, never a worker) gets httpx's defaults instead, so ``SSL_CERT_FILE`` /
+    ``SSL_CERT_DIR`` still name a private CA for it."""
+    if url is not None and url.strip().lower().startswith("https://"):
+        return {}
     return {"verify": tls_verify(url), "trust_env": False}
