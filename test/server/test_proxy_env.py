@@ -5,19 +5,22 @@ set, and httpx sends even a request for 127.0.0.1 through it unless ``NO_PROXY``
 address. Every hop between a gateway and its workers (``common/plain_http.client_options``) must
 go direct: the act proxy, the health pings, a worker's secrets fetch (it carries the worker
 secret), the revocation push to a worker and the worker's revocation poll (a revoked session is
-refused at once, not when its lease runs out). Here the proxy variables point at a listener that
-counts what reaches it and answers nothing; a real gateway and its workers run with them.
+refused at once, not when its lease runs out); so must the ``seq`` CLI's gateway client. Here the
+proxy variables point at a listener that counts what reaches it and answers nothing; a real
+gateway and its workers run with them.
 """
 from __future__ import annotations
 
 import socket
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
 
 import httpx
 
-from _servers import ECHO_POLICY, GatewayProcess, echo_observation
+from _servers import ECHO_POLICY, GatewayProcess, _env, echo_observation
 
 PROXY_VARIABLES = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy")
 
@@ -55,7 +58,8 @@ def _declares_a_secret(tmp_path: Path) -> str:
     src = Path(ECHO_POLICY).read_text()
     marker = "    def load(self, weights_dir):\n"
     assert src.count(marker) == 1 and src.count("@seq.policy(\n") == 1
-    src = src.replace(marker, marker + "        assert os.environ.get('SITE_TOKEN') == 'abc123', 'SITE_TOKEN not injected'\n")
+    check = "        assert os.environ.get('SITE_TOKEN') == 'abc123', 'SITE_TOKEN not injected'\n"
+    src = src.replace(marker, marker + check)
     src = src.replace("@seq.policy(\n", '@seq.policy(secrets=[seq.Secret.from_name("site")],\n')
     path = tmp_path / "declares_secret.py"
     path.write_text("import os\n" + src)
@@ -75,6 +79,11 @@ def test_a_proxy_in_the_environment_carries_none_of_the_gateway_worker_hops(tmp_
 
         r = gw.client.post("/v1/act", json={"model": "site", "observation": echo_observation()})
         assert r.status_code == 200 and r.json()["action_chunk"], r.text          # the act proxy
+
+        # the seq CLI's gateway client (seq/gateway_client.py), run with the same environment
+        shown = subprocess.run([sys.executable, "-c", "from seq.cli import main; main()", "policy", "status", "site"],
+                               capture_output=True, text=True, env=_env({**env, **gw.env()}), timeout=60)
+        assert shown.returncode == 0 and "ready" in shown.stdout, shown.stdout + shown.stderr
 
         c = gw.connect_ready("site")
         act = {"observation": echo_observation()}
