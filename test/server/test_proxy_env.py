@@ -5,17 +5,20 @@ set, and httpx sends even a request for 127.0.0.1 through it unless ``NO_PROXY``
 address. Every hop between a gateway and its workers (``common/plain_http.client_options``) must
 go direct: the act proxy, the health pings, a worker's secrets fetch (it carries the worker
 secret), the revocation push to a worker and the worker's revocation poll (a revoked session is
-refused at once, not when its lease runs out); so must the ``seq`` CLI's gateway client. Here the
-proxy variables point at a listener that counts what reaches it and answers nothing; a real
-gateway and its workers run with them.
+refused at once, not when its lease runs out), a Ray group's fan-out front to its members; so must
+the ``seq`` CLI's gateway client. Here the proxy variables point at a listener that counts what
+reaches it and answers nothing; a real gateway and its workers run with them, and the group front
+(``launchers/ray_node.GroupFront``, no Ray needed) in this process.
 """
 from __future__ import annotations
 
 import socket
 import subprocess
 import sys
+import json
 import threading
 import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import httpx
@@ -101,3 +104,45 @@ def test_a_proxy_in_the_environment_carries_none_of_the_gateway_worker_hops(tmp_
         gw.close()
         trap.close()
 
+
+
+class _Member(BaseHTTPRequestHandler):
+    """A group member's worker: every POST answers ``{"rank": RANK}``."""
+    rank = 0
+
+    def do_POST(self) -> None:  # noqa: N802 - http.server's naming
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        body = json.dumps({"rank": self.rank}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+def test_a_ray_groups_front_reaches_its_members_past_a_proxy_in_the_environment(monkeypatch):
+    from sequence_ai_server.launchers.ray_node import GroupFront
+    trap = _Trap()
+    for name in PROXY_VARIABLES:
+        monkeypatch.setenv(name, trap.url)
+    monkeypatch.setenv("NO_PROXY", "")
+    monkeypatch.setenv("no_proxy", "")
+    members = [ThreadingHTTPServer(("127.0.0.1", 0), type("M", (_Member,), {"rank": r})) for r in (0, 1)]
+    for m in members:
+        threading.Thread(target=m.serve_forever, daemon=True).start()
+    front = GroupFront("127.0.0.1", [f"http://127.0.0.1:{m.server_address[1]}" for m in members])
+    try:
+        with httpx.Client(trust_env=False) as client:      # this test's own client goes direct
+            r = client.post(front.url + "/act", json={"observation": {}}, timeout=30)
+        assert r.status_code == 200 and r.json() == {"rank": 0}, r.text      # rank 0's answer, sent to both
+        assert trap.seen == [], trap.seen
+    finally:
+        front.close()
+        front.thread.join(10)
+        for m in members:
+            m.shutdown()
+            m.server_close()
+        trap.close()
