@@ -114,7 +114,12 @@ def test_a_robot_mid_run_rides_through_a_gateway_sigkill_and_restart_on_the_adop
             helper.join(5)
             assert not problems, problems
             assert out.reason == "until", out
-            assert out.underruns == 0 and rec.holds == 0, (out, unders)
+            # the outage costs the robot nothing: no hold, and no stall a gateway on the path would
+            # cause (a renewal or reconnect waiting on it: RENEW_TIMEOUT_S, 2 s, or more). A blip of
+            # a period or two while the restarted gateway's start shares a loaded 2-core machine is
+            # not the outage (seen once in a 5-worker suite run: one underrun at 3.4 s, the run
+            # 0.07 s longer than its actions)
+            assert rec.holds == 0 and out.underrun_s < 0.5, (out, out.underrun_s, unders)
             assert seen["rows_in_outage"] > 0          # it kept acting while no gateway ran
             assert wire.reconnects == 0 and wire.renew_failures >= 2 and wire.renewals >= 1
             assert wire.session.session_id == seen["session"]   # the restarted gateway knew the session
