@@ -98,6 +98,16 @@ def freeze(pid: int, timeout: float = 30.0) -> None:
         raise
 
 
+def send_json(handler: Any, status: int, payload: Any) -> None:
+    """Answer an ``http.server`` request with ``payload`` as JSON (a stand-in server's reply)."""
+    body = json.dumps(payload).encode()
+    handler.send_response(status)
+    handler.send_header("Content-Type", "application/json")
+    handler.send_header("Content-Length", str(len(body)))
+    handler.end_headers()
+    handler.wfile.write(body)
+
+
 def png_b64(width: int = 64, height: int = 64, color=(0, 0, 0), fmt: str = "PNG") -> str:
     from PIL import Image
     buf = io.BytesIO()

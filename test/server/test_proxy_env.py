@@ -15,7 +15,6 @@ from __future__ import annotations
 import socket
 import subprocess
 import sys
-import json
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -23,7 +22,7 @@ from pathlib import Path
 
 import httpx
 
-from _servers import ECHO_POLICY, GatewayProcess, _env, echo_observation
+from _servers import ECHO_POLICY, GatewayProcess, _env, echo_observation, send_json
 
 PROXY_VARIABLES = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy")
 
@@ -112,12 +111,7 @@ class _Member(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:  # noqa: N802 - http.server's naming
         self.rfile.read(int(self.headers.get("Content-Length") or 0))
-        body = json.dumps({"rank": self.rank}).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
+        send_json(self, 200, {"rank": self.rank})
 
     def log_message(self, *args) -> None:
         pass

@@ -9,7 +9,6 @@ worker whose ``$SEQ_GATEWAY_URL`` is a small stdlib HTTP server answering the ga
 from __future__ import annotations
 
 import collections
-import json
 import socket
 import threading
 import time
@@ -19,7 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from _servers import ECHO_POLICY, GatewayProcess, WorkerProcess, echo_observation
+from _servers import ECHO_POLICY, GatewayProcess, WorkerProcess, echo_observation, send_json
 
 from sequence_ai_server.common.leases import sign_lease
 
@@ -124,13 +123,8 @@ class _Revocations(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:  # noqa: N802 - http.server's naming
         ok = self.path == "/v1/internal/revocations" and self.headers.get("Authorization") == f"Bearer {self.secret}"
-        body = json.dumps({"sessions": type(self).sessions} if ok else {"code": "unauthorized"}).encode()
         type(self).polls += ok
-        self.send_response(200 if ok else 401)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
+        send_json(self, 200 if ok else 401, {"sessions": type(self).sessions} if ok else {"code": "unauthorized"})
 
     def log_message(self, *args) -> None:
         pass
