@@ -31,12 +31,14 @@ def _no_ca_context() -> ssl.SSLContext:
     return ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)     # CERT_REQUIRED and check_hostname, no CA loaded
 
 
+def _https(url: Optional[str]) -> bool:
+    return url is not None and url.strip().lower().startswith("https://")
+
+
 def tls_verify(url: Optional[str] = None) -> Union[bool, ssl.SSLContext]:
     """httpx's ``verify`` for a client of plain-http hops: ``True`` for an ``https://`` ``url``,
     else one shared TLS context with no CA certificates (any TLS peer fails verification)."""
-    if url is not None and url.strip().lower().startswith("https://"):
-        return True
-    return _no_ca_context()
+    return True if _https(url) else _no_ca_context()
 
 
 def client_options(url: Optional[str] = None) -> dict:
@@ -45,6 +47,4 @@ def client_options(url: Optional[str] = None) -> dict:
     ``trust_env=False`` (no proxy from the environment; module docstring). An ``https://`` URL
     (a gateway behind TLS, never a worker) gets httpx's defaults instead, so ``SSL_CERT_FILE`` /
     ``SSL_CERT_DIR`` still name a private CA for it."""
-    if url is not None and url.strip().lower().startswith("https://"):
-        return {}
-    return {"verify": tls_verify(url), "trust_env": False}
+    return {} if _https(url) else {"verify": _no_ca_context(), "trust_env": False}
