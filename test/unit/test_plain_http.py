@@ -1,5 +1,5 @@
-"""common/plain_http.tls_verify: the gateway-worker hops skip certifi's CA bundle (about 20 ms of CPU
-per client) without ever accepting a TLS peer unverified."""
+"""common/plain_http: the gateway-worker hops skip certifi's CA bundle (about 20 ms of CPU per
+client) without ever accepting a TLS peer unverified, and take no proxy from the environment."""
 from __future__ import annotations
 
 import ssl
