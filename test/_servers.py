@@ -108,6 +108,33 @@ def send_json(handler: Any, status: int, payload: Any) -> None:
     handler.wfile.write(body)
 
 
+def seq_cli(gw: Optional["GatewayProcess"], *args: Any, env: Optional[dict] = None, input: Optional[str] = None,
+            cwd: Optional[Path] = None) -> subprocess.CompletedProcess:
+    """``seq ARGS`` against ``gw``: the real typer app, run in this process (typer's CliRunner),
+    with ``gw.env()``, ``COLUMNS=250`` and ``env`` in the environment, ``input`` on stdin and
+    ``cwd`` as the working directory for the call. Returns what ``subprocess.run`` would:
+    ``returncode``, ``stdout``, ``stderr``.
+
+    In-process because a ``python -c 'from seq.cli import main; main()'`` costs ~0.35 s of CPU in
+    imports (typer, rich, httpx) and the suite made ~130 of them: ~45 CPU-s of a ~640 CPU-s run.
+    What only a process shows (the console scripts, ``python -m seq``, exit codes through the
+    interpreter, signals) stays with tests that start one (test_seq_cli_package, the e2e tests,
+    ``seq serve`` everywhere). An exception the CLI lets through is raised here, where a process
+    would have exited 1 with a traceback: no test accepts that either."""
+    from typer.testing import CliRunner
+
+    from seq.cli import app
+    environ = {**(gw.env() if gw is not None else {}), "COLUMNS": "250", **(env or {})}
+    before = os.getcwd()
+    if cwd is not None:
+        os.chdir(cwd)
+    try:
+        result = CliRunner().invoke(app, [str(a) for a in args], input=input, env=environ, catch_exceptions=False)
+    finally:
+        os.chdir(before)
+    return subprocess.CompletedProcess([str(a) for a in args], result.exit_code, result.stdout, result.stderr)
+
+
 def png_b64(width: int = 64, height: int = 64, color=(0, 0, 0), fmt: str = "PNG") -> str:
     from PIL import Image
     buf = io.BytesIO()

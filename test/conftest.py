@@ -50,6 +50,14 @@ _worker = os.environ.get("PYTEST_XDIST_WORKER", "")
 if _worker.startswith("gw") and _worker[2:].isdigit():
     os.environ["ROS_DOMAIN_ID"] = str((_base + _step * int(_worker[2:]) - 1) % 101 + 1)
 
+# xdist's workers run with COLUMNS=80 and LINES=24 in their environment. rich fixes a console's
+# size at construction when they are set, so the seq CLI's module-level consoles, run in-process
+# (test/_servers.seq_cli), would print 80 columns whatever COLUMNS a test gives the call. Without
+# them, a console measures at each print, from the environment of the moment, as in a process of
+# its own; the processes the tests start lose nothing (no terminal: 80 columns is rich's default).
+for _var in ("COLUMNS", "LINES"):
+    os.environ.pop(_var, None)
+
 import _schedule  # noqa: E402
 from _servers import ECHO_POLICY, GatewayProcess, WorkerProcess  # noqa: E402
 

@@ -35,15 +35,10 @@ from PIL import Image
 
 import sequence_ai
 from _core_support import ECHO, Recorder, connect, observation, unique
-from _servers import ROOT, GatewayProcess, _env
+from _servers import ROOT, GatewayProcess, _env, seq_cli
 
 TOY = str(ROOT / "seq" / "templates" / "toy-policy" / "policy.py")
 SEQ_MAIN = "from seq.cli import main; main()"
-
-
-def _seq(gw, *args, timeout=60):
-    return subprocess.run([sys.executable, "-c", SEQ_MAIN, *args], capture_output=True, text=True,
-                          env=_env({**gw.env(), "COLUMNS": "250"}), timeout=timeout, cwd=str(ROOT))
 
 
 def _chunk_lengths(policy, max_actions: int, **kw) -> list[int]:
@@ -66,7 +61,7 @@ def test_deployment_defaults_reach_predict_and_run_of_every_new_session_unless_i
     gw = shared_module_gateway
     name = unique("defaults")
     assert gw.deploy(ECHO, name)["status"] == "ready"
-    r = _seq(gw, "policy", "params", name, "chunk_len=4")
+    r = seq_cli(gw, "policy", "params", name, "chunk_len=4")
     assert r.returncode == 0, r.stderr
     with connect(gw, name) as policy:
         assert policy._engine._wire.session.params == {"chunk_len": 4}
@@ -75,11 +70,11 @@ def test_deployment_defaults_reach_predict_and_run_of_every_new_session_unless_i
     with connect(gw, name, params={"chunk_len": 6}) as policy:                 # a session's own value wins
         assert len(policy.predict(observation()).action_chunk) == 6
         assert len(policy.predict(observation(), params={"chunk_len": 3}).action_chunk) == 3   # and a call's
-        r = _seq(gw, "policy", "status", name)                                # what each robot runs with
+        r = seq_cli(gw, "policy", "status", name)                                # what each robot runs with
         assert r.returncode == 0, r.stderr
         sid = policy._engine._wire.session.session_id
         assert "robots    1 connected" in r.stdout and f"{sid}  key key_1  v1  params {{\"chunk_len\": 6}}" in r.stdout
-    r = _seq(gw, "policy", "params", name, "--clear", "chunk_len")
+    r = seq_cli(gw, "policy", "params", name, "--clear", "chunk_len")
     assert r.returncode == 0, r.stderr
     with connect(gw, name) as policy:
         assert len(policy.predict(observation()).action_chunk) == 10
@@ -121,7 +116,7 @@ def test_policy_stop_is_an_emergency_stop_until_policy_start(shared_module_gatew
     pid = gw.status(name)["pid"]
     with connect(gw, name) as robot:
         assert len(robot.predict(observation()).action_chunk) == 10
-        r = _seq(gw, "policy", "stop", name)
+        r = seq_cli(gw, "policy", "stop", name)
         assert r.returncode == 0, r.stderr
         assert f"seq policy start {name}" in r.stdout
         deadline = time.monotonic() + 10
@@ -140,13 +135,13 @@ def test_policy_stop_is_an_emergency_stop_until_policy_start(shared_module_gatew
     time.sleep(0.3)
     d = gw.status(name)
     assert d["status"] == "stopped" and d["pid"] is None and d["stopped_at"] > 0   # nothing restarted it
-    r = _seq(gw, "policy", "status", name)
+    r = seq_cli(gw, "policy", "status", name)
     assert f"connects are refused until `seq policy start {name}`" in r.stdout
     d = gw.deploy(ECHO, name, wait=False)                             # a redeploy does not lift the stop
     assert d["status"] == "stopped" and d["pid"] is None, d           # and starts no worker while stopped
     with pytest.raises(sequence_ai.Unavailable, match="was stopped"):
         connect(gw, name)
-    r = _seq(gw, "policy", "start", name)
+    r = seq_cli(gw, "policy", "start", name)
     assert r.returncode == 0, r.stderr
     with connect(gw, name) as robot:
         robot.wait_until_ready(timeout_s=60)

@@ -8,8 +8,6 @@ import base64
 import io
 import json
 import os
-import subprocess
-import sys
 import time
 
 import httpx
@@ -18,17 +16,9 @@ import pytest
 
 import sequence_ai
 from _core_support import observation
-from _servers import ECHO_POLICY, ROOT, GatewayProcess, _env, echo_observation, png_b64
+from _servers import ECHO_POLICY, GatewayProcess, echo_observation, png_b64, seq_cli
 from sequence_ai_core.protocol import encode_act_body
 from sequence_ai_server.worker.capture import keeps
-
-SEQ_MAIN = "from seq.cli import main; main()"
-
-
-def _seq(gw, *args, timeout=120):
-    r = subprocess.run([sys.executable, "-c", SEQ_MAIN, *args], capture_output=True, text=True,
-                       env=_env({**gw.env(), "COLUMNS": "250"}), timeout=timeout, cwd=str(ROOT))
-    return r
 
 
 def _wait_log(gw, name: str, needle: str, since: int, timeout: float = 60.0) -> float:
@@ -46,7 +36,7 @@ def _capture(gw, name: str, *args, body=None) -> float:
     the CLI does, to save a process start); return the seconds until the running worker applied it."""
     since = len(gw.log(name))
     if body is None:
-        r = _seq(gw, "policy", "capture", name, *args)
+        r = seq_cli(gw, "policy", "capture", name, *args)
         assert r.returncode == 0, r.stderr
     else:
         gw.client.put(f"/v1/deployments/{name}/capture", json=body).raise_for_status()
@@ -116,7 +106,7 @@ def test_capture_at_rate_one_keeps_every_act_of_an_episode_whole(capt):
         assert line["observation"]["instruction"] == "put the red cube on the green pad"
         assert line["observation"]["images"] == [{"view": "exterior_1", "timestamp_ms": 0}]   # no --images: no frame
     assert not (gw.data_dir / "capture" / "capt" / "frames").exists()
-    r = _seq(gw, "policy", "capture", "capt")
+    r = seq_cli(gw, "policy", "capture", "capt")
     assert r.returncode == 0, r.stderr
     assert "capture capt: on: rate 1, without images, retention 30 days" in r.stdout
     assert "kept: 1 episodes, 5 steps, 0 labeled" in r.stdout
@@ -144,7 +134,7 @@ def test_a_rate_change_reaches_the_running_worker_without_redeploy(capt):
     robot.act("after-off-2")
     time.sleep(0.5)
     assert not list((gw.data_dir / "capture" / "capt" / "episodes").glob("after-off-*"))
-    r = _seq(gw, "policy", "capture", "capt")
+    r = seq_cli(gw, "policy", "capture", "capt")
     assert "capture capt: off" in r.stdout and f"kept: {1 + len(expected)} episodes" in r.stdout
     assert gw.status("capt")["pid"] == pid
     bad = gw.client.put("/v1/deployments/capt/capture", json={"rate": 1.5})
@@ -179,7 +169,7 @@ def test_export_lerobot_one_frame_per_act_with_task_and_success(capt, tmp_path):
     for version in ("3.0", "2.1"):
         out = tmp_path / f"ds-{version}"
         if version == "3.0":
-            r = _seq(gw, "policy", "data", "export", "capt", "--format", "lerobot", "--version", "3.0", "--out", str(out))
+            r = seq_cli(gw, "policy", "data", "export", "capt", "--format", "lerobot", "--version", "3.0", "--out", str(out))
             assert r.returncode == 0, r.stderr
             assert f"exported {len(episodes)} episodes ({sum(counts)} frames" in r.stdout and "LeRobot v3.0" in r.stdout
         else:   # what the documented default (no --version) sends
@@ -209,7 +199,7 @@ def test_export_lerobot_one_frame_per_act_with_task_and_success(capt, tmp_path):
     again = gw.client.post("/v1/deployments/capt/capture/export", json={"out": str(tmp_path / "ds-3.0")})
     assert again.status_code == 400 and "not empty" in again.json()["detail"]
     j = tmp_path / "jsonl"
-    r = _seq(gw, "policy", "data", "export", "capt", "--format", "jsonl", "--out", str(j))
+    r = seq_cli(gw, "policy", "data", "export", "capt", "--format", "jsonl", "--out", str(j))
     assert r.returncode == 0, r.stderr
     assert sorted(p.name for p in (j / "episodes").glob("*.jsonl")) == sorted(p.name for p in episodes)
     assert (j / "episodes" / "ep-a.jsonl").read_text() == episodes[0].read_text()
@@ -225,13 +215,13 @@ def test_data_export_writes_the_documented_lerobot_v2_1_unless_version_3_0_is_as
         Robot(gw, "capt").act("ep-v", params={"chunk_len": 2}, obs=echo_observation())
         _kept(gw, "capt", "ep-v", 1)
     default = tmp_path / "default"
-    r = _seq(gw, "policy", "data", "export", "capt", "--format", "lerobot", "--out", str(default))
+    r = seq_cli(gw, "policy", "data", "export", "capt", "--format", "lerobot", "--out", str(default))
     assert r.returncode == 0, r.stderr
     assert "as LeRobot v2.1 to" in r.stdout
     assert json.loads((default / "meta" / "info.json").read_text())["codebase_version"] == "v2.1"
     assert (default / "meta" / "episodes.jsonl").is_file() and (default / "meta" / "tasks.jsonl").is_file()
     newer = tmp_path / "v3"
-    r = _seq(gw, "policy", "data", "export", "capt", "--format", "lerobot", "--version", "3.0", "--out", str(newer))
+    r = seq_cli(gw, "policy", "data", "export", "capt", "--format", "lerobot", "--version", "3.0", "--out", str(newer))
     assert r.returncode == 0, r.stderr
     assert json.loads((newer / "meta" / "info.json").read_text())["codebase_version"] == "v3.0"
     assert (newer / "meta" / "tasks.parquet").is_file()
@@ -273,7 +263,7 @@ def test_images_are_kept_with_images_and_rm_deletes_the_capture(capt, tmp_path):
     assert [(d / f).read_bytes() for f in files[:3]] == [base64.b64decode(p) for p in pngs]
     assert (d / files[3]).read_bytes() == jpeg and files[3].endswith(".jpg")
     out = tmp_path / "img-ds"
-    r = _seq(gw, "policy", "data", "export", "capt", "--out", str(out))
+    r = seq_cli(gw, "policy", "data", "export", "capt", "--out", str(out))
     assert r.returncode == 0, r.stderr
     info = json.loads((out / "meta" / "info.json").read_text())
     assert info["total_frames"] == 4 and info["features"]["observation.images.exterior_1"]["shape"][:2] == [64, 64]
@@ -282,7 +272,7 @@ def test_images_are_kept_with_images_and_rm_deletes_the_capture(capt, tmp_path):
     with av.open(str(video)) as c:
         frames = [f.to_ndarray(format="rgb24") for f in c.decode(video=0)]
     assert len(frames) == 4 and frames[0][32, 32, 0] < 40 and frames[3][32, 32, 1] > 150
-    r = _seq(gw, "policy", "rm", "capt", "--force")
+    r = seq_cli(gw, "policy", "rm", "capt", "--force")
     assert r.returncode == 0, r.stderr
     assert not d.exists()
 

@@ -23,7 +23,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from _servers import gateway_on_data_dir, ROOT, GatewayProcess, _env
+from _servers import gateway_on_data_dir, GatewayProcess, _env, seq_cli
 from sequence_ai_server.common.config import ServerConfig
 from sequence_ai_server.launchers.base import WorkerLaunchSpec
 from sequence_ai_server.ops.cards import CardPins, CardPool, CardRefused, declared_memory_mib, requested_cards
@@ -319,8 +319,7 @@ def test_a_gateway_with_fake_cards_pins_each_worker_to_its_card_and_names_the_ho
         assert body["details"]["reason"] == "gpu_low_stock" and body["details"]["free_types"] == ["H100"]
         assert "every L4 card of this machine is held (L4: card 0 by a (serving worker a" in body["detail"]
 
-        out = subprocess.run([sys.executable, "-c", "from seq.cli import main; main()", "gpus"], capture_output=True,
-                             text=True, env=_env({**gw.env(), "COLUMNS": "250"}), timeout=60, cwd=str(ROOT))
+        out = seq_cli(gw, "gpus")
         assert out.returncode == 0, out.stderr
         assert "source      fake" in out.stdout and f"a (serving a, pid {pids['a']})" in out.stdout
         assert "free        H100 1/1, L4 0/2" in out.stdout

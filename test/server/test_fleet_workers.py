@@ -5,14 +5,11 @@ second worker process starts for it, and both robots are served at once, each by
 worker (two pids), which GET /v1/deployments/{name} and `seq policy status` show."""
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 from _core_support import ECHO, connect, observation
-from _servers import ROOT, GatewayProcess, _env
+from _servers import GatewayProcess, seq_cli
 
-SEQ_MAIN = "from seq.cli import main; main()"
 
 
 def _one_slot_two_workers(tmp_path: Path) -> str:
@@ -39,8 +36,7 @@ def test_two_robots_are_served_at_once_by_two_worker_processes(tmp_path):
                     ("fleet", {"used": 1, "total": 1}, 1, []), ("fleet#2", {"used": 1, "total": 1}, 1, [])]
                 assert len({w["pid"] for w in workers}) == 2 and all(w["pid"] for w in workers)
                 assert workers[0]["max_workers"] == 2
-                r = subprocess.run([sys.executable, "-c", SEQ_MAIN, "policy", "status", "fleet"], capture_output=True,
-                                   text=True, env=_env({**gw.env(), "COLUMNS": "250"}), timeout=60, cwd=str(ROOT))
+                r = seq_cli(gw, "policy", "status", "fleet")
                 assert r.returncode == 0, r.stderr
                 assert "workers   2 of at most 2" in r.stdout and "fleet#2" in r.stdout, r.stdout
                 assert "admitted 1 of at most 1 robots" in r.stdout, r.stdout     # each worker's admission

@@ -16,10 +16,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from _servers import ECHO_POLICY, POLICIES, ROOT, GatewayProcess, _env, echo_observation
+from _servers import ECHO_POLICY, POLICIES, ROOT, GatewayProcess, _env, echo_observation, seq_cli
 
 
-SEQ_MAIN = "from seq.cli import main; main()"   # what the `seq` console script runs
 
 
 @pytest.fixture
@@ -207,28 +206,23 @@ def test_gateway_shutdown_terminates_its_workers(tmp_path):
 
 # ---------------------------------------------------------------- the seq CLI
 
-def _seq(gateway, *args, env=None, timeout=60):
-    return subprocess.run([sys.executable, "-c", SEQ_MAIN, *args], capture_output=True, text=True,
-                          env=_env({**gateway.env(), **(env or {})}), timeout=timeout, cwd=str(ROOT))
-
 
 def test_cli_deploy_waits_and_prints_the_phase_and_load_time(gateway):
-    r = _seq(gateway, "deploy", ECHO_POLICY, "--name", "echo-cli")
+    r = seq_cli(gateway, "deploy", ECHO_POLICY, "--name", "echo-cli")
     assert r.returncode == 0, r.stderr
     assert "spawning" in r.stdout and "ready: echo-cli v1 at http://127.0.0.1:" in r.stdout and "(load " in r.stdout
-    r = _seq(gateway, "policy", "ls")
+    r = seq_cli(gateway, "policy", "ls")
     assert r.returncode == 0 and "echo-cli" in r.stdout and "ready" in r.stdout
-    r = _seq(gateway, "policy", "status", "echo-cli")
+    r = seq_cli(gateway, "policy", "status", "echo-cli")
     assert r.returncode == 0 and "panda joint_absolute x8 @ 15 Hz" in r.stdout and "chunk_len: int = 10" in r.stdout
-    r = _seq(gateway, "policy", "stop", "echo-cli")
+    r = seq_cli(gateway, "policy", "stop", "echo-cli")
     assert r.returncode == 0 and "stopped echo-cli" in r.stdout
     assert gateway.status("echo-cli")["status"] == "stopped"
 
 
 def test_seq_init_names_the_deployment_and_its_client_connects_to_what_the_next_line_deploys(gateway, tmp_path):
     def seq_(*args):
-        return subprocess.run([sys.executable, "-c", SEQ_MAIN, *args], capture_output=True, text=True,
-                              env=_env(gateway.env()), timeout=120, cwd=str(tmp_path))
+        return seq_cli(gateway, *args, cwd=tmp_path)
 
     r = seq_("init", "toy-policy", "my_policy")                   # the README's own line
     assert r.returncode == 0, r.stderr
@@ -248,7 +242,7 @@ def test_seq_init_names_the_deployment_and_its_client_connects_to_what_the_next_
 
 
 def test_cli_deploy_of_a_broken_policy_exits_non_zero_with_its_error(gateway):
-    r = _seq(gateway, "deploy", str(POLICIES / "broken_load_policy.py"))
+    r = seq_cli(gateway, "deploy", str(POLICIES / "broken_load_policy.py"))
     assert r.returncode == 6
     assert "error[worker_failed]:" in r.stderr and "checkpoint missing" in r.stderr and "hint:" in r.stderr
     assert gateway.status("broken-load-policy")["status"] == "failed"
@@ -281,7 +275,7 @@ def test_cli_deploy_of_a_policy_missing_a_module_says_what_to_install_where(gate
     def deploy(module: str, name: str) -> str:
         file = tmp_path / f"{name}.py"
         file.write_text(_NEEDS_MODULE.format(module=module, image=""))
-        r = _seq(gateway, "deploy", str(file), "--name", name)
+        r = seq_cli(gateway, "deploy", str(file), "--name", name)
         assert r.returncode == 6, r.stdout + r.stderr
         assert "error[worker_failed]: worker failed while loading: ModuleNotFoundError" in r.stderr, r.stderr
         assert "fix the policy" not in r.stderr, r.stderr
@@ -312,9 +306,9 @@ def test_missing_module_hint_for_an_image_environment_and_an_older_gateway():
 
 
 def test_cli_errors_print_code_and_hint(gateway):
-    r = _seq(gateway, "policy", "status", "nope")
+    r = seq_cli(gateway, "policy", "status", "nope")
     assert r.returncode == 4 and "error[not_found]: no deployment named 'nope'" in r.stderr and "hint:" in r.stderr
-    r = _seq(gateway, "policy", "ls", env={"SEQUENCES_API_KEY": "seq_local_wrong"})
+    r = seq_cli(gateway, "policy", "ls", env={"SEQUENCES_API_KEY": "seq_local_wrong"})
     assert r.returncode == 3 and "error[unauthorized]" in r.stderr
-    r = _seq(gateway, "policy", "ls", "--gateway", "http://127.0.0.1:9")
+    r = seq_cli(gateway, "policy", "ls", "--gateway", "http://127.0.0.1:9")
     assert r.returncode == 6 and "error[unreachable]" in r.stderr and "seq serve" in r.stderr

@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -21,7 +20,7 @@ import httpx
 
 import sequence_ai
 from _core_support import Recorder, observation
-from _servers import gateway_on_data_dir, ECHO_POLICY, POLICIES, ROOT, GatewayProcess, _env, echo_observation
+from _servers import gateway_on_data_dir, ECHO_POLICY, POLICIES, GatewayProcess, echo_observation, seq_cli
 
 ONE_SLOT = str(POLICIES / "one_slot_policy.py")
 INSTRUCTION = "put the red cube on the green pad"
@@ -57,11 +56,6 @@ def _pid_alive(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return False
-
-
-def _seq(gw: GatewayProcess, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", "from seq.cli import main; main()", *args], capture_output=True,
-                          text=True, env=_env(gw.env()), timeout=60, cwd=str(ROOT))
 
 
 def test_a_robot_mid_run_rides_through_a_gateway_sigkill_and_restart_on_the_adopted_worker(tmp_path):
@@ -131,7 +125,7 @@ def test_a_robot_mid_run_rides_through_a_gateway_sigkill_and_restart_on_the_adop
         status = gw.status("one-slot")
         assert status["status"] == "ready" and status["pid"] == d["pid"], status
         assert _worker_pids(gw.data_dir, "one-slot") == [d["pid"]]      # adopted: no second worker, no orphan
-        shown = _seq(gw, "policy", "status", "one-slot")
+        shown = seq_cli(gw, "policy", "status", "one-slot")
         assert shown.returncode == 0 and f"(pid {d['pid']})" in shown.stdout, shown.stdout + shown.stderr
         # the adopted worker serves new sessions too, and stops with the gateway that adopted it
         c = gw.connect_ready("one-slot")

@@ -5,8 +5,6 @@ and the cold-start estimate. Real gateway and worker processes on loopback, the 
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -15,17 +13,9 @@ import pytest
 
 import sequence_ai
 from _core_support import observation
-from _servers import ECHO_POLICY, ROOT, GatewayProcess, _env, echo_observation
+from _servers import ECHO_POLICY, GatewayProcess, echo_observation, seq_cli
 
 LEASE_TTL_S = 3.0
-
-
-SEQ_MAIN = "from seq.cli import main; main()"   # what the `seq` console script runs
-
-
-def _seq(gw, *args, env=None, input=None, timeout=60):
-    return subprocess.run([sys.executable, "-c", SEQ_MAIN, *args], capture_output=True, text=True, input=input,
-                          env=_env({**gw.env(), **(env or {})}), timeout=timeout, cwd=str(ROOT))
 
 
 def _policy_copy(tmp_path: Path, name: str, decorator_args: str, load_s: float = 0.0) -> str:
@@ -65,11 +55,11 @@ def _client(gw, key=None) -> httpx.Client:
 # ---------------------------------------------------------------- keys
 
 def test_a_robot_key_reaches_only_its_deployment_and_fails_closed_once_revoked(gw):
-    r = _seq(gw, "keys", "create", "--name", "arm-7", "--deployment", "echo")
+    r = seq_cli(gw, "keys", "create", "--name", "arm-7", "--deployment", "echo")
     assert r.returncode == 0, r.stderr
     key = r.stdout.strip()
     assert key.startswith("seq_local_") and "bound to echo" in r.stderr
-    ls = _seq(gw, "keys", "ls")
+    ls = seq_cli(gw, "keys", "ls")
     assert ls.returncode == 0 and "arm-7" in ls.stdout and "echo" in ls.stdout and "active" in ls.stdout
     assert key not in ls.stdout and key not in (gw.data_dir / "state.db").read_bytes().decode(errors="replace")
 
@@ -83,7 +73,7 @@ def test_a_robot_key_reaches_only_its_deployment_and_fails_closed_once_revoked(g
         with sequence_ai.connect("echo", api_key=key, gateway_url=gw.url) as policy:
             assert len(policy.predict(observation()).action_chunk) == 10
 
-        r = _seq(gw, "keys", "revoke", "arm-7")
+        r = seq_cli(gw, "keys", "revoke", "arm-7")
         assert r.returncode == 0 and "revoked key_" in r.stdout
         r = robot.post("/v1/connect", json={"model": "echo"})
         assert r.status_code == 401 and r.json()["code"] == "unauthorized" and "revoked" in r.json()["detail"]
@@ -91,19 +81,19 @@ def test_a_robot_key_reaches_only_its_deployment_and_fails_closed_once_revoked(g
     with pytest.raises(sequence_ai.AuthError):
         with sequence_ai.connect("echo", api_key=key, gateway_url=gw.url) as policy:
             policy.predict(observation())
-    assert "revoked" in _seq(gw, "keys", "ls").stdout
-    r = _seq(gw, "policy", "ls", env={"SEQUENCES_API_KEY": key})
+    assert "revoked" in seq_cli(gw, "keys", "ls").stdout
+    r = seq_cli(gw, "policy", "ls", env={"SEQUENCES_API_KEY": key})
     assert r.returncode == 3 and "error[unauthorized]" in r.stderr and "revoked" in r.stderr
     assert httpx.get(gw.url + "/v1/models").status_code == 200   # the catalogue needs no key
 
 
 def test_keys_refuse_an_unknown_deployment_a_duplicate_name_and_an_unknown_key(gw):
-    r = _seq(gw, "keys", "create", "--deployment", "nope")
+    r = seq_cli(gw, "keys", "create", "--deployment", "nope")
     assert r.returncode == 4 and "error[not_found]" in r.stderr and "hint:" in r.stderr
-    assert _seq(gw, "keys", "create", "--name", "dup").returncode == 0
-    r = _seq(gw, "keys", "create", "--name", "dup")
+    assert seq_cli(gw, "keys", "create", "--name", "dup").returncode == 0
+    r = seq_cli(gw, "keys", "create", "--name", "dup")
     assert r.returncode == 5 and "error[invalid_request]" in r.stderr and "exists already" in r.stderr
-    r = _seq(gw, "keys", "revoke", "key_999")
+    r = seq_cli(gw, "keys", "revoke", "key_999")
     assert r.returncode == 4 and "error[not_found]" in r.stderr
 
 
@@ -121,7 +111,7 @@ def test_account_shows_usage_and_limits_and_counts_open_sessions(gw):
         assert c.delete(f"/v1/sessions/{s['session_id']}").json() == {"session_id": s["session_id"], "closed": True}
         assert c.get("/v1/account").json()["usage"]["sessions"] == before["usage"]["sessions"]
         assert c.delete(f"/v1/sessions/{s['session_id']}").json()["closed"] is False
-    r = _seq(gw, "account")
+    r = seq_cli(gw, "account")
     assert r.returncode == 0 and "account-wide" in r.stdout and "2 deployed" in r.stdout
 
 
@@ -187,7 +177,7 @@ def test_lease_expiry_and_secret_rotation_are_recovered_by_the_client_without_an
         assert len(policy.predict(observation()).action_chunk) == 10   # no error
         assert wire.session.direct_secret != first          # on a new lease
         before_rotation = wire.session.direct_secret
-        r = _seq(gw, "policy", "rotate-secret", "echo")
+        r = seq_cli(gw, "policy", "rotate-secret", "echo")
         assert r.returncode == 0 and "rotated" in r.stdout
         time.sleep(0.05)
         assert len(policy.predict(observation()).action_chunk) == 10   # no error

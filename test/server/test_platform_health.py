@@ -4,23 +4,15 @@ check sees it, `seq policy status`/`doctor` report it, a fresh worker of the sam
 new sessions go there, and the jammed one is stopped. Real gateway, workers and `seq` CLI."""
 from __future__ import annotations
 
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
 
 import httpx
 
-from _servers import POLICIES, ROOT, _env
+from _servers import POLICIES, seq_cli
 
-SEQ_MAIN = "from seq.cli import main; main()"
 HANG_POLICY = str(POLICIES / "hang_policy.py")
-
-
-def _seq(gw, *args, timeout=60):
-    return subprocess.run([sys.executable, "-c", SEQ_MAIN, *args], capture_output=True, text=True,
-                          env=_env({**gw.env(), "COLUMNS": "250"}), timeout=timeout, cwd=str(ROOT))
 
 
 def _act(conn: dict, **params) -> httpx.Response:
@@ -73,9 +65,9 @@ def test_a_worker_whose_infer_hangs_is_reported_and_replaced(shared_module_gatew
     except httpx.ConnectError:
         pass                                           # ... or it is gone already
 
-    r = _seq(gw, "policy", "status", "jam")
+    r = seq_cli(gw, "policy", "status", "jam")
     assert r.returncode == 0 and f"worker pid {old_pid} replaced by pid {after['pid']}" in r.stdout
-    r = _seq(gw, "policy", "doctor", "jam")
+    r = seq_cli(gw, "policy", "doctor", "jam")
     assert r.returncode == 0 and "ping        200 ready" in r.stdout and f"now pid {after['pid']}" in r.stdout
 
     deadline = time.monotonic() + 30                   # the jammed one is stopped (killed past the grace)

@@ -6,17 +6,14 @@ environment; a step that needs a container runtime is refused at deploy. Real ga
 workers, the real `seq` CLI."""
 from __future__ import annotations
 
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import httpx
 import pytest
 
-from _servers import ROOT, _env
+from _servers import seq_cli
 
-SEQ_MAIN = "from seq.cli import main; main()"   # what the `seq` console script runs
 
 # The two pins deployed side by side (tomli 2.4.0 and 2.4.1). The suite runs offline (a loopback-only
 # namespace): scripts/prefetch_images.py reads POLICY and PINS from this file and fills uv's cache with
@@ -47,11 +44,6 @@ class Pinned(seq.Policy):
 '''
 
 
-def _seq(gateway, *args, timeout=600):
-    return subprocess.run([sys.executable, "-c", SEQ_MAIN, *args], capture_output=True, text=True,
-                          env=_env({**gateway.env(), "COLUMNS": "250"}), timeout=timeout, cwd=str(ROOT))
-
-
 def _policy(tmp_path: Path, name: str, version: str, tag: str) -> Path:
     path = tmp_path / f"{name}.py"
     path.write_text(POLICY.format(version=version, tag=tag))
@@ -68,12 +60,12 @@ def _act(lease: dict, n: int) -> dict:
 def test_two_policies_pinning_conflicting_versions_serve_side_by_side(module_gateway, tmp_path):
     old = _policy(tmp_path, "tomli_old", OLD, "old")
     new = _policy(tmp_path, "tomli_new", NEW, "new")
-    r = _seq(module_gateway, "deploy", str(old), "--name", "tomli-old", "--timeout", "600")
+    r = seq_cli(module_gateway, "deploy", str(old), "--name", "tomli-old", "--timeout", "600")
     assert r.returncode == 0, r.stdout + r.stderr
     # the build output streamed to the terminal under the phase lines, as it was written
     assert "building_image" in r.stdout and "│" in r.stdout, r.stdout
     assert f"tomli=={OLD}" in r.stdout and "environment ready" in r.stdout, r.stdout
-    r = _seq(module_gateway, "deploy", str(new), "--name", "tomli-new", "--timeout", "600")
+    r = seq_cli(module_gateway, "deploy", str(new), "--name", "tomli-new", "--timeout", "600")
     assert r.returncode == 0, r.stdout + r.stderr
     assert f"tomli=={NEW}" in r.stdout, r.stdout
 
@@ -94,14 +86,14 @@ def test_two_policies_pinning_conflicting_versions_serve_side_by_side(module_gat
     assert _act(a, 3)["tomli"] == OLD                # still its own after the other one served
 
     # the build output is kept: seq policy logs NAME --build
-    r = _seq(module_gateway, "policy", "logs", "tomli-new", "--build")
+    r = seq_cli(module_gateway, "policy", "logs", "tomli-new", "--build")
     assert r.returncode == 0 and f"tomli=={NEW}" in r.stdout and "environment ready" in r.stdout, r.stdout + r.stderr
     assert f"tomli=={OLD}" not in r.stdout
 
     # the same spec again (another deployment): the built environment is reused, not rebuilt
     t0 = time.monotonic()
     twin = _policy(tmp_path, "tomli_twin", OLD, "old")
-    r = _seq(module_gateway, "deploy", str(twin), "--name", "tomli-twin", "--timeout", "600")
+    r = seq_cli(module_gateway, "deploy", str(twin), "--name", "tomli-twin", "--timeout", "600")
     assert r.returncode == 0, r.stdout + r.stderr
     assert "using the cached environment" in r.stdout, r.stdout
     assert _act(module_gateway.connect_ready("tomli-twin"), 4)["prefix"] == out_a["prefix"]
@@ -124,7 +116,7 @@ def test_a_step_that_needs_a_container_is_refused_at_deploy_naming_the_step(modu
     assert "install podman" not in body["hint"] and "docker daemon" not in body["hint"], body  # a runtime would not help
     # nothing was recorded or started
     assert module_gateway.client.get("/v1/deployments/needs-apt").status_code == 404
-    r = _seq(module_gateway, "deploy", str(f), "--name", "needs-apt")
+    r = seq_cli(module_gateway, "deploy", str(f), "--name", "needs-apt")
     assert r.returncode != 0 and "apt_install" in r.stderr, r.stdout + r.stderr
 
 

@@ -14,16 +14,11 @@ import time
 import httpx
 import pytest
 
-from _servers import ECHO_POLICY, ROOT, _env, echo_observation
+from _servers import ECHO_POLICY, ROOT, _env, echo_observation, seq_cli
 from _wait import eventually
 
 SEQ_MAIN = "from seq.cli import main; main()"
 KEYS = {"time", "level", "request_id", "deployment", "version", "message"}
-
-
-def _seq(gw, *args, timeout=60):
-    return subprocess.run([sys.executable, "-c", SEQ_MAIN, *args], capture_output=True, text=True,
-                          env=_env({**gw.env(), "COLUMNS": "250"}), timeout=timeout, cwd=str(ROOT))
 
 
 @pytest.fixture(scope="module")
@@ -78,7 +73,7 @@ def test_the_request_id_of_a_client_error_finds_its_lines_with_seq_policy_logs(l
     rid = err["request_id"]
     lines = _wait_for(gw, rid)
     assert {x["component"] for x in lines} == {"gateway", "worker"} and all(x["request_id"] == rid for x in lines)
-    r = _seq(gw, "policy", "logs", "logged", "--request-id", rid)
+    r = seq_cli(gw, "policy", "logs", "logged", "--request-id", rid)
     assert r.returncode == 0, r.stderr
     printed = r.stdout.splitlines()
     assert len(printed) == len(lines) and all(f"[{rid}]" in x for x in printed)
@@ -89,12 +84,12 @@ def test_the_request_id_of_a_client_error_finds_its_lines_with_seq_policy_logs(l
     direct = httpx.post(conn["worker_url"] + "/act", json={"observation": echo_observation(), "params": {"fail": "KeyError"}},
                         headers={"Authorization": f"Bearer {conn['direct_secret']}"}, timeout=30)
     assert direct.status_code == 500
-    r = _seq(gw, "policy", "logs", "logged", "--rid", direct.json()["request_id"], "--json")
+    r = seq_cli(gw, "policy", "logs", "logged", "--rid", direct.json()["request_id"], "--json")
     assert r.returncode == 0 and r.stdout.strip()
     assert all(json.loads(x)["request_id"] == direct.json()["request_id"] for x in r.stdout.splitlines())
     assert "asked to fail with KeyError" in r.stdout
     # an id nothing carries says so and exits 1 (like grep), rather than printing nothing
-    r = _seq(gw, "policy", "logs", "logged", "--request-id", "req_nothing_has_this")
+    r = seq_cli(gw, "policy", "logs", "logged", "--request-id", "req_nothing_has_this")
     assert r.returncode == 1 and r.stdout == "" and "no log lines of logged carry request id req_nothing_has_this" in r.stderr
 
 
@@ -102,11 +97,11 @@ def test_logs_lines_limits_and_an_unknown_deployment_is_not_found(logged):
     gw = logged
     for _ in range(3):
         _failing_act_via_gateway(gw)
-    r = _seq(gw, "policy", "logs", "logged", "--lines", "4")
+    r = seq_cli(gw, "policy", "logs", "logged", "--lines", "4")
     assert r.returncode == 0 and len(r.stdout.splitlines()) == 4
-    times = [json.loads(x)["time"] for x in _seq(gw, "policy", "logs", "logged", "--json").stdout.splitlines()]
+    times = [json.loads(x)["time"] for x in seq_cli(gw, "policy", "logs", "logged", "--json").stdout.splitlines()]
     assert times == sorted(times) and len(times) > 4
-    r = _seq(gw, "policy", "logs", "nothing-here")
+    r = seq_cli(gw, "policy", "logs", "nothing-here")
     assert r.returncode == 4 and "error[not_found]" in r.stderr
 
 

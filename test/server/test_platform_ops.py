@@ -16,13 +16,12 @@ import threading
 import time
 from datetime import datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 from zoneinfo import ZoneInfo
 
 import httpx
 import pytest
 
-from _servers import ECHO_POLICY, POLICIES, ROOT, GatewayProcess, _env
+from _servers import ECHO_POLICY, POLICIES, GatewayProcess, _env, seq_cli
 from _wait import eventually
 from _fake_workers import Clock, FakeLauncher
 
@@ -37,16 +36,10 @@ from sequence_ai_server.ops.gpus import gpu_refusal, parse_nvidia_smi_csv
 from sequence_ai_server.ops.schedule import parse_window
 from sequence_ai_server.ops.usage import dir_bytes
 
-SEQ_MAIN = "from seq.cli import main; main()"
 OPS = str(POLICIES / "ops_policy.py")
 H100 = str(POLICIES / "h100_policy.py")
 BROKEN = str(POLICIES / "broken_load_policy.py")
 BERLIN = ZoneInfo("Europe/Berlin")
-
-
-def _seq(gw, *args, timeout=60):
-    return subprocess.run([sys.executable, "-c", SEQ_MAIN, *args], capture_output=True, text=True,
-                          env=_env({**gw.env(), "COLUMNS": "250"}), timeout=timeout, cwd=str(ROOT))
 
 
 def _act(conn: dict, observation: dict) -> httpx.Response:
@@ -195,12 +188,12 @@ def test_a_floor_set_with_the_cli_keeps_the_real_worker_warm_until_it_is_cleared
     assert d["status"] == "ready", d
     eventually(lambda: gw.status("sched")["phase"] == "idle", 30, 0.1, what="the idle worker to stop")
 
-    r = _seq(gw, "policy", "scale", "sched", "--min", "1")
+    r = seq_cli(gw, "policy", "scale", "sched", "--min", "1")
     assert r.returncode == 0, r.stderr
     assert "min 1 always; open now: 1 kept warm" in r.stdout, r.stdout
     eventually(lambda: gw.status("sched")["status"] == "ready", 60, 0.1, what="the floor's worker to start")
     pid = gw.status("sched")["pid"]
-    r = _seq(gw, "policy", "status", "sched")
+    r = seq_cli(gw, "policy", "status", "sched")
     assert r.returncode == 0 and "open now: 1 kept warm" in r.stdout, r.stdout
     time.sleep(3.0)                                   # 1.5 x idle_timeout with no robot: kept warm
     assert gw.status("sched")["status"] == "ready" and gw.status("sched")["pid"] == pid
@@ -211,12 +204,12 @@ def test_a_floor_set_with_the_cli_keeps_the_real_worker_warm_until_it_is_cleared
     eventually(lambda: gw.status("sched")["phase"] == "idle", 30, 0.1, what="the worker to idle out")
     assert time.monotonic() - cleared >= 1.5         # idle_timeout (2 s) counts from the clear
 
-    r = _seq(gw, "policy", "scale", "sched", "--min", "1", "--during", "Mon-Fri 8am", "--tz", "Europe/Berlin")
+    r = seq_cli(gw, "policy", "scale", "sched", "--min", "1", "--during", "Mon-Fri 8am", "--tz", "Europe/Berlin")
     assert r.returncode == 5 and "is not a window" in r.stderr
-    r = _seq(gw, "policy", "scale", "sched", "--min", "1", "--tz", "Mars/Olympus")
+    r = seq_cli(gw, "policy", "scale", "sched", "--min", "1", "--tz", "Mars/Olympus")
     assert r.returncode == 5 and "unknown time zone 'Mars/Olympus'" in r.stderr
     assert gw.client.get("/v1/deployments/sched/scale").json()["scale"] is None      # nothing was stored
-    assert _seq(gw, "policy", "scale", "sched", "--clear").returncode == 0
+    assert seq_cli(gw, "policy", "scale", "sched", "--clear").returncode == 0
 
 
 # ------------------------------------------------------------------ usage
@@ -252,11 +245,11 @@ def test_usage_counts_worker_seconds_requests_errors_and_bytes_per_deployment(op
     assert u["last_hour"]["requests"] == 7 and u["last_hour"]["errors"] == 1 and u["last_hour"]["p95_ms"] > 0
     assert u["captured_bytes"] == dir_bytes(gw.data_dir / "capture" / "meter")
 
-    r = _seq(gw, "policy", "usage", "meter", "--since", "1h")
+    r = seq_cli(gw, "policy", "usage", "meter", "--since", "1h")
     assert r.returncode == 0, r.stderr
     assert "requests        7 (1 errors)" in r.stdout and f"in {sent} (" in r.stdout and f"out {received} (" in r.stdout
     assert re.search(r"worker-seconds  cpu \d+\.\d s", r.stdout)
-    r = _seq(gw, "policy", "usage", "meter", "--since", "yesterday")
+    r = seq_cli(gw, "policy", "usage", "meter", "--since", "yesterday")
     assert r.returncode == 5 and "is not a duration or a date" in r.stderr
 
     out = subprocess.run([sys.executable, "-c", "import json, sequence_ai; print(json.dumps(sequence_ai.account()))"],
@@ -264,7 +257,7 @@ def test_usage_counts_worker_seconds_requests_errors_and_bytes_per_deployment(op
     acct = json.loads(out.stdout)
     mine = acct["usage"]["deployments"]["meter"]
     assert mine["total"]["requests"] == 7 and mine["today"]["bytes_in"] == sent and mine["total"]["worker_s"]["cpu"] > 0
-    r = _seq(gw, "account")
+    r = seq_cli(gw, "account")
     assert r.returncode == 0 and "usage       meter: cpu " in r.stdout and f"7 requests (1 errors), {sent} B in" in r.stdout
 
 
@@ -273,9 +266,9 @@ def test_usage_counts_worker_seconds_requests_errors_and_bytes_per_deployment(op
 def test_limits_refuse_new_connects_and_builds_naming_the_limit_and_never_cut_an_open_session(ops_gateway):
     gw = ops_gateway
     assert gw.deploy(OPS, "qa")["status"] == "ready"
-    assert _seq(gw, "policy", "scale", "qa", "--min", "1").returncode == 0    # warm: no 2 s idle-out
+    assert seq_cli(gw, "policy", "scale", "qa", "--min", "1").returncode == 0    # warm: no 2 s idle-out
     conn = gw.connect_ready("qa")
-    r = _seq(gw, "account", "limits", "--workers", "1")
+    r = seq_cli(gw, "account", "limits", "--workers", "1")
     assert r.returncode == 0 and "account      workers 1/1" in r.stdout, r.stdout
 
     r = gw.client.post("/v1/deployments", json={"name": "qb", "file": OPS})        # a build would start a 2nd worker
@@ -287,7 +280,7 @@ def test_limits_refuse_new_connects_and_builds_naming_the_limit_and_never_cut_an
     assert gw.connect("qa").status_code == 200                                      # its worker runs already
 
     robot = gw.client.post("/v1/keys", json={"name": "arm", "deployment": "qa"}).json()
-    r = _seq(gw, "account", "limits", "--worker-hours", "0.00001", "--key", "arm")   # 36 ms a day
+    r = seq_cli(gw, "account", "limits", "--worker-hours", "0.00001", "--key", "arm")   # 36 ms a day
     assert r.returncode == 0 and f"key:{robot['id']}" in r.stdout
     # the running worker's seconds pass the 36 ms within a second or so
     r = eventually(lambda: (lambda r: r if r.status_code != 200 else None)(
@@ -298,7 +291,7 @@ def test_limits_refuse_new_connects_and_builds_naming_the_limit_and_never_cut_an
     assert body["details"]["scope"] == f"key:{robot['id']}" and "worker-hours per day" in body["detail"]
     assert gw.connect("qa").status_code == 200                                      # the account has no such limit
 
-    r = _seq(gw, "account", "limits", "--worker-hours", "0.00001")
+    r = seq_cli(gw, "account", "limits", "--worker-hours", "0.00001")
     assert r.returncode == 0
     r = gw.connect("qa")
     assert r.status_code == 402 and r.json()["details"]["limit"] == "worker_hours_per_day"
@@ -308,10 +301,10 @@ def test_limits_refuse_new_connects_and_builds_naming_the_limit_and_never_cut_an
     assert renew.status_code == 200, renew.text
     assert _act({**conn, "direct_secret": renew.json()["direct_secret"]}, {"op": "echo"}).status_code == 200
 
-    r = _seq(gw, "account", "limits", "--clear", "all")
+    r = seq_cli(gw, "account", "limits", "--clear", "all")
     assert r.returncode == 0
     assert gw.connect("qa").status_code == 200
-    r = _seq(gw, "account", "limits", "--workers", "-1")
+    r = seq_cli(gw, "account", "limits", "--workers", "-1")
     assert r.returncode == 5 and "--workers -1 is negative" in r.stderr
 
 
@@ -364,13 +357,13 @@ def test_alerts_are_signed_retried_and_verified_by_a_real_receiver(tmp_path):
     gw = GatewayProcess.start(tmp_path, env={"SEQ_HEALTH_INTERVAL_S": "0.3", "SEQ_ALERT_BACKOFF_S": "0.2,0.2,0.2,0.2"})
     rx = _Receiver()
     try:
-        r = _seq(gw, "alerts", "add", rx.url, "--error-rate", "0.3", "--p95-ms", "0", "--min-requests", "5")
+        r = seq_cli(gw, "alerts", "add", rx.url, "--error-rate", "0.3", "--p95-ms", "0", "--min-requests", "5")
         assert r.returncode == 0, r.stderr
         hook_id = re.search(r"added (wh_\w+)", r.stdout).group(1)
         rx.secret = re.search(r"secret (whsec_\S+)", r.stdout).group(1)
         assert rx.secret not in gw.client.get("/v1/alerts").text                    # shown once
 
-        r = _seq(gw, "alerts", "test", hook_id)
+        r = seq_cli(gw, "alerts", "test", hook_id)
         assert r.returncode == 0 and "200 after 2 attempt(s)" in r.stdout, (r.stdout, r.stderr)
         tests = [g for g in rx.got if g["event"] == "test"]
         assert [(g["verified"], g["status"]) for g in tests] == [(True, 503), (True, 200)]
@@ -388,7 +381,7 @@ def test_alerts_are_signed_retried_and_verified_by_a_real_receiver(tmp_path):
         assert ev["deployment"] == "albad" and "checkpoint missing" in ev["details"]["error"]
 
         assert gw.deploy(OPS, "al")["status"] == "ready"
-        assert _seq(gw, "policy", "scale", "al", "--min", "1").returncode == 0   # warm: no 2 s idle-out
+        assert seq_cli(gw, "policy", "scale", "al", "--min", "1").returncode == 0   # warm: no 2 s idle-out
         conn = gw.connect_ready("al")
         codes = [_act(conn, {"op": op}).status_code for op in ("echo", "echo", "echo", "fail", "fail")]
         assert codes == [200, 200, 200, 500, 500]
@@ -404,7 +397,7 @@ def test_alerts_are_signed_retried_and_verified_by_a_real_receiver(tmp_path):
         crash = eventually(lambda: rx.events("worker_crashed"), 30, 0.1, what="a worker_crashed alert")[0]
         assert crash["deployment"] == "al" and crash["details"]["exit_code"] == -9
 
-        assert _seq(gw, "account", "limits", "--worker-hours", "0.00001").returncode == 0
+        assert seq_cli(gw, "account", "limits", "--worker-hours", "0.00001").returncode == 0
         r = eventually(lambda: (lambda r: r if r.status_code != 200 else None)(gw.connect("al")), 30, 0.1,
                        what="a connect to be refused past the account's worker-hours")
         assert r.status_code == 402, r.text
@@ -412,11 +405,11 @@ def test_alerts_are_signed_retried_and_verified_by_a_real_receiver(tmp_path):
         assert quota["deployment"] == "al" and quota["details"]["limit"] == "worker_hours_per_day"
 
         assert all(g["verified"] for g in rx.got if g["body"] is not None and g["ts"] != old)
-        r = _seq(gw, "alerts", "ls")
+        r = seq_cli(gw, "alerts", "ls")
         assert r.returncode == 0 and hook_id in r.stdout and "quota_reached" in r.stdout and "delivered (200)" in r.stdout
-        assert _seq(gw, "alerts", "rm", hook_id).returncode == 0
-        assert "no webhooks" in _seq(gw, "alerts", "ls").stdout
-        r = _seq(gw, "alerts", "add", "ftp://example.com")
+        assert seq_cli(gw, "alerts", "rm", hook_id).returncode == 0
+        assert "no webhooks" in seq_cli(gw, "alerts", "ls").stdout
+        r = seq_cli(gw, "alerts", "add", "ftp://example.com")
         assert r.returncode == 5 and "is not an http(s) URL" in r.stderr
     finally:
         rx.close()
@@ -438,7 +431,7 @@ def test_seq_gpus_lists_this_machine_and_a_card_it_lacks_is_refused_at_deploy(op
     assert r.status_code == 503 and r.json()["code"] == "worker_failed" and "H100:2" in r.json()["detail"]
 
     assert gw.deploy(ECHO_POLICY, "small")["status"] == "ready"      # no gpu=: runs on the CPU
-    r = _seq(gw, "gpus")
+    r = seq_cli(gw, "gpus")
     assert r.returncode == 0, r.stderr
     assert "source      cpu" in r.stdout and f"cpu         {os.cpu_count()} cores" in r.stdout
     assert 'cards       none: gpu="cpu"' in r.stdout and "held        small: 1 worker(s), no card" in r.stdout

@@ -7,19 +7,10 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
-from _servers import ECHO_POLICY, ROOT, GatewayProcess, _env, echo_observation
-
-SEQ_MAIN = "from seq.cli import main; main()"
-
-
-def _seq(gw, *args, timeout=60):
-    return subprocess.run([sys.executable, "-c", SEQ_MAIN, *args], capture_output=True, text=True,
-                          env=_env({**gw.env(), "COLUMNS": "250"}), timeout=timeout, cwd=str(ROOT))
+from _servers import ECHO_POLICY, GatewayProcess, echo_observation, seq_cli
 
 
 def _variant(tmp_path: Path, name: str, head: str = "", policy_args: str = "") -> str:
@@ -45,7 +36,7 @@ def test_default_params_reach_new_sessions_at_once_and_connected_robots_at_renew
     gw.deploy(ECHO_POLICY, "defaults")
     before = gw.connect_ready("defaults")
     assert before["params"] == {} and _act_rows(gw, before) == 10
-    r = _seq(gw, "policy", "params", "defaults", "chunk_len=4", "latency_ms=1.5")
+    r = seq_cli(gw, "policy", "params", "defaults", "chunk_len=4", "latency_ms=1.5")
     assert r.returncode == 0, r.stderr
     assert "chunk_len" in r.stdout and "4" in r.stdout
     new = gw.connect_ready("defaults")
@@ -56,11 +47,11 @@ def test_default_params_reach_new_sessions_at_once_and_connected_robots_at_renew
     renewed = gw.client.post(f"/v1/sessions/{before['session_id']}/renew").json()
     assert renewed["session_id"] == before["session_id"] and renewed["params"] == {"chunk_len": 4, "latency_ms": 1.5}
     assert _act_rows(gw, renewed) == 4
-    r = _seq(gw, "policy", "params", "defaults", "--clear", "latency_ms")
+    r = seq_cli(gw, "policy", "params", "defaults", "--clear", "latency_ms")
     assert r.returncode == 0, r.stderr
     assert gw.client.get("/v1/deployments/defaults/params").json()["defaults"] == {"chunk_len": 4}
     assert gw.connect_ready("defaults")["params"] == {"chunk_len": 4}
-    r = _seq(gw, "policy", "params", "defaults", "speed=3")
+    r = seq_cli(gw, "policy", "params", "defaults", "speed=3")
     assert r.returncode != 0 and "error[invalid_request]" in r.stderr and "speed" in r.stderr
     r = gw.client.post("/v1/deployments/defaults/params", json={"set": {"chunk_len": "many"}})
     assert r.status_code == 400 and r.json()["code"] == "invalid_request"
@@ -154,19 +145,19 @@ def test_policy_doctor_prints_a_refusal_readably_and_fails_only_on_a_policy_erro
     gw.deploy(_failing_echo(tmp_path, "PolicyInputError"), "doc-refuses")
     act = gw.client.get("/v1/deployments/doc-refuses/doctor").json()["worker"]["act"]
     assert (act["status"], act["code"], act["detail"]) == (400, "invalid_request", "asked to fail with PolicyInputError")
-    r = _seq(gw, "policy", "doctor", "doc-refuses")
+    r = seq_cli(gw, "policy", "doctor", "doc-refuses")
     assert r.returncode == 0, r.stderr
     assert "refused by the policy: error[invalid_request] (400): asked to fail with PolicyInputError" in r.stdout
     assert "hint: " in r.stdout and "not a broken deployment" in r.stdout and '{"' not in r.stdout
     gw.deploy(_failing_echo(tmp_path, "KeyError"), "doc-raises")
-    r = _seq(gw, "policy", "doctor", "doc-raises")
+    r = seq_cli(gw, "policy", "doctor", "doc-raises")
     assert r.returncode == 1, r.stdout
     assert "act         failed: error[policy_error] (500): the policy raised KeyError" in r.stdout
     assert "hint: " in r.stdout and '{"' not in r.stdout
     broken = tmp_path / "echo_broken.py"      # fails its own load check: a failed deployment
     broken.write_text(Path(ECHO_POLICY).read_text().replace('fail: str = "", horizon', 'fail: str = "KeyError", horizon'))
     assert gw.deploy(str(broken), "doc-failed")["status"] == "failed"
-    r = _seq(gw, "policy", "doctor", "doc-failed")
+    r = seq_cli(gw, "policy", "doctor", "doc-failed")
     assert r.returncode == 1 and "doc-failed v1: failed" in r.stdout and "KeyError" in r.stdout
 
 
@@ -179,10 +170,10 @@ def test_policy_doctor_reports_state_ping_and_a_split_act_without_starting_a_wor
     act = d["worker"]["act"]
     assert act["status"] == 200 and act["total_ms"] >= act["handler_ms"] >= 0
     assert abs(act["total_ms"] - act["network_ms"] - act["handler_ms"]) < 0.01
-    r = _seq(gw, "policy", "doctor", "doc")
+    r = seq_cli(gw, "policy", "doctor", "doc")
     assert r.returncode == 0, r.stderr
     assert "doc v1: ready" in r.stdout and "ping        200" in r.stdout and "= network" in r.stdout
     gw.stop("doc")
-    r = _seq(gw, "policy", "doctor", "doc")
+    r = seq_cli(gw, "policy", "doctor", "doc")
     assert r.returncode == 0 and "none running" in r.stdout
     assert gw.status("doc")["status"] == "stopped"       # doctor never starts a worker

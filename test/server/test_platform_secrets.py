@@ -7,18 +7,9 @@ from __future__ import annotations
 import hashlib
 import secrets
 import stat
-import subprocess
-import sys
 from pathlib import Path
 
-from _servers import ECHO_POLICY, ROOT, _env
-
-SEQ_MAIN = "from seq.cli import main; main()"
-
-
-def _seq(gw, *args, stdin: str = "", timeout=60):
-    return subprocess.run([sys.executable, "-c", SEQ_MAIN, *args], capture_output=True, text=True, input=stdin,
-                          env=_env({**gw.env(), "COLUMNS": "250"}), timeout=timeout, cwd=str(ROOT))
+from _servers import ECHO_POLICY, seq_cli
 
 
 def _policy(tmp_path: Path, name: str, load_check: str, policy_args: str = "") -> str:
@@ -35,10 +26,10 @@ def _policy(tmp_path: Path, name: str, load_check: str, policy_args: str = "") -
 def test_secrets_are_encrypted_injected_only_when_declared_and_never_logged(shared_module_gateway, tmp_path):
     gw = shared_module_gateway
     value = "hf_" + secrets.token_hex(16)
-    r = _seq(gw, "secret", "set", "hf", "--env", "HF_TOKEN", "--env", "HF_USER", stdin=f"{value}\nrobot-lab\n")
+    r = seq_cli(gw, "secret", "set", "hf", "--env", "HF_TOKEN", "--env", "HF_USER", input=f"{value}\nrobot-lab\n")
     assert r.returncode == 0, r.stderr
     assert "stored secret hf (HF_TOKEN, HF_USER)" in r.stdout and value not in r.stdout + r.stderr
-    r = _seq(gw, "secret", "ls")
+    r = seq_cli(gw, "secret", "ls")
     assert r.returncode == 0 and "hf" in r.stdout and "HF_TOKEN, HF_USER" in r.stdout and value not in r.stdout
     assert gw.client.get("/v1/secrets").json()["secrets"][0]["env"] == ["HF_TOKEN", "HF_USER"]
 
@@ -65,15 +56,15 @@ def test_secrets_are_encrypted_injected_only_when_declared_and_never_logged(shar
         if p.is_file():
             assert value not in p.read_text(errors="replace"), p
 
-    r = _seq(gw, "secret", "rm", "hf")
+    r = seq_cli(gw, "secret", "rm", "hf")
     assert r.returncode == 0 and "removed secret hf" in r.stdout
     assert gw.client.get("/v1/secrets").json()["secrets"] == []
-    r = _seq(gw, "secret", "rm", "hf")
+    r = seq_cli(gw, "secret", "rm", "hf")
     assert r.returncode == 4 and "error[not_found]" in r.stderr
     d = gw.deploy(declared, "secret-gone")        # a declared secret that is not set fails the start, saying why
     assert d["status"] == "failed" and "'hf', which is not set" in d["error"]
 
 
 def test_secret_set_refuses_a_bad_variable_name(shared_module_gateway):
-    r = _seq(shared_module_gateway, "secret", "set", "bad", "--env", "1X", stdin="v\n")
+    r = seq_cli(shared_module_gateway, "secret", "set", "bad", "--env", "1X", input="v\n")
     assert r.returncode == 5 and "error[invalid_request]" in r.stderr and "'1X'" in r.stderr

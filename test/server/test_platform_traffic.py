@@ -5,22 +5,13 @@ back to the split/the serving version, and the request body limit answers 413. R
 real worker processes per version, real `seq` CLI."""
 from __future__ import annotations
 
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import httpx
 import pytest
 
-from _servers import ECHO_POLICY, ROOT, _env, echo_observation
-
-SEQ_MAIN = "from seq.cli import main; main()"   # what the `seq` console script runs
-
-
-def _seq(gw, *args, env=None, timeout=60):
-    return subprocess.run([sys.executable, "-c", SEQ_MAIN, *args], capture_output=True, text=True,
-                          env=_env({**gw.env(), "COLUMNS": "250", **(env or {})}), timeout=timeout, cwd=str(ROOT))
+from _servers import ECHO_POLICY, echo_observation, seq_cli
 
 
 def _variant(tmp: Path, tag: str) -> str:
@@ -91,7 +82,7 @@ def test_the_router_keeps_200_picks_of_a_split_on_its_share_at_every_step():
 
 def test_a_canary_split_over_40_sessions_lands_within_5_percent_of_the_asked_share(two_versions):
     gw = two_versions
-    r = _seq(gw, "policy", "traffic", "canary", "v1=30", "v2=70")
+    r = seq_cli(gw, "policy", "traffic", "canary", "v1=30", "v2=70")
     assert r.returncode == 0, r.stderr
     assert "v1" in r.stdout and "30 %" in r.stdout and "70 %" in r.stdout
     first = _session(gw, "canary")          # waits while v1's worker loads beside the serving v2
@@ -104,7 +95,7 @@ def test_a_canary_split_over_40_sessions_lands_within_5_percent_of_the_asked_sha
     assert {s["version"]: s["sessions"] for s in t["split"]} == {1: versions.count(1), 2: versions.count(2)}
     assert {s["version"]: s["worker"] for s in t["split"]} == {1: "ready", 2: "serving"}
     assert [(w["version"], w["worker"], w["sessions"]) for w in t["side_workers"]] == [(1, "ready", 0)]
-    r = _seq(gw, "policy", "traffic", "canary")
+    r = seq_cli(gw, "policy", "traffic", "canary")
     assert r.returncode == 0 and f"{versions.count(1)}" in r.stdout and "ready" in r.stdout
 
 
@@ -133,18 +124,18 @@ def test_a_pinned_robot_key_gets_every_new_session_on_its_version_until_unpinned
     gw = two_versions
     robot_key = gw.client.post("/v1/keys", json={"name": "arm-7", "deployment": "canary"}).json()["key"]
     _traffic(gw, split={"v2": 100})
-    r = _seq(gw, "policy", "traffic", "canary", "--pin", "arm-7", "v1")
+    r = seq_cli(gw, "policy", "traffic", "canary", "--pin", "arm-7", "v1")
     assert r.returncode == 0, r.stderr
     assert "arm-7 -> v1" in r.stdout
     assert _versions_of(gw, "canary", 10, key=robot_key) == [1] * 10
     assert _versions_of(gw, "canary", 5) == [2] * 5            # other keys follow the split
-    r = _seq(gw, "policy", "traffic", "canary", "--unpin", "arm-7")
+    r = seq_cli(gw, "policy", "traffic", "canary", "--unpin", "arm-7")
     assert r.returncode == 0 and "arm-7" not in r.stdout
     assert _versions_of(gw, "canary", 5, key=robot_key) == [2] * 5
     # only a key bound to this deployment can be pinned, to a kept version
-    r = _seq(gw, "policy", "traffic", "canary", "--pin", "local", "v1")
+    r = seq_cli(gw, "policy", "traffic", "canary", "--pin", "local", "v1")
     assert r.returncode == 5 and "error[invalid_request]" in r.stderr and "not bound to canary" in r.stderr
-    r = _seq(gw, "policy", "traffic", "canary", "--pin", "arm-7", "v9")
+    r = seq_cli(gw, "policy", "traffic", "canary", "--pin", "arm-7", "v9")
     assert r.returncode == 4 and "error[not_found]: canary has no serving or kept version v9" in r.stderr
 
 
@@ -154,7 +145,7 @@ def test_clear_and_rollback_send_every_new_session_to_the_serving_version(two_ve
     _traffic(gw, split={"v1": 50, "v2": 50})
     _traffic(gw, pin="arm-8", version="v1")
     assert set(_versions_of(gw, "canary", 6)) == {1, 2}
-    r = _seq(gw, "policy", "traffic", "canary", "--clear")
+    r = seq_cli(gw, "policy", "traffic", "canary", "--clear")
     assert r.returncode == 0 and "100 %" in r.stdout and "pinned" not in r.stdout
     assert _versions_of(gw, "canary", 6) == [2] * 6
     assert _versions_of(gw, "canary", 3, key=robot_key) == [2] * 3
@@ -164,11 +155,11 @@ def test_clear_and_rollback_send_every_new_session_to_the_serving_version(two_ve
         time.sleep(0.1)
     # a rollback takes over every new session and drops a split set before it
     _traffic(gw, split={"v1": 10, "v2": 90})
-    r = _seq(gw, "policy", "rollback", "canary", "--to", "1")
+    r = seq_cli(gw, "policy", "rollback", "canary", "--to", "1")
     assert r.returncode == 0, r.stderr
     assert gw.client.get("/v1/deployments/canary/traffic").json()["split"] == []
     assert _versions_of(gw, "canary", 6) == [1] * 6
-    r = _seq(gw, "policy", "traffic", "canary", "v1=abc")
+    r = seq_cli(gw, "policy", "traffic", "canary", "v1=abc")
     assert r.returncode == 5 and "error[invalid_request]: the share of v1 ('abc') is not a number" in r.stderr
 
 

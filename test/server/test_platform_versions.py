@@ -11,15 +11,10 @@ from pathlib import Path
 
 import sequence_ai
 from _core_support import observation
-from _servers import ECHO_POLICY, POLICIES, ROOT, _env
+from _servers import ECHO_POLICY, POLICIES, ROOT, _env, seq_cli
 
 
 SEQ_MAIN = "from seq.cli import main; main()"   # what the `seq` console script runs
-
-
-def _seq(gw, *args, timeout=120):
-    return subprocess.run([sys.executable, "-c", SEQ_MAIN, *args], capture_output=True, text=True,
-                          env=_env({**gw.env(), "COLUMNS": "250"}), timeout=timeout, cwd=str(ROOT))
 
 
 def _variant(tmp_path: Path, tag: str, load_s: float = 0.0) -> str:
@@ -87,12 +82,12 @@ def test_seq_deploy_prints_the_version_it_builds_and_the_one_serving(shared_modu
     the same file again says it is unchanged, which version serves, and makes no new version."""
     gw = shared_module_gateway
     assert gw.deploy(_variant(tmp_path, "p1"), "words")["version"] == 1
-    r = _seq(gw, "deploy", _variant(tmp_path, "p2"), "--name", "words")
+    r = seq_cli(gw, "deploy", _variant(tmp_path, "p2"), "--name", "words")
     assert r.returncode == 0, r.stderr
     assert "deploying words v2 from" in r.stdout and "v1 serves until it is ready" in r.stdout
     assert "(v2 beside the serving v1)" in r.stdout and "ready: words v2" in r.stdout
     assert "serving v2" not in r.stdout and "deploying words v1" not in r.stdout
-    r = _seq(gw, "deploy", _variant(tmp_path, "p2"), "--name", "words")     # the same file again
+    r = seq_cli(gw, "deploy", _variant(tmp_path, "p2"), "--name", "words")     # the same file again
     assert r.returncode == 0, r.stderr
     assert "is unchanged since v2, so no new version; v2 keeps serving" in r.stdout
     assert "beside the serving v2" not in r.stdout and "deploying words" not in r.stdout
@@ -106,13 +101,13 @@ def test_a_failed_build_changes_nothing_and_says_why(shared_module_gateway, tmp_
     d = gw.deploy(ECHO_POLICY, "keeps")
     broken = tmp_path / "echo_versions.py"
     broken.write_text((POLICIES / "broken_load_policy.py").read_text())
-    r = _seq(gw, "deploy", str(broken), "--name", "keeps")
+    r = seq_cli(gw, "deploy", str(broken), "--name", "keeps")
     assert r.returncode == 6
     assert "error[worker_failed]: v2 failed to build; v1 keeps serving" in r.stderr and "checkpoint missing" in r.stderr
     after = gw.status("keeps")
     assert (after["version"], after["status"], after["pid"], after["worker_url"]) == (1, "ready", d["pid"], d["worker_url"])
     assert gw.connect_ready("keeps")["version"] == 1
-    r = _seq(gw, "policy", "versions", "keeps")
+    r = seq_cli(gw, "policy", "versions", "keeps")
     assert r.returncode == 0 and "failed" in r.stdout and "checkpoint missing" in r.stdout
 
 
@@ -120,13 +115,13 @@ def test_rollback_serves_an_older_version_and_refuses_one_not_kept(shared_module
     gw = shared_module_gateway
     gw.deploy(_variant(tmp_path, "r1"), "roll")
     assert gw.deploy(_variant(tmp_path, "r2"), "roll")["version"] == 2
-    r = _seq(gw, "policy", "rollback", "roll")
+    r = seq_cli(gw, "policy", "rollback", "roll")
     assert r.returncode == 0, r.stderr
     assert "rolling roll back to v1" in r.stdout and gw.status("roll")["version"] == 1
     assert gw.connect_ready("roll")["version"] == 1
-    r = _seq(gw, "policy", "rollback", "roll", "--to", "2")
+    r = seq_cli(gw, "policy", "rollback", "roll", "--to", "2")
     assert r.returncode == 0 and gw.status("roll")["version"] == 2
-    r = _seq(gw, "policy", "rollback", "roll", "--to", "9")
+    r = seq_cli(gw, "policy", "rollback", "roll", "--to", "9")
     assert r.returncode == 4 and "error[not_found]: roll has no kept version v9" in r.stderr and "hint:" in r.stderr
 
 
@@ -143,20 +138,20 @@ def test_five_versions_are_kept(shared_module_gateway, tmp_path):
     assert [x["version"] for x in v["versions"]] == [7, 6, 5, 4, 3] and v["serving"] == 7
     kept_dirs = sorted(p.name for p in (gw.data_dir / "versions" / "kept").iterdir())
     assert kept_dirs == ["v3", "v4", "v5", "v6", "v7"]
-    r = _seq(gw, "policy", "rollback", "kept", "--to", "2")
+    r = seq_cli(gw, "policy", "rollback", "kept", "--to", "2")
     assert r.returncode == 4
 
 
 def test_policy_start_and_rm_refuses_a_running_one_without_force(shared_module_gateway):
     gw = shared_module_gateway
     d = gw.deploy(ECHO_POLICY, "gone")
-    r = _seq(gw, "policy", "rm", "gone")
+    r = seq_cli(gw, "policy", "rm", "gone")
     assert r.returncode == 5 and "error[invalid_request]: gone is ready; not removed" in r.stderr and "--force" in r.stderr
-    assert _seq(gw, "policy", "stop", "gone").returncode == 0
-    r = _seq(gw, "policy", "start", "gone")
+    assert seq_cli(gw, "policy", "stop", "gone").returncode == 0
+    r = seq_cli(gw, "policy", "start", "gone")
     assert r.returncode == 0 and "starting gone v1" in r.stdout
     gw.wait_until("gone", ("ready",))
-    r = _seq(gw, "policy", "rm", "gone", "--force")
+    r = seq_cli(gw, "policy", "rm", "gone", "--force")
     assert r.returncode == 0 and "removed gone" in r.stdout
     assert gw.client.get("/v1/deployments/gone").status_code == 404
     assert not (gw.data_dir / "versions" / "gone").exists()

@@ -6,21 +6,13 @@ from __future__ import annotations
 
 import hashlib
 import stat
-import subprocess
-import sys
 from pathlib import Path
 
 import httpx
 
-from _servers import POLICIES, ROOT, _env
+from _servers import POLICIES, seq_cli
 
-SEQ_MAIN = "from seq.cli import main; main()"
 VOLUME_POLICY = str(POLICIES / "volume_policy.py")
-
-
-def _seq(gw, *args, timeout=60):
-    return subprocess.run([sys.executable, "-c", SEQ_MAIN, *args], capture_output=True, text=True,
-                          env=_env({**gw.env(), "COLUMNS": "250"}), timeout=timeout, cwd=str(ROOT))
 
 
 def _checkpoint(tmp: Path, scale: float, bias: float, big: int = 0) -> Path:
@@ -43,10 +35,10 @@ def _rows(conn: dict) -> list:
 
 def test_a_policy_loads_its_weights_from_an_uploaded_volume_version(shared_module_gateway, tmp_path):
     gw = shared_module_gateway
-    r = _seq(gw, "volume", "put", "ckpt", str(_checkpoint(tmp_path, 2.5, 0.5, big=3 * 1024 * 1024)), "--chunk-mb", "1")
+    r = seq_cli(gw, "volume", "put", "ckpt", str(_checkpoint(tmp_path, 2.5, 0.5, big=3 * 1024 * 1024)), "--chunk-mb", "1")
     assert r.returncode == 0, r.stderr
     assert "uploaded ckpt v1: 3 files" in r.stdout and 'weights="vol://ckpt@v1"' in r.stdout
-    r = _seq(gw, "volume", "put", "ckpt", str(_checkpoint(tmp_path, 7.0, -1.0)))
+    r = seq_cli(gw, "volume", "put", "ckpt", str(_checkpoint(tmp_path, 7.0, -1.0)))
     assert r.returncode == 0 and "uploaded ckpt v2: 2 files" in r.stdout
     v1 = gw.data_dir / "volumes" / "ckpt" / "v1"
     assert stat.S_IMODE((v1 / "scale.txt").stat().st_mode) == 0o444 and stat.S_IMODE(v1.stat().st_mode) == 0o555
@@ -59,13 +51,13 @@ def test_a_policy_loads_its_weights_from_an_uploaded_volume_version(shared_modul
     assert gw.deploy(str(pinned), "vol-pinned")["status"] == "ready"
     assert _rows(gw.connect_ready("vol-pinned")) == [[2.5, 0.5]] * 3         # vol://ckpt@v1
 
-    r = _seq(gw, "volume", "ls")
+    r = seq_cli(gw, "volume", "ls")
     assert r.returncode == 0 and "ckpt" in r.stdout and "v2, v1" in r.stdout and "vol-newest" in r.stdout
-    r = _seq(gw, "volume", "rm", "ckpt")
+    r = seq_cli(gw, "volume", "rm", "ckpt")
     assert r.returncode == 5 and "error[invalid_request]: volume 'ckpt' is used by deployment(s)" in r.stderr
-    assert _seq(gw, "policy", "rm", "vol-newest", "--force").returncode == 0
-    assert _seq(gw, "policy", "rm", "vol-pinned", "--force").returncode == 0
-    r = _seq(gw, "volume", "rm", "ckpt")
+    assert seq_cli(gw, "policy", "rm", "vol-newest", "--force").returncode == 0
+    assert seq_cli(gw, "policy", "rm", "vol-pinned", "--force").returncode == 0
+    r = seq_cli(gw, "volume", "rm", "ckpt")
     assert r.returncode == 0 and not (gw.data_dir / "volumes" / "ckpt").exists()
 
 
@@ -74,7 +66,7 @@ def test_a_missing_volume_fails_the_load_and_says_how_to_upload_it(shared_module
     d = gw.deploy(VOLUME_POLICY, "vol-missing")
     assert d["status"] == "failed" and "no volume named 'ckpt'" in d["error"] and "seq volume put ckpt" in d["error"]
     # the CLI's hint points at the upload, not at the policy (which is fine)
-    out = _seq(gw, "deploy", VOLUME_POLICY, "--name", "vol-missing-cli", "--wait", timeout=120)
+    out = seq_cli(gw, "deploy", VOLUME_POLICY, "--name", "vol-missing-cli", "--wait")
     assert out.returncode == 6, out.stdout + out.stderr
     assert "hint: upload the weights first: `seq volume put ckpt DIR`" in out.stderr, out.stderr
     assert "fix the policy" not in out.stderr
@@ -92,7 +84,7 @@ def test_an_interrupted_put_resumes_and_a_bad_md5_never_becomes_active(shared_mo
     assert r.status_code == 200 and r.json()["size"] == len(half)
     r = gw.client.post("/v1/volumes/resume/uploads/1/complete")          # not all there yet
     assert r.status_code == 400 and "blob.bin: 524288 of 1048576 bytes arrived" in r.json()["detail"]
-    r = _seq(gw, "volume", "put", "resume", str(src))                    # the same files: it resumes v1
+    r = seq_cli(gw, "volume", "put", "resume", str(src))                    # the same files: it resumes v1
     assert r.returncode == 0, r.stderr
     assert "resuming the upload of resume v1" in r.stderr and "uploaded resume v1" in r.stdout
     assert f"({1024 * 1024 - len(half) + 3 + 3} sent)" in r.stdout        # only the missing half, plus the small files
