@@ -175,14 +175,14 @@ def _aconnect(gateway, model, **kwargs):
     return sequence_ai.aconnect(model, api_key=gateway.api_key, gateway_url=gateway.url, **kwargs)
 
 
-def test_a_dropped_channel_is_reopened_and_the_request_replayed(module_gateway):
+def test_a_dropped_channel_is_reopened_and_the_request_replayed(shared_module_gateway):
     """The channel closes under the asyncio wire: it resumes the session through the gateway,
     reopens the channel and replays the request, as for a dropped HTTP connection."""
     name = unique("echo-drop")
-    module_gateway.deploy(ECHO, name, wait=True)
+    shared_module_gateway.deploy(ECHO, name, wait=True)
 
     async def go():
-        async with _aconnect(module_gateway, name) as policy:
+        async with _aconnect(shared_module_gateway, name) as policy:
             first = await policy.predict(observation())
             wire = policy._wire
             wire.transports.current._ws.transport.abort()   # the TCP connection goes away under the link
@@ -192,12 +192,12 @@ def test_a_dropped_channel_is_reopened_and_the_request_replayed(module_gateway):
     asyncio.run(go())
 
 
-def test_sync_predict_rides_a_blocking_channel_once_the_session_is_up(module_gateway):
+def test_sync_predict_rides_a_blocking_channel_once_the_session_is_up(shared_module_gateway):
     """Sync predict(): connect() joined on the event loop; every predict then goes out over the
     blocking channel on this thread (no event loop entered), answered in order."""
     name = unique("echo-fast")
-    module_gateway.deploy(ECHO, name, wait=True)
-    with connect(module_gateway, name) as policy:
+    shared_module_gateway.deploy(ECHO, name, wait=True)
+    with connect(shared_module_gateway, name) as policy:
         link = policy._engine._wire
         firsts = [policy.predict(observation()).action_chunk.actions[0][0] for _ in range(5)]
         assert firsts == [firsts[0] + i for i in range(5)]        # one worker counter, no replays
@@ -213,13 +213,13 @@ def test_sync_predict_rides_a_blocking_channel_once_the_session_is_up(module_gat
         assert entered == [] and channel.requests == 6
 
 
-def test_sync_predict_after_a_dropped_or_refused_blocking_channel_reconnects_once(module_gateway):
+def test_sync_predict_after_a_dropped_or_refused_blocking_channel_reconnects_once(shared_module_gateway):
     """A drop under the blocking channel, or a refused token, is the link's first attempt: it
     reconnects through the gateway once and replays on a new blocking channel; nothing is played
     twice and no asyncio channel is opened."""
     name = unique("echo-fast-drop")
-    module_gateway.deploy(ECHO, name, wait=True)
-    with connect(module_gateway, name) as policy:
+    shared_module_gateway.deploy(ECHO, name, wait=True)
+    with connect(shared_module_gateway, name) as policy:
         link = policy._engine._wire
         a = policy.predict(observation()).action_chunk.actions[0][0]
         b = policy.predict(observation()).action_chunk.actions[0][0]
@@ -235,22 +235,22 @@ def test_sync_predict_after_a_dropped_or_refused_blocking_channel_reconnects_onc
         assert isinstance(channel, BlockingChannel) and channel.requests == 2 and link.transports.opens == 3
 
 
-def test_connect_chooses_the_transport_and_refuses_an_unknown_one(module_gateway):
+def test_connect_chooses_the_transport_and_refuses_an_unknown_one(shared_module_gateway):
     name = unique("echo-http")
-    module_gateway.deploy(ECHO, name, wait=True)
-    with connect(module_gateway, name, transport="http") as policy:
+    shared_module_gateway.deploy(ECHO, name, wait=True)
+    with connect(shared_module_gateway, name, transport="http") as policy:
         pred = policy.predict(observation())
         transports = policy._engine._wire.transports
         assert len(pred.action_chunk) == 10 and transports.mode == "http" and transports.opens == 0
         assert isinstance(transports.current, HttpTransport)
     with pytest.raises(ValueError, match="transport must be one of"):
-        connect(module_gateway, name, transport="pigeon")
+        connect(shared_module_gateway, name, transport="pigeon")
 
 
-def test_through_the_gateway_the_channel_is_the_default(module_gateway):
+def test_through_the_gateway_the_channel_is_the_default(shared_module_gateway):
     name = unique("echo-chan")
-    module_gateway.deploy(ECHO, name, wait=True)
-    with connect(module_gateway, name) as policy:
+    shared_module_gateway.deploy(ECHO, name, wait=True)
+    with connect(shared_module_gateway, name) as policy:
         policy.predict(observation())
         policy._engine._wire.session.direct_secret = "rotated-away"   # the channel's next request: 401
         pred = policy.predict(observation())

@@ -94,9 +94,9 @@ def test_lossy_steps_are_listed_with_their_reasons_in_written_order():
 # --------------------------------------------------------------------------- the registry
 
 @pytest.fixture(scope="module")
-def gw(module_gateway):
-    module_gateway.deploy(str(FUSED_POLICY), name="fused", wait=True)
-    return module_gateway
+def gw(shared_module_gateway):
+    shared_module_gateway.deploy(str(FUSED_POLICY), name="fused", wait=True)
+    return shared_module_gateway
 
 
 def test_seq_deploy_registers_an_adapter_and_the_same_file_stays_its_version(gw, tmp_path):

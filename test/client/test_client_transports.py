@@ -119,23 +119,23 @@ def _client_ports_of(worker_port: int) -> list:
 
 
 @pytest.mark.parametrize("face", ["sync", "async"])
-def test_a_session_keeps_one_websocket_across_lease_renewals(module_gateway, face):
+def test_a_session_keeps_one_websocket_across_lease_renewals(shared_module_gateway, face):
     """Three lease renewals through the gateway, each beside the session's requests: every request
     rides the one channel the session opened first (the same TCP connection, seen from the
     worker's port; for the sync face, the same-host door's one socket), each renewal's token
     handed to it; no second socket, no reconnect."""
     name = unique(f"echo-renew-{face}")
-    module_gateway.deploy(ECHO, name, wait=True)
+    shared_module_gateway.deploy(ECHO, name, wait=True)
     if face == "sync":
-        with connect(module_gateway, name) as policy:
+        with connect(shared_module_gateway, name) as policy:
             seen = _renew_three_times(policy._engine._wire, lambda: policy.predict(observation()))
             reconnects = policy.reconnects
     else:
         import sequence_ai
 
         async def go():
-            async with sequence_ai.aconnect(name, api_key=module_gateway.api_key,
-                                            gateway_url=module_gateway.url) as policy:
+            async with sequence_ai.aconnect(name, api_key=shared_module_gateway.api_key,
+                                            gateway_url=shared_module_gateway.url) as policy:
                 link = policy._wire
                 loop = asyncio.get_running_loop()
                 predicts = []
@@ -185,12 +185,12 @@ def _renew_three_times(link, predict):
 
 
 @pytest.mark.parametrize("transport", ["http", "auto"])
-def test_sync_predict_goes_on_over_whichever_transport_the_link_picked(module_gateway, transport):
+def test_sync_predict_goes_on_over_whichever_transport_the_link_picked(shared_module_gateway, transport):
     """transport="http" (or a channel that cannot be used): every sync predict after the first
     still reaches the worker, over HTTP on the event loop; "auto": over the one blocking channel."""
     name = unique(f"echo-sync-{transport}")
-    module_gateway.deploy(ECHO, name, wait=True)
-    with connect(module_gateway, name, transport=transport) as policy:
+    shared_module_gateway.deploy(ECHO, name, wait=True)
+    with connect(shared_module_gateway, name, transport=transport) as policy:
         firsts = [policy.predict(observation()).action_chunk.actions[0][0] for _ in range(4)]
         transports = policy._engine._wire.transports
         assert firsts == [firsts[0] + i for i in range(4)]

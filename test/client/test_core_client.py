@@ -36,23 +36,23 @@ pytestmark = pytest.mark.filterwarnings("ignore:run\\(\\)/act\\(\\) called with 
 
 
 @pytest.fixture(scope="module")
-def echo(module_gateway):
+def echo(shared_module_gateway):
     name = unique("echo-client")
-    module_gateway.deploy(ECHO, name, wait=True)
+    shared_module_gateway.deploy(ECHO, name, wait=True)
     return name
 
 
 @pytest.fixture(scope="module")
-def ramp(module_gateway):
+def ramp(shared_module_gateway):
     name = unique("ramp")
-    module_gateway.deploy(LIMITS, name, wait=True, class_name="RampPolicy")
+    shared_module_gateway.deploy(LIMITS, name, wait=True, class_name="RampPolicy")
     return name
 
 
 @pytest.fixture(scope="module")
-def flip(module_gateway):
+def flip(shared_module_gateway):
     name = unique("flip")
-    module_gateway.deploy(LIMITS, name, wait=True, class_name="FlipPolicy")
+    shared_module_gateway.deploy(LIMITS, name, wait=True, class_name="FlipPolicy")
     return name
 
 
@@ -63,9 +63,9 @@ def two_joints():
 
 # ------------------------------------------------------------------ the seam guard
 
-def test_max_delta_holds_across_chunk_boundaries(module_gateway, ramp):
+def test_max_delta_holds_across_chunk_boundaries(shared_module_gateway, ramp):
     rec = Recorder()
-    with connect(module_gateway, ramp, params={"chunk_len": 6, "jump": 0.5}) as policy:
+    with connect(shared_module_gateway, ramp, params={"chunk_len": 6, "jump": 0.5}) as policy:
         out = policy.run(two_joints, rec, max_actions=18, progress=False)
     assert out.reason == "completed" and out.chunks == 3
     steps = [max(abs(b[i] - a[i]) for i in range(2)) for a, b in zip(rec.rows, rec.rows[1:])]
@@ -77,9 +77,9 @@ def test_max_delta_holds_across_chunk_boundaries(module_gateway, ramp):
     assert out.max_seam_jump > 0.2
 
 
-def test_delta_chunks_pass_the_seam_guard_untouched(module_gateway, flip):
+def test_delta_chunks_pass_the_seam_guard_untouched(shared_module_gateway, flip):
     rec = Recorder()
-    with connect(module_gateway, flip, params={"chunk_len": 4}) as policy:
+    with connect(shared_module_gateway, flip, params={"chunk_len": 4}) as policy:
         out = policy.run(two_joints, rec, max_actions=16, progress=False, smooth_seam=3)
     assert out.action_space == "joint_delta" and out.clipped == 0 and out.chunks == 4
     # each chunk is 4 rows of +0.05 or -0.05, alternating: every row exactly as the policy sent it,
@@ -90,8 +90,8 @@ def test_delta_chunks_pass_the_seam_guard_untouched(module_gateway, flip):
     assert rec.rows == [[s, s] for s in signs for _ in range(4)]
 
 
-def test_next_action_applies_the_same_guard(module_gateway, ramp):
-    with connect(module_gateway, ramp, params={"chunk_len": 3, "jump": 0.9}) as policy:
+def test_next_action_applies_the_same_guard(shared_module_gateway, ramp):
+    with connect(shared_module_gateway, ramp, params={"chunk_len": 3, "jump": 0.9}) as policy:
         rows = [policy.next_action(two_joints()) for _ in range(9)]
     steps = [max(abs(b[i] - a[i]) for i in range(2)) for a, b in zip(rows, rows[1:])]
     assert max(steps) <= 0.1 + 1e-9
@@ -99,8 +99,8 @@ def test_next_action_applies_the_same_guard(module_gateway, ramp):
 
 # ------------------------------------------------------------------ errors
 
-def test_a_builtin_exception_in_the_policy_comes_back_as_itself(module_gateway, echo):
-    with connect(module_gateway, echo, params={"fail": "KeyError"}) as policy:
+def test_a_builtin_exception_in_the_policy_comes_back_as_itself(shared_module_gateway, echo):
+    with connect(shared_module_gateway, echo, params={"fail": "KeyError"}) as policy:
         with pytest.raises(KeyError) as info:
             policy.predict(observation())
     exc = info.value
@@ -110,8 +110,8 @@ def test_a_builtin_exception_in_the_policy_comes_back_as_itself(module_gateway, 
     assert "Traceback" in exc.remote_traceback
 
 
-def test_a_non_builtin_policy_exception_stays_a_policy_error(module_gateway, ramp):
-    with connect(module_gateway, ramp, params={"jam": True}) as policy:
+def test_a_non_builtin_policy_exception_stays_a_policy_error(shared_module_gateway, ramp):
+    with connect(shared_module_gateway, ramp, params={"jam": True}) as policy:
         with pytest.raises(sequence_ai.PolicyError) as info:
             policy.predict(two_joints())
     assert type(info.value) is sequence_ai.PolicyError and info.value.exception_type == "GripperJam"
@@ -130,8 +130,8 @@ def test_out_of_credit_is_its_own_error():
 
 # ------------------------------------------------------------------ lease and reconnect
 
-def test_a_lease_about_to_lapse_is_renewed_before_the_call(module_gateway, echo):
-    with connect(module_gateway, echo) as policy:
+def test_a_lease_about_to_lapse_is_renewed_before_the_call(shared_module_gateway, echo):
+    with connect(shared_module_gateway, echo) as policy:
         wire = policy._engine._wire
         ttl = wire.session.lease["ttl_s"]
         assert wire.session.renew_at - time.monotonic() == pytest.approx(ttl - min(5.0, ttl / 10), abs=2.0)
@@ -184,12 +184,12 @@ class StalledGateway:
         self.sock.close()
 
 
-def test_interrupt_while_reconnecting_stops_within_one_period(module_gateway, echo):
+def test_interrupt_while_reconnecting_stops_within_one_period(shared_module_gateway, echo):
     stalled = StalledGateway()
     rec = Recorder()
     marks = {}
     try:
-        with connect(module_gateway, echo, params={"chunk_len": 4}) as policy:
+        with connect(shared_module_gateway, echo, params={"chunk_len": 4}) as policy:
             wire = policy._engine._wire
 
             def break_the_session():  # the next /act gets 401, the reconnect hangs
@@ -220,7 +220,7 @@ def test_interrupt_while_reconnecting_stops_within_one_period(module_gateway, ec
 
 # ------------------------------------------------------------------ warnings and progress
 
-def test_validate_none_warns_once_per_process(module_gateway, echo):
+def test_validate_none_warns_once_per_process(shared_module_gateway, echo):
     code = f"""
 import warnings, sys
 sys.path.insert(0, {str(Path(__file__).parents[1])!r})
@@ -228,7 +228,7 @@ import sequence_ai
 from _core_support import observation
 warnings.simplefilter("always")
 with warnings.catch_warnings(record=True) as seen:
-    with sequence_ai.connect({echo!r}, api_key={module_gateway.api_key!r}, gateway_url={module_gateway.url!r}) as p:
+    with sequence_ai.connect({echo!r}, api_key={shared_module_gateway.api_key!r}, gateway_url={shared_module_gateway.url!r}) as p:
         for _ in range(3):
             p.run(observation, lambda row: None, max_actions=2, progress=False)
         p.run(observation, lambda row: None, max_actions=2, validate=lambda row: True, progress=False)
@@ -240,8 +240,8 @@ print(sum("validate=None" in str(w.message) for w in seen))
     assert res.stdout.strip().splitlines()[-1] == "1"
 
 
-def test_progress_goes_to_stderr_only_when_it_is_a_terminal(module_gateway, echo, capsys):
-    with connect(module_gateway, echo) as policy:
+def test_progress_goes_to_stderr_only_when_it_is_a_terminal(shared_module_gateway, echo, capsys):
+    with connect(shared_module_gateway, echo) as policy:
         policy.run(observation, Recorder(), max_actions=3)  # progress="auto", stderr is a pipe
         assert capsys.readouterr().err == ""
         master, slave = os.openpty()
@@ -268,17 +268,17 @@ def test_progress_goes_to_stderr_only_when_it_is_a_terminal(module_gateway, echo
     assert lines[-1].endswith(f"done: {out!r}")
 
 
-def test_on_status_gets_the_same_lines(module_gateway, echo):
+def test_on_status_gets_the_same_lines(shared_module_gateway, echo):
     seen = []
-    with connect(module_gateway, echo) as policy:
+    with connect(shared_module_gateway, echo) as policy:
         policy.run(observation, Recorder(), max_actions=3, on_status=seen.append, progress=False)
     assert seen[0].startswith("starting") and seen[1].startswith("running") and seen[-1].startswith("done")
 
 
 # ------------------------------------------------------------------ labels
 
-def test_label_needs_an_episode_and_defaults_to_the_last_run(module_gateway, echo):
-    with connect(module_gateway, echo) as policy:
+def test_label_needs_an_episode_and_defaults_to_the_last_run(shared_module_gateway, echo):
+    with connect(shared_module_gateway, echo) as policy:
         with pytest.raises(sequence_ai.SequencesError) as info:
             policy.label(success=True)
         assert info.value.code == "no_episode"
@@ -290,8 +290,8 @@ def test_label_needs_an_episode_and_defaults_to_the_last_run(module_gateway, ech
 
 # ------------------------------------------------------------------ observations and frames
 
-def test_observation_sizes_frames_for_the_model_and_the_worker_accepts_them(module_gateway, echo):
-    with connect(module_gateway, echo) as policy:
+def test_observation_sizes_frames_for_the_model_and_the_worker_accepts_them(shared_module_gateway, echo):
+    with connect(shared_module_gateway, echo) as policy:
         row = policy.spec()
         with pytest.warns(UserWarning, match="wrist_left"):
             obs = sequence_ai.observation(
@@ -305,8 +305,8 @@ def test_observation_sizes_frames_for_the_model_and_the_worker_accepts_them(modu
     assert pred.action_chunk.actions[0][7] == pytest.approx(0.25)
 
 
-def test_observation_refuses_what_the_model_cannot_read(module_gateway, echo):
-    row = [m for m in sequence_ai.models(module_gateway.url) if m.name == echo][0]
+def test_observation_refuses_what_the_model_cannot_read(shared_module_gateway, echo):
+    row = [m for m in sequence_ai.models(shared_module_gateway.url) if m.name == echo][0]
     frame = np.zeros((64, 64, 3), np.uint8)
     with pytest.raises(sequence_ai.ContractMismatch, match="missing view"):
         sequence_ai.observation(row, images={"wrist": frame}, joints=[0.0] * 7, gripper=[0.0])
@@ -363,9 +363,9 @@ def test_binary_act_body_frames_raw_jpeg_after_a_json_header():
 
 # ------------------------------------------------------------------ the CLI
 
-def test_doctor_checks_key_gateway_connect_and_connection_reuse(module_gateway, echo, capsys):
-    rc = cli.main(["doctor", "--gateway", module_gateway.url, "--model", echo, "--calls", "3",
-                   "--api-key", module_gateway.api_key])
+def test_doctor_checks_key_gateway_connect_and_connection_reuse(shared_module_gateway, echo, capsys):
+    rc = cli.main(["doctor", "--gateway", shared_module_gateway.url, "--model", echo, "--calls", "3",
+                   "--api-key", shared_module_gateway.api_key])
     out = capsys.readouterr().out
     assert rc == 0, out
     assert "key valid     yes" in out and f"connect       {echo}" in out
@@ -386,37 +386,37 @@ def _sessions_of(gw, name: str, expect: int, timeout: float = 15.0) -> int:
 
 
 @pytest.fixture(scope="module")
-def pick_place(module_gateway):
+def pick_place(shared_module_gateway):
     """examples/pick_place/policy.py deployed (a contract: one camera, joints, gripper)."""
     name = unique("pick-place-doctor")
-    module_gateway.deploy(str(Path(__file__).resolve().parents[2] / "examples" / "pick_place" / "policy.py"),
+    shared_module_gateway.deploy(str(Path(__file__).resolve().parents[2] / "examples" / "pick_place" / "policy.py"),
                           name, wait=True, timeout=120)
     return name
 
 
-def test_doctor_closes_its_session_when_the_policy_refuses_its_observation(module_gateway, pick_place, capsys):
+def test_doctor_closes_its_session_when_the_policy_refuses_its_observation(shared_module_gateway, pick_place, capsys):
     """pick-place refuses doctor's synthetic observation (its instruction names no colours); doctor
     times those refusals, a fresh connection each, and still ends its session: the deployment holds
     none after each run (it held one more per run, until the 300 s lease expired: the last call went
     by the sync client's blocking path after the pooled connections were closed, and the DELETE
     was skipped for want of them)."""
     for _ in range(2):
-        rc = cli.main(["doctor", "--gateway", module_gateway.url, "--model", pick_place, "--calls", "2",
-                       "--api-key", module_gateway.api_key])
+        rc = cli.main(["doctor", "--gateway", shared_module_gateway.url, "--model", pick_place, "--calls", "2",
+                       "--api-key", shared_module_gateway.api_key])
         out = capsys.readouterr().out
         assert rc == 0 and "refused doctor's synthetic observation" in out and "POST /act" in out, out
-        assert _sessions_of(module_gateway, pick_place, 0) == 0, out
+        assert _sessions_of(shared_module_gateway, pick_place, 0) == 0, out
 
 
-def test_doctor_without_the_image_extra_says_so_for_a_policy_with_a_contract(module_gateway, pick_place,
+def test_doctor_without_the_image_extra_says_so_for_a_policy_with_a_contract(shared_module_gateway, pick_place,
                                                                              monkeypatch, capsys):
     """A client-only install (no numpy, Pillow or simplejpeg) cannot build pick-place's synthetic
     observation: doctor says the image extra is missing and how to install it (not "no contract"),
     times GET /ping instead, and closes its session."""
     for module in ("numpy", "PIL", "simplejpeg"):
         monkeypatch.setitem(sys.modules, module, None)     # import numpy -> ModuleNotFoundError
-    rc = cli.main(["doctor", "--gateway", module_gateway.url, "--model", pick_place, "--calls", "2",
-                   "--api-key", module_gateway.api_key])
+    rc = cli.main(["doctor", "--gateway", shared_module_gateway.url, "--model", pick_place, "--calls", "2",
+                   "--api-key", shared_module_gateway.api_key])
     out = capsys.readouterr().out
     assert rc == 0, out
     assert "no contract" not in out, out
@@ -424,29 +424,29 @@ def test_doctor_without_the_image_extra_says_so_for_a_policy_with_a_contract(mod
             "(numpy is not installed): timing its worker's GET /ping, not /act\n"
             "  hint          pip install 'sequence-ai[image]'") in out, out
     assert "(median of 2, GET /ping)" in out and out.rstrip().endswith("ready"), out
-    assert _sessions_of(module_gateway, pick_place, 0) == 0, out
+    assert _sessions_of(shared_module_gateway, pick_place, 0) == 0, out
 
 
-def test_doctor_with_several_deployments_lists_them_and_asks_for_model(module_gateway, echo, capsys):
+def test_doctor_with_several_deployments_lists_them_and_asks_for_model(shared_module_gateway, echo, capsys):
     """No --model and more than one deployment: doctor names them and asks, never guesses (exit 2);
     with --model it says which it checked, and a contract-less policy gets its /ping timed, not a
     synthetic /act it would refuse."""
     raw = unique("raw-doctor")
-    module_gateway.deploy(str(POLICIES / "raw_policy.py"), raw, wait=True)
-    rc = cli.main(["doctor", "--gateway", module_gateway.url, "--calls", "1", "--api-key", module_gateway.api_key])
+    shared_module_gateway.deploy(str(POLICIES / "raw_policy.py"), raw, wait=True)
+    rc = cli.main(["doctor", "--gateway", shared_module_gateway.url, "--calls", "1", "--api-key", shared_module_gateway.api_key])
     out = capsys.readouterr().out
     assert rc == 2, out
     assert "pick one with --model NAME" in out and f"                {echo}  v1" in out and f"{raw}  v1" in out
     assert "connect       " not in out
-    rc = cli.main(["doctor", "--gateway", module_gateway.url, "--model", raw, "--calls", "2",
-                   "--api-key", module_gateway.api_key])
+    rc = cli.main(["doctor", "--gateway", shared_module_gateway.url, "--model", raw, "--calls", "2",
+                   "--api-key", shared_module_gateway.api_key])
     out = capsys.readouterr().out
     assert rc == 0, out
     assert f"model         {raw}\n" in out and "GET /ping" in out and "no contract" in out
     assert out.rstrip().endswith("ready")
 
 
-def test_doctor_reports_a_wrong_key(module_gateway, echo, capsys):
-    rc = cli.main(["doctor", "--gateway", module_gateway.url, "--model", echo, "--calls", "1",
+def test_doctor_reports_a_wrong_key(shared_module_gateway, echo, capsys):
+    rc = cli.main(["doctor", "--gateway", shared_module_gateway.url, "--model", echo, "--calls", "1",
                    "--api-key", "seq_local_wrong"])
     assert rc == 1 and "key valid     NO (HTTP 401)" in capsys.readouterr().out

@@ -27,9 +27,9 @@ pytestmark = pytest.mark.filterwarnings("ignore:run\\(\\)/act\\(\\) called with 
 
 
 @pytest.fixture(scope="module")
-def echo(module_gateway):
+def echo(shared_module_gateway):
     name = unique("echo-loop")
-    module_gateway.deploy(ECHO, name, wait=True)
+    shared_module_gateway.deploy(ECHO, name, wait=True)
     return name
 
 
@@ -40,9 +40,9 @@ def run(gateway, echo, rec, params=None, **kw):
 
 # ------------------------------------------------------------------ pacing
 
-def test_actions_are_paced_at_the_control_frequency_without_drift_row_by_row_with_prefetch(module_gateway, echo):
+def test_actions_are_paced_at_the_control_frequency_without_drift_row_by_row_with_prefetch(shared_module_gateway, echo):
     rec = Recorder()
-    out = run(module_gateway, echo, rec, params={"chunk_len": 10, "horizon": 8, "latency_ms": 150}, max_actions=32,
+    out = run(shared_module_gateway, echo, rec, params={"chunk_len": 10, "horizon": 8, "latency_ms": 150}, max_actions=32,
               on_underrun=lambda: None)
     # 150 ms refills against 533 ms chunks: prefetch keeps the buffer from running dry
     assert out.reason == "completed" and out.actions == 32 and out.underruns == 0 and out.underrun_s == 0.0
@@ -65,7 +65,7 @@ def test_actions_are_paced_at_the_control_frequency_without_drift_row_by_row_wit
 
 # ------------------------------------------------------------------ endings
 
-def test_validate_false_stops_before_acting_and_holds(module_gateway, echo):
+def test_validate_false_stops_before_acting_and_holds(shared_module_gateway, echo):
     rec = Recorder()
     checked = []
 
@@ -73,12 +73,12 @@ def test_validate_false_stops_before_acting_and_holds(module_gateway, echo):
         checked.append(row)
         return len(checked) < 5
 
-    out = run(module_gateway, echo, rec, max_actions=50, validate=validate)
+    out = run(shared_module_gateway, echo, rec, max_actions=50, validate=validate)
     assert out.reason == "validate" and out.actions == 4 and len(rec.rows) == 4
     assert rec.holds == 1
 
 
-def test_an_exception_in_act_holds_once_and_is_raised(module_gateway, echo):
+def test_an_exception_in_act_holds_once_and_is_raised(shared_module_gateway, echo):
     rec = Recorder()
 
     def act(row):
@@ -86,13 +86,13 @@ def test_an_exception_in_act_holds_once_and_is_raised(module_gateway, echo):
         if len(rec.rows) == 3:
             raise RuntimeError("motor fault")
 
-    with connect(module_gateway, echo) as policy:
+    with connect(shared_module_gateway, echo) as policy:
         with pytest.raises(RuntimeError, match="motor fault"):
             policy.run(observation, act, hold=rec.hold, max_actions=50, progress=False)
     assert rec.holds == 1
 
 
-def test_act_pins_the_instruction_and_times_out(module_gateway, echo):
+def test_act_pins_the_instruction_and_times_out(shared_module_gateway, echo):
     rec = Recorder()
     seen = []
 
@@ -101,7 +101,7 @@ def test_act_pins_the_instruction_and_times_out(module_gateway, echo):
         seen.append(obs)
         return obs
 
-    with connect(module_gateway, echo, params={"chunk_len": 10}) as policy:
+    with connect(shared_module_gateway, echo, params={"chunk_len": 10}) as policy:
         t0 = time.monotonic()
         out = policy.act("pick up the cube", observe, rec, hold=rec.hold, max_seconds=1.0, progress=False)
         elapsed = time.monotonic() - t0
@@ -137,9 +137,9 @@ def _interrupt_and_measure(policy, rec, when):
     return marks
 
 
-def test_interrupt_during_playback(module_gateway, echo):
+def test_interrupt_during_playback(shared_module_gateway, echo):
     rec = Recorder()
-    with connect(module_gateway, echo, params={"chunk_len": 10, "horizon": 8}) as policy:
+    with connect(shared_module_gateway, echo, params={"chunk_len": 10, "horizon": 8}) as policy:
         marks = _interrupt_and_measure(policy, rec, 0.6)
         out = policy.run(observation, rec, hold=rec.hold, max_actions=500, progress=False)
         end = time.monotonic()
@@ -151,12 +151,12 @@ def test_interrupt_during_playback(module_gateway, echo):
 
 
 def test_warming_raises_at_once_under_startup_timeout_zero_and_is_waited_out_before_the_first_action(
-        module_gateway, tmp_path):
+        shared_module_gateway, tmp_path):
     name = unique("echo-warm")
-    module_gateway.deploy(slow_loading_copy(tmp_path, 1), name, wait=False)
+    shared_module_gateway.deploy(slow_loading_copy(tmp_path, 1), name, wait=False)
     rec = Recorder()
     waits = []
-    with connect(module_gateway, name, on_warming=lambda w, eta: waits.append((w, eta))) as policy:
+    with connect(shared_module_gateway, name, on_warming=lambda w, eta: waits.append((w, eta))) as policy:
         with pytest.raises(sequence_ai.Unavailable) as info:   # the worker is still starting
             policy.run(observation, rec, hold=rec.hold, max_actions=5, startup_timeout_s=0, progress=False)
         assert info.value.warming and info.value.retry_after_s is not None
@@ -168,9 +168,9 @@ def test_warming_raises_at_once_under_startup_timeout_zero_and_is_waited_out_bef
 
 # ------------------------------------------------------------------ one driver
 
-def test_a_second_thread_driving_the_same_policy_raises(module_gateway, echo):
+def test_a_second_thread_driving_the_same_policy_raises(shared_module_gateway, echo):
     errors = []
-    with connect(module_gateway, echo) as policy:
+    with connect(shared_module_gateway, echo) as policy:
         def second():
             try:
                 policy.run(observation, Recorder(), max_actions=3, progress=False)
@@ -184,10 +184,10 @@ def test_a_second_thread_driving_the_same_policy_raises(module_gateway, echo):
     assert len(errors) == 1 and errors[0].code == "busy"
 
 
-def test_callbacks_run_on_the_thread_that_called_run(module_gateway, echo):
+def test_callbacks_run_on_the_thread_that_called_run(shared_module_gateway, echo):
     threads = set()
     me = threading.get_ident()
-    with connect(module_gateway, echo) as policy:
+    with connect(shared_module_gateway, echo) as policy:
         policy.run(lambda: (threads.add(threading.get_ident()), observation())[1],
                    lambda row: threads.add(threading.get_ident()),
                    validate=lambda row: threads.add(threading.get_ident()) or True,
@@ -197,7 +197,7 @@ def test_callbacks_run_on_the_thread_that_called_run(module_gateway, echo):
 
 # ------------------------------------------------------------------ async face
 
-def test_async_policy_runs_with_async_callables(module_gateway, echo):
+def test_async_policy_runs_with_async_callables(shared_module_gateway, echo):
     import asyncio
 
     rec = Recorder()
@@ -209,7 +209,7 @@ def test_async_policy_runs_with_async_callables(module_gateway, echo):
         async def act(row):
             rec(row)
 
-        async with sequence_ai.aconnect(echo, api_key=module_gateway.api_key, gateway_url=module_gateway.url,
+        async with sequence_ai.aconnect(echo, api_key=shared_module_gateway.api_key, gateway_url=shared_module_gateway.url,
                                         params={"chunk_len": 5}) as policy:
             return await policy.run(observe, act, max_actions=10, progress=False)
 
@@ -217,8 +217,8 @@ def test_async_policy_runs_with_async_callables(module_gateway, echo):
     assert out.reason == "completed" and rec.row_indices == list(range(5)) * 2
 
 
-def test_a_policy_connected_on_one_thread_runs_on_another(module_gateway, echo):
-    policy = connect(module_gateway, echo)
+def test_a_policy_connected_on_one_thread_runs_on_another(shared_module_gateway, echo):
+    policy = connect(shared_module_gateway, echo)
     result = {}
     try:
         t = threading.Thread(target=lambda: result.update(out=policy.run(

@@ -17,14 +17,14 @@ pytestmark = pytest.mark.filterwarnings("ignore:run\\(\\)/act\\(\\) called with 
 
 
 @pytest.fixture(scope="module")
-def echo(module_gateway):
+def echo(shared_module_gateway):
     name = unique("echo-wire")
-    module_gateway.deploy(ECHO, name, wait=True)
+    shared_module_gateway.deploy(ECHO, name, wait=True)
     return name
 
 
-def test_predict_returns_a_typed_chunk(module_gateway, echo):
-    with connect(module_gateway, echo, params={"chunk_len": 16, "horizon": 8}) as policy:
+def test_predict_returns_a_typed_chunk(shared_module_gateway, echo):
+    with connect(shared_module_gateway, echo, params={"chunk_len": 16, "horizon": 8}) as policy:
         pred = policy.predict(observation())
         assert policy.contract["action"]["action_space"] == "joint_absolute"
     chunk = pred.action_chunk
@@ -35,8 +35,8 @@ def test_predict_returns_a_typed_chunk(module_gateway, echo):
     assert pred.request_id and pred.inference_ms is not None and pred.latency_s > 0
 
 
-def test_a_rotated_secret_is_a_transparent_reconnect(module_gateway, echo):
-    with connect(module_gateway, echo) as policy:
+def test_a_rotated_secret_is_a_transparent_reconnect(shared_module_gateway, echo):
+    with connect(shared_module_gateway, echo) as policy:
         policy.predict(observation())
         policy._engine._wire.session.direct_secret = "rotated-away"  # the worker now answers 401
         pred = policy.predict(observation())
@@ -44,24 +44,24 @@ def test_a_rotated_secret_is_a_transparent_reconnect(module_gateway, echo):
         assert policy.reconnects == 1
 
 
-def test_a_restarted_worker_is_a_transparent_reconnect(module_gateway):
+def test_a_restarted_worker_is_a_transparent_reconnect(shared_module_gateway):
     name = unique("echo-restart")
-    module_gateway.deploy(ECHO, name, wait=True)
-    with connect(module_gateway, name) as policy:
+    shared_module_gateway.deploy(ECHO, name, wait=True)
+    with connect(shared_module_gateway, name) as policy:
         old = policy._engine._wire.session.worker_url
         policy.predict(observation())
-        module_gateway.deploy(ECHO, name, wait=True)  # new worker: new port, new secret
+        shared_module_gateway.deploy(ECHO, name, wait=True)  # new worker: new port, new secret
         pred = policy.predict(observation())
         assert len(pred.action_chunk) == 10
         assert policy.reconnects == 1 and policy._engine._wire.session.worker_url != old
 
 
-def test_warming_met_mid_run_is_raised_and_holds(module_gateway, tmp_path):
+def test_warming_met_mid_run_is_raised_and_holds(shared_module_gateway, tmp_path):
     name = unique("echo-midrun")
-    module_gateway.deploy(ECHO, name, wait=True)
+    shared_module_gateway.deploy(ECHO, name, wait=True)
     rec = Recorder()
-    pid = module_gateway.status(name)["pid"]
-    with connect(module_gateway, name, params={"chunk_len": 5}) as policy:
+    pid = shared_module_gateway.status(name)["pid"]
+    with connect(shared_module_gateway, name, params={"chunk_len": 5}) as policy:
         # Kill the serving worker: the robot's reconnect makes the gateway start a new one, so the
         # next /act meets a cold start. (`seq policy stop` would refuse the reconnect instead:
         # it is an emergency stop.)
@@ -71,8 +71,8 @@ def test_warming_met_mid_run_is_raised_and_holds(module_gateway, tmp_path):
     assert info.value.warming and rec.holds == 1 and len(rec.rows) > 0
 
 
-def test_a_policy_exception_is_a_policy_error_with_its_type(module_gateway, echo):
-    with connect(module_gateway, echo, params={"fail": "KeyError"}) as policy:
+def test_a_policy_exception_is_a_policy_error_with_its_type(shared_module_gateway, echo):
+    with connect(shared_module_gateway, echo, params={"fail": "KeyError"}) as policy:
         with pytest.raises(sequence_ai.PolicyError) as info:
             policy.predict(observation())
     assert info.value.exception_type == "KeyError"
@@ -80,58 +80,58 @@ def test_a_policy_exception_is_a_policy_error_with_its_type(module_gateway, echo
     assert info.value.request_id
 
 
-def test_a_policy_error_in_run_holds_and_is_raised(module_gateway, echo):
+def test_a_policy_error_in_run_holds_and_is_raised(shared_module_gateway, echo):
     rec = Recorder()
-    with connect(module_gateway, echo, params={"fail": "RuntimeError"}) as policy:
+    with connect(shared_module_gateway, echo, params={"fail": "RuntimeError"}) as policy:
         with pytest.raises(sequence_ai.PolicyError) as info:
             policy.run(observation, rec, hold=rec.hold, max_actions=10, progress=False)
     assert info.value.exception_type == "RuntimeError" and rec.holds == 1 and rec.rows == []
 
 
-def test_policy_input_error_is_an_invalid_request(module_gateway, echo):
-    with connect(module_gateway, echo, params={"fail": "PolicyInputError"}) as policy:
+def test_policy_input_error_is_an_invalid_request(shared_module_gateway, echo):
+    with connect(shared_module_gateway, echo, params={"fail": "PolicyInputError"}) as policy:
         with pytest.raises(sequence_ai.InvalidRequest):
             policy.predict(observation())
 
 
-def test_unknown_model_is_an_invalid_request(module_gateway):
+def test_unknown_model_is_an_invalid_request(shared_module_gateway):
     with pytest.raises(sequence_ai.InvalidRequest) as info:
-        connect(module_gateway, "no-such-model")
+        connect(shared_module_gateway, "no-such-model")
     assert info.value.code == "not_found"
 
 
-def test_a_wrong_key_is_an_auth_error(module_gateway, echo):
+def test_a_wrong_key_is_an_auth_error(shared_module_gateway, echo):
     with pytest.raises(sequence_ai.AuthError):
-        sequence_ai.connect(echo, api_key="seq_wrong", gateway_url=module_gateway.url)
+        sequence_ai.connect(echo, api_key="seq_wrong", gateway_url=shared_module_gateway.url)
 
 
-def test_models_needs_no_key(module_gateway, echo, monkeypatch):
+def test_models_needs_no_key(shared_module_gateway, echo, monkeypatch):
     monkeypatch.delenv("SEQUENCES_API_KEY", raising=False)
-    names = [m.name for m in sequence_ai.models(module_gateway.url)]
+    names = [m.name for m in sequence_ai.models(shared_module_gateway.url)]
     assert echo in names
 
 
-def test_expect_mismatch_is_a_contract_mismatch(module_gateway, echo):
+def test_expect_mismatch_is_a_contract_mismatch(shared_module_gateway, echo):
     with pytest.raises(sequence_ai.ContractMismatch):
-        connect(module_gateway, echo, expect={"action_space": "joint_delta"})
-    with connect(module_gateway, echo, expect={"robot": "panda", "action_dim": 8}) as policy:
+        connect(shared_module_gateway, echo, expect={"action_space": "joint_delta"})
+    with connect(shared_module_gateway, echo, expect={"robot": "panda", "action_dim": 8}) as policy:
         assert policy.contract["action"]["robot"] == "panda"
 
 
-def test_strict_validation_refuses_a_missing_view_before_sending(module_gateway, echo):
+def test_strict_validation_refuses_a_missing_view_before_sending(shared_module_gateway, echo):
     bad = observation()
     bad.images[0].view = "wrist_left"
-    with connect(module_gateway, echo, validate="strict") as policy:
+    with connect(shared_module_gateway, echo, validate="strict") as policy:
         with pytest.raises(sequence_ai.ContractMismatch, match="exterior_1"):
             policy.predict(bad)
-    with connect(module_gateway, echo, validate="warn") as policy:
+    with connect(shared_module_gateway, echo, validate="warn") as policy:
         with pytest.warns(UserWarning, match="exterior_1"):
             with pytest.raises(sequence_ai.InvalidRequest):  # the worker refuses it too
                 policy.predict(bad)
 
 
-def test_next_action_walks_the_buffer_and_refills(module_gateway, echo):
-    with connect(module_gateway, echo, params={"chunk_len": 6, "horizon": 3}) as policy:
+def test_next_action_walks_the_buffer_and_refills(shared_module_gateway, echo):
+    with connect(shared_module_gateway, echo, params={"chunk_len": 6, "horizon": 3}) as policy:
         with pytest.raises(sequence_ai.ChunkExhausted):
             policy.next_action()
         rows = [policy.next_action(observation()) for _ in range(6)]
@@ -140,10 +140,10 @@ def test_next_action_walks_the_buffer_and_refills(module_gateway, echo):
     assert int(rows[0][0]) != int(rows[3][0])
 
 
-def test_ready_and_wait_until_ready_on_a_cold_deployment(module_gateway, tmp_path):
+def test_ready_and_wait_until_ready_on_a_cold_deployment(shared_module_gateway, tmp_path):
     name = unique("echo-ready")
-    module_gateway.deploy(slow_loading_copy(tmp_path, 2), name, wait=False)
-    with connect(module_gateway, name) as policy:
+    shared_module_gateway.deploy(slow_loading_copy(tmp_path, 2), name, wait=False)
+    with connect(shared_module_gateway, name) as policy:
         ok, eta = policy.ready()
         assert ok is False and eta is not None
         with pytest.raises(sequence_ai.Unavailable) as info:
@@ -165,10 +165,10 @@ class _ImportSpy(importlib.abc.MetaPathFinder):
         return None
 
 
-def test_a_request_on_the_hot_path_looks_up_no_module(module_gateway, echo):
+def test_a_request_on_the_hot_path_looks_up_no_module(shared_module_gateway, echo):
     # httpcore imports sniffio on every request; were it missing, each /act would search
     # sys.path for it again (setup.py installs it with the client)
-    with connect(module_gateway, echo) as policy:
+    with connect(shared_module_gateway, echo) as policy:
         obs = observation()
         policy.predict(obs)
         policy.predict(obs)

@@ -35,9 +35,9 @@ def delay_worker(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def delay_model(module_gateway):
+def delay_model(shared_module_gateway):
     name = unique("delay")
-    module_gateway.deploy(DELAY, name, wait=True)
+    shared_module_gateway.deploy(DELAY, name, wait=True)
     return name
 
 
@@ -95,9 +95,9 @@ def test_a_policy_that_does_not_declare_them_gets_neither(tmp_path):
 
 # ------------------------------------------------------------------ the robot client
 
-def test_a_guided_policy_runs_aligned_with_the_prefix_and_the_delay_on_the_wire(module_gateway, delay_model):
+def test_a_guided_policy_runs_aligned_with_the_prefix_and_the_delay_on_the_wire(shared_module_gateway, delay_model):
     rec = Recorder()
-    with connect(module_gateway, delay_model) as policy:
+    with connect(shared_module_gateway, delay_model) as policy:
         out = policy.run(joints, rec, max_actions=25, hold=rec.hold, params={"latency_s": 0.25}, progress=False)
     assert out.reason == "completed" and (out.merge, out.delay_mode) == ("aligned", "guided")
     assert out.seams.count >= 2 and out.stale_answers == 0
@@ -109,36 +109,36 @@ def test_a_guided_policy_runs_aligned_with_the_prefix_and_the_delay_on_the_wire(
     assert out.seams.max_delay_steps <= 4
 
 
-def test_a_mode_the_policy_does_not_declare_is_refused_at_connect_before_any_action(module_gateway, delay_model):
+def test_a_mode_the_policy_does_not_declare_is_refused_at_connect_before_any_action(shared_module_gateway, delay_model):
     rec = Recorder()
-    with connect(module_gateway, delay_model) as policy:
+    with connect(shared_module_gateway, delay_model) as policy:
         with pytest.raises(sequence_ai.DelayUnsupported, match="trained"):
             policy.run(joints, rec, max_actions=10, hold=rec.hold, delay_mode="trained", progress=False)
     assert rec.rows == [] and rec.holds == 1
 
 
-def test_a_delay_beyond_the_maximum_before_motion_is_refused(module_gateway, delay_model):
+def test_a_delay_beyond_the_maximum_before_motion_is_refused(shared_module_gateway, delay_model):
     rec = Recorder()
-    with connect(module_gateway, delay_model) as policy:
+    with connect(shared_module_gateway, delay_model) as policy:
         with pytest.raises(sequence_ai.DelayUnsupported) as err:
             policy.run(joints, rec, max_actions=10, hold=rec.hold, params={"latency_s": 0.8}, progress=False)
     assert rec.rows == [] and err.value.delay_steps > 4
 
 
-def test_a_delay_growing_beyond_the_maximum_mid_run_holds_and_ends_typed(module_gateway, delay_model):
+def test_a_delay_growing_beyond_the_maximum_mid_run_holds_and_ends_typed(shared_module_gateway, delay_model):
     rec = Recorder()
-    with connect(module_gateway, delay_model) as policy:
+    with connect(shared_module_gateway, delay_model) as policy:
         out = policy.run(joints, rec, max_actions=200, hold=rec.hold, progress=False,
                          params={"latency_s": 0.05, "slow_after": 2, "slow_s": 1.5})
     assert out.reason == "delay_exceeded" and isinstance(out.fault, sequence_ai.DelayUnsupported)
     assert rec.holds == 1 and rec.hold_times[0] >= rec.times[-1] and 0 < len(rec.rows) < 200
 
 
-def test_a_frozen_camera_ends_the_run_naming_the_stream(module_gateway):
+def test_a_frozen_camera_ends_the_run_naming_the_stream(shared_module_gateway):
     name = unique("echo-fresh")
-    module_gateway.deploy(ECHO, name, wait=True)
+    shared_module_gateway.deploy(ECHO, name, wait=True)
     rec = Recorder()
-    with connect(module_gateway, name) as policy:
+    with connect(shared_module_gateway, name) as policy:
         out = policy.run(observation, rec, max_actions=300, hold=rec.hold, max_frame_age_s={"exterior_1": 0.3},
                          progress=False)
     assert out.reason == "stale_camera" and out.fault.stream == "exterior_1"
@@ -147,12 +147,12 @@ def test_a_frozen_camera_ends_the_run_naming_the_stream(module_gateway):
 
 # ------------------------------------------------------------------ declaration, validate, catalogue
 
-def test_seq_validate_and_the_catalogue_show_the_delay_modes(module_gateway, delay_model):
+def test_seq_validate_and_the_catalogue_show_the_delay_modes(shared_module_gateway, delay_model):
     out = subprocess.run([sys.executable, "-m", "seq", "validate", DELAY], capture_output=True, text=True,
                          cwd=ROOT, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "modes chunk, guided · max 4 steps · infer takes prefix, delay_steps" in out.stdout
-    rows = module_gateway.client.get(f"{module_gateway.url}/v1/models").json()
+    rows = shared_module_gateway.client.get(f"{shared_module_gateway.url}/v1/models").json()
     row = next(r for r in (rows["models"] if isinstance(rows, dict) else rows) if r["name"] == delay_model)
     assert row["delay_modes"] == ["chunk", "guided"] and row["max_delay_steps"] == 4
     assert row["contract"]["action"]["delay"] == {"modes": ["chunk", "guided"], "max_delay_steps": 4}

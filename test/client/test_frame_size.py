@@ -35,9 +35,9 @@ def _native(w: int, h: int) -> np.ndarray:
 
 
 @pytest.fixture(scope="module")
-def echo(module_gateway):
+def echo(shared_module_gateway):
     name = unique("frame-size")
-    assert module_gateway.deploy(ECHO, name)["status"] == "ready"
+    assert shared_module_gateway.deploy(ECHO, name)["status"] == "ready"
     return name
 
 
@@ -68,9 +68,9 @@ def test_an_empty_frame_is_refused_naming_its_shape(shape):
     with pytest.raises(ValueError, match="at least 1x1"):
         _obs(np.zeros(shape, np.uint8))
 
-def test_a_connected_policy_sends_a_native_frame_at_the_declared_size(module_gateway, echo):
+def test_a_connected_policy_sends_a_native_frame_at_the_declared_size(shared_module_gateway, echo):
     obs = _obs(_native(480, 480))                     # what the worker refused before: 480x480 for 64x64
-    with connect(module_gateway, echo) as policy:
+    with connect(shared_module_gateway, echo) as policy:
         chunk = policy.predict(obs).action_chunk      # infer asserts the 64x64 frame it reads
         assert len(chunk) == 10
         bound = _obs(_native(480, 480), policy).images[0].data    # the policy-bound form: declared at once
@@ -78,17 +78,17 @@ def test_a_connected_policy_sends_a_native_frame_at_the_declared_size(module_gat
         assert len(policy.predict(_obs(_native(480, 480), policy)).action_chunk) == 10
 
 
-def test_a_native_frame_of_another_aspect_ratio_is_refused_before_it_is_sent(module_gateway, echo):
-    with connect(module_gateway, echo) as policy:
+def test_a_native_frame_of_another_aspect_ratio_is_refused_before_it_is_sent(shared_module_gateway, echo):
+    with connect(shared_module_gateway, echo) as policy:
         with pytest.raises(ValueError, match=r"frame is 640x480 \(aspect 1\.3333\) but the model reads 64x64"):
             policy.predict(_obs(_native(640, 480)))
 
 
-def test_a_hand_encoded_frame_of_the_wrong_size_is_refused_with_advice_to_send_the_native_one(module_gateway, echo):
+def test_a_hand_encoded_frame_of_the_wrong_size_is_refused_with_advice_to_send_the_native_one(shared_module_gateway, echo):
     wrong = sequence_ai.ImageFrame(view="exterior_1", data=sequence_ai.encode_jpeg(_native(128, 128)))
     obs = sequence_ai.Observation(images=[wrong], proprioception=sequence_ai.Proprioception(
         joint_positions=[0.0] * 7, gripper=[0.5]), instruction="put the red cube on the green pad")
-    with connect(module_gateway, echo, validate="off") as policy:
+    with connect(shared_module_gateway, echo, validate="off") as policy:
         with pytest.raises(sequence_ai.SequencesError) as err:
             policy.predict(obs)
     text = f"{err.value} {getattr(err.value, 'hint', '')}"

@@ -4,7 +4,7 @@ Absolute (and velocity) rows are levels: max_delta bounds the change between con
 commanded rows, and the client bounds the first row of each chunk against the last executed
 row. Delta rows are the step itself: max_delta bounds each value's magnitude, a seam adds
 nothing, and a delta chunk within its limits reaches act() exactly as the policy sent it.
-Real gateway and worker processes on loopback (``module_gateway``), the policies in
+Real gateway and worker processes on loopback (``shared_module_gateway``), the policies in
 ``test/policies/limits_policy.py``.
 """
 from __future__ import annotations
@@ -31,10 +31,10 @@ def _deploy(gw, cls: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def spec_delta(module_gateway):
+def spec_delta(shared_module_gateway):
     """One SpecDeltaPolicy deployment for the module (each test reads the sign its chunks start
     with from what it receives, so the requests of another test before it change nothing)."""
-    return _deploy(module_gateway, "SpecDeltaPolicy")
+    return _deploy(shared_module_gateway, "SpecDeltaPolicy")
 
 
 def two_joints():
@@ -47,10 +47,10 @@ def franka():
                                    instruction="move")
 
 
-def test_the_spec_joint_delta_contract_lets_no_step_over_max_delta_reach_act(module_gateway, spec_delta):
+def test_the_spec_joint_delta_contract_lets_no_step_over_max_delta_reach_act(shared_module_gateway, spec_delta):
     name = spec_delta
     rec = Recorder()
-    with connect(module_gateway, name, params={"chunk_len": 4}) as policy:
+    with connect(shared_module_gateway, name, params={"chunk_len": 4}) as policy:
         out = policy.run(franka, rec, max_actions=12, hold=rec.hold, progress=False)
     assert out.reason == "completed" and out.chunks == 3 and out.action_space == "joint_delta"
     # each delta row is the step: no value, the gripper's included, moves more than 0.05
@@ -65,9 +65,9 @@ def test_the_spec_joint_delta_contract_lets_no_step_over_max_delta_reach_act(mod
     assert all(row[:7] == [row[0]] * 7 for row in rec.rows)
 
 
-def test_the_worker_bounds_a_delta_row_by_its_magnitude_not_by_its_change(module_gateway, spec_delta):
+def test_the_worker_bounds_a_delta_row_by_its_magnitude_not_by_its_change(shared_module_gateway, spec_delta):
     name = spec_delta
-    with connect(module_gateway, name, params={"chunk_len": 2, "gripper": 0.03}) as policy:
+    with connect(shared_module_gateway, name, params={"chunk_len": 2, "gripper": 0.03}) as policy:
         pred = policy.predict(franka())
         first = pred.action_chunk.actions[0][0]
         assert abs(first) == 0.04
@@ -81,10 +81,10 @@ def test_the_worker_bounds_a_delta_row_by_its_magnitude_not_by_its_change(module
                              "clipped step 1 dim 7: a step of 1, max_delta 0.05"]
 
 
-def test_an_absolute_seam_jump_is_clipped_from_the_last_executed_row_with_a_warning(module_gateway):
-    name = _deploy(module_gateway, "RampPolicy")
+def test_an_absolute_seam_jump_is_clipped_from_the_last_executed_row_with_a_warning(shared_module_gateway):
+    name = _deploy(shared_module_gateway, "RampPolicy")
     rec = Recorder()
-    with connect(module_gateway, name, params={"chunk_len": 4, "jump": 0.5}) as policy:
+    with connect(shared_module_gateway, name, params={"chunk_len": 4, "jump": 0.5}) as policy:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             out = policy.run(two_joints, rec, max_actions=8, hold=rec.hold, progress=False)
@@ -105,10 +105,10 @@ def test_an_absolute_seam_jump_is_clipped_from_the_last_executed_row_with_a_warn
     assert max(abs(b[i] - a[i]) for a, b in zip(rec.rows, rec.rows[1:]) for i in range(2)) <= 0.1 + 1e-9
 
 
-def test_an_absolute_seam_jump_is_refused_under_on_violation_refuse(module_gateway):
-    name = _deploy(module_gateway, "RefusingRampPolicy")
+def test_an_absolute_seam_jump_is_refused_under_on_violation_refuse(shared_module_gateway):
+    name = _deploy(shared_module_gateway, "RefusingRampPolicy")
     rec = Recorder()
-    with connect(module_gateway, name, params={"chunk_len": 4, "jump": 0.5}) as policy:
+    with connect(shared_module_gateway, name, params={"chunk_len": 4, "jump": 0.5}) as policy:
         with pytest.raises(sequence_ai.PolicyError) as info:
             policy.run(two_joints, rec, max_actions=8, hold=rec.hold, progress=False)
     exc = info.value

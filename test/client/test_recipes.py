@@ -27,17 +27,17 @@ pytestmark = pytest.mark.filterwarnings("ignore:run\\(\\)/act\\(\\) called with 
 
 
 @pytest.fixture(scope="module")
-def gw(module_gateway):
+def gw(shared_module_gateway):
     deploys = {"pi05-droid": str(POLICIES / "pi05_contract_policy.py"),
                "pick-place": str(ROOT / "examples" / "pick_place" / "policy.py"),
                "toy-policy": str(ROOT / "seq" / "templates" / "toy-policy" / "policy.py"),
                "drifted": ECHO_POLICY}
     for name, file in deploys.items():
-        module_gateway.deploy(file, name=name, wait=False)
+        shared_module_gateway.deploy(file, name=name, wait=False)
     for name in deploys:
-        d = module_gateway.wait_until(name, timeout=180)
+        d = shared_module_gateway.wait_until(name, timeout=180)
         assert d["status"] == "ready", d
-    return module_gateway
+    return shared_module_gateway
 
 
 def catalogue(gw) -> dict:

@@ -34,12 +34,12 @@ def seq_cli(gw, *args, timeout=600):
 
 
 @pytest.fixture(scope="module")
-def learned(module_gateway):
-    put = seq_cli(module_gateway, "volume", "put", "pick-place-learned", str(CHECKPOINT))
+def learned(shared_module_gateway):
+    put = seq_cli(shared_module_gateway, "volume", "put", "pick-place-learned", str(CHECKPOINT))
     assert put.returncode == 0, put.stdout + put.stderr
-    d = module_gateway.deploy(LEARNED, name="pick-place-learned", timeout=180)
-    assert d["status"] == "ready", module_gateway.log("pick-place-learned")
-    return module_gateway, put.stdout
+    d = shared_module_gateway.deploy(LEARNED, name="pick-place-learned", timeout=180)
+    assert d["status"] == "ready", shared_module_gateway.log("pick-place-learned")
+    return shared_module_gateway, put.stdout
 
 
 def test_the_shipped_checkpoint_goes_up_as_the_volume_the_policy_declares(learned):

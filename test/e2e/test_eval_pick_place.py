@@ -67,16 +67,16 @@ def eval_id_of(stdout: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def gw(module_gateway, tmp_path_factory):
+def gw(shared_module_gateway, tmp_path_factory):
     still = tmp_path_factory.mktemp("policies") / "still_policy.py"
     still.write_text(STILL_POLICY)
     names = {"pick-place": DEMO, "still": str(still), "echo": ECHO_POLICY}
     for name, file in names.items():
-        module_gateway.deploy(file, name=name, wait=False)
+        shared_module_gateway.deploy(file, name=name, wait=False)
     for name in names:
-        d = module_gateway.wait_until(name, timeout=180)
+        d = shared_module_gateway.wait_until(name, timeout=180)
         assert d["status"] == "ready", d
-    return module_gateway
+    return shared_module_gateway
 
 
 @pytest.fixture(scope="module")

@@ -31,11 +31,11 @@ SIGNALS = {"SIGINT": [signal.SIGINT], "SIGTERM": [signal.SIGTERM], "repeated": N
 
 
 @pytest.fixture(scope="module")
-def echo_gateway(module_gateway):
-    dep = module_gateway.deploy(ECHO_POLICY, name="echo-signals")
+def echo_gateway(shared_module_gateway):
+    dep = shared_module_gateway.deploy(ECHO_POLICY, name="echo-signals")
     assert dep["status"] == "ready", dep
-    os.environ[KEY_ENV] = module_gateway.api_key
-    yield module_gateway
+    os.environ[KEY_ENV] = shared_module_gateway.api_key
+    yield shared_module_gateway
 
 
 def _node_command(name: str, tmp_path, gateway) -> tuple[list, str]:
