@@ -115,7 +115,11 @@ def ray_cluster():
     temp = tempfile.mkdtemp(prefix="/tmp/rayt")      # short: Ray's unix socket paths are length-limited
     # token auth with a token of our own: independent of ~/.ray/auth_token (which a local
     # ray.init() writes and a later `ray start` would pick up)
+    # RAY_prestart_worker_first_driver=0: the head starts no idle Python worker per CPU when the
+    # gateway (the first driver) connects; the actors get workers of their own anyway (measured with
+    # process accounting, this module: 48.8 -> 44.6 CPU-s over two runs each)
     env = dict(os.environ, RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", RAY_USAGE_STATS_ENABLED="0", **RAY_AUTH,
+               RAY_prestart_worker_first_driver="0",
                PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "server"), os.environ.get("PYTHONPATH", "")]))
     procs = []
     try:
