@@ -54,7 +54,6 @@ def test_the_model_less_form_keeps_the_native_size_capped_at_640_and_the_native_
     assert _size(big.at_size(64, 48)) == (64, 48)                                   # once, from native
 
 
-
 def test_the_native_pixels_are_the_frame_observed_not_a_buffer_reused_later():
     buf = np.zeros((48, 64, 3), np.uint8)
     frame = _obs(buf).images[0].data

@@ -11,7 +11,6 @@ from _core_support import ECHO, connect, observation
 from _servers import GatewayProcess, seq_cli
 
 
-
 def _one_slot_two_workers(tmp_path: Path) -> str:
     src = Path(ECHO).read_text()
     assert src.count("@seq.policy(\n") == 1

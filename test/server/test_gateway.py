@@ -19,8 +19,6 @@ import pytest
 from _servers import ECHO_POLICY, POLICIES, ROOT, GatewayProcess, _env, echo_observation, seq_cli
 
 
-
-
 @pytest.fixture
 def gateway(shared_gateway):
     return shared_gateway
@@ -205,7 +203,6 @@ def test_gateway_shutdown_terminates_its_workers(tmp_path):
 
 
 # ---------------------------------------------------------------- the seq CLI
-
 
 def test_cli_deploy_waits_and_prints_the_phase_and_load_time(gateway):
     r = seq_cli(gateway, "deploy", ECHO_POLICY, "--name", "echo-cli")
