@@ -25,6 +25,7 @@ import secrets
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any, Optional
@@ -109,11 +110,15 @@ def send_json(handler: Any, status: int, payload: Any) -> None:
 
 
 def seq_cli(gw: Optional["GatewayProcess"], *args: Any, env: Optional[dict] = None, input: Optional[str] = None,
-            cwd: Optional[Path] = None) -> subprocess.CompletedProcess:
+            cwd: Optional[Path] = None, timeout: float = 120.0) -> subprocess.CompletedProcess:
     """``seq ARGS`` against ``gw``: the real typer app, run in this process (typer's CliRunner),
     with ``gw.env()``, ``COLUMNS=250`` and ``env`` in the environment, ``input`` on stdin and
     ``cwd`` as the working directory for the call. Returns what ``subprocess.run`` would:
-    ``returncode``, ``stdout``, ``stderr``.
+    ``returncode``, ``stdout``, ``stderr``. Fails the test after ``timeout`` s, so a ``seq deploy``
+    that never ends fails within its bound, not at pytest-timeout's 600 s: a SIGUSR1 to this
+    thread (the main one: pytest-timeout holds SIGALRM) raises ``pytest.fail``'s exception, a
+    BaseException, which no ``except Exception`` and no transport error mapping in the CLI, httpx
+    or httpcore turns into an error line and an exit code.
 
     In-process because a ``python -c 'from seq.cli import main; main()'`` costs ~0.35 s of CPU in
     imports (typer, rich, httpx) and the suite made ~130 of them: ~45 CPU-s of a ~640 CPU-s run.
@@ -124,15 +129,26 @@ def seq_cli(gw: Optional["GatewayProcess"], *args: Any, env: Optional[dict] = No
     from typer.testing import CliRunner
 
     from seq.cli import app
+    argv = [str(a) for a in args]
     environ = {**(gw.env() if gw is not None else {}), "COLUMNS": "250", **(env or {})}
-    before = os.getcwd()
+
+    def expired(signum: int, frame: Any) -> None:
+        import pytest
+        pytest.fail(f"seq {' '.join(argv)} did not finish within {timeout:g} s", pytrace=False)
+
+    before, previous = os.getcwd(), signal.signal(signal.SIGUSR1, expired)
+    timer = threading.Timer(timeout, signal.pthread_kill, (threading.get_ident(), signal.SIGUSR1))
+    timer.daemon = True
     if cwd is not None:
         os.chdir(cwd)
+    timer.start()
     try:
-        result = CliRunner().invoke(app, [str(a) for a in args], input=input, env=environ, catch_exceptions=False)
+        result = CliRunner().invoke(app, argv, input=input, env=environ, catch_exceptions=False)
     finally:
+        timer.cancel()
+        signal.signal(signal.SIGUSR1, previous)
         os.chdir(before)
-    return subprocess.CompletedProcess([str(a) for a in args], result.exit_code, result.stdout, result.stderr)
+    return subprocess.CompletedProcess(argv, result.exit_code, result.stdout, result.stderr)
 
 
 def png_b64(width: int = 64, height: int = 64, color=(0, 0, 0), fmt: str = "PNG") -> str:

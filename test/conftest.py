@@ -55,8 +55,12 @@ if _worker.startswith("gw") and _worker[2:].isdigit():
 # (test/_servers.seq_cli), would print 80 columns whatever COLUMNS a test gives the call. Without
 # them, a console measures at each print, from the environment of the moment, as in a process of
 # its own; the processes the tests start lose nothing (no terminal: 80 columns is rich's default).
+# rich also picks its colours once, at construction: under `pytest -s` in a terminal the consoles
+# would colour what the CLI prints into CliRunner's buffer. TTY_COMPATIBLE=0 (rich >= 14) says no
+# terminal, as the pipes of a process of its own would.
 for _var in ("COLUMNS", "LINES"):
     os.environ.pop(_var, None)
+os.environ["TTY_COMPATIBLE"] = "0"
 
 import _schedule  # noqa: E402
 from _servers import ECHO_POLICY, GatewayProcess, WorkerProcess  # noqa: E402
