@@ -45,7 +45,7 @@ def learned(shared_module_gateway):
 def test_the_shipped_checkpoint_goes_up_as_the_volume_the_policy_declares(learned):
     gw, put = learned
     assert 'use weights="vol://pick-place-learned@v1"' in put
-    copies = list((gw.data_dir / "volumes").rglob("policy.pt"))
+    copies = list((gw.data_dir / "volumes" / "pick-place-learned").rglob("policy.pt"))
     assert len(copies) == 1 and copies[0].read_bytes() == (CHECKPOINT / "policy.pt").read_bytes()
 
 

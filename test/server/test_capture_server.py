@@ -73,7 +73,7 @@ def _kept(gw, name, episode_id, steps, timeout=20.0) -> list[dict]:
 
 
 @pytest.fixture(scope="module")
-def shared_module_gateway(tmp_path_factory):
+def capture_gateway(tmp_path_factory):
     """This module's gateway; its workers re-read the capture settings every 0.5 s (default 2 s)."""
     gw = GatewayProcess.start(tmp_path_factory.mktemp("gateway"), env={"SEQ_CAPTURE_POLL_S": "0.5"})
     try:
@@ -83,8 +83,8 @@ def shared_module_gateway(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def capt(shared_module_gateway):
-    gw = shared_module_gateway
+def capt(capture_gateway):
+    gw = capture_gateway
     assert gw.deploy(ECHO_POLICY, "capt")["status"] == "ready"
     return gw
 

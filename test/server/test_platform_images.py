@@ -57,57 +57,57 @@ def _act(lease: dict, n: int) -> dict:
     return r.json()["outputs"]
 
 
-def test_two_policies_pinning_conflicting_versions_serve_side_by_side(shared_module_gateway, tmp_path):
+def test_two_policies_pinning_conflicting_versions_serve_side_by_side(module_gateway, tmp_path):
     old = _policy(tmp_path, "tomli_old", OLD, "old")
     new = _policy(tmp_path, "tomli_new", NEW, "new")
-    r = seq_cli(shared_module_gateway, "deploy", str(old), "--name", "tomli-old", "--timeout", "600")
+    r = seq_cli(module_gateway, "deploy", str(old), "--name", "tomli-old", "--timeout", "600", timeout=660)
     assert r.returncode == 0, r.stdout + r.stderr
     # the build output streamed to the terminal under the phase lines, as it was written
     assert "building_image" in r.stdout and "│" in r.stdout, r.stdout
     assert f"tomli=={OLD}" in r.stdout and "environment ready" in r.stdout, r.stdout
-    r = seq_cli(shared_module_gateway, "deploy", str(new), "--name", "tomli-new", "--timeout", "600")
+    r = seq_cli(module_gateway, "deploy", str(new), "--name", "tomli-new", "--timeout", "600", timeout=660)
     assert r.returncode == 0, r.stdout + r.stderr
     assert f"tomli=={NEW}" in r.stdout, r.stdout
 
-    a, b = shared_module_gateway.connect_ready("tomli-old"), shared_module_gateway.connect_ready("tomli-new")
+    a, b = module_gateway.connect_ready("tomli-old"), module_gateway.connect_ready("tomli-new")
     out_a, out_b = _act(a, 1), _act(b, 2)
     # both serve at once, each with its own pin, from its own environment under the data dir
     assert (out_a["tomli"], out_b["tomli"]) == (OLD, NEW), (out_a, out_b)
     assert (out_a["echo"], out_b["echo"], out_a["tag"], out_b["tag"]) == (1, 2, "old", "new")
-    envs = shared_module_gateway.data_dir.resolve() / "envs"
+    envs = module_gateway.data_dir.resolve() / "envs"
     for out in (out_a, out_b):
         assert Path(out["prefix"]).resolve().parent == envs, out
         assert Path(out["tomli_file"]).resolve().is_relative_to(Path(out["prefix"]).resolve()), out
         # the platform's worker code is the gateway's, frozen under the data dir
-        assert Path(out["seq_file"]).resolve().is_relative_to(shared_module_gateway.data_dir.resolve() / "platform"), out
+        assert Path(out["seq_file"]).resolve().is_relative_to(module_gateway.data_dir.resolve() / "platform"), out
     assert out_a["prefix"] != out_b["prefix"]
     pids = [out_a["pid"], out_b["pid"]]                 # two worker processes, both running now
     assert all(Path(f"/proc/{p}").exists() for p in pids) and pids[0] != pids[1]
     assert _act(a, 3)["tomli"] == OLD                # still its own after the other one served
 
     # the build output is kept: seq policy logs NAME --build
-    r = seq_cli(shared_module_gateway, "policy", "logs", "tomli-new", "--build")
+    r = seq_cli(module_gateway, "policy", "logs", "tomli-new", "--build", timeout=660)
     assert r.returncode == 0 and f"tomli=={NEW}" in r.stdout and "environment ready" in r.stdout, r.stdout + r.stderr
     assert f"tomli=={OLD}" not in r.stdout
 
     # the same spec again (another deployment): the built environment is reused, not rebuilt
     t0 = time.monotonic()
     twin = _policy(tmp_path, "tomli_twin", OLD, "old")
-    r = seq_cli(shared_module_gateway, "deploy", str(twin), "--name", "tomli-twin", "--timeout", "600")
+    r = seq_cli(module_gateway, "deploy", str(twin), "--name", "tomli-twin", "--timeout", "600", timeout=660)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "using the cached environment" in r.stdout, r.stdout
-    assert _act(shared_module_gateway.connect_ready("tomli-twin"), 4)["prefix"] == out_a["prefix"]
+    assert _act(module_gateway.connect_ready("tomli-twin"), 4)["prefix"] == out_a["prefix"]
     assert sorted(p.name for p in envs.iterdir() if not p.name.startswith(".")) == sorted(
         {Path(out_a["prefix"]).name, Path(out_b["prefix"]).name})
     print(f"cached-environment deploy to first action: {time.monotonic() - t0:.1f} s")
 
 
-def test_a_step_that_needs_a_container_is_refused_at_deploy_naming_the_step(shared_module_gateway, tmp_path):
+def test_a_step_that_needs_a_container_is_refused_at_deploy_naming_the_step(module_gateway, tmp_path):
     f = tmp_path / "needs_apt.py"
     f.write_text("import seq\n\n\n@seq.policy(image=seq.Image.debian_slim().pip_install('tomli==2.4.0')"
                  ".apt_install('libgl1'))\nclass P(seq.Policy):\n    @seq.infer\n    def infer(self, inputs):\n"
                  "        return {}\n")
-    r = shared_module_gateway.client.post("/v1/deployments", json={"name": "needs-apt", "file": str(f)})
+    r = module_gateway.client.post("/v1/deployments", json={"name": "needs-apt", "file": str(f)})
     assert r.status_code == 400, r.text
     body = r.json()
     assert body["code"] == "invalid_request" and body["details"] == {"step": 2, "kind": "apt_install"}, body
@@ -115,8 +115,8 @@ def test_a_step_that_needs_a_container_is_refused_at_deploy_naming_the_step(shar
     assert "pip_install / uv_pip_install" in body["hint"] and "install the system package on the host" in body["hint"]
     assert "install podman" not in body["hint"] and "docker daemon" not in body["hint"], body  # a runtime would not help
     # nothing was recorded or started
-    assert shared_module_gateway.client.get("/v1/deployments/needs-apt").status_code == 404
-    r = seq_cli(shared_module_gateway, "deploy", str(f), "--name", "needs-apt")
+    assert module_gateway.client.get("/v1/deployments/needs-apt").status_code == 404
+    r = seq_cli(module_gateway, "deploy", str(f), "--name", "needs-apt", timeout=660)
     assert r.returncode != 0 and "apt_install" in r.stderr, r.stdout + r.stderr
 
 

@@ -18,8 +18,8 @@ def _manifest(files: dict) -> list:
     return [{"path": p, "size": len(b), "md5": hashlib.md5(b).hexdigest()} for p, b in files.items()]
 
 
-def test_volume_names_and_upload_paths_cannot_escape_the_volumes_root(shared_module_gateway, tmp_path):
-    gw = shared_module_gateway
+def test_volume_names_and_upload_paths_cannot_escape_the_volumes_root(module_gateway, tmp_path):
+    gw = module_gateway
     c = gw.client
     for name in ("..", ".hidden", "a/b", "-x"):
         r = c.post(f"/v1/volumes/{name}/uploads", json={"files": _manifest({"a.bin": b"1"})})
@@ -38,8 +38,8 @@ def test_volume_names_and_upload_paths_cannot_escape_the_volumes_root(shared_mod
     assert (gw.data_dir / "volumes").is_dir() and (gw.data_dir / "state.db").exists()
 
 
-def test_a_link_planted_in_an_upload_does_not_redirect_the_write(shared_module_gateway, tmp_path):
-    gw = shared_module_gateway
+def test_a_link_planted_in_an_upload_does_not_redirect_the_write(module_gateway, tmp_path):
+    gw = module_gateway
     c = gw.client
     outside = tmp_path / "outside"
     outside.mkdir()
@@ -54,8 +54,8 @@ def test_a_link_planted_in_an_upload_does_not_redirect_the_write(shared_module_g
     assert (outside / "a.bin").read_bytes() == b"keep"
 
 
-def test_removing_a_volume_whose_folder_is_a_link_deletes_nothing_behind_it(shared_module_gateway, tmp_path):
-    gw = shared_module_gateway
+def test_removing_a_volume_whose_folder_is_a_link_deletes_nothing_behind_it(module_gateway, tmp_path):
+    gw = module_gateway
     c = gw.client
     data = b"weights"
     r = c.post("/v1/volumes/swapped/uploads", json={"files": _manifest({"a.bin": data})})
