@@ -65,7 +65,8 @@ FILE_SECONDS = {
     "test_gate_gil_lead.py": 1, "test_interfaces.py": 1, "test_protocol.py": 1,
     "test_recorder_label_paths.py": 1, "test_recorder_post_roll.py": 1, "test_recorder_prune_paths.py": 1,
     "test_recorder_rates.py": 1, "test_ros_launch_config.py": 1, "test_schedule.py": 1,
-    "test_server_config.py": 1, "test_slot_queue.py": 1, "test_spin_destroy_race.py": 1, "test_wait.py": 1,
+    "test_seq_cli_helper.py": 1, "test_server_config.py": 1, "test_slot_queue.py": 1, "test_spin_destroy_race.py": 1,
+    "test_wait.py": 1,
     "test_worker_inline.py": 1, "test_worker_schedule.py": 1,
 }
 DEFAULT_SECONDS = 10          # a new file: mid-queue until it is measured
