@@ -258,6 +258,7 @@ def test_an_exit_reported_for_a_pid_is_not_read_as_a_later_workers(tmp_path):
 
 
 def test_a_killed_fork_server_is_reaped_and_its_workers_and_later_ones_go_on(tmp_path):
+    # killed within FORK_RESTART_AFTER_S of its start (a crash loop's shape): not started again
     launcher = LocalLauncher(fork=True)
     echo = str(POLICIES / "echo_policy.py")
     h = None
@@ -284,6 +285,38 @@ def test_a_killed_fork_server_is_reaped_and_its_workers_and_later_ones_go_on(tmp
         if h is not None and h.poll() is None:
             _stop(h)
         launcher.close()
+
+
+def test_a_fork_server_that_went_after_serving_a_while_is_replaced_and_the_next_worker_forked(tmp_path, monkeypatch):
+    monkeypatch.setattr(local, "FORK_RESTART_AFTER_S", 0.0)     # "a while": every served second counts
+    launcher = LocalLauncher(fork=True)
+    echo = str(POLICIES / "echo_policy.py")
+    handles: list = []
+    try:
+        first = _spec(tmp_path, "first", echo, {})
+        with open(first.log_path, "ab") as log:
+            handles.append(launcher.start(first, log))
+            _ready(handles[0])
+        server = _parent(handles[0].pid)
+        assert FORK_SERVER in process_cmdline(server)
+        os.kill(server, signal.SIGKILL)
+        eventually(lambda: not Path(f"/proc/{server}").exists(), 10, 0.05, what="the killed fork server to be reaped")
+        later = _spec(tmp_path, "later", echo, {})
+        with open(later.log_path, "ab") as log:
+            handles.append(launcher.start(later, log))
+            _ready(handles[1])
+        again = _parent(handles[1].pid)
+        assert again not in (server, os.getpid()) and FORK_SERVER in process_cmdline(again), again
+        assert "process of its own" not in later.log_path.read_text()
+        assert handles[0].poll() is None                    # the first one's worker runs on
+        assert [_stop(h) for h in handles] == [EXIT_UNKNOWN, 0]   # its exit went with its fork server
+        handles.clear()
+    finally:
+        for h in handles:
+            if h.poll() is None:
+                _stop(h)
+        launcher.close()
+    eventually(lambda: not process_alive(again), 10, 0.05, what="the new fork server to end with its launcher")
 
 
 def test_a_fork_server_that_stops_answering_is_not_waited_on_again(tmp_path, monkeypatch):

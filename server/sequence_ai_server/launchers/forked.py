@@ -97,6 +97,7 @@ class ForkServer:
         self.title_bytes = 0
         self.failed: Optional[str] = None           # why it is not used (for good)
         self.lost = False                           # it went: exit codes are no longer reported
+        self.served_since: Optional[float] = None   # time.monotonic() when it got ready
 
     @property
     def ready(self) -> bool:
@@ -150,6 +151,7 @@ class ForkServer:
             self.failed = f"the fork server did not get ready ({hello.get('error') or 'it exited'}); see {self.log_path}"
             return
         parent.settimeout(None)
+        self.served_since = time.monotonic()
         self._env = env
         self.title_bytes = int(hello.get("title_bytes") or 0)
         self._sock = parent

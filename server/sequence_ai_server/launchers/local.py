@@ -31,7 +31,12 @@ from sequence_ai_server.common.processes import AdoptedProcess, process_start
 from sequence_ai_server.launchers.base import EventQueue, Exited, Failed, Phase, Placed, Ready, Started, WorkerLaunchSpec
 from sequence_ai_server.launchers.forked import ForkServer, fork_enabled
 
-__all__ = ["LocalLauncher", "LocalWorker", "write_secret"]
+__all__ = ["LocalLauncher", "LocalWorker", "write_secret", "FORK_RESTART_AFTER_S"]
+
+#: A fork server that went (killed, out of memory) after serving this long (s) is replaced by a new
+#: one at the next start; one that goes sooner is not (a crash loop), and later workers start as
+#: processes of their own, their logs saying why.
+FORK_RESTART_AFTER_S = 60.0
 
 
 def write_secret(path: Path, value: str) -> None:
@@ -220,10 +225,15 @@ class LocalLauncher:
         self._forks_lock = threading.Lock()     # the supervisor starts workers from several threads
 
     def _fork_server(self, spec: WorkerLaunchSpec) -> Optional[ForkServer]:
+        """The fork server for the next start: started with the first one, and again when the last
+        went after serving ``FORK_RESTART_AFTER_S`` (the workers it forked keep their handles on
+        it: watched by pid and start time once it is gone, as adopted workers are)."""
         if not self.fork:
             return None
         with self._forks_lock:
-            if self._forks is None:
+            old = self._forks
+            if old is None or (old.lost and old.failed is None and old.served_since is not None
+                               and time.monotonic() - old.served_since >= FORK_RESTART_AFTER_S):
                 self._forks = ForkServer(spec.run_dir / "forkserver.log")
             return self._forks
 
