@@ -12,27 +12,17 @@ import re
 import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 import seq
-from _servers import ROOT, _env
+from _servers import ROOT, _env, seq_cli
 
 FUSED_POLICY = ROOT / "examples" / "pick_place_adapter" / "policy.py"
 FUSED_ADAPTER = ROOT / "examples" / "pick_place_adapter" / "adapter.py"
 
 
-def seq_here(gw, *args):
-    """``seq ARGS`` in this process (the same typer app a user runs)."""
-    from typer.testing import CliRunner
-
-    from seq.cli import app
-    result = CliRunner().invoke(app, [str(a) for a in args], env=gw.env())
-    return subprocess.CompletedProcess(args, result.exit_code, result.stdout, result.stderr)
-
-
-def seq_cli(gw, *args, timeout=400):
+def seq_process(gw, *args, timeout=400):
     """``seq ARGS`` as its own process (the eval spawns env processes)."""
     return subprocess.run([sys.executable, "-m", "seq.cli", *map(str, args)], env=_env(gw.env()),
                           capture_output=True, text=True, timeout=timeout, cwd=str(ROOT))
@@ -102,22 +92,22 @@ def gw(shared_module_gateway):
 def test_seq_deploy_registers_an_adapter_and_the_same_file_stays_its_version(gw, tmp_path):
     src = tmp_path / "adapter.py"
     shutil.copyfile(FUSED_ADAPTER, src)
-    out = seq_here(gw, "deploy", src)
+    out = seq_cli(gw, "deploy", src)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "registered pick-place-fused@v1" in out.stdout and "nothing builds" in out.stdout
     assert "lossy      yes: 1 step(s)" in out.stdout
-    out = seq_here(gw, "deploy", src)
+    out = seq_cli(gw, "deploy", src)
     assert out.returncode == 0 and "is unchanged since it was registered, so it stays pick-place-fused@v1" in out.stdout
     # no worker, no deployment: an adapter has no machine
     names = [d["name"] for d in gw.client.get("/v1/deployments").json()["deployments"]]
     assert "pick-place-fused" not in names and "adapter" not in names
     src.write_text(src.read_text() + "\n# a comment makes it another file\n")
-    out = seq_here(gw, "deploy", src)
+    out = seq_cli(gw, "deploy", src)
     assert "registered pick-place-fused@v2" in out.stdout, out.stdout + out.stderr
 
-    out = seq_here(gw, "adapter", "ls")
+    out = seq_cli(gw, "adapter", "ls")
     assert re.search(r"pick-place-fused\s+v2\s+2\s+contract\s+yes", out.stdout), out.stdout
-    out = seq_here(gw, "adapter", "show", "pick-place-fused@v1")
+    out = seq_cli(gw, "adapter", "show", "pick-place-fused@v1")
     assert out.returncode == 0, out.stderr
     assert "lossy      yes" in out.stdout
     assert "- observation step one_camera: the wrist camera (wrist_left) is dropped: the policy reads one view" in out.stdout
@@ -125,15 +115,15 @@ def test_seq_deploy_registers_an_adapter_and_the_same_file_stays_its_version(gw,
     assert "params     adapter.view='exterior_1'" in out.stdout
 
     pulled = tmp_path / "pulled.py"
-    out = seq_here(gw, "adapter", "pull", "pick-place-fused@v1", "--out", pulled)
+    out = seq_cli(gw, "adapter", "pull", "pick-place-fused@v1", "--out", pulled)
     assert out.returncode == 0, out.stderr
     assert pulled.read_bytes() == FUSED_ADAPTER.read_bytes()
-    out = seq_here(gw, "adapter", "pull", "pick-place-fused@v1", "--out", pulled)
+    out = seq_cli(gw, "adapter", "pull", "pick-place-fused@v1", "--out", pulled)
     assert out.returncode == 5 and "exists" in out.stderr and pulled.read_bytes() == FUSED_ADAPTER.read_bytes()
     assert seq.adapter_source("pick-place-fused", 2, gateway_url=gw.url, api_key=gw.api_key) == src.read_text()
     with pytest.raises(LookupError, match="has no v9"):
         seq.adapter_source("pick-place-fused", 9, gateway_url=gw.url, api_key=gw.api_key)
-    out = seq_here(gw, "adapter", "show", "no-such-adapter")
+    out = seq_cli(gw, "adapter", "show", "no-such-adapter")
     assert out.returncode == 4 and "no adapter named 'no-such-adapter'" in out.stderr
 
 
@@ -150,17 +140,17 @@ def test_registering_an_adapter_needs_an_account_key(gw):
 
 
 def test_adapter_check_classifies_steps_and_runs_a_sample_of_each_side(gw, tmp_path):
-    out = seq_here(gw, "adapter", "check", FUSED_ADAPTER)
+    out = seq_cli(gw, "adapter", "check", FUSED_ADAPTER)
     assert out.returncode == 0, out.stdout + out.stderr
     assert re.search(r"observation\s+one_camera\s+lossy: the wrist camera", out.stdout)
     assert "sample     not run" in out.stdout
-    out = seq_here(gw, "adapter", "check", FUSED_ADAPTER, "--benchmark", "pick-place", "--policy", "fused")
+    out = seq_cli(gw, "adapter", "check", FUSED_ADAPTER, "--benchmark", "pick-place", "--policy", "fused")
     assert out.returncode == 0, out.stdout + out.stderr
     assert "sample     fits" in out.stdout
     # an adapter that forgets to fuse the state: named, exit 5, nothing sent anywhere
     broken = tmp_path / "broken.py"
     broken.write_text(FUSED_ADAPTER.read_text().replace('"proprio": {"state": state}', '"proprio": {"state": state[:7]}'))
-    out = seq_here(gw, "adapter", "check", broken, "--benchmark", "pick-place", "--policy", "fused")
+    out = seq_cli(gw, "adapter", "check", broken, "--benchmark", "pick-place", "--policy", "fused")
     assert out.returncode == 5, out.stdout + out.stderr
     assert "misfit     proprio 'state': the policy wants 8 values, the adapter gives 7" in out.stdout
 
@@ -168,7 +158,7 @@ def test_adapter_check_classifies_steps_and_runs_a_sample_of_each_side(gw, tmp_p
 # --------------------------------------------------------------------------- evals
 
 def test_an_eval_of_a_mismatched_pair_without_an_adapter_is_refused_up_front(gw):
-    out = seq_here(gw, "eval", "run", "fused", "--benchmark", "pick-place", "--dry-run")
+    out = seq_cli(gw, "eval", "run", "fused", "--benchmark", "pick-place", "--dry-run")
     assert out.returncode == 5, out.stdout + out.stderr
     assert "error[contract_mismatch]" in out.stderr
     assert "camera 'scene': the policy reads it, pick-place renders only ['exterior_1', 'wrist_left']" in out.stderr
@@ -180,7 +170,7 @@ def test_an_adapter_that_does_not_fit_is_refused_before_any_episode(gw, tmp_path
     broken = tmp_path / "adapter.py"
     broken.write_text(FUSED_ADAPTER.read_text().replace('{"scene": images[self.view]}', '{"front": images[self.view]}')
                       .replace('name="pick-place-fused"', 'name="pick-place-front"'))
-    out = seq_here(gw, "eval", "run", "fused", "--benchmark", "pick-place", "--adapter", f"{broken}:PickPlaceFused",
+    out = seq_cli(gw, "eval", "run", "fused", "--benchmark", "pick-place", "--adapter", f"{broken}:PickPlaceFused",
                    "--dry-run")
     assert out.returncode == 5, out.stdout + out.stderr
     assert "through pick-place-front@v1" in out.stderr
@@ -188,14 +178,14 @@ def test_an_adapter_that_does_not_fit_is_refused_before_any_episode(gw, tmp_path
 
 
 def test_seq_eval_run_with_an_adapter_scores_the_policy_end_to_end(gw):
-    seq_here(gw, "deploy", FUSED_ADAPTER)
-    out = seq_cli(gw, "eval", "run", "fused", "--benchmark", "pick-place", "--adapter", "pick-place-fused@v1",
+    seq_cli(gw, "deploy", FUSED_ADAPTER)
+    out = seq_process(gw, "eval", "run", "fused", "--benchmark", "pick-place", "--adapter", "pick-place-fused@v1",
                   "--tasks", "red-on-green", "--episodes", "1", "--envs", "1", "--param", "light_jitter=0")
     assert out.returncode == 0, out.stdout + out.stderr
     assert "adapter    pick-place-fused@v1 (contract), lossy: 1 step(s)" in out.stdout
     assert "adapter pick-place-fused@v1: lossy (1 step(s))" in out.stdout
     m = re.search(r"^eval\s+(ev-\S+)", out.stdout, re.M)
-    report = json.loads(seq_here(gw, "eval", "report", m.group(1), "--json").stdout)
+    report = json.loads(seq_cli(gw, "eval", "report", m.group(1), "--json").stdout)
     assert report["adapter"] == {"name": "pick-place-fused", "version": 1, "policy_io": "contract"}
     assert report["adapter_lossy"] == [{"kind": "observation", "method": "one_camera",
                                         "reason": "the wrist camera (wrist_left) is dropped: the policy reads one view"}]
@@ -208,12 +198,12 @@ def test_seq_eval_run_with_an_adapter_scores_the_policy_end_to_end(gw):
 
 
 def test_the_toy_adapter_template_drives_toy_policy_with_its_own_inputs(gw, tmp_path):
-    out = seq_here(gw, "init", "toy-adapter", tmp_path / "toy-adapter")
+    out = seq_cli(gw, "init", "toy-adapter", tmp_path / "toy-adapter")
     assert out.returncode == 0 and "adapter.py" in out.stdout, out.stdout + out.stderr
-    assert seq_here(gw, "init", "toy-policy", tmp_path / "toy-policy").returncode == 0
+    assert seq_cli(gw, "init", "toy-policy", tmp_path / "toy-policy").returncode == 0
     d = gw.deploy(str(tmp_path / "toy-policy" / "policy.py"), name="toy-policy", wait=True)
     assert d["status"] == "ready", d
-    out = seq_cli(gw, "eval", "run", "toy-policy", "--benchmark", "pick-place", "--adapter",
+    out = seq_process(gw, "eval", "run", "toy-policy", "--benchmark", "pick-place", "--adapter",
                   tmp_path / "toy-adapter" / "adapter.py", "--tasks", "1", "--envs", "1",
                   "--param", "benchmark.max_seconds=1", "--param", "adapter.target=0.3",
                   "--param", "policy.max_step=0.05")
@@ -221,7 +211,7 @@ def test_the_toy_adapter_template_drives_toy_policy_with_its_own_inputs(gw, tmp_
     assert "adapter    toy-adapter@v1 (own), lossy: 1 step(s)" in out.stdout
     assert "lossy    observation step to_toy_inputs: the policy sees joint 1 only" in out.stdout
     m = re.search(r"^eval\s+(ev-\S+)", out.stdout, re.M)
-    report = json.loads(seq_here(gw, "eval", "report", m.group(1), "--json").stdout)
+    report = json.loads(seq_cli(gw, "eval", "report", m.group(1), "--json").stdout)
     arm = report["arms"][0]
     assert arm["errors"] == 0 and arm["params"]["adapter"] == {"target": 0.3}
     # the adapter turns each answer into one row: one request per 1/15 s step, for >= 1 s of sim time

@@ -13,11 +13,10 @@ import re
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
-from _servers import ECHO_POLICY, ROOT, _env
+from _servers import ECHO_POLICY, ROOT, _env, seq_cli
 
 DEMO = str(ROOT / "examples" / "pick_place" / "policy.py")
 
@@ -45,19 +44,10 @@ class Still(seq.Policy):
 '''
 
 
-def seq_cli(gw, *args, timeout=300):
+def seq_process(gw, *args, timeout=300):
     """``seq ARGS`` as its own process (what a user runs)."""
     return subprocess.run([sys.executable, "-m", "seq.cli", *args], env=_env(gw.env()), capture_output=True,
                           text=True, timeout=timeout, cwd=str(ROOT))
-
-
-def seq_here(gw, *args):
-    """``seq ARGS`` in this process (the same typer app; saves an interpreter start per call)."""
-    from typer.testing import CliRunner
-
-    from seq.cli import app
-    result = CliRunner().invoke(app, list(args), env=gw.env())
-    return subprocess.CompletedProcess(args, result.exit_code, result.stdout, result.stderr)
 
 
 def eval_id_of(stdout: str) -> str:
@@ -81,7 +71,7 @@ def gw(shared_module_gateway, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def demo_eval(gw):
-    out = seq_cli(gw, "eval", "run", "pick-place", "--benchmark", "pick-place", "--envs", "2", "--episodes", "1",
+    out = seq_process(gw, "eval", "run", "pick-place", "--benchmark", "pick-place", "--envs", "2", "--episodes", "1",
                   "--tasks", "3", "--gate", "success>=0.9", "--videos")
     return out, eval_id_of(out.stdout)
 
@@ -118,7 +108,7 @@ def test_episodes_step_one_control_period_of_sim_time_per_row_through_the_worker
 
 def test_report_csv_has_overall_and_per_task_rows(gw, demo_eval):
     _, eval_id = demo_eval
-    out = seq_here(gw, "eval", "report", eval_id, "--csv", "-")
+    out = seq_cli(gw, "eval", "report", eval_id, "--csv", "-")
     assert out.returncode == 0, out.stderr
     rows = list(csv.DictReader(io.StringIO(out.stdout)))
     assert [r["task"] for r in rows] == ["all", "red-on-green", "red-on-blue", "green-on-red"]
@@ -129,18 +119,18 @@ def test_report_csv_has_overall_and_per_task_rows(gw, demo_eval):
 
 def test_status_and_ls_show_the_finished_eval(gw, demo_eval):
     _, eval_id = demo_eval
-    status = seq_here(gw, "eval", "status", eval_id)
+    status = seq_cli(gw, "eval", "status", eval_id)
     assert status.returncode == 0 and f"{eval_id}  done  3/3 episodes" in status.stdout, status.stdout
     assert "success>=0.9 PASS" in status.stdout
-    ls = seq_here(gw, "eval", "ls", "pick-place")
+    ls = seq_cli(gw, "eval", "ls", "pick-place")
     assert eval_id in ls.stdout and "done" in ls.stdout
-    assert eval_id not in seq_here(gw, "eval", "ls", "still").stdout
-    missing = seq_here(gw, "eval", "report", "ev-nope")
+    assert eval_id not in seq_cli(gw, "eval", "ls", "still").stdout
+    missing = seq_cli(gw, "eval", "report", "ev-nope")
     assert missing.returncode == 4 and "error[not_found]" in missing.stderr
 
 
 def test_a_missed_gate_exits_8_and_compare_runs_the_same_episodes(gw):
-    out = seq_cli(gw, "eval", "run", "still", "--benchmark", "pick-place", "--compare", "pick-place",
+    out = seq_process(gw, "eval", "run", "still", "--benchmark", "pick-place", "--compare", "pick-place",
                   "--tasks", "blue-on-red", "--param", "max_seconds=2", "--gate", "success>=0.9")
     assert out.returncode == 8, out.stdout + out.stderr
     assert "error[gate_failed]" in out.stderr and "still: success>=0.9 not met (0.000)" in out.stderr
@@ -156,7 +146,7 @@ def test_a_missed_gate_exits_8_and_compare_runs_the_same_episodes(gw):
 
 
 def test_an_eval_whose_every_episode_errored_exits_non_zero_naming_the_error(gw):
-    out = seq_cli(gw, "eval", "run", "still", "--benchmark", "pick-place", "--tasks", "1", "--envs", "1",
+    out = seq_process(gw, "eval", "run", "still", "--benchmark", "pick-place", "--tasks", "1", "--envs", "1",
                   "--param", "light_jitter=2", "--param", "max_seconds=1")
     assert out.returncode == 1, out.stdout + out.stderr
     assert "error[failed]" in out.stderr and "every episode of still errored (1)" in out.stderr, out.stderr
@@ -165,7 +155,7 @@ def test_an_eval_whose_every_episode_errored_exits_non_zero_naming_the_error(gw)
 
 def test_dry_run_prints_the_layout_and_an_estimate_and_starts_nothing(gw):
     before = set((gw.data_dir / "evals").iterdir()) if (gw.data_dir / "evals").exists() else set()
-    out = seq_here(gw, "eval", "run", "pick-place", "--benchmark", "pick-place", "--envs", "2", "--episodes", "2",
+    out = seq_cli(gw, "eval", "run", "pick-place", "--benchmark", "pick-place", "--envs", "2", "--episodes", "2",
                   "--tasks", "3", "--sweep", "open_loop_horizon=4,8", "--dry-run")
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith("dry run: nothing started")
@@ -178,7 +168,7 @@ def test_dry_run_prints_the_layout_and_an_estimate_and_starts_nothing(gw):
 
 
 def test_a_contract_mismatch_is_refused_up_front_with_the_reason(gw):
-    out = seq_here(gw, "eval", "run", "echo", "--benchmark", "pick-place", "--dry-run")
+    out = seq_cli(gw, "eval", "run", "echo", "--benchmark", "pick-place", "--dry-run")
     assert out.returncode == 5, out.stdout + out.stderr
     assert "error[contract_mismatch]" in out.stderr
     assert "camera 'exterior_1': the policy wants 64x64, pick-place renders 224x224" in out.stderr
@@ -186,12 +176,12 @@ def test_a_contract_mismatch_is_refused_up_front_with_the_reason(gw):
 
 
 def test_unknown_parameters_and_metrics_are_refused_before_anything_runs(gw):
-    out = seq_here(gw, "eval", "run", "pick-place", "--benchmark", "pick-place", "--param", "replan=3")
+    out = seq_cli(gw, "eval", "run", "pick-place", "--benchmark", "pick-place", "--param", "replan=3")
     assert out.returncode == 5 and "unknown parameter 'replan'" in out.stderr
     assert "policy.open_loop_horizon" in out.stderr and "benchmark.max_seconds" in out.stderr
-    out = seq_here(gw, "eval", "run", "pick-place", "--benchmark", "pick-place", "--gate", "accuracy>=0.5")
+    out = seq_cli(gw, "eval", "run", "pick-place", "--benchmark", "pick-place", "--gate", "accuracy>=0.5")
     assert out.returncode == 5 and "reports no metric 'accuracy'" in out.stderr
-    out = seq_here(gw, "eval", "run", "pick-place", "--benchmark", "no-such-bench")
+    out = seq_cli(gw, "eval", "run", "pick-place", "--benchmark", "no-such-bench")
     assert out.returncode == 4 and "unknown benchmark" in out.stderr
 
 
@@ -214,7 +204,7 @@ def test_cancel_stops_a_running_eval_and_keeps_what_finished(gw):
                 break
             time.sleep(0.2)
         assert eval_id, "the eval did not start"
-        out = seq_here(gw, "eval", "cancel", eval_id)
+        out = seq_cli(gw, "eval", "cancel", eval_id)
         assert out.returncode == 0 and f"{eval_id}: canceled" in out.stdout, out.stdout + out.stderr
         stdout, stderr = proc.communicate(timeout=60)
         assert proc.returncode == 1 and "error[canceled]" in stderr, stdout + stderr
