@@ -409,14 +409,10 @@ _ROOT = Path(__file__).resolve().parents[2]
 
 
 def _seq(*args: str):
-    """Run the real ``seq`` typer app in-process (no gateway: SEQUENCES_GATEWAY_URL points at port 9)."""
-    from typer.testing import CliRunner
-
-    from seq.cli import app
-    result = CliRunner().invoke(app, list(args), env={"SEQUENCES_GATEWAY_URL": "http://127.0.0.1:9",
-                                                      "SEQUENCES_API_KEY": "unused", "COLUMNS": "400"})
-    result.returncode = result.exit_code
-    return result
+    """The real ``seq`` typer app in-process (no gateway: SEQUENCES_GATEWAY_URL points at port 9)."""
+    from _servers import seq_cli
+    return seq_cli(None, *args, env={"SEQUENCES_GATEWAY_URL": "http://127.0.0.1:9", "SEQUENCES_API_KEY": "unused",
+                                     "COLUMNS": "400"})
 
 
 def test_init_list_names_every_template():
